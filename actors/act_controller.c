@@ -1,0 +1,389 @@
+/* act_controller — the controller actor: one thread that owns the ROUTER socket every worker
+ * talks to. It ships outboxes under a credit window, turns completions into settled futures,
+ * and fails the futures of devices whose worker died. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "act_future.h"
+#include "act_runtime.h"
+#include "dt_error.h"
+#include "op_codes.h"
+
+typedef struct {
+    act_runtime *rt;
+    zsock_t *router;
+    int64_t *sent;       /* records sent per device since the last accounting (by device id) */
+    int64_t cap_sent;
+} s_ctl;
+
+static void s_routing_id(int64_t device, char *buf, size_t size) { snprintf(buf, size, "d%" PRId64, device); }
+
+static act_device *s_device(act_runtime *rt, int64_t id)
+{
+    return id >= 0 && id < rt->cap_devices ? rt->devices[id] : NULL;
+}
+
+/* Moves every dirty outbox to its device's send queue. */
+static void s_take_outboxes(act_runtime *rt)
+{
+    pthread_mutex_lock(&rt->lock);
+    for (int64_t i = 0; i < rt->ndirty; i++) {
+        act_device *dev = rt->dirty[i];
+        if (dev->send_tail)
+            dev->send_tail->next = dev->out_head;
+        else
+            dev->send_head = dev->out_head;
+        dev->send_tail = dev->out_tail;
+        dev->out_head = dev->out_tail = NULL;
+        dev->dirty = false;
+    }
+    rt->ndirty = 0;
+    rt->rung = false;
+    pthread_mutex_unlock(&rt->lock);
+}
+
+/* Fails every pending future that waits for a piece from device. */
+static void s_fail_futures_of(act_runtime *rt, int64_t device, int code, const char *why)
+{
+    pthread_mutex_lock(&rt->lock);
+    size_t n = 0, cursor = 0, cap = rt->futures.count;
+    dt_future **victims = malloc((cap ? cap : 1) * sizeof *victims);
+    uint64_t id;
+    void *value;
+    while (victims && dt_idmap_next(&rt->futures, &cursor, &id, &value)) {
+        dt_future *f = value;
+        for (int p = 0; p < f->npieces; p++)
+            if (device < 0 || f->pieces[p].device == device) {
+                victims[n++] = f;
+                break;
+            }
+    }
+    for (size_t i = 0; i < n; i++)
+        dt_idmap_take(&rt->futures, victims[i]->id);
+    pthread_mutex_unlock(&rt->lock);
+    for (size_t i = 0; i < n; i++) {
+        act_future_fail(victims[i], code, why);
+        dt_future_release(&victims[i]);
+    }
+    free(victims);
+}
+
+static void s_device_died(act_runtime *rt, act_device *dev, const char *reason)
+{
+    pthread_mutex_lock(&rt->lock);
+    if (dev->state == ACT_DEV_DEAD) {
+        pthread_mutex_unlock(&rt->lock);
+        return;
+    }
+    dev->state = ACT_DEV_DEAD;
+    snprintf(dev->reason, sizeof dev->reason, "%s", reason);
+    for (act_batch *b = dev->out_head, *next; b; b = next) {
+        next = b->next;
+        act_batch_destroy(b);
+    }
+    dev->out_head = dev->out_tail = NULL;
+    dev->queued = 0;
+    pthread_cond_broadcast(&rt->cond);
+    pthread_mutex_unlock(&rt->lock);
+    for (act_batch *b = dev->send_head, *next; b; b = next) {
+        next = b->next;
+        act_batch_destroy(b);
+    }
+    dev->send_head = dev->send_tail = NULL;
+    char why[400];
+    snprintf(why, sizeof why, "device %" PRId64 " died: %s", dev->id, reason);
+    s_fail_futures_of(rt, dev->id, DT_EDEVICE, why);
+}
+
+static void s_send_batch(s_ctl *c, act_device *dev, act_batch *b)
+{
+    char rid[32];
+    s_routing_id(dev->id, rid, sizeof rid);
+    mb_header h = {MB_VERSION, MB_OPS, dev->send_seq++, MB_SENDER_CONTROLLER, b->nrecords};
+    size_t size = b->records.size;
+    mb_buf body = {msgpack_sbuffer_release(&b->records), size, mb_buf_free, NULL};
+    int rc = mb_send(c->router, rid, strlen(rid), &h, body, b->payloads, b->npayloads);
+    b->npayloads = 0; /* mb_send owns them now */
+    dev->in_flight += b->nrecords;
+    if (dev->id < c->cap_sent)
+        c->sent[dev->id] += b->nrecords;
+    act_batch_destroy(b);
+    if (rc != 0)
+        s_device_died(c->rt, dev, dt_last_error());
+}
+
+/* Sends queued batches while each device has credit; then tells waiting users how much left. */
+static void s_send_ready(s_ctl *c)
+{
+    act_runtime *rt = c->rt;
+    if (c->cap_sent < rt->cap_devices) {
+        free(c->sent);
+        c->cap_sent = rt->cap_devices;
+        c->sent = calloc((size_t)c->cap_sent, sizeof *c->sent);
+        if (!c->sent)
+            c->cap_sent = 0;
+    }
+    bool any = false;
+    for (int64_t i = 0; i < rt->cap_devices; i++) {
+        act_device *dev = rt->devices[i];
+        if (!dev || !dev->hello || dev->state == ACT_DEV_DEAD)
+            continue;
+        while (dev->send_head &&
+               (dev->in_flight == 0 || dev->in_flight + dev->send_head->nrecords <= ACT_WINDOW)) {
+            act_batch *b = dev->send_head;
+            dev->send_head = b->next;
+            if (!dev->send_head)
+                dev->send_tail = NULL;
+            s_send_batch(c, dev, b);
+            any = true;
+            if (dev->state == ACT_DEV_DEAD)
+                break;
+        }
+    }
+    if (!any)
+        return;
+    pthread_mutex_lock(&rt->lock);
+    for (int64_t i = 0; i < c->cap_sent; i++) {
+        if (c->sent[i] && rt->devices[i])
+            rt->devices[i]->queued -= c->sent[i];
+        c->sent[i] = 0;
+    }
+    pthread_cond_broadcast(&rt->cond);
+    pthread_mutex_unlock(&rt->lock);
+}
+
+/* Settles or updates the future a completion names; drops ones already settled. */
+static void s_complete(act_runtime *rt, const msgpack_object *rec, uint32_t kind, mb_message *m, act_device *dev)
+{
+    uint64_t fid;
+    int64_t piece;
+    if (!mb_get_u64(rec, 1, &fid) || !mb_get_i64(rec, 2, &piece))
+        goto bad;
+    pthread_mutex_lock(&rt->lock);
+    dt_future *f = dt_idmap_get(&rt->futures, fid);
+    pthread_mutex_unlock(&rt->lock);
+    if (!f)
+        return;
+    if (kind == C_VALUE) {
+        int64_t dtype, frame, shape[DT_MAX_DIMS];
+        uint32_t ndim;
+        if (!mb_get_i64(rec, 3, &dtype) || !mb_get_i64s(rec, 4, shape, DT_MAX_DIMS, &ndim) ||
+            !mb_get_i64(rec, 5, &frame) || frame >= m->npayloads)
+            goto bad;
+        const void *data = frame >= 0 ? zmq_msg_data(&m->payloads[frame]) : NULL;
+        size_t size = frame >= 0 ? zmq_msg_size(&m->payloads[frame]) : 0;
+        act_future_add_piece(f, (int)piece, (dt_dtype)dtype, (int)ndim, shape, data, size);
+    } else {
+        int64_t code;
+        const char *msg;
+        uint32_t len;
+        if (!mb_get_i64(rec, 3, &code) || !mb_get_str(rec, 4, &msg, &len))
+            goto bad;
+        char text[DT_ERRMSG_MAX];
+        snprintf(text, sizeof text, "%.*s", (int)len, msg);
+        act_future_fail(f, (int)code, text);
+    }
+    if (dt_future_status(f) != 1) {
+        pthread_mutex_lock(&rt->lock);
+        dt_future *tracked = dt_idmap_take(&rt->futures, fid);
+        pthread_mutex_unlock(&rt->lock);
+        dt_future_release(&tracked);
+    }
+    return;
+bad:
+    s_device_died(rt, dev, "sent a malformed completion");
+}
+
+static void s_handle_completions(act_runtime *rt, act_device *dev, mb_message *m)
+{
+    mb_body_reader r;
+    if (mb_body_init(&r, zmq_msg_data(&m->body), zmq_msg_size(&m->body), m->header.count) != 0) {
+        s_device_died(rt, dev, dt_last_error());
+        return;
+    }
+    msgpack_object rec;
+    int rc;
+    while ((rc = mb_body_next(&r, &rec)) == 1) {
+        int64_t kind;
+        if (!mb_arr(&rec, 2) || !mb_get_i64(&rec, 0, &kind)) {
+            rc = dt_err(DT_EPROTO, "a completion is not a record");
+            break;
+        }
+        if (kind == C_CREDIT) {
+            int64_t n;
+            if (!mb_get_i64(&rec, 1, &n) || n < 0 || n > dev->in_flight) {
+                rc = dt_err(DT_EPROTO, "bad credit");
+                break;
+            }
+            dev->in_flight -= n;
+        } else if (kind == C_VALUE || kind == C_ERROR) {
+            s_complete(rt, &rec, (uint32_t)kind, m, dev);
+        } else {
+            rc = dt_err(DT_EPROTO, "unknown completion kind %" PRId64, kind);
+            break;
+        }
+    }
+    mb_body_destroy(&r);
+    if (rc < 0) {
+        char why[DT_ERRMSG_MAX + 32];
+        snprintf(why, sizeof why, "protocol error: %s", dt_last_error());
+        s_device_died(rt, dev, why);
+    }
+}
+
+/* Handles every message waiting on the router; the bye of a device sets dev->bye. */
+static void s_drain(s_ctl *c)
+{
+    act_runtime *rt = c->rt;
+    for (;;) {
+        mb_message m;
+        int rc = mb_recv(c->router, true, true, &m);
+        if (rc == 1)
+            return;
+        if (rc != 0)
+            continue; /* a malformed message is dropped whole; its sender is unknown */
+        int64_t id = -1;
+        if (m.routing_id_len > 1 && m.routing_id[0] == 'd')
+            id = strtoll((const char *)m.routing_id + 1, NULL, 10);
+        act_device *dev = s_device(rt, id);
+        if (!dev || m.header.sender != (uint32_t)id || dev->state == ACT_DEV_DEAD) {
+            mb_message_close(&m);
+            continue;
+        }
+        if (m.header.seq != dev->recv_seq++) {
+            s_device_died(rt, dev, "messages arrived out of order");
+        } else if (m.header.kind == MB_HELLO) {
+            pthread_mutex_lock(&rt->lock);
+            dev->hello = true;
+            dev->state = ACT_DEV_READY;
+            pthread_mutex_unlock(&rt->lock);
+        } else if (m.header.kind == MB_COMPLETIONS) {
+            s_handle_completions(rt, dev, &m);
+        } else if (m.header.kind == MB_BYE) {
+            dev->bye = true;
+        }
+        mb_message_close(&m);
+    }
+}
+
+/* Process workers: notices the ones that ended; any worker: the ones that never said hello. */
+static void s_check_workers(act_runtime *rt)
+{
+    double now = act_now();
+    for (int64_t i = 0; i < rt->cap_devices; i++) {
+        act_device *dev = rt->devices[i];
+        if (!dev || dev->state == ACT_DEV_DEAD)
+            continue;
+        char reason[200];
+        if (act_spawn_reap(dev, reason, sizeof reason))
+            s_device_died(rt, dev, reason);
+        else if (!dev->hello && now - dev->started_at > ACT_HELLO_TIMEOUT_S)
+            s_device_died(rt, dev, "its worker did not start in time");
+    }
+}
+
+static void s_send_bye(s_ctl *c, act_device *dev)
+{
+    char rid[32];
+    s_routing_id(dev->id, rid, sizeof rid);
+    mb_header h = {MB_VERSION, MB_BYE, dev->send_seq++, MB_SENDER_CONTROLLER, 0};
+    mb_send(c->router, rid, strlen(rid), &h, (mb_buf){NULL, 0, NULL, NULL}, NULL, 0);
+}
+
+/* Says bye to every worker, waits for them to go (killing the ones that do not), fails what is
+ * still pending and frees every device. */
+static void s_stop(s_ctl *c)
+{
+    act_runtime *rt = c->rt;
+    double deadline = act_now() + ACT_BYE_TIMEOUT_S;
+    bool *asked = calloc((size_t)(rt->cap_devices ? rt->cap_devices : 1), sizeof *asked);
+    for (;;) {
+        bool waiting = false;
+        for (int64_t i = 0; i < rt->cap_devices; i++) {
+            act_device *dev = rt->devices[i];
+            if (!dev || dev->state == ACT_DEV_DEAD || dev->bye)
+                continue;
+            if (dev->hello && asked && !asked[i]) {
+                s_send_bye(c, dev);
+                asked[i] = true;
+            }
+            waiting = true;
+        }
+        if (!waiting || act_now() > deadline)
+            break;
+        zmq_pollitem_t item = {zsock_resolve(c->router), 0, ZMQ_POLLIN, 0};
+        zmq_poll(&item, 1, 20);
+        s_drain(c);
+        s_check_workers(rt);
+    }
+    free(asked);
+    s_fail_futures_of(rt, -1, DT_ESHUTDOWN, "the runtime was shut down before this value arrived");
+    for (int64_t i = 0; i < rt->cap_devices; i++) {
+        act_device *dev = rt->devices[i];
+        if (!dev)
+            continue;
+        atomic_store(&dev->stop, true);
+        act_spawn_stop(dev, dev->bye ? ACT_BYE_TIMEOUT_S : 0.1);
+        for (act_batch *b = dev->send_head, *next; b; b = next) {
+            next = b->next;
+            act_batch_destroy(b);
+        }
+        pthread_mutex_lock(&rt->lock);
+        for (act_batch *b = dev->out_head, *next; b; b = next) {
+            next = b->next;
+            act_batch_destroy(b);
+        }
+        rt->devices[i] = NULL;
+        pthread_mutex_unlock(&rt->lock);
+        free(dev);
+    }
+    pthread_mutex_lock(&rt->lock);
+    rt->ndirty = 0;
+    dt_idmap_destroy(&rt->futures);
+    pthread_mutex_unlock(&rt->lock);
+}
+
+void *act_controller_main(void *arg)
+{
+    s_ctl c = {.rt = arg};
+    act_runtime *rt = c.rt;
+    c.router = mb_socket_new(MB_ROUTER, rt->endpoint, true, NULL);
+    pthread_mutex_lock(&rt->lock);
+    if (!c.router)
+        rt->start_error = dt_last_error_code() ? dt_last_error_code() : DT_ESYS;
+    else
+        rt->controller_up = true;
+    pthread_cond_broadcast(&rt->cond);
+    pthread_mutex_unlock(&rt->lock);
+    if (!c.router)
+        return NULL;
+
+    zmq_pollitem_t items[2] = {{zsock_resolve(c.router), 0, ZMQ_POLLIN, 0}, {NULL, rt->doorbell, ZMQ_POLLIN, 0}};
+    double next_check = act_now() + ACT_TICK_MS / 1e3;
+    for (;;) {
+        zmq_poll(items, 2, ACT_TICK_MS);
+        if (items[1].revents & ZMQ_POLLIN) {
+            uint64_t n;
+            if (read(rt->doorbell, &n, sizeof n) < 0) { /* EAGAIN: another wake-up drained it */ }
+        }
+        s_take_outboxes(rt);
+        s_drain(&c);
+        s_send_ready(&c);
+        if (act_now() >= next_check) {
+            s_check_workers(rt);
+            next_check = act_now() + ACT_TICK_MS / 1e3;
+        }
+        pthread_mutex_lock(&rt->lock);
+        bool stopping = rt->stopping;
+        pthread_mutex_unlock(&rt->lock);
+        if (stopping)
+            break;
+    }
+    s_stop(&c);
+    free(c.sent);
+    mb_socket_destroy(&c.router);
+    return NULL;
+}

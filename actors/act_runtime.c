@@ -1,0 +1,490 @@
+/* act_runtime — starting and stopping the runtime, and the user thread's side of it: packing
+ * op records into per-device outboxes and ringing the controller's doorbell. */
+#include "act_runtime.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "act_future.h"
+#include "dt_error.h"
+#include "dtn_types.h"
+#include "op_codes.h"
+
+act_runtime act_rt = {
+    .lock = PTHREAD_MUTEX_INITIALIZER,
+    .cond = PTHREAD_COND_INITIALIZER,
+    .doorbell = -1,
+    .next_id = 1,
+    .workers = DT_WORKERS_THREAD,
+};
+
+static void (*s_wait_enter)(void);
+static void (*s_wait_leave)(void);
+static bool (*s_wait_interrupt)(void);
+static bool s_configured;     /* dt_init chose the worker mode explicitly */
+static bool s_ring;           /* this op turned the first outbox dirty */
+static bool s_over_limit;     /* this op filled a device's queue past ACT_QUEUE_LIMIT */
+
+double act_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+void dt_set_wait_hooks(void (*enter)(void), void (*leave)(void), bool (*interrupt)(void))
+{
+    s_wait_enter = enter;
+    s_wait_leave = leave;
+    s_wait_interrupt = interrupt;
+}
+
+void act_wait_enter(void)
+{
+    if (s_wait_enter)
+        s_wait_enter();
+}
+
+void act_wait_leave(void)
+{
+    if (s_wait_leave)
+        s_wait_leave();
+}
+
+bool act_wait_interrupted(void)
+{
+    if (!s_wait_interrupt)
+        return false;
+    act_wait_leave();
+    bool interrupted = s_wait_interrupt();
+    act_wait_enter();
+    return interrupted;
+}
+
+static int s_workers_from_env(dt_workers *out)
+{
+    const char *env = getenv("DTORCH_WORKERS");
+    if (!env || !*env || strcmp(env, "thread") == 0)
+        *out = DT_WORKERS_THREAD;
+    else if (strcmp(env, "process") == 0)
+        *out = DT_WORKERS_PROCESS;
+    else
+        return dt_err(DT_EINVAL, "DTORCH_WORKERS='%s': expected 'thread' or 'process'", env);
+    return 0;
+}
+
+/* Starts the controller thread; called with the lock held. */
+static int s_start(void)
+{
+    act_runtime *rt = &act_rt;
+    rt->doorbell = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (rt->doorbell < 0)
+        return dt_err(DT_ESYS, "dtorch: cannot create the controller's doorbell");
+    rt->epoch++;
+    if (rt->workers == DT_WORKERS_THREAD)
+        snprintf(rt->endpoint, sizeof rt->endpoint, "inproc://dtorch-controller-%llu", (unsigned long long)rt->epoch);
+    else
+        snprintf(rt->endpoint, sizeof rt->endpoint, "ipc:///tmp/dtorch-%d-%llu.ipc", (int)getpid(),
+                 (unsigned long long)rt->epoch);
+    dt_idmap_init(&rt->futures);
+    rt->start_error = 0;
+    rt->controller_up = false;
+    rt->stopping = false;
+    rt->rung = false;
+    if (pthread_create(&rt->controller, NULL, act_controller_main, rt) != 0) {
+        close(rt->doorbell);
+        rt->doorbell = -1;
+        return dt_err(DT_ESYS, "dtorch: cannot start the controller thread");
+    }
+    while (!rt->controller_up && !rt->start_error)
+        pthread_cond_wait(&rt->cond, &rt->lock);
+    if (rt->start_error) {
+        int code = rt->start_error;
+        pthread_mutex_unlock(&rt->lock);
+        pthread_join(rt->controller, NULL);
+        pthread_mutex_lock(&rt->lock);
+        close(rt->doorbell);
+        rt->doorbell = -1;
+        dt_idmap_destroy(&rt->futures);
+        return dt_err(code, "dtorch: the controller could not bind %s", rt->endpoint);
+    }
+    rt->running = true;
+    return 0;
+}
+
+int dt_init(const dt_config *config)
+{
+    act_runtime *rt = &act_rt;
+    dt_workers workers;
+    if (config) {
+        if (config->workers != DT_WORKERS_THREAD && config->workers != DT_WORKERS_PROCESS)
+            return dt_err(DT_EINVAL, "init: unknown worker mode %d", (int)config->workers);
+        workers = config->workers;
+    } else if (s_workers_from_env(&workers) != 0) {
+        return dt_last_error_code();
+    }
+    pthread_mutex_lock(&rt->lock);
+    int rc = 0;
+    if (rt->running) {
+        if (config && workers != rt->workers)
+            rc = dt_err(DT_EINVAL, "init: the runtime is already running with %s workers; call shutdown() first",
+                        rt->workers == DT_WORKERS_THREAD ? "thread" : "process");
+        pthread_mutex_unlock(&rt->lock);
+        return rc;
+    }
+    rt->workers = workers;
+    s_configured = config != NULL;
+    const char *path = config && config->worker_path ? config->worker_path : getenv("DTORCH_WORKER_PATH");
+    snprintf(rt->worker_path, sizeof rt->worker_path, "%s", path && *path ? path : "dtorch-worker");
+    rc = s_start();
+    pthread_mutex_unlock(&rt->lock);
+    return rc;
+}
+
+int dt_shutdown(void)
+{
+    act_runtime *rt = &act_rt;
+    pthread_mutex_lock(&rt->lock);
+    if (!rt->running) {
+        pthread_mutex_unlock(&rt->lock);
+        return 0;
+    }
+    rt->stopping = true;
+    uint64_t one = 1;
+    if (write(rt->doorbell, &one, sizeof one) < 0) { /* the controller also wakes on its tick */ }
+    pthread_mutex_unlock(&rt->lock);
+
+    act_wait_enter();
+    pthread_join(rt->controller, NULL);
+    act_wait_leave();
+
+    pthread_mutex_lock(&rt->lock);
+    close(rt->doorbell);
+    rt->doorbell = -1;
+    rt->running = false;
+    rt->stopping = false;
+    s_configured = false;
+    pthread_cond_broadcast(&rt->cond);
+    pthread_mutex_unlock(&rt->lock);
+    return 0;
+}
+
+bool dt_is_running(void)
+{
+    pthread_mutex_lock(&act_rt.lock);
+    bool running = act_rt.running;
+    pthread_mutex_unlock(&act_rt.lock);
+    return running;
+}
+
+dt_workers dt_current_workers(void)
+{
+    pthread_mutex_lock(&act_rt.lock);
+    dt_workers w = act_rt.workers;
+    if (!act_rt.running && !s_configured)
+        s_workers_from_env(&w);
+    pthread_mutex_unlock(&act_rt.lock);
+    return w;
+}
+
+void dt_manual_seed(uint64_t seed)
+{
+    pthread_mutex_lock(&act_rt.lock);
+    act_rt.seed = seed;
+    act_rt.stream = 0;
+    pthread_mutex_unlock(&act_rt.lock);
+}
+
+void act_runtime_next_stream(uint64_t *seed, uint64_t *stream)
+{
+    *seed = act_rt.seed;
+    *stream = act_rt.stream++;
+}
+
+uint64_t act_runtime_new_id(void) { return act_rt.next_id++; }
+
+uint64_t act_runtime_epoch(void) { return act_rt.epoch; }
+
+int act_runtime_check_live(const char *op, uint64_t epoch)
+{
+    pthread_mutex_lock(&act_rt.lock);
+    bool live = act_rt.running && !act_rt.stopping && act_rt.epoch == epoch;
+    pthread_mutex_unlock(&act_rt.lock);
+    if (!live)
+        return dt_err(DT_ESHUTDOWN, "%s: this tensor was made before dtorch.shutdown() and no longer exists", op);
+    return 0;
+}
+
+static int s_ensure_device(act_runtime *rt, int64_t id)
+{
+    if (id >= rt->cap_devices) {
+        int64_t cap = rt->cap_devices ? rt->cap_devices : 16;
+        while (cap <= id)
+            cap *= 2;
+        act_device **grown = realloc(rt->devices, (size_t)cap * sizeof *grown);
+        if (!grown)
+            return dt_err(DT_ENOMEM, "out of memory");
+        memset(grown + rt->cap_devices, 0, (size_t)(cap - rt->cap_devices) * sizeof *grown);
+        rt->devices = grown;
+        rt->cap_devices = cap;
+    }
+    if (rt->devices[id])
+        return 0;
+    act_device *dev = calloc(1, sizeof *dev);
+    if (!dev)
+        return dt_err(DT_ENOMEM, "out of memory");
+    dev->id = id;
+    dev->state = ACT_DEV_STARTING;
+    dev->started_at = act_now();
+    atomic_init(&dev->stop, false);
+    int rc = rt->workers == DT_WORKERS_THREAD ? act_spawn_thread(dev, rt->endpoint)
+                                              : act_spawn_process(dev, rt->endpoint, rt->worker_path);
+    if (rc != 0) {
+        free(dev);
+        return rc;
+    }
+    rt->devices[id] = dev;
+    return 0;
+}
+
+int act_runtime_begin(const char *op, dt_mesh *mesh)
+{
+    act_runtime *rt = &act_rt;
+    pthread_mutex_lock(&rt->lock);
+    if (!rt->running) {
+        dt_workers workers = rt->workers;
+        if (!s_configured && s_workers_from_env(&workers) != 0)
+            goto fail;
+        if (!s_configured)
+            rt->workers = workers;
+        if (!rt->worker_path[0]) {
+            const char *path = getenv("DTORCH_WORKER_PATH");
+            snprintf(rt->worker_path, sizeof rt->worker_path, "%s", path && *path ? path : "dtorch-worker");
+        }
+        if (s_start() != 0)
+            goto fail;
+    }
+    if (rt->stopping) {
+        dt_err(DT_ESHUTDOWN, "%s: the runtime is shutting down", op);
+        goto fail;
+    }
+    for (int64_t i = 0; i < mesh->size; i++) {
+        if (s_ensure_device(rt, mesh->ids[i]) != 0)
+            goto fail;
+        act_device *dev = rt->devices[mesh->ids[i]];
+        if (dev->state == ACT_DEV_DEAD) {
+            dt_err(DT_EDEVICE, "%s: device %lld is dead: %s", op, (long long)dev->id, dev->reason);
+            goto fail;
+        }
+    }
+    mesh->ready_epoch = rt->epoch;
+    s_ring = false;
+    s_over_limit = false;
+    return 0;
+fail:
+    pthread_mutex_unlock(&rt->lock);
+    return dt_last_error_code();
+}
+
+static act_batch *s_batch_new(void)
+{
+    act_batch *b = calloc(1, sizeof *b);
+    if (!b) {
+        fprintf(stderr, "dtorch: out of memory for an op batch\n");
+        abort();
+    }
+    msgpack_sbuffer_init(&b->records);
+    msgpack_packer_init(&b->pk, &b->records, msgpack_sbuffer_write);
+    return b;
+}
+
+void act_batch_destroy(act_batch *b)
+{
+    if (!b)
+        return;
+    for (int i = 0; i < b->npayloads; i++)
+        if (b->payloads[i].free_fn)
+            b->payloads[i].free_fn(b->payloads[i].data, b->payloads[i].hint);
+    free(b->payloads);
+    msgpack_sbuffer_destroy(&b->records);
+    free(b);
+}
+
+/* The batch the next record of dev goes into, sealing a full one unless its payload's record
+ * is still to come. */
+static act_batch *s_open_batch(act_runtime *rt, act_device *dev)
+{
+    act_batch *b = dev->out_tail;
+    if (!b || (b->nrecords >= ACT_BATCH_MAX && !b->payload_pending)) {
+        act_batch *fresh = s_batch_new();
+        if (b)
+            b->next = fresh;
+        else
+            dev->out_head = fresh;
+        dev->out_tail = b = fresh;
+    }
+    if (!dev->dirty) {
+        dev->dirty = true;
+        rt->dirty[rt->ndirty++] = dev;
+    }
+    return b;
+}
+
+static void s_reserve_dirty(act_runtime *rt)
+{
+    static int64_t cap;
+    if (cap < rt->cap_devices) {
+        act_device **grown = realloc(rt->dirty, (size_t)rt->cap_devices * sizeof *grown);
+        if (!grown) {
+            fprintf(stderr, "dtorch: out of memory for the dirty list\n");
+            abort();
+        }
+        rt->dirty = grown;
+        cap = rt->cap_devices;
+    }
+}
+
+msgpack_packer *act_runtime_record(int64_t device)
+{
+    act_runtime *rt = &act_rt;
+    act_device *dev = rt->devices[device];
+    s_reserve_dirty(rt);
+    act_batch *b = s_open_batch(rt, dev);
+    b->payload_pending = false;
+    b->nrecords++;
+    if (++dev->queued > ACT_QUEUE_LIMIT)
+        s_over_limit = true;
+    if (!rt->rung) {
+        rt->rung = true;
+        s_ring = true;
+    }
+    return &b->pk;
+}
+
+int act_runtime_payload(int64_t device, mb_buf buf)
+{
+    act_runtime *rt = &act_rt;
+    act_device *dev = rt->devices[device];
+    s_reserve_dirty(rt);
+    act_batch *b = s_open_batch(rt, dev);
+    if (b->npayloads == b->cap_payloads) {
+        int cap = b->cap_payloads ? b->cap_payloads * 2 : 4;
+        mb_buf *grown = realloc(b->payloads, (size_t)cap * sizeof *grown);
+        if (!grown) {
+            fprintf(stderr, "dtorch: out of memory for payload frames\n");
+            abort();
+        }
+        b->payloads = grown;
+        b->cap_payloads = cap;
+    }
+    b->payloads[b->npayloads] = buf;
+    b->payload_pending = true;
+    return b->npayloads++;
+}
+
+int act_runtime_track(dt_future *f)
+{
+    f->id = act_runtime_new_id();
+    if (dt_idmap_put(&act_rt.futures, f->id, f) != 0)
+        return dt_err(DT_ENOMEM, "out of memory");
+    dt_future_ref(f);
+    return 0;
+}
+
+static bool s_queues_full(act_runtime *rt)
+{
+    for (int64_t i = 0; i < rt->cap_devices; i++) {
+        act_device *dev = rt->devices[i];
+        if (dev && dev->state != ACT_DEV_DEAD && dev->queued > ACT_QUEUE_LIMIT)
+            return true;
+    }
+    return false;
+}
+
+void act_runtime_end(void)
+{
+    act_runtime *rt = &act_rt;
+    bool ring = s_ring, wait = s_over_limit;
+    int fd = rt->doorbell;
+    pthread_mutex_unlock(&rt->lock);
+    if (ring) {
+        uint64_t one = 1;
+        if (write(fd, &one, sizeof one) < 0) { /* an eventfd only fails when its counter is full: still rung */ }
+    }
+    if (!wait)
+        return;
+    /* backpressure: the controller is far behind; let it drain before queueing more */
+    act_wait_enter();
+    pthread_mutex_lock(&rt->lock);
+    while (rt->running && !rt->stopping && s_queues_full(rt))
+        pthread_cond_wait(&rt->cond, &rt->lock);
+    pthread_mutex_unlock(&rt->lock);
+    act_wait_leave();
+}
+
+void act_runtime_free(uint64_t epoch, dt_mesh *mesh, uint64_t id)
+{
+    act_runtime *rt = &act_rt;
+    pthread_mutex_lock(&rt->lock);
+    if (rt->running && !rt->stopping && epoch == rt->epoch) {
+        s_reserve_dirty(rt);
+        for (int64_t i = 0; i < mesh->size; i++) {
+            act_device *dev = rt->devices[mesh->ids[i]];
+            if (!dev || dev->state == ACT_DEV_DEAD)
+                continue;
+            act_batch *b = s_open_batch(rt, dev);
+            msgpack_pack_array(&b->pk, 2);
+            msgpack_pack_int(&b->pk, OP_FREE);
+            msgpack_pack_uint64(&b->pk, id);
+            b->nrecords++;
+            dev->queued++;
+        }
+    }
+    pthread_mutex_unlock(&rt->lock);
+}
+
+int dt_synchronize(void)
+{
+    act_runtime *rt = &act_rt;
+    pthread_mutex_lock(&rt->lock);
+    if (!rt->running) {
+        pthread_mutex_unlock(&rt->lock);
+        return 0;
+    }
+    int n = 0;
+    for (int64_t i = 0; i < rt->cap_devices; i++)
+        n += rt->devices[i] && rt->devices[i]->state != ACT_DEV_DEAD;
+    if (n == 0) {
+        pthread_mutex_unlock(&rt->lock);
+        return 0;
+    }
+    dt_future *f = act_future_new(ACT_SYNC, n);
+    if (!f || act_runtime_track(f) != 0) {
+        pthread_mutex_unlock(&rt->lock);
+        dt_future_release(&f);
+        return dt_err(DT_ENOMEM, "synchronize: out of memory");
+    }
+    s_ring = false;
+    s_over_limit = false;
+    s_reserve_dirty(rt);
+    int piece = 0;
+    for (int64_t i = 0; i < rt->cap_devices; i++) {
+        act_device *dev = rt->devices[i];
+        if (!dev || dev->state == ACT_DEV_DEAD)
+            continue;
+        f->pieces[piece].device = dev->id;
+        msgpack_packer *pk = act_runtime_record(dev->id);
+        msgpack_pack_array(pk, 3);
+        msgpack_pack_int(pk, OP_SYNC);
+        msgpack_pack_uint64(pk, f->id);
+        msgpack_pack_int(pk, piece++);
+    }
+    act_runtime_end();
+    int rc = dt_future_wait(f, -1);
+    dt_future_release(&f);
+    return rc;
+}

@@ -1,0 +1,133 @@
+/* act_runtime — the one runtime of a process: its devices, their outboxes and the controller
+ * actor that ships them (internal).
+ *
+ * The user's thread packs op records into per-device outboxes under `lock` and rings the
+ * doorbell (an eventfd) when an outbox goes from empty to dirty. The controller thread takes
+ * whole outboxes, sends each device its own batch as one message under a credit window, and
+ * turns completions into settled futures. Workers run each device's records in order.
+ */
+#ifndef ACT_RUNTIME_H
+#define ACT_RUNTIME_H
+
+#include <msgpack.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <sys/types.h>
+
+#include "dt_idmap.h"
+#include "dtorch.h"
+#include "mb_socket.h"
+
+#define ACT_WINDOW 16384               /* op records in flight to one device before the controller waits for credit */
+#define ACT_QUEUE_LIMIT (4 * ACT_WINDOW) /* records queued for one device before the user thread waits */
+#define ACT_BATCH_MAX 4096             /* records in one outbox batch; a fuller one is sealed and a new one begun */
+#define ACT_TICK_MS 50                 /* controller wakes at least this often to check on worker processes */
+#define ACT_HELLO_TIMEOUT_S 20.0       /* a worker that has not said hello by then is dead */
+#define ACT_BYE_TIMEOUT_S 2.0          /* how long shutdown waits for workers to stop before killing them */
+
+/* One message's worth of records for one device. */
+typedef struct act_batch {
+    struct act_batch *next;
+    msgpack_sbuffer records;       /* nrecords msgpack records back to back */
+    msgpack_packer pk;             /* packs into records */
+    uint32_t nrecords;
+    bool payload_pending;          /* a payload was attached and its record is not packed yet */
+    int npayloads, cap_payloads;
+    mb_buf *payloads;              /* (npayloads) frames the records refer to by index */
+} act_batch;
+
+typedef enum { ACT_DEV_STARTING, ACT_DEV_READY, ACT_DEV_DEAD } act_device_state;
+
+typedef struct {
+    int64_t id;
+    act_device_state state;        /* under lock */
+    char reason[256];              /* why it died */
+    /* filled by the user thread, taken by the controller, both under lock */
+    act_batch *out_head, *out_tail;
+    bool dirty;
+    int64_t queued;                /* records not yet sent */
+    /* its home */
+    pthread_t thread;
+    bool has_thread;
+    pid_t pid;
+    atomic_bool stop;              /* thread workers: leave even without a bye */
+    double started_at;
+    /* controller thread only */
+    act_batch *send_head, *send_tail;
+    int64_t in_flight;             /* records sent and not yet credited */
+    uint64_t send_seq, recv_seq;
+    bool hello;
+    bool bye;
+} act_device;
+
+typedef struct {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;           /* controller -> users: started, queues drained, stopped */
+    int doorbell;                  /* eventfd: outboxes are dirty or a stop was asked */
+    bool rung;                     /* the doorbell was rung and the controller has not taken outboxes since */
+    bool running;
+    bool stopping;
+    bool controller_up;
+    int start_error;
+    uint64_t epoch;                /* bumped by every start */
+    dt_workers workers;
+    char worker_path[4096];
+    char endpoint[256];
+    act_device **devices;          /* indexed by device id, NULL where unused */
+    int64_t cap_devices;
+    act_device **dirty;            /* devices whose outbox has records */
+    int64_t ndirty;
+    dt_idmap futures;              /* id -> pending dt_future (one reference each) */
+    uint64_t next_id;              /* tensor and future ids (never 0) */
+    uint64_t seed, stream;         /* random factories */
+    pthread_t controller;
+} act_runtime;
+
+extern act_runtime act_rt;
+
+/* ---- user-thread side -------------------------------------------------------------------- */
+/* Starts the runtime if needed and the workers of mesh's devices; fails if one is dead.
+ * On success the lock is held until act_runtime_end. */
+int act_runtime_begin(const char *op, dt_mesh *mesh);
+/* The packer of device's outbox; pack exactly one record. */
+msgpack_packer *act_runtime_record(int64_t device);
+/* Attaches a payload frame to device's current batch; returns its frame index for the record
+ * that follows (pack the record right after, before another payload for the device). */
+int act_runtime_payload(int64_t device, mb_buf buf);
+uint64_t act_runtime_new_id(void);
+uint64_t act_runtime_epoch(void);   /* under the lock: the running runtime's epoch */
+/* 0 when a tensor of that epoch is still usable, else DT_ESHUTDOWN naming op. */
+int act_runtime_check_live(const char *op, uint64_t epoch);
+/* Registers a pending future so completions can find it; takes a reference. */
+int act_runtime_track(dt_future *f);
+/* Unlocks, rings the doorbell when outboxes turned dirty, and waits while queues are full. */
+void act_runtime_end(void);
+/* Queues frees for a tensor on its devices (no doorbell: they go with the next message). */
+void act_runtime_free(uint64_t epoch, dt_mesh *mesh, uint64_t id);
+/* Current random stream, advanced by one per random op. Under the lock. */
+void act_runtime_next_stream(uint64_t *seed, uint64_t *stream);
+
+void act_wait_enter(void);
+void act_wait_leave(void);
+bool act_wait_interrupted(void);
+
+double act_now(void);               /* monotonic seconds */
+
+/* ---- controller thread ------------------------------------------------------------------- */
+void *act_controller_main(void *arg);
+void act_batch_destroy(act_batch *b);
+
+/* ---- worker homes (act_spawn) -------------------------------------------------------------- */
+int act_spawn_thread(act_device *dev, const char *endpoint);
+int act_spawn_process(act_device *dev, const char *endpoint, const char *worker_path);
+/* Process workers: true (and why, in reason) once the process has ended. */
+bool act_spawn_reap(act_device *dev, char *reason, size_t size);
+/* Ends the worker's home: joins the thread, or waits up to grace_s for the process, then kills it. */
+void act_spawn_stop(act_device *dev, double grace_s);
+
+/* ---- the worker actor (act_worker) ------------------------------------------------------------ */
+/* Runs device's worker until the controller says bye or should_stop(arg) turns true. */
+int act_worker_run(const char *endpoint, int64_t device, bool (*should_stop)(void *arg), void *arg);
+
+#endif

@@ -1,0 +1,62 @@
+#include "dt_dtype.h"
+
+#include <math.h>
+
+static const struct {
+    const char *name;
+    size_t size;
+    bool is_float;
+} s_dtypes[DT_NDTYPES] = {
+    [DT_FLOAT32] = {"float32", 4, true}, [DT_FLOAT16] = {"float16", 2, true},
+    [DT_BFLOAT16] = {"bfloat16", 2, true}, [DT_INT32] = {"int32", 4, false},
+    [DT_INT64] = {"int64", 8, false}, [DT_BOOL] = {"bool", 1, false},
+};
+
+bool dt_dtype_valid(int dtype) { return dtype >= 0 && dtype < DT_NDTYPES; }
+
+const char *dt_dtype_name(dt_dtype dtype) { return dt_dtype_valid(dtype) ? s_dtypes[dtype].name : "?"; }
+
+size_t dt_dtype_size(dt_dtype dtype) { return dt_dtype_valid(dtype) ? s_dtypes[dtype].size : 0; }
+
+bool dt_dtype_is_float(dt_dtype dtype) { return dt_dtype_valid(dtype) && s_dtypes[dtype].is_float; }
+
+float dt_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    uint32_t u;
+    if (exp == 0x1f) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else if (exp == 0) {
+        /* zero or subnormal: man * 2^-24 is exact in float */
+        float f = ldexpf((float)man, -24);
+        return sign ? -f : f;
+    } else {
+        u = sign | ((exp + 112u) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+uint16_t dt_f32_to_f16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t abs = u & 0x7fffffffu;
+    if (abs > 0x7f800000u)
+        return sign | 0x7e00u; /* NaN */
+    if (abs >= 0x477ff000u)
+        return sign | 0x7c00u; /* rounds to infinity (>= 65520) */
+    if (abs < 0x38800000u) {
+        /* half subnormal or zero: round abs to a multiple of 2^-24, ties to even */
+        float a;
+        memcpy(&a, &abs, sizeof a);
+        float scaled = a * 16777216.0f; /* exact: a * 2^24 */
+        return sign | (uint16_t)nearbyintf(scaled);
+    }
+    uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1u);
+    return sign | (uint16_t)((rounded - 0x38000000u) >> 13);
+}

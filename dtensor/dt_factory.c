@@ -1,0 +1,384 @@
+/* dt_factory — making DTensors: every device is sent one record that makes its own piece
+ * (fills, counter-based random numbers, ranges), or the piece itself (distribute, from_local). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "act_runtime.h"
+#include "cpu_kernels.h"
+#include "dt_dtype.h"
+#include "dt_error.h"
+#include "dtn_layout.h"
+#include "dtn_types.h"
+#include "op_codes.h"
+
+/* Validates a factory's arguments and builds the handle (not yet known to any device). */
+static dt_tensor *s_tensor_new(const char *op, dt_mesh *mesh, int ndim, const int64_t *shape, dt_dtype dtype,
+                               const dt_placement *placements)
+{
+    if (!mesh) {
+        dt_err(DT_EINVAL, "%s: device_mesh is required", op);
+        return NULL;
+    }
+    if (!dt_dtype_valid((int)dtype)) {
+        dt_err(DT_ETYPE, "%s: unknown dtype %d", op, (int)dtype);
+        return NULL;
+    }
+    dt_tensor *t = calloc(1, sizeof *t);
+    if (!t) {
+        dt_err(DT_ENOMEM, "%s: out of memory", op);
+        return NULL;
+    }
+    if (dtn_check_shape(op, ndim, shape) != 0 ||
+        dtn_check_placements(op, mesh->ndim, placements, ndim, t->placements) != 0) {
+        free(t);
+        return NULL;
+    }
+    atomic_init(&t->refs, 1);
+    t->mesh = dt_mesh_ref(mesh);
+    t->dtype = dtype;
+    t->ndim = ndim;
+    memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
+    return t;
+}
+
+/* Starts submitting t's records; on failure releases t. */
+static int s_begin(const char *op, dt_tensor **t)
+{
+    if (act_runtime_begin(op, (*t)->mesh) != 0) {
+        dt_tensor_release(t);
+        return -1;
+    }
+    (*t)->id = act_runtime_new_id();
+    (*t)->epoch = act_runtime_epoch();
+    return 0;
+}
+
+static void s_pack_head(msgpack_packer *pk, int nfields, op_code code, const dt_tensor *t, const int64_t *local)
+{
+    msgpack_pack_array(pk, (size_t)nfields);
+    msgpack_pack_int(pk, code);
+    msgpack_pack_uint64(pk, t->id);
+    msgpack_pack_int(pk, t->dtype);
+    mb_pack_i64s(pk, local, t->ndim);
+}
+
+static void s_pack_scalar(msgpack_packer *pk, dt_scalar v)
+{
+    if (v.is_int)
+        msgpack_pack_int64(pk, v.i);
+    else
+        msgpack_pack_double(pk, v.f);
+}
+
+/* One record per device: code, id, dtype, local shape, then what the kind needs. */
+static dt_tensor *s_make(const char *op, op_code code, dt_mesh *mesh, int ndim, const int64_t *shape,
+                         dt_dtype dtype, const dt_placement *placements, dt_scalar value)
+{
+    dt_tensor *t = s_tensor_new(op, mesh, ndim, shape, dtype, placements);
+    if (!t)
+        return NULL;
+    if (code == OP_RANDOM && !dt_dtype_is_float(dtype)) {
+        dt_err(DT_ETYPE, "%s: expected a floating-point dtype, got %s", op, dt_dtype_name(dtype));
+        dt_tensor_release(&t);
+        return NULL;
+    }
+    if (s_begin(op, &t) != 0)
+        return NULL;
+    uint64_t seed = 0, stream = 0;
+    if (code == OP_RANDOM)
+        act_runtime_next_stream(&seed, &stream);
+    int64_t coord[DT_MAX_DIMS], local[DT_MAX_DIMS], offset[DT_MAX_DIMS];
+    for (int64_t i = 0; i < mesh->size; i++) {
+        dtn_mesh_coord(mesh->ndim, mesh->shape, i, coord);
+        dtn_local_block(mesh->ndim, mesh->shape, coord, t->placements, ndim, t->shape, local, offset);
+        msgpack_packer *pk = act_runtime_record(mesh->ids[i]);
+        if (code == OP_EMPTY) {
+            s_pack_head(pk, 4, code, t, local);
+        } else if (code == OP_FILL) {
+            s_pack_head(pk, 5, code, t, local);
+            s_pack_scalar(pk, value);
+        } else {
+            s_pack_head(pk, 9, code, t, local);
+            mb_pack_i64s(pk, offset, ndim);
+            mb_pack_i64s(pk, t->shape, ndim);
+            msgpack_pack_uint64(pk, seed);
+            msgpack_pack_uint64(pk, stream);
+            msgpack_pack_int(pk, value.i != 0);
+        }
+    }
+    act_runtime_end();
+    return t;
+}
+
+dt_tensor *dt_full(dt_mesh *mesh, int ndim, const int64_t *shape, dt_dtype dtype, const dt_placement *placements,
+                   dt_scalar value)
+{
+    return s_make("full", OP_FILL, mesh, ndim, shape, dtype, placements, value);
+}
+
+dt_tensor *dt_zeros(dt_mesh *mesh, int ndim, const int64_t *shape, dt_dtype dtype, const dt_placement *placements)
+{
+    return s_make("zeros", OP_FILL, mesh, ndim, shape, dtype, placements, (dt_scalar){true, 0, 0.0});
+}
+
+dt_tensor *dt_ones(dt_mesh *mesh, int ndim, const int64_t *shape, dt_dtype dtype, const dt_placement *placements)
+{
+    return s_make("ones", OP_FILL, mesh, ndim, shape, dtype, placements, (dt_scalar){true, 1, 1.0});
+}
+
+dt_tensor *dt_empty(dt_mesh *mesh, int ndim, const int64_t *shape, dt_dtype dtype, const dt_placement *placements)
+{
+    return s_make("empty", OP_EMPTY, mesh, ndim, shape, dtype, placements, (dt_scalar){0});
+}
+
+dt_tensor *dt_rand(dt_mesh *mesh, int ndim, const int64_t *shape, dt_dtype dtype, const dt_placement *placements)
+{
+    return s_make("rand", OP_RANDOM, mesh, ndim, shape, dtype, placements, (dt_scalar){true, 0, 0.0});
+}
+
+dt_tensor *dt_randn(dt_mesh *mesh, int ndim, const int64_t *shape, dt_dtype dtype, const dt_placement *placements)
+{
+    return s_make("randn", OP_RANDOM, mesh, ndim, shape, dtype, placements, (dt_scalar){true, 1, 1.0});
+}
+
+static double s_as_double(dt_scalar v) { return v.is_int ? (double)v.i : v.f; }
+
+/* Number of arange values, as torch counts them: ceil((end - start) / step). */
+static int s_arange_length(dt_scalar start, dt_scalar end, dt_scalar step, int64_t *n)
+{
+    double fs = s_as_double(start), fe = s_as_double(end), fst = s_as_double(step);
+    if (!isfinite(fs) || !isfinite(fe) || !isfinite(fst))
+        return dt_err(DT_EINVAL, "arange: unsupported range: %g -> %g with step %g", fs, fe, fst);
+    if (fst == 0)
+        return dt_err(DT_EINVAL, "arange: step must be nonzero");
+    if ((fst > 0 && fe < fs) || (fst < 0 && fe > fs))
+        return dt_err(DT_EINVAL, "arange: upper bound and larger bound inconsistent with step sign");
+    if (start.is_int && end.is_int && step.is_int) {
+        __int128 span = (__int128)end.i - start.i, s = step.i;
+        __int128 q = span / s + (span % s != 0);
+        *n = q < 0 ? 0 : (int64_t)q;
+    } else {
+        double q = ceil((fe - fs) / fst);
+        if (q > 9e15)
+            return dt_err(DT_EINVAL, "arange: too many values");
+        *n = q < 0 ? 0 : (int64_t)q;
+    }
+    return dtn_check_shape("arange", 1, n);
+}
+
+dt_tensor *dt_arange(dt_mesh *mesh, dt_scalar start, dt_scalar end, dt_scalar step, dt_dtype dtype,
+                     const dt_placement *placements)
+{
+    int64_t n;
+    if (s_arange_length(start, end, step, &n) != 0)
+        return NULL;
+    if (dtype == DT_BOOL) {
+        dt_err(DT_ETYPE, "arange: not implemented for bool");
+        return NULL;
+    }
+    dt_tensor *t = s_tensor_new("arange", mesh, 1, &n, dtype, placements);
+    if (!t || s_begin("arange", &t) != 0)
+        return NULL;
+    int64_t coord[DT_MAX_DIMS], local, offset;
+    for (int64_t i = 0; i < mesh->size; i++) {
+        dtn_mesh_coord(mesh->ndim, mesh->shape, i, coord);
+        dtn_local_block(mesh->ndim, mesh->shape, coord, t->placements, 1, t->shape, &local, &offset);
+        msgpack_packer *pk = act_runtime_record(mesh->ids[i]);
+        s_pack_head(pk, 7, OP_ARANGE, t, &local);
+        msgpack_pack_int64(pk, offset);
+        s_pack_scalar(pk, start);
+        s_pack_scalar(pk, step);
+    }
+    act_runtime_end();
+    return t;
+}
+
+/* A payload buffer that several devices' messages share (replicas of one piece). */
+typedef struct {
+    atomic_int refs;
+    size_t size;
+    max_align_t data[];
+} s_shared;
+
+static void s_shared_release(void *data, void *hint)
+{
+    s_shared *s = hint;
+    if (atomic_fetch_sub(&s->refs, 1) == 1)
+        free(s);
+}
+
+static s_shared *s_shared_new(size_t size)
+{
+    s_shared *s = malloc(sizeof *s + (size ? size : 1));
+    if (s) {
+        atomic_init(&s->refs, 1);
+        s->size = size;
+    }
+    return s;
+}
+
+/* Sends device i its piece as a payload and a LOAD record for it. */
+static void s_load(const dt_tensor *t, int64_t device, const int64_t *local, s_shared *piece)
+{
+    atomic_fetch_add(&piece->refs, 1);
+    int frame = act_runtime_payload(device, (mb_buf){piece->data, piece->size, s_shared_release, piece});
+    msgpack_packer *pk = act_runtime_record(device);
+    s_pack_head(pk, 5, OP_LOAD, t, local);
+    msgpack_pack_int(pk, frame);
+}
+
+dt_tensor *dt_distribute(dt_mesh *mesh, const void *data, int ndim, const int64_t *shape, const int64_t *strides,
+                         dt_dtype dtype, const dt_placement *placements)
+{
+    dt_tensor *t = s_tensor_new("distribute_tensor", mesh, ndim, shape, dtype, placements);
+    if (!t)
+        return NULL;
+    for (int i = 0; i < mesh->ndim; i++)
+        if (t->placements[i].kind == DT_PARTIAL) {
+            dt_err(DT_EINVAL, "distribute_tensor: Partial placements are not supported (mesh dim %d); "
+                              "use from_local to give each device its partial value", i);
+            dt_tensor_release(&t);
+            return NULL;
+        }
+    size_t elem = dt_dtype_size(dtype);
+    int64_t src_strides[DT_MAX_DIMS];
+    if (strides)
+        memcpy(src_strides, strides, (size_t)ndim * sizeof *strides);
+    else
+        cpu_contiguous_strides(ndim, shape, elem, src_strides);
+
+    /* Devices holding the same block (replicas) share one copy of it: key = index over Shard dims. */
+    int64_t nblocks = 1;
+    for (int i = 0; i < mesh->ndim; i++)
+        if (t->placements[i].kind == DT_SHARD)
+            nblocks *= mesh->shape[i];
+    s_shared **blocks = calloc((size_t)nblocks, sizeof *blocks);
+    if (!blocks) {
+        dt_err(DT_ENOMEM, "distribute_tensor: out of memory");
+        dt_tensor_release(&t);
+        return NULL;
+    }
+    int64_t coord[DT_MAX_DIMS], local[DT_MAX_DIMS], offset[DT_MAX_DIMS], dst_strides[DT_MAX_DIMS];
+    for (int64_t i = 0; i < mesh->size; i++) {
+        dtn_mesh_coord(mesh->ndim, mesh->shape, i, coord);
+        int64_t key = 0;
+        for (int m = 0; m < mesh->ndim; m++)
+            if (t->placements[m].kind == DT_SHARD)
+                key = key * mesh->shape[m] + coord[m];
+        if (blocks[key])
+            continue;
+        dtn_local_block(mesh->ndim, mesh->shape, coord, t->placements, ndim, shape, local, offset);
+        size_t bytes = (size_t)dtn_numel(ndim, local) * elem;
+        if (!(blocks[key] = s_shared_new(bytes)))
+            goto nomem;
+        const char *src = data;
+        for (int d = 0; d < ndim; d++)
+            src += offset[d] * src_strides[d];
+        cpu_contiguous_strides(ndim, local, elem, dst_strides);
+        if (bytes)
+            cpu_copy_block(blocks[key]->data, dst_strides, src, src_strides, ndim, local, elem);
+    }
+    if (s_begin("distribute_tensor", &t) != 0)
+        goto done;
+    for (int64_t i = 0; i < mesh->size; i++) {
+        dtn_mesh_coord(mesh->ndim, mesh->shape, i, coord);
+        int64_t key = 0;
+        for (int m = 0; m < mesh->ndim; m++)
+            if (t->placements[m].kind == DT_SHARD)
+                key = key * mesh->shape[m] + coord[m];
+        dtn_local_block(mesh->ndim, mesh->shape, coord, t->placements, ndim, shape, local, offset);
+        s_load(t, mesh->ids[i], local, blocks[key]);
+    }
+    act_runtime_end();
+    goto done;
+nomem:
+    dt_err(DT_ENOMEM, "distribute_tensor: out of memory");
+    dt_tensor_release(&t);
+done:
+    for (int64_t k = 0; k < nblocks; k++)
+        if (blocks[k])
+            s_shared_release(blocks[k]->data, blocks[k]);
+    free(blocks);
+    return t;
+}
+
+static void s_format_shape(int ndim, const int64_t *shape, char *buf, size_t size)
+{
+    size_t used = (size_t)snprintf(buf, size, "(");
+    for (int d = 0; d < ndim && used < size; d++)
+        used += (size_t)snprintf(buf + used, size - used, d ? ", %lld" : "%lld", (long long)shape[d]);
+    if (used < size)
+        snprintf(buf + used, size - used, ndim == 1 ? ",)" : ")");
+}
+
+dt_tensor *dt_from_local(dt_mesh *mesh, const void *const *pieces, int ndim, const int64_t *local_shapes,
+                         dt_dtype dtype, const dt_placement *placements, const int64_t *shape)
+{
+    if (!mesh) {
+        dt_err(DT_EINVAL, "from_local: device_mesh is required");
+        return NULL;
+    }
+    if (dtn_check_shape("from_local", ndim, local_shapes) != 0)
+        return NULL;
+    int64_t global[DT_MAX_DIMS];
+    dt_placement norm[DT_MAX_DIMS];
+    if (dtn_check_placements("from_local", mesh->ndim, placements, ndim, norm) != 0)
+        return NULL;
+    if (shape) {
+        memcpy(global, shape, (size_t)ndim * sizeof *shape);
+    } else {
+        /* as torch does without shape=: assume even shards, scale by the mesh dims that shard */
+        memcpy(global, local_shapes, (size_t)ndim * sizeof *global);
+        for (int i = 0; i < mesh->ndim; i++)
+            if (norm[i].kind == DT_SHARD)
+                global[norm[i].dim] *= mesh->shape[i];
+    }
+    dt_tensor *t = s_tensor_new("from_local", mesh, ndim, global, dtype, norm);
+    if (!t)
+        return NULL;
+    size_t elem = dt_dtype_size(dtype);
+    int64_t coord[DT_MAX_DIMS], local[DT_MAX_DIMS], offset[DT_MAX_DIMS];
+    for (int64_t i = 0; i < mesh->size; i++) {
+        dtn_mesh_coord(mesh->ndim, mesh->shape, i, coord);
+        dtn_local_block(mesh->ndim, mesh->shape, coord, t->placements, ndim, global, local, offset);
+        const int64_t *given = local_shapes + i * ndim;
+        if (memcmp(local, given, (size_t)ndim * sizeof *local) != 0) {
+            char want[160], got[160], whole[160];
+            s_format_shape(ndim, local, want, sizeof want);
+            s_format_shape(ndim, given, got, sizeof got);
+            s_format_shape(ndim, global, whole, sizeof whole);
+            dt_err(DT_EINVAL, "from_local: the piece for device %lld has shape %s, but the placements give "
+                              "%s for a tensor of shape %s%s", (long long)mesh->ids[i], got, want, whole,
+                   shape ? "" : " (pass shape= for uneven pieces)");
+            dt_tensor_release(&t);
+            return NULL;
+        }
+    }
+    s_shared **copies = calloc((size_t)mesh->size, sizeof *copies);
+    if (!copies)
+        goto nomem;
+    for (int64_t i = 0; i < mesh->size; i++) {
+        size_t bytes = (size_t)dtn_numel(ndim, local_shapes + i * ndim) * elem;
+        if (!(copies[i] = s_shared_new(bytes)))
+            goto nomem;
+        if (bytes)
+            memcpy(copies[i]->data, pieces[i], bytes);
+    }
+    if (s_begin("from_local", &t) == 0) {
+        for (int64_t i = 0; i < mesh->size; i++)
+            s_load(t, mesh->ids[i], local_shapes + i * ndim, copies[i]);
+        act_runtime_end();
+    }
+    goto done;
+nomem:
+    dt_err(DT_ENOMEM, "from_local: out of memory");
+    dt_tensor_release(&t);
+done:
+    for (int64_t i = 0; copies && i < mesh->size; i++)
+        if (copies[i])
+            s_shared_release(copies[i]->data, copies[i]);
+    free(copies);
+    return t;
+}

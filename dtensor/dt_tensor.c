@@ -1,0 +1,122 @@
+/* dt_tensor — DTensor handles: metadata on the controller, pieces on the devices. The last
+ * release queues a free on every device; fetches ask each device for its own piece. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "act_future.h"
+#include "act_runtime.h"
+#include "dt_error.h"
+#include "dtn_layout.h"
+#include "dtn_types.h"
+#include "op_codes.h"
+
+dt_tensor *dt_tensor_ref(dt_tensor *t)
+{
+    atomic_fetch_add(&t->refs, 1);
+    return t;
+}
+
+void dt_tensor_release(dt_tensor **tp)
+{
+    dt_tensor *t = *tp;
+    *tp = NULL;
+    if (!t || atomic_fetch_sub(&t->refs, 1) != 1)
+        return;
+    if (t->id)
+        act_runtime_free(t->epoch, t->mesh, t->id);
+    dt_mesh_release(&t->mesh);
+    free(t);
+}
+
+int dt_tensor_ndim(const dt_tensor *t) { return t->ndim; }
+const int64_t *dt_tensor_shape(const dt_tensor *t) { return t->shape; }
+int64_t dt_tensor_numel(const dt_tensor *t) { return dtn_numel(t->ndim, t->shape); }
+dt_dtype dt_tensor_dtype(const dt_tensor *t) { return t->dtype; }
+dt_mesh *dt_tensor_mesh(const dt_tensor *t) { return t->mesh; }
+const dt_placement *dt_tensor_placements(const dt_tensor *t) { return t->placements; }
+
+int dt_tensor_local_block(const dt_tensor *t, int64_t mesh_index, int64_t *shape, int64_t *offset)
+{
+    if (mesh_index < 0 || mesh_index >= t->mesh->size)
+        return dt_err(DT_EINDEX, "local block: mesh index %lld out of range [0, %lld)", (long long)mesh_index,
+                      (long long)t->mesh->size);
+    int64_t coord[DT_MAX_DIMS];
+    dtn_mesh_coord(t->mesh->ndim, t->mesh->shape, mesh_index, coord);
+    dtn_local_block(t->mesh->ndim, t->mesh->shape, coord, t->placements, t->ndim, t->shape, shape, offset);
+    return 0;
+}
+
+/* Whether the device at coord holds a piece the full value needs: replicas beyond the first
+ * along Replicate mesh dims hold copies and are not asked. */
+static bool s_needed(const dt_tensor *t, const int64_t *coord)
+{
+    for (int i = 0; i < t->mesh->ndim; i++)
+        if (t->placements[i].kind == DT_REPLICATE && coord[i] != 0)
+            return false;
+    return true;
+}
+
+static dt_future *s_fetch(dt_tensor *t, act_future_kind kind, const char *op)
+{
+    if (act_runtime_check_live(op, t->epoch) != 0)
+        return NULL;
+    dt_mesh *mesh = t->mesh;
+    int64_t coord[DT_MAX_DIMS];
+    int npieces = 0;
+    for (int64_t i = 0; i < mesh->size; i++) {
+        dtn_mesh_coord(mesh->ndim, mesh->shape, i, coord);
+        npieces += kind == ACT_FETCH_LOCALS || s_needed(t, coord);
+    }
+    dt_future *f = act_future_new(kind, npieces);
+    if (!f) {
+        dt_err(DT_ENOMEM, "%s: out of memory", op);
+        return NULL;
+    }
+    f->dtype = t->dtype;
+    f->ndim = t->ndim;
+    memcpy(f->shape, t->shape, sizeof f->shape);
+    f->mesh_ndim = mesh->ndim;
+    memcpy(f->mesh_shape, mesh->shape, sizeof f->mesh_shape);
+    memcpy(f->placements, t->placements, sizeof f->placements);
+    for (int i = 0; i < mesh->ndim; i++)
+        f->has_partial |= t->placements[i].kind == DT_PARTIAL;
+    for (int64_t i = 0, p = 0; i < mesh->size; i++) {
+        dtn_mesh_coord(mesh->ndim, mesh->shape, i, coord);
+        if (kind != ACT_FETCH_LOCALS && !s_needed(t, coord))
+            continue;
+        act_piece *pc = &f->pieces[p++];
+        pc->device = mesh->ids[i];
+        pc->mesh_index = i;
+        dtn_local_block(mesh->ndim, mesh->shape, coord, t->placements, t->ndim, t->shape, pc->shape, pc->offset);
+    }
+    if (kind == ACT_FETCH_FULL && act_future_alloc_value(f) != 0) {
+        dt_future_release(&f);
+        dt_err(DT_ENOMEM, "%s: out of memory for a value of %lld elements", op, (long long)dt_tensor_numel(t));
+        return NULL;
+    }
+    if (act_runtime_begin(op, mesh) != 0) {
+        dt_future_release(&f);
+        return NULL;
+    }
+    if (t->epoch != act_runtime_epoch() || act_runtime_track(f) != 0) {
+        act_runtime_end();
+        dt_future_release(&f);
+        if (dt_last_error_code() != DT_ENOMEM)
+            dt_err(DT_ESHUTDOWN, "%s: this tensor was made before dtorch.shutdown() and no longer exists", op);
+        return NULL;
+    }
+    for (int p = 0; p < npieces; p++) {
+        msgpack_packer *pk = act_runtime_record(f->pieces[p].device);
+        msgpack_pack_array(pk, 4);
+        msgpack_pack_int(pk, OP_FETCH);
+        msgpack_pack_uint64(pk, t->id);
+        msgpack_pack_uint64(pk, f->id);
+        msgpack_pack_int(pk, p);
+    }
+    act_runtime_end();
+    return f;
+}
+
+dt_future *dt_tensor_fetch(dt_tensor *t) { return s_fetch(t, ACT_FETCH_FULL, "fetch"); }
+
+dt_future *dt_tensor_fetch_locals(dt_tensor *t) { return s_fetch(t, ACT_FETCH_LOCALS, "to_local"); }

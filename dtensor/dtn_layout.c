@@ -1,0 +1,109 @@
+#include "dtn_layout.h"
+
+#include <stdio.h>
+
+#include "dt_error.h"
+
+static const char *s_reduce_names[] = {"sum", "avg", "max", "min"};
+
+int64_t dtn_numel(int ndim, const int64_t *shape)
+{
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++)
+        n *= shape[d];
+    return n;
+}
+
+void dtn_mesh_coord(int mesh_ndim, const int64_t *mesh_shape, int64_t flat, int64_t *coord)
+{
+    for (int d = mesh_ndim - 1; d >= 0; d--) {
+        coord[d] = flat % mesh_shape[d];
+        flat /= mesh_shape[d];
+    }
+}
+
+int dtn_check_shape(const char *op, int ndim, const int64_t *shape)
+{
+    if (ndim < 0 || ndim > DT_MAX_DIMS)
+        return dt_err(DT_EINVAL, "%s: tensors have 0 to %d dims, got %d", op, DT_MAX_DIMS, ndim);
+    int64_t numel = 1;
+    for (int d = 0; d < ndim; d++) {
+        if (shape[d] < 0)
+            return dt_err(DT_EINVAL, "%s: negative dimension %lld at index %d of the size",
+                          op, (long long)shape[d], d);
+        if (shape[d] > 0 && numel > (INT64_C(1) << 48) / shape[d])
+            return dt_err(DT_EINVAL, "%s: size too large (more than 2^48 elements)", op);
+        numel *= shape[d];
+    }
+    return 0;
+}
+
+int dtn_check_placements(const char *op, int mesh_ndim, const dt_placement *placements, int tensor_ndim,
+                         dt_placement *out)
+{
+    for (int i = 0; i < mesh_ndim; i++) {
+        dt_placement p = placements ? placements[i] : dt_replicate();
+        switch (p.kind) {
+        case DT_SHARD:
+            if (p.dim < -tensor_ndim || p.dim >= tensor_ndim)
+                return dt_err(DT_EINDEX,
+                              "%s: Shard(dim=%d) on mesh dim %d is out of range for a tensor of %d dims "
+                              "(expected a dim in [%d, %d])",
+                              op, p.dim, i, tensor_ndim, -tensor_ndim, tensor_ndim - 1);
+            if (p.dim < 0)
+                p.dim += tensor_ndim;
+            p.reduce_op = 0;
+            break;
+        case DT_REPLICATE:
+            p.dim = 0;
+            p.reduce_op = 0;
+            break;
+        case DT_PARTIAL:
+            if (p.reduce_op < DT_REDUCE_SUM || p.reduce_op > DT_REDUCE_MIN)
+                return dt_err(DT_EINVAL, "%s: unknown Partial reduce op %d on mesh dim %d", op, p.reduce_op, i);
+            p.dim = 0;
+            break;
+        default:
+            return dt_err(DT_EINVAL, "%s: unknown placement kind %d on mesh dim %d", op, p.kind, i);
+        }
+        out[i] = p;
+    }
+    return 0;
+}
+
+void dtn_local_block(int mesh_ndim, const int64_t *mesh_shape, const int64_t *coord, const dt_placement *pl,
+                     int ndim, const int64_t *global_shape, int64_t *local_shape, int64_t *offset)
+{
+    for (int d = 0; d < ndim; d++) {
+        local_shape[d] = global_shape[d];
+        offset[d] = 0;
+    }
+    for (int i = 0; i < mesh_ndim; i++) {
+        if (pl[i].kind != DT_SHARD)
+            continue;
+        int d = pl[i].dim;
+        int64_t n = local_shape[d], k = mesh_shape[i];
+        int64_t chunk = (n + k - 1) / k; /* torch.chunk: ceil(n/k), trailing pieces may be short or empty */
+        int64_t start = coord[i] * chunk;
+        if (start > n)
+            start = n;
+        int64_t size = n - start < chunk ? n - start : chunk;
+        offset[d] += start;
+        local_shape[d] = size;
+    }
+}
+
+void dtn_format_placements(int n, const dt_placement *pl, char *buf, size_t size)
+{
+    size_t used = (size_t)snprintf(buf, size, "(");
+    for (int i = 0; i < n && used < size; i++) {
+        const char *sep = i + 1 < n || n == 1 ? (n == 1 ? ",)" : ", ") : ")";
+        if (pl[i].kind == DT_SHARD)
+            used += (size_t)snprintf(buf + used, size - used, "Shard(dim=%d)%s", pl[i].dim, sep);
+        else if (pl[i].kind == DT_REPLICATE)
+            used += (size_t)snprintf(buf + used, size - used, "Replicate()%s", sep);
+        else
+            used += (size_t)snprintf(buf + used, size - used, "Partial(%s)%s",
+                                     s_reduce_names[pl[i].reduce_op & 3], sep);
+    }
+}

@@ -1,0 +1,174 @@
+/* dtorch.h — the public C API of DTorch, a single-controller distributed tensor runtime.
+ *
+ * One thread (the user's) builds DTensors over DeviceMeshes; each device is an actor that
+ * runs the work it is sent; values come back as futures. Every call here returns at once
+ * except the ones that wait for a value (dt_future_wait) or for the runtime (dt_shutdown).
+ *
+ * Errors: functions returning int give 0 or a negative DT_E* code; functions returning a
+ * pointer give NULL. Either way dt_last_error() holds a message for the calling thread.
+ *
+ *     dt_mesh *mesh = dt_mesh_new("cpu", 1, (int64_t[]){2}, (int64_t[]){0, 1}, NULL);
+ *     dt_placement shard0 = dt_shard(0);
+ *     dt_tensor *x = dt_rand(mesh, 2, (int64_t[]){4, 3}, DT_FLOAT32, &shard0);
+ *     dt_future *f = dt_tensor_fetch(x);
+ *     if (dt_future_wait(f, -1) == 0) { const float *v = dt_future_data(f, 0); ... }
+ *     dt_future_release(&f); dt_tensor_release(&x); dt_mesh_release(&mesh); dt_shutdown();
+ */
+#ifndef DTORCH_H
+#define DTORCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DT_MAX_DIMS 8        /* most dims of a tensor or a mesh */
+#define DT_MAX_DEVICE_ID 65535 /* device ids are 0..DT_MAX_DEVICE_ID */
+
+/* Error codes (negative returns). */
+enum {
+    DT_OK = 0,
+    DT_EINVAL = -1,     /* bad argument value (ValueError) */
+    DT_ETYPE = -2,      /* bad dtype or argument type (TypeError) */
+    DT_EINDEX = -3,     /* dimension out of range (IndexError) */
+    DT_ESHUTDOWN = -4,  /* runtime shut down, or object from before a shutdown */
+    DT_ETIMEDOUT = -5,  /* wait expired; the future stays usable */
+    DT_EDEVICE = -6,    /* a device died or is unreachable */
+    DT_EKERNEL = -7,    /* an op failed on a device */
+    DT_ENOMEM = -8,     /* out of memory */
+    DT_EPROTO = -9,     /* malformed or unexpected message */
+    DT_EINTR = -10,     /* wait interrupted by the caller's hook (e.g. Ctrl-C) */
+    DT_ESYS = -11,      /* operating-system failure (spawn, socket) */
+};
+
+typedef enum {
+    DT_FLOAT32 = 0,
+    DT_FLOAT16 = 1,
+    DT_BFLOAT16 = 2,
+    DT_INT32 = 3,
+    DT_INT64 = 4,
+    DT_BOOL = 5,
+    DT_NDTYPES
+} dt_dtype;
+
+typedef enum { DT_SHARD = 0, DT_REPLICATE = 1, DT_PARTIAL = 2 } dt_placement_kind;
+typedef enum { DT_REDUCE_SUM = 0, DT_REDUCE_AVG = 1, DT_REDUCE_MAX = 2, DT_REDUCE_MIN = 3 } dt_reduce_op;
+
+/* One placement per mesh dim. dim: the tensor dim of a Shard (negative allowed on input). */
+typedef struct {
+    int32_t kind;      /* dt_placement_kind */
+    int32_t dim;       /* Shard only */
+    int32_t reduce_op; /* Partial only: dt_reduce_op */
+} dt_placement;
+
+/* A Python-like scalar: integer values stay exact. */
+typedef struct {
+    bool is_int;
+    int64_t i;
+    double f;
+} dt_scalar;
+
+typedef enum { DT_WORKERS_THREAD = 0, DT_WORKERS_PROCESS = 1 } dt_workers;
+
+typedef struct {
+    dt_workers workers;      /* where device actors live */
+    const char *worker_path; /* dtorch-worker executable for process workers (NULL: env/PATH) */
+} dt_config;
+
+typedef struct dt_mesh dt_mesh;
+typedef struct dt_tensor dt_tensor;
+typedef struct dt_future dt_future;
+
+/* ---- runtime ------------------------------------------------------------------------------ */
+int dt_init(const dt_config *config);   /* NULL: DTORCH_WORKERS env, else threads; started lazily otherwise */
+int dt_shutdown(void);                  /* stops every actor; tensors made before become unusable */
+bool dt_is_running(void);
+dt_workers dt_current_workers(void);    /* mode of the running (or next) runtime */
+const char *dt_last_error(void);        /* message of this thread's last failure */
+int dt_last_error_code(void);
+void dt_manual_seed(uint64_t seed);     /* resets the random stream of every random factory */
+/* Called around every blocking wait of the user's thread (bindings release their lock there);
+ * interrupt is polled while waiting and makes the wait return DT_EINTR when it returns true. */
+void dt_set_wait_hooks(void (*enter)(void), void (*leave)(void), bool (*interrupt)(void));
+int dt_synchronize(void);               /* waits until every op sent so far has run */
+
+/* ---- placements --------------------------------------------------------------------------- */
+dt_placement dt_shard(int32_t dim);
+dt_placement dt_replicate(void);
+dt_placement dt_partial(dt_reduce_op op);
+const char *dt_dtype_name(dt_dtype dtype);
+size_t dt_dtype_size(dt_dtype dtype);
+
+/* ---- meshes ------------------------------------------------------------------------------- */
+/* device_type "cpu" or "cuda"; ids holds prod(shape) distinct device ids, row-major;
+ * dim_names: NULL or ndim distinct names. */
+dt_mesh *dt_mesh_new(const char *device_type, int ndim, const int64_t *shape, const int64_t *ids,
+                     const char *const *dim_names);
+dt_mesh *dt_mesh_ref(dt_mesh *mesh);
+void dt_mesh_release(dt_mesh **mesh);
+int dt_mesh_ndim(const dt_mesh *mesh);
+const int64_t *dt_mesh_shape(const dt_mesh *mesh);
+const int64_t *dt_mesh_ids(const dt_mesh *mesh);
+int64_t dt_mesh_size(const dt_mesh *mesh);
+const char *dt_mesh_device_type(const dt_mesh *mesh);
+const char *dt_mesh_dim_name(const dt_mesh *mesh, int dim); /* NULL when unnamed */
+
+/* ---- factories (placements: dt_mesh_ndim entries, or NULL for all Replicate) ----------------- */
+dt_tensor *dt_full(dt_mesh *mesh, int ndim, const int64_t *shape, dt_dtype dtype,
+                   const dt_placement *placements, dt_scalar value);
+dt_tensor *dt_zeros(dt_mesh *mesh, int ndim, const int64_t *shape, dt_dtype dtype, const dt_placement *placements);
+dt_tensor *dt_ones(dt_mesh *mesh, int ndim, const int64_t *shape, dt_dtype dtype, const dt_placement *placements);
+dt_tensor *dt_empty(dt_mesh *mesh, int ndim, const int64_t *shape, dt_dtype dtype, const dt_placement *placements);
+dt_tensor *dt_rand(dt_mesh *mesh, int ndim, const int64_t *shape, dt_dtype dtype, const dt_placement *placements);
+dt_tensor *dt_randn(dt_mesh *mesh, int ndim, const int64_t *shape, dt_dtype dtype, const dt_placement *placements);
+/* values start, start+step, ... below end (above end for a negative step) */
+dt_tensor *dt_arange(dt_mesh *mesh, dt_scalar start, dt_scalar end, dt_scalar step, dt_dtype dtype,
+                     const dt_placement *placements);
+/* data: the global tensor; strides in bytes (NULL: C-contiguous). Copied before returning. */
+dt_tensor *dt_distribute(dt_mesh *mesh, const void *data, int ndim, const int64_t *shape,
+                         const int64_t *strides, dt_dtype dtype, const dt_placement *placements);
+/* One C-contiguous local piece per device, row-major mesh order; each piece has ndim dims with
+ * local_shapes[d * ndim ...]. shape: the global shape, or NULL to infer it assuming even shards.
+ * Pieces must match the local shapes the placements give for that global shape. */
+dt_tensor *dt_from_local(dt_mesh *mesh, const void *const *pieces, int ndim, const int64_t *local_shapes,
+                         dt_dtype dtype, const dt_placement *placements, const int64_t *shape);
+
+/* ---- tensors ------------------------------------------------------------------------------ */
+dt_tensor *dt_tensor_ref(dt_tensor *t);
+void dt_tensor_release(dt_tensor **t);     /* the last release frees the tensor on its devices */
+int dt_tensor_ndim(const dt_tensor *t);
+const int64_t *dt_tensor_shape(const dt_tensor *t);
+int64_t dt_tensor_numel(const dt_tensor *t);
+dt_dtype dt_tensor_dtype(const dt_tensor *t);
+dt_mesh *dt_tensor_mesh(const dt_tensor *t);             /* borrowed */
+const dt_placement *dt_tensor_placements(const dt_tensor *t); /* dt_mesh_ndim entries, normalised */
+/* local shape and global offset of the piece the device at flat mesh index holds */
+int dt_tensor_local_block(const dt_tensor *t, int64_t mesh_index, int64_t *shape, int64_t *offset);
+dt_future *dt_tensor_fetch(dt_tensor *t);                /* the whole value, Partial reduced */
+dt_future *dt_tensor_fetch_locals(dt_tensor *t);         /* every device's own piece */
+
+/* ---- futures ------------------------------------------------------------------------------ */
+dt_future *dt_future_ref(dt_future *f);
+void dt_future_release(dt_future **f);
+bool dt_future_done(const dt_future *f);
+/* timeout_s < 0: forever. Returns 0 when the value is ready, the failure's code when it failed
+ * (message in dt_last_error and dt_future_error), DT_ETIMEDOUT or DT_EINTR otherwise. */
+int dt_future_wait(dt_future *f, double timeout_s);
+int dt_future_status(const dt_future *f);                /* 0 ready, 1 pending, <0 failed */
+const char *dt_future_error(const dt_future *f);         /* NULL unless failed */
+/* ready value: a C-contiguous array of dt_future_shape; pieces (fetch_locals) are indexed */
+int dt_future_npieces(const dt_future *f);
+dt_dtype dt_future_dtype(const dt_future *f);
+int dt_future_ndim(const dt_future *f);
+const int64_t *dt_future_shape(const dt_future *f, int piece);
+const void *dt_future_data(const dt_future *f, int piece);
+/* cb runs once, when the future completes, on a runtime thread (or now, if already complete) */
+void dt_future_on_done(dt_future *f, void (*cb)(dt_future *f, void *arg), void *arg);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

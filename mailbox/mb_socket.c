@@ -1,0 +1,222 @@
+/* mb_socket — actor messages over one ZeroMQ socket, payloads sent in place. */
+#include "mb_socket.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "dt_error.h"
+
+/* Linger bounds how long closing a socket (and ZeroMQ's context teardown at exit) waits for
+ * queued messages to reach their peer. 0 would drop the last message a worker sends before it
+ * exits (its BYE); unbounded would hang exit forever when that peer is already dead. */
+#define MB_LINGER_MS 1000
+
+static pthread_once_t s_sigonce = PTHREAD_ONCE_INIT;
+
+/* CZMQ installs SIGINT/SIGTERM handlers on first use, which would take Ctrl-C from the host
+ * program (Python); the runtime reports interrupts through its own wait hooks instead. */
+static void s_disable_czmq_signals(void)
+{
+    zsys_handler_set(NULL);
+}
+
+zsock_t *mb_socket_new(mb_role role, const char *endpoint, bool bind, const char *routing_id)
+{
+    pthread_once(&s_sigonce, s_disable_czmq_signals);
+    size_t idlen = routing_id ? strlen(routing_id) : 0;
+    if (routing_id && (idlen == 0 || idlen > MB_MAX_ROUTING_ID)) {
+        dt_err(DT_EINVAL, "routing id must have 1..%d bytes", MB_MAX_ROUTING_ID);
+        return NULL;
+    }
+    zsock_t *sock = zsock_new(role == MB_ROUTER ? ZMQ_ROUTER : ZMQ_DEALER);
+    if (!sock) {
+        dt_err(DT_ESYS, "cannot create a socket: %s", zmq_strerror(zmq_errno()));
+        return NULL;
+    }
+    zsock_set_sndhwm(sock, 0);
+    zsock_set_rcvhwm(sock, 0);
+    zsock_set_linger(sock, MB_LINGER_MS);
+    if (routing_id)
+        zsock_set_identity(sock, routing_id);
+    int rc = bind ? zsock_bind(sock, "%s", endpoint) : zsock_connect(sock, "%s", endpoint);
+    if (rc == -1) {
+        dt_err(DT_ESYS, "cannot %s %s: %s", bind ? "bind" : "connect", endpoint,
+               zmq_strerror(zmq_errno()));
+        zsock_destroy(&sock);
+    }
+    return sock;
+}
+
+void mb_buf_free(void *data, void *hint) { free(data); }
+
+void mb_socket_destroy(zsock_t **sock)
+{
+    zsock_destroy(sock);
+}
+
+static void s_release(const mb_buf *b)
+{
+    if (b->free_fn)
+        b->free_fn(b->data, b->hint);
+}
+
+/* Sends one frame; the buffer belongs to ZeroMQ (or is released) whatever happens. The free
+ * function signatures of mb_buf and zmq_msg_init_data are the same, so no adapter is needed. */
+static int s_send_frame(void *handle, const mb_buf *b, int flags)
+{
+    zmq_msg_t msg;
+    if (b->free_fn) {
+        if (zmq_msg_init_data(&msg, b->data, b->size, b->free_fn, b->hint) == -1) {
+            s_release(b);
+            return dt_err(DT_ENOMEM, "cannot create a frame of %zu bytes", b->size);
+        }
+    } else {
+        if (zmq_msg_init_size(&msg, b->size) == -1)
+            return dt_err(DT_ENOMEM, "cannot create a frame of %zu bytes", b->size);
+        if (b->size)
+            memcpy(zmq_msg_data(&msg), b->data, b->size);
+    }
+    int rc;
+    while ((rc = zmq_msg_send(&msg, handle, flags)) == -1 && zmq_errno() == EINTR)
+        ;
+    if (rc == -1) {
+        int err = zmq_errno();
+        zmq_msg_close(&msg);
+        return dt_err(DT_ESYS, "send failed: %s", zmq_strerror(err));
+    }
+    return 0;
+}
+
+int mb_send(zsock_t *sock, const void *routing_id, size_t routing_id_len, const mb_header *h,
+            mb_buf body, const mb_buf *payloads, int npayloads)
+{
+    void *handle = zsock_resolve(sock);
+    char hbuf[MB_MAX_HEADER];
+    mb_buf head = {hbuf, mb_header_encode(h, hbuf), NULL, NULL};
+    mb_buf rid = {(void *)routing_id, routing_id_len, NULL, NULL};
+    int rc = 0;
+    if (routing_id)
+        rc = s_send_frame(handle, &rid, ZMQ_SNDMORE);
+    if (rc == 0)
+        rc = s_send_frame(handle, &head, ZMQ_SNDMORE);
+    if (rc == 0)
+        rc = s_send_frame(handle, &body, npayloads > 0 ? ZMQ_SNDMORE : 0);
+    else
+        s_release(&body);
+    for (int i = 0; i < npayloads; i++) {
+        if (rc == 0)
+            rc = s_send_frame(handle, &payloads[i], i + 1 < npayloads ? ZMQ_SNDMORE : 0);
+        else
+            s_release(&payloads[i]);
+    }
+    return rc;
+}
+
+static int s_recv_frame(void *handle, zmq_msg_t *msg, int flags)
+{
+    int rc;
+    while ((rc = zmq_msg_recv(msg, handle, flags)) == -1 && zmq_errno() == EINTR)
+        ;
+    return rc;
+}
+
+/* Moves n frames to a new array of cap; frames are relocated with zmq_msg_move, never memcpy. */
+static int s_resize(zmq_msg_t **arr, int n, int cap)
+{
+    zmq_msg_t *moved = malloc((size_t)cap * sizeof *moved);
+    if (!moved)
+        return dt_err(DT_ENOMEM, "out of memory receiving %d payload frames", cap);
+    for (int i = 0; i < n; i++) {
+        zmq_msg_init(&moved[i]);
+        zmq_msg_move(&moved[i], &(*arr)[i]);
+    }
+    free(*arr);
+    *arr = moved;
+    return 0;
+}
+
+static int s_push(zmq_msg_t **arr, int *n, int *cap, zmq_msg_t *frame)
+{
+    if (*n == *cap) {
+        int ncap = *cap ? 2 * *cap : 4;
+        int rc = s_resize(arr, *n, ncap);
+        if (rc)
+            return rc;
+        *cap = ncap;
+    }
+    zmq_msg_init(&(*arr)[*n]);
+    zmq_msg_move(&(*arr)[(*n)++], frame);
+    return 0;
+}
+
+/* Stores frame number index of a message (0: routing id, 1: header, 2: body, then payloads). */
+static int s_take_frame(mb_message *m, int index, zmq_msg_t *frame, int *cap)
+{
+    size_t size = zmq_msg_size(frame);
+    switch (index) {
+    case 0:
+        if (size > MB_MAX_ROUTING_ID)
+            return dt_err(DT_EPROTO, "routing id of %zu bytes", size);
+        memcpy(m->routing_id, zmq_msg_data(frame), size);
+        m->routing_id_len = size;
+        return 0;
+    case 1: return mb_header_decode(zmq_msg_data(frame), size, &m->header);
+    case 2: return zmq_msg_move(&m->body, frame) == 0 ? 0 : dt_err(DT_ESYS, "frame move failed");
+    default: return s_push(&m->payloads, &m->npayloads, cap, frame);
+    }
+}
+
+int mb_recv(zsock_t *sock, bool router, bool dontwait, mb_message *m)
+{
+    void *handle = zsock_resolve(sock);
+    memset(m, 0, sizeof *m);
+    zmq_msg_init(&m->body);
+    zmq_msg_t frame;
+    zmq_msg_init(&frame);
+    if (s_recv_frame(handle, &frame, dontwait ? ZMQ_DONTWAIT : 0) == -1) {
+        int err = zmq_errno();
+        zmq_msg_close(&frame);
+        if (dontwait && err == EAGAIN)
+            return 1;
+        return dt_err(DT_ESYS, "receive failed: %s", zmq_strerror(err));
+    }
+
+    /* Every frame of the message is read even after an error, so the next call starts at the
+     * next message; ZeroMQ delivers a multi-part message whole, so these reads never block. */
+    int rc = 0, cap = 0, index = router ? 0 : 1;
+    for (;; index++) {
+        bool more = zmq_msg_more(&frame); /* read before the frame is moved out */
+        if (rc == 0)
+            rc = s_take_frame(m, index, &frame, &cap);
+        zmq_msg_close(&frame);
+        if (!more)
+            break;
+        zmq_msg_init(&frame);
+        if (s_recv_frame(handle, &frame, 0) == -1) {
+            rc = dt_err(DT_ESYS, "receive failed: %s", zmq_strerror(zmq_errno()));
+            zmq_msg_close(&frame);
+            break;
+        }
+    }
+    if (rc == 0 && index < 2)
+        rc = dt_err(DT_EPROTO, "message of %d frames lacks a %s", router ? index + 1 : index,
+                    index < 1 ? "header" : "body");
+    /* callers get exactly npayloads frames, not the spare capacity of the growing array */
+    if (rc == 0 && cap != m->npayloads)
+        rc = s_resize(&m->payloads, m->npayloads, m->npayloads);
+    if (rc)
+        mb_message_close(m);
+    return rc;
+}
+
+void mb_message_close(mb_message *m)
+{
+    zmq_msg_close(&m->body);
+    zmq_msg_init(&m->body);
+    for (int i = 0; i < m->npayloads; i++)
+        zmq_msg_close(&m->payloads[i]);
+    free(m->payloads);
+    m->payloads = NULL;
+    m->npayloads = 0;
+}

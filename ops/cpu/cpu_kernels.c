@@ -1,0 +1,279 @@
+#include "cpu_kernels.h"
+
+#include <assert.h>
+#include <math.h>
+#include <string.h>
+
+#include "dt_dtype.h"
+
+/* Saturating: a plain cast of an out-of-range double is undefined behaviour. */
+static int64_t s_f64_to_i64(double v)
+{
+    if (isnan(v))
+        return 0;
+    if (v >= 9223372036854775808.0)
+        return INT64_MAX;
+    if (v < -9223372036854775808.0)
+        return INT64_MIN;
+    return (int64_t)v;
+}
+
+static int64_t s_scalar_i64(dt_scalar s) { return s.is_int ? s.i : s_f64_to_i64(s.f); }
+
+static double s_scalar_f64(dt_scalar s) { return s.is_int ? (double)s.i : s.f; }
+
+/* Rounding double -> float -> 16-bit in two round-to-nearest steps can land on the wrong side
+ * of a 16-bit tie; rounding the first step to odd keeps the sticky information, which makes the
+ * second step correct because float has more than 2 bits beyond either 16-bit format. */
+static float s_f64_to_f32_odd(double v)
+{
+    float f = (float)v;
+    if (isnan(v) || (double)f == v)
+        return f;
+    if (fabs((double)f) > fabs(v))
+        f = nextafterf(f, 0.0f);
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    u |= 1u;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+uint16_t cpu_f64_to_f16(double v) { return dt_f32_to_f16(s_f64_to_f32_odd(v)); }
+
+uint16_t cpu_f64_to_bf16(double v) { return dt_f32_to_bf16(s_f64_to_f32_odd(v)); }
+
+/* Stores the double v as element i of a float-typed buffer. */
+static inline void s_store_float(void *dst, dt_dtype dtype, int64_t i, double v)
+{
+    switch (dtype) {
+    case DT_FLOAT32: ((float *)dst)[i] = (float)v; break;
+    case DT_FLOAT16: ((uint16_t *)dst)[i] = cpu_f64_to_f16(v); break;
+    case DT_BFLOAT16: ((uint16_t *)dst)[i] = cpu_f64_to_bf16(v); break;
+    default: assert(!"not a float dtype");
+    }
+}
+
+void cpu_fill(void *dst, dt_dtype dtype, int64_t n, dt_scalar value)
+{
+    switch (dtype) {
+    case DT_FLOAT32: {
+        float v = (float)s_scalar_f64(value);
+        for (int64_t i = 0; i < n; i++)
+            ((float *)dst)[i] = v;
+        break;
+    }
+    case DT_FLOAT16:
+    case DT_BFLOAT16: {
+        uint16_t v = dtype == DT_FLOAT16 ? cpu_f64_to_f16(s_scalar_f64(value)) : cpu_f64_to_bf16(s_scalar_f64(value));
+        for (int64_t i = 0; i < n; i++)
+            ((uint16_t *)dst)[i] = v;
+        break;
+    }
+    case DT_INT32: {
+        int32_t v = (int32_t)s_scalar_i64(value);
+        for (int64_t i = 0; i < n; i++)
+            ((int32_t *)dst)[i] = v;
+        break;
+    }
+    case DT_INT64: {
+        int64_t v = s_scalar_i64(value);
+        for (int64_t i = 0; i < n; i++)
+            ((int64_t *)dst)[i] = v;
+        break;
+    }
+    case DT_BOOL:
+        memset(dst, value.is_int ? value.i != 0 : value.f != 0.0, (size_t)n);
+        break;
+    default: assert(!"bad dtype");
+    }
+}
+
+void cpu_arange(void *dst, dt_dtype dtype, int64_t n, int64_t first, dt_scalar start, dt_scalar step)
+{
+    if (dt_dtype_is_float(dtype)) {
+        double a = s_scalar_f64(start), d = s_scalar_f64(step);
+        for (int64_t i = 0; i < n; i++)
+            s_store_float(dst, dtype, i, a + (double)(first + i) * d);
+        return;
+    }
+    /* unsigned arithmetic: wraps like torch instead of overflowing into undefined behaviour */
+    uint64_t a = (uint64_t)s_scalar_i64(start), d = (uint64_t)s_scalar_i64(step);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t v = (int64_t)(a + (uint64_t)(first + i) * d);
+        switch (dtype) {
+        case DT_INT32: ((int32_t *)dst)[i] = (int32_t)v; break;
+        case DT_INT64: ((int64_t *)dst)[i] = v; break;
+        case DT_BOOL: ((bool *)dst)[i] = v != 0; break;
+        default: assert(!"bad dtype");
+        }
+    }
+}
+
+void cpu_contiguous_strides(int ndim, const int64_t *shape, size_t elem_size, int64_t *strides)
+{
+    /* like torch, an empty dim counts as 1 so that strides stay distinct */
+    int64_t s = (int64_t)elem_size;
+    for (int d = ndim - 1; d >= 0; d--) {
+        strides[d] = s;
+        s *= shape[d] > 1 ? shape[d] : 1;
+    }
+}
+
+void cpu_copy_block(void *dst, const int64_t *dst_strides, const void *src, const int64_t *src_strides,
+                    int ndim, const int64_t *shape, size_t elem_size)
+{
+    assert(ndim >= 0 && ndim <= DT_MAX_DIMS);
+    for (int d = 0; d < ndim; d++)
+        if (shape[d] == 0)
+            return;
+    /* Trailing dims laid out contiguously in both become one memcpy chunk; size-1 dims never
+     * move a pointer, so their strides do not matter. */
+    size_t chunk = elem_size;
+    int k = ndim;
+    while (k > 0 && (shape[k - 1] == 1 ||
+                     (dst_strides[k - 1] == (int64_t)chunk && src_strides[k - 1] == (int64_t)chunk))) {
+        chunk *= (size_t)shape[k - 1];
+        k--;
+    }
+    if (k == 0) {
+        memcpy(dst, src, chunk);
+        return;
+    }
+    /* odometer over dims [0, k-1), inner loop over dim k-1; offsets rather than pointers so
+     * that stepping past the end before wrapping never forms an invalid pointer */
+    int inner = k - 1;
+    int64_t idx[DT_MAX_DIMS] = {0};
+    int64_t doff = 0, soff = 0;
+    for (;;) {
+        char *d = (char *)dst + doff;
+        const char *s = (const char *)src + soff;
+        for (int64_t i = 0; i < shape[inner]; i++)
+            memcpy(d + i * dst_strides[inner], s + i * src_strides[inner], chunk);
+        int j = inner - 1;
+        for (; j >= 0; j--) {
+            doff += dst_strides[j];
+            soff += src_strides[j];
+            if (++idx[j] < shape[j])
+                break;
+            doff -= shape[j] * dst_strides[j];
+            soff -= shape[j] * src_strides[j];
+            idx[j] = 0;
+        }
+        if (j < 0)
+            break;
+    }
+}
+
+/* torch semantics: a NaN on either side wins */
+static inline float s_maxf(float a, float b) { return isnan(a) ? a : isnan(b) ? b : a >= b ? a : b; }
+static inline float s_minf(float a, float b) { return isnan(a) ? a : isnan(b) ? b : a <= b ? a : b; }
+
+static void s_reduce_f32(float *acc, const float *src, int64_t n, dt_reduce_op op)
+{
+    switch (op) {
+    case DT_REDUCE_SUM:
+    case DT_REDUCE_AVG:
+        for (int64_t i = 0; i < n; i++)
+            acc[i] += src[i];
+        break;
+    case DT_REDUCE_MAX:
+        for (int64_t i = 0; i < n; i++)
+            acc[i] = s_maxf(acc[i], src[i]);
+        break;
+    case DT_REDUCE_MIN:
+        for (int64_t i = 0; i < n; i++)
+            acc[i] = s_minf(acc[i], src[i]);
+        break;
+    }
+}
+
+static void s_reduce_16(uint16_t *acc, const uint16_t *src, int64_t n, dt_reduce_op op, bool bf16)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float a = bf16 ? dt_bf16_to_f32(acc[i]) : dt_f16_to_f32(acc[i]);
+        float b = bf16 ? dt_bf16_to_f32(src[i]) : dt_f16_to_f32(src[i]);
+        switch (op) {
+        case DT_REDUCE_SUM:
+        case DT_REDUCE_AVG:
+            acc[i] = bf16 ? dt_f32_to_bf16(a + b) : dt_f32_to_f16(a + b);
+            break;
+        /* max/min pick one operand, so its bits are kept as they are */
+        case DT_REDUCE_MAX:
+            if (!isnan(a) && (isnan(b) || b > a))
+                acc[i] = src[i];
+            break;
+        case DT_REDUCE_MIN:
+            if (!isnan(a) && (isnan(b) || b < a))
+                acc[i] = src[i];
+            break;
+        }
+    }
+}
+
+/* Integers wrap on overflow like torch; the sum goes through unsigned to stay defined. */
+#define S_REDUCE_INT(type, utype)                                                                  \
+    static void s_reduce_##type(type *acc, const type *src, int64_t n, dt_reduce_op op)            \
+    {                                                                                              \
+        for (int64_t i = 0; i < n; i++) {                                                          \
+            type a = acc[i], b = src[i];                                                           \
+            switch (op) {                                                                          \
+            case DT_REDUCE_SUM:                                                                    \
+            case DT_REDUCE_AVG: acc[i] = (type)((utype)a + (utype)b); break;                      \
+            case DT_REDUCE_MAX: acc[i] = a >= b ? a : b; break;                                    \
+            case DT_REDUCE_MIN: acc[i] = a <= b ? a : b; break;                                    \
+            }                                                                                      \
+        }                                                                                          \
+    }
+S_REDUCE_INT(int32_t, uint32_t)
+S_REDUCE_INT(int64_t, uint64_t)
+
+static void s_reduce_bool(bool *acc, const bool *src, int64_t n, dt_reduce_op op)
+{
+    for (int64_t i = 0; i < n; i++)
+        acc[i] = op == DT_REDUCE_MIN ? acc[i] && src[i] : acc[i] || src[i];
+}
+
+void cpu_reduce_into(void *acc, const void *src, dt_dtype dtype, int64_t n, dt_reduce_op op)
+{
+    switch (dtype) {
+    case DT_FLOAT32: s_reduce_f32(acc, src, n, op); break;
+    case DT_FLOAT16: s_reduce_16(acc, src, n, op, false); break;
+    case DT_BFLOAT16: s_reduce_16(acc, src, n, op, true); break;
+    case DT_INT32: s_reduce_int32_t(acc, src, n, op); break;
+    case DT_INT64: s_reduce_int64_t(acc, src, n, op); break;
+    case DT_BOOL: s_reduce_bool(acc, src, n, op); break;
+    default: assert(!"bad dtype");
+    }
+}
+
+void cpu_scale_div(void *acc, dt_dtype dtype, int64_t n, int64_t divisor)
+{
+    assert(divisor > 0);
+    float fd = (float)divisor;
+    uint16_t *h = acc;
+    switch (dtype) {
+    case DT_FLOAT32:
+        for (int64_t i = 0; i < n; i++)
+            ((float *)acc)[i] /= fd;
+        break;
+    case DT_FLOAT16:
+        for (int64_t i = 0; i < n; i++)
+            h[i] = dt_f32_to_f16(dt_f16_to_f32(h[i]) / fd);
+        break;
+    case DT_BFLOAT16:
+        for (int64_t i = 0; i < n; i++)
+            h[i] = dt_f32_to_bf16(dt_bf16_to_f32(h[i]) / fd);
+        break;
+    case DT_INT32:
+        for (int64_t i = 0; i < n; i++)
+            ((int32_t *)acc)[i] = (int32_t)(((int32_t *)acc)[i] / divisor);
+        break;
+    case DT_INT64:
+        for (int64_t i = 0; i < n; i++)
+            ((int64_t *)acc)[i] /= divisor;
+        break;
+    case DT_BOOL: break; /* an avg of bools is their or: nothing to divide */
+    default: assert(!"bad dtype");
+    }
+}

@@ -1,0 +1,63 @@
+/* cpu_kernels — the CPU device kernels: fills, counter-based random numbers, ranges, strided
+ * block copies and the elementwise reductions used to combine Partial pieces.
+ *
+ * Tensors speak one vocabulary: element counts per dim (shape) and byte strides per dim.
+ * Every kernel writes a C-contiguous destination unless it takes strides for it.
+ */
+#ifndef CPU_KERNELS_H
+#define CPU_KERNELS_H
+
+#include <stdint.h>
+
+#include "dtorch.h"
+
+/* double -> 16-bit float, rounded once to nearest even (not twice through float). */
+uint16_t cpu_f64_to_f16(double v);
+uint16_t cpu_f64_to_bf16(double v);
+
+/* dst[0..n) = value converted to dtype (bool: value != 0; 16-bit floats rounded to nearest;
+ * integers from a float value truncate toward zero, saturating, NaN -> 0). */
+void cpu_fill(void *dst, dt_dtype dtype, int64_t n, dt_scalar value);
+
+/* Philox4x32-10 (Salmon et al. 2011; multipliers 0xD2511F53, 0xCD9E8D57, key increments
+ * 0x9E3779B9, 0xBB67AE85): 4 output words from a 128-bit counter and a 64-bit key. */
+void cpu_philox(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4]);
+
+/* Counter-based random numbers. The element at global row-major index g of the stream
+ * (seed, stream) takes its value from cpu_philox(counter={g lo, g hi, stream lo, stream hi},
+ * key={seed lo, seed hi}) — so a value depends only on (seed, stream, g), whatever the piece.
+ * With w0, w1 the first two output words and p the dtype's significand bits (24 float32,
+ * 11 float16, 8 bfloat16):
+ *   uniform: (w0 >> (32 - p)) * 2^-p, exact in the dtype and always in [0, 1) (rounding 24 bits
+ *            to a 16-bit float would sometimes give 1);
+ *   normal:  u1 = ((w0 >> 8) + 1) * 2^-24 (in (0, 1], so the log is finite),
+ *            u2 = (w1 >> 8) * 2^-24, z = sqrt(-2 ln u1) * cos(2 pi u2), computed in double and
+ *            rounded once to the dtype (cpu_f64_to_f16/bf16 for 16-bit floats).
+ * Fills the C-contiguous local block `shape` that sits at `offset` in a tensor of `global_shape`.
+ * dtype must be a float type. */
+void cpu_random(void *dst, dt_dtype dtype, int ndim, const int64_t *shape, const int64_t *offset,
+                const int64_t *global_shape, uint64_t seed, uint64_t stream, bool normal);
+
+/* dst[i] = start + (first + i) * step for i in [0, n), computed in double for float dtypes
+ * and exactly in int64 for integer dtypes (start/step given both ways). */
+void cpu_arange(void *dst, dt_dtype dtype, int64_t n, int64_t first, dt_scalar start, dt_scalar step);
+
+/* Copies an ndim block of shape elements of elem_size bytes between two strided layouts
+ * (byte strides). ndim 0 copies one element. */
+void cpu_copy_block(void *dst, const int64_t *dst_strides, const void *src, const int64_t *src_strides,
+                    int ndim, const int64_t *shape, size_t elem_size);
+
+/* C-contiguous byte strides of shape. */
+void cpu_contiguous_strides(int ndim, const int64_t *shape, size_t elem_size, int64_t *strides);
+
+/* acc[i] = acc[i] (op) src[i] for n elements of dtype, both C-contiguous.
+ * sum/avg add (avg is finished by cpu_scale_div); max/min propagate NaN like torch.
+ * 16-bit floats are combined in float32 and rounded once per call. bool: sum = avg = or,
+ * max = or, min = and. Integer sums wrap on overflow. */
+void cpu_reduce_into(void *acc, const void *src, dt_dtype dtype, int64_t n, dt_reduce_op op);
+
+/* acc[i] /= divisor (the last step of an avg reduction); integer dtypes truncate toward zero;
+ * bool is left as it is. */
+void cpu_scale_div(void *acc, dt_dtype dtype, int64_t n, int64_t divisor);
+
+#endif

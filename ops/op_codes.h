@@ -1,0 +1,31 @@
+/* op_codes — the op records a controller sends a device and the completions it gets back.
+ * Every record is a msgpack array whose first element is its code. Shapes are local: the
+ * controller has already worked out each device's piece, a worker never re-infers. */
+#ifndef OP_CODES_H
+#define OP_CODES_H
+
+typedef enum {
+    OP_FREE = 1,   /* [FREE, id] */
+    OP_EMPTY = 2,  /* [EMPTY, id, dtype, shape] */
+    OP_FILL = 3,   /* [FILL, id, dtype, shape, value (int or float)] */
+    OP_RANDOM = 4, /* [RANDOM, id, dtype, shape, offset, global_shape, seed, stream, normal] */
+    OP_ARANGE = 5, /* [ARANGE, id, dtype, n, first, start, step] (start/step int or float) */
+    OP_LOAD = 6,   /* [LOAD, id, dtype, shape, payload frame index] */
+    OP_FETCH = 7,  /* [FETCH, id, future id, piece] -> C_VALUE or C_ERROR */
+    OP_SYNC = 8,   /* [SYNC, future id, piece] -> C_VALUE with an empty value */
+    OP_MAX = 8,
+} op_code;
+
+typedef enum {
+    C_CREDIT = 1,  /* [CREDIT, records executed] returns send credit to the controller */
+    C_VALUE = 2,   /* [VALUE, future id, piece, dtype, shape, payload frame index] */
+    C_ERROR = 3,   /* [ERROR, future id, piece, code, message] */
+} op_completion;
+
+static inline const char *op_name(int code)
+{
+    static const char *names[] = {"?", "free", "empty", "fill", "random", "arange", "load", "fetch", "sync"};
+    return code >= 1 && code <= OP_MAX ? names[code] : "?";
+}
+
+#endif

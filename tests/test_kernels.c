@@ -1,0 +1,520 @@
+/* CPU kernels against hand-computed values; random numbers against the Philox known answers. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <string.h>
+
+#include "cpu_kernels.h"
+#include "dt_dtype.h"
+
+#define S_INT(v) ((dt_scalar){.is_int = true, .i = (v)})
+#define S_FLT(v) ((dt_scalar){.is_int = false, .f = (v)})
+
+static uint32_t s_f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+/* ---- fill --------------------------------------------------------------------------------- */
+
+Test(fill, float32)
+{
+    float v[5] = {0};
+    cpu_fill(v, DT_FLOAT32, 4, S_FLT(1.0 / 3.0));
+    for (int i = 0; i < 4; i++)
+        cr_expect_eq(s_f32_bits(v[i]), 0x3eaaaaabu);
+    cr_expect_eq(v[4], 0.0f, "wrote past n");
+    cpu_fill(v, DT_FLOAT32, 2, S_INT(-7));
+    cr_expect_eq(v[0], -7.0f);
+    cr_expect_eq(v[1], -7.0f);
+    cr_expect_eq(v[2], 1.0f / 3.0f);
+}
+
+Test(fill, float16)
+{
+    uint16_t v[3] = {0};
+    cpu_fill(v, DT_FLOAT16, 2, S_FLT(1.0 / 3.0));
+    cr_expect_eq(v[0], 0x3555);
+    cr_expect_eq(v[1], 0x3555);
+    cr_expect_eq(v[2], 0);
+    cpu_fill(v, DT_FLOAT16, 1, S_INT(65504));
+    cr_expect_eq(v[0], 0x7bff);
+    cpu_fill(v, DT_FLOAT16, 1, S_INT(70000));
+    cr_expect_eq(v[0], 0x7c00);
+    cpu_fill(v, DT_FLOAT16, 1, S_FLT(-0.0));
+    cr_expect_eq(v[0], 0x8000);
+    /* 1 + 2^-11 + 2^-40 is just above a tie: through float it would look like the tie itself */
+    cpu_fill(v, DT_FLOAT16, 1, S_FLT(1.0 + 0x1p-11 + 0x1p-40));
+    cr_expect_eq(v[0], 0x3c01);
+    cpu_fill(v, DT_FLOAT16, 1, S_FLT(1.0 + 0x1p-11));
+    cr_expect_eq(v[0], 0x3c00);
+    cpu_fill(v, DT_FLOAT16, 1, S_FLT(1.0 + 3 * 0x1p-11));
+    cr_expect_eq(v[0], 0x3c02);
+    cpu_fill(v, DT_FLOAT16, 1, S_FLT(NAN));
+    cr_expect((v[0] & 0x7c00) == 0x7c00 && (v[0] & 0x3ff));
+    cpu_fill(v, DT_FLOAT16, 1, S_FLT(1e300));
+    cr_expect_eq(v[0], 0x7c00);
+}
+
+Test(fill, bfloat16)
+{
+    uint16_t v[3] = {0};
+    cpu_fill(v, DT_BFLOAT16, 2, S_FLT(1.0 / 3.0));
+    cr_expect_eq(v[0], 0x3eab);
+    cr_expect_eq(v[1], 0x3eab);
+    cr_expect_eq(v[2], 0);
+    cpu_fill(v, DT_BFLOAT16, 1, S_INT(1));
+    cr_expect_eq(v[0], 0x3f80);
+    cpu_fill(v, DT_BFLOAT16, 1, S_INT(257)); /* tie between 256 and 258: even is 256 */
+    cr_expect_eq(v[0], 0x4380);
+    cpu_fill(v, DT_BFLOAT16, 1, S_FLT(1.0 + 0x1p-8 + 0x1p-40));
+    cr_expect_eq(v[0], 0x3f81);
+    cpu_fill(v, DT_BFLOAT16, 1, S_FLT(-1e300));
+    cr_expect_eq(v[0], 0xff80);
+    cpu_fill(v, DT_BFLOAT16, 1, S_FLT(0.1));
+    cr_expect_eq(v[0], 0x3dcd); /* 0.1f = 0x3dcccccd */
+}
+
+Test(fill, integers)
+{
+    int32_t a[3] = {0};
+    cpu_fill(a, DT_INT32, 2, S_FLT(-2.7));
+    cr_expect_eq(a[0], -2);
+    cr_expect_eq(a[1], -2);
+    cr_expect_eq(a[2], 0);
+    cpu_fill(a, DT_INT32, 1, S_FLT(3.9));
+    cr_expect_eq(a[0], 3);
+    cpu_fill(a, DT_INT32, 1, S_INT(-123456));
+    cr_expect_eq(a[0], -123456);
+
+    int64_t b[2] = {0};
+    cpu_fill(b, DT_INT64, 2, S_INT(INT64_C(1) << 60 | 1));
+    cr_expect_eq(b[0], (INT64_C(1) << 60) + 1);
+    cr_expect_eq(b[1], (INT64_C(1) << 60) + 1);
+    cpu_fill(b, DT_INT64, 1, S_FLT(-1e300)); /* saturates instead of undefined behaviour */
+    cr_expect_eq(b[0], INT64_MIN);
+    cpu_fill(b, DT_INT64, 1, S_FLT(NAN));
+    cr_expect_eq(b[0], 0);
+}
+
+Test(fill, bool_and_empty)
+{
+    bool v[4] = {false, false, false, true};
+    cpu_fill(v, DT_BOOL, 3, S_FLT(0.5));
+    cr_expect(v[0] && v[1] && v[2]);
+    cpu_fill(v, DT_BOOL, 2, S_INT(0));
+    cr_expect(!v[0] && !v[1] && v[2]);
+    cpu_fill(v, DT_BOOL, 1, S_FLT(-0.0));
+    cr_expect(!v[0]);
+    cpu_fill(v, DT_BOOL, 1, S_INT(-3));
+    cr_expect(v[0]);
+    cpu_fill(v, DT_BOOL, 0, S_INT(0));
+    cr_expect(v[0]);
+}
+
+/* ---- arange ------------------------------------------------------------------------------- */
+
+Test(arange, float32_with_offset)
+{
+    float v[4];
+    cpu_arange(v, DT_FLOAT32, 4, 2, S_FLT(0.5), S_FLT(0.25));
+    cr_expect_eq(v[0], 1.0f);
+    cr_expect_eq(v[1], 1.25f);
+    cr_expect_eq(v[2], 1.5f);
+    cr_expect_eq(v[3], 1.75f);
+    cpu_arange(v, DT_FLOAT32, 3, 0, S_INT(-3), S_FLT(-0.5));
+    cr_expect_eq(v[0], -3.0f);
+    cr_expect_eq(v[1], -3.5f);
+    cr_expect_eq(v[2], -4.0f);
+}
+
+Test(arange, sixteen_bit)
+{
+    uint16_t v[2];
+    /* 0 + 3 * 0.1 = 0.30000000000000004 */
+    cpu_arange(v, DT_FLOAT16, 2, 3, S_FLT(0.0), S_FLT(0.1));
+    cr_expect_eq(v[0], 0x34cd); /* 0.3 * 2^2 = 1.2 -> mantissa round(0.2 * 1024) = 205 */
+    cr_expect_eq(v[1], 0x3666); /* 0.4 * 2^2 = 1.6 -> round(0.6 * 1024) = 614 = 0x266 */
+    cpu_arange(v, DT_BFLOAT16, 2, 3, S_FLT(0.0), S_FLT(0.1));
+    cr_expect_eq(v[0], 0x3e9a); /* 0.3f = 0x3e99999a */
+    cr_expect_eq(v[1], 0x3ecd); /* 0.4f = 0x3ecccccd */
+}
+
+Test(arange, integers)
+{
+    int64_t a[3];
+    cpu_arange(a, DT_INT64, 3, 1, S_INT(10), S_INT(-3));
+    cr_expect_eq(a[0], 7);
+    cr_expect_eq(a[1], 4);
+    cr_expect_eq(a[2], 1);
+    int32_t b[4];
+    cpu_arange(b, DT_INT32, 4, 0, S_INT(5), S_INT(2));
+    cr_expect_eq(b[0], 5);
+    cr_expect_eq(b[1], 7);
+    cr_expect_eq(b[2], 9);
+    cr_expect_eq(b[3], 11);
+    /* exact beyond 2^53, where a double would lose the low bit */
+    cpu_arange(a, DT_INT64, 2, 0, S_INT((INT64_C(1) << 53) + 1), S_INT(2));
+    cr_expect_eq(a[0], (INT64_C(1) << 53) + 1);
+    cr_expect_eq(a[1], (INT64_C(1) << 53) + 3);
+}
+
+/* ---- strides and block copies --------------------------------------------------------------- */
+
+Test(copy, contiguous_strides)
+{
+    int64_t s[3];
+    cpu_contiguous_strides(3, (int64_t[]){2, 3, 4}, 4, s);
+    cr_expect_eq(s[0], 48);
+    cr_expect_eq(s[1], 16);
+    cr_expect_eq(s[2], 4);
+    cpu_contiguous_strides(3, (int64_t[]){2, 0, 3}, 2, s);
+    cr_expect_eq(s[0], 6);
+    cr_expect_eq(s[1], 6);
+    cr_expect_eq(s[2], 2);
+}
+
+Test(copy, transpose)
+{
+    int32_t src[12], dst[12];
+    for (int i = 0; i < 12; i++)
+        src[i] = i;
+    memset(dst, 0xff, sizeof dst);
+    /* element (i, j) of the 3x4 source lands at (j, i) of a 4x3 destination */
+    cpu_copy_block(dst, (int64_t[]){4, 12}, src, (int64_t[]){16, 4}, 2, (int64_t[]){3, 4}, 4);
+    int32_t want[12] = {0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11};
+    for (int i = 0; i < 12; i++)
+        cr_expect_eq(dst[i], want[i], "dst[%d]", i);
+}
+
+Test(copy, sub_block_3d)
+{
+    int16_t big[4][5][6];
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 5; j++)
+            for (int k = 0; k < 6; k++)
+                big[i][j][k] = (int16_t)(i * 100 + j * 10 + k);
+    int16_t block[2][3][2];
+    int64_t bs[3];
+    cpu_contiguous_strides(3, (int64_t[]){2, 3, 2}, 2, bs);
+    cpu_copy_block(block, bs, &big[1][2][3], (int64_t[]){60, 12, 2}, 3, (int64_t[]){2, 3, 2}, 2);
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 3; b++)
+            for (int c = 0; c < 2; c++)
+                cr_expect_eq(block[a][b][c], (1 + a) * 100 + (2 + b) * 10 + 3 + c);
+
+    /* and back: pasting into a strided destination leaves everything else alone */
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 3; b++)
+            for (int c = 0; c < 2; c++)
+                block[a][b][c] = -1;
+    cpu_copy_block(&big[2][1][0], (int64_t[]){60, 12, 2}, block, bs, 3, (int64_t[]){2, 3, 2}, 2);
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 5; j++)
+            for (int k = 0; k < 6; k++) {
+                bool inside = i >= 2 && j >= 1 && j < 4 && k < 2;
+                cr_expect_eq(big[i][j][k], inside ? -1 : i * 100 + j * 10 + k, "[%d][%d][%d]", i, j, k);
+            }
+}
+
+Test(copy, strided_inner_and_negative)
+{
+    int32_t src[8] = {0, 1, 2, 3, 4, 5, 6, 7}, dst[4] = {0};
+    cpu_copy_block(dst, (int64_t[]){4}, src + 1, (int64_t[]){8}, 1, (int64_t[]){4}, 4);
+    for (int i = 0; i < 4; i++)
+        cr_expect_eq(dst[i], 2 * i + 1);
+    cpu_copy_block(dst, (int64_t[]){4}, src + 7, (int64_t[]){-4}, 1, (int64_t[]){4}, 4);
+    for (int i = 0; i < 4; i++)
+        cr_expect_eq(dst[i], 7 - i);
+    /* a size-1 dim with a meaningless stride still allows the single memcpy */
+    cpu_copy_block(dst, (int64_t[]){999, 4}, src + 2, (int64_t[]){-5, 4}, 2, (int64_t[]){1, 4}, 4);
+    for (int i = 0; i < 4; i++)
+        cr_expect_eq(dst[i], 2 + i);
+}
+
+Test(copy, contiguous_scalar_and_empty)
+{
+    double src[6] = {1, 2, 3, 4, 5, 6}, dst[6] = {0};
+    int64_t s[2];
+    cpu_contiguous_strides(2, (int64_t[]){2, 3}, 8, s);
+    cpu_copy_block(dst, s, src, s, 2, (int64_t[]){2, 3}, 8);
+    cr_expect_arr_eq(dst, src, sizeof src);
+
+    double one = 42, out = 0;
+    cpu_copy_block(&out, NULL, &one, NULL, 0, NULL, 8);
+    cr_expect_eq(out, 42);
+
+    double untouched[6] = {0};
+    cpu_copy_block(untouched, (int64_t[]){48, 16, 8}, src, (int64_t[]){48, 16, 8}, 3, (int64_t[]){3, 0, 2}, 8);
+    for (int i = 0; i < 6; i++)
+        cr_expect_eq(untouched[i], 0);
+}
+
+/* ---- reductions --------------------------------------------------------------------------- */
+
+Test(reduce, float32)
+{
+    float acc[3] = {1, 2.5f, -1};
+    cpu_reduce_into(acc, (float[]){2, 0.5f, 1}, DT_FLOAT32, 3, DT_REDUCE_SUM);
+    cr_expect(acc[0] == 3 && acc[1] == 3 && acc[2] == 0);
+
+    float x[4] = {1, NAN, 3, -INFINITY}, y[4] = {2, 1, NAN, -5};
+    float mx[4], mn[4];
+    memcpy(mx, x, sizeof x);
+    memcpy(mn, x, sizeof x);
+    cpu_reduce_into(mx, y, DT_FLOAT32, 4, DT_REDUCE_MAX);
+    cpu_reduce_into(mn, y, DT_FLOAT32, 4, DT_REDUCE_MIN);
+    cr_expect(mx[0] == 2 && isnan(mx[1]) && isnan(mx[2]) && mx[3] == -5);
+    cr_expect(mn[0] == 1 && isnan(mn[1]) && isnan(mn[2]) && mn[3] == -INFINITY);
+
+    float avg[2] = {3, -1};
+    cpu_reduce_into(avg, (float[]){0, 2}, DT_FLOAT32, 2, DT_REDUCE_AVG);
+    cpu_scale_div(avg, DT_FLOAT32, 2, 2);
+    cr_expect(avg[0] == 1.5f && avg[1] == 0.5f);
+}
+
+Test(reduce, float16)
+{
+    /* 1 + 2^-11 ties to 1; (1 + 2^-10) + 2^-11 ties up to 1 + 2^-9 */
+    uint16_t acc[2] = {0x3c00, 0x3c01};
+    cpu_reduce_into(acc, (uint16_t[]){0x1000, 0x1000}, DT_FLOAT16, 2, DT_REDUCE_SUM);
+    cr_expect_eq(acc[0], 0x3c00);
+    cr_expect_eq(acc[1], 0x3c02);
+
+    uint16_t x[3] = {0x3c00, 0x7e00, 0xbc00}, y[3] = {0x4000, 0x3c00, 0x7e01};
+    uint16_t mx[3], mn[3];
+    memcpy(mx, x, sizeof x);
+    memcpy(mn, x, sizeof x);
+    cpu_reduce_into(mx, y, DT_FLOAT16, 3, DT_REDUCE_MAX);
+    cpu_reduce_into(mn, y, DT_FLOAT16, 3, DT_REDUCE_MIN);
+    cr_expect(mx[0] == 0x4000 && isnan(dt_f16_to_f32(mx[1])) && isnan(dt_f16_to_f32(mx[2])));
+    cr_expect(mn[0] == 0x3c00 && isnan(dt_f16_to_f32(mn[1])) && isnan(dt_f16_to_f32(mn[2])));
+
+    uint16_t three = 0x4200;
+    cpu_scale_div(&three, DT_FLOAT16, 1, 2);
+    cr_expect_eq(three, 0x3e00);
+}
+
+Test(reduce, bfloat16)
+{
+    /* 2^-8 is 0x3b80: 1 + 2^-8 ties to 1; (1 + 2^-7) + 2^-8 ties up to 1 + 2^-6 */
+    uint16_t acc[2] = {0x3f80, 0x3f81};
+    cpu_reduce_into(acc, (uint16_t[]){0x3b80, 0x3b80}, DT_BFLOAT16, 2, DT_REDUCE_AVG);
+    cr_expect_eq(acc[0], 0x3f80);
+    cr_expect_eq(acc[1], 0x3f82);
+
+    uint16_t mn[3] = {0x3f80, 0xbf80, 0x3f80};
+    cpu_reduce_into(mn, (uint16_t[]){0x4000, 0x3f80, 0x7fc0}, DT_BFLOAT16, 3, DT_REDUCE_MIN);
+    cr_expect(mn[0] == 0x3f80 && mn[1] == 0xbf80 && isnan(dt_bf16_to_f32(mn[2])));
+    uint16_t mx[2] = {0xff80, 0x7fc0};
+    cpu_reduce_into(mx, (uint16_t[]){0xc000, 0x3f80}, DT_BFLOAT16, 2, DT_REDUCE_MAX);
+    cr_expect(mx[0] == 0xc000 && isnan(dt_bf16_to_f32(mx[1])));
+
+    uint16_t three = 0x4040;
+    cpu_scale_div(&three, DT_BFLOAT16, 1, 2);
+    cr_expect_eq(three, 0x3fc0);
+}
+
+Test(reduce, int32)
+{
+    int32_t x[3] = {INT32_MAX, -5, 7}, y[3] = {1, 3, -7};
+    int32_t s[3], mx[3], mn[3];
+    memcpy(s, x, sizeof x);
+    memcpy(mx, x, sizeof x);
+    memcpy(mn, x, sizeof x);
+    cpu_reduce_into(s, y, DT_INT32, 3, DT_REDUCE_SUM);
+    cpu_reduce_into(mx, y, DT_INT32, 3, DT_REDUCE_MAX);
+    cpu_reduce_into(mn, y, DT_INT32, 3, DT_REDUCE_MIN);
+    cr_expect(s[0] == INT32_MIN && s[1] == -2 && s[2] == 0);
+    cr_expect(mx[0] == INT32_MAX && mx[1] == 3 && mx[2] == 7);
+    cr_expect(mn[0] == 1 && mn[1] == -5 && mn[2] == -7);
+
+    int32_t d[3] = {7, -7, 6};
+    cpu_scale_div(d, DT_INT32, 3, 2);
+    cr_expect(d[0] == 3 && d[1] == -3 && d[2] == 3);
+}
+
+Test(reduce, int64)
+{
+    int64_t x[3] = {INT64_MIN, INT64_C(1) << 40, -1}, y[3] = {-1, 5, -1};
+    int64_t s[3], mx[3], mn[3];
+    memcpy(s, x, sizeof x);
+    memcpy(mx, x, sizeof x);
+    memcpy(mn, x, sizeof x);
+    cpu_reduce_into(s, y, DT_INT64, 3, DT_REDUCE_AVG);
+    cpu_reduce_into(mx, y, DT_INT64, 3, DT_REDUCE_MAX);
+    cpu_reduce_into(mn, y, DT_INT64, 3, DT_REDUCE_MIN);
+    cr_expect(s[0] == INT64_MAX && s[1] == (INT64_C(1) << 40) + 5 && s[2] == -2);
+    cr_expect(mx[0] == -1 && mx[1] == INT64_C(1) << 40 && mx[2] == -1);
+    cr_expect(mn[0] == INT64_MIN && mn[1] == 5 && mn[2] == -1);
+
+    int64_t d[2] = {-9, 9};
+    cpu_scale_div(d, DT_INT64, 2, 4);
+    cr_expect(d[0] == -2 && d[1] == 2);
+}
+
+Test(reduce, bool)
+{
+    const bool x[4] = {false, false, true, true}, y[4] = {false, true, false, true};
+    const bool any[4] = {false, true, true, true}, all[4] = {false, false, false, true};
+    const struct {
+        dt_reduce_op op;
+        const bool *want;
+    } cases[] = {{DT_REDUCE_SUM, any}, {DT_REDUCE_AVG, any}, {DT_REDUCE_MAX, any}, {DT_REDUCE_MIN, all}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        bool acc[4];
+        memcpy(acc, x, sizeof acc);
+        cpu_reduce_into(acc, y, DT_BOOL, 4, cases[c].op);
+        cpu_scale_div(acc, DT_BOOL, 4, 2);
+        for (int i = 0; i < 4; i++)
+            cr_expect_eq(acc[i], cases[c].want[i], "op %d [%d]", cases[c].op, i);
+    }
+}
+
+/* ---- random ------------------------------------------------------------------------------- */
+
+Test(random, philox_known_answers)
+{
+    const struct {
+        uint32_t ctr[4], key[2], out[4];
+    } kat[] = {
+        {{0, 0, 0, 0}, {0, 0}, {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}},
+        {{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff},
+         {0xffffffff, 0xffffffff},
+         {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}},
+        {{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344},
+         {0xa4093822, 0x299f31d0},
+         {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}},
+    };
+    for (size_t k = 0; k < sizeof kat / sizeof kat[0]; k++) {
+        uint32_t out[4];
+        cpu_philox(kat[k].ctr, kat[k].key, out);
+        for (int i = 0; i < 4; i++)
+            cr_expect_eq(out[i], kat[k].out[i], "vector %zu word %d: 0x%08x", k, i, out[i]);
+    }
+}
+
+Test(random, first_element_formula)
+{
+    /* seed 0, stream 0, index 0 is the first known-answer counter */
+    float u;
+    cpu_random(&u, DT_FLOAT32, 0, NULL, NULL, NULL, 0, 0, false);
+    cr_expect_eq(u, (float)0x6627e8 * 0x1p-24f);
+    float z;
+    cpu_random(&z, DT_FLOAT32, 0, NULL, NULL, NULL, 0, 0, true);
+    double want = sqrt(-2 * log((0x6627e8 + 1) * 0x1p-24)) * cos(2 * 3.14159265358979323846 * 0xe169c5 * 0x1p-24);
+    cr_expect_eq(z, (float)want);
+    uint16_t h, b;
+    cpu_random(&h, DT_FLOAT16, 0, NULL, NULL, NULL, 0, 0, false);
+    cpu_random(&b, DT_BFLOAT16, 0, NULL, NULL, NULL, 0, 0, false);
+    cr_expect_eq(dt_f16_to_f32(h), (float)(0x6627e8d5u >> 21) * 0x1p-11f);
+    cr_expect_eq(dt_bf16_to_f32(b), (float)0x66 * 0x1p-8f);
+}
+
+static void s_check_pieces(dt_dtype dtype, bool normal)
+{
+    enum { R = 7, C = 5 };
+    size_t es = dt_dtype_size(dtype);
+    const int64_t global[2] = {R, C};
+    unsigned char full[R * C * 4];
+    cpu_random(full, dtype, 2, global, (int64_t[]){0, 0}, global, 1234, 7, normal);
+    const struct {
+        int64_t off[2], shape[2];
+    } pieces[] = {
+        {{0, 0}, {3, 2}}, {{0, 2}, {3, 3}}, {{3, 0}, {4, 5}}, {{7, 0}, {0, 5}},
+    };
+    int64_t full_strides[2];
+    cpu_contiguous_strides(2, global, es, full_strides);
+    for (size_t p = 0; p < sizeof pieces / sizeof pieces[0]; p++) {
+        unsigned char got[R * C * 4], want[R * C * 4];
+        int64_t n = pieces[p].shape[0] * pieces[p].shape[1];
+        memset(got, 0xab, sizeof got);
+        cpu_random(got, dtype, 2, pieces[p].shape, pieces[p].off, global, 1234, 7, normal);
+        int64_t ps[2];
+        cpu_contiguous_strides(2, pieces[p].shape, es, ps);
+        const unsigned char *corner = full + pieces[p].off[0] * full_strides[0] + pieces[p].off[1] * full_strides[1];
+        cpu_copy_block(want, ps, corner, full_strides, 2, pieces[p].shape, es);
+        cr_expect_arr_eq(got, want, (size_t)n * es, "dtype %d normal %d piece %zu", dtype, normal, p);
+        cr_expect_eq(got[n * (int64_t)es], 0xab, "wrote past the piece");
+    }
+}
+
+Test(random, placement_invariance)
+{
+    for (dt_dtype dt = DT_FLOAT32; dt <= DT_BFLOAT16; dt++) {
+        s_check_pieces(dt, false);
+        s_check_pieces(dt, true);
+    }
+}
+
+Test(random, placement_invariance_3d)
+{
+    const int64_t global[3] = {3, 4, 5};
+    float full[60], piece[12];
+    cpu_random(full, DT_FLOAT32, 3, global, (int64_t[]){0, 0, 0}, global, 99, 1, true);
+    cpu_random(piece, DT_FLOAT32, 3, (int64_t[]){2, 3, 2}, (int64_t[]){1, 1, 3}, global, 99, 1, true);
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 3; b++)
+            for (int c = 0; c < 2; c++)
+                cr_expect_eq(piece[(a * 3 + b) * 2 + c], full[((1 + a) * 4 + 1 + b) * 5 + 3 + c]);
+}
+
+Test(random, seed_and_stream_matter)
+{
+    const int64_t shape[1] = {64};
+    float a[64], b[64], c[64];
+    cpu_random(a, DT_FLOAT32, 1, shape, (int64_t[]){0}, shape, 5, 0, false);
+    cpu_random(b, DT_FLOAT32, 1, shape, (int64_t[]){0}, shape, 5, 1, false);
+    cpu_random(c, DT_FLOAT32, 1, shape, (int64_t[]){0}, shape, 6, 0, false);
+    int same_ab = 0, same_ac = 0;
+    for (int i = 0; i < 64; i++) {
+        same_ab += a[i] == b[i];
+        same_ac += a[i] == c[i];
+    }
+    cr_expect_lt(same_ab, 2);
+    cr_expect_lt(same_ac, 2);
+    /* the high halves of seed and stream take part too */
+    cpu_random(b, DT_FLOAT32, 1, shape, (int64_t[]){0}, shape, 5 | UINT64_C(1) << 32, 0, false);
+    cpu_random(c, DT_FLOAT32, 1, shape, (int64_t[]){0}, shape, 5, UINT64_C(1) << 32, false);
+    cr_expect_neq(memcmp(a, b, sizeof a), 0);
+    cr_expect_neq(memcmp(a, c, sizeof a), 0);
+}
+
+Test(random, statistics)
+{
+    enum { N = 100000 };
+    static float v[N];
+    const int64_t shape[1] = {N};
+    cpu_random(v, DT_FLOAT32, 1, shape, (int64_t[]){0}, shape, 42, 3, false);
+    double sum = 0;
+    for (int i = 0; i < N; i++) {
+        cr_assert(v[i] >= 0.0f && v[i] < 1.0f, "v[%d] = %g", i, (double)v[i]);
+        sum += v[i];
+    }
+    cr_expect(fabs(sum / N - 0.5) < 0.01, "mean %g", sum / N);
+
+    cpu_random(v, DT_FLOAT32, 1, shape, (int64_t[]){0}, shape, 42, 4, true);
+    double s1 = 0, s2 = 0;
+    for (int i = 0; i < N; i++) {
+        cr_assert(isfinite(v[i]));
+        s1 += v[i];
+        s2 += (double)v[i] * v[i];
+    }
+    double mean = s1 / N, sd = sqrt(s2 / N - mean * mean);
+    cr_expect(fabs(mean) < 0.02, "mean %g", mean);
+    cr_expect(fabs(sd - 1) < 0.02, "std %g", sd);
+}
+
+Test(random, sixteen_bit_uniform_below_one)
+{
+    enum { N = 20000 };
+    static uint16_t h[N];
+    const int64_t shape[1] = {N};
+    cpu_random(h, DT_FLOAT16, 1, shape, (int64_t[]){0}, shape, 8, 0, false);
+    for (int i = 0; i < N; i++)
+        cr_assert(dt_f16_to_f32(h[i]) >= 0.0f && dt_f16_to_f32(h[i]) < 1.0f);
+    cpu_random(h, DT_BFLOAT16, 1, shape, (int64_t[]){0}, shape, 8, 0, false);
+    for (int i = 0; i < N; i++)
+        cr_assert(dt_bf16_to_f32(h[i]) >= 0.0f && dt_bf16_to_f32(h[i]) < 1.0f);
+}
