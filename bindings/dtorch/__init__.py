@@ -1,0 +1,25 @@
+"""DTorch: a single-controller distributed tensor runtime.
+
+    import dtorch
+    mesh = dtorch.DeviceMesh("cpu", [0, 1])
+    x = dtorch.rand((4, 3), device_mesh=mesh, placements=[dtorch.Shard(0)])
+    print(f"{x=}")
+"""
+from . import _C
+from ._dtype import bfloat16, bool, dtype, float16, float32, int32, int64
+from ._factory import arange, distribute_tensor, empty, from_local, full, ones, rand, randn, zeros
+from ._mesh import DeviceMesh, init_device_mesh
+from ._placement import Partial, Placement, Replicate, Shard
+from ._runtime import init, is_initialized, manual_seed, shutdown, synchronize
+from ._tensor import DTensor, TensorFuture
+
+_C._register(DTensor, TensorFuture)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DTensor", "DeviceMesh", "Partial", "Placement", "Replicate", "Shard", "TensorFuture",
+    "arange", "bfloat16", "bool", "distribute_tensor", "dtype", "empty", "float16", "float32",
+    "from_local", "full", "init", "init_device_mesh", "int32", "int64", "is_initialized",
+    "manual_seed", "ones", "rand", "randn", "shutdown", "synchronize", "zeros",
+]

@@ -1,0 +1,44 @@
+"""Starting and stopping the runtime: the controller actor and the device actors."""
+import atexit
+import os
+
+from . import _C
+
+_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dtorch-worker")
+if os.access(_WORKER, os.X_OK) and not os.environ.get("DTORCH_WORKER_PATH"):
+    # process workers run the executable that ships with the package
+    os.environ["DTORCH_WORKER_PATH"] = _WORKER
+
+
+def init(workers=None):
+    """Starts the runtime now. ``workers``: "thread" (device actors are threads of this process,
+    the default) or "process" (each device actor is a child process); None reads
+    DTORCH_WORKERS. Ops start it lazily otherwise."""
+    if workers is None:
+        workers = os.environ.get("DTORCH_WORKERS") or "thread"
+    if workers not in ("thread", "process"):
+        raise ValueError(f"init: workers must be 'thread' or 'process', got {workers!r}")
+    _C.init(0 if workers == "thread" else 1, os.environ.get("DTORCH_WORKER_PATH"))
+
+
+def shutdown():
+    """Stops every actor. Pending futures fail; tensors made before cannot be used after.
+    The runtime can be started again."""
+    _C.shutdown()
+
+
+def is_initialized():
+    return _C.is_running()
+
+
+def synchronize():
+    """Waits until every device has run every op sent so far."""
+    _C.synchronize()
+
+
+def manual_seed(seed):
+    """Seeds the random factories and restarts their stream."""
+    _C.manual_seed(int(seed))
+
+
+atexit.register(_C.shutdown)

@@ -1,0 +1,135 @@
+"""DTensor and TensorFuture: the handles live in C; this adds torch's conveniences."""
+import asyncio
+
+import numpy as np
+
+from . import _C, _dtype
+from ._placement import _from_raw
+
+# error codes of dtorch.h -> the exception a Python user expects
+_EXCEPTIONS = {-1: ValueError, -2: TypeError, -3: IndexError, -5: TimeoutError, -8: MemoryError,
+               -10: KeyboardInterrupt}
+
+
+class TensorFuture(_C.TensorFuture):
+    """The whole value of a DTensor, on its way: ``result()``, ``done()``, ``exception()``,
+    or ``await`` it."""
+
+    __slots__ = ()
+
+    def result(self, timeout=None):
+        """The value as a numpy array; waits up to ``timeout`` seconds (None: forever).
+        Raises TimeoutError if it expires (the future stays usable), or the op's failure."""
+        self._wait(timeout)
+        buffer, code, shape = self._pieces()[0]
+        return _dtype._to_numpy_array(buffer, code, shape)
+
+    def exception(self, timeout=None):
+        """The failure as an exception once settled, or None if the value arrived."""
+        try:
+            self._wait(timeout)
+        except TimeoutError:
+            if not self.done():
+                raise
+        err = self._error()
+        if err is None:
+            return None
+        code, message = err
+        return _EXCEPTIONS.get(code, RuntimeError)(message)
+
+    def __await__(self):
+        if not self.done():
+            loop = asyncio.get_running_loop()
+            settled = loop.create_future()
+
+            def wake():  # runs on a runtime thread
+                try:
+                    loop.call_soon_threadsafe(_set_once, settled)
+                except RuntimeError:  # the loop closed meanwhile
+                    pass
+
+            self._add_done_callback(wake)
+            yield from settled.__await__()
+        return self.result()
+
+    def __repr__(self):
+        state = "done" if self.done() else "pending"
+        return f"<TensorFuture {state}>"
+
+
+def _set_once(fut):
+    if not fut.done():
+        fut.set_result(None)
+
+
+class DTensor(_C.DTensor):
+    """A tensor laid out over a DeviceMesh with one placement per mesh dim."""
+
+    __slots__ = ()
+
+    @property
+    def dtype(self):
+        return _dtype._BY_CODE[self._dtype_code]
+
+    @property
+    def placements(self):
+        return _from_raw(self._placements_raw)
+
+    def size(self, dim=None):
+        return self.shape if dim is None else self.shape[dim]
+
+    def numel(self):
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def dim(self):
+        return self.ndim
+
+    def __len__(self):
+        if self.ndim == 0:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def numpy(self):
+        """The whole value as a numpy array (Partial pieces reduced); waits for it."""
+        return self.future().result()
+
+    full_tensor = numpy
+
+    def __array__(self, dtype=None, copy=None):
+        value = self.numpy()
+        return value if dtype is None else value.astype(dtype)
+
+    def to_local(self):
+        """Every device's own piece (shard, replica or partial contribution), as numpy arrays in
+        row-major mesh order."""
+        fut = self._locals_future()
+        fut._wait(None)
+        return [_dtype._to_numpy_array(b, code, shape) for b, code, shape in fut._pieces()]
+
+    def item(self):
+        n = self.numel()
+        if n != 1:
+            raise RuntimeError(f"a Tensor with {n} elements cannot be converted to Scalar")
+        return self.numpy().reshape(()).item()
+
+    def tolist(self):
+        return self.numpy().tolist()
+
+    def __repr__(self):
+        mesh, placements = self.device_mesh, self.placements
+        try:
+            value = _format_values(self.numpy(), self.dtype)
+        except Exception as e:  # a repr never raises: show why the value is missing
+            value = f"<value unavailable: {e}>"
+        dtype = "" if self.dtype in (_dtype.float32, _dtype.int64, _dtype.bool) else f", dtype={self.dtype}"
+        return f"DTensor({value}{dtype}, device_mesh={mesh!r}, placements={placements!r})"
+
+
+def _format_values(value, dt):
+    """Values laid out like torch prints them: 4 decimals for floats, ', ' between items."""
+    opts = dict(separator=", ", prefix="DTensor(", threshold=1000, edgeitems=3)
+    if dt.is_floating_point:
+        opts.update(precision=4, floatmode="fixed", suppress_small=False)
+    if value.ndim == 0:
+        return np.array2string(value, **opts)
+    return np.array2string(value, **opts)
