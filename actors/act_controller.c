@@ -32,13 +32,15 @@ static void s_take_outboxes(act_runtime *rt)
     pthread_mutex_lock(&rt->lock);
     for (int64_t i = 0; i < rt->ndirty; i++) {
         act_device *dev = rt->dirty[i];
+        dev->dirty = false;
+        if (!dev->out_head)
+            continue; /* emptied by its death */
         if (dev->send_tail)
             dev->send_tail->next = dev->out_head;
         else
             dev->send_head = dev->out_head;
         dev->send_tail = dev->out_tail;
         dev->out_head = dev->out_tail = NULL;
-        dev->dirty = false;
     }
     rt->ndirty = 0;
     rt->rung = false;
