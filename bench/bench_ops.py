@@ -1,0 +1,137 @@
+"""Per-op cost of DTorch on the user's Python thread, beside numpy measured in the same run.
+
+    /path/to/venv/bin/python bench/bench_ops.py [--n 100000] [--repeats 5] [--fetches 5000]
+
+It imports the installed ``dtorch`` (nothing is added to sys.path), so build and install the
+package first. It prints figures and never asserts on them.
+
+Figures, for thread workers and then process workers (``dtorch.init(workers=...)``):
+  * ``dtorch.full((4,), 1.0, device_mesh=mesh)`` on a 2-device mesh, n times in a loop: µs per op
+    for the loop alone (what the user's thread pays) and including the closing
+    ``dtorch.synchronize()`` (what the devices need to keep up); beside ``np.full((4,), 1.0)``.
+    Best of ``--repeats`` runs: noise on a shared machine only ever adds time.
+  * ``x.numpy()`` of an existing 4-element DTensor: the fetch round trip, median and p90.
+  * ``dtorch.full(...).numpy()``: one op plus its fetch, median and p90.
+"""
+import argparse
+import os
+import statistics
+import time
+
+import numpy as np
+
+import dtorch
+
+
+def _best(fn, repeats):
+    """The smallest of ``repeats`` results of fn() (a tuple is compared element by element,
+    each element keeping its own best)."""
+    runs = [fn() for _ in range(repeats)]
+    if isinstance(runs[0], tuple):
+        return tuple(min(r[i] for r in runs) for i in range(len(runs[0])))
+    return min(runs)
+
+
+def _numpy_loop(n):
+    full = np.full
+    t0 = time.perf_counter()
+    for _ in range(n):
+        full((4,), 1.0)
+    return time.perf_counter() - t0
+
+
+def _empty_loop(n):
+    t0 = time.perf_counter()
+    for _ in range(n):
+        pass
+    return time.perf_counter() - t0
+
+
+def _dtorch_loop(n, mesh):
+    # each result is dropped at once, as in a training loop: its devices free it as they go
+    full = dtorch.full
+    t0 = time.perf_counter()
+    for _ in range(n):
+        full((4,), 1.0, device_mesh=mesh)
+    t1 = time.perf_counter()
+    dtorch.synchronize()
+    t2 = time.perf_counter()
+    return t1 - t0, t2 - t0
+
+
+def _percentiles(samples):
+    samples = sorted(samples)
+    return statistics.median(samples), samples[int(0.9 * (len(samples) - 1))]
+
+
+def _fetch_samples(n, mesh):
+    x = dtorch.full((4,), 1.0, device_mesh=mesh)
+    for _ in range(min(n, 500)):  # warm-up: connections, pools, caches
+        x.numpy()
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        value = x.numpy()
+        out.append(time.perf_counter() - t0)
+    if value.shape != (4,) or not (value == 1.0).all():
+        raise SystemExit(f"bench_ops: fetched a wrong value {value!r}")
+    return _percentiles(out)
+
+
+def _op_fetch_samples(n, mesh):
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        dtorch.full((4,), 1.0, device_mesh=mesh).numpy()
+        out.append(time.perf_counter() - t0)
+    return _percentiles(out)
+
+
+def _mode(workers, args):
+    dtorch.shutdown()
+    dtorch.init(workers=workers)
+    mesh = dtorch.DeviceMesh("cpu", [0, 1])
+    _dtorch_loop(args.n // 10, mesh)  # warm-up: steady-state pools and credit windows
+    loop_s, total_s = _best(lambda: _dtorch_loop(args.n, mesh), args.repeats)
+    fetch = _fetch_samples(args.fetches, mesh)
+    op_fetch = _op_fetch_samples(args.fetches, mesh)
+    dtorch.shutdown()
+    return {"loop_us": loop_s / args.n * 1e6, "total_us": total_s / args.n * 1e6,
+            "fetch_us": tuple(v * 1e6 for v in fetch), "op_fetch_us": tuple(v * 1e6 for v in op_fetch)}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--n", type=int, default=100_000, help="ops per timed loop")
+    parser.add_argument("--repeats", type=int, default=5, help="timed loops; the best is kept")
+    parser.add_argument("--fetches", type=int, default=5000, help="timed fetch round trips")
+    parser.add_argument("--modes", default="thread,process", help="comma-separated worker modes")
+    args = parser.parse_args()
+
+    np_us = _best(lambda: _numpy_loop(args.n), args.repeats) / args.n * 1e6
+    empty_us = _best(lambda: _empty_loop(args.n), args.repeats) / args.n * 1e6
+    results = {m: _mode(m, args) for m in args.modes.split(",")}
+
+    print(f"DTorch per-op cost from Python: dtorch {dtorch.__version__} from {os.path.dirname(dtorch.__file__)}")
+    print(f"  numpy {np.__version__}; {os.cpu_count()} CPUs; OPENBLAS_CORETYPE="
+          f"{os.environ.get('OPENBLAS_CORETYPE', '(unset)')}; loops of {args.n}, best of {args.repeats}; "
+          f"{args.fetches} timed fetches")
+    print(f"  reference: np.full((4,), 1.0) = {np_us:.3f} us per call; an empty Python loop = "
+          f"{empty_us * 1e3:.1f} ns per iteration")
+    print()
+    print(f"  {'figure (us per op)':46} {'workers':8} {'DTorch':>9} {'numpy':>9} {'DT/numpy':>9}")
+    for mode, r in results.items():
+        print(f"  {'full((4,), 1.0) loop only (user thread)':46} {mode:8} {r['loop_us']:9.3f} {np_us:9.3f} "
+              f"{r['loop_us'] / np_us:8.1f}x")
+        print(f"  {'full((4,), 1.0) loop + synchronize()':46} {mode:8} {r['total_us']:9.3f} {np_us:9.3f} "
+              f"{r['total_us'] / np_us:8.1f}x")
+    print()
+    print(f"  {'round trip (us)':46} {'workers':8} {'median':>9} {'p90':>9}")
+    for mode, r in results.items():
+        print(f"  {'x.numpy() of a 4-element DTensor':46} {mode:8} {r['fetch_us'][0]:9.1f} {r['fetch_us'][1]:9.1f}")
+        print(f"  {'full((4,), 1.0).numpy(): op + fetch':46} {mode:8} {r['op_fetch_us'][0]:9.1f} "
+              f"{r['op_fetch_us'][1]:9.1f}")
+
+
+if __name__ == "__main__":
+    main()
