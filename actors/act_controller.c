@@ -98,6 +98,24 @@ static void s_device_died(act_runtime *rt, act_device *dev, const char *reason)
     char why[400];
     snprintf(why, sizeof why, "device %" PRId64 " died: %s", dev->id, reason);
     s_fail_futures_of(rt, dev->id, DT_EDEVICE, why);
+    /* workers waiting for a region from it in a redistribute must stop waiting */
+    for (int64_t i = 0; i < rt->cap_devices; i++) {
+        act_device *other = rt->devices[i];
+        if (!other || other == dev || !other->hello || other->state == ACT_DEV_DEAD)
+            continue;
+        char rid[32];
+        s_routing_id(other->id, rid, sizeof rid);
+        msgpack_sbuffer body;
+        msgpack_packer pk;
+        msgpack_sbuffer_init(&body);
+        msgpack_packer_init(&pk, &body, msgpack_sbuffer_write);
+        msgpack_pack_array(&pk, 1);
+        msgpack_pack_int64(&pk, dev->id);
+        mb_header h = {MB_VERSION, MB_ABORT, other->send_seq++, MB_SENDER_CONTROLLER, 1};
+        size_t size = body.size;
+        mb_send(rt->router, rid, strlen(rid), &h, (mb_buf){msgpack_sbuffer_release(&body), size, mb_buf_free, NULL},
+                NULL, 0);
+    }
 }
 
 static void s_send_batch(s_ctl *c, act_device *dev, act_batch *b)
@@ -352,7 +370,7 @@ void *act_controller_main(void *arg)
 {
     s_ctl c = {.rt = arg};
     act_runtime *rt = c.rt;
-    c.router = mb_socket_new(MB_ROUTER, rt->endpoint, true, NULL);
+    c.router = rt->router = mb_socket_new(MB_ROUTER, rt->endpoint, true, NULL);
     pthread_mutex_lock(&rt->lock);
     if (!c.router)
         rt->start_error = dt_last_error_code() ? dt_last_error_code() : DT_ESYS;
@@ -387,5 +405,8 @@ void *act_controller_main(void *arg)
     s_stop(&c);
     free(c.sent);
     mb_socket_destroy(&c.router);
+    rt->router = NULL;
+    if (strncmp(rt->endpoint, "ipc://", 6) == 0)
+        unlink(rt->endpoint + 6); /* the socket file outlives the socket otherwise */
     return NULL;
 }

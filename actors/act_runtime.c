@@ -251,7 +251,7 @@ static int s_ensure_device(act_runtime *rt, int64_t id)
     return 0;
 }
 
-int act_runtime_begin(const char *op, dt_mesh *mesh)
+int act_runtime_begin(const char *op, dt_mesh *const *meshes, int nmeshes)
 {
     act_runtime *rt = &act_rt;
     pthread_mutex_lock(&rt->lock);
@@ -272,16 +272,19 @@ int act_runtime_begin(const char *op, dt_mesh *mesh)
         dt_err(DT_ESHUTDOWN, "%s: the runtime is shutting down", op);
         goto fail;
     }
-    for (int64_t i = 0; i < mesh->size; i++) {
-        if (s_ensure_device(rt, mesh->ids[i]) != 0)
-            goto fail;
-        act_device *dev = rt->devices[mesh->ids[i]];
-        if (dev->state == ACT_DEV_DEAD) {
-            dt_err(DT_EDEVICE, "%s: device %lld is dead: %s", op, (long long)dev->id, dev->reason);
-            goto fail;
+    for (int m = 0; m < nmeshes; m++) {
+        dt_mesh *mesh = meshes[m];
+        for (int64_t i = 0; i < mesh->size; i++) {
+            if (s_ensure_device(rt, mesh->ids[i]) != 0)
+                goto fail;
+            act_device *dev = rt->devices[mesh->ids[i]];
+            if (dev->state == ACT_DEV_DEAD) {
+                dt_err(DT_EDEVICE, "%s: device %lld is dead: %s", op, (long long)dev->id, dev->reason);
+                goto fail;
+            }
         }
+        mesh->ready_epoch = rt->epoch;
     }
-    mesh->ready_epoch = rt->epoch;
     s_ring = false;
     s_over_limit = false;
     return 0;

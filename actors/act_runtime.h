@@ -82,14 +82,15 @@ typedef struct {
     uint64_t next_id;              /* tensor and future ids (never 0) */
     uint64_t seed, stream;         /* random factories */
     pthread_t controller;
+    zsock_t *router;               /* controller thread only: the socket every worker talks to */
 } act_runtime;
 
 extern act_runtime act_rt;
 
 /* ---- user-thread side -------------------------------------------------------------------- */
-/* Starts the runtime if needed and the workers of mesh's devices; fails if one is dead.
+/* Starts the runtime if needed and the workers of the meshes' devices; fails if one is dead.
  * On success the lock is held until act_runtime_end. */
-int act_runtime_begin(const char *op, dt_mesh *mesh);
+int act_runtime_begin(const char *op, dt_mesh *const *meshes, int nmeshes);
 /* The packer of device's outbox; pack exactly one record. */
 msgpack_packer *act_runtime_record(int64_t device);
 /* Attaches a payload frame to device's current batch; returns its frame index for the record

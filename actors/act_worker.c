@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "act_runtime.h"
+#include "act_worker.h"
 #include "cpu_kernels.h"
 #include "dt_dtype.h"
 #include "dt_error.h"
@@ -19,36 +20,7 @@
 
 #define S_POLL_MS 500 /* how often an idle worker looks at its stop flag */
 
-typedef struct {
-    atomic_int refs;
-    void *data;
-    size_t size;
-    bool adopted;     /* data lives in msg, a received frame */
-    zmq_msg_t msg;
-} s_storage;
-
-typedef struct {
-    dt_dtype dtype;
-    int ndim;
-    int64_t shape[DT_MAX_DIMS]; /* (ndim) local shape */
-    s_storage *storage;         /* NULL when poisoned */
-    char *error;                /* why it could not be made (poisoned) */
-} s_tensor;
-
-typedef struct {
-    int64_t device;
-    zsock_t *sock;
-    dt_idmap tensors;           /* id -> s_tensor */
-    uint64_t send_seq;
-    /* the reply to the batch being run */
-    msgpack_sbuffer reply;
-    msgpack_packer pk;
-    uint32_t nreply;
-    int npayloads, cap_payloads;
-    mb_buf *payloads;
-} s_worker;
-
-static void s_storage_release(s_storage *st)
+void act_storage_release(act_storage *st)
 {
     if (!st || atomic_fetch_sub(&st->refs, 1) != 1)
         return;
@@ -59,11 +31,11 @@ static void s_storage_release(s_storage *st)
     free(st);
 }
 
-static void s_storage_free_fn(void *data, void *hint) { s_storage_release(hint); }
+void act_storage_free_fn(void *data, void *hint) { act_storage_release(hint); }
 
-static s_storage *s_storage_new(size_t size)
+act_storage *act_storage_new(size_t size)
 {
-    s_storage *st = calloc(1, sizeof *st);
+    act_storage *st = calloc(1, sizeof *st);
     if (!st || !(st->data = malloc(size ? size : 1))) {
         free(st);
         return NULL;
@@ -73,35 +45,47 @@ static s_storage *s_storage_new(size_t size)
     return st;
 }
 
-static void s_tensor_free(s_tensor *t)
+void act_wtensor_free(act_wtensor *t)
 {
     if (!t)
         return;
-    s_storage_release(t->storage);
+    act_storage_release(t->storage);
     free(t->error);
     free(t);
 }
 
-static void s_put(s_worker *w, uint64_t id, s_tensor *t)
+void act_wtensor_put(act_worker *w, uint64_t id, act_wtensor *t)
 {
-    s_tensor_free(dt_idmap_take(&w->tensors, id));
+    act_wtensor_free(dt_idmap_take(&w->tensors, id));
     if (dt_idmap_put(&w->tensors, id, t) != 0)
-        s_tensor_free(t);
+        act_wtensor_free(t);
 }
 
-/* A tensor that could not be made; ops that use it fail with this message. */
-static void s_poison(s_worker *w, uint64_t id, const char *fmt, const char *op, const char *why)
+void act_wtensor_poison(act_worker *w, uint64_t id, const char *message)
 {
-    s_tensor *t = calloc(1, sizeof *t);
+    act_wtensor *t = calloc(1, sizeof *t);
     if (!t)
         return;
-    char msg[DT_ERRMSG_MAX];
-    snprintf(msg, sizeof msg, fmt, op, why);
-    t->error = strdup(msg);
-    s_put(w, id, t);
+    t->error = strdup(message);
+    act_wtensor_put(w, id, t);
 }
 
-static int s_add_payload(s_worker *w, mb_buf buf)
+act_wtensor *act_wtensor_lookup(act_worker *w, uint64_t id, const char **why)
+{
+    static _Thread_local char msg[DT_ERRMSG_MAX];
+    act_wtensor *t = dt_idmap_get(&w->tensors, id);
+    if (!t) {
+        snprintf(msg, sizeof msg, "device %" PRId64 " has no tensor %" PRIu64 " (freed, or never made)", w->device,
+                 id);
+        *why = msg;
+    } else if (!t->storage) {
+        *why = t->error;
+        t = NULL;
+    }
+    return t;
+}
+
+static int s_add_payload(act_worker *w, mb_buf buf)
 {
     if (w->npayloads == w->cap_payloads) {
         int cap = w->cap_payloads ? 2 * w->cap_payloads : 8;
@@ -118,7 +102,7 @@ static int s_add_payload(s_worker *w, mb_buf buf)
     return w->npayloads++;
 }
 
-static void s_reply_error(s_worker *w, uint64_t fid, int64_t piece, int code, const char *msg)
+static void s_reply_error(act_worker *w, uint64_t fid, int64_t piece, int code, const char *msg)
 {
     msgpack_pack_array(&w->pk, 5);
     msgpack_pack_int(&w->pk, C_ERROR);
@@ -131,12 +115,13 @@ static void s_reply_error(s_worker *w, uint64_t fid, int64_t piece, int code, co
     w->nreply++;
 }
 
-static void s_reply_value(s_worker *w, uint64_t fid, int64_t piece, const s_tensor *t)
+static void s_reply_value(act_worker *w, uint64_t fid, int64_t piece, const act_wtensor *t)
 {
     int frame = -1;
     if (t) {
+        size_t size = (size_t)dtn_numel(t->ndim, t->shape) * dt_dtype_size(t->dtype);
         atomic_fetch_add(&t->storage->refs, 1);
-        frame = s_add_payload(w, (mb_buf){t->storage->data, t->storage->size, s_storage_free_fn, t->storage});
+        frame = s_add_payload(w, (mb_buf){t->data, size, act_storage_free_fn, t->storage});
         if (frame < 0) {
             s_reply_error(w, fid, piece, DT_ENOMEM, "out of memory on the device");
             return;
@@ -163,12 +148,12 @@ static bool s_get_scalar(const msgpack_object *rec, uint32_t i, dt_scalar *out)
     return mb_get_f64(rec, i, &out->f);
 }
 
-/* Reads [code, id, dtype, shape, ...] and makes the output tensor with fresh storage. */
-static s_tensor *s_new_output(const msgpack_object *rec, const char **why)
+/* Reads [code, id, dtype, shape, ...] into a new tensor without storage. */
+static act_wtensor *s_new_output(const msgpack_object *rec, const char **why)
 {
     int64_t dtype;
     uint32_t ndim;
-    s_tensor *t = calloc(1, sizeof *t);
+    act_wtensor *t = calloc(1, sizeof *t);
     if (!t) {
         *why = "out of memory";
         return NULL;
@@ -184,60 +169,48 @@ static s_tensor *s_new_output(const msgpack_object *rec, const char **why)
     return t;
 }
 
-static const char *s_alloc(s_tensor *t)
+static const char *s_alloc(act_wtensor *t)
 {
     size_t size = (size_t)dtn_numel(t->ndim, t->shape) * dt_dtype_size(t->dtype);
-    t->storage = s_storage_new(size);
-    return t->storage ? NULL : "out of memory on the device";
+    t->storage = act_storage_new(size);
+    if (!t->storage)
+        return "out of memory on the device";
+    t->data = t->storage->data;
+    return NULL;
 }
 
-/* Runs one op record. Returns false for a record it cannot even read. */
-static bool s_run(s_worker *w, const msgpack_object *rec, mb_message *m)
+/* LOAD: the payload frame becomes the storage, without a copy when it is aligned. */
+static const char *s_load(act_wtensor *t, const msgpack_object *rec, mb_message *m)
 {
-    int64_t code;
-    uint64_t id;
-    if (!mb_arr(rec, 2) || !mb_get_i64(rec, 0, &code))
-        return false;
-    if (code == OP_SYNC) {
-        int64_t piece;
-        if (!mb_get_u64(rec, 1, &id) || !mb_get_i64(rec, 2, &piece))
-            return false;
-        s_reply_value(w, id, piece, NULL);
-        return true;
+    int64_t frame;
+    size_t size = (size_t)dtn_numel(t->ndim, t->shape) * dt_dtype_size(t->dtype);
+    if (!mb_get_i64(rec, 4, &frame) || frame < 0 || frame >= m->npayloads || zmq_msg_size(&m->payloads[frame]) != size)
+        return "malformed record (payload missing or of the wrong size)";
+    zmq_msg_t *src = &m->payloads[frame];
+    if (((uintptr_t)zmq_msg_data(src) % 8) == 0 && (t->storage = calloc(1, sizeof *t->storage))) {
+        atomic_init(&t->storage->refs, 1);
+        zmq_msg_init(&t->storage->msg);
+        zmq_msg_move(&t->storage->msg, src);
+        t->storage->adopted = true;
+        t->storage->data = t->data = zmq_msg_data(&t->storage->msg);
+        t->storage->size = size;
+        return NULL;
     }
-    if (!mb_get_u64(rec, 1, &id))
-        return false;
-    if (code == OP_FREE) {
-        s_tensor_free(dt_idmap_take(&w->tensors, id));
-        return true;
-    }
-    if (code == OP_FETCH) {
-        uint64_t fid;
-        int64_t piece;
-        if (!mb_get_u64(rec, 2, &fid) || !mb_get_i64(rec, 3, &piece))
-            return false;
-        s_tensor *t = dt_idmap_get(&w->tensors, id);
-        char msg[128];
-        if (!t) {
-            snprintf(msg, sizeof msg, "device %" PRId64 " has no tensor %" PRIu64 " (freed, or never made)",
-                     w->device, id);
-            s_reply_error(w, fid, piece, DT_EKERNEL, msg);
-        } else if (!t->storage) {
-            s_reply_error(w, fid, piece, DT_EKERNEL, t->error);
-        } else {
-            s_reply_value(w, fid, piece, t);
-        }
-        return true;
-    }
+    const char *why = s_alloc(t);
+    if (!why)
+        memcpy(t->data, zmq_msg_data(src), size);
+    return why;
+}
 
+/* Runs an op record that makes a tensor from nothing but its own fields (and payloads). */
+static void s_make(act_worker *w, int64_t code, uint64_t id, const msgpack_object *rec, mb_message *m)
+{
     const char *why = NULL;
-    s_tensor *t = s_new_output(rec, &why);
-    if (!t) {
-        s_poison(w, id, "%s on device: %s", op_name((int)code), why);
-        return true;
-    }
-    int64_t n = dtn_numel(t->ndim, t->shape);
-    switch (code) {
+    act_wtensor *t = s_new_output(rec, &why);
+    int64_t n = t ? dtn_numel(t->ndim, t->shape) : 0;
+    switch (t ? code : -1) {
+    case -1:
+        break;
     case OP_EMPTY:
         why = s_alloc(t);
         break;
@@ -246,7 +219,7 @@ static bool s_run(s_worker *w, const msgpack_object *rec, mb_message *m)
         if (!s_get_scalar(rec, 4, &v))
             why = "malformed record";
         else if (!(why = s_alloc(t)))
-            cpu_fill(t->storage->data, t->dtype, n, v);
+            cpu_fill(t->data, t->dtype, n, v);
         break;
     }
     case OP_RANDOM: {
@@ -258,7 +231,7 @@ static bool s_run(s_worker *w, const msgpack_object *rec, mb_message *m)
             !mb_get_u64(rec, 7, &stream) || !mb_get_i64(rec, 8, &normal) || !dt_dtype_is_float(t->dtype))
             why = "malformed record";
         else if (!(why = s_alloc(t)))
-            cpu_random(t->storage->data, t->dtype, t->ndim, t->shape, offset, global, seed, stream, normal != 0);
+            cpu_random(t->data, t->dtype, t->ndim, t->shape, offset, global, seed, stream, normal != 0);
         break;
     }
     case OP_ARANGE: {
@@ -267,44 +240,67 @@ static bool s_run(s_worker *w, const msgpack_object *rec, mb_message *m)
         if (t->ndim != 1 || !mb_get_i64(rec, 4, &first) || !s_get_scalar(rec, 5, &start) || !s_get_scalar(rec, 6, &step))
             why = "malformed record";
         else if (!(why = s_alloc(t)))
-            cpu_arange(t->storage->data, t->dtype, n, first, start, step);
+            cpu_arange(t->data, t->dtype, n, first, start, step);
         break;
     }
-    case OP_LOAD: {
-        int64_t frame;
-        size_t size = (size_t)n * dt_dtype_size(t->dtype);
-        if (!mb_get_i64(rec, 4, &frame) || frame < 0 || frame >= m->npayloads ||
-            zmq_msg_size(&m->payloads[frame]) != size) {
-            why = "malformed record (payload missing or of the wrong size)";
-            break;
-        }
-        zmq_msg_t *src = &m->payloads[frame];
-        if (((uintptr_t)zmq_msg_data(src) % 8) == 0 && (t->storage = calloc(1, sizeof *t->storage))) {
-            /* adopt the received frame as storage: no copy */
-            atomic_init(&t->storage->refs, 1);
-            zmq_msg_init(&t->storage->msg);
-            zmq_msg_move(&t->storage->msg, src);
-            t->storage->adopted = true;
-            t->storage->data = zmq_msg_data(&t->storage->msg);
-            t->storage->size = size;
-        } else if (!(why = s_alloc(t))) {
-            memcpy(t->storage->data, zmq_msg_data(src), size);
-        }
+    case OP_LOAD:
+        why = s_load(t, rec, m);
         break;
-    }
     default:
         why = "unknown op";
     }
     if (why) {
-        s_tensor_free(t);
-        s_poison(w, id, "%s failed on the device: %s", op_name((int)code), why);
+        char msg[DT_ERRMSG_MAX];
+        snprintf(msg, sizeof msg, "%s failed on device %" PRId64 ": %s", op_name((int)code), w->device, why);
+        act_wtensor_free(t);
+        act_wtensor_poison(w, id, msg);
     } else {
-        s_put(w, id, t);
+        act_wtensor_put(w, id, t);
     }
-    return true;
 }
 
-static int s_send(s_worker *w, mb_kind kind, uint32_t count)
+/* Runs one op record. Returns false for a record it cannot even read. */
+static bool s_run(act_worker *w, const msgpack_object *rec, mb_message *m)
+{
+    int64_t code;
+    uint64_t id;
+    if (!mb_arr(rec, 2) || !mb_get_i64(rec, 0, &code) || !mb_get_u64(rec, 1, &id))
+        return false;
+    switch (code) {
+    case OP_SYNC: {
+        int64_t piece;
+        if (!mb_get_i64(rec, 2, &piece))
+            return false;
+        s_reply_value(w, id, piece, NULL);
+        return true;
+    }
+    case OP_FREE:
+        act_wtensor_free(dt_idmap_take(&w->tensors, id));
+        return true;
+    case OP_FETCH: {
+        uint64_t fid;
+        int64_t piece;
+        const char *why;
+        if (!mb_get_u64(rec, 2, &fid) || !mb_get_i64(rec, 3, &piece))
+            return false;
+        act_wtensor *t = act_wtensor_lookup(w, id, &why);
+        if (t)
+            s_reply_value(w, fid, piece, t);
+        else
+            s_reply_error(w, fid, piece, DT_EKERNEL, why);
+        return true;
+    }
+    case OP_SEND:
+        return act_peer_send(w, rec);
+    case OP_ASSEMBLE:
+        return act_peer_assemble(w, rec);
+    default:
+        s_make(w, code, id, rec, m);
+        return true;
+    }
+}
+
+static int s_send(act_worker *w, mb_kind kind, uint32_t count)
 {
     mb_header h = {MB_VERSION, kind, w->send_seq++, (uint32_t)w->device, count};
     size_t size = w->reply.size;
@@ -315,18 +311,15 @@ static int s_send(s_worker *w, mb_kind kind, uint32_t count)
     return rc;
 }
 
-static int s_run_batch(s_worker *w, mb_message *m)
+static int s_run_batch(act_worker *w, mb_message *m)
 {
     mb_body_reader r;
-    uint32_t ran = 0;
     if (mb_body_init(&r, zmq_msg_data(&m->body), zmq_msg_size(&m->body), m->header.count) == 0) {
         msgpack_object rec;
         int rc;
-        while ((rc = mb_body_next(&r, &rec)) == 1) {
-            ran++;
+        while ((rc = mb_body_next(&r, &rec)) == 1)
             if (!s_run(w, &rec, m))
                 fprintf(stderr, "dtorch worker %" PRId64 ": dropped a malformed op record\n", w->device);
-        }
         if (rc < 0)
             fprintf(stderr, "dtorch worker %" PRId64 ": %s\n", w->device, dt_last_error());
         mb_body_destroy(&r);
@@ -338,43 +331,109 @@ static int s_run_batch(s_worker *w, mb_message *m)
     msgpack_pack_int(&w->pk, C_CREDIT);
     msgpack_pack_uint32(&w->pk, m->header.count);
     w->nreply++;
-    (void)ran;
     return s_send(w, MB_COMPLETIONS, w->nreply);
+}
+
+static void s_note_abort(act_worker *w, mb_message *m)
+{
+    mb_body_reader r;
+    msgpack_object rec;
+    int64_t dead;
+    if (mb_body_init(&r, zmq_msg_data(&m->body), zmq_msg_size(&m->body), m->header.count) != 0)
+        return;
+    if (mb_body_next(&r, &rec) == 1 && mb_get_i64(&rec, 0, &dead) && dead >= 0)
+        dt_idmap_put(&w->dead, (uint64_t)dead + 1, w);
+    mb_body_destroy(&r);
+}
+
+void act_worker_defer(act_worker *w, mb_message *m)
+{
+    if (m->header.kind == MB_ABORT) {
+        s_note_abort(w, m);
+        mb_message_close(m);
+        return;
+    }
+    if (m->header.kind == MB_BYE)
+        w->leaving = true;
+    act_pending *p = malloc(sizeof *p);
+    if (!p) {
+        mb_message_close(m);
+        return;
+    }
+    p->next = NULL;
+    p->msg = *m; /* the frames' contents move with the struct; m is not used again */
+    if (w->pending_tail)
+        w->pending_tail->next = p;
+    else
+        w->pending_head = p;
+    w->pending_tail = p;
+}
+
+/* The next controller message: one deferred during a wait, or a new one. 0, 1 (none yet), <0. */
+static int s_next_message(act_worker *w, mb_message *m, bool (*should_stop)(void *arg), void *arg)
+{
+    if (w->pending_head) {
+        act_pending *p = w->pending_head;
+        w->pending_head = p->next;
+        if (!w->pending_head)
+            w->pending_tail = NULL;
+        *m = p->msg;
+        free(p);
+        return 0;
+    }
+    zmq_pollitem_t items[2] = {{zsock_resolve(w->sock), 0, ZMQ_POLLIN, 0}, {zsock_resolve(w->peer), 0, ZMQ_POLLIN, 0}};
+    if (zmq_poll(items, 2, S_POLL_MS) <= 0)
+        return should_stop && should_stop(arg) ? DT_ESHUTDOWN : 1;
+    if (items[1].revents & ZMQ_POLLIN)
+        act_peer_receive(w);
+    if (!(items[0].revents & ZMQ_POLLIN))
+        return 1;
+    int got = mb_recv(w->sock, false, true, m);
+    return got == DT_EPROTO ? 1 : got;
+}
+
+static void s_hello(act_worker *w)
+{
+    msgpack_pack_array(&w->pk, 2);
+    msgpack_pack_int64(&w->pk, w->device);
+    msgpack_pack_int(&w->pk, (int)getpid());
 }
 
 int act_worker_run(const char *endpoint, int64_t device, bool (*should_stop)(void *arg), void *arg)
 {
     char rid[32];
     snprintf(rid, sizeof rid, "d%" PRId64, device);
-    s_worker w = {.device = device};
+    act_worker w = {.device = device};
+    snprintf(w.endpoint, sizeof w.endpoint, "%s", endpoint);
+    w.same_process = strncmp(endpoint, "inproc://", 9) == 0;
     dt_idmap_init(&w.tensors);
+    dt_idmap_init(&w.peers);
+    dt_idmap_init(&w.received);
+    dt_idmap_init(&w.dead);
     msgpack_sbuffer_init(&w.reply);
     msgpack_packer_init(&w.pk, &w.reply, msgpack_sbuffer_write);
-    w.sock = mb_socket_new(MB_DEALER, endpoint, false, rid);
-    int rc = w.sock ? 0 : dt_last_error_code();
-    if (w.sock) {
-        msgpack_pack_array(&w.pk, 2);
-        msgpack_pack_int64(&w.pk, device);
-        msgpack_pack_int(&w.pk, (int)getpid());
+    int rc = act_peer_open(&w);
+    if (rc == 0)
+        w.sock = mb_socket_new(MB_DEALER, endpoint, false, rid);
+    if (rc == 0 && !w.sock)
+        rc = dt_last_error_code();
+    if (rc == 0) {
+        s_hello(&w);
         rc = s_send(&w, MB_HELLO, 1);
     }
     while (rc == 0) {
-        zmq_pollitem_t item = {zsock_resolve(w.sock), 0, ZMQ_POLLIN, 0};
-        if (zmq_poll(&item, 1, S_POLL_MS) <= 0) {
-            if (should_stop && should_stop(arg))
-                break;
-            continue;
-        }
         mb_message m;
-        int got = mb_recv(w.sock, false, true, &m);
-        if (got == 1 || got == DT_EPROTO)
+        int got = s_next_message(&w, &m, should_stop, arg);
+        if (got == 1)
             continue;
         if (got != 0) {
-            rc = got;
+            rc = got == DT_ESHUTDOWN ? 0 : got;
             break;
         }
         if (m.header.kind == MB_OPS) {
             rc = s_run_batch(&w, &m);
+        } else if (m.header.kind == MB_ABORT) {
+            s_note_abort(&w, &m);
         } else if (m.header.kind == MB_BYE) {
             mb_message_close(&m);
             s_send(&w, MB_BYE, 0);
@@ -382,12 +441,20 @@ int act_worker_run(const char *endpoint, int64_t device, bool (*should_stop)(voi
         }
         mb_message_close(&m);
     }
+    while (w.pending_head) {
+        act_pending *p = w.pending_head;
+        w.pending_head = p->next;
+        mb_message_close(&p->msg);
+        free(p);
+    }
     size_t cursor = 0;
     uint64_t id;
     void *t;
     while (dt_idmap_next(&w.tensors, &cursor, &id, &t))
-        s_tensor_free(t);
+        act_wtensor_free(t);
     dt_idmap_destroy(&w.tensors);
+    dt_idmap_destroy(&w.dead);
+    act_peer_close(&w);
     msgpack_sbuffer_destroy(&w.reply);
     free(w.payloads);
     mb_socket_destroy(&w.sock);

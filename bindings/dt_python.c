@@ -608,6 +608,137 @@ done:
     return result;
 }
 
+/* ---- redistribute ------------------------------------------------------------------------- */
+
+/* The target of a redistribute: (py_mesh, c_mesh) or (None, None) for the tensor's own mesh. */
+static int s_target(PyObject *c_mesh, dt_mesh **mesh)
+{
+    *mesh = NULL;
+    if (c_mesh == Py_None)
+        return 0;
+    if (!PyObject_TypeCheck(c_mesh, &s_MeshType)) {
+        PyErr_SetString(PyExc_TypeError, "device_mesh must be a dtorch.DeviceMesh");
+        return -1;
+    }
+    *mesh = ((s_Mesh *)c_mesh)->mesh;
+    return 0;
+}
+
+static int s_tensor_arg(PyObject *obj, dt_tensor **t)
+{
+    if (!PyObject_TypeCheck(obj, &s_TensorType)) {
+        PyErr_Format(PyExc_TypeError, "expected a DTensor, got %s", Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    *t = ((s_Tensor *)obj)->t;
+    return 0;
+}
+
+/* _redistribute(tensor, py_mesh, c_mesh, placements) */
+static PyObject *s_redistribute(PyObject *mod, PyObject *args)
+{
+    PyObject *tensor, *py_mesh, *c_mesh, *pl;
+    dt_tensor *t;
+    dt_mesh *mesh;
+    dt_placement storage[DT_MAX_DIMS];
+    const dt_placement *placements;
+    if (!PyArg_ParseTuple(args, "OOOO", &tensor, &py_mesh, &c_mesh, &pl) || s_tensor_arg(tensor, &t) != 0 ||
+        s_target(c_mesh, &mesh) != 0 ||
+        s_placements(pl, storage, dt_mesh_ndim(mesh ? mesh : dt_tensor_mesh(t)), &placements) != 0)
+        return NULL;
+    return s_tensor_wrap(dt_redistribute(t, mesh, placements), mesh ? py_mesh : ((s_Tensor *)tensor)->mesh);
+}
+
+/* _redistribute_many(tensors, py_mesh, c_mesh, placements per tensor) */
+static PyObject *s_redistribute_many(PyObject *mod, PyObject *args)
+{
+    PyObject *tensors, *py_mesh, *c_mesh, *pls;
+    dt_mesh *mesh;
+    if (!PyArg_ParseTuple(args, "OOOO", &tensors, &py_mesh, &c_mesh, &pls) || s_target(c_mesh, &mesh) != 0)
+        return NULL;
+    Py_ssize_t n = PySequence_Size(tensors);
+    if (n < 0 || PySequence_Size(pls) != n) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "redistribute_many: one placements list per tensor");
+        return NULL;
+    }
+    dt_tensor **in = PyMem_Calloc((size_t)(n ? n : 1), sizeof *in), **out = PyMem_Calloc((size_t)(n ? n : 1), sizeof *out);
+    PyObject **objs = PyMem_Calloc((size_t)(n ? n : 1), sizeof *objs);
+    dt_placement *placements = PyMem_Calloc((size_t)(n ? n : 1) * DT_MAX_DIMS, sizeof *placements);
+    PyObject *result = NULL;
+    if (!in || !out || !objs || !placements) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int stride = mesh ? dt_mesh_ndim(mesh) : -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        objs[i] = PySequence_GetItem(tensors, i);
+        if (!objs[i] || s_tensor_arg(objs[i], &in[i]) != 0)
+            goto done;
+        int ndim = mesh ? stride : dt_mesh_ndim(dt_tensor_mesh(in[i]));
+        if (stride < 0)
+            stride = ndim;
+        else if (ndim != stride) {
+            PyErr_SetString(PyExc_ValueError, "redistribute_many: without device_mesh, every tensor's mesh needs "
+                                              "the same number of dims");
+            goto done;
+        }
+        PyObject *pl = PySequence_GetItem(pls, i);
+        const dt_placement *given;
+        int rc = pl ? s_placements(pl, placements + i * stride, stride, &given) : -1;
+        Py_XDECREF(pl);
+        if (rc != 0)
+            goto done;
+    }
+    if (dt_redistribute_many((int)n, in, mesh, placements, out) != 0) {
+        s_raise();
+        goto done;
+    }
+    result = PyList_New(n);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *wrapped = result ? s_tensor_wrap(out[i], mesh ? py_mesh : ((s_Tensor *)objs[i])->mesh) : NULL;
+        out[i] = NULL;
+        if (!wrapped) {
+            Py_CLEAR(result);
+            for (Py_ssize_t j = i + 1; j < n; j++)
+                dt_tensor_release(&out[j]);
+            break;
+        }
+        PyList_SET_ITEM(result, i, wrapped);
+    }
+done:
+    for (Py_ssize_t i = 0; objs && i < n; i++)
+        Py_XDECREF(objs[i]);
+    PyMem_Free(in);
+    PyMem_Free(out);
+    PyMem_Free(objs);
+    PyMem_Free(placements);
+    return result;
+}
+
+/* _redistribute_plan(tensor, c_mesh, placements) -> [(kind, mesh_dim, remote_elements)] */
+static PyObject *s_redistribute_plan(PyObject *mod, PyObject *args)
+{
+    PyObject *tensor, *c_mesh, *pl;
+    dt_tensor *t;
+    dt_mesh *mesh;
+    dt_placement storage[DT_MAX_DIMS];
+    const dt_placement *placements;
+    if (!PyArg_ParseTuple(args, "OOO", &tensor, &c_mesh, &pl) || s_tensor_arg(tensor, &t) != 0 ||
+        s_target(c_mesh, &mesh) != 0 ||
+        s_placements(pl, storage, dt_mesh_ndim(mesh ? mesh : dt_tensor_mesh(t)), &placements) != 0)
+        return NULL;
+    dt_plan_step steps[DT_MAX_DIMS + 1];
+    int n = dt_redistribute_plan(t, mesh, placements, steps, DT_MAX_DIMS + 1);
+    if (n < 0)
+        return s_raise();
+    PyObject *list = PyList_New(n);
+    for (int i = 0; list && i < n; i++)
+        PyList_SET_ITEM(list, i, Py_BuildValue("siL", steps[i].kind, steps[i].mesh_dim,
+                                               (long long)steps[i].remote_elements));
+    return list;
+}
+
 /* ---- runtime ------------------------------------------------------------------------------ */
 
 static PyObject *s_init(PyObject *mod, PyObject *args)
@@ -671,6 +802,9 @@ static PyMethodDef s_methods[] = {
     {"_arange", s_arange, METH_VARARGS, NULL},
     {"_distribute", s_distribute, METH_VARARGS, NULL},
     {"_from_local", s_from_local, METH_VARARGS, NULL},
+    {"_redistribute", s_redistribute, METH_VARARGS, NULL},
+    {"_redistribute_many", s_redistribute_many, METH_VARARGS, NULL},
+    {"_redistribute_plan", s_redistribute_plan, METH_VARARGS, NULL},
     {"init", s_init, METH_VARARGS, "Start the runtime: init(workers, worker_path)."},
     {"shutdown", s_shutdown, METH_NOARGS, "Stop the runtime and every device actor."},
     {"is_running", s_is_running, METH_NOARGS, NULL},
@@ -681,7 +815,9 @@ static PyMethodDef s_methods[] = {
     {NULL},
 };
 
-static struct PyModuleDef s_module = {PyModuleDef_HEAD_INIT, "dtorch._C", "DTorch's C runtime.", -1, s_methods};
+static struct PyModuleDef s_module = {
+    PyModuleDef_HEAD_INIT, .m_name = "dtorch._C", .m_doc = "DTorch's C runtime.", .m_size = -1, .m_methods = s_methods,
+};
 
 PyMODINIT_FUNC PyInit__C(void)
 {

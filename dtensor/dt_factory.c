@@ -46,7 +46,7 @@ static dt_tensor *s_tensor_new(const char *op, dt_mesh *mesh, int ndim, const in
 /* Starts submitting t's records; on failure releases t. */
 static int s_begin(const char *op, dt_tensor **t)
 {
-    if (act_runtime_begin(op, (*t)->mesh) != 0) {
+    if (act_runtime_begin(op, &(*t)->mesh, 1) != 0) {
         dt_tensor_release(t);
         return -1;
     }

@@ -94,7 +94,7 @@ static dt_future *s_fetch(dt_tensor *t, act_future_kind kind, const char *op)
         dt_err(DT_ENOMEM, "%s: out of memory for a value of %lld elements", op, (long long)dt_tensor_numel(t));
         return NULL;
     }
-    if (act_runtime_begin(op, mesh) != 0) {
+    if (act_runtime_begin(op, &mesh, 1) != 0) {
         dt_future_release(&f);
         return NULL;
     }

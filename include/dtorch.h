@@ -42,6 +42,7 @@ enum {
     DT_EPROTO = -9,     /* malformed or unexpected message */
     DT_EINTR = -10,     /* wait interrupted by the caller's hook (e.g. Ctrl-C) */
     DT_ESYS = -11,      /* operating-system failure (spawn, socket) */
+    DT_EUNSUPPORTED = -12, /* a valid request this runtime does not do (RuntimeError) */
 };
 
 typedef enum {
@@ -135,6 +136,26 @@ dt_tensor *dt_distribute(dt_mesh *mesh, const void *data, int ndim, const int64_
  * Pieces must match the local shapes the placements give for that global shape. */
 dt_tensor *dt_from_local(dt_mesh *mesh, const void *const *pieces, int ndim, const int64_t *local_shapes,
                          dt_dtype dtype, const dt_placement *placements, const int64_t *shape);
+
+/* ---- redistribute ------------------------------------------------------------------------- */
+/* The same value laid out anew: other placements, or another mesh (NULL: t's own). Devices
+ * exchange the pieces among themselves; nothing waits. Placements: one per mesh dim of the
+ * target; a Partial target must be what t already has on that mesh dim of the same mesh.
+ * Returns t itself (another reference) when nothing changes. */
+dt_tensor *dt_redistribute(dt_tensor *t, dt_mesh *mesh, const dt_placement *placements);
+/* n tensors at once, tensor i to placements + i * dt_mesh_ndim(target); their transfers go out
+ * together. On success out holds n new references; on failure none. */
+int dt_redistribute_many(int n, dt_tensor *const *tensors, dt_mesh *mesh, const dt_placement *placements,
+                         dt_tensor **out);
+
+/* One step of a redistribute plan (what dt_redistribute would do, for tests and tuning). */
+typedef struct {
+    char kind[16];            /* "all_gather", "all_to_all", "all_reduce", "reduce_scatter", "local", "p2p" */
+    int mesh_dim;             /* the mesh dim it works along, or -1 */
+    int64_t remote_elements;  /* elements that cross between devices */
+} dt_plan_step;
+/* Fills up to max steps; returns the number of steps, or a negative error code. */
+int dt_redistribute_plan(dt_tensor *t, dt_mesh *mesh, const dt_placement *placements, dt_plan_step *steps, int max);
 
 /* ---- tensors ------------------------------------------------------------------------------ */
 dt_tensor *dt_tensor_ref(dt_tensor *t);

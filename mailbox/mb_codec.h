@@ -28,7 +28,9 @@ typedef enum {
     MB_OPS = 2,         /* controller -> worker: body = op records */
     MB_COMPLETIONS = 3, /* worker -> controller: body = completion records */
     MB_BYE = 4,         /* controller -> worker: stop; worker -> controller: stopped */
-    MB_KIND_MAX = 4,
+    MB_PEER = 5,        /* worker -> worker: one transfer of a redistribute, body [transfer record] */
+    MB_ABORT = 6,       /* controller -> worker: body [device id] died; stop waiting for it */
+    MB_KIND_MAX = 6,
 } mb_kind;
 
 typedef struct {

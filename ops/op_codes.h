@@ -13,7 +13,12 @@ typedef enum {
     OP_LOAD = 6,   /* [LOAD, id, dtype, shape, payload frame index] */
     OP_FETCH = 7,  /* [FETCH, id, future id, piece] -> C_VALUE or C_ERROR */
     OP_SYNC = 8,   /* [SYNC, future id, piece] -> C_VALUE with an empty value */
-    OP_MAX = 8,
+    OP_SEND = 9,   /* [SEND, id, transfer id, to device, region offset, region shape]: a region of
+                      a local piece to a peer (redistribute) */
+    OP_ASSEMBLE = 10, /* [ASSEMBLE, id, dtype, shape, source id, parts]: a new piece from regions
+                         of local and received pieces; part = [mode, op, from device,
+                         transfer id (0: local), src offset, dst offset, shape, divisor] */
+    OP_MAX = 10,
 } op_code;
 
 typedef enum {
@@ -24,7 +29,8 @@ typedef enum {
 
 static inline const char *op_name(int code)
 {
-    static const char *names[] = {"?", "free", "empty", "fill", "random", "arange", "load", "fetch", "sync"};
+    static const char *names[] = {"?",     "free",  "empty", "fill", "random", "arange",
+                                  "load",  "fetch", "sync",  "send", "redistribute"};
     return code >= 1 && code <= OP_MAX ? names[code] : "?";
 }
 

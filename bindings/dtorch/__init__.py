@@ -10,6 +10,7 @@ from ._dtype import bfloat16, bool, dtype, float16, float32, int32, int64
 from ._factory import arange, distribute_tensor, empty, from_local, full, ones, rand, randn, zeros
 from ._mesh import DeviceMesh, init_device_mesh
 from ._placement import Partial, Placement, Replicate, Shard
+from ._redistribute import PlanStep, redistribute_many, redistribute_plan
 from ._runtime import init, is_initialized, manual_seed, shutdown, synchronize
 from ._tensor import DTensor, TensorFuture
 
@@ -21,5 +22,6 @@ __all__ = [
     "DTensor", "DeviceMesh", "Partial", "Placement", "Replicate", "Shard", "TensorFuture",
     "arange", "bfloat16", "bool", "distribute_tensor", "dtype", "empty", "float16", "float32",
     "from_local", "full", "init", "init_device_mesh", "int32", "int64", "is_initialized",
-    "manual_seed", "ones", "rand", "randn", "shutdown", "synchronize", "zeros",
+    "manual_seed", "ones", "PlanStep", "rand", "randn", "redistribute_many", "redistribute_plan", "shutdown",
+    "synchronize", "zeros",
 ]

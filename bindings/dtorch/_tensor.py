@@ -4,7 +4,7 @@ import asyncio
 import numpy as np
 
 from . import _C, _dtype
-from ._placement import _from_raw
+from ._placement import _from_raw, _raw
 
 # error codes of dtorch.h -> the exception a Python user expects
 _EXCEPTIONS = {-1: ValueError, -2: TypeError, -3: IndexError, -5: TimeoutError, -8: MemoryError,
@@ -98,6 +98,18 @@ class DTensor(_C.DTensor):
     def __array__(self, dtype=None, copy=None):
         value = self.numpy()
         return value if dtype is None else value.astype(dtype)
+
+    def redistribute(self, device_mesh=None, placements=None):
+        """The same value laid out with ``placements`` on ``device_mesh`` (default: this
+        tensor's mesh). Devices exchange exactly the regions they lack, among themselves.
+        Redistributing into Partial is refused unless the tensor already has that Partial."""
+        from ._mesh import DeviceMesh
+        if device_mesh is not None and not isinstance(device_mesh, DeviceMesh):
+            raise TypeError(f"redistribute: device_mesh must be a DeviceMesh, got {type(device_mesh).__name__}")
+        if placements is None:
+            raise RuntimeError("placements is needed for redistribute!")
+        return _C._redistribute(self, device_mesh, device_mesh._c if device_mesh is not None else None,
+                                _raw(placements))
 
     def to_local(self):
         """Every device's own piece (shard, replica or partial contribution), as numpy arrays in

@@ -1,0 +1,93 @@
+/* act_worker — the insides of a device actor, shared by its two halves: act_worker.c (the
+ * loop, the tensor table and the local ops) and act_peer.c (exchanging regions with other
+ * workers for redistribute). Internal. */
+#ifndef ACT_WORKER_H
+#define ACT_WORKER_H
+
+#include <msgpack.h>
+#include <stdatomic.h>
+
+#include "dt_idmap.h"
+#include "dtorch.h"
+#include "mb_socket.h"
+
+/* Bytes of a piece. Immutable once made, so it can be sent, shared by replicas and read by
+ * peers in place; it lives until the tensor and every message that uses it let go. */
+typedef struct {
+    atomic_int refs;
+    void *data;
+    size_t size;
+    bool adopted;               /* data lives in msg, a received frame */
+    zmq_msg_t msg;
+} act_storage;
+
+typedef struct {
+    dt_dtype dtype;
+    int ndim;
+    int64_t shape[DT_MAX_DIMS]; /* (ndim) local shape */
+    act_storage *storage;       /* NULL when poisoned */
+    char *data;                 /* first element, inside storage (a view may start further in) */
+    char *error;                /* why it could not be made (poisoned) */
+} act_wtensor;
+
+/* A region received from a peer, waiting for the ASSEMBLE that needs it. */
+typedef struct {
+    int status;                 /* 0, or the code of the sender's failure */
+    char *error;
+    int ndim;
+    int64_t shape[DT_MAX_DIMS];
+    const char *data;           /* first element of the region */
+    int64_t strides[DT_MAX_DIMS]; /* byte strides of the region */
+    act_storage *shared;        /* thread mode: the sender's storage, read in place */
+    zmq_msg_t frame;            /* process mode: the received bytes */
+    bool has_frame;
+} act_recv;
+
+typedef struct act_pending {
+    struct act_pending *next;
+    mb_message msg;
+} act_pending;
+
+typedef struct {
+    int64_t device;
+    char endpoint[256];         /* the controller's */
+    bool same_process;          /* peers are threads of this process: regions are read in place */
+    zsock_t *sock;              /* DEALER to the controller */
+    zsock_t *peer;              /* ROUTER other workers send regions to */
+    dt_idmap peers;             /* device + 1 -> DEALER to that device's peer socket */
+    dt_idmap tensors;           /* id -> act_wtensor */
+    dt_idmap received;          /* transfer id -> act_recv */
+    dt_idmap dead;              /* device + 1 -> non-NULL: devices the controller said died */
+    act_pending *pending_head, *pending_tail; /* controller messages that came during a wait */
+    bool leaving;               /* the controller said bye during a wait */
+    uint64_t send_seq, peer_seq;
+    /* the reply to the batch being run */
+    msgpack_sbuffer reply;
+    msgpack_packer pk;
+    uint32_t nreply;
+    int npayloads, cap_payloads;
+    mb_buf *payloads;
+} act_worker;
+
+void act_storage_release(act_storage *st);
+void act_storage_free_fn(void *data, void *hint);
+act_storage *act_storage_new(size_t size);
+act_wtensor *act_wtensor_lookup(act_worker *w, uint64_t id, const char **why);
+void act_wtensor_put(act_worker *w, uint64_t id, act_wtensor *t);
+void act_wtensor_free(act_wtensor *t);
+/* A tensor that could not be made; ops that use it fail with this message. */
+void act_wtensor_poison(act_worker *w, uint64_t id, const char *message);
+
+/* act_peer: the worker's side of redistribute. */
+int act_peer_open(act_worker *w);
+void act_peer_close(act_worker *w);
+/* Runs SEND and ASSEMBLE records; false for a record it cannot read. */
+bool act_peer_send(act_worker *w, const msgpack_object *rec);
+bool act_peer_assemble(act_worker *w, const msgpack_object *rec);
+/* Handles one message from a peer (stashes the region it carries). */
+void act_peer_receive(act_worker *w);
+/* A controller message arrived while not in the main loop: MB_ABORT and MB_BYE act at once,
+ * the rest waits in the pending queue. Takes m. */
+void act_worker_defer(act_worker *w, mb_message *m);
+
+#endif

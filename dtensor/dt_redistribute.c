@@ -1,0 +1,251 @@
+/* dt_redistribute — laying a DTensor out anew. The planner (dtn_plan) decides the steps; this
+ * turns each step into records: SENDs to the devices that hold needed regions, then one
+ * ASSEMBLE per destination device, which waits for its regions and builds its piece. Tensor
+ * data never passes through the controller. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "act_runtime.h"
+#include "dt_dtype.h"
+#include "dt_error.h"
+#include "dtn_layout.h"
+#include "dtn_plan.h"
+#include "dtn_types.h"
+#include "op_codes.h"
+
+static const char *s_reduce_names[] = {"sum", "avg", "max", "min"};
+
+static void s_placement_str(dt_placement p, char *buf, size_t size)
+{
+    if (p.kind == DT_SHARD)
+        snprintf(buf, size, "Shard(dim=%d)", p.dim);
+    else if (p.kind == DT_REPLICATE)
+        snprintf(buf, size, "Replicate()");
+    else
+        snprintf(buf, size, "Partial(%s)", s_reduce_names[p.reduce_op & 3]);
+}
+
+/* Checks a request and fills the source and target layouts. */
+static int s_check(const char *op, dt_tensor *t, dt_mesh *mesh, const dt_placement *placements, dtn_layout *src,
+                   dtn_layout *dst)
+{
+    if (!t)
+        return dt_err(DT_EINVAL, "%s: no tensor", op);
+    if (!placements)
+        return dt_err(DT_EINVAL, "%s: placements is needed for redistribute!", op);
+    if (!mesh)
+        mesh = t->mesh;
+    if (strcmp(mesh->device_type, t->mesh->device_type) != 0)
+        return dt_err(DT_EINVAL, "%s: the target mesh is of device type '%s' but the tensor lives on '%s'", op,
+                      mesh->device_type, t->mesh->device_type);
+    src->mesh = t->mesh;
+    memcpy(src->pl, t->placements, sizeof src->pl);
+    dst->mesh = mesh;
+    if (dtn_check_placements(op, mesh->ndim, placements, t->ndim, dst->pl) != 0)
+        return dt_last_error_code();
+    bool same_mesh = mesh == t->mesh || (mesh->ndim == t->mesh->ndim && mesh->size == t->mesh->size &&
+                                         !memcmp(mesh->shape, t->mesh->shape, (size_t)mesh->ndim * sizeof *mesh->shape) &&
+                                         !memcmp(mesh->ids, t->mesh->ids, (size_t)mesh->size * sizeof *mesh->ids));
+    for (int i = 0; i < mesh->ndim; i++) {
+        if (dst->pl[i].kind != DT_PARTIAL)
+            continue;
+        if (same_mesh && !memcmp(&src->pl[i], &dst->pl[i], sizeof dst->pl[i]))
+            continue;
+        char from[32] = "(another mesh)", to[32];
+        if (same_mesh)
+            s_placement_str(src->pl[i], from, sizeof from);
+        s_placement_str(dst->pl[i], to, sizeof to);
+        return dt_err(DT_EUNSUPPORTED,
+                      "%s: Can not redistribute from %s to %s on mesh dim %d, redistributing to Partial is for "
+                      "internal use only!", op, from, to, i);
+    }
+    return act_runtime_check_live(op, t->epoch);
+}
+
+static void s_pack_part(msgpack_packer *pk, int ndim, const dtn_part *part, uint64_t transfer)
+{
+    msgpack_pack_array(pk, 8);
+    msgpack_pack_int(pk, part->mode);
+    msgpack_pack_int(pk, part->op);
+    msgpack_pack_int64(pk, part->src_device);
+    msgpack_pack_uint64(pk, transfer);
+    mb_pack_i64s(pk, part->src_offset, ndim);
+    mb_pack_i64s(pk, part->dst_offset, ndim);
+    mb_pack_i64s(pk, part->shape, ndim);
+    msgpack_pack_int64(pk, part->divisor);
+}
+
+static bool s_remote(const dtn_piece *pc, const dtn_part *part)
+{
+    return part->mode != DTN_DIV && part->src_device != pc->device;
+}
+
+/* Emits every step of plan for t (lock held); the last step makes out->id. */
+static void s_emit(const dt_tensor *t, const dtn_plan *plan, const dt_tensor *out)
+{
+    int ndim = t->ndim;
+    uint64_t src_id = t->id;
+    for (int s = 0; s < plan->nsteps; s++) {
+        const dtn_step *step = &plan->steps[s];
+        uint64_t out_id = s == plan->nsteps - 1 ? out->id : act_runtime_new_id();
+        /* every SEND of the step goes before any ASSEMBLE: a device never waits for a region it
+         * still has to send, so no cycle of waits can form */
+        uint64_t first_transfer = 0, k = 0;
+        for (int p = 0; p < step->npieces; p++) {
+            const dtn_piece *pc = &step->pieces[p];
+            for (int q = 0; q < pc->nparts; q++) {
+                const dtn_part *part = &pc->parts[q];
+                if (!s_remote(pc, part))
+                    continue;
+                uint64_t transfer = act_runtime_new_id();
+                if (k++ == 0)
+                    first_transfer = transfer;
+                msgpack_packer *pk = act_runtime_record(part->src_device);
+                msgpack_pack_array(pk, 6);
+                msgpack_pack_int(pk, OP_SEND);
+                msgpack_pack_uint64(pk, src_id);
+                msgpack_pack_uint64(pk, transfer);
+                msgpack_pack_int64(pk, pc->device);
+                mb_pack_i64s(pk, part->src_offset, ndim);
+                mb_pack_i64s(pk, part->shape, ndim);
+            }
+        }
+        k = 0;
+        for (int p = 0; p < step->npieces; p++) {
+            const dtn_piece *pc = &step->pieces[p];
+            msgpack_packer *pk = act_runtime_record(pc->device);
+            msgpack_pack_array(pk, 6);
+            msgpack_pack_int(pk, OP_ASSEMBLE);
+            msgpack_pack_uint64(pk, out_id);
+            msgpack_pack_int(pk, t->dtype);
+            mb_pack_i64s(pk, pc->shape, ndim);
+            msgpack_pack_uint64(pk, src_id);
+            msgpack_pack_array(pk, (size_t)pc->nparts);
+            for (int q = 0; q < pc->nparts; q++)
+                s_pack_part(pk, ndim, &pc->parts[q], s_remote(pc, &pc->parts[q]) ? first_transfer + k++ : 0);
+        }
+        if (s > 0) {
+            /* the previous step's pieces are intermediates: free them once they are sent */
+            const dt_mesh *m = step->from.mesh;
+            for (int64_t i = 0; i < m->size; i++) {
+                msgpack_packer *pk = act_runtime_record(m->ids[i]);
+                msgpack_pack_array(pk, 2);
+                msgpack_pack_int(pk, OP_FREE);
+                msgpack_pack_uint64(pk, src_id);
+            }
+        }
+        src_id = out_id;
+    }
+}
+
+/* Redistributes n tensors under one lock so their records and transfers travel together. */
+static int s_redistribute(const char *op, int n, dt_tensor *const *ts, dt_mesh *mesh, const dt_placement *pl,
+                          dt_tensor **out)
+{
+    dtn_plan *plans = calloc((size_t)(n ? n : 1), sizeof *plans);
+    if (!plans)
+        return dt_err(DT_ENOMEM, "%s: out of memory", op);
+    int rc = 0, made = 0;
+    for (int i = 0; i < n; i++)
+        out[i] = NULL;
+    for (; made < n; made++) {
+        dt_tensor *t = ts[made];
+        dt_mesh *target = mesh ? mesh : t ? t->mesh : NULL;
+        dtn_layout src, dst;
+        if ((rc = s_check(op, t, target, target ? pl + (size_t)made * (size_t)target->ndim : NULL, &src, &dst)) != 0)
+            goto fail;
+        if ((rc = dtn_plan_make(t->ndim, t->shape, dt_dtype_size(t->dtype), &src, &dst, &plans[made])) != 0)
+            goto fail;
+        if (plans[made].nsteps == 0) {
+            out[made] = dt_tensor_ref(t);
+            continue;
+        }
+        dt_tensor *o = calloc(1, sizeof *o);
+        if (!o) {
+            rc = dt_err(DT_ENOMEM, "%s: out of memory", op);
+            goto fail;
+        }
+        atomic_init(&o->refs, 1);
+        o->mesh = dt_mesh_ref(target);
+        o->dtype = t->dtype;
+        o->ndim = t->ndim;
+        memcpy(o->shape, t->shape, sizeof o->shape);
+        memcpy(o->placements, dst.pl, sizeof o->placements);
+        out[made] = o;
+    }
+    dt_mesh **meshes = malloc((size_t)(2 * n + 1) * sizeof *meshes);
+    if (!meshes) {
+        rc = dt_err(DT_ENOMEM, "%s: out of memory", op);
+        goto fail;
+    }
+    int nmeshes = 0;
+    for (int i = 0; i < n; i++)
+        if (out[i] != ts[i]) {
+            meshes[nmeshes++] = ts[i]->mesh;
+            meshes[nmeshes++] = out[i]->mesh;
+        }
+    if (nmeshes > 0 && (rc = act_runtime_begin(op, meshes, nmeshes)) != 0) {
+        free(meshes);
+        goto fail;
+    }
+    free(meshes);
+    if (nmeshes > 0) {
+        for (int i = 0; i < n; i++) {
+            if (out[i] == ts[i])
+                continue;
+            if (ts[i]->epoch != act_runtime_epoch()) {
+                act_runtime_end();
+                rc = dt_err(DT_ESHUTDOWN, "%s: this tensor was made before dtorch.shutdown() and no longer exists", op);
+                goto fail;
+            }
+            out[i]->id = act_runtime_new_id();
+            out[i]->epoch = act_runtime_epoch();
+            s_emit(ts[i], &plans[i], out[i]);
+        }
+        act_runtime_end();
+    }
+    for (int i = 0; i < n; i++)
+        dtn_plan_free(&plans[i]);
+    free(plans);
+    return 0;
+fail:
+    for (int i = 0; i < n; i++) {
+        dtn_plan_free(&plans[i]);
+        dt_tensor_release(&out[i]);
+    }
+    free(plans);
+    return rc;
+}
+
+dt_tensor *dt_redistribute(dt_tensor *t, dt_mesh *mesh, const dt_placement *placements)
+{
+    dt_tensor *out = NULL;
+    s_redistribute("redistribute", 1, &t, mesh, placements, &out);
+    return out;
+}
+
+int dt_redistribute_many(int n, dt_tensor *const *tensors, dt_mesh *mesh, const dt_placement *placements,
+                         dt_tensor **out)
+{
+    if (n < 0)
+        return dt_err(DT_EINVAL, "redistribute_many: negative count");
+    return s_redistribute("redistribute_many", n, tensors, mesh, placements, out);
+}
+
+int dt_redistribute_plan(dt_tensor *t, dt_mesh *mesh, const dt_placement *placements, dt_plan_step *steps, int max)
+{
+    dtn_layout src, dst;
+    int rc = s_check("redistribute", t, mesh ? mesh : t ? t->mesh : NULL, placements, &src, &dst);
+    dtn_plan plan;
+    if (rc != 0 || (rc = dtn_plan_make(t->ndim, t->shape, dt_dtype_size(t->dtype), &src, &dst, &plan)) != 0)
+        return rc;
+    for (int s = 0; s < plan.nsteps && s < max; s++) {
+        snprintf(steps[s].kind, sizeof steps[s].kind, "%s", plan.steps[s].kind);
+        steps[s].mesh_dim = plan.steps[s].mesh_dim;
+        steps[s].remote_elements = plan.steps[s].remote_elements;
+    }
+    int n = plan.nsteps;
+    dtn_plan_free(&plan);
+    return n;
+}
