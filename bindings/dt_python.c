@@ -479,7 +479,7 @@ static int s_parse_head(PyObject *py_mesh, PyObject *c_mesh, PyObject *shape, in
 }
 
 /* _make(kind, py_mesh, c_mesh, shape, dtype, placements, value): kind in
- * "full" "empty" "rand" "randn" */
+ * "full" "zeros" "ones" "empty" "rand" "randn" (value is used by "full" only) */
 static PyObject *s_make(PyObject *mod, PyObject *args)
 {
     const char *kind;
@@ -495,6 +495,10 @@ static PyObject *s_make(PyObject *mod, PyObject *args)
         if (s_scalar(value, &v) != 0)
             return NULL;
         t = dt_full(h.mesh, h.ndim, h.shape, (dt_dtype)dtype, h.placements, v);
+    } else if (strcmp(kind, "zeros") == 0) {
+        t = dt_zeros(h.mesh, h.ndim, h.shape, (dt_dtype)dtype, h.placements);
+    } else if (strcmp(kind, "ones") == 0) {
+        t = dt_ones(h.mesh, h.ndim, h.shape, (dt_dtype)dtype, h.placements);
     } else if (strcmp(kind, "empty") == 0) {
         t = dt_empty(h.mesh, h.ndim, h.shape, (dt_dtype)dtype, h.placements);
     } else if (strcmp(kind, "rand") == 0) {

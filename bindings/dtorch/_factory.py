@@ -48,11 +48,11 @@ def randn(*size, device_mesh=None, placements=None, dtype=None, requires_grad=Fa
 
 
 def zeros(*size, device_mesh=None, placements=None, dtype=None, requires_grad=False):
-    return _make("full", "zeros", size, device_mesh, placements, dtype, 0)
+    return _make("zeros", "zeros", size, device_mesh, placements, dtype)
 
 
 def ones(*size, device_mesh=None, placements=None, dtype=None, requires_grad=False):
-    return _make("full", "ones", size, device_mesh, placements, dtype, 1)
+    return _make("ones", "ones", size, device_mesh, placements, dtype)
 
 
 def empty(*size, device_mesh=None, placements=None, dtype=None, requires_grad=False):

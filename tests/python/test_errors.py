@@ -1,0 +1,223 @@
+"""Bad input: a clear exception at the call site, and the runtime keeps working afterwards."""
+import numpy as np
+import pytest
+
+import dtorch
+from conftest import MESHES
+from dtorch import Partial, Replicate, Shard
+
+
+def _still_works(mesh):
+    """A good op after each bad one: values still come back right."""
+    pl = [Shard(0)] + [Replicate()] * (mesh.ndim - 1)
+    x = dtorch.arange(5, device_mesh=mesh, placements=pl)
+    np.testing.assert_array_equal(x.numpy(), np.arange(5))
+
+
+def test_placements_count_mismatch(mode):
+    m1, m2 = MESHES["2"](), MESHES["2x2"]()
+    with pytest.raises(ValueError, match="placements"):
+        dtorch.zeros(4, device_mesh=m1, placements=[Shard(0), Replicate()])
+    _still_works(m1)
+    with pytest.raises(ValueError, match="placements"):
+        dtorch.rand(4, 4, device_mesh=m2, placements=[Shard(0)])
+    _still_works(m2)
+    with pytest.raises(ValueError, match="placements"):
+        dtorch.distribute_tensor(np.zeros(4, np.float32), m2, [])
+    _still_works(m2)
+    with pytest.raises(ValueError, match="placements"):
+        dtorch.from_local([np.zeros(2, np.float32)] * 4, m2, [Shard(0)])
+    _still_works(m2)
+    with pytest.raises(ValueError, match="placements"):
+        dtorch.arange(4, device_mesh=m1, placements=[])
+    _still_works(m1)
+
+
+def test_shard_dim_out_of_range(mode):
+    mesh = MESHES["2"]()
+    for dim in (2, 3, -3):
+        with pytest.raises(IndexError, match="[Dd]im"):
+            dtorch.zeros(4, 4, device_mesh=mesh, placements=[Shard(dim)])
+        _still_works(mesh)
+        with pytest.raises(IndexError, match="[Dd]im"):
+            dtorch.distribute_tensor(np.zeros((4, 4), np.float32), mesh, [Shard(dim)])
+        _still_works(mesh)
+    with pytest.raises(IndexError, match="[Dd]im"):
+        dtorch.distribute_tensor(np.float32(1.0), mesh, [Shard(0)])  # 0-d cannot be sharded
+    _still_works(mesh)
+    with pytest.raises(IndexError, match="[Dd]im"):
+        dtorch.from_local([np.zeros(2, np.float32)] * 2, mesh, [Shard(1)])
+    _still_works(mesh)
+    m3 = MESHES["2x1x2"]()
+    with pytest.raises(IndexError, match="[Dd]im"):
+        dtorch.rand(3, device_mesh=m3, placements=[Shard(0), Replicate(), Shard(1)])
+    _still_works(m3)
+
+
+def test_duplicate_device_ids(mode):
+    with pytest.raises(ValueError, match="more than once|duplicate"):
+        dtorch.DeviceMesh("cpu", [0, 1, 0])
+    with pytest.raises(ValueError, match="more than once|duplicate") as info:
+        dtorch.DeviceMesh("cpu", [[0, 1], [1, 2]])
+    assert "1" in str(info.value)
+    _still_works(MESHES["3"]())
+
+
+def test_bad_mesh_input(mode):
+    with pytest.raises(ValueError):
+        dtorch.DeviceMesh("cpu", [])
+    with pytest.raises(ValueError, match="device"):
+        dtorch.DeviceMesh("cpu", [0, -1])
+    with pytest.raises(ValueError, match="device type|device_type|cpu"):
+        dtorch.DeviceMesh("tpu", [0, 1])
+    with pytest.raises(TypeError):
+        dtorch.DeviceMesh("cpu", [0.5, 1.5])
+    with pytest.raises(ValueError, match="positive"):
+        dtorch.init_device_mesh("cpu", (2, 0))
+    with pytest.raises(TypeError, match="DeviceMesh"):
+        dtorch.zeros(3, device_mesh=[0, 1])
+    with pytest.raises(TypeError, match="DeviceMesh"):
+        dtorch.zeros(3)
+    _still_works(MESHES["2"]())
+
+
+def test_negative_size(mode):
+    mesh = MESHES["2"]()
+    for fn in (dtorch.zeros, dtorch.ones, dtorch.empty, dtorch.rand, dtorch.randn):
+        with pytest.raises(ValueError, match="negative|size"):
+            fn(3, -1, device_mesh=mesh)
+        _still_works(mesh)
+    with pytest.raises(ValueError, match="negative|size"):
+        dtorch.full((-2,), 1.0, device_mesh=mesh)
+    _still_works(mesh)
+
+
+def test_non_integer_size(mode):
+    mesh = MESHES["2"]()
+    for bad in ((2.0, 3), (2, "3"), (None,), (True, 2), ((2, 3), 4)):
+        with pytest.raises(TypeError, match="size|int"):
+            dtorch.zeros(*bad, device_mesh=mesh)
+        _still_works(mesh)
+    with pytest.raises(TypeError, match="size|int"):
+        dtorch.rand((2.5,), device_mesh=mesh)
+    with pytest.raises(TypeError, match="size|int"):
+        dtorch.full((1.5, 2), 0, device_mesh=mesh)
+    with pytest.raises(TypeError, match="number"):
+        dtorch.full((2,), "x", device_mesh=mesh)
+    with pytest.raises(TypeError, match="number"):
+        dtorch.arange("5", device_mesh=mesh)
+    _still_works(mesh)
+    # numpy integers are fine sizes
+    assert dtorch.zeros(np.int64(2), np.int32(3), device_mesh=mesh).shape == (2, 3)
+
+
+def test_unknown_dtype(mode):
+    mesh = MESHES["2"]()
+    for bad in ("float64", np.float64, np.complex64, "nope", 5, object):
+        with pytest.raises(TypeError, match="dtype"):
+            dtorch.zeros(3, device_mesh=mesh, dtype=bad)
+        _still_works(mesh)
+    with pytest.raises(TypeError, match="dtype"):
+        dtorch.arange(3, device_mesh=mesh, dtype="uint8")
+    _still_works(mesh)
+
+
+@pytest.mark.parametrize("dt", [dtorch.int64, dtorch.int32, dtorch.bool], ids=lambda d: d.name)
+def test_rand_integer_dtype(mode, dt):
+    mesh = MESHES["2"]()
+    with pytest.raises(TypeError, match="rand|float|dtype"):
+        dtorch.rand(4, device_mesh=mesh, dtype=dt)
+    _still_works(mesh)
+    with pytest.raises(TypeError, match="randn|float|dtype"):
+        dtorch.randn(4, device_mesh=mesh, dtype=dt)
+    _still_works(mesh)
+
+
+def test_distribute_unsupported_dtype(mode):
+    mesh = MESHES["2"]()
+    for arr in (np.zeros(4, np.complex64), np.zeros(4, np.float64), np.array([1, "a", None], dtype=object),
+                np.zeros(4, np.uint8), np.zeros(4, np.int16), np.array(["ab", "cd"])):
+        with pytest.raises(TypeError, match="dtype"):
+            dtorch.distribute_tensor(arr, mesh, [Shard(0)])
+        _still_works(mesh)
+    with pytest.raises(TypeError, match="dtype"):
+        dtorch.from_local([np.zeros(2, np.float64)] * 2, mesh, [Shard(0)])
+    _still_works(mesh)
+    with pytest.raises(TypeError):
+        dtorch.distribute_tensor(object(), mesh)
+    _still_works(mesh)
+
+
+def test_from_local_shape_disagreement(mode):
+    mesh = MESHES["3"]()
+    with pytest.raises(ValueError, match="piece|shape"):
+        dtorch.from_local([np.zeros((2, 2), np.float32)] * 3, mesh, [Shard(0)], shape=(5, 2))  # wants 2,2,1
+    _still_works(mesh)
+    with pytest.raises(ValueError, match="piece|shape"):
+        dtorch.from_local([np.zeros((2, 2), np.float32)] * 3, mesh, [Replicate()], shape=(2, 3))
+    _still_works(mesh)
+    with pytest.raises(ValueError, match="piece|shape|dims"):
+        dtorch.from_local([np.zeros((2, 2), np.float32)] * 3, mesh, [Replicate()], shape=(2, 2, 1))
+    _still_works(mesh)
+    with pytest.raises(ValueError, match="piece|shape"):
+        dtorch.from_local([np.zeros((2, 2), np.float32)] * 2, mesh, [Shard(0)])
+    _still_works(mesh)
+    m2 = MESHES["2x2"]()
+    with pytest.raises(ValueError, match="piece|shape"):
+        dtorch.from_local([np.zeros((2, 2), np.float32)] * 3 + [np.zeros((1, 2), np.float32)], m2,
+                          [Partial("sum"), Shard(0)])
+    _still_works(m2)
+
+
+def test_placements_not_placement_objects(mode):
+    mesh = MESHES["2"]()
+    for bad in (["Shard(0)"], [0], [None], Shard(0), "R", [(0, 0, 0)]):
+        with pytest.raises(TypeError, match="[Pp]lacement"):
+            dtorch.zeros(4, device_mesh=mesh, placements=bad)
+        _still_works(mesh)
+        with pytest.raises(TypeError, match="[Pp]lacement"):
+            dtorch.distribute_tensor(np.zeros(4, np.float32), mesh, bad)
+        _still_works(mesh)
+    with pytest.raises(TypeError):
+        Shard("0")
+    with pytest.raises(TypeError):
+        Shard(1.0)
+
+
+def test_partial_unknown_reduce_op(mode):
+    for op in ("prod", "product", "SUM", "", None):
+        with pytest.raises(ValueError, match="reduce_op"):
+            Partial(op)
+    _still_works(MESHES["2"]())
+
+
+def test_init_bogus_mode():
+    dtorch.shutdown()
+    try:
+        with pytest.raises(ValueError, match="workers"):
+            dtorch.init(workers="bogus")
+        assert not dtorch.is_initialized()
+        dtorch.init(workers="thread")
+        _still_works(MESHES["2"]())
+    finally:
+        dtorch.shutdown()
+
+
+def test_init_other_mode_while_running(mode):
+    other = "process" if mode == "thread" else "thread"
+    mesh = MESHES["2"]()
+    _still_works(mesh)
+    with pytest.raises(ValueError, match="running|already|shutdown"):
+        dtorch.init(workers=other)
+    _still_works(mesh)
+    dtorch.init(workers=mode)  # the same mode again is harmless
+    _still_works(mesh)
+
+
+def test_item_and_len_errors(mode):
+    mesh = MESHES["2"]()
+    with pytest.raises(RuntimeError, match="elements"):
+        dtorch.zeros(2, device_mesh=mesh).item()
+    with pytest.raises(TypeError, match="0-d"):
+        len(dtorch.full((), 1.0, device_mesh=mesh))
+    _still_works(mesh)

@@ -1,0 +1,102 @@
+"""A dead worker: its futures fail quickly and name the device; other meshes keep working."""
+import asyncio
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import dtorch
+from conftest import worker_pids
+from dtorch import Replicate, Shard
+
+
+def _kill(device):
+    pids = worker_pids()
+    assert device in pids, f"no dtorch-worker child for device {device}: {pids}"
+    os.kill(pids[device], signal.SIGKILL)
+    return pids[device]
+
+
+def test_sigkill_worker(process_mode, sigcont_guard):
+    dead_mesh = dtorch.DeviceMesh("cpu", [0, 1])
+    other = dtorch.DeviceMesh("cpu", [2, 3])
+    full = np.arange(10, dtype=np.float32).reshape(5, 2)
+    x = dtorch.distribute_tensor(full, dead_mesh, [Shard(0)])
+    y = dtorch.distribute_tensor(full, other, [Shard(0)])
+    np.testing.assert_array_equal(x.numpy(), full)
+    np.testing.assert_array_equal(y.numpy(), full)
+
+    # a fetch left pending on the victim (stopped first, so it cannot answer), then the kill
+    pid = worker_pids()[1]
+    os.kill(pid, signal.SIGSTOP)
+    sigcont_guard.append(pid)
+    pending = x.future()
+    assert not pending.done()
+    t0 = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(Exception) as info:
+        pending.result(timeout=10)
+    assert time.monotonic() - t0 < 2.5
+    assert not isinstance(info.value, TimeoutError)
+    assert "device 1" in str(info.value)
+    assert pending.done()
+    exc = pending.exception()
+    assert exc is not None and "device 1" in str(exc)
+
+    # a new fetch on that mesh fails quickly too, naming the device
+    t0 = time.monotonic()
+    with pytest.raises(Exception) as info:
+        x.numpy()
+    assert time.monotonic() - t0 < 2.5
+    assert "device 1" in str(info.value)
+
+    # awaiting a fetch on that mesh raises the failure too
+    async def fetch():
+        return await x.future()
+
+    with pytest.raises(Exception, match="device 1"):
+        asyncio.run(asyncio.wait_for(fetch(), timeout=10))
+
+    # factories on the dead mesh raise at the call site
+    with pytest.raises(Exception, match="device 1"):
+        dtorch.zeros(4, device_mesh=dead_mesh)
+    with pytest.raises(Exception, match="device 1"):
+        dtorch.rand(4, device_mesh=dead_mesh, placements=[Shard(0)])
+
+    # another mesh on other device ids keeps working
+    np.testing.assert_array_equal(y.numpy(), full)
+    z = dtorch.arange(7, device_mesh=other, placements=[Shard(0)])
+    np.testing.assert_array_equal(z.numpy(), np.arange(7))
+    # a mesh sharing only the live device 0 keeps working too
+    only0 = dtorch.DeviceMesh("cpu", [0])
+    np.testing.assert_array_equal(dtorch.ones(3, device_mesh=only0).numpy(), np.ones(3, np.float32))
+
+    # shutdown, then a fresh start: the old mesh's devices work again
+    dtorch.shutdown()
+    dtorch.init(workers="process")
+    mesh = dtorch.DeviceMesh("cpu", [0, 1])
+    np.testing.assert_array_equal(dtorch.distribute_tensor(full, mesh, [Shard(0)]).numpy(), full)
+    np.testing.assert_array_equal(dtorch.full((2, 2), 3, device_mesh=dead_mesh, placements=[Replicate()]).numpy(),
+                                  np.full((2, 2), 3, np.int64))
+    assert 1 in worker_pids()
+
+
+def test_sigkill_idle_worker_new_fetch(process_mode):
+    """Killed while idle: the next fetch on that mesh fails within the bound."""
+    mesh = dtorch.DeviceMesh("cpu", [5, 6])
+    x = dtorch.ones(4, 3, device_mesh=mesh, placements=[Shard(1)])
+    dtorch.synchronize()
+    _kill(6)
+    t0 = time.monotonic()
+    with pytest.raises(Exception) as info:
+        x.future().result()
+    assert time.monotonic() - t0 < 2.5
+    assert "device 6" in str(info.value)
+    # synchronize skips dead devices (act_runtime.c): it returns instead of hanging
+    dtorch.synchronize()
+    # a 2x2 mesh elsewhere works
+    m2 = dtorch.DeviceMesh("cpu", [[0, 1], [2, 3]])
+    np.testing.assert_array_equal(dtorch.arange(6, device_mesh=m2, placements=[Shard(0), Shard(0)]).numpy(),
+                                  np.arange(6))
