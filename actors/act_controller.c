@@ -29,6 +29,10 @@ static act_device *s_device(act_runtime *rt, int64_t id)
 /* Moves every dirty outbox to its device's send queue. */
 static void s_take_outboxes(act_runtime *rt)
 {
+    /* a racy peek that saves taking the user thread's lock on wake-ups with nothing new: a
+     * record queued after it is collected at the next wake-up (doorbell, completion or tick) */
+    if (__atomic_load_n(&rt->ndirty, __ATOMIC_RELAXED) == 0)
+        return;
     pthread_mutex_lock(&rt->lock);
     for (int64_t i = 0; i < rt->ndirty; i++) {
         act_device *dev = rt->dirty[i];
@@ -396,10 +400,7 @@ void *act_controller_main(void *arg)
             s_check_workers(rt);
             next_check = act_now() + ACT_TICK_MS / 1e3;
         }
-        pthread_mutex_lock(&rt->lock);
-        bool stopping = rt->stopping;
-        pthread_mutex_unlock(&rt->lock);
-        if (stopping)
+        if (__atomic_load_n(&rt->stopping, __ATOMIC_ACQUIRE))
             break;
     }
     s_stop(&c);

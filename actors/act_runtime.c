@@ -26,7 +26,7 @@ static void (*s_wait_enter)(void);
 static void (*s_wait_leave)(void);
 static bool (*s_wait_interrupt)(void);
 static bool s_configured;     /* dt_init chose the worker mode explicitly */
-static bool s_ring;           /* this op turned the first outbox dirty */
+static bool s_urgent;         /* this op is waited for: ring now */
 static bool s_over_limit;     /* this op filled a device's queue past ACT_QUEUE_LIMIT */
 
 double act_now(void)
@@ -153,7 +153,7 @@ int dt_shutdown(void)
         pthread_mutex_unlock(&rt->lock);
         return 0;
     }
-    rt->stopping = true;
+    __atomic_store_n(&rt->stopping, true, __ATOMIC_RELEASE);
     uint64_t one = 1;
     if (write(rt->doorbell, &one, sizeof one) < 0) { /* the controller also wakes on its tick */ }
     pthread_mutex_unlock(&rt->lock);
@@ -285,7 +285,7 @@ int act_runtime_begin(const char *op, dt_mesh *const *meshes, int nmeshes)
         }
         mesh->ready_epoch = rt->epoch;
     }
-    s_ring = false;
+    s_urgent = false;
     s_over_limit = false;
     return 0;
 fail:
@@ -332,7 +332,8 @@ static act_batch *s_open_batch(act_runtime *rt, act_device *dev)
     }
     if (!dev->dirty) {
         dev->dirty = true;
-        rt->dirty[rt->ndirty++] = dev;
+        rt->dirty[rt->ndirty] = dev;
+        __atomic_store_n(&rt->ndirty, rt->ndirty + 1, __ATOMIC_RELAXED);
     }
     return b;
 }
@@ -361,10 +362,7 @@ msgpack_packer *act_runtime_record(int64_t device)
     b->nrecords++;
     if (++dev->queued > ACT_QUEUE_LIMIT)
         s_over_limit = true;
-    if (!rt->rung) {
-        rt->rung = true;
-        s_ring = true;
-    }
+    rt->since_ring++;
     return &b->pk;
 }
 
@@ -408,10 +406,21 @@ static bool s_queues_full(act_runtime *rt)
     return false;
 }
 
+void act_runtime_urgent(void) { s_urgent = true; }
+
 void act_runtime_end(void)
 {
     act_runtime *rt = &act_rt;
-    bool ring = s_ring, wait = s_over_limit;
+    bool wait = s_over_limit, ring = false;
+    if (!rt->rung && rt->ndirty > 0) {
+        double now = s_urgent || wait || rt->since_ring >= ACT_RING_RECORDS ? 0 : act_now();
+        ring = now == 0 || now - rt->last_ring >= ACT_RING_DELAY_S;
+        if (ring) {
+            rt->rung = true;
+            rt->since_ring = 0;
+            rt->last_ring = now ? now : act_now();
+        }
+    }
     int fd = rt->doorbell;
     pthread_mutex_unlock(&rt->lock);
     if (ring) {
@@ -471,7 +480,7 @@ int dt_synchronize(void)
         dt_future_release(&f);
         return dt_err(DT_ENOMEM, "synchronize: out of memory");
     }
-    s_ring = false;
+    s_urgent = true;
     s_over_limit = false;
     s_reserve_dirty(rt);
     int piece = 0;

@@ -22,7 +22,9 @@
 #define ACT_WINDOW 16384               /* op records in flight to one device before the controller waits for credit */
 #define ACT_QUEUE_LIMIT (4 * ACT_WINDOW) /* records queued for one device before the user thread waits */
 #define ACT_BATCH_MAX 4096             /* records in one outbox batch; a fuller one is sealed and a new one begun */
-#define ACT_TICK_MS 50                 /* controller wakes at least this often to check on worker processes */
+#define ACT_TICK_MS 20                 /* controller wakes at least this often: worker processes, unrung outboxes */
+#define ACT_RING_RECORDS 64            /* records queued since the last doorbell that make the user thread ring */
+#define ACT_RING_DELAY_S 0.001         /* ... or the time since the last doorbell that does */
 #define ACT_HELLO_TIMEOUT_S 20.0       /* a worker that has not said hello by then is dead */
 #define ACT_BYE_TIMEOUT_S 2.0          /* how long shutdown waits for workers to stop before killing them */
 
@@ -66,6 +68,8 @@ typedef struct {
     pthread_cond_t cond;           /* controller -> users: started, queues drained, stopped */
     int doorbell;                  /* eventfd: outboxes are dirty or a stop was asked */
     bool rung;                     /* the doorbell was rung and the controller has not taken outboxes since */
+    int64_t since_ring;            /* records queued since the doorbell last rang */
+    double last_ring;              /* when it last rang */
     bool running;
     bool stopping;
     bool controller_up;
@@ -102,7 +106,12 @@ uint64_t act_runtime_epoch(void);   /* under the lock: the running runtime's epo
 int act_runtime_check_live(const char *op, uint64_t epoch);
 /* Registers a pending future so completions can find it; takes a reference. */
 int act_runtime_track(dt_future *f);
-/* Unlocks, rings the doorbell when outboxes turned dirty, and waits while queues are full. */
+/* The op being submitted is waited for (a fetch, a sync): ring the doorbell at the end. */
+void act_runtime_urgent(void);
+/* Unlocks, rings the doorbell when it is due, and waits while queues are full. Ops are not rung
+ * one by one: a doorbell is a syscall and a thread wake-up, so the user thread rings when an op
+ * is waited for, every ACT_RING_RECORDS records or ACT_RING_DELAY_S, and the controller also
+ * collects dirty outboxes on every wake-up (completions, its tick). */
 void act_runtime_end(void);
 /* Queues frees for a tensor on its devices (no doorbell: they go with the next message). */
 void act_runtime_free(uint64_t epoch, dt_mesh *mesh, uint64_t id);

@@ -26,8 +26,10 @@ void dt_idmap_destroy(dt_idmap *m)
 
 static int s_grow(dt_idmap *m)
 {
-    size_t cap = m->cap ? m->cap * 2 : 64;
-    while (m->count * 2 >= cap)
+    /* sized for the live entries only: a map that churns (tensors made and freed) rehashes in
+     * place to drop its tombstones instead of growing without end */
+    size_t cap = 64;
+    while ((m->count + 1) * 4 > cap)
         cap *= 2;
     dt_idmap grown = {calloc(cap, sizeof(uint64_t)), calloc(cap, sizeof(void *)), cap, 0, 0};
     if (!grown.keys || !grown.values) {

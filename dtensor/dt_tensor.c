@@ -105,6 +105,7 @@ static dt_future *s_fetch(dt_tensor *t, act_future_kind kind, const char *op)
             dt_err(DT_ESHUTDOWN, "%s: this tensor was made before dtorch.shutdown() and no longer exists", op);
         return NULL;
     }
+    act_runtime_urgent();
     for (int p = 0; p < npieces; p++) {
         msgpack_packer *pk = act_runtime_record(f->pieces[p].device);
         msgpack_pack_array(pk, 4);
