@@ -15,15 +15,15 @@
 typedef struct {
     act_runtime *rt;
     zsock_t *router;
-    int64_t *sent;       /* records sent per device since the last accounting (by device id) */
-    int64_t cap_sent;
+    int64_t *sent;       /* (DT_MAX_DEVICE_ID + 1) records sent per device since the last accounting */
 } s_ctl;
 
 static void s_routing_id(int64_t device, char *buf, size_t size) { snprintf(buf, size, "d%" PRId64, device); }
 
 static act_device *s_device(act_runtime *rt, int64_t id)
 {
-    return id >= 0 && id < rt->cap_devices ? rt->devices[id] : NULL;
+    return id >= 0 && id <= DT_MAX_DEVICE_ID && rt->devices ? __atomic_load_n(&rt->devices[id], __ATOMIC_ACQUIRE)
+                                                             : NULL;
 }
 
 /* Moves every dirty outbox to its device's send queue. */
@@ -103,7 +103,7 @@ static void s_device_died(act_runtime *rt, act_device *dev, const char *reason)
     snprintf(why, sizeof why, "device %" PRId64 " died: %s", dev->id, reason);
     s_fail_futures_of(rt, dev->id, DT_EDEVICE, why);
     /* workers waiting for a region from it in a redistribute must stop waiting */
-    for (int64_t i = 0; i < rt->cap_devices; i++) {
+    for (int64_t i = 0; i < rt->ndevices; i++) {
         act_device *other = rt->devices[i];
         if (!other || other == dev || !other->hello || other->state == ACT_DEV_DEAD)
             continue;
@@ -132,8 +132,7 @@ static void s_send_batch(s_ctl *c, act_device *dev, act_batch *b)
     int rc = mb_send(c->router, rid, strlen(rid), &h, body, b->payloads, b->npayloads);
     b->npayloads = 0; /* mb_send owns them now */
     dev->in_flight += b->nrecords;
-    if (dev->id < c->cap_sent)
-        c->sent[dev->id] += b->nrecords;
+    c->sent[dev->id] += b->nrecords;
     act_batch_destroy(b);
     if (rc != 0)
         s_device_died(c->rt, dev, dt_last_error());
@@ -143,15 +142,9 @@ static void s_send_batch(s_ctl *c, act_device *dev, act_batch *b)
 static void s_send_ready(s_ctl *c)
 {
     act_runtime *rt = c->rt;
-    if (c->cap_sent < rt->cap_devices) {
-        free(c->sent);
-        c->cap_sent = rt->cap_devices;
-        c->sent = calloc((size_t)c->cap_sent, sizeof *c->sent);
-        if (!c->sent)
-            c->cap_sent = 0;
-    }
     bool any = false;
-    for (int64_t i = 0; i < rt->cap_devices; i++) {
+    int64_t ndevices = __atomic_load_n(&rt->ndevices, __ATOMIC_ACQUIRE);
+    for (int64_t i = 0; i < ndevices; i++) {
         act_device *dev = rt->devices[i];
         if (!dev || !dev->hello || dev->state == ACT_DEV_DEAD)
             continue;
@@ -170,7 +163,7 @@ static void s_send_ready(s_ctl *c)
     if (!any)
         return;
     pthread_mutex_lock(&rt->lock);
-    for (int64_t i = 0; i < c->cap_sent; i++) {
+    for (int64_t i = 0; i < ndevices; i++) {
         if (c->sent[i] && rt->devices[i])
             rt->devices[i]->queued -= c->sent[i];
         c->sent[i] = 0;
@@ -297,7 +290,7 @@ static void s_drain(s_ctl *c)
 static void s_check_workers(act_runtime *rt)
 {
     double now = act_now();
-    for (int64_t i = 0; i < rt->cap_devices; i++) {
+    for (int64_t i = 0; i < rt->ndevices; i++) {
         act_device *dev = rt->devices[i];
         if (!dev || dev->state == ACT_DEV_DEAD)
             continue;
@@ -323,10 +316,10 @@ static void s_stop(s_ctl *c)
 {
     act_runtime *rt = c->rt;
     double deadline = act_now() + ACT_BYE_TIMEOUT_S;
-    bool *asked = calloc((size_t)(rt->cap_devices ? rt->cap_devices : 1), sizeof *asked);
+    bool *asked = calloc((size_t)(rt->ndevices ? rt->ndevices : 1), sizeof *asked);
     for (;;) {
         bool waiting = false;
-        for (int64_t i = 0; i < rt->cap_devices; i++) {
+        for (int64_t i = 0; i < rt->ndevices; i++) {
             act_device *dev = rt->devices[i];
             if (!dev || dev->state == ACT_DEV_DEAD || dev->bye)
                 continue;
@@ -345,7 +338,7 @@ static void s_stop(s_ctl *c)
     }
     free(asked);
     s_fail_futures_of(rt, -1, DT_ESHUTDOWN, "the runtime was shut down before this value arrived");
-    for (int64_t i = 0; i < rt->cap_devices; i++) {
+    for (int64_t i = 0; i < rt->ndevices; i++) {
         act_device *dev = rt->devices[i];
         if (!dev)
             continue;
@@ -372,9 +365,9 @@ static void s_stop(s_ctl *c)
 
 void *act_controller_main(void *arg)
 {
-    s_ctl c = {.rt = arg};
+    s_ctl c = {.rt = arg, .sent = calloc(DT_MAX_DEVICE_ID + 1, sizeof *c.sent)};
     act_runtime *rt = c.rt;
-    c.router = rt->router = mb_socket_new(MB_ROUTER, rt->endpoint, true, NULL);
+    c.router = rt->router = c.sent ? mb_socket_new(MB_ROUTER, rt->endpoint, true, NULL) : NULL;
     pthread_mutex_lock(&rt->lock);
     if (!c.router)
         rt->start_error = dt_last_error_code() ? dt_last_error_code() : DT_ESYS;
@@ -382,8 +375,10 @@ void *act_controller_main(void *arg)
         rt->controller_up = true;
     pthread_cond_broadcast(&rt->cond);
     pthread_mutex_unlock(&rt->lock);
-    if (!c.router)
+    if (!c.router) {
+        free(c.sent);
         return NULL;
+    }
 
     zmq_pollitem_t items[2] = {{zsock_resolve(c.router), 0, ZMQ_POLLIN, 0}, {NULL, rt->doorbell, ZMQ_POLLIN, 0}};
     double next_check = act_now() + ACT_TICK_MS / 1e3;

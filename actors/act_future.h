@@ -40,6 +40,7 @@ struct dt_future {
     int ndim;
     int64_t shape[DT_MAX_DIMS];    /* (ndim) global shape (FULL) */
     void *data;                    /* (shape) the FULL value, C-contiguous */
+    size_t data_size;              /* its bytes */
     int npieces;
     int remaining;                 /* pieces not yet arrived */
     act_piece *pieces;             /* (npieces) */

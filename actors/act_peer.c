@@ -265,6 +265,18 @@ static act_recv *s_await(act_worker *w, uint64_t transfer, int64_t from, char *w
     }
 }
 
+/* Whether a region laid out with these strides is one run of bytes in row-major order. */
+static bool s_dense(int ndim, const int64_t *shape, const int64_t *strides, size_t elem)
+{
+    int64_t expect = (int64_t)elem;
+    for (int d = ndim - 1; d >= 0; d--) {
+        if (shape[d] != 1 && strides[d] != expect)
+            return false;
+        expect *= shape[d];
+    }
+    return true;
+}
+
 /* Combines a region into place with op, through contiguous scratch copies when the region is
  * not one run of bytes on both sides. */
 static const char *s_reduce_region(char *dst, const int64_t *dst_strides, const char *src, const int64_t *src_strides,
@@ -273,6 +285,10 @@ static const char *s_reduce_region(char *dst, const int64_t *dst_strides, const 
     size_t elem = dt_dtype_size(dtype);
     int64_t n = dtn_numel(ndim, shape), contiguous[DT_MAX_DIMS];
     cpu_contiguous_strides(ndim, shape, elem, contiguous);
+    if (s_dense(ndim, shape, dst_strides, elem) && s_dense(ndim, shape, src_strides, elem)) {
+        cpu_reduce_into(dst, src, dtype, n, (dt_reduce_op)op); /* one pass, the common case */
+        return NULL;
+    }
     char *a = malloc(n ? (size_t)n * elem : 1), *b = malloc(n ? (size_t)n * elem : 1);
     if (!a || !b) {
         free(a);

@@ -221,16 +221,16 @@ int act_runtime_check_live(const char *op, uint64_t epoch)
 
 static int s_ensure_device(act_runtime *rt, int64_t id)
 {
-    if (id >= rt->cap_devices) {
-        int64_t cap = rt->cap_devices ? rt->cap_devices : 16;
-        while (cap <= id)
-            cap *= 2;
-        act_device **grown = realloc(rt->devices, (size_t)cap * sizeof *grown);
-        if (!grown)
+    if (!rt->devices) {
+        /* fixed for the life of the process: the controller reads it without the lock */
+        rt->devices = calloc(DT_MAX_DEVICE_ID + 1, sizeof *rt->devices);
+        rt->dirty = calloc(DT_MAX_DEVICE_ID + 1, sizeof *rt->dirty);
+        if (!rt->devices || !rt->dirty) {
+            free(rt->devices);
+            free(rt->dirty);
+            rt->devices = rt->dirty = NULL;
             return dt_err(DT_ENOMEM, "out of memory");
-        memset(grown + rt->cap_devices, 0, (size_t)(cap - rt->cap_devices) * sizeof *grown);
-        rt->devices = grown;
-        rt->cap_devices = cap;
+        }
     }
     if (rt->devices[id])
         return 0;
@@ -241,14 +241,18 @@ static int s_ensure_device(act_runtime *rt, int64_t id)
     dev->state = ACT_DEV_STARTING;
     dev->started_at = act_now();
     atomic_init(&dev->stop, false);
+    /* published before its worker starts, so the worker's hello finds it */
+    __atomic_store_n(&rt->devices[id], dev, __ATOMIC_RELEASE);
+    if (id >= rt->ndevices)
+        __atomic_store_n(&rt->ndevices, id + 1, __ATOMIC_RELEASE);
     int rc = rt->workers == DT_WORKERS_THREAD ? act_spawn_thread(dev, rt->endpoint)
                                               : act_spawn_process(dev, rt->endpoint, rt->worker_path);
     if (rc != 0) {
-        free(dev);
-        return rc;
+        /* kept, dead, until shutdown: the controller may already hold a pointer to it */
+        dev->state = ACT_DEV_DEAD;
+        snprintf(dev->reason, sizeof dev->reason, "its worker could not start: %s", dt_last_error());
     }
-    rt->devices[id] = dev;
-    return 0;
+    return rc;
 }
 
 int act_runtime_begin(const char *op, dt_mesh *const *meshes, int nmeshes)
@@ -338,25 +342,10 @@ static act_batch *s_open_batch(act_runtime *rt, act_device *dev)
     return b;
 }
 
-static void s_reserve_dirty(act_runtime *rt)
-{
-    static int64_t cap;
-    if (cap < rt->cap_devices) {
-        act_device **grown = realloc(rt->dirty, (size_t)rt->cap_devices * sizeof *grown);
-        if (!grown) {
-            fprintf(stderr, "dtorch: out of memory for the dirty list\n");
-            abort();
-        }
-        rt->dirty = grown;
-        cap = rt->cap_devices;
-    }
-}
-
 msgpack_packer *act_runtime_record(int64_t device)
 {
     act_runtime *rt = &act_rt;
     act_device *dev = rt->devices[device];
-    s_reserve_dirty(rt);
     act_batch *b = s_open_batch(rt, dev);
     b->payload_pending = false;
     b->nrecords++;
@@ -370,7 +359,6 @@ int act_runtime_payload(int64_t device, mb_buf buf)
 {
     act_runtime *rt = &act_rt;
     act_device *dev = rt->devices[device];
-    s_reserve_dirty(rt);
     act_batch *b = s_open_batch(rt, dev);
     if (b->npayloads == b->cap_payloads) {
         int cap = b->cap_payloads ? b->cap_payloads * 2 : 4;
@@ -398,7 +386,7 @@ int act_runtime_track(dt_future *f)
 
 static bool s_queues_full(act_runtime *rt)
 {
-    for (int64_t i = 0; i < rt->cap_devices; i++) {
+    for (int64_t i = 0; i < rt->ndevices; i++) {
         act_device *dev = rt->devices[i];
         if (dev && dev->state != ACT_DEV_DEAD && dev->queued > ACT_QUEUE_LIMIT)
             return true;
@@ -443,8 +431,7 @@ void act_runtime_free(uint64_t epoch, dt_mesh *mesh, uint64_t id)
     act_runtime *rt = &act_rt;
     pthread_mutex_lock(&rt->lock);
     if (rt->running && !rt->stopping && epoch == rt->epoch) {
-        s_reserve_dirty(rt);
-        for (int64_t i = 0; i < mesh->size; i++) {
+            for (int64_t i = 0; i < mesh->size; i++) {
             act_device *dev = rt->devices[mesh->ids[i]];
             if (!dev || dev->state == ACT_DEV_DEAD)
                 continue;
@@ -468,7 +455,7 @@ int dt_synchronize(void)
         return 0;
     }
     int n = 0;
-    for (int64_t i = 0; i < rt->cap_devices; i++)
+    for (int64_t i = 0; i < rt->ndevices; i++)
         n += rt->devices[i] && rt->devices[i]->state != ACT_DEV_DEAD;
     if (n == 0) {
         pthread_mutex_unlock(&rt->lock);
@@ -482,9 +469,8 @@ int dt_synchronize(void)
     }
     s_urgent = true;
     s_over_limit = false;
-    s_reserve_dirty(rt);
     int piece = 0;
-    for (int64_t i = 0; i < rt->cap_devices; i++) {
+    for (int64_t i = 0; i < rt->ndevices; i++) {
         act_device *dev = rt->devices[i];
         if (!dev || dev->state == ACT_DEV_DEAD)
             continue;

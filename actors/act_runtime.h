@@ -78,9 +78,9 @@ typedef struct {
     dt_workers workers;
     char worker_path[4096];
     char endpoint[256];
-    act_device **devices;          /* indexed by device id, NULL where unused */
-    int64_t cap_devices;
-    act_device **dirty;            /* devices whose outbox has records */
+    act_device **devices;          /* (DT_MAX_DEVICE_ID + 1) by device id, NULL where unused; never moves */
+    int64_t ndevices;              /* 1 + the highest device id used: loops over devices stop there */
+    act_device **dirty;            /* (DT_MAX_DEVICE_ID + 1) devices whose outbox has records */
     int64_t ndirty;
     dt_idmap futures;              /* id -> pending dt_future (one reference each) */
     uint64_t next_id;              /* tensor and future ids (never 0) */

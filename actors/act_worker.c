@@ -15,6 +15,7 @@
 #include "cpu_kernels.h"
 #include "dt_dtype.h"
 #include "dt_error.h"
+#include "dt_pool.h"
 #include "dtn_layout.h"
 #include "op_codes.h"
 
@@ -27,7 +28,7 @@ void act_storage_release(act_storage *st)
     if (st->adopted)
         zmq_msg_close(&st->msg);
     else
-        free(st->data);
+        dt_pool_free(st->data, st->size);
     free(st);
 }
 
@@ -36,7 +37,7 @@ void act_storage_free_fn(void *data, void *hint) { act_storage_release(hint); }
 act_storage *act_storage_new(size_t size)
 {
     act_storage *st = calloc(1, sizeof *st);
-    if (!st || !(st->data = malloc(size ? size : 1))) {
+    if (!st || !(st->data = dt_pool_alloc(size))) {
         free(st);
         return NULL;
     }

@@ -11,6 +11,7 @@
 #include "cpu_kernels.h"
 #include "dt_dtype.h"
 #include "dt_error.h"
+#include "dt_pool.h"
 #include "dtn_layout.h"
 
 #define S_WAIT_SLICE_S 0.05 /* how often a long wait looks at the interrupt hook */
@@ -39,8 +40,8 @@ dt_future *act_future_new(act_future_kind kind, int npieces)
 
 int act_future_alloc_value(dt_future *f)
 {
-    size_t bytes = (size_t)dtn_numel(f->ndim, f->shape) * dt_dtype_size(f->dtype);
-    f->data = malloc(bytes ? bytes : 1);
+    f->data_size = (size_t)dtn_numel(f->ndim, f->shape) * dt_dtype_size(f->dtype);
+    f->data = dt_pool_alloc(f->data_size);
     return f->data ? 0 : DT_ENOMEM;
 }
 
@@ -59,7 +60,7 @@ void dt_future_release(dt_future **fp)
     for (int i = 0; i < f->npieces; i++)
         free(f->pieces[i].data);
     free(f->pieces);
-    free(f->data);
+    dt_pool_free(f->data, f->data_size);
     free(f->error);
     free(f->callbacks);
     pthread_mutex_destroy(&f->mu);

@@ -1,0 +1,73 @@
+#include "dt_pool.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+
+#define S_HUGE (2u << 20)
+#define S_SLOTS 64
+
+static pthread_mutex_t s_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    void *data;
+    size_t size;
+} s_kept[S_SLOTS];
+static size_t s_kept_bytes;
+
+/* Rounded so that buffers of nearly the same size are interchangeable. */
+static size_t s_round(size_t size) { return (size + S_HUGE - 1) / S_HUGE * S_HUGE; }
+
+void *dt_pool_alloc(size_t size)
+{
+    if (size < DT_POOL_LARGE)
+        return malloc(size ? size : 1);
+    size = s_round(size);
+    pthread_mutex_lock(&s_lock);
+    for (int i = 0; i < S_SLOTS; i++)
+        if (s_kept[i].data && s_kept[i].size == size) {
+            void *data = s_kept[i].data;
+            s_kept[i].data = NULL;
+            s_kept_bytes -= size;
+            pthread_mutex_unlock(&s_lock);
+            return data;
+        }
+    pthread_mutex_unlock(&s_lock);
+    void *data = NULL;
+    if (posix_memalign(&data, S_HUGE, size) != 0)
+        return NULL;
+    madvise(data, size, MADV_HUGEPAGE);
+    return data;
+}
+
+void dt_pool_free(void *data, size_t size)
+{
+    if (!data)
+        return;
+    if (size < DT_POOL_LARGE) {
+        free(data);
+        return;
+    }
+    size = s_round(size);
+    pthread_mutex_lock(&s_lock);
+    for (int i = 0; i < S_SLOTS && s_kept_bytes + size <= DT_POOL_KEEP; i++)
+        if (!s_kept[i].data) {
+            s_kept[i].data = data;
+            s_kept[i].size = size;
+            s_kept_bytes += size;
+            pthread_mutex_unlock(&s_lock);
+            return;
+        }
+    pthread_mutex_unlock(&s_lock);
+    free(data);
+}
+
+void dt_pool_trim(void)
+{
+    pthread_mutex_lock(&s_lock);
+    for (int i = 0; i < S_SLOTS; i++) {
+        free(s_kept[i].data);
+        s_kept[i].data = NULL;
+    }
+    s_kept_bytes = 0;
+    pthread_mutex_unlock(&s_lock);
+}
