@@ -426,23 +426,28 @@ void act_runtime_end(void)
     act_wait_leave();
 }
 
+void act_runtime_free_now(const dt_mesh *mesh, uint64_t id)
+{
+    act_runtime *rt = &act_rt;
+    for (int64_t i = 0; i < mesh->size; i++) {
+        act_device *dev = rt->devices[mesh->ids[i]];
+        if (!dev || dev->state == ACT_DEV_DEAD)
+            continue;
+        act_batch *b = s_open_batch(rt, dev);
+        msgpack_pack_array(&b->pk, 2);
+        msgpack_pack_int(&b->pk, OP_FREE);
+        msgpack_pack_uint64(&b->pk, id);
+        b->nrecords++;
+        dev->queued++;
+    }
+}
+
 void act_runtime_free(uint64_t epoch, dt_mesh *mesh, uint64_t id)
 {
     act_runtime *rt = &act_rt;
     pthread_mutex_lock(&rt->lock);
-    if (rt->running && !rt->stopping && epoch == rt->epoch) {
-            for (int64_t i = 0; i < mesh->size; i++) {
-            act_device *dev = rt->devices[mesh->ids[i]];
-            if (!dev || dev->state == ACT_DEV_DEAD)
-                continue;
-            act_batch *b = s_open_batch(rt, dev);
-            msgpack_pack_array(&b->pk, 2);
-            msgpack_pack_int(&b->pk, OP_FREE);
-            msgpack_pack_uint64(&b->pk, id);
-            b->nrecords++;
-            dev->queued++;
-        }
-    }
+    if (rt->running && !rt->stopping && epoch == rt->epoch)
+        act_runtime_free_now(mesh, id);
     pthread_mutex_unlock(&rt->lock);
 }
 

@@ -113,6 +113,8 @@ void act_runtime_urgent(void);
  * is waited for, every ACT_RING_RECORDS records or ACT_RING_DELAY_S, and the controller also
  * collects dirty outboxes on every wake-up (completions, its tick). */
 void act_runtime_end(void);
+/* Under the lock: queues a free of id on every device of mesh (an intermediate of this op). */
+void act_runtime_free_now(const dt_mesh *mesh, uint64_t id);
 /* Queues frees for a tensor on its devices (no doorbell: they go with the next message). */
 void act_runtime_free(uint64_t epoch, dt_mesh *mesh, uint64_t id);
 /* Current random stream, advanced by one per random op. Under the lock. */

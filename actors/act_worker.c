@@ -18,6 +18,7 @@
 #include "dt_pool.h"
 #include "dtn_layout.h"
 #include "op_codes.h"
+#include "op_registry.h"
 
 #define S_POLL_MS 500 /* how often an idle worker looks at its stop flag */
 
@@ -260,6 +261,97 @@ static void s_make(act_worker *w, int64_t code, uint64_t id, const msgpack_objec
     }
 }
 
+static bool s_read_attrs(const msgpack_object *o, op_attrs *a)
+{
+    uint32_t nints;
+    if (!mb_arr(o, 3) || !mb_get_i64s(o, 0, a->ints, OP_MAX_INTS, &nints) ||
+        o->via.array.ptr[1].type != MSGPACK_OBJECT_ARRAY || o->via.array.ptr[1].via.array.size > OP_MAX_FLOATS)
+        return false;
+    a->nints = (int)nints;
+    a->nfloats = (int)o->via.array.ptr[1].via.array.size;
+    for (int i = 0; i < a->nfloats; i++)
+        if (!mb_get_f64(&o->via.array.ptr[1], (uint32_t)i, &a->floats[i]))
+            return false;
+    a->has_scalar = o->via.array.ptr[2].type != MSGPACK_OBJECT_NIL;
+    return !a->has_scalar || s_get_scalar(o, 2, &a->scalar);
+}
+
+/* [COMPUTE, op index, out ids, [[dtype, shape]...], in ids, attrs, ctx]: a registered op's kernel
+ * on this device's pieces. A poisoned input poisons the outputs with its (root) message. */
+static bool s_compute(act_worker *w, const msgpack_object *rec)
+{
+    int64_t index;
+    uint64_t out_ids[OP_MAX_OUTPUTS], in_ids[OP_MAX_INPUTS];
+    op_attrs attrs = {0};
+    op_kernel k = {.attrs = &attrs};
+    if (!mb_arr(rec, 7) || !mb_get_i64(rec, 1, &index))
+        return false;
+    const op_def *def = op_at((int)index);
+    k.def = def;
+    const msgpack_object *outs = &rec->via.array.ptr[2], *specs = &rec->via.array.ptr[3], *ins = &rec->via.array.ptr[4];
+    uint32_t nctx;
+    if (!def || outs->type != MSGPACK_OBJECT_ARRAY || specs->type != MSGPACK_OBJECT_ARRAY ||
+        ins->type != MSGPACK_OBJECT_ARRAY || outs->via.array.size > OP_MAX_OUTPUTS ||
+        specs->via.array.size != outs->via.array.size || ins->via.array.size > OP_MAX_INPUTS ||
+        !s_read_attrs(&rec->via.array.ptr[5], &attrs) || !mb_get_i64s(rec, 6, k.ctx, OP_MAX_CTX, &nctx))
+        return false;
+    k.nctx = (int)nctx;
+    k.nout = (int)outs->via.array.size;
+    k.nin = (int)ins->via.array.size;
+    for (int o = 0; o < k.nout; o++) {
+        int64_t dtype;
+        uint32_t ndim;
+        const msgpack_object *spec = &specs->via.array.ptr[o];
+        if (!mb_get_u64(outs, (uint32_t)o, &out_ids[o]) || !mb_arr(spec, 2) || !mb_get_i64(spec, 0, &dtype) ||
+            !dt_dtype_valid((int)dtype) || !mb_get_i64s(spec, 1, k.out[o].shape, DT_MAX_DIMS, &ndim))
+            return false;
+        k.out[o].dtype = (dt_dtype)dtype;
+        k.out[o].ndim = (int)ndim;
+    }
+    const char *why = NULL;
+    for (int i = 0; i < k.nin && !why; i++) {
+        if (!mb_get_u64(ins, (uint32_t)i, &in_ids[i]))
+            return false;
+        act_wtensor *t = act_wtensor_lookup(w, in_ids[i], &why);
+        if (t)
+            k.in[i] = (op_local){t->dtype, t->ndim, {0}, t->data};
+        if (t)
+            memcpy(k.in[i].shape, t->shape, sizeof t->shape);
+    }
+    char msg[DT_ERRMSG_MAX];
+    if (why) {
+        snprintf(msg, sizeof msg, "%s", why); /* the root failure, passed on unchanged */
+        for (int o = 0; o < k.nout; o++)
+            act_wtensor_poison(w, out_ids[o], msg);
+        return true;
+    }
+    act_wtensor *made[OP_MAX_OUTPUTS] = {NULL};
+    for (int o = 0; o < k.nout && !why; o++) {
+        made[o] = calloc(1, sizeof *made[o]);
+        if (!made[o]) {
+            why = "out of memory on the device";
+            break;
+        }
+        made[o]->dtype = k.out[o].dtype;
+        made[o]->ndim = k.out[o].ndim;
+        memcpy(made[o]->shape, k.out[o].shape, sizeof made[o]->shape);
+        if (!(why = s_alloc(made[o])))
+            k.out[o].data = made[o]->data;
+    }
+    if (!why)
+        why = def->cpu(&k);
+    for (int o = 0; o < k.nout; o++) {
+        if (why) {
+            act_wtensor_free(made[o]);
+            snprintf(msg, sizeof msg, "%s failed on device %" PRId64 ": %s", def->name, w->device, why);
+            act_wtensor_poison(w, out_ids[o], msg);
+        } else {
+            act_wtensor_put(w, out_ids[o], made[o]);
+        }
+    }
+    return true;
+}
+
 /* Runs one op record. Returns false for a record it cannot even read. */
 static bool s_run(act_worker *w, const msgpack_object *rec, mb_message *m)
 {
@@ -295,6 +387,8 @@ static bool s_run(act_worker *w, const msgpack_object *rec, mb_message *m)
         return act_peer_send(w, rec);
     case OP_ASSEMBLE:
         return act_peer_assemble(w, rec);
+    case OP_COMPUTE:
+        return s_compute(w, rec);
     default:
         s_make(w, code, id, rec, m);
         return true;

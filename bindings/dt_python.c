@@ -743,6 +743,75 @@ static PyObject *s_redistribute_plan(PyObject *mod, PyObject *args)
     return list;
 }
 
+/* ---- ops ---------------------------------------------------------------------------------- */
+
+/* _op(name, inputs, ints, floats, scalar) -> DTensor, or a tuple of them for several outputs.
+ * ints/floats: tuples (or None); scalar: a number or None. */
+static PyObject *s_op(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyUnicode_Check(args[0]) || !PyTuple_Check(args[1]))
+        return PyErr_Format(PyExc_TypeError, "_op(name, inputs, ints, floats, scalar)");
+    const char *name = PyUnicode_AsUTF8(args[0]);
+    Py_ssize_t n = PyTuple_GET_SIZE(args[1]);
+    if (!name || n > 32)
+        return name ? PyErr_Format(PyExc_ValueError, "%s: too many tensor inputs", name) : NULL;
+    dt_tensor *in[32];
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (s_tensor_arg(PyTuple_GET_ITEM(args[1], i), &in[i]) != 0)
+            return NULL;
+    dt_op_attrs attrs = {0};
+    if (args[2] != Py_None && (attrs.nints = s_int64s(args[2], attrs.ints, 16, "op attributes")) < 0)
+        return NULL;
+    if (args[3] != Py_None) {
+        PyObject *fast = PySequence_Fast(args[3], "op attributes");
+        if (!fast)
+            return NULL;
+        attrs.nfloats = (int)PySequence_Fast_GET_SIZE(fast);
+        for (int i = 0; i < attrs.nfloats && i < 4; i++)
+            attrs.floats[i] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(fast, i));
+        Py_DECREF(fast);
+        if (attrs.nfloats > 4)
+            return PyErr_Format(PyExc_ValueError, "%s: too many attributes", name);
+        if (PyErr_Occurred())
+            return NULL;
+    }
+    if (args[4] != Py_None) {
+        if (s_scalar(args[4], &attrs.scalar) != 0)
+            return NULL;
+        attrs.has_scalar = true;
+    }
+    dt_tensor *out[2];
+    int made = dt_op(name, (int)n, in, &attrs, 2, out);
+    if (made < 0)
+        return s_raise();
+    PyObject *mesh = n > 0 ? ((s_Tensor *)PyTuple_GET_ITEM(args[1], 0))->mesh : Py_None;
+    if (made == 1)
+        return s_tensor_wrap(out[0], mesh);
+    PyObject *tuple = PyTuple_New(made);
+    for (int o = 0; o < made; o++) {
+        PyObject *t = tuple ? s_tensor_wrap(out[o], mesh) : NULL;
+        if (!t) {
+            for (int p = o + (tuple ? 1 : 0); p < made; p++)
+                dt_tensor_release(&out[p]);
+            Py_XDECREF(tuple);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(tuple, o, t);
+    }
+    return tuple;
+}
+
+static PyObject *s_set_strict(PyObject *mod, PyObject *arg)
+{
+    int strict = PyObject_IsTrue(arg);
+    if (strict < 0)
+        return NULL;
+    dt_set_strict(strict);
+    Py_RETURN_NONE;
+}
+
+static PyObject *s_get_strict(PyObject *mod, PyObject *unused) { return PyBool_FromLong(dt_get_strict()); }
+
 /* ---- runtime ------------------------------------------------------------------------------ */
 
 static PyObject *s_init(PyObject *mod, PyObject *args)
@@ -807,6 +876,9 @@ static PyMethodDef s_methods[] = {
     {"_distribute", s_distribute, METH_VARARGS, NULL},
     {"_from_local", s_from_local, METH_VARARGS, NULL},
     {"_redistribute", s_redistribute, METH_VARARGS, NULL},
+    {"_op", (PyCFunction)(void (*)(void))s_op, METH_FASTCALL, NULL},
+    {"set_strict", s_set_strict, METH_O, "Make ops raise instead of redistributing their inputs."},
+    {"get_strict", s_get_strict, METH_NOARGS, NULL},
     {"_redistribute_many", s_redistribute_many, METH_VARARGS, NULL},
     {"_redistribute_plan", s_redistribute_plan, METH_VARARGS, NULL},
     {"init", s_init, METH_VARARGS, "Start the runtime: init(workers, worker_path)."},

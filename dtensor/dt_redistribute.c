@@ -26,6 +26,14 @@ static void s_placement_str(dt_placement p, char *buf, size_t size)
         snprintf(buf, size, "Partial(%s)", s_reduce_names[p.reduce_op & 3]);
 }
 
+/* Whether reducing with a then b gives what b then a gives: the same op, or sum and avg (linear)
+ * on floats (avg over integers truncates, so there the order shows). */
+static bool s_commute(int a, int b, dt_dtype dtype)
+{
+    bool linear_a = a == DT_REDUCE_SUM || a == DT_REDUCE_AVG, linear_b = b == DT_REDUCE_SUM || b == DT_REDUCE_AVG;
+    return a == b || (linear_a && linear_b && dt_dtype_is_float(dtype));
+}
+
 /* Checks a request and fills the source and target layouts. */
 static int s_check(const char *op, dt_tensor *t, dt_mesh *mesh, const dt_placement *placements, dtn_layout *src,
                    dtn_layout *dst)
@@ -59,6 +67,24 @@ static int s_check(const char *op, dt_tensor *t, dt_mesh *mesh, const dt_placeme
         return dt_err(DT_EUNSUPPORTED,
                       "%s: Can not redistribute from %s to %s on mesh dim %d, redistributing to Partial is for "
                       "internal use only!", op, from, to, i);
+    }
+    /* The value of several Partial mesh dims is the outer op over the inner ones. Reducing an outer
+     * Partial while keeping an inner one computes outer-of-contributions then inner, which is the
+     * same value only when the two reductions commute. */
+    for (int i = 0; same_mesh && i < mesh->ndim; i++) {
+        if (src->pl[i].kind != DT_PARTIAL || !memcmp(&src->pl[i], &dst->pl[i], sizeof dst->pl[i]))
+            continue;
+        for (int j = i + 1; j < mesh->ndim; j++) {
+            if (dst->pl[j].kind != DT_PARTIAL || s_commute(src->pl[i].reduce_op, dst->pl[j].reduce_op, t->dtype))
+                continue;
+            char outer[32], inner[32];
+            s_placement_str(src->pl[i], outer, sizeof outer);
+            s_placement_str(dst->pl[j], inner, sizeof inner);
+            return dt_err(DT_EUNSUPPORTED,
+                          "%s: cannot reduce %s on mesh dim %d while keeping %s on mesh dim %d: the value is the "
+                          "outer reduction of the inner one and these two do not commute; reduce mesh dim %d too",
+                          op, outer, i, inner, j, j);
+        }
     }
     return act_runtime_check_live(op, t->epoch);
 }
@@ -248,4 +274,40 @@ int dt_redistribute_plan(dt_tensor *t, dt_mesh *mesh, const dt_placement *placem
     int n = plan.nsteps;
     dtn_plan_free(&plan);
     return n;
+}
+
+uint64_t dtn_redistribute_inline(const dt_tensor *t, const dt_placement *placements, int *nsteps)
+{
+    dtn_layout src = {t->mesh, {{0}}}, dst = {t->mesh, {{0}}};
+    memcpy(src.pl, t->placements, sizeof src.pl);
+    memcpy(dst.pl, placements, (size_t)t->mesh->ndim * sizeof *placements);
+    dtn_plan plan;
+    *nsteps = 0;
+    if (dtn_plan_make(t->ndim, t->shape, dt_dtype_size(t->dtype), &src, &dst, &plan) != 0)
+        return 0;
+    uint64_t id = t->id;
+    if (plan.nsteps > 0) {
+        dt_tensor out = {.id = act_runtime_new_id()};
+        s_emit(t, &plan, &out);
+        id = out.id;
+        *nsteps = plan.nsteps;
+    }
+    dtn_plan_free(&plan);
+    return id;
+}
+
+int64_t dtn_redistribute_cost(const dt_mesh *mesh, int ndim, const int64_t *shape, dt_dtype dtype,
+                              const dt_placement *from, const dt_placement *to)
+{
+    dtn_layout src = {mesh, {{0}}}, dst = {mesh, {{0}}};
+    memcpy(src.pl, from, (size_t)mesh->ndim * sizeof *from);
+    memcpy(dst.pl, to, (size_t)mesh->ndim * sizeof *to);
+    dtn_plan plan;
+    if (dtn_plan_make(ndim, shape, dt_dtype_size(dtype), &src, &dst, &plan) != 0)
+        return INT64_MAX;
+    int64_t elements = 0;
+    for (int s = 0; s < plan.nsteps; s++)
+        elements += plan.steps[s].remote_elements;
+    dtn_plan_free(&plan);
+    return elements * (int64_t)dt_dtype_size(dtype);
 }

@@ -70,4 +70,12 @@ void dtn_plan_free(dtn_plan *plan);
 /* Steps that move data between devices (what PyTorch counts as collectives). */
 int dtn_plan_collectives(const dtn_plan *plan);
 
+/* (dt_redistribute.c) Between act_runtime_begin and _end on t's mesh: emits the records that lay
+ * t out with placements as a new tensor on the same mesh and returns its id (t's own id when
+ * nothing changes, 0 when planning failed); *nsteps tells how many steps it took. */
+uint64_t dtn_redistribute_inline(const dt_tensor *t, const dt_placement *placements, int *nsteps);
+/* Bytes a redistribute from -> to on mesh would move between devices (the cost ops minimise). */
+int64_t dtn_redistribute_cost(const dt_mesh *mesh, int ndim, const int64_t *shape, dt_dtype dtype,
+                              const dt_placement *from, const dt_placement *to);
+
 #endif

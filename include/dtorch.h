@@ -157,6 +157,28 @@ typedef struct {
 /* Fills up to max steps; returns the number of steps, or a negative error code. */
 int dt_redistribute_plan(dt_tensor *t, dt_mesh *mesh, const dt_placement *placements, dt_plan_step *steps, int max);
 
+/* ---- ops ---------------------------------------------------------------------------------- */
+/* Attributes of an op call, read by position (each op documents its own; see ops/). */
+typedef struct {
+    int nints;
+    int64_t ints[16];
+    int nfloats;
+    double floats[4];
+    bool has_scalar;
+    dt_scalar scalar;         /* a Python number operand (x + 1) */
+} dt_op_attrs;
+
+/* Runs the op called name (torch's names: "add", "matmul", "softmax", ...) on n inputs that live
+ * on one mesh. Shapes, dtypes and placements are worked out here; bad input fails here, and no
+ * device sees the op. Inputs whose placements the op cannot use are redistributed first (the
+ * cheapest way), unless strict mode is on. Fills up to max_out new tensors into out; returns
+ * how many, or a negative error code. */
+int dt_op(const char *name, int n, dt_tensor *const *inputs, const dt_op_attrs *attrs, int max_out, dt_tensor **out);
+/* Strict mode: an op whose inputs would need a redistribute fails instead, naming the op and
+ * the placements. */
+void dt_set_strict(bool strict);
+bool dt_get_strict(void);
+
 /* ---- tensors ------------------------------------------------------------------------------ */
 dt_tensor *dt_tensor_ref(dt_tensor *t);
 void dt_tensor_release(dt_tensor **t);     /* the last release frees the tensor on its devices */

@@ -18,7 +18,9 @@ typedef enum {
     OP_ASSEMBLE = 10, /* [ASSEMBLE, id, dtype, shape, source id, parts]: a new piece from regions
                          of local and received pieces; part = [mode, op, from device,
                          transfer id (0: local), src offset, dst offset, shape, divisor] */
-    OP_MAX = 10,
+    OP_COMPUTE = 11, /* [COMPUTE, op index, out ids, [[dtype, local shape] per output], in ids,
+                        [ints, floats, scalar or nil], ctx ints]: a registered op (ops/op_registry.h) */
+    OP_MAX = 11,
 } op_code;
 
 typedef enum {
@@ -30,7 +32,7 @@ typedef enum {
 static inline const char *op_name(int code)
 {
     static const char *names[] = {"?",     "free",  "empty", "fill", "random", "arange",
-                                  "load",  "fetch", "sync",  "send", "redistribute"};
+                                  "load",  "fetch", "sync",  "send", "redistribute", "compute"};
     return code >= 1 && code <= OP_MAX ? names[code] : "?";
 }
 

@@ -13,8 +13,14 @@ from ._placement import Partial, Placement, Replicate, Shard
 from ._redistribute import PlanStep, redistribute_many, redistribute_plan
 from ._runtime import init, is_initialized, manual_seed, shutdown, synchronize
 from ._tensor import DTensor, TensorFuture
+from ._ops import (abs, add, clamp, clip, cos, div, divide, eq, exp, ge, gelu, gt, le, log, logical_and,
+                   logical_not, logical_or, lt, masked_fill, maximum, minimum, mul, multiply, ne, neg, negative,
+                   pow, reciprocal, relu, rsqrt, sigmoid, silu, sin, sqrt, sub, subtract, tanh, to, true_divide,
+                   where)
+from . import nn
 
 _C._register(DTensor, TensorFuture)
+set_strict, get_strict = _C.set_strict, _C.get_strict
 
 __version__ = "0.1.0"
 

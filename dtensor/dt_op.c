@@ -1,0 +1,185 @@
+/* dt_op — running a registered op on DTensors. Everything about the call is settled here, on
+ * the user's thread: arguments and shapes (infer), placements (shard), and the redistributes an
+ * input needs first. Each device then gets one COMPUTE record naming the op, its local output
+ * shapes and its inputs; workers never re-infer. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "act_runtime.h"
+#include "dt_error.h"
+#include "dtn_layout.h"
+#include "dtn_plan.h"
+#include "dtn_types.h"
+#include "op_codes.h"
+#include "op_registry.h"
+
+static bool s_strict;
+
+void dt_set_strict(bool strict) { s_strict = strict; }
+bool dt_get_strict(void) { return s_strict; }
+
+static bool s_same_mesh(const dt_mesh *a, const dt_mesh *b)
+{
+    return a == b || (a->ndim == b->ndim && a->size == b->size && !strcmp(a->device_type, b->device_type) &&
+                      !memcmp(a->shape, b->shape, (size_t)a->ndim * sizeof *a->shape) &&
+                      !memcmp(a->ids, b->ids, (size_t)a->size * sizeof *a->ids));
+}
+
+static void s_pack_attrs(msgpack_packer *pk, const op_attrs *a)
+{
+    msgpack_pack_array(pk, 3);
+    mb_pack_i64s(pk, a->ints, a->nints);
+    msgpack_pack_array(pk, (size_t)a->nfloats);
+    for (int i = 0; i < a->nfloats; i++)
+        msgpack_pack_double(pk, a->floats[i]);
+    if (!a->has_scalar)
+        msgpack_pack_nil(pk);
+    else if (a->scalar.is_int)
+        msgpack_pack_int64(pk, a->scalar.i);
+    else
+        msgpack_pack_double(pk, a->scalar.f);
+}
+
+static int s_check_call(const op_def *def, int n, dt_tensor *const *in, const op_attrs *attrs, op_call *c)
+{
+    if (def->nin >= 0 && n != def->nin)
+        return dt_err(DT_EINVAL, "%s: expected %d tensor inputs, got %d", def->name, def->nin, n);
+    if (n < 1 || n > OP_MAX_INPUTS)
+        return dt_err(DT_EINVAL, "%s: takes 1 to %d tensors, got %d", def->name, OP_MAX_INPUTS, n);
+    if (attrs && (attrs->nints < 0 || attrs->nints > OP_MAX_INTS || attrs->nfloats < 0 || attrs->nfloats > OP_MAX_FLOATS))
+        return dt_err(DT_EINVAL, "%s: too many attributes", def->name);
+    memset(c, 0, sizeof *c);
+    c->def = def;
+    c->mesh = in[0]->mesh;
+    c->mesh_ndim = in[0]->mesh->ndim;
+    c->mesh_shape = in[0]->mesh->shape;
+    c->nin = n;
+    if (attrs)
+        c->attrs = *attrs;
+    for (int i = 0; i < n; i++) {
+        if (!in[i])
+            return dt_err(DT_EINVAL, "%s: input %d is missing", def->name, i);
+        if (!s_same_mesh(in[i]->mesh, in[0]->mesh))
+            return dt_err(DT_EUNSUPPORTED, "%s: DTensor does not support cross-mesh operation: input %d lives on "
+                          "another mesh than input 0 (redistribute it first)", def->name, i);
+        int rc = act_runtime_check_live(def->name, in[i]->epoch);
+        if (rc != 0)
+            return rc;
+        op_arg *a = &c->in[i];
+        a->ndim = in[i]->ndim;
+        memcpy(a->shape, in[i]->shape, sizeof a->shape);
+        a->dtype = in[i]->dtype;
+        memcpy(a->pl, in[i]->placements, sizeof a->pl);
+    }
+    c->nout = def->nout;
+    return 0;
+}
+
+/* Fails with the placements an input has and the ones the op needs (strict mode). */
+static int s_strict_error(const op_call *c, int i)
+{
+    char have[256], want[256];
+    dtn_format_placements(c->mesh_ndim, c->in[i].pl, have, sizeof have);
+    dtn_format_placements(c->mesh_ndim, c->want[i], want, sizeof want);
+    return dt_err(DT_EUNSUPPORTED, "%s: strict mode: input %d has placements %s but the op needs %s "
+                  "(redistribute it explicitly, or turn strict mode off)", c->def->name, i, have, want);
+}
+
+int dt_op(const char *name, int n, dt_tensor *const *in, const dt_op_attrs *attrs, int max_out, dt_tensor **out)
+{
+    const op_def *def = name ? op_find(name) : NULL;
+    if (!def)
+        return dt_err(DT_EINVAL, "unknown op '%s'", name ? name : "(null)");
+    op_call c;
+    int rc = s_check_call(def, n, in, attrs, &c);
+    if (rc != 0 || (rc = def->infer(&c)) != 0)
+        return rc;
+    if (c.nout > max_out)
+        return dt_err(DT_EINVAL, "%s: returns %d tensors, room for %d", def->name, c.nout, max_out);
+    for (int o = 0; o < c.nout; o++)
+        if ((rc = dtn_check_shape(def->name, c.out[o].ndim, c.out[o].shape)) != 0)
+            return rc;
+    if ((rc = def->shard(&c)) != 0)
+        return rc;
+    bool moves[OP_MAX_INPUTS] = {false};
+    for (int i = 0; i < n; i++) {
+        moves[i] = !op_same_placements(c.in[i].pl, c.want[i], c.mesh_ndim);
+        if (moves[i] && s_strict)
+            return s_strict_error(&c, i);
+    }
+    dt_mesh *mesh = in[0]->mesh;
+    dt_tensor *made[OP_MAX_OUTPUTS] = {NULL};
+    for (int o = 0; o < c.nout; o++) {
+        dt_tensor *t = calloc(1, sizeof *t);
+        if (!t) {
+            for (int p = 0; p < o; p++)
+                dt_tensor_release(&made[p]);
+            return dt_err(DT_ENOMEM, "%s: out of memory", def->name);
+        }
+        atomic_init(&t->refs, 1);
+        t->mesh = dt_mesh_ref(mesh);
+        t->dtype = c.out[o].dtype;
+        t->ndim = c.out[o].ndim;
+        memcpy(t->shape, c.out[o].shape, sizeof t->shape);
+        memcpy(t->placements, c.out[o].pl, sizeof t->placements);
+        made[o] = t;
+    }
+    if ((rc = act_runtime_begin(def->name, &mesh, 1)) != 0) {
+        for (int o = 0; o < c.nout; o++)
+            dt_tensor_release(&made[o]);
+        return rc;
+    }
+    uint64_t ids[OP_MAX_INPUTS];
+    for (int i = 0; i < n; i++) {
+        int nsteps = 0;
+        ids[i] = moves[i] ? dtn_redistribute_inline(in[i], c.want[i], &nsteps) : in[i]->id;
+        if (ids[i] == 0) {
+            /* planning ran out of memory: free the inputs already laid out, make nothing */
+            for (int j = 0; j < i; j++)
+                if (ids[j] != in[j]->id)
+                    act_runtime_free_now(mesh, ids[j]);
+            act_runtime_end();
+            for (int o = 0; o < c.nout; o++)
+                dt_tensor_release(&made[o]);
+            return dt_err(DT_ENOMEM, "%s: out of memory while planning a redistribute", def->name);
+        }
+    }
+    for (int o = 0; o < c.nout; o++) {
+        made[o]->id = act_runtime_new_id();
+        made[o]->epoch = act_runtime_epoch();
+    }
+    int index = op_index(def);
+    int64_t coord[DT_MAX_DIMS], offset[DT_MAX_DIMS], local[DT_MAX_DIMS];
+    for (int64_t d = 0; d < mesh->size; d++) {
+        dtn_mesh_coord(mesh->ndim, mesh->shape, d, coord);
+        int64_t ctx[OP_MAX_CTX];
+        int nctx = def->local ? def->local(&c, coord, ctx) : 0;
+        msgpack_packer *pk = act_runtime_record(mesh->ids[d]);
+        msgpack_pack_array(pk, 7);
+        msgpack_pack_int(pk, OP_COMPUTE);
+        msgpack_pack_int(pk, index);
+        msgpack_pack_array(pk, (size_t)c.nout);
+        for (int o = 0; o < c.nout; o++)
+            msgpack_pack_uint64(pk, made[o]->id);
+        msgpack_pack_array(pk, (size_t)c.nout);
+        for (int o = 0; o < c.nout; o++) {
+            dtn_local_block(mesh->ndim, mesh->shape, coord, c.out[o].pl, c.out[o].ndim, c.out[o].shape, local, offset);
+            msgpack_pack_array(pk, 2);
+            msgpack_pack_int(pk, c.out[o].dtype);
+            mb_pack_i64s(pk, local, c.out[o].ndim);
+        }
+        msgpack_pack_array(pk, (size_t)n);
+        for (int i = 0; i < n; i++)
+            msgpack_pack_uint64(pk, ids[i]);
+        s_pack_attrs(pk, &c.attrs);
+        mb_pack_i64s(pk, ctx, nctx);
+    }
+    for (int i = 0; i < n; i++)
+        if (ids[i] != in[i]->id)
+            act_runtime_free_now(mesh, ids[i]);
+    act_runtime_end();
+    for (int o = 0; o < c.nout; o++)
+        out[o] = made[o];
+    return c.nout;
+}

@@ -1,0 +1,105 @@
+/* op_registry — every tensor op declared once: its name, how many inputs and outputs, shape and
+ * dtype inference, its sharding rule, and its kernel per device type. The controller runs infer
+ * and shard on global metadata when the op is called (errors raise there); each device runs the
+ * kernel on its local pieces. Adding an op adds one entry to a family's table. */
+#ifndef OP_REGISTRY_H
+#define OP_REGISTRY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "dtorch.h"
+
+#define OP_MAX_INPUTS 32
+#define OP_MAX_OUTPUTS 2
+#define OP_MAX_INTS 16                   /* dt_op_attrs.ints */
+#define OP_MAX_FLOATS 4                  /* dt_op_attrs.floats */
+#define OP_MAX_CTX 8
+
+/* Attributes: a small bag each op reads by position (documented at its table entry). */
+typedef dt_op_attrs op_attrs;
+
+/* A tensor argument as the controller sees it: global metadata and placements. */
+typedef struct {
+    int ndim;
+    int64_t shape[DT_MAX_DIMS];
+    dt_dtype dtype;
+    dt_placement pl[DT_MAX_DIMS];         /* (mesh ndim) */
+} op_arg;
+
+typedef struct op_def op_def;
+
+/* One call of an op on the controller. infer fills out[] (shape, dtype); shard fills want[]
+ * (the placements each input must have, a redistribute is inserted where it differs) and
+ * out[].pl. */
+typedef struct {
+    const op_def *def;
+    const dt_mesh *mesh;
+    int mesh_ndim;
+    const int64_t *mesh_shape;
+    int nin;
+    op_arg in[OP_MAX_INPUTS];
+    op_attrs attrs;
+    int nout;
+    op_arg out[OP_MAX_OUTPUTS];
+    dt_placement want[OP_MAX_INPUTS][DT_MAX_DIMS];
+} op_call;
+
+/* A local piece on a device. */
+typedef struct {
+    dt_dtype dtype;
+    int ndim;
+    int64_t shape[DT_MAX_DIMS];
+    void *data;
+} op_local;
+
+/* What a kernel gets: its inputs' and outputs' local pieces, the attributes, and per-device
+ * integers the op's `local` hook computed on the controller (e.g. where this piece starts). */
+typedef struct {
+    const op_def *def;
+    const op_attrs *attrs;
+    int nin;
+    op_local in[OP_MAX_INPUTS];
+    int nout;
+    op_local out[OP_MAX_OUTPUTS];
+    int nctx;
+    int64_t ctx[OP_MAX_CTX];
+} op_kernel;
+
+struct op_def {
+    const char *name;
+    int code;                             /* family-private: which variant of the family's kernels */
+    int nin;                              /* inputs, or -1: any number >= 1 */
+    int nout;
+    int (*infer)(op_call *c);             /* checks arguments, fills out[] shapes/dtypes; dt_err */
+    int (*shard)(op_call *c);             /* fills want[] and out[].pl from in[].pl */
+    /* optional: per-device integers for the kernel (mesh coordinate of the device given) */
+    int (*local)(const op_call *c, const int64_t *coord, int64_t *ctx);
+    const char *(*cpu)(op_kernel *k);     /* the CPU kernel: NULL, or why it failed */
+};
+
+/* The op named name, or NULL. */
+const op_def *op_find(const char *name);
+/* Ops are numbered by their place in the registry: the number travels in COMPUTE records. */
+int op_index(const op_def *def);
+const op_def *op_at(int index);
+
+/* Family tables (ops/op_<family>.c). */
+extern const op_def op_pointwise_ops[];
+extern const int op_pointwise_count;
+
+/* Shared rule helpers (ops/op_rules.c). */
+/* Result dtype of combining two dtypes as torch promotes them. */
+dt_dtype op_promote(dt_dtype a, dt_dtype b);
+/* Result dtype of a tensor op a Python scalar (a scalar does not widen a tensor of its kind). */
+dt_dtype op_promote_scalar(dt_dtype t, dt_scalar s);
+/* Broadcasts shapes a and b (right-aligned) into out; DT_EINVAL naming op on a mismatch. */
+int op_broadcast(const char *op, int an, const int64_t *a, int bn, const int64_t *b, int *on, int64_t *out);
+/* Normalises dim for ndim dims (negative from the end); DT_EINDEX naming op when out of range. */
+int op_dim(const char *op, int64_t dim, int ndim, int *out);
+void op_replicate_all(dt_placement *pl, int mesh_ndim);
+/* Bytes moved to bring input i to placements to (0 when it already has them). */
+int64_t op_cost(const op_call *c, int i, const dt_placement *to);
+bool op_same_placements(const dt_placement *a, const dt_placement *b, int mesh_ndim);
+
+#endif
