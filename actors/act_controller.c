@@ -109,15 +109,12 @@ static void s_device_died(act_runtime *rt, act_device *dev, const char *reason)
             continue;
         char rid[32];
         s_routing_id(other->id, rid, sizeof rid);
-        msgpack_sbuffer body;
-        msgpack_packer pk;
-        msgpack_sbuffer_init(&body);
-        msgpack_packer_init(&pk, &body, msgpack_sbuffer_write);
-        msgpack_pack_array(&pk, 1);
-        msgpack_pack_int64(&pk, dev->id);
+        mb_writer body = {0};
+        mb_w_array(&body, 1);
+        mb_w_int(&body, dev->id);
         mb_header h = {MB_VERSION, MB_ABORT, other->send_seq++, MB_SENDER_CONTROLLER, 1};
         size_t size = body.size;
-        mb_send(rt->router, rid, strlen(rid), &h, (mb_buf){msgpack_sbuffer_release(&body), size, mb_buf_free, NULL},
+        mb_send(rt->router, rid, strlen(rid), &h, (mb_buf){mb_w_release(&body), size, mb_buf_free, NULL},
                 NULL, 0);
     }
 }
@@ -127,8 +124,13 @@ static void s_send_batch(s_ctl *c, act_device *dev, act_batch *b)
     char rid[32];
     s_routing_id(dev->id, rid, sizeof rid);
     mb_header h = {MB_VERSION, MB_OPS, dev->send_seq++, MB_SENDER_CONTROLLER, b->nrecords};
-    size_t size = b->records.size;
-    mb_buf body = {msgpack_sbuffer_release(&b->records), size, mb_buf_free, NULL};
+    if (b->pk.failed) {
+        act_batch_destroy(b);
+        s_device_died(c->rt, dev, "the controller ran out of memory encoding its ops");
+        return;
+    }
+    size_t size = b->pk.size;
+    mb_buf body = {mb_w_release(&b->pk), size, mb_buf_free, NULL};
     int rc = mb_send(c->router, rid, strlen(rid), &h, body, b->payloads, b->npayloads);
     b->npayloads = 0; /* mb_send owns them now */
     dev->in_flight += b->nrecords;

@@ -211,9 +211,10 @@ uint64_t act_runtime_epoch(void) { return act_rt.epoch; }
 
 int act_runtime_check_live(const char *op, uint64_t epoch)
 {
-    pthread_mutex_lock(&act_rt.lock);
-    bool live = act_rt.running && !act_rt.stopping && act_rt.epoch == epoch;
-    pthread_mutex_unlock(&act_rt.lock);
+    /* no lock on this per-op path: only the user's thread starts and stops the runtime, and ops
+     * queued against a runtime that is stopping are dropped by it anyway */
+    bool live = __atomic_load_n(&act_rt.running, __ATOMIC_ACQUIRE) && !__atomic_load_n(&act_rt.stopping, __ATOMIC_ACQUIRE) &&
+                __atomic_load_n(&act_rt.epoch, __ATOMIC_ACQUIRE) == epoch;
     if (!live)
         return dt_err(DT_ESHUTDOWN, "%s: this tensor was made before dtorch.shutdown() and no longer exists", op);
     return 0;
@@ -304,8 +305,6 @@ static act_batch *s_batch_new(void)
         fprintf(stderr, "dtorch: out of memory for an op batch\n");
         abort();
     }
-    msgpack_sbuffer_init(&b->records);
-    msgpack_packer_init(&b->pk, &b->records, msgpack_sbuffer_write);
     return b;
 }
 
@@ -317,7 +316,7 @@ void act_batch_destroy(act_batch *b)
         if (b->payloads[i].free_fn)
             b->payloads[i].free_fn(b->payloads[i].data, b->payloads[i].hint);
     free(b->payloads);
-    msgpack_sbuffer_destroy(&b->records);
+    free(b->pk.data);
     free(b);
 }
 
@@ -342,7 +341,7 @@ static act_batch *s_open_batch(act_runtime *rt, act_device *dev)
     return b;
 }
 
-msgpack_packer *act_runtime_record(int64_t device)
+mb_writer *act_runtime_record(int64_t device)
 {
     act_runtime *rt = &act_rt;
     act_device *dev = rt->devices[device];
@@ -434,9 +433,9 @@ void act_runtime_free_now(const dt_mesh *mesh, uint64_t id)
         if (!dev || dev->state == ACT_DEV_DEAD)
             continue;
         act_batch *b = s_open_batch(rt, dev);
-        msgpack_pack_array(&b->pk, 2);
-        msgpack_pack_int(&b->pk, OP_FREE);
-        msgpack_pack_uint64(&b->pk, id);
+        mb_w_array(&b->pk, 2);
+        mb_w_int(&b->pk, OP_FREE);
+        mb_w_uint(&b->pk, id);
         b->nrecords++;
         dev->queued++;
     }
@@ -480,11 +479,11 @@ int dt_synchronize(void)
         if (!dev || dev->state == ACT_DEV_DEAD)
             continue;
         f->pieces[piece].device = dev->id;
-        msgpack_packer *pk = act_runtime_record(dev->id);
-        msgpack_pack_array(pk, 3);
-        msgpack_pack_int(pk, OP_SYNC);
-        msgpack_pack_uint64(pk, f->id);
-        msgpack_pack_int(pk, piece++);
+        mb_writer *pk = act_runtime_record(dev->id);
+        mb_w_array(pk, 3);
+        mb_w_int(pk, OP_SYNC);
+        mb_w_uint(pk, f->id);
+        mb_w_int(pk, piece++);
     }
     act_runtime_end();
     int rc = dt_future_wait(f, -1);

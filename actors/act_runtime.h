@@ -18,6 +18,7 @@
 #include "dt_idmap.h"
 #include "dtorch.h"
 #include "mb_socket.h"
+#include "mb_writer.h"
 
 #define ACT_WINDOW 16384               /* op records in flight to one device before the controller waits for credit */
 #define ACT_QUEUE_LIMIT (4 * ACT_WINDOW) /* records queued for one device before the user thread waits */
@@ -31,8 +32,7 @@
 /* One message's worth of records for one device. */
 typedef struct act_batch {
     struct act_batch *next;
-    msgpack_sbuffer records;       /* nrecords msgpack records back to back */
-    msgpack_packer pk;             /* packs into records */
+    mb_writer pk;                  /* nrecords msgpack records back to back */
     uint32_t nrecords;
     bool payload_pending;          /* a payload was attached and its record is not packed yet */
     int npayloads, cap_payloads;
@@ -96,7 +96,7 @@ extern act_runtime act_rt;
  * On success the lock is held until act_runtime_end. */
 int act_runtime_begin(const char *op, dt_mesh *const *meshes, int nmeshes);
 /* The packer of device's outbox; pack exactly one record. */
-msgpack_packer *act_runtime_record(int64_t device);
+mb_writer *act_runtime_record(int64_t device);
 /* Attaches a payload frame to device's current batch; returns its frame index for the record
  * that follows (pack the record right after, before another payload for the device). */
 int act_runtime_payload(int64_t device, mb_buf buf);

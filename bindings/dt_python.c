@@ -441,6 +441,109 @@ static PyMethodDef s_Tensor_methods[] = {
     {NULL},
 };
 
+/* ---- operators: straight into the op registry, the per-op hot path -------------------------- */
+
+enum { S_ADD, S_SUB, S_MUL, S_DIV, S_POW, S_NEG, S_ABS, S_EQ, S_NE, S_LT, S_LE, S_GT, S_GE, S_AND, S_OR, S_NOT,
+       S_MATMUL, S_NOPS };
+static const char *s_op_names[S_NOPS] = {"add", "sub", "mul", "div", "pow", "neg", "abs", "eq", "ne", "lt",
+                                         "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "matmul"};
+static int s_op_ids[S_NOPS];
+
+static PyObject *s_run1(int op, dt_tensor *const *in, int n, const dt_op_attrs *attrs, PyObject *mesh)
+{
+    if (s_op_ids[op] < 0 && (s_op_ids[op] = dt_op_id(s_op_names[op])) < 0)
+        return s_raise();
+    dt_tensor *out[2];
+    int made = dt_op_run(s_op_ids[op], n, in, attrs, 1, out);
+    if (made < 0)
+        return s_raise();
+    return s_tensor_wrap(out[0], mesh);
+}
+
+/* a op b where either side may be a Python number; anything else is not ours to handle */
+static PyObject *s_binary(int op, PyObject *a, PyObject *b)
+{
+    dt_op_attrs attrs;
+    attrs.nints = 0;
+    attrs.nfloats = 0;
+    attrs.has_scalar = false;
+    bool ta = PyObject_TypeCheck(a, &s_TensorType), tb = PyObject_TypeCheck(b, &s_TensorType);
+    dt_tensor *in[2];
+    if (ta && tb) {
+        in[0] = ((s_Tensor *)a)->t;
+        in[1] = ((s_Tensor *)b)->t;
+        return s_run1(op, in, 2, &attrs, ((s_Tensor *)a)->mesh);
+    }
+    PyObject *number = ta ? b : a;
+    if (!(PyLong_Check(number) || PyFloat_Check(number)))
+        Py_RETURN_NOTIMPLEMENTED;
+    if (s_scalar(number, &attrs.scalar) != 0)
+        return NULL;
+    attrs.has_scalar = true;
+    if (!ta) {
+        attrs.nints = 1;
+        attrs.ints[0] = 1; /* the number is on the left */
+    }
+    s_Tensor *t = (s_Tensor *)(ta ? a : b);
+    in[0] = t->t;
+    return s_run1(op, in, 1, &attrs, t->mesh);
+}
+
+static PyObject *s_unary(int op, PyObject *a)
+{
+    dt_op_attrs attrs = {0};
+    dt_tensor *in[1] = {((s_Tensor *)a)->t};
+    return s_run1(op, in, 1, &attrs, ((s_Tensor *)a)->mesh);
+}
+
+static PyObject *s_nb_add(PyObject *a, PyObject *b) { return s_binary(S_ADD, a, b); }
+static PyObject *s_nb_sub(PyObject *a, PyObject *b) { return s_binary(S_SUB, a, b); }
+static PyObject *s_nb_mul(PyObject *a, PyObject *b) { return s_binary(S_MUL, a, b); }
+static PyObject *s_nb_div(PyObject *a, PyObject *b) { return s_binary(S_DIV, a, b); }
+static PyObject *s_nb_and(PyObject *a, PyObject *b) { return s_binary(S_AND, a, b); }
+static PyObject *s_nb_or(PyObject *a, PyObject *b) { return s_binary(S_OR, a, b); }
+static PyObject *s_nb_neg(PyObject *a) { return s_unary(S_NEG, a); }
+static PyObject *s_nb_abs(PyObject *a) { return s_unary(S_ABS, a); }
+static PyObject *s_nb_invert(PyObject *a) { return s_unary(S_NOT, a); }
+
+static PyObject *s_nb_pow(PyObject *a, PyObject *b, PyObject *mod)
+{
+    if (mod != Py_None)
+        Py_RETURN_NOTIMPLEMENTED;
+    return s_binary(S_POW, a, b);
+}
+
+static PyObject *s_nb_matmul(PyObject *a, PyObject *b)
+{
+    if (!PyObject_TypeCheck(a, &s_TensorType) || !PyObject_TypeCheck(b, &s_TensorType))
+        Py_RETURN_NOTIMPLEMENTED;
+    return s_binary(S_MATMUL, a, b);
+}
+
+static PyObject *s_richcompare(PyObject *a, PyObject *b, int cmp)
+{
+    static const int ops[] = {[Py_LT] = S_LT, [Py_LE] = S_LE, [Py_EQ] = S_EQ,
+                              [Py_NE] = S_NE, [Py_GT] = S_GT, [Py_GE] = S_GE};
+    return s_binary(ops[cmp], a, b);
+}
+
+/* DTensors hash by identity, as torch tensors do, even though == builds a tensor */
+static Py_hash_t s_hash(PyObject *self) { return (Py_hash_t)((uintptr_t)self >> 4); }
+
+static PyNumberMethods s_Tensor_number = {
+    .nb_add = s_nb_add,
+    .nb_subtract = s_nb_sub,
+    .nb_multiply = s_nb_mul,
+    .nb_true_divide = s_nb_div,
+    .nb_power = s_nb_pow,
+    .nb_negative = s_nb_neg,
+    .nb_absolute = s_nb_abs,
+    .nb_invert = s_nb_invert,
+    .nb_and = s_nb_and,
+    .nb_or = s_nb_or,
+    .nb_matrix_multiply = s_nb_matmul,
+};
+
 static PyTypeObject s_TensorType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dtorch._C.DTensor",
     .tp_basicsize = sizeof(s_Tensor),
@@ -448,6 +551,9 @@ static PyTypeObject s_TensorType = {
     .tp_dealloc = (destructor)s_Tensor_dealloc,
     .tp_getset = s_Tensor_getset,
     .tp_methods = s_Tensor_methods,
+    .tp_as_number = &s_Tensor_number,
+    .tp_richcompare = s_richcompare,
+    .tp_hash = s_hash,
     .tp_doc = "A tensor laid out over a DeviceMesh.",
 };
 
@@ -910,5 +1016,7 @@ PyMODINIT_FUNC PyInit__C(void)
         return NULL;
     }
     dt_set_wait_hooks(s_wait_enter, s_wait_leave, s_wait_interrupt);
+    for (int i = 0; i < S_NOPS; i++)
+        s_op_ids[i] = -1; /* looked up on first use */
     return m;
 }

@@ -55,21 +55,21 @@ static int s_begin(const char *op, dt_tensor **t)
     return 0;
 }
 
-static void s_pack_head(msgpack_packer *pk, int nfields, op_code code, const dt_tensor *t, const int64_t *local)
+static void s_pack_head(mb_writer *pk, int nfields, op_code code, const dt_tensor *t, const int64_t *local)
 {
-    msgpack_pack_array(pk, (size_t)nfields);
-    msgpack_pack_int(pk, code);
-    msgpack_pack_uint64(pk, t->id);
-    msgpack_pack_int(pk, t->dtype);
-    mb_pack_i64s(pk, local, t->ndim);
+    mb_w_array(pk, (size_t)nfields);
+    mb_w_int(pk, code);
+    mb_w_uint(pk, t->id);
+    mb_w_int(pk, t->dtype);
+    mb_w_i64s(pk, local, t->ndim);
 }
 
-static void s_pack_scalar(msgpack_packer *pk, dt_scalar v)
+static void s_pack_scalar(mb_writer *pk, dt_scalar v)
 {
     if (v.is_int)
-        msgpack_pack_int64(pk, v.i);
+        mb_w_int(pk, v.i);
     else
-        msgpack_pack_double(pk, v.f);
+        mb_w_double(pk, v.f);
 }
 
 /* One record per device: code, id, dtype, local shape, then what the kind needs. */
@@ -93,7 +93,7 @@ static dt_tensor *s_make(const char *op, op_code code, dt_mesh *mesh, int ndim, 
     for (int64_t i = 0; i < mesh->size; i++) {
         dtn_mesh_coord(mesh->ndim, mesh->shape, i, coord);
         dtn_local_block(mesh->ndim, mesh->shape, coord, t->placements, ndim, t->shape, local, offset);
-        msgpack_packer *pk = act_runtime_record(mesh->ids[i]);
+        mb_writer *pk = act_runtime_record(mesh->ids[i]);
         if (code == OP_EMPTY) {
             s_pack_head(pk, 4, code, t, local);
         } else if (code == OP_FILL) {
@@ -101,11 +101,11 @@ static dt_tensor *s_make(const char *op, op_code code, dt_mesh *mesh, int ndim, 
             s_pack_scalar(pk, value);
         } else {
             s_pack_head(pk, 9, code, t, local);
-            mb_pack_i64s(pk, offset, ndim);
-            mb_pack_i64s(pk, t->shape, ndim);
-            msgpack_pack_uint64(pk, seed);
-            msgpack_pack_uint64(pk, stream);
-            msgpack_pack_int(pk, value.i != 0);
+            mb_w_i64s(pk, offset, ndim);
+            mb_w_i64s(pk, t->shape, ndim);
+            mb_w_uint(pk, seed);
+            mb_w_uint(pk, stream);
+            mb_w_int(pk, value.i != 0);
         }
     }
     act_runtime_end();
@@ -185,9 +185,9 @@ dt_tensor *dt_arange(dt_mesh *mesh, dt_scalar start, dt_scalar end, dt_scalar st
     for (int64_t i = 0; i < mesh->size; i++) {
         dtn_mesh_coord(mesh->ndim, mesh->shape, i, coord);
         dtn_local_block(mesh->ndim, mesh->shape, coord, t->placements, 1, t->shape, &local, &offset);
-        msgpack_packer *pk = act_runtime_record(mesh->ids[i]);
+        mb_writer *pk = act_runtime_record(mesh->ids[i]);
         s_pack_head(pk, 7, OP_ARANGE, t, &local);
-        msgpack_pack_int64(pk, offset);
+        mb_w_int(pk, offset);
         s_pack_scalar(pk, start);
         s_pack_scalar(pk, step);
     }
@@ -224,9 +224,9 @@ static void s_load(const dt_tensor *t, int64_t device, const int64_t *local, s_s
 {
     atomic_fetch_add(&piece->refs, 1);
     int frame = act_runtime_payload(device, (mb_buf){piece->data, piece->size, s_shared_release, piece});
-    msgpack_packer *pk = act_runtime_record(device);
+    mb_writer *pk = act_runtime_record(device);
     s_pack_head(pk, 5, OP_LOAD, t, local);
-    msgpack_pack_int(pk, frame);
+    mb_w_int(pk, frame);
 }
 
 dt_tensor *dt_distribute(dt_mesh *mesh, const void *data, int ndim, const int64_t *shape, const int64_t *strides,

@@ -2,6 +2,7 @@
  * the user's thread: arguments and shapes (infer), placements (shard), and the redistributes an
  * input needs first. Each device then gets one COMPUTE record naming the op, its local output
  * shapes and its inputs; workers never re-infer. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,19 +27,19 @@ static bool s_same_mesh(const dt_mesh *a, const dt_mesh *b)
                       !memcmp(a->ids, b->ids, (size_t)a->size * sizeof *a->ids));
 }
 
-static void s_pack_attrs(msgpack_packer *pk, const op_attrs *a)
+static void s_pack_attrs(mb_writer *pk, const op_attrs *a)
 {
-    msgpack_pack_array(pk, 3);
-    mb_pack_i64s(pk, a->ints, a->nints);
-    msgpack_pack_array(pk, (size_t)a->nfloats);
+    mb_w_array(pk, 3);
+    mb_w_i64s(pk, a->ints, a->nints);
+    mb_w_array(pk, (size_t)a->nfloats);
     for (int i = 0; i < a->nfloats; i++)
-        msgpack_pack_double(pk, a->floats[i]);
+        mb_w_double(pk, a->floats[i]);
     if (!a->has_scalar)
-        msgpack_pack_nil(pk);
+        mb_w_nil(pk);
     else if (a->scalar.is_int)
-        msgpack_pack_int64(pk, a->scalar.i);
+        mb_w_int(pk, a->scalar.i);
     else
-        msgpack_pack_double(pk, a->scalar.f);
+        mb_w_double(pk, a->scalar.f);
 }
 
 static int s_check_call(const op_def *def, int n, dt_tensor *const *in, const op_attrs *attrs, op_call *c)
@@ -49,7 +50,11 @@ static int s_check_call(const op_def *def, int n, dt_tensor *const *in, const op
         return dt_err(DT_EINVAL, "%s: takes 1 to %d tensors, got %d", def->name, OP_MAX_INPUTS, n);
     if (attrs && (attrs->nints < 0 || attrs->nints > OP_MAX_INTS || attrs->nfloats < 0 || attrs->nfloats > OP_MAX_FLOATS))
         return dt_err(DT_EINVAL, "%s: too many attributes", def->name);
-    memset(c, 0, sizeof *c);
+    /* only what this call uses is initialised: the whole struct is kilobytes, and this runs per op */
+    memset(c, 0, offsetof(op_call, in));
+    memset(c->in, 0, (size_t)n * sizeof c->in[0]);
+    memset(&c->attrs, 0, sizeof c->attrs);
+    memset(c->out, 0, sizeof c->out);
     c->def = def;
     c->mesh = in[0]->mesh;
     c->mesh_ndim = in[0]->mesh->ndim;
@@ -71,6 +76,7 @@ static int s_check_call(const op_def *def, int n, dt_tensor *const *in, const op
         memcpy(a->shape, in[i]->shape, sizeof a->shape);
         a->dtype = in[i]->dtype;
         memcpy(a->pl, in[i]->placements, sizeof a->pl);
+        memcpy(c->want[i], a->pl, sizeof c->want[i]); /* by default an input stays as it is */
     }
     c->nout = def->nout;
     return 0;
@@ -86,11 +92,25 @@ static int s_strict_error(const op_call *c, int i)
                   "(redistribute it explicitly, or turn strict mode off)", c->def->name, i, have, want);
 }
 
-int dt_op(const char *name, int n, dt_tensor *const *in, const dt_op_attrs *attrs, int max_out, dt_tensor **out)
+int dt_op_id(const char *name)
 {
     const op_def *def = name ? op_find(name) : NULL;
     if (!def)
         return dt_err(DT_EINVAL, "unknown op '%s'", name ? name : "(null)");
+    return op_index(def);
+}
+
+int dt_op(const char *name, int n, dt_tensor *const *in, const dt_op_attrs *attrs, int max_out, dt_tensor **out)
+{
+    int id = dt_op_id(name);
+    return id < 0 ? id : dt_op_run(id, n, in, attrs, max_out, out);
+}
+
+int dt_op_run(int id, int n, dt_tensor *const *in, const dt_op_attrs *attrs, int max_out, dt_tensor **out)
+{
+    const op_def *def = op_at(id);
+    if (!def)
+        return dt_err(DT_EINVAL, "unknown op id %d", id);
     op_call c;
     int rc = s_check_call(def, n, in, attrs, &c);
     if (rc != 0 || (rc = def->infer(&c)) != 0)
@@ -155,25 +175,25 @@ int dt_op(const char *name, int n, dt_tensor *const *in, const dt_op_attrs *attr
         dtn_mesh_coord(mesh->ndim, mesh->shape, d, coord);
         int64_t ctx[OP_MAX_CTX];
         int nctx = def->local ? def->local(&c, coord, ctx) : 0;
-        msgpack_packer *pk = act_runtime_record(mesh->ids[d]);
-        msgpack_pack_array(pk, 7);
-        msgpack_pack_int(pk, OP_COMPUTE);
-        msgpack_pack_int(pk, index);
-        msgpack_pack_array(pk, (size_t)c.nout);
+        mb_writer *pk = act_runtime_record(mesh->ids[d]);
+        mb_w_array(pk, 7);
+        mb_w_int(pk, OP_COMPUTE);
+        mb_w_int(pk, index);
+        mb_w_array(pk, (size_t)c.nout);
         for (int o = 0; o < c.nout; o++)
-            msgpack_pack_uint64(pk, made[o]->id);
-        msgpack_pack_array(pk, (size_t)c.nout);
+            mb_w_uint(pk, made[o]->id);
+        mb_w_array(pk, (size_t)c.nout);
         for (int o = 0; o < c.nout; o++) {
             dtn_local_block(mesh->ndim, mesh->shape, coord, c.out[o].pl, c.out[o].ndim, c.out[o].shape, local, offset);
-            msgpack_pack_array(pk, 2);
-            msgpack_pack_int(pk, c.out[o].dtype);
-            mb_pack_i64s(pk, local, c.out[o].ndim);
+            mb_w_array(pk, 2);
+            mb_w_int(pk, c.out[o].dtype);
+            mb_w_i64s(pk, local, c.out[o].ndim);
         }
-        msgpack_pack_array(pk, (size_t)n);
+        mb_w_array(pk, (size_t)n);
         for (int i = 0; i < n; i++)
-            msgpack_pack_uint64(pk, ids[i]);
+            mb_w_uint(pk, ids[i]);
         s_pack_attrs(pk, &c.attrs);
-        mb_pack_i64s(pk, ctx, nctx);
+        mb_w_i64s(pk, ctx, nctx);
     }
     for (int i = 0; i < n; i++)
         if (ids[i] != in[i]->id)

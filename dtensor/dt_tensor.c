@@ -107,12 +107,12 @@ static dt_future *s_fetch(dt_tensor *t, act_future_kind kind, const char *op)
     }
     act_runtime_urgent();
     for (int p = 0; p < npieces; p++) {
-        msgpack_packer *pk = act_runtime_record(f->pieces[p].device);
-        msgpack_pack_array(pk, 4);
-        msgpack_pack_int(pk, OP_FETCH);
-        msgpack_pack_uint64(pk, t->id);
-        msgpack_pack_uint64(pk, f->id);
-        msgpack_pack_int(pk, p);
+        mb_writer *pk = act_runtime_record(f->pieces[p].device);
+        mb_w_array(pk, 4);
+        mb_w_int(pk, OP_FETCH);
+        mb_w_uint(pk, t->id);
+        mb_w_uint(pk, f->id);
+        mb_w_int(pk, p);
     }
     act_runtime_end();
     return f;

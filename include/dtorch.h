@@ -174,6 +174,9 @@ typedef struct {
  * cheapest way), unless strict mode is on. Fills up to max_out new tensors into out; returns
  * how many, or a negative error code. */
 int dt_op(const char *name, int n, dt_tensor *const *inputs, const dt_op_attrs *attrs, int max_out, dt_tensor **out);
+/* The same with the op looked up once: dt_op_id gives its id (or a negative error code). */
+int dt_op_id(const char *name);
+int dt_op_run(int id, int n, dt_tensor *const *inputs, const dt_op_attrs *attrs, int max_out, dt_tensor **out);
 /* Strict mode: an op whose inputs would need a redistribute fails instead, naming the op and
  * the placements. */
 void dt_set_strict(bool strict);

@@ -131,19 +131,6 @@ def _install():
     DTensor.to = to_method
     DTensor.float, DTensor.half, DTensor.bfloat16 = cast(_dtype.float32), cast(_dtype.float16), cast(_dtype.bfloat16)
     DTensor.int, DTensor.long, DTensor.bool = cast(_dtype.int32), cast(_dtype.int64), cast(_dtype.bool)
-    DTensor.__neg__ = neg
-    DTensor.__abs__ = abs
-    DTensor.__add__ = DTensor.__radd__ = add
-    DTensor.__mul__ = DTensor.__rmul__ = mul
-    DTensor.__sub__, DTensor.__rsub__ = sub, lambda self, other: sub(other, self)
-    DTensor.__truediv__, DTensor.__rtruediv__ = div, lambda self, other: div(other, self)
-    DTensor.__pow__, DTensor.__rpow__ = pow, lambda self, other: pow(other, self)
-    DTensor.__eq__, DTensor.__ne__ = eq, ne
-    DTensor.__lt__, DTensor.__le__, DTensor.__gt__, DTensor.__ge__ = lt, le, gt, ge
-    DTensor.__and__ = DTensor.__rand__ = logical_and
-    DTensor.__or__ = DTensor.__ror__ = logical_or
-    DTensor.__invert__ = logical_not
-    DTensor.__hash__ = object.__hash__
-
+    # Python operators (+, -, *, /, **, @, comparisons, &, |, ~) are C slots of DTensor: the per-op path
 
 _install()
