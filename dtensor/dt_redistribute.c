@@ -89,17 +89,17 @@ static int s_check(const char *op, dt_tensor *t, dt_mesh *mesh, const dt_placeme
     return act_runtime_check_live(op, t->epoch);
 }
 
-static void s_pack_part(msgpack_packer *pk, int ndim, const dtn_part *part, uint64_t transfer)
+static void s_pack_part(mb_writer *pk, int ndim, const dtn_part *part, uint64_t transfer)
 {
-    msgpack_pack_array(pk, 8);
-    msgpack_pack_int(pk, part->mode);
-    msgpack_pack_int(pk, part->op);
-    msgpack_pack_int64(pk, part->src_device);
-    msgpack_pack_uint64(pk, transfer);
-    mb_pack_i64s(pk, part->src_offset, ndim);
-    mb_pack_i64s(pk, part->dst_offset, ndim);
-    mb_pack_i64s(pk, part->shape, ndim);
-    msgpack_pack_int64(pk, part->divisor);
+    mb_w_array(pk, 8);
+    mb_w_int(pk, part->mode);
+    mb_w_int(pk, part->op);
+    mb_w_int(pk, part->src_device);
+    mb_w_uint(pk, transfer);
+    mb_w_i64s(pk, part->src_offset, ndim);
+    mb_w_i64s(pk, part->dst_offset, ndim);
+    mb_w_i64s(pk, part->shape, ndim);
+    mb_w_int(pk, part->divisor);
 }
 
 static bool s_remote(const dtn_piece *pc, const dtn_part *part)
@@ -127,27 +127,27 @@ static void s_emit(const dt_tensor *t, const dtn_plan *plan, const dt_tensor *ou
                 uint64_t transfer = act_runtime_new_id();
                 if (k++ == 0)
                     first_transfer = transfer;
-                msgpack_packer *pk = act_runtime_record(part->src_device);
-                msgpack_pack_array(pk, 6);
-                msgpack_pack_int(pk, OP_SEND);
-                msgpack_pack_uint64(pk, src_id);
-                msgpack_pack_uint64(pk, transfer);
-                msgpack_pack_int64(pk, pc->device);
-                mb_pack_i64s(pk, part->src_offset, ndim);
-                mb_pack_i64s(pk, part->shape, ndim);
+                mb_writer *pk = act_runtime_record(part->src_device);
+                mb_w_array(pk, 6);
+                mb_w_int(pk, OP_SEND);
+                mb_w_uint(pk, src_id);
+                mb_w_uint(pk, transfer);
+                mb_w_int(pk, pc->device);
+                mb_w_i64s(pk, part->src_offset, ndim);
+                mb_w_i64s(pk, part->shape, ndim);
             }
         }
         k = 0;
         for (int p = 0; p < step->npieces; p++) {
             const dtn_piece *pc = &step->pieces[p];
-            msgpack_packer *pk = act_runtime_record(pc->device);
-            msgpack_pack_array(pk, 6);
-            msgpack_pack_int(pk, OP_ASSEMBLE);
-            msgpack_pack_uint64(pk, out_id);
-            msgpack_pack_int(pk, t->dtype);
-            mb_pack_i64s(pk, pc->shape, ndim);
-            msgpack_pack_uint64(pk, src_id);
-            msgpack_pack_array(pk, (size_t)pc->nparts);
+            mb_writer *pk = act_runtime_record(pc->device);
+            mb_w_array(pk, 6);
+            mb_w_int(pk, OP_ASSEMBLE);
+            mb_w_uint(pk, out_id);
+            mb_w_int(pk, t->dtype);
+            mb_w_i64s(pk, pc->shape, ndim);
+            mb_w_uint(pk, src_id);
+            mb_w_array(pk, (size_t)pc->nparts);
             for (int q = 0; q < pc->nparts; q++)
                 s_pack_part(pk, ndim, &pc->parts[q], s_remote(pc, &pc->parts[q]) ? first_transfer + k++ : 0);
         }
@@ -155,10 +155,10 @@ static void s_emit(const dt_tensor *t, const dtn_plan *plan, const dt_tensor *ou
             /* the previous step's pieces are intermediates: free them once they are sent */
             const dt_mesh *m = step->from.mesh;
             for (int64_t i = 0; i < m->size; i++) {
-                msgpack_packer *pk = act_runtime_record(m->ids[i]);
-                msgpack_pack_array(pk, 2);
-                msgpack_pack_int(pk, OP_FREE);
-                msgpack_pack_uint64(pk, src_id);
+                mb_writer *pk = act_runtime_record(m->ids[i]);
+                mb_w_array(pk, 2);
+                mb_w_int(pk, OP_FREE);
+                mb_w_uint(pk, src_id);
             }
         }
         src_id = out_id;
