@@ -66,6 +66,9 @@ class DTensor(_C.DTensor):
     """A tensor laid out over a DeviceMesh with one placement per mesh dim."""
 
     __slots__ = ()
+    # numpy must not take over `dtensor + ndarray` (it would fetch the value and compute locally):
+    # mixing a DTensor with an array is an error, as mixing a DTensor with a torch.Tensor is
+    __array_ufunc__ = None
 
     @property
     def dtype(self):

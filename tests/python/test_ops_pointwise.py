@@ -1,0 +1,337 @@
+"""Pointwise ops against numpy: unary math, binary arithmetic and comparisons with broadcasting
+and Python numbers, where, masked_fill, clamp and casts, over meshes of 1-4 devices and 2x2 with
+every legal placement (uneven and empty shards included), and the placements PyTorch's rules
+give without communication."""
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+import dtorch
+from conftest import mesh_1d, mesh_2x2
+from dtorch import Partial, Replicate, Shard
+
+MESHES = {"1": lambda: mesh_1d(1), "2": lambda: mesh_1d(2), "3": lambda: mesh_1d(3), "4": lambda: mesh_1d(4),
+          "2x2": mesh_2x2}
+
+
+@pytest.fixture
+def thread():
+    dtorch.shutdown()
+    dtorch.init(workers="thread")
+    yield
+    dtorch.shutdown()
+
+
+def placements_for(mesh, ndim):
+    """Every combination of Shard(d) / Replicate over the mesh dims."""
+    options = [Replicate()] + [Shard(d) for d in range(ndim)]
+    return [list(p) for p in itertools.product(options, repeat=mesh.ndim)]
+
+
+def nmse(got, ref):
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    finite = np.isfinite(ref)
+    assert np.array_equal(np.isfinite(got), finite), "non-finite values differ"
+    err = np.sum((got[finite] - ref[finite]) ** 2)
+    return err / max(np.sum(ref[finite] ** 2), 1e-30)
+
+
+def close(got, ref, dtype=dtorch.float32):
+    bound = {dtorch.float32: 1e-6, dtorch.float16: 1e-5, dtorch.bfloat16: 1e-4}[dtype]
+    assert nmse(got, ref) <= bound, f"nmse {nmse(got, ref):.3g} above {bound}"
+
+
+def bf16(a):
+    """float32 values rounded to bfloat16 (ties to even), as float32."""
+    bits = np.asarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
+    return bits.astype(np.uint32).view(np.float32)
+
+
+rng = np.random.default_rng(1234)
+X54 = rng.standard_normal((5, 4)).astype(np.float32)
+POS54 = (rng.random((5, 4)) + 0.1).astype(np.float32)
+
+UNARY = {
+    "neg": (np.negative, X54), "abs": (np.abs, X54), "exp": (np.exp, X54), "log": (np.log, POS54),
+    "sqrt": (np.sqrt, POS54), "rsqrt": (lambda a: 1 / np.sqrt(a), POS54), "sin": (np.sin, X54),
+    "cos": (np.cos, X54), "tanh": (np.tanh, X54), "sigmoid": (lambda a: 1 / (1 + np.exp(-a)), X54),
+    "relu": (lambda a: np.maximum(a, 0), X54), "silu": (lambda a: a / (1 + np.exp(-a)), X54),
+    "reciprocal": (lambda a: 1 / a, POS54),
+}
+
+
+@pytest.mark.parametrize("mesh_name", MESHES)
+@pytest.mark.parametrize("name", UNARY)
+def test_unary_every_placement(thread, mesh_name, name):
+    mesh = MESHES[mesh_name]()
+    ref_fn, data = UNARY[name]
+    fn = getattr(dtorch, name)
+    for pl in placements_for(mesh, 2):
+        x = dtorch.distribute_tensor(data, mesh, pl)
+        y = fn(x)
+        close(y.numpy(), ref_fn(data.astype(np.float64)))
+        assert y.placements == x.placements, "pointwise ops keep shards without communication"
+
+
+def test_gelu_exact_and_tanh(thread):
+    mesh = mesh_1d(3)
+    x = dtorch.distribute_tensor(X54, mesh, [Shard(0)])
+    a = X54.astype(np.float64)
+    exact = 0.5 * a * (1 + np.vectorize(math.erf)(a / math.sqrt(2)))
+    approx = 0.5 * a * (1 + np.tanh(math.sqrt(2 / math.pi) * (a + 0.044715 * a ** 3)))
+    close(dtorch.nn.functional.gelu(x).numpy(), exact)
+    close(dtorch.nn.functional.gelu(x, approximate="tanh").numpy(), approx)
+    with pytest.raises(ValueError):
+        dtorch.nn.functional.gelu(x, approximate="fast")
+
+
+@pytest.mark.parametrize("dtype", [dtorch.float16, dtorch.bfloat16])
+def test_unary_16bit(thread, dtype):
+    mesh = mesh_1d(2)
+    x = dtorch.distribute_tensor(X54, mesh, [Shard(0)]).to(dtype)
+    assert x.dtype == dtype
+    stored = x.numpy().astype(np.float64)  # the 16-bit values, exactly
+    for name in ("exp", "tanh", "silu", "neg"):
+        y = getattr(dtorch, name)(x)
+        assert y.dtype == dtype
+        close(y.numpy(), UNARY[name][0](stored), dtype)
+
+
+def test_unary_integer_rules(thread):
+    mesh = mesh_1d(3)
+    i = dtorch.arange(-3, 4, device_mesh=mesh, placements=[Shard(0)])
+    ref = np.arange(-3, 4)
+    assert (-i).dtype == dtorch.int64 and np.array_equal((-i).numpy(), -ref)
+    assert np.array_equal(dtorch.abs(i).numpy(), np.abs(ref))
+    assert np.array_equal(dtorch.relu(i).numpy(), np.maximum(ref, 0))
+    e = dtorch.exp(i)
+    assert e.dtype == dtorch.float32, "float functions of integers give float32, as torch"
+    close(e.numpy(), np.exp(ref))
+    b = i > 0
+    with pytest.raises(TypeError):
+        -b
+    assert np.array_equal((~b).numpy(), ref <= 0)
+
+
+BINARY = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "maximum": np.maximum,
+    "minimum": np.minimum, "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
+    "gt": np.greater, "ge": np.greater_equal,
+}
+SHAPES = [((5, 4), (5, 4)), ((5, 4), (4,)), ((5, 1), (1, 4)), ((6, 1, 3), (2, 1)), ((), (5, 4))]
+
+
+def values(shape, seed):
+    r = np.random.default_rng(seed)
+    return np.round(r.standard_normal(shape) * 4).astype(np.float32)  # integral: exact comparisons
+
+
+@pytest.mark.parametrize("mesh_name", ["1", "3", "4", "2x2"])
+@pytest.mark.parametrize("name", BINARY)
+def test_binary_broadcasting(thread, mesh_name, name):
+    mesh = MESHES[mesh_name]()
+    fn = getattr(dtorch, name)
+    for sa, sb in SHAPES:
+        a, b = values(sa, 1), values(sb, 2)
+        b = np.where(b == 0, 1, b) if name == "div" else b
+        for pa in placements_for(mesh, len(sa))[:6]:
+            for pb in placements_for(mesh, len(sb))[:4]:
+                x, y = dtorch.distribute_tensor(a, mesh, pa), dtorch.distribute_tensor(b, mesh, pb)
+                got = fn(x, y)
+                ref = BINARY[name](a, b)
+                assert got.shape == ref.shape
+                if ref.dtype == np.bool_:
+                    assert got.dtype == dtorch.bool and np.array_equal(got.numpy(), ref)
+                else:
+                    close(got.numpy(), ref)
+
+
+def test_binary_keeps_shards_without_communication(thread):
+    mesh = mesh_1d(4)
+    a, b = values((6, 4), 3), values((4,), 4)
+    x = dtorch.distribute_tensor(a, mesh, [Shard(0)])
+    bias = dtorch.distribute_tensor(b, mesh, [Replicate()])
+    assert (x + bias).placements == (Shard(0),)
+    y = dtorch.distribute_tensor(a, mesh, [Shard(1)])
+    col_bias = dtorch.distribute_tensor(b, mesh, [Shard(0)])
+    assert (y * col_bias).placements == (Shard(1),), "S1 + S0 of a 1-D bias lines up with broadcasting"
+    assert np.array_equal((y * col_bias).numpy(), a * b)
+    # mismatched shards: the output follows one input and the other is moved
+    z = x + y
+    assert z.placements in ((Shard(0),), (Shard(1),))
+    assert np.array_equal(z.numpy(), 2 * a)
+
+
+def test_numbers_on_either_side(thread):
+    mesh = mesh_1d(3)
+    a = values((5, 4), 5)
+    x = dtorch.distribute_tensor(a, mesh, [Shard(0)])
+    close((x + 1.5).numpy(), a + 1.5)
+    close((2 - x).numpy(), 2 - a)
+    close((x * 3).numpy(), a * 3)
+    close((1 / (x + 100)).numpy(), 1 / (a + 100))
+    close((x ** 2).numpy(), a ** 2)
+    close((2 ** (x / 4)).numpy(), 2 ** (a / 4))
+    assert np.array_equal((x >= 0).numpy(), a >= 0)
+    assert np.array_equal((0 < x).numpy(), 0 < a)
+    close(dtorch.maximum(x, dtorch.distribute_tensor(np.zeros(4, np.float32), mesh)).numpy(), np.maximum(a, 0))
+
+
+def test_type_promotion(thread):
+    mesh = mesh_1d(2)
+    i = dtorch.arange(6, device_mesh=mesh, placements=[Shard(0)])
+    f = dtorch.ones(6, device_mesh=mesh, placements=[Shard(0)])
+    i32 = i.to(dtorch.int32)
+    assert (i + 1).dtype == dtorch.int64
+    assert (i + 1.5).dtype == dtorch.float32
+    assert (i + f).dtype == dtorch.float32
+    assert (i32 + i).dtype == dtorch.int64
+    assert (i32 * 2).dtype == dtorch.int32
+    assert (i / 2).dtype == dtorch.float32 and np.array_equal((i / 2).numpy(), np.arange(6) / 2)
+    assert (i // 1 if False else i ** 2).dtype == dtorch.int64
+    h = f.to(dtorch.float16)
+    assert (h + f).dtype == dtorch.float32
+    assert (h + 1).dtype == dtorch.float16
+    assert (h + f.to(dtorch.bfloat16)).dtype == dtorch.float32
+    b = i > 2
+    assert (b + b).dtype == dtorch.bool and np.array_equal((b + b).numpy(), np.arange(6) > 2)
+    assert (b * i).dtype == dtorch.int64
+    assert np.array_equal((b & (i < 5)).numpy(), (np.arange(6) > 2) & (np.arange(6) < 5))
+    assert np.array_equal((b | (i < 1)).numpy(), (np.arange(6) > 2) | (np.arange(6) < 1))
+    with pytest.raises(TypeError):
+        b - b
+
+
+def test_integer_arithmetic_exact(thread):
+    mesh = mesh_1d(4)
+    a = np.array([-7, -3, 0, 2, 5, 9, 2 ** 40], np.int64)
+    b = np.array([2, 3, 1, -4, 5, 2, 3], np.int64)
+    x, y = dtorch.distribute_tensor(a, mesh, [Shard(0)]), dtorch.distribute_tensor(b, mesh, [Shard(0)])
+    assert np.array_equal((x + y).numpy(), a + b)
+    assert np.array_equal((x - y).numpy(), a - b)
+    assert np.array_equal((x * y).numpy(), a * b)
+    assert np.array_equal(dtorch.maximum(x, y).numpy(), np.maximum(a, b))
+    assert np.array_equal((y ** 2).numpy(), b ** 2)
+
+
+def test_partial_rules(thread):
+    mesh = mesh_1d(3)
+    parts = [np.full((2, 3), i + 1.0, np.float32) for i in range(3)]  # value: 6 everywhere
+    p = dtorch.from_local(parts, mesh, [Partial("sum")])
+    q = dtorch.from_local(parts, mesh, [Partial("sum")])
+    r = dtorch.distribute_tensor(np.full((2, 3), 2.0, np.float32), mesh)
+    assert (p + q).placements == (Partial("sum"),) and np.array_equal((p + q).numpy(), np.full((2, 3), 12.0))
+    assert (p * r).placements == (Partial("sum"),) and np.array_equal((p * r).numpy(), np.full((2, 3), 12.0))
+    assert (p * 2).placements == (Partial("sum"),) and np.array_equal((p * 2).numpy(), np.full((2, 3), 12.0))
+    assert (p / r).placements == (Partial("sum"),) and np.array_equal((p / r).numpy(), np.full((2, 3), 3.0))
+    assert (-p).placements == (Partial("sum"),) and np.array_equal((-p).numpy(), np.full((2, 3), -6.0))
+    # non-linear: reduced first, the value is exact
+    assert (p + 1).placements == (Replicate(),) and np.array_equal((p + 1).numpy(), np.full((2, 3), 7.0))
+    assert dtorch.relu(p - 7).placements == (Replicate(),)
+    close(dtorch.exp(p).numpy(), np.exp(np.full((2, 3), 6.0)))
+    assert np.array_equal((p * q).numpy(), np.full((2, 3), 36.0)), "P * P reduces one operand"
+    assert np.array_equal((r / p).numpy(), np.full((2, 3), 2 / 6, np.float32))
+    m = dtorch.from_local(parts, mesh, [Partial("max")])
+    assert np.array_equal((m + 1).numpy(), np.full((2, 3), 4.0))
+
+
+def test_partial_on_2d_mesh(thread):
+    mesh = mesh_2x2()
+    base = values((4, 3), 7)
+    pieces = [base[0:2] * (j + 1) if i == 0 else base[2:4] * (j + 1) for i in range(2) for j in range(2)]
+    p = dtorch.from_local(pieces, mesh, [Shard(0), Partial("sum")])
+    assert np.array_equal(p.numpy(), base * 3)
+    y = p * 2 + p
+    assert y.placements == (Shard(0), Partial("sum"))
+    assert np.array_equal(y.numpy(), base * 9)
+
+
+def test_where_masked_fill_clamp(thread):
+    for mesh in (mesh_1d(1), mesh_1d(4), mesh_2x2()):
+        a = values((5, 4), 8)
+        for pl in placements_for(mesh, 2)[:5]:
+            x = dtorch.distribute_tensor(a, mesh, pl)
+            cond = x > 0
+            assert np.array_equal(dtorch.where(cond, x, -x).numpy(), np.abs(a))
+            assert np.array_equal(dtorch.where(cond, x, 0.0).numpy(), np.where(a > 0, a, 0))
+            assert np.array_equal(dtorch.where(cond, 1.0, x).numpy(), np.where(a > 0, 1.0, a))
+            assert np.array_equal(x.masked_fill(cond, -1).numpy(), np.where(a > 0, -1, a))
+            row = dtorch.distribute_tensor(np.array([True, False, True, False]), mesh)
+            assert np.array_equal(x.masked_fill(row, 9).numpy(), np.where([True, False, True, False], 9, a))
+            assert np.array_equal(dtorch.clamp(x, -2, 3).numpy(), np.clip(a, -2, 3))
+            assert np.array_equal(x.clamp(min=0).numpy(), np.maximum(a, 0))
+            assert np.array_equal(x.clamp(max=1.5).numpy(), np.minimum(a, 1.5))
+    i = dtorch.arange(8, device_mesh=mesh_1d(3), placements=[Shard(0)])
+    assert np.array_equal(i.clamp(2, 5).numpy(), np.clip(np.arange(8), 2, 5))
+    assert i.clamp(2, 5).dtype == dtorch.int64
+    with pytest.raises(ValueError):
+        dtorch.clamp(i)
+
+
+@pytest.mark.parametrize("src", [dtorch.float32, dtorch.float16, dtorch.bfloat16, dtorch.int32, dtorch.int64,
+                                 dtorch.bool])
+def test_casts(thread, src):
+    mesh = mesh_1d(3)
+    a = np.array([-2.75, -1.0, 0.0, 0.5, 1.5, 3.0, 100.25], np.float32)
+    x = dtorch.distribute_tensor(a, mesh, [Shard(0)]).to(src)
+    ref = {dtorch.float32: a, dtorch.float16: a.astype(np.float16).astype(np.float32), dtorch.bfloat16: bf16(a),
+           dtorch.int32: np.trunc(a), dtorch.int64: np.trunc(a), dtorch.bool: a != 0}[src]
+    assert x.dtype == src
+    assert np.array_equal(x.numpy().astype(np.float64), np.asarray(ref, np.float64))
+    for dst in (dtorch.float32, dtorch.int64, dtorch.bool):
+        y = x.to(dst)
+        assert y.dtype == dst and y.placements == (Shard(0),)
+        want = np.asarray(ref, np.float64)
+        want = want != 0 if dst == dtorch.bool else np.trunc(want) if dst == dtorch.int64 else want
+        assert np.array_equal(y.numpy().astype(np.float64), np.asarray(want, np.float64))
+
+
+def test_bad_input(thread):
+    mesh = mesh_1d(2)
+    x = dtorch.ones(5, 4, device_mesh=mesh, placements=[Shard(0)])
+    with pytest.raises(ValueError, match="size of tensor"):
+        x + dtorch.ones(3, device_mesh=mesh)
+    with pytest.raises(TypeError):
+        x + "one"
+    with pytest.raises(TypeError):
+        x + np.ones(4)
+    with pytest.raises(TypeError, match="bool"):
+        dtorch.where(x, x, x)
+    other = mesh_1d(3)
+    with pytest.raises(RuntimeError, match="cross-mesh"):
+        x + dtorch.ones(5, 4, device_mesh=other)
+    with pytest.raises(TypeError):
+        x.masked_fill(x, 0)
+    assert np.array_equal((x + 1).numpy(), np.full((5, 4), 2.0)), "the runtime keeps working"
+
+
+def test_strict_mode_names_op_and_placements(thread):
+    mesh = mesh_1d(2)
+    x = dtorch.ones(4, 4, device_mesh=mesh, placements=[Shard(0)])
+    y = dtorch.ones(4, 4, device_mesh=mesh, placements=[Shard(1)])
+    dtorch.set_strict(True)
+    try:
+        with pytest.raises(RuntimeError, match=r"add.*Shard\(dim=1\)"):
+            x + y
+        assert (x + x).placements == (Shard(0),), "no redistribute needed: fine in strict mode"
+    finally:
+        dtorch.set_strict(False)
+    assert np.array_equal((x + y).numpy(), np.full((4, 4), 2.0))
+
+
+def test_process_mode_subset():
+    dtorch.shutdown()
+    dtorch.init(workers="process")
+    try:
+        mesh = mesh_2x2()
+        a = values((5, 4), 9)
+        x = dtorch.distribute_tensor(a, mesh, [Shard(0), Shard(1)])
+        b = dtorch.distribute_tensor(a[0], mesh)
+        assert np.array_equal((x * b - 1).numpy(), a * a[0] - 1)
+        close(dtorch.sigmoid(x).numpy(), 1 / (1 + np.exp(-a.astype(np.float64))))
+        assert np.array_equal(dtorch.where(x > 0, x, 0).numpy(), np.maximum(a, 0))
+    finally:
+        dtorch.shutdown()
