@@ -10,6 +10,9 @@ Figures, for thread workers and then process workers (``dtorch.init(workers=...)
     for the loop alone (what the user's thread pays) and including the closing
     ``dtorch.synchronize()`` (what the devices need to keep up); beside ``np.full((4,), 1.0)``.
     Best of ``--repeats`` runs: noise on a shared machine only ever adds time.
+  * ``c = a + b`` of two 1-element DTensors on a 2-device mesh (the per-op path of every op:
+    a Python operator into the op registry), loop alone and with ``synchronize()``, beside
+    numpy's own ``a + b`` on 1-element arrays; the ops/s the mesh sustains end to end follow.
   * ``x.numpy()`` of an existing 4-element DTensor: the fetch round trip, median and p90.
   * ``dtorch.full(...).numpy()``: one op plus its fetch, median and p90.
 """
@@ -59,6 +62,28 @@ def _dtorch_loop(n, mesh):
     return t1 - t0, t2 - t0
 
 
+def _numpy_add_loop(n):
+    a, b = np.ones(1, np.float32), np.ones(1, np.float32)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        c = a + b
+    return time.perf_counter() - t0
+
+
+def _dtorch_add_loop(n, mesh):
+    a, b = dtorch.ones(1, device_mesh=mesh), dtorch.ones(1, device_mesh=mesh)
+    dtorch.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        c = a + b
+    t1 = time.perf_counter()
+    dtorch.synchronize()
+    t2 = time.perf_counter()
+    if c.numpy().tolist() != [2.0]:
+        raise SystemExit("bench_ops: a + b gave a wrong value")
+    return t1 - t0, t2 - t0
+
+
 def _percentiles(samples):
     samples = sorted(samples)
     return statistics.median(samples), samples[int(0.9 * (len(samples) - 1))]
@@ -93,10 +118,13 @@ def _mode(workers, args):
     mesh = dtorch.DeviceMesh("cpu", [0, 1])
     _dtorch_loop(args.n // 10, mesh)  # warm-up: steady-state pools and credit windows
     loop_s, total_s = _best(lambda: _dtorch_loop(args.n, mesh), args.repeats)
+    _dtorch_add_loop(args.n // 10, mesh)
+    add_loop_s, add_total_s = _best(lambda: _dtorch_add_loop(args.n, mesh), args.repeats)
     fetch = _fetch_samples(args.fetches, mesh)
     op_fetch = _op_fetch_samples(args.fetches, mesh)
     dtorch.shutdown()
     return {"loop_us": loop_s / args.n * 1e6, "total_us": total_s / args.n * 1e6,
+            "add_us": add_loop_s / args.n * 1e6, "add_total_us": add_total_s / args.n * 1e6,
             "fetch_us": tuple(v * 1e6 for v in fetch), "op_fetch_us": tuple(v * 1e6 for v in op_fetch)}
 
 
@@ -109,6 +137,7 @@ def main():
     args = parser.parse_args()
 
     np_us = _best(lambda: _numpy_loop(args.n), args.repeats) / args.n * 1e6
+    np_add_us = _best(lambda: _numpy_add_loop(args.n), args.repeats) / args.n * 1e6
     empty_us = _best(lambda: _empty_loop(args.n), args.repeats) / args.n * 1e6
     results = {m: _mode(m, args) for m in args.modes.split(",")}
 
@@ -125,6 +154,15 @@ def main():
               f"{r['loop_us'] / np_us:8.1f}x")
         print(f"  {'full((4,), 1.0) loop + synchronize()':46} {mode:8} {r['total_us']:9.3f} {np_us:9.3f} "
               f"{r['total_us'] / np_us:8.1f}x")
+    print()
+    print(f"  reference: numpy a + b on 1-element float32 arrays = {np_add_us:.3f} us per op (target: DTorch <= 3x)")
+    print(f"  {'figure (us per op)':46} {'workers':8} {'DTorch':>9} {'numpy':>9} {'DT/numpy':>9}")
+    for mode, r in results.items():
+        print(f"  {'a + b, 1 element, 2 devices: loop only':46} {mode:8} {r['add_us']:9.3f} {np_add_us:9.3f} "
+              f"{r['add_us'] / np_add_us:8.1f}x")
+        print(f"  {'a + b, 1 element, 2 devices: + synchronize()':46} {mode:8} {r['add_total_us']:9.3f} "
+              f"{np_add_us:9.3f} {r['add_total_us'] / np_add_us:8.1f}x   ({1 / r['add_total_us']:.2f} M ops/s "
+              f"end to end)")
     print()
     print(f"  {'round trip (us)':46} {'workers':8} {'median':>9} {'p90':>9}")
     for mode, r in results.items():

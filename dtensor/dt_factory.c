@@ -25,14 +25,14 @@ static dt_tensor *s_tensor_new(const char *op, dt_mesh *mesh, int ndim, const in
         dt_err(DT_ETYPE, "%s: unknown dtype %d", op, (int)dtype);
         return NULL;
     }
-    dt_tensor *t = calloc(1, sizeof *t);
+    dt_tensor *t = dtn_tensor_alloc();
     if (!t) {
         dt_err(DT_ENOMEM, "%s: out of memory", op);
         return NULL;
     }
     if (dtn_check_shape(op, ndim, shape) != 0 ||
         dtn_check_placements(op, mesh->ndim, placements, ndim, t->placements) != 0) {
-        free(t);
+        dtn_tensor_free(t);
         return NULL;
     }
     atomic_init(&t->refs, 1);

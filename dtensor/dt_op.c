@@ -131,7 +131,7 @@ int dt_op_run(int id, int n, dt_tensor *const *in, const dt_op_attrs *attrs, int
     dt_mesh *mesh = in[0]->mesh;
     dt_tensor *made[OP_MAX_OUTPUTS] = {NULL};
     for (int o = 0; o < c.nout; o++) {
-        dt_tensor *t = calloc(1, sizeof *t);
+        dt_tensor *t = dtn_tensor_alloc();
         if (!t) {
             for (int p = 0; p < o; p++)
                 dt_tensor_release(&made[p]);

@@ -187,7 +187,7 @@ static int s_redistribute(const char *op, int n, dt_tensor *const *ts, dt_mesh *
             out[made] = dt_tensor_ref(t);
             continue;
         }
-        dt_tensor *o = calloc(1, sizeof *o);
+        dt_tensor *o = dtn_tensor_alloc();
         if (!o) {
             rc = dt_err(DT_ENOMEM, "%s: out of memory", op);
             goto fail;

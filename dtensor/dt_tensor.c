@@ -10,6 +10,29 @@
 #include "dtn_types.h"
 #include "op_codes.h"
 
+#define S_CACHE 256 /* handle structs kept per thread for reuse */
+
+static _Thread_local dt_tensor *s_cache[S_CACHE];
+static _Thread_local int s_cached;
+
+dt_tensor *dtn_tensor_alloc(void)
+{
+    dt_tensor *t = s_cached > 0 ? s_cache[--s_cached] : malloc(sizeof *t);
+    if (t) {
+        memset(t, 0, sizeof *t);
+        atomic_init(&t->refs, 1);
+    }
+    return t;
+}
+
+void dtn_tensor_free(dt_tensor *t)
+{
+    if (s_cached < S_CACHE)
+        s_cache[s_cached++] = t;
+    else
+        free(t);
+}
+
 dt_tensor *dt_tensor_ref(dt_tensor *t)
 {
     atomic_fetch_add(&t->refs, 1);
@@ -25,7 +48,7 @@ void dt_tensor_release(dt_tensor **tp)
     if (t->id)
         act_runtime_free(t->epoch, t->mesh, t->id);
     dt_mesh_release(&t->mesh);
-    free(t);
+    dtn_tensor_free(t);
 }
 
 int dt_tensor_ndim(const dt_tensor *t) { return t->ndim; }

@@ -28,4 +28,8 @@ struct dt_tensor {
     dt_placement placements[DT_MAX_DIMS]; /* (mesh->ndim) normalised */
 };
 
+/* Handle structs come from a small per-thread free list: a calloc per op showed in profiles. */
+dt_tensor *dtn_tensor_alloc(void);   /* zeroed, one reference */
+void dtn_tensor_free(dt_tensor *t);   /* the struct only */
+
 #endif

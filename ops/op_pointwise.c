@@ -211,8 +211,27 @@ static void s_follow(const op_call *c, int k, dt_placement *out_pl, bool *allow)
     }
 }
 
+/* The common case: operands of the output's shape laid out alike, none Partial. */
+static bool s_plain(const op_call *c)
+{
+    const op_arg *o = &c->out[0];
+    for (int m = 0; m < c->mesh_ndim; m++)
+        if (c->in[0].pl[m].kind == DT_PARTIAL)
+            return false;
+    for (int i = 0; i < c->nin; i++)
+        if (c->in[i].ndim != o->ndim || memcmp(c->in[i].shape, o->shape, sizeof(int64_t) * (size_t)o->ndim) ||
+            !op_same_placements(c->in[i].pl, c->in[0].pl, c->mesh_ndim))
+            return false;
+    return true;
+}
+
 static int s_shard(op_call *c)
 {
+    if (s_plain(c)) {
+        /* nothing moves; every input already has what it needs (want defaults to its own) */
+        memcpy(c->out[0].pl, c->in[0].pl, sizeof c->out[0].pl);
+        return 0;
+    }
     dt_placement best_out[DT_MAX_DIMS], out_pl[DT_MAX_DIMS], want[OP_MAX_INPUTS][DT_MAX_DIMS];
     int64_t best = -1;
     /* candidates: follow input 0, 1, ..., then all Replicate; the first of the cheapest wins */
