@@ -141,7 +141,8 @@ def from_local(local_tensor, device_mesh, placements, *, shape=None, run_check=F
     for p in pieces:
         if p.dtype != pieces[0].dtype:
             raise TypeError(f"from_local: local pieces have different dtypes ({pieces[0].dtype} and {p.dtype})")
-    pieces = [np.ascontiguousarray(p.view(np.uint16) if p.dtype.name == "bfloat16" else p) for p in pieces]
+    # np.require keeps 0-d pieces 0-d (ascontiguousarray would make them 1-D)
+    pieces = [np.require(p.view(np.uint16) if p.dtype.name == "bfloat16" else p, requirements="C") for p in pieces]
     if shape is not None:
         shape = _size("from_local", (shape,))
     return _C._from_local(mesh, mesh._c, pieces, dt._code, _raw(placements), shape)
