@@ -11,6 +11,11 @@
 
 /* ---- errors ------------------------------------------------------------------------------ */
 
+/* Bad values and bad types are ValueError and TypeError to a Python user, and RuntimeError to
+ * code written against PyTorch (which raises RuntimeError for shape and dtype mismatches): the
+ * exceptions are both. */
+static PyObject *s_value_error, *s_type_error;
+
 static PyObject *s_raise(void)
 {
     int code = dt_last_error_code();
@@ -18,8 +23,8 @@ static PyObject *s_raise(void)
         return NULL; /* the signal handler's exception (KeyboardInterrupt) is already set */
     PyObject *type = PyExc_RuntimeError;
     switch (code) {
-    case DT_EINVAL: type = PyExc_ValueError; break;
-    case DT_ETYPE: type = PyExc_TypeError; break;
+    case DT_EINVAL: type = s_value_error; break;
+    case DT_ETYPE: type = s_type_error; break;
     case DT_EINDEX: type = PyExc_IndexError; break;
     case DT_ETIMEDOUT: type = PyExc_TimeoutError; break;
     case DT_ENOMEM: type = PyExc_MemoryError; break;
@@ -1009,7 +1014,17 @@ PyMODINIT_FUNC PyInit__C(void)
     PyObject *m = PyModule_Create(&s_module);
     if (!m)
         return NULL;
-    if (PyModule_AddObjectRef(m, "Mesh", (PyObject *)&s_MeshType) < 0 ||
+    PyObject *value_bases = PyTuple_Pack(2, PyExc_ValueError, PyExc_RuntimeError);
+    PyObject *type_bases = PyTuple_Pack(2, PyExc_TypeError, PyExc_RuntimeError);
+    s_value_error = value_bases ? PyErr_NewExceptionWithDoc("dtorch.DTorchValueError",
+        "A bad argument value or shape (a ValueError, and a RuntimeError as PyTorch raises).", value_bases, NULL) : NULL;
+    s_type_error = type_bases ? PyErr_NewExceptionWithDoc("dtorch.DTorchTypeError",
+        "A bad dtype or argument type (a TypeError, and a RuntimeError as PyTorch raises).", type_bases, NULL) : NULL;
+    Py_XDECREF(value_bases);
+    Py_XDECREF(type_bases);
+    if (!s_value_error || !s_type_error || PyModule_AddObjectRef(m, "DTorchValueError", s_value_error) < 0 ||
+        PyModule_AddObjectRef(m, "DTorchTypeError", s_type_error) < 0 ||
+        PyModule_AddObjectRef(m, "Mesh", (PyObject *)&s_MeshType) < 0 ||
         PyModule_AddObjectRef(m, "TensorFuture", (PyObject *)&s_FutureType) < 0 ||
         PyModule_AddObjectRef(m, "DTensor", (PyObject *)&s_TensorType) < 0) {
         Py_DECREF(m);

@@ -10,6 +10,9 @@ typedef struct {
 
 static const s_family s_families[] = {
     {op_pointwise_ops, &op_pointwise_count},
+    {op_reduce_ops, &op_reduce_count},
+    {op_view_ops, &op_view_count},
+    {op_matmul_ops, &op_matmul_count},
 };
 
 #define S_NFAMILIES (int)(sizeof s_families / sizeof s_families[0])

@@ -87,6 +87,12 @@ const op_def *op_at(int index);
 /* Family tables (ops/op_<family>.c). */
 extern const op_def op_pointwise_ops[];
 extern const int op_pointwise_count;
+extern const op_def op_reduce_ops[];
+extern const int op_reduce_count;
+extern const op_def op_view_ops[];
+extern const int op_view_count;
+extern const op_def op_matmul_ops[];
+extern const int op_matmul_count;
 
 /* Shared rule helpers (ops/op_rules.c). */
 /* Result dtype of combining two dtypes as torch promotes them. */

@@ -17,10 +17,17 @@ from ._ops import (abs, add, clamp, clip, cos, div, divide, eq, exp, ge, gelu, g
                    logical_not, logical_or, lt, masked_fill, maximum, minimum, mul, multiply, ne, neg, negative,
                    pow, reciprocal, relu, rsqrt, sigmoid, silu, sin, sqrt, sub, subtract, tanh, to, true_divide,
                    where)
+from ._ops_view import (cat, chunk, concat, concatenate, flatten, index_select, movedim, narrow, permute,
+                        reshape, select, split, squeeze, stack, swapaxes, swapdims, t, transpose, tril, triu, unbind,
+                        unsqueeze)
+from ._ops_matmul import bmm, embedding, linear, matmul, mm, scaled_dot_product_attention
+from ._ops_reduce import (amax, amin, argmax, argmin, cumsum, layer_norm, log_softmax, max, mean, min, rms_norm,
+                          softmax, sum, topk)
 from . import nn
 
 _C._register(DTensor, TensorFuture)
 set_strict, get_strict = _C.set_strict, _C.get_strict
+DTorchValueError, DTorchTypeError = _C.DTorchValueError, _C.DTorchTypeError
 
 __version__ = "0.1.0"
 

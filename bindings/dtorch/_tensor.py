@@ -7,7 +7,7 @@ from . import _C, _dtype
 from ._placement import _from_raw, _raw
 
 # error codes of dtorch.h -> the exception a Python user expects
-_EXCEPTIONS = {-1: ValueError, -2: TypeError, -3: IndexError, -5: TimeoutError, -8: MemoryError,
+_EXCEPTIONS = {-1: _C.DTorchValueError, -2: _C.DTorchTypeError, -3: IndexError, -5: TimeoutError, -8: MemoryError,
                -10: KeyboardInterrupt}
 
 

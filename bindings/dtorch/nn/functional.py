@@ -1,4 +1,6 @@
 """Neural-network functions with torch.nn.functional's names and signatures."""
+from .._ops_reduce import layer_norm, nn_log_softmax as log_softmax, nn_softmax as softmax, rms_norm
 from .._ops import gelu, relu, sigmoid, silu, tanh
+from .._ops_matmul import embedding, linear, scaled_dot_product_attention
 
 __all__ = ["gelu", "relu", "sigmoid", "silu", "tanh"]

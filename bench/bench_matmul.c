@@ -1,0 +1,214 @@
+/* bench_matmul — what DTorch's matmul kernel delivers next to OpenBLAS called directly, measured
+ * in one run.
+ *
+ * For square float32 products of 256, 512 and 1024 (and any sizes given on the command line) on
+ * a 1-device mesh with thread workers, it reports GFLOP/s (2 n^3 flops per product) of:
+ *   (a) OpenBLAS: cblas_sgemm called directly on this thread, on the same values, with the same
+ *       OpenBLAS thread count the devices use;
+ *   (b) DTorch, one op: dt_op("matmul") timed from submit to dt_synchronize — everything a user
+ *       waits for (record, message, kernel, completion), nothing subtracted;
+ *   (c) DTorch, pipelined: a run of ops submitted back to back, then one dt_synchronize.
+ * Each figure is the median of its repeats (these machines are noisy). The DTorch result of the
+ * last product is fetched and compared with the direct one (they must agree to float rounding).
+ *
+ * The thread count is 1 unless DTORCH_BLAS_THREADS says otherwise; OPENBLAS_CORETYPE is reported
+ * when set (it picks OpenBLAS's kernels; this program does not change it).
+ *
+ * Usage: bench_matmul [repeat_scale [n ...]]
+ *   repeat_scale multiplies every repeat count (e.g. 0.2 for a quick look).
+ */
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cpu_matmul.h"
+#include "dtorch.h"
+
+#define S_MAX_SIZES 16
+#define S_PIPELINE 8 /* ops per pipelined run */
+
+static double s_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int s_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double s_median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, s_cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void s_die(const char *what)
+{
+    fprintf(stderr, "bench_matmul: %s failed: %s\n", what, dt_last_error());
+    exit(1);
+}
+
+/* The whole value of t, copied out (caller frees). */
+static float *s_fetch(dt_tensor *t, int64_t n)
+{
+    dt_future *f = dt_tensor_fetch(t);
+    if (!f || dt_future_wait(f, -1) != 0)
+        s_die("fetch");
+    float *out = malloc((size_t)n * sizeof *out);
+    if (!out)
+        s_die("malloc");
+    memcpy(out, dt_future_data(f, 0), (size_t)n * sizeof *out);
+    dt_future_release(&f);
+    return out;
+}
+
+static dt_tensor *s_matmul(dt_tensor *a, dt_tensor *b)
+{
+    dt_tensor *in[2] = {a, b}, *out = NULL;
+    if (dt_op("matmul", 2, in, NULL, 1, &out) != 1)
+        s_die("dt_op(matmul)");
+    return out;
+}
+
+typedef struct {
+    double blas, dt_one, dt_pipe; /* GFLOP/s */
+    double max_rel_err;
+} s_result;
+
+static s_result s_run(dt_mesh *mesh, int64_t n, int repeats)
+{
+    int64_t shape[2] = {n, n}, numel = n * n;
+    double flops = 2.0 * (double)n * (double)n * (double)n;
+    dt_tensor *a = dt_randn(mesh, 2, shape, DT_FLOAT32, NULL), *b = dt_randn(mesh, 2, shape, DT_FLOAT32, NULL);
+    if (!a || !b)
+        s_die("dt_randn");
+    float *ha = s_fetch(a, numel), *hb = s_fetch(b, numel), *hc = malloc((size_t)numel * sizeof *hc);
+    double *t = malloc((size_t)repeats * sizeof *t);
+    if (!hc || !t)
+        s_die("malloc");
+    s_result r = {0};
+
+    /* (a) OpenBLAS directly; one warm-up */
+    for (int i = -1; i < repeats; i++) {
+        double t0 = s_now();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)n, (int)n, 1.0f, ha, (int)n, hb, (int)n,
+                    0.0f, hc, (int)n);
+        if (i >= 0)
+            t[i] = s_now() - t0;
+    }
+    r.blas = flops / s_median(t, repeats) * 1e-9;
+
+    /* (b) one op, submit to synchronize; the release only queues a free for the next message */
+    dt_tensor *c = s_matmul(a, b);
+    if (dt_synchronize() != 0)
+        s_die("dt_synchronize");
+    dt_tensor_release(&c);
+    for (int i = 0; i < repeats; i++) {
+        double t0 = s_now();
+        c = s_matmul(a, b);
+        if (dt_synchronize() != 0)
+            s_die("dt_synchronize");
+        t[i] = s_now() - t0;
+        if (i + 1 < repeats)
+            dt_tensor_release(&c);
+    }
+    r.dt_one = flops / s_median(t, repeats) * 1e-9;
+
+    /* the last product against the direct one */
+    float *got = s_fetch(c, numel);
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < numel; i++) {
+        double d = (double)got[i] - (double)hc[i];
+        num += d * d;
+        den += (double)hc[i] * (double)hc[i];
+    }
+    r.max_rel_err = sqrt(num / (den > 0 ? den : 1));
+    free(got);
+    dt_tensor_release(&c);
+
+    /* (c) pipelined */
+    int runs = repeats / S_PIPELINE > 3 ? repeats / S_PIPELINE : 3;
+    for (int i = 0; i < runs; i++) {
+        double t0 = s_now();
+        for (int j = 0; j < S_PIPELINE; j++) {
+            dt_tensor *x = s_matmul(a, b);
+            dt_tensor_release(&x);
+        }
+        if (dt_synchronize() != 0)
+            s_die("dt_synchronize");
+        t[i] = (s_now() - t0) / S_PIPELINE;
+    }
+    r.dt_pipe = flops / s_median(t, runs) * 1e-9;
+
+    free(ha);
+    free(hb);
+    free(hc);
+    free(t);
+    dt_tensor_release(&a);
+    dt_tensor_release(&b);
+    return r;
+}
+
+int main(int argc, char **argv)
+{
+    double scale = argc > 1 ? atof(argv[1]) : 1.0;
+    if (!(scale > 0)) {
+        fprintf(stderr, "usage: %s [repeat_scale>0 [n ...]]\n", argv[0]);
+        return 2;
+    }
+    int64_t sizes[S_MAX_SIZES] = {256, 512, 1024};
+    int nsizes = 3;
+    if (argc > 2) {
+        nsizes = 0;
+        for (int i = 2; i < argc && nsizes < S_MAX_SIZES; i++)
+            if ((sizes[nsizes] = atoll(argv[i])) > 0)
+                nsizes++;
+    }
+    int threads = cpu_blas_threads(); /* the setting the devices use, applied before any product */
+    const char *coretype = getenv("OPENBLAS_CORETYPE");
+    printf("DTorch matmul benchmark: %ld CPUs online; OpenBLAS %s\n", sysconf(_SC_NPROCESSORS_ONLN),
+           openblas_get_config());
+    printf("  OpenBLAS threads: %d (DTORCH_BLAS_THREADS=%s); OPENBLAS_CORETYPE=%s\n", threads,
+           getenv("DTORCH_BLAS_THREADS") ? getenv("DTORCH_BLAS_THREADS") : "(unset)", coretype ? coretype : "(unset)");
+    printf("  float32 (n x n) @ (n x n) on a 1-device mesh, thread workers; medians; GFLOP/s = 2 n^3 / time\n");
+    fflush(stdout);
+
+    if (dt_init(&(dt_config){DT_WORKERS_THREAD, NULL}) != 0)
+        s_die("dt_init");
+    dt_mesh *mesh = dt_mesh_new("cpu", 1, (int64_t[]){1}, (int64_t[]){0}, NULL);
+    if (!mesh)
+        s_die("dt_mesh_new");
+    printf("\n  %6s %8s %12s %12s %12s %9s %9s %10s\n", "n", "repeats", "sgemm", "DTorch op", "pipelined", "op/sgemm",
+           "pipe/sg", "rel err");
+    int failed = 0;
+    for (int s = 0; s < nsizes; s++) {
+        int64_t n = sizes[s];
+        int repeats = (int)lround((n <= 256 ? 200 : n <= 512 ? 50 : n <= 1024 ? 12 : 4) * scale);
+        if (repeats < 3)
+            repeats = 3;
+        s_result r = s_run(mesh, n, repeats);
+        printf("  %6lld %8d %12.2f %12.2f %12.2f %8.3fx %8.3fx %10.2e\n", (long long)n, repeats, r.blas, r.dt_one,
+               r.dt_pipe, r.dt_one / r.blas, r.dt_pipe / r.blas, r.max_rel_err);
+        fflush(stdout);
+        if (!(r.max_rel_err < 1e-5)) {
+            fprintf(stderr, "bench_matmul: the DTorch product differs from sgemm (relative error %.3g)\n",
+                    r.max_rel_err);
+            failed = 1;
+        }
+    }
+    printf("\n  sgemm: cblas_sgemm on this thread; DTorch op: dt_op(\"matmul\") submit -> dt_synchronize, one at a "
+           "time;\n  pipelined: %d ops, then one dt_synchronize; rel err: ||DTorch - sgemm|| / ||sgemm||\n",
+           S_PIPELINE);
+    dt_mesh_release(&mesh);
+    if (dt_shutdown() != 0)
+        s_die("dt_shutdown");
+    return failed;
+}

@@ -1,0 +1,209 @@
+"""Reductions and normalisation with torch's names and signatures: sum, mean, max, min, amax,
+amin, argmax, argmin, softmax, log_softmax, cumsum, topk, layer_norm, rms_norm. Each is a thin
+call into the C op registry (ops/op_reduce.c), which checks arguments, works out shapes, dtypes
+and placements (a reduction over a sharded dim gives a Partial result) and sends each device its
+part."""
+import builtins
+import collections
+import numbers
+import warnings
+
+from . import _C, _dtype
+from ._ops import maximum, minimum
+from ._tensor import DTensor
+
+# torch.return_types.{max,min,topk}: tuples whose fields are also named
+max_result = collections.namedtuple("max", ["values", "indices"])
+min_result = collections.namedtuple("min", ["values", "indices"])
+topk_result = collections.namedtuple("topk", ["values", "indices"])
+
+
+def _tensor(name, x, what="input"):
+    if not isinstance(x, DTensor):
+        raise TypeError(f"{name}(): {what} must be a DTensor, got {type(x).__name__} "
+                        "(distribute arrays with dtorch.distribute_tensor first)")
+    return x
+
+
+def _int(name, x, what="dim"):
+    if isinstance(x, builtins.bool) or not isinstance(x, numbers.Integral):
+        raise TypeError(f"{name}(): argument '{what}' must be an int, got {type(x).__name__}")
+    return builtins.int(x)
+
+
+def _dims(name, dim):
+    """dim as a tuple of ints: None and () mean every dim."""
+    if dim is None:
+        return ()
+    if isinstance(dim, (tuple, list)):
+        return tuple(_int(name, d) for d in dim)
+    return (_int(name, dim),)
+
+
+def _dtype_code(dtype):
+    return -1 if dtype is None else _dtype._resolve(dtype)._code
+
+
+def _list_reduce(name, input, dim, keepdim, dtype=None):
+    _tensor(name, input)
+    return _C._op(name, (input,), (builtins.int(builtins.bool(keepdim)), _dtype_code(dtype)) + _dims(name, dim),
+                  None, None)
+
+
+def sum(input, dim=None, keepdim=False, *, dtype=None):
+    """Sum over dim (an int or a tuple of ints; None: every dim). bool and integer inputs sum to
+    int64; dtype= converts the input first."""
+    return _list_reduce("sum", input, dim, keepdim, dtype)
+
+
+def mean(input, dim=None, keepdim=False, *, dtype=None):
+    """Mean over dim (an int or a tuple of ints; None: every dim); floating inputs only, or a
+    floating dtype=."""
+    return _list_reduce("mean", input, dim, keepdim, dtype)
+
+
+def amax(input, dim=(), keepdim=False):
+    """Largest value over dim (an int or a tuple of ints; (): every dim)."""
+    return _list_reduce("amax", input, dim, keepdim)
+
+
+def amin(input, dim=(), keepdim=False):
+    """Smallest value over dim (an int or a tuple of ints; (): every dim)."""
+    return _list_reduce("amin", input, dim, keepdim)
+
+
+def _extreme(name, pointwise, result, input, dim, keepdim):
+    _tensor(name, input)
+    if isinstance(dim, DTensor):
+        return pointwise(input, dim)
+    if dim is None:
+        if keepdim:
+            raise TypeError(f"{name}(): keepdim needs a dim")
+        return _C._op(name, (input,), None, None, None)
+    values, indices = _C._op(name + "_dim", (input,), (_int(name, dim), builtins.int(builtins.bool(keepdim))),
+                             None, None)
+    return result(values, indices)
+
+
+def max(input, dim=None, keepdim=False):
+    """max(input): the largest value. max(input, dim, keepdim=False): (values, indices) along dim.
+    max(input, other): the elementwise maximum."""
+    return _extreme("max", maximum, max_result, input, dim, keepdim)
+
+
+def min(input, dim=None, keepdim=False):
+    """min(input): the smallest value. min(input, dim, keepdim=False): (values, indices) along dim.
+    min(input, other): the elementwise minimum."""
+    return _extreme("min", minimum, min_result, input, dim, keepdim)
+
+
+def _arg(name, input, dim, keepdim):
+    _tensor(name, input)
+    ints = (builtins.int(builtins.bool(keepdim)),) + (() if dim is None else (_int(name, dim),))
+    return _C._op(name, (input,), ints, None, None)
+
+
+def argmax(input, dim=None, keepdim=False):
+    """int64 index of the largest value along dim (None: into the flattened tensor)."""
+    return _arg("argmax", input, dim, keepdim)
+
+
+def argmin(input, dim=None, keepdim=False):
+    """int64 index of the smallest value along dim (None: into the flattened tensor)."""
+    return _arg("argmin", input, dim, keepdim)
+
+
+def _softmax(name, input, dim, dtype):
+    _tensor(name, input)
+    return _C._op(name, (input,), (_int(name, dim), _dtype_code(dtype)), None, None)
+
+
+def softmax(input, dim, dtype=None):
+    """softmax along dim, computed in float32 (dtype= converts the input first)."""
+    return _softmax("softmax", input, dim, dtype)
+
+
+def log_softmax(input, dim, dtype=None):
+    """log of softmax along dim, computed in float32 without forming the softmax."""
+    return _softmax("log_softmax", input, dim, dtype)
+
+
+def _implicit_dim(name, input, dim, stacklevel):
+    """torch.nn.functional's legacy choice when dim is None (deprecated there, with a warning)."""
+    if dim is not None:
+        return dim
+    warnings.warn(f"Implicit dimension choice for {name} has been deprecated. Change the call to include dim=X "
+                  "as an argument.", stacklevel=stacklevel)
+    return 0 if _tensor(name, input).ndim in (0, 1, 3) else 1
+
+
+def nn_softmax(input, dim=None, _stacklevel=3, dtype=None):
+    """torch.nn.functional.softmax."""
+    return softmax(input, _implicit_dim("softmax", input, dim, _stacklevel), dtype)
+
+
+def nn_log_softmax(input, dim=None, _stacklevel=3, dtype=None):
+    """torch.nn.functional.log_softmax."""
+    return log_softmax(input, _implicit_dim("log_softmax", input, dim, _stacklevel), dtype)
+
+
+def cumsum(input, dim, *, dtype=None):
+    """Running sum along dim; bool and integer inputs sum to int64."""
+    _tensor("cumsum", input)
+    return _C._op("cumsum", (input,), (_int("cumsum", dim), _dtype_code(dtype)), None, None)
+
+
+def topk(input, k, dim=-1, largest=True, sorted=True):
+    """(values, indices) of the k largest (or smallest) elements along dim, largest first (or
+    smallest first)."""
+    _tensor("topk", input)
+    ints = (_int("topk", k, "k"), _int("topk", dim), builtins.int(builtins.bool(largest)),
+            builtins.int(builtins.bool(sorted)))
+    values, indices = _C._op("topk", (input,), ints, None, None)
+    return topk_result(values, indices)
+
+
+def _normalized_shape(name, shape):
+    if isinstance(shape, numbers.Integral) and not isinstance(shape, builtins.bool):
+        return (builtins.int(shape),)
+    try:
+        return tuple(_int(name, s, "normalized_shape") for s in shape)
+    except TypeError:
+        raise TypeError(f"{name}(): normalized_shape must be an int or a sequence of ints, "
+                        f"got {type(shape).__name__}") from None
+
+
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """Layer normalisation over the trailing normalized_shape dims (biased variance), then
+    times weight and plus bias where given; float32 inside."""
+    _tensor("layer_norm", input)
+    tensors, flags = [input], 0
+    if weight is not None:
+        tensors.append(_tensor("layer_norm", weight, "weight"))
+        flags |= 1
+    if bias is not None:
+        tensors.append(_tensor("layer_norm", bias, "bias"))
+        flags |= 2
+    return _C._op("layer_norm", tuple(tensors), (flags,) + _normalized_shape("layer_norm", normalized_shape),
+                  (builtins.float(eps),), None)
+
+
+def rms_norm(input, normalized_shape, weight=None, eps=None):
+    """RMS normalisation over the trailing normalized_shape dims, then times weight where given;
+    float32 inside. eps=None is torch's default, float32's machine epsilon."""
+    _tensor("rms_norm", input)
+    tensors = [input] if weight is None else [input, _tensor("rms_norm", weight, "weight")]
+    return _C._op("rms_norm", tuple(tensors), (builtins.int(weight is not None),)
+                  + _normalized_shape("rms_norm", normalized_shape),
+                  None if eps is None else (builtins.float(eps),), None)
+
+
+def _install():
+    """DTensor methods with torch's names."""
+    methods = dict(sum=sum, mean=mean, max=max, min=min, amax=amax, amin=amin, argmax=argmax, argmin=argmin,
+                   softmax=softmax, log_softmax=log_softmax, cumsum=cumsum, topk=topk)
+    for name, fn in methods.items():
+        setattr(DTensor, name, fn)
+
+
+_install()

@@ -1,0 +1,203 @@
+#include "cpu_matmul.h"
+
+#include <cblas.h>
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- OpenBLAS threads ------------------------------------------------------------------------ */
+
+static pthread_once_t s_blas_once = PTHREAD_ONCE_INIT;
+static int s_blas_nthreads = 1;
+
+static void s_blas_setup(void)
+{
+    const char *env = getenv("DTORCH_BLAS_THREADS");
+    int n = 1;
+    if (env && *env) {
+        char *end;
+        long v = strtol(env, &end, 10);
+        if (*end == '\0' && v >= 1 && v <= 1024)
+            n = (int)v;
+    }
+    openblas_set_num_threads(n);
+    s_blas_nthreads = n;
+}
+
+int cpu_blas_threads(void)
+{
+    pthread_once(&s_blas_once, s_blas_setup);
+    return s_blas_nthreads;
+}
+
+/* ---- products -------------------------------------------------------------------------------- */
+
+static void s_gemm_f32(int64_t M, int64_t N, int64_t K, const float *a, const float *b, bool b_trans, bool accumulate,
+                       float *c)
+{
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, b_trans ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K, 1.0f, a,
+                (int)K, b, b_trans ? (int)K : (int)N, accumulate ? 1.0f : 0.0f, c, (int)N);
+}
+
+/* Integer products wrap on overflow, as torch's do: the arithmetic is done unsigned. */
+static void s_gemm_i64(int64_t M, int64_t N, int64_t K, const int64_t *a, const int64_t *b, bool b_trans,
+                       bool accumulate, int64_t *c)
+{
+    for (int64_t i = 0; i < M; i++) {
+        uint64_t *row = (uint64_t *)(c + i * N);
+        const int64_t *ai = a + i * K;
+        if (!accumulate)
+            memset(row, 0, (size_t)N * sizeof *row);
+        if (b_trans) {
+            for (int64_t j = 0; j < N; j++) {
+                const int64_t *bj = b + j * K;
+                uint64_t acc = 0;
+                for (int64_t k = 0; k < K; k++)
+                    acc += (uint64_t)ai[k] * (uint64_t)bj[k];
+                row[j] += acc;
+            }
+        } else {
+            for (int64_t k = 0; k < K; k++) {
+                uint64_t x = (uint64_t)ai[k];
+                const int64_t *bk = b + k * N;
+                for (int64_t j = 0; j < N; j++)
+                    row[j] += x * (uint64_t)bk[j];
+            }
+        }
+    }
+}
+
+static void s_gemm(cpu_ctype t, int64_t M, int64_t N, int64_t K, const void *a, const void *b, bool b_trans,
+                   bool accumulate, void *c)
+{
+    if (t == CPU_F32)
+        s_gemm_f32(M, N, K, a, b, b_trans, accumulate, c);
+    else
+        s_gemm_i64(M, N, K, a, b, b_trans, accumulate, c);
+}
+
+const char *cpu_matmul_run(const cpu_mm_desc *d, cpu_ctype t, const void *a, const void *b, void *c, bool accumulate)
+{
+    size_t elem = cpu_ctype_size(t);
+    int64_t nb = 1;
+    for (int i = 0; i < d->nbatch; i++)
+        nb *= d->batch[i];
+    if (nb == 0 || d->M == 0 || d->N == 0)
+        return NULL;
+    if (d->K == 0) {
+        if (!accumulate)
+            memset(c, 0, (size_t)(nb * d->M * d->N) * elem);
+        return NULL;
+    }
+    if (t == CPU_F32) {
+        cpu_blas_threads();
+        if (d->M > INT_MAX || d->N > INT_MAX || d->K > INT_MAX)
+            return "a matrix dimension exceeds the BLAS integer range";
+    }
+    /* a B shared by the whole batch and an A laid out contiguously over it: one product of
+     * (batch * M) rows */
+    bool fold = true;
+    int64_t expect = d->M * d->K;
+    for (int i = d->nbatch - 1; i >= 0 && fold; i--) {
+        fold = d->b_stride[i] == 0 && (d->batch[i] == 1 || d->a_stride[i] == expect);
+        expect *= d->batch[i];
+    }
+    if (fold && (t != CPU_F32 || nb * d->M <= INT_MAX)) {
+        s_gemm(t, nb * d->M, d->N, d->K, a, b, d->b_trans, accumulate, c);
+        return NULL;
+    }
+    int64_t idx[DT_MAX_DIMS] = {0};
+    int64_t c_step = d->M * d->N;
+    for (int64_t n = 0; n < nb; n++) {
+        int64_t ao = 0, bo = 0;
+        for (int i = 0; i < d->nbatch; i++) {
+            ao += idx[i] * d->a_stride[i];
+            bo += idx[i] * d->b_stride[i];
+        }
+        s_gemm(t, d->M, d->N, d->K, (const char *)a + ao * (int64_t)elem, (const char *)b + bo * (int64_t)elem,
+               d->b_trans, accumulate, (char *)c + n * c_step * (int64_t)elem);
+        for (int i = d->nbatch - 1; i >= 0; i--) {
+            if (++idx[i] < d->batch[i])
+                break;
+            idx[i] = 0;
+        }
+    }
+    return NULL;
+}
+
+/* ---- attention ------------------------------------------------------------------------------- */
+
+void cpu_attention_head(int64_t L, int64_t S, int64_t E, int64_t Ev, const float *q, const float *k, const float *v,
+                        const float *mask, int64_t mask_sl, int64_t mask_ss, bool causal, int64_t row0, float scale,
+                        float *scores, float *out)
+{
+    if (L == 0 || Ev == 0)
+        return;
+    if (S == 0) {
+        memset(out, 0, (size_t)(L * Ev) * sizeof *out);
+        return;
+    }
+    cpu_blas_threads();
+    if (E == 0)
+        memset(scores, 0, (size_t)(L * S) * sizeof *scores);
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)L, (int)S, (int)E, scale, q, (int)E, k, (int)E, 0.0f,
+                    scores, (int)S);
+    for (int64_t i = 0; i < L; i++) {
+        float *row = scores + i * S;
+        /* keys j < visible are the ones a causal mask lets this row see */
+        int64_t visible = causal ? row0 + i + 1 : S;
+        if (visible > S)
+            visible = S;
+        if (visible < 0)
+            visible = 0;
+        if (mask) {
+            const float *m = mask + i * mask_sl;
+            for (int64_t j = 0; j < visible; j++)
+                row[j] += m[j * mask_ss];
+        }
+        float top = -INFINITY;
+        for (int64_t j = 0; j < visible; j++)
+            if (row[j] > top)
+                top = row[j];
+        if (top == -INFINITY) {
+            /* nothing to attend to: zeros, as torch's safe softmax gives (no NaN) */
+            memset(row, 0, (size_t)S * sizeof *row);
+            continue;
+        }
+        float sum = 0.0f;
+        for (int64_t j = 0; j < visible; j++) {
+            float e = expf(row[j] - top);
+            row[j] = e;
+            sum += e;
+        }
+        float inv = 1.0f / sum;
+        for (int64_t j = 0; j < visible; j++)
+            row[j] *= inv;
+        for (int64_t j = visible; j < S; j++)
+            row[j] = 0.0f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)L, (int)Ev, (int)S, 1.0f, scores, (int)S, v, (int)Ev,
+                0.0f, out, (int)Ev);
+}
+
+/* ---- embedding ------------------------------------------------------------------------------- */
+
+const char *cpu_embedding(void *out, const void *weight, int64_t rows, size_t row_bytes, const void *idx,
+                          dt_dtype idx_dtype, int64_t n, int64_t row_offset, int64_t vocab)
+{
+    char *dst = out;
+    for (int64_t i = 0; i < n; i++, dst += row_bytes) {
+        int64_t g = idx_dtype == DT_INT32 ? ((const int32_t *)idx)[i] : ((const int64_t *)idx)[i];
+        if (g < 0 || g >= vocab)
+            return "index out of range in embedding";
+        int64_t r = g - row_offset;
+        if (r >= 0 && r < rows)
+            memcpy(dst, (const char *)weight + (size_t)r * row_bytes, row_bytes);
+        else
+            memset(dst, 0, row_bytes);
+    }
+    return NULL;
+}

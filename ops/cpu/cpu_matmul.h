@@ -1,0 +1,52 @@
+/* cpu_matmul — the numeric cores of the matmul family on contiguous pieces: (batched,
+ * broadcast) matrix products in float32 through OpenBLAS and in int64 with plain loops, one
+ * attention head (scores, masked numerically stable softmax, weighted values), and the
+ * embedding row gather.
+ *
+ * Threads: OpenBLAS runs single-threaded by default (one device, one core); DTORCH_BLAS_THREADS
+ * (a positive integer) overrides that. The setting is made once per process, before the first
+ * product, whichever worker gets there first. */
+#ifndef CPU_MATMUL_H
+#define CPU_MATMUL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cpu_pointwise.h"
+#include "dtorch.h"
+
+/* Applies the OpenBLAS thread setting once (thread-safe); returns the thread count in use. */
+int cpu_blas_threads(void);
+
+/* A batch of products C[b] (M,N) = A[b] (M,K) @ op(B[b]), with B[b] stored (K,N) or, when
+ * b_trans, (N,K) (a linear layer's weight). C is C-contiguous over (batch..., M, N); the
+ * element offset of A[b] (B[b]) is the dot product of the batch index with a_stride (b_stride),
+ * a stride 0 broadcasting that batch dim. */
+typedef struct {
+    int nbatch;
+    int64_t batch[DT_MAX_DIMS];
+    int64_t a_stride[DT_MAX_DIMS], b_stride[DT_MAX_DIMS];
+    int64_t M, N, K;
+    bool b_trans;
+} cpu_mm_desc;
+
+/* Runs the products in t (CPU_F32 or CPU_I64); accumulate adds into C (which the caller filled,
+ * e.g. with a broadcast bias), else C is overwritten. NULL, or why it cannot run. */
+const char *cpu_matmul_run(const cpu_mm_desc *d, cpu_ctype t, const void *a, const void *b, void *c, bool accumulate);
+
+/* One attention head in float32: out (L, Ev) = softmax(scale * q k^T + mask) v with q (L, E),
+ * k (S, E), v (S, Ev) C-contiguous. mask: NULL or additive float values, element (i, j) at
+ * mask[i * mask_sl + j * mask_ss] (strides 0 broadcast); causal hides key j > row0 + i (row0:
+ * the global index of this piece's first query row). A row that sees no key gives zeros.
+ * scores: scratch of L * S floats. */
+void cpu_attention_head(int64_t L, int64_t S, int64_t E, int64_t Ev, const float *q, const float *k, const float *v,
+                        const float *mask, int64_t mask_sl, int64_t mask_ss, bool causal, int64_t row0, float scale,
+                        float *scores, float *out);
+
+/* out[i] = row idx[i] - row_offset of weight (rows x row_bytes) for n indices of idx_dtype
+ * (int32 or int64), zeros where that row is not in this piece. NULL, or "index out of range in
+ * embedding" when an index is outside [0, vocab). */
+const char *cpu_embedding(void *out, const void *weight, int64_t rows, size_t row_bytes, const void *idx,
+                          dt_dtype idx_dtype, int64_t n, int64_t row_offset, int64_t vocab);
+
+#endif

@@ -1,0 +1,222 @@
+/* cpu_view — CPU kernels of the view and data-movement family. */
+#include "cpu_view.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_kernels.h"
+#include "cpu_pointwise.h"
+#include "dt_dtype.h"
+#include "dtn_layout.h"
+
+static int s_norm_dim(int64_t dim, int ndim)
+{
+    int64_t n = ndim > 0 ? ndim : 1;
+    return (int)(dim < 0 ? dim + n : dim);
+}
+
+const char *cpu_view_copy(op_kernel *k)
+{
+    const op_local *in = &k->in[0];
+    op_local *out = &k->out[0];
+    int64_t n = dtn_numel(out->ndim, out->shape);
+    if (n != dtn_numel(in->ndim, in->shape) || in->dtype != out->dtype)
+        return "local piece does not match the output (internal error)";
+    if (n)
+        memcpy(out->data, in->data, (size_t)n * dt_dtype_size(out->dtype));
+    return NULL;
+}
+
+const char *cpu_view_permute(op_kernel *k)
+{
+    const op_local *in = &k->in[0];
+    op_local *out = &k->out[0];
+    size_t elem = dt_dtype_size(in->dtype);
+    int64_t in_strides[DT_MAX_DIMS], src[DT_MAX_DIMS], dst[DT_MAX_DIMS];
+    if (k->attrs->nints != in->ndim || out->ndim != in->ndim)
+        return "permutation does not match the piece (internal error)";
+    cpu_contiguous_strides(in->ndim, in->shape, elem, in_strides);
+    for (int i = 0; i < in->ndim; i++) {
+        int p = s_norm_dim(k->attrs->ints[i], in->ndim);
+        if (p < 0 || p >= in->ndim || out->shape[i] != in->shape[p])
+            return "permutation does not match the piece (internal error)";
+        src[i] = in_strides[p];
+    }
+    cpu_contiguous_strides(out->ndim, out->shape, elem, dst);
+    cpu_copy_block(out->data, dst, in->data, src, out->ndim, out->shape, elem);
+    return NULL;
+}
+
+const char *cpu_view_expand(op_kernel *k)
+{
+    const op_local *in = &k->in[0];
+    op_local *out = &k->out[0];
+    if (in->ndim > out->ndim)
+        return "expand: piece has more dims than the output (internal error)";
+    for (int d = 0; d < in->ndim; d++) {
+        int64_t a = in->shape[d], b = out->shape[d + out->ndim - in->ndim];
+        if (a != b && a != 1)
+            return "expand: local piece does not broadcast to the output piece (internal error)";
+    }
+    cpu_broadcast(out->data, out->ndim, out->shape, in->data, in->ndim, in->shape, dt_dtype_size(in->dtype));
+    return NULL;
+}
+
+static cpu_ctype s_ctype(dt_dtype d) { return dt_dtype_is_float(d) ? CPU_F32 : d == DT_BOOL ? CPU_U8 : CPU_I64; }
+
+const char *cpu_view_cat(op_kernel *k, bool stack)
+{
+    op_local *out = &k->out[0];
+    size_t elem = dt_dtype_size(out->dtype);
+    int dim = s_norm_dim(k->attrs->ints[0], out->ndim);
+    int64_t dst_strides[DT_MAX_DIMS], src_strides[DT_MAX_DIMS], shape[DT_MAX_DIMS];
+    cpu_contiguous_strides(out->ndim, out->shape, elem, dst_strides);
+    int64_t pos = 0;
+    for (int i = 0; i < k->nin; i++) {
+        const op_local *in = &k->in[i];
+        /* the input as a block of the output's rank (stack: a size-1 dim at dim) */
+        int r = 0;
+        for (int d = 0; d < out->ndim; d++)
+            shape[d] = stack && d == dim ? 1 : in->shape[r++];
+        for (int d = 0; d < out->ndim; d++)
+            if (d != dim && shape[d] != out->shape[d])
+                return "cat: local pieces do not line up (internal error)";
+        if (pos + shape[dim] > out->shape[dim])
+            return "cat: local pieces do not line up (internal error)";
+        int64_t n = dtn_numel(in->ndim, in->shape);
+        const void *src = in->data;
+        void *converted = NULL;
+        if (in->dtype != out->dtype && n > 0) {
+            cpu_ctype t = s_ctype(out->dtype);
+            void *tmp = malloc((size_t)n * cpu_ctype_size(t));
+            converted = malloc((size_t)n * elem);
+            if (!tmp || !converted) {
+                free(tmp);
+                free(converted);
+                return "out of memory on the device";
+            }
+            cpu_to_ctype(tmp, t, in->data, in->dtype, n);
+            cpu_from_ctype(converted, out->dtype, tmp, t, n);
+            free(tmp);
+            src = converted;
+        }
+        cpu_contiguous_strides(out->ndim, shape, elem, src_strides);
+        cpu_copy_block((char *)out->data + pos * dst_strides[dim], dst_strides, src, src_strides, out->ndim, shape,
+                       elem);
+        free(converted);
+        pos += shape[dim];
+    }
+    return pos == out->shape[dim] ? NULL : "cat: local pieces do not fill the output (internal error)";
+}
+
+const char *cpu_view_slice(op_kernel *k, bool drop)
+{
+    const op_local *in = &k->in[0];
+    op_local *out = &k->out[0];
+    if (k->nctx < 3)
+        return "slice: missing arguments (internal error)";
+    int dim = (int)k->ctx[0];
+    int64_t start = k->ctx[1], step = k->ctx[2];
+    size_t elem = dt_dtype_size(in->dtype);
+    int64_t shape[DT_MAX_DIMS], src[DT_MAX_DIMS], dst[DT_MAX_DIMS];
+    if (dim < 0 || dim >= in->ndim || out->ndim != in->ndim - (drop ? 1 : 0))
+        return "slice: piece does not match (internal error)";
+    int r = 0;
+    for (int d = 0; d < in->ndim; d++)
+        shape[d] = drop && d == dim ? 1 : out->shape[r++];
+    for (int d = 0; d < in->ndim; d++)
+        if (d != dim && shape[d] != in->shape[d])
+            return "slice: piece does not match (internal error)";
+    if (dtn_numel(in->ndim, shape) == 0)
+        return NULL;
+    if (start < 0 || step < 1 || start + (shape[dim] - 1) * step >= in->shape[dim])
+        return "slice: range outside the local piece (internal error)";
+    cpu_contiguous_strides(in->ndim, in->shape, elem, src);
+    cpu_contiguous_strides(in->ndim, shape, elem, dst);
+    const char *base = (const char *)in->data + start * src[dim];
+    src[dim] *= step;
+    cpu_copy_block(out->data, dst, base, src, in->ndim, shape, elem);
+    return NULL;
+}
+
+static _Thread_local char s_why[160];
+
+const char *cpu_view_index_select(op_kernel *k)
+{
+    const op_local *x = &k->in[0], *idx = &k->in[1];
+    op_local *out = &k->out[0];
+    int dim = s_norm_dim(k->attrs->ints[0], x->ndim);
+    bool wrap = k->attrs->nints > 1 && k->attrs->ints[1];
+    int64_t m = dtn_numel(idx->ndim, idx->shape), size = x->shape[dim];
+    if (out->ndim != x->ndim || out->shape[dim] != m)
+        return "index_select: piece does not match (internal error)";
+    int64_t *pos = malloc((size_t)(m ? m : 1) * sizeof *pos);
+    if (!pos)
+        return "out of memory on the device";
+    for (int64_t j = 0; j < m; j++) {
+        int64_t v = idx->dtype == DT_INT32 ? ((const int32_t *)idx->data)[j] : ((const int64_t *)idx->data)[j];
+        if (wrap && v < 0 && v >= -size)
+            v += size;
+        if (v < 0 || v >= size) {
+            free(pos);
+            if (wrap)
+                snprintf(s_why, sizeof s_why, "index %" PRId64 " is out of bounds for dimension %d with size %" PRId64,
+                         v, dim, size);
+            return wrap ? s_why : "index out of range in self";
+        }
+        pos[j] = v;
+    }
+    int64_t outer = 1, inner = (int64_t)dt_dtype_size(x->dtype);
+    for (int d = 0; d < dim; d++)
+        outer *= x->shape[d];
+    for (int d = dim + 1; d < x->ndim; d++)
+        inner *= x->shape[d];
+    const char *src = x->data;
+    char *dst = out->data;
+    if (inner > 0)
+        for (int64_t o = 0; o < outer; o++)
+            for (int64_t j = 0; j < m; j++)
+                memcpy(dst + (o * m + j) * inner, src + (o * size + pos[j]) * inner, (size_t)inner);
+    free(pos);
+    return NULL;
+}
+
+const char *cpu_view_tri(op_kernel *k, bool upper)
+{
+    const op_local *in = &k->in[0];
+    op_local *out = &k->out[0];
+    if (k->nctx < 2 || in->ndim < 2 || out->ndim != in->ndim)
+        return "tri: piece does not match (internal error)";
+    int64_t diag = k->attrs->nints > 0 ? k->attrs->ints[0] : 0;
+    const int64_t lim = INT64_C(1) << 60; /* far beyond any dim; keeps the sums below from overflowing */
+    diag = diag > lim ? lim : diag < -lim ? -lim : diag;
+    int64_t rows = in->shape[in->ndim - 2], cols = in->shape[in->ndim - 1];
+    int64_t batch = dtn_numel(in->ndim - 2, in->shape);
+    size_t elem = dt_dtype_size(in->dtype);
+    int64_t r0 = k->ctx[0], c0 = k->ctx[1];
+    if (batch * rows * cols == 0)
+        return NULL;
+    const char *src = in->data;
+    char *dst = out->data;
+    for (int64_t b = 0; b < batch; b++)
+        for (int64_t i = 0; i < rows; i++) {
+            size_t row = (size_t)((b * rows + i) * cols) * elem;
+            /* global column - global row compared with diag, solved for the local column */
+            int64_t edge = r0 + i + diag - c0;
+            int64_t lo, hi; /* kept columns [lo, hi) */
+            if (upper) {
+                lo = edge < 0 ? 0 : edge > cols ? cols : edge;
+                hi = cols;
+            } else {
+                lo = 0;
+                hi = edge + 1 < 0 ? 0 : edge + 1 > cols ? cols : edge + 1;
+            }
+            memset(dst + row, 0, (size_t)lo * elem);
+            if (hi > lo)
+                memcpy(dst + row + (size_t)lo * elem, src + row + (size_t)lo * elem, (size_t)(hi - lo) * elem);
+            memset(dst + row + (size_t)hi * elem, 0, (size_t)(cols - hi) * elem);
+        }
+    return NULL;
+}
