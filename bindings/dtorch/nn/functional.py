@@ -3,4 +3,5 @@ from .._ops_reduce import layer_norm, nn_log_softmax as log_softmax, nn_softmax 
 from .._ops import gelu, relu, sigmoid, silu, tanh
 from .._ops_matmul import embedding, linear, scaled_dot_product_attention
 
-__all__ = ["gelu", "relu", "sigmoid", "silu", "tanh"]
+__all__ = ["embedding", "gelu", "layer_norm", "linear", "log_softmax", "relu", "rms_norm",
+           "scaled_dot_product_attention", "sigmoid", "silu", "softmax", "tanh"]
