@@ -37,6 +37,23 @@ print("piece on device 3:\n", dw.to_local()[3])
 p = dtorch.from_local([np.full(3, i + 1.0, dtype=np.float32) for i in range(2)], mesh, [Partial("sum")])
 print("Partial(sum) of [1,1,1] and [2,2,2]:", p.numpy())
 
+# Ops run where the pieces are: a row-sharded input through a replicated layer needs no traffic.
+F = dtorch.nn.functional
+xs = dtorch.randn(6, 8, device_mesh=four, placements=[Shard(0)])
+w1 = dtorch.randn(16, 8, device_mesh=four)
+logits = F.linear(xs, w1)
+probs = F.softmax(logits, dim=-1)
+print(f"{logits.placements=} {probs.placements=}")
+ref = xs.numpy() @ w1.numpy().T
+ref = np.exp(ref - ref.max(-1, keepdims=True)); ref /= ref.sum(-1, keepdims=True)
+print("softmax(linear(x)) matches numpy:", np.allclose(probs.numpy(), ref, rtol=1e-5, atol=1e-6))
+
+# Redistribute: gather the rows everywhere, or move the tensor to another group of devices.
+gathered = probs.redistribute(placements=[Replicate()])
+elsewhere = probs.redistribute(dtorch.DeviceMesh("cpu", [10, 11]), [Shard(1)])
+print(f"{gathered.placements=} {elsewhere.device_mesh=} {elsewhere.placements=}")
+print("plan of Shard(0) -> Replicate():", dtorch.redistribute_plan(probs, placements=[Replicate()]))
+
 # Futures: values arrive asynchronously; await them from asyncio.
 async def main():
     f1 = dtorch.full((2, 2), 7, device_mesh=mesh).future()
