@@ -341,7 +341,7 @@ bool act_peer_assemble(act_worker *w, const msgpack_object *rec)
     const char *lookup_why = NULL;
     act_wtensor *src = act_wtensor_lookup(w, src_id, &lookup_why); /* none: a device only receives */
     size_t bytes = (size_t)dtn_numel(out->ndim, out->shape) * elem;
-    if (!(out->storage = act_storage_new(bytes)))
+    if (!(out->storage = act_storage_new(w->backend, bytes)))
         snprintf(why, sizeof why, "out of memory on the device");
     else
         out->data = out->storage->data;

@@ -15,9 +15,9 @@
 #include "cpu_kernels.h"
 #include "dt_dtype.h"
 #include "dt_error.h"
-#include "dt_pool.h"
 #include "dtn_layout.h"
 #include "op_codes.h"
+#include "op_backend.h"
 #include "op_registry.h"
 
 #define S_POLL_MS 500 /* how often an idle worker looks at its stop flag */
@@ -29,21 +29,22 @@ void act_storage_release(act_storage *st)
     if (st->adopted)
         zmq_msg_close(&st->msg);
     else
-        dt_pool_free(st->data, st->size);
+        st->backend->free(st->data, st->size);
     free(st);
 }
 
 void act_storage_free_fn(void *data, void *hint) { act_storage_release(hint); }
 
-act_storage *act_storage_new(size_t size)
+act_storage *act_storage_new(const op_backend *backend, size_t size)
 {
     act_storage *st = calloc(1, sizeof *st);
-    if (!st || !(st->data = dt_pool_alloc(size))) {
+    if (!st || !(st->data = backend->alloc(size))) {
         free(st);
         return NULL;
     }
     atomic_init(&st->refs, 1);
     st->size = size;
+    st->backend = backend;
     return st;
 }
 
@@ -171,10 +172,10 @@ static act_wtensor *s_new_output(const msgpack_object *rec, const char **why)
     return t;
 }
 
-static const char *s_alloc(act_wtensor *t)
+static const char *s_alloc(const act_worker *w, act_wtensor *t)
 {
     size_t size = (size_t)dtn_numel(t->ndim, t->shape) * dt_dtype_size(t->dtype);
-    t->storage = act_storage_new(size);
+    t->storage = act_storage_new(w->backend, size);
     if (!t->storage)
         return "out of memory on the device";
     t->data = t->storage->data;
@@ -182,7 +183,7 @@ static const char *s_alloc(act_wtensor *t)
 }
 
 /* LOAD: the payload frame becomes the storage, without a copy when it is aligned. */
-static const char *s_load(act_wtensor *t, const msgpack_object *rec, mb_message *m)
+static const char *s_load(const act_worker *w, act_wtensor *t, const msgpack_object *rec, mb_message *m)
 {
     int64_t frame;
     size_t size = (size_t)dtn_numel(t->ndim, t->shape) * dt_dtype_size(t->dtype);
@@ -198,7 +199,7 @@ static const char *s_load(act_wtensor *t, const msgpack_object *rec, mb_message 
         t->storage->size = size;
         return NULL;
     }
-    const char *why = s_alloc(t);
+    const char *why = s_alloc(w, t);
     if (!why)
         memcpy(t->data, zmq_msg_data(src), size);
     return why;
@@ -214,13 +215,13 @@ static void s_make(act_worker *w, int64_t code, uint64_t id, const msgpack_objec
     case -1:
         break;
     case OP_EMPTY:
-        why = s_alloc(t);
+        why = s_alloc(w, t);
         break;
     case OP_FILL: {
         dt_scalar v;
         if (!s_get_scalar(rec, 4, &v))
             why = "malformed record";
-        else if (!(why = s_alloc(t)))
+        else if (!(why = s_alloc(w, t)))
             cpu_fill(t->data, t->dtype, n, v);
         break;
     }
@@ -232,7 +233,7 @@ static void s_make(act_worker *w, int64_t code, uint64_t id, const msgpack_objec
             n_off != (uint32_t)t->ndim || n_glob != (uint32_t)t->ndim || !mb_get_u64(rec, 6, &seed) ||
             !mb_get_u64(rec, 7, &stream) || !mb_get_i64(rec, 8, &normal) || !dt_dtype_is_float(t->dtype))
             why = "malformed record";
-        else if (!(why = s_alloc(t)))
+        else if (!(why = s_alloc(w, t)))
             cpu_random(t->data, t->dtype, t->ndim, t->shape, offset, global, seed, stream, normal != 0);
         break;
     }
@@ -241,12 +242,12 @@ static void s_make(act_worker *w, int64_t code, uint64_t id, const msgpack_objec
         dt_scalar start, step;
         if (t->ndim != 1 || !mb_get_i64(rec, 4, &first) || !s_get_scalar(rec, 5, &start) || !s_get_scalar(rec, 6, &step))
             why = "malformed record";
-        else if (!(why = s_alloc(t)))
+        else if (!(why = s_alloc(w, t)))
             cpu_arange(t->data, t->dtype, n, first, start, step);
         break;
     }
     case OP_LOAD:
-        why = s_load(t, rec, m);
+        why = s_load(w, t, rec, m);
         break;
     default:
         why = "unknown op";
@@ -335,11 +336,11 @@ static bool s_compute(act_worker *w, const msgpack_object *rec)
         made[o]->dtype = k.out[o].dtype;
         made[o]->ndim = k.out[o].ndim;
         memcpy(made[o]->shape, k.out[o].shape, sizeof made[o]->shape);
-        if (!(why = s_alloc(made[o])))
+        if (!(why = s_alloc(w, made[o])))
             k.out[o].data = made[o]->data;
     }
     if (!why)
-        why = def->cpu(&k);
+        why = w->backend->run(def, &k);
     for (int o = 0; o < k.nout; o++) {
         if (why) {
             act_wtensor_free(made[o]);
@@ -498,7 +499,7 @@ int act_worker_run(const char *endpoint, int64_t device, bool (*should_stop)(voi
 {
     char rid[32];
     snprintf(rid, sizeof rid, "d%" PRId64, device);
-    act_worker w = {.device = device};
+    act_worker w = {.device = device, .backend = &op_backend_cpu}; /* every device type is cpu so far */
     snprintf(w.endpoint, sizeof w.endpoint, "%s", endpoint);
     w.same_process = strncmp(endpoint, "inproc://", 9) == 0;
     dt_idmap_init(&w.tensors);

@@ -10,6 +10,7 @@
 #include "dt_idmap.h"
 #include "dtorch.h"
 #include "mb_socket.h"
+#include "op_backend.h"
 
 /* Bytes of a piece. Immutable once made, so it can be sent, shared by replicas and read by
  * peers in place; it lives until the tensor and every message that uses it let go. */
@@ -17,6 +18,7 @@ typedef struct {
     atomic_int refs;
     void *data;
     size_t size;
+    const op_backend *backend;  /* whose memory data is (unless adopted) */
     bool adopted;               /* data lives in msg, a received frame */
     zmq_msg_t msg;
 } act_storage;
@@ -50,6 +52,7 @@ typedef struct act_pending {
 
 typedef struct {
     int64_t device;
+    const op_backend *backend;  /* the device type's memory and kernels */
     char endpoint[256];         /* the controller's */
     bool same_process;          /* peers are threads of this process: regions are read in place */
     zsock_t *sock;              /* DEALER to the controller */
@@ -71,7 +74,7 @@ typedef struct {
 
 void act_storage_release(act_storage *st);
 void act_storage_free_fn(void *data, void *hint);
-act_storage *act_storage_new(size_t size);
+act_storage *act_storage_new(const op_backend *backend, size_t size);
 act_wtensor *act_wtensor_lookup(act_worker *w, uint64_t id, const char **why);
 void act_wtensor_put(act_worker *w, uint64_t id, act_wtensor *t);
 void act_wtensor_free(act_wtensor *t);
