@@ -268,7 +268,7 @@ static int s_infer_along(op_call *c)
         if (a->dtype == DT_BOOL)
             return dt_err(DT_ETYPE, "topk(): not implemented for 'Bool'");
         if (k < 0 || k > extent)
-            return dt_err(DT_EINDEX, "topk(): selected index k out of range (k = %lld, dimension %d has size %lld)",
+            return dt_err(DT_EINVAL, "topk(): selected index k out of range (k = %lld, dimension %d has size %lld)",
                           (long long)k, dim, (long long)extent);
         if (a->ndim > 0) {
             o->shape[dim] = k;
@@ -434,7 +434,12 @@ static int s_local_mean(const op_call *c, const int64_t *coord, int64_t *ctx)
     return 1;
 }
 
-/* ---- kernels -------------------------------------------------------------------------------- */
+/* ---- kernels --------------------------------------------------------------------------------
+ * Kernels compute in float32 or int64. A piece of another dtype is converted a chunk at a time,
+ * in whole blocks of its outermost dim, into scratch that stays in cache and is reused: a
+ * full-size copy costs more in page faults than the reduction itself. */
+
+#define S_CHUNK 16384 /* elements converted at a time */
 
 static const char *const s_oom = "out of memory on the device";
 
@@ -443,61 +448,95 @@ static bool s_native(dt_dtype d, cpu_ctype t)
     return (t == CPU_F32 && d == DT_FLOAT32) || (t == CPU_I64 && d == DT_INT64);
 }
 
+static cpu_ctype s_ctype(dt_dtype d) { return dt_dtype_is_float(d) ? CPU_F32 : CPU_I64; }
+
 static void *s_alloc(int64_t n, size_t elem) { return malloc((size_t)(n > 0 ? n : 1) * elem); }
 
-/* The piece's values in compute type t, as torch sees them after converting the input to cast
- * (the dtype a dtype= argument asks for): the piece itself when it already is that, else a
- * scratch copy in *scratch (to free). NULL when out of memory. */
-static const void *s_load(const op_local *in, cpu_ctype t, dt_dtype cast, void **scratch)
+static int64_t s_min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* Converting to cast (what a dtype= argument asks for) first loses what the compute type would
+ * keep: to a 16-bit float, or to bool. */
+static bool s_lossy(dt_dtype from, dt_dtype cast)
 {
-    int64_t n = dtn_numel(in->ndim, in->shape);
-    /* casts that lose information the compute type would keep: to a 16-bit float, to bool */
-    bool through = cast != in->dtype && (cast == DT_FLOAT16 || cast == DT_BFLOAT16 || cast == DT_BOOL);
-    *scratch = NULL;
-    if (s_native(in->dtype, t) && !through)
-        return in->data;
-    void *buf = s_alloc(n, cpu_ctype_size(t));
-    if (!buf)
-        return NULL;
-    if (through) {
-        cpu_ctype via = cast == DT_BOOL ? CPU_U8 : CPU_F32;
-        void *wide = s_alloc(n, cpu_ctype_size(via)), *narrow = s_alloc(n, dt_dtype_size(cast));
-        if (wide && narrow) {
-            cpu_to_ctype(wide, via, in->data, in->dtype, n);
-            cpu_from_ctype(narrow, cast, wide, via, n);
-            cpu_to_ctype(buf, t, narrow, cast, n);
-        }
-        free(wide);
-        free(narrow);
-        if (!wide || !narrow) {
-            free(buf);
-            return NULL;
-        }
+    return cast != from && (cast == DT_FLOAT16 || cast == DT_BFLOAT16 || cast == DT_BOOL);
+}
+
+/* Reads a piece in compute type t, as torch sees it after converting it to cast. */
+typedef struct {
+    const op_local *piece;
+    cpu_ctype t;
+    dt_dtype cast;
+    bool direct;  /* the piece is in t already: no copy */
+    void *buf;    /* a chunk in t */
+    void *narrow; /* a chunk in cast (lossy casts only) */
+} s_reader;
+
+static bool s_reader_init(s_reader *r, const op_local *piece, cpu_ctype t, dt_dtype cast, int64_t chunk)
+{
+    bool lossy = s_lossy(piece->dtype, cast);
+    *r = (s_reader){piece, t, cast, s_native(piece->dtype, t) && !lossy, NULL, NULL};
+    if (r->direct)
+        return true;
+    r->buf = s_alloc(chunk, cpu_ctype_size(t));
+    r->narrow = lossy ? s_alloc(chunk, dt_dtype_size(cast)) : NULL;
+    return r->buf && (!lossy || r->narrow);
+}
+
+/* count elements from first */
+static const void *s_read(s_reader *r, int64_t first, int64_t count)
+{
+    const char *src = (const char *)r->piece->data + first * (int64_t)dt_dtype_size(r->piece->dtype);
+    if (r->direct)
+        return src;
+    if (r->narrow) {
+        cpu_ctype via = r->cast == DT_BOOL ? CPU_U8 : CPU_F32; /* buf holds either */
+        cpu_to_ctype(r->buf, via, src, r->piece->dtype, count);
+        cpu_from_ctype(r->narrow, r->cast, r->buf, via, count);
+        cpu_to_ctype(r->buf, r->t, r->narrow, r->cast, count);
     } else {
-        cpu_to_ctype(buf, t, in->data, in->dtype, n);
+        cpu_to_ctype(r->buf, r->t, src, r->piece->dtype, count);
     }
-    *scratch = buf;
-    return buf;
+    return r->buf;
 }
 
-/* Where a kernel writes an output in compute type t: the output itself when it is of that type,
- * else a scratch buffer (*scratch) that s_store converts into it. */
-static void *s_result(const op_local *out, cpu_ctype t, void **scratch)
+static void s_reader_free(s_reader *r)
 {
-    *scratch = NULL;
-    if (s_native(out->dtype, t))
-        return out->data;
-    return *scratch = s_alloc(dtn_numel(out->ndim, out->shape), cpu_ctype_size(t));
+    free(r->buf);
+    free(r->narrow);
 }
 
-static void s_store(op_local *out, cpu_ctype t, void *scratch)
+/* Writes an output computed in t: in place when it is of type t, else through a chunk. */
+typedef struct {
+    op_local *piece;
+    cpu_ctype t;
+    void *buf;
+} s_writer;
+
+static bool s_writer_init(s_writer *w, op_local *piece, cpu_ctype t, int64_t chunk)
 {
-    if (scratch)
-        cpu_from_ctype(out->data, out->dtype, scratch, t, dtn_numel(out->ndim, out->shape));
-    free(scratch);
+    bool native = s_native(piece->dtype, t);
+    *w = (s_writer){piece, t, native ? NULL : s_alloc(chunk, cpu_ctype_size(t))};
+    return native || w->buf;
 }
 
-static cpu_ctype s_ctype(dt_dtype d) { return dt_dtype_is_float(d) ? CPU_F32 : CPU_I64; }
+/* where the kernel writes the elements from first */
+static void *s_slot(s_writer *w, int64_t first)
+{
+    return w->buf ? w->buf : (char *)w->piece->data + first * (int64_t)cpu_ctype_size(w->t);
+}
+
+static void s_flush(s_writer *w, int64_t first, int64_t count)
+{
+    if (w->buf)
+        cpu_from_ctype((char *)w->piece->data + first * (int64_t)dt_dtype_size(w->piece->dtype), w->piece->dtype,
+                       w->buf, w->t, count);
+}
+
+static void s_divide(float *v, int64_t n, int64_t count)
+{
+    for (int64_t i = 0; i < n; i++)
+        v[i] = (float)((double)v[i] / (double)count);
+}
 
 /* The value of max/min over nothing: what a device with an empty shard contributes to a
  * Partial(max|min), so that the others' values win. */
@@ -512,6 +551,8 @@ static dt_scalar s_identity(dt_dtype d, bool max)
     }
 }
 
+/* sum, mean, amax, amin, max, min: converted pieces go a block of dim-0 rows at a time; when
+ * dim 0 is reduced, each block's result is combined into the first one's. */
 static const char *s_cpu_list(op_kernel *k)
 {
     const op_local *in = &k->in[0];
@@ -535,138 +576,151 @@ static const char *s_cpu_list(op_kernel *k)
     }
     cpu_red op = code <= S_MEAN ? CPU_RED_SUM : code == S_AMAX || code == S_MAX ? CPU_RED_MAX : CPU_RED_MIN;
     cpu_ctype t = s_ctype(out->dtype);
-    void *in_scratch, *out_scratch;
-    const void *x = s_load(in, t, code <= S_MEAN ? out->dtype : in->dtype, &in_scratch);
-    void *y = s_result(out, t, &out_scratch);
-    const char *why = x && y ? cpu_reduce_dims(op, t, y, x, in->ndim, in->shape, mask) : s_oom;
-    if (!why && code == S_MEAN) {
-        float *v = y;
-        double count = (double)k->ctx[0];
-        for (int64_t i = 0; i < n_out; i++)
-            v[i] = (float)((double)v[i] / count);
+    dt_dtype cast = code <= S_MEAN ? out->dtype : in->dtype;
+    int64_t rows = in->ndim ? in->shape[0] : 1, slab = dtn_numel(in->ndim, in->shape) / rows;
+    bool folded = in->ndim > 0 && (mask & 1u); /* dim 0 is reduced */
+    bool direct = s_native(in->dtype, t) && !s_lossy(in->dtype, cast);
+    int64_t step = direct ? rows : s_min64(rows, S_CHUNK / slab > 1 ? S_CHUNK / slab : 1);
+    int64_t out_slab = folded ? 0 : n_out / rows;
+    s_reader rd;
+    s_writer wr;
+    void *part = folded && step < rows ? s_alloc(n_out, cpu_ctype_size(t)) : NULL;
+    bool ok = s_reader_init(&rd, in, t, cast, step * slab);
+    ok = s_writer_init(&wr, out, t, folded ? n_out : step * out_slab) && ok;
+    const char *why = ok && (part || !folded || step == rows) ? NULL : s_oom;
+    int64_t shape[DT_MAX_DIMS];
+    memcpy(shape, in->shape, sizeof shape);
+    for (int64_t r0 = 0; r0 < rows && !why; r0 += step) {
+        int64_t count = s_min64(step, rows - r0);
+        if (in->ndim)
+            shape[0] = count;
+        const void *x = s_read(&rd, r0 * slab, count * slab);
+        if (folded) {
+            void *acc = s_slot(&wr, 0);
+            why = cpu_reduce_dims(op, t, r0 ? part : acc, x, in->ndim, shape, mask);
+            if (!why && r0)
+                cpu_combine(op, t, acc, part, n_out);
+            continue;
+        }
+        void *y = s_slot(&wr, r0 * out_slab);
+        why = cpu_reduce_dims(op, t, y, x, in->ndim, shape, mask);
+        if (!why && code == S_MEAN)
+            s_divide(y, count * out_slab, k->ctx[0]);
+        if (!why)
+            s_flush(&wr, r0 * out_slab, count * out_slab);
     }
-    if (!why)
-        s_store(out, t, out_scratch);
-    else
-        free(out_scratch);
-    free(in_scratch);
+    if (!why && folded) {
+        if (code == S_MEAN)
+            s_divide(s_slot(&wr, 0), n_out, k->ctx[0]);
+        s_flush(&wr, 0, n_out);
+    }
+    s_reader_free(&rd);
+    free(wr.buf);
+    free(part);
     return why;
 }
 
-/* max/min along a dim, argmax/argmin */
-static const char *s_cpu_arg(op_kernel *k)
+/* One chunk of outer blocks of an op along a dim (or of normalised rows). */
+static const char *s_run_along(const op_kernel *k, cpu_ctype t, void *y, int64_t *index, const void *x,
+                               int64_t outer, int64_t n, int64_t inner, const float *weight, const float *bias)
 {
-    const op_local *in = &k->in[0];
     int code = k->def->code;
-    bool arg = code == S_ARGMAX || code == S_ARGMIN, largest = code == S_ARGMAX || code == S_MAX_DIM;
-    int64_t outer, n, inner;
-    s_split(in->ndim, in->shape, s_along_dim(code, k->attrs, in->ndim), &outer, &n, &inner);
-    if (outer * inner == 0 || n == 0)
+    switch (code) {
+    case S_MAX_DIM:
+    case S_MIN_DIM:
+    case S_ARGMAX:
+    case S_ARGMIN:
+        cpu_arg_run(code == S_MAX_DIM || code == S_ARGMAX, t, index, y, x, outer, n, inner);
         return NULL;
-    cpu_ctype t = s_ctype(in->dtype);
-    void *in_scratch, *out_scratch = NULL, *values;
-    const void *x = s_load(in, t, in->dtype, &in_scratch);
-    if (arg)
-        values = out_scratch = s_alloc(outer * inner, cpu_ctype_size(t));
-    else
-        values = s_result(&k->out[0], t, &out_scratch);
-    const char *why = x && values ? NULL : s_oom;
-    if (!why)
-        cpu_arg_run(largest, t, k->out[arg ? 0 : 1].data, values, x, outer, n, inner);
-    if (!why && !arg)
-        s_store(&k->out[0], t, out_scratch);
-    else
-        free(out_scratch);
-    free(in_scratch);
-    return why;
+    case S_SOFTMAX:
+    case S_LOG_SOFTMAX:
+        return cpu_softmax_run(code == S_LOG_SOFTMAX, y, x, outer, n, inner);
+    case S_CUMSUM:
+        cpu_cumsum_run(t, y, x, outer, n, inner);
+        return NULL;
+    case S_TOPK:
+        return cpu_topk_run(t, y, index, x, outer, n, inner, s_int(k->attrs, 0, 1), s_int(k->attrs, 2, 1) != 0);
+    default: {
+        float eps = k->attrs->nfloats > 0 ? (float)k->attrs->floats[0] : FLT_EPSILON;
+        cpu_norm_run(code == S_RMS_NORM, y, x, outer, n, weight, bias, eps);
+        return NULL;
+    }
+    }
 }
 
-/* softmax, log_softmax, cumsum, topk */
+/* max/min along a dim, argmax/argmin, softmax, log_softmax, cumsum, topk, layer_norm, rms_norm:
+ * the piece is (outer, n, inner) and goes a chunk of outer blocks at a time. */
 static const char *s_cpu_along(op_kernel *k)
 {
     const op_local *in = &k->in[0];
-    op_local *out = &k->out[0];
     int code = k->def->code;
-    int64_t outer, n, inner;
-    s_split(in->ndim, in->shape, s_along_dim(code, k->attrs, in->ndim), &outer, &n, &inner);
-    if (dtn_numel(out->ndim, out->shape) == 0)
-        return NULL;
-    cpu_ctype t = code == S_TOPK ? s_ctype(in->dtype) : s_ctype(out->dtype);
-    void *in_scratch, *out_scratch;
-    const void *x = s_load(in, t, code == S_TOPK ? in->dtype : out->dtype, &in_scratch);
-    void *y = s_result(out, t, &out_scratch);
-    const char *why = x && y ? NULL : s_oom;
-    if (!why) {
-        switch (code) {
-        case S_SOFTMAX:
-        case S_LOG_SOFTMAX:
-            why = cpu_softmax_run(code == S_LOG_SOFTMAX, y, x, outer, n, inner);
-            break;
-        case S_CUMSUM:
-            cpu_cumsum_run(t, y, x, outer, n, inner);
-            break;
-        default:
-            why = cpu_topk_run(t, y, k->out[1].data, x, outer, n, inner, s_int(k->attrs, 0, 1),
-                               s_int(k->attrs, 2, 1) != 0);
-            break;
-        }
+    bool norm = code == S_LAYER_NORM || code == S_RMS_NORM, arg = code == S_ARGMAX || code == S_ARGMIN;
+    int64_t outer, n, inner, out_block;
+    if (norm) {
+        int64_t d = 1;
+        for (int i = 1; i < k->attrs->nints; i++)
+            d *= k->attrs->ints[i];
+        n = d;
+        inner = 1;
+        outer = d ? dtn_numel(in->ndim, in->shape) / d : 0;
+    } else {
+        s_split(in->ndim, in->shape, s_along_dim(code, k->attrs, in->ndim), &outer, &n, &inner);
     }
-    if (!why)
-        s_store(out, t, out_scratch);
-    else
-        free(out_scratch);
-    free(in_scratch);
-    return why;
-}
-
-static const char *s_cpu_norm(op_kernel *k)
-{
-    const op_local *in = &k->in[0];
-    op_local *out = &k->out[0];
-    int64_t flags = s_int(k->attrs, 0, 0), d = 1;
-    for (int i = 1; i < k->attrs->nints; i++)
-        d *= k->attrs->ints[i];
-    int64_t rows = d ? dtn_numel(in->ndim, in->shape) / d : 0;
-    if (rows == 0 || d == 0)
+    switch (code) {
+    case S_MAX_DIM: case S_MIN_DIM: case S_ARGMAX: case S_ARGMIN: out_block = n ? inner : 0; break;
+    case S_TOPK: out_block = s_int(k->attrs, 0, 1) * inner; break;
+    default: out_block = n * inner; break;
+    }
+    if (outer == 0 || out_block == 0)
         return NULL;
-    float eps = k->attrs->nfloats > 0 ? (float)k->attrs->floats[0] : FLT_EPSILON;
-    void *in_scratch, *w_scratch = NULL, *b_scratch = NULL, *out_scratch;
-    const void *x = s_load(in, CPU_F32, in->dtype, &in_scratch), *w = NULL, *b = NULL;
-    bool ok = x != NULL;
-    int next = 1;
+    cpu_ctype t = norm || code == S_SOFTMAX || code == S_LOG_SOFTMAX ? CPU_F32
+                  : code == S_CUMSUM                                ? s_ctype(k->out[0].dtype)
+                                                                    : s_ctype(in->dtype);
+    dt_dtype cast = code == S_SOFTMAX || code == S_LOG_SOFTMAX || code == S_CUMSUM ? k->out[0].dtype : in->dtype;
+    int64_t *index = arg ? k->out[0].data : code == S_MAX_DIM || code == S_MIN_DIM || code == S_TOPK ? k->out[1].data
+                                                                                                    : NULL;
+    int64_t in_block = n * inner, widest = in_block > out_block ? in_block : out_block;
+    bool direct = s_native(in->dtype, t) && !s_lossy(in->dtype, cast) && (arg || s_native(k->out[0].dtype, t));
+    int64_t step = direct ? outer : s_min64(outer, S_CHUNK / widest > 1 ? S_CHUNK / widest : 1);
+    s_reader rd, rw = {0}, rb = {0};
+    s_writer wr = {0};
+    void *values = NULL; /* argmax/argmin: the extreme values, not an output */
+    bool ok = s_reader_init(&rd, in, t, cast, step * in_block);
+    if (arg)
+        ok = (values = s_alloc(step * out_block, cpu_ctype_size(t))) && ok;
+    else
+        ok = s_writer_init(&wr, &k->out[0], t, step * out_block) && ok;
+    const float *weight = NULL, *bias = NULL;
+    int64_t flags = norm ? s_int(k->attrs, 0, 0) : 0;
     if (flags & 1) {
-        w = s_load(&k->in[next], CPU_F32, k->in[next].dtype, &w_scratch);
-        ok = ok && w;
-        next++;
+        ok = s_reader_init(&rw, &k->in[1], CPU_F32, k->in[1].dtype, n) && ok;
+        weight = ok ? s_read(&rw, 0, n) : NULL;
     }
     if (flags & 2) {
-        b = s_load(&k->in[next], CPU_F32, k->in[next].dtype, &b_scratch);
-        ok = ok && b;
+        const op_local *b = &k->in[flags & 1 ? 2 : 1];
+        ok = s_reader_init(&rb, b, CPU_F32, b->dtype, n) && ok;
+        bias = ok ? s_read(&rb, 0, n) : NULL;
     }
-    void *y = s_result(out, CPU_F32, &out_scratch);
-    ok = ok && y;
-    if (ok) {
-        cpu_norm_run(k->def->code == S_RMS_NORM, y, x, rows, d, w, b, eps);
-        s_store(out, CPU_F32, out_scratch);
-    } else {
-        free(out_scratch);
+    const char *why = ok ? NULL : s_oom;
+    for (int64_t o0 = 0; o0 < outer && !why; o0 += step) {
+        int64_t count = s_min64(step, outer - o0);
+        const void *x = s_read(&rd, o0 * in_block, count * in_block);
+        void *y = arg ? values : s_slot(&wr, o0 * out_block);
+        why = s_run_along(k, t, y, index ? index + o0 * out_block : NULL, x, count, n, inner, weight, bias);
+        if (!why && !arg)
+            s_flush(&wr, o0 * out_block, count * out_block);
     }
-    free(in_scratch);
-    free(w_scratch);
-    free(b_scratch);
-    return ok ? NULL : s_oom;
+    s_reader_free(&rd);
+    s_reader_free(&rw);
+    s_reader_free(&rb);
+    free(wr.buf);
+    free(values);
+    return why;
 }
 
 static const char *s_cpu(op_kernel *k)
 {
-    int code = k->def->code;
-    if (s_is_list_reduce(code))
-        return s_cpu_list(k);
-    if (code >= S_MAX_DIM && code <= S_ARGMIN)
-        return s_cpu_arg(k);
-    if (code == S_LAYER_NORM || code == S_RMS_NORM)
-        return s_cpu_norm(k);
-    return s_cpu_along(k);
+    return s_is_list_reduce(k->def->code) ? s_cpu_list(k) : s_cpu_along(k);
 }
 
 /* ---- the table (attributes: see above) ------------------------------------------------------- */

@@ -3,7 +3,6 @@ amin, argmax, argmin, softmax, log_softmax, cumsum, topk, layer_norm, rms_norm. 
 call into the C op registry (ops/op_reduce.c), which checks arguments, works out shapes, dtypes
 and placements (a reduction over a sharded dim gives a Partial result) and sends each device its
 part."""
-import builtins
 import collections
 import numbers
 import warnings
@@ -26,9 +25,9 @@ def _tensor(name, x, what="input"):
 
 
 def _int(name, x, what="dim"):
-    if isinstance(x, builtins.bool) or not isinstance(x, numbers.Integral):
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
         raise TypeError(f"{name}(): argument '{what}' must be an int, got {type(x).__name__}")
-    return builtins.int(x)
+    return int(x)
 
 
 def _dims(name, dim):
@@ -46,8 +45,7 @@ def _dtype_code(dtype):
 
 def _list_reduce(name, input, dim, keepdim, dtype=None):
     _tensor(name, input)
-    return _C._op(name, (input,), (builtins.int(builtins.bool(keepdim)), _dtype_code(dtype)) + _dims(name, dim),
-                  None, None)
+    return _C._op(name, (input,), (int(bool(keepdim)), _dtype_code(dtype)) + _dims(name, dim), None, None)
 
 
 def sum(input, dim=None, keepdim=False, *, dtype=None):
@@ -80,8 +78,7 @@ def _extreme(name, pointwise, result, input, dim, keepdim):
         if keepdim:
             raise TypeError(f"{name}(): keepdim needs a dim")
         return _C._op(name, (input,), None, None, None)
-    values, indices = _C._op(name + "_dim", (input,), (_int(name, dim), builtins.int(builtins.bool(keepdim))),
-                             None, None)
+    values, indices = _C._op(name + "_dim", (input,), (_int(name, dim), int(bool(keepdim))), None, None)
     return result(values, indices)
 
 
@@ -99,7 +96,7 @@ def min(input, dim=None, keepdim=False):
 
 def _arg(name, input, dim, keepdim):
     _tensor(name, input)
-    ints = (builtins.int(builtins.bool(keepdim)),) + (() if dim is None else (_int(name, dim),))
+    ints = (int(bool(keepdim)),) + (() if dim is None else (_int(name, dim),))
     return _C._op(name, (input,), ints, None, None)
 
 
@@ -157,15 +154,14 @@ def topk(input, k, dim=-1, largest=True, sorted=True):
     """(values, indices) of the k largest (or smallest) elements along dim, largest first (or
     smallest first)."""
     _tensor("topk", input)
-    ints = (_int("topk", k, "k"), _int("topk", dim), builtins.int(builtins.bool(largest)),
-            builtins.int(builtins.bool(sorted)))
+    ints = (_int("topk", k, "k"), _int("topk", dim), int(bool(largest)), int(bool(sorted)))
     values, indices = _C._op("topk", (input,), ints, None, None)
     return topk_result(values, indices)
 
 
 def _normalized_shape(name, shape):
-    if isinstance(shape, numbers.Integral) and not isinstance(shape, builtins.bool):
-        return (builtins.int(shape),)
+    if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
+        return (int(shape),)
     try:
         return tuple(_int(name, s, "normalized_shape") for s in shape)
     except TypeError:
@@ -185,7 +181,7 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
         tensors.append(_tensor("layer_norm", bias, "bias"))
         flags |= 2
     return _C._op("layer_norm", tuple(tensors), (flags,) + _normalized_shape("layer_norm", normalized_shape),
-                  (builtins.float(eps),), None)
+                  (float(eps),), None)
 
 
 def rms_norm(input, normalized_shape, weight=None, eps=None):
@@ -193,9 +189,9 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     float32 inside. eps=None is torch's default, float32's machine epsilon."""
     _tensor("rms_norm", input)
     tensors = [input] if weight is None else [input, _tensor("rms_norm", weight, "weight")]
-    return _C._op("rms_norm", tuple(tensors), (builtins.int(weight is not None),)
+    return _C._op("rms_norm", tuple(tensors), (int(weight is not None),)
                   + _normalized_shape("rms_norm", normalized_shape),
-                  None if eps is None else (builtins.float(eps),), None)
+                  None if eps is None else (float(eps),), None)
 
 
 def _install():

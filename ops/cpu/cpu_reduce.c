@@ -7,17 +7,20 @@
 #include "dtorch.h"
 
 /* Partial results kept side by side when reducing along the last dim: independent lanes the
- * compiler turns into vector registers (a single running value would serialise every add). */
-#define S_LANES 16
+ * compiler turns into vector registers (a single running value would serialise every add). More
+ * than 16, so that GCC vectorises the lane loop instead of unrolling it into scalar code. */
+#define S_LANES 32
+/* Columns handled together when reducing along an inner dim (their NaN flags live on the stack;
+ * whole rows of up to this many stream through the cache). */
+#define S_TILE 4096
 
 #define S_ADD(a, b) ((a) + (b))
 /* integer sums wrap on overflow, as torch's do (in unsigned arithmetic: signed overflow is undefined) */
 #define S_ADD_WRAP(a, b) ((int64_t)((uint64_t)(a) + (uint64_t)(b)))
-/* b when it wins over a; a NaN wins over any number and stays */
-#define S_MAX_F(a, b) ((b) > (a) || (b) != (b) ? (b) : (a))
-#define S_MIN_F(a, b) ((b) < (a) || (b) != (b) ? (b) : (a))
-#define S_MAX_I(a, b) ((b) > (a) ? (b) : (a))
-#define S_MIN_I(a, b) ((b) < (a) ? (b) : (a))
+/* b when it wins over a. Written so that compilers map it to vector max/min instructions: a
+ * NaN b loses (float max/min count NaNs on the side). */
+#define S_MAX(a, b) ((b) > (a) ? (b) : (a))
+#define S_MIN(a, b) ((b) < (a) ? (b) : (a))
 
 /* out (outer, inner) = COMBINE over n of in (outer, n, inner), starting from INIT. */
 #define S_DEFINE_REDUCE(NAME, T, COMBINE, INIT)                                                                        \
@@ -55,11 +58,69 @@
     }
 
 S_DEFINE_REDUCE(s_sum_f32, float, S_ADD, 0.0f)
-S_DEFINE_REDUCE(s_max_f32, float, S_MAX_F, -INFINITY)
-S_DEFINE_REDUCE(s_min_f32, float, S_MIN_F, INFINITY)
 S_DEFINE_REDUCE(s_sum_i64, int64_t, S_ADD_WRAP, 0)
-S_DEFINE_REDUCE(s_max_i64, int64_t, S_MAX_I, INT64_MIN)
-S_DEFINE_REDUCE(s_min_i64, int64_t, S_MIN_I, INT64_MAX)
+S_DEFINE_REDUCE(s_max_i64, int64_t, S_MAX, INT64_MIN)
+S_DEFINE_REDUCE(s_min_i64, int64_t, S_MIN, INT64_MAX)
+
+/* float max/min: as above, and a NaN anywhere makes the result NaN (torch's rule) */
+#define S_DEFINE_EXTREME_F32(NAME, COMBINE, INIT)                                                                      \
+    static void NAME(float *out, const float *in, int64_t outer, int64_t n, int64_t inner)                             \
+    {                                                                                                                  \
+        if (inner == 1) {                                                                                              \
+            for (int64_t o = 0; o < outer; o++) {                                                                      \
+                const float *x = in + o * n;                                                                           \
+                float acc[S_LANES];                                                                                    \
+                int bad[S_LANES];                                                                                      \
+                for (int l = 0; l < S_LANES; l++) {                                                                    \
+                    acc[l] = (INIT);                                                                                   \
+                    bad[l] = 0;                                                                                        \
+                }                                                                                                      \
+                int64_t r = 0;                                                                                         \
+                for (; r + S_LANES <= n; r += S_LANES)                                                                 \
+                    for (int l = 0; l < S_LANES; l++) {                                                                \
+                        float b = x[r + l];                                                                            \
+                        acc[l] = COMBINE(acc[l], b);                                                                   \
+                        bad[l] |= b != b;                                                                              \
+                    }                                                                                                  \
+                float v = (INIT);                                                                                      \
+                int nan = 0;                                                                                           \
+                for (; r < n; r++) {                                                                                   \
+                    v = COMBINE(v, x[r]);                                                                              \
+                    nan |= x[r] != x[r];                                                                               \
+                }                                                                                                      \
+                for (int l = 0; l < S_LANES; l++) {                                                                    \
+                    v = COMBINE(v, acc[l]);                                                                            \
+                    nan |= bad[l];                                                                                     \
+                }                                                                                                      \
+                out[o] = nan ? NAN : v;                                                                                \
+            }                                                                                                          \
+            return;                                                                                                    \
+        }                                                                                                              \
+        int bad[S_TILE];                                                                                               \
+        for (int64_t o = 0; o < outer; o++)                                                                            \
+            for (int64_t i0 = 0; i0 < inner; i0 += S_TILE) {                                                           \
+                int64_t m = inner - i0 < S_TILE ? inner - i0 : S_TILE;                                                 \
+                float *y = out + o * inner + i0;                                                                       \
+                const float *x = in + o * n * inner + i0;                                                              \
+                for (int64_t i = 0; i < m; i++) {                                                                      \
+                    y[i] = x[i];                                                                                       \
+                    bad[i] = x[i] != x[i];                                                                             \
+                }                                                                                                      \
+                for (int64_t r = 1; r < n; r++) {                                                                      \
+                    const float *row = x + r * inner;                                                                  \
+                    for (int64_t i = 0; i < m; i++) {                                                                  \
+                        y[i] = COMBINE(y[i], row[i]);                                                                  \
+                        bad[i] |= row[i] != row[i];                                                                    \
+                    }                                                                                                  \
+                }                                                                                                      \
+                for (int64_t i = 0; i < m; i++)                                                                        \
+                    if (bad[i])                                                                                        \
+                        y[i] = NAN;                                                                                    \
+            }                                                                                                          \
+    }
+
+S_DEFINE_EXTREME_F32(s_max_f32, S_MAX, -INFINITY)
+S_DEFINE_EXTREME_F32(s_min_f32, S_MIN, INFINITY)
 
 void cpu_reduce_run(cpu_red op, cpu_ctype t, void *out, const void *in, int64_t outer, int64_t n, int64_t inner)
 {
@@ -75,6 +136,25 @@ void cpu_reduce_run(cpu_red op, cpu_ctype t, void *out, const void *in, int64_t 
         case CPU_RED_MAX: s_max_i64(out, in, outer, n, inner); break;
         case CPU_RED_MIN: s_min_i64(out, in, outer, n, inner); break;
         }
+    }
+}
+
+void cpu_combine(cpu_red op, cpu_ctype t, void *acc, const void *part, int64_t n)
+{
+    if (t == CPU_F32) {
+        float *a = acc;
+        const float *b = part;
+        for (int64_t i = 0; i < n; i++) {
+            float v = op == CPU_RED_SUM ? a[i] + b[i] : op == CPU_RED_MAX ? S_MAX(a[i], b[i]) : S_MIN(a[i], b[i]);
+            a[i] = b[i] != b[i] ? b[i] : v; /* S_MAX/S_MIN let a NaN in b lose */
+        }
+    } else {
+        int64_t *a = acc;
+        const int64_t *b = part;
+        for (int64_t i = 0; i < n; i++)
+            a[i] = op == CPU_RED_SUM   ? S_ADD_WRAP(a[i], b[i])
+                   : op == CPU_RED_MAX ? S_MAX(a[i], b[i])
+                                       : S_MIN(a[i], b[i]);
     }
 }
 
@@ -195,9 +275,67 @@ void cpu_arg_run(bool largest, cpu_ctype t, int64_t *index, void *values, const 
 
 /* ---- softmax, cumsum ------------------------------------------------------------------------ */
 
+/* exp(x) for x in [-88, 0] (softmax's shifted values, clamped by s_clamp_shifted; NaN stays
+ * NaN), in a form compilers vectorise (libm's expf is a call per element): x = n ln2 + r with
+ * |r| <= ln2/2 (ln2 in two parts), exp(r) by its Taylor series to r^8 (relative error ~1e-7),
+ * times 2^n built in the exponent bits. At -88, n = -127 gives a scale of 0: exp there is below
+ * 2^-126, which no softmax sum (at least 1) can notice. */
+static inline float s_exp_clamped(float x)
+{
+    float t = x * 1.44269504f + 12582912.0f; /* 1.5 * 2^23: rounds to an integer held in the low bits */
+    float n = t - 12582912.0f;
+    int32_t bits;
+    memcpy(&bits, &t, sizeof bits);
+    float r = (x - n * 0.693145752f) - n * 1.42860677e-6f;
+    float p = 1.0f / 40320;
+    p = p * r + 1.0f / 5040;
+    p = p * r + 1.0f / 720;
+    p = p * r + 1.0f / 120;
+    p = p * r + 1.0f / 24;
+    p = p * r + 1.0f / 6;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    uint32_t scale_bits = (uint32_t)(bits - 0x4B400000 + 127) << 23;
+    float scale;
+    memcpy(&scale, &scale_bits, sizeof scale);
+    return p * scale;
+}
+
+/* x clamped to [-88, 0], NaN kept (the max/min form vectorises; GCC will not vectorise the clamp
+ * and the exponential in one loop, hence two) */
+static inline float s_clamp_shifted(float x)
+{
+    x = -88.0f > x ? -88.0f : x;
+    return 0.0f < x ? 0.0f : x;
+}
+
+/* A NaN in a row needs no care: it turns the row's sum, hence every output of the row, to NaN. */
 const char *cpu_softmax_run(bool log, float *out, const float *in, int64_t outer, int64_t n, int64_t inner)
 {
-    float *top = malloc(sizeof(float) * (size_t)(2 * inner + 1)), *total = top + inner;
+    if (inner == 1) {
+        for (int64_t o = 0; o < outer; o++) {
+            const float *x = in + o * n;
+            float *y = out + o * n, top, total;
+            s_max_f32(&top, x, 1, n, 1);
+            for (int64_t r = 0; r < n; r++)
+                y[r] = s_clamp_shifted(x[r] - top);
+            for (int64_t r = 0; r < n; r++)
+                y[r] = s_exp_clamped(y[r]);
+            s_sum_f32(&total, y, 1, n, 1);
+            if (log) {
+                float shift = logf(total);
+                for (int64_t r = 0; r < n; r++)
+                    y[r] = (x[r] - top) - shift;
+            } else {
+                float scale = 1.0f / total;
+                for (int64_t r = 0; r < n; r++)
+                    y[r] *= scale;
+            }
+        }
+        return NULL;
+    }
+    float *top = malloc(sizeof(float) * (size_t)(2 * inner)), *total = top + inner;
     if (!top)
         return "out of memory on the device";
     for (int64_t o = 0; o < outer; o++) {
@@ -209,13 +347,17 @@ const char *cpu_softmax_run(bool log, float *out, const float *in, int64_t outer
         }
         for (int64_t r = 0; r < n; r++)
             for (int64_t i = 0; i < inner; i++)
-                top[i] = S_MAX_F(top[i], x[r * inner + i]);
-        for (int64_t r = 0; r < n; r++)
-            for (int64_t i = 0; i < inner; i++) {
-                float e = expf(x[r * inner + i] - top[i]);
-                y[r * inner + i] = e;
-                total[i] += e;
-            }
+                top[i] = S_MAX(top[i], x[r * inner + i]);
+        for (int64_t r = 0; r < n; r++) {
+            const float *restrict xr = x + r * inner, *restrict shift = top;
+            float *restrict yr = y + r * inner;
+            for (int64_t i = 0; i < inner; i++)
+                yr[i] = s_clamp_shifted(xr[i] - shift[i]);
+            for (int64_t i = 0; i < inner; i++)
+                yr[i] = s_exp_clamped(yr[i]);
+            for (int64_t i = 0; i < inner; i++)
+                total[i] += yr[i];
+        }
         if (log) {
             for (int64_t i = 0; i < inner; i++)
                 total[i] = logf(total[i]);
@@ -313,39 +455,74 @@ static int s_asc_i64(const void *p, const void *q)
     return c ? c : s_by_index(a->i, b->i);
 }
 
-#define S_DEFINE_TOPK(NAME, T, PAIR, DESC, ASC)                                                                        \
-    static void NAME(PAIR *pairs, T *values, int64_t *index, const T *in, int64_t outer, int64_t n, int64_t inner,     \
+/* The k best of a slice stay in a heap whose root is the worst kept (the one the next better
+ * element replaces): O(n log k) per slice; then the k are sorted. Elements arrive in index order,
+ * so an equal newcomer never displaces a kept one: ties keep the lower index. */
+#define S_DEFINE_TOPK(NAME, T, PAIR, ORDER, DESC, ASC)                                                                 \
+    static inline bool NAME##_before(PAIR a, PAIR b, bool largest)                                                     \
+    {                                                                                                                  \
+        int c = largest ? ORDER(a.v, b.v) : ORDER(b.v, a.v);                                                           \
+        return c > 0 || (c == 0 && a.i < b.i);                                                                         \
+    }                                                                                                                  \
+    static void NAME##_sift(PAIR *heap, int64_t k, int64_t at, bool largest)                                           \
+    {                                                                                                                  \
+        for (;;) {                                                                                                     \
+            int64_t worst = at, l = 2 * at + 1, r = l + 1;                                                             \
+            if (l < k && NAME##_before(heap[worst], heap[l], largest))                                                 \
+                worst = l;                                                                                             \
+            if (r < k && NAME##_before(heap[worst], heap[r], largest))                                                 \
+                worst = r;                                                                                             \
+            if (worst == at)                                                                                           \
+                return;                                                                                                \
+            PAIR swap = heap[at];                                                                                      \
+            heap[at] = heap[worst];                                                                                    \
+            heap[worst] = swap;                                                                                        \
+            at = worst;                                                                                                \
+        }                                                                                                              \
+    }                                                                                                                  \
+    static void NAME(PAIR *heap, T *values, int64_t *index, const T *in, int64_t outer, int64_t n, int64_t inner,      \
                      int64_t k, bool largest)                                                                          \
     {                                                                                                                  \
+        if (k == 0)                                                                                                    \
+            return;                                                                                                    \
         for (int64_t o = 0; o < outer; o++)                                                                            \
             for (int64_t i = 0; i < inner; i++) {                                                                      \
                 const T *x = in + o * n * inner + i;                                                                   \
-                for (int64_t r = 0; r < n; r++)                                                                        \
-                    pairs[r] = (PAIR){x[r * inner], r};                                                                \
-                qsort(pairs, (size_t)n, sizeof *pairs, largest ? DESC : ASC);                                          \
+                for (int64_t r = 0; r < k; r++)                                                                        \
+                    heap[r] = (PAIR){x[r * inner], r};                                                                 \
+                for (int64_t at = k / 2; at-- > 0;)                                                                    \
+                    NAME##_sift(heap, k, at, largest);                                                                 \
+                for (int64_t r = k; r < n; r++) {                                                                      \
+                    PAIR e = {x[r * inner], r};                                                                        \
+                    if (NAME##_before(e, heap[0], largest)) {                                                          \
+                        heap[0] = e;                                                                                   \
+                        NAME##_sift(heap, k, 0, largest);                                                              \
+                    }                                                                                                  \
+                }                                                                                                      \
+                qsort(heap, (size_t)k, sizeof *heap, largest ? DESC : ASC);                                            \
                 T *v = values + o * k * inner + i;                                                                     \
                 int64_t *at = index + o * k * inner + i;                                                               \
                 for (int64_t r = 0; r < k; r++) {                                                                      \
-                    v[r * inner] = pairs[r].v;                                                                         \
-                    at[r * inner] = pairs[r].i;                                                                        \
+                    v[r * inner] = heap[r].v;                                                                          \
+                    at[r * inner] = heap[r].i;                                                                         \
                 }                                                                                                      \
             }                                                                                                          \
     }
 
-S_DEFINE_TOPK(s_topk_f32, float, s_pair_f32, s_desc_f32, s_asc_f32)
-S_DEFINE_TOPK(s_topk_i64, int64_t, s_pair_i64, s_desc_i64, s_asc_i64)
+S_DEFINE_TOPK(s_topk_f32, float, s_pair_f32, s_order_f32, s_desc_f32, s_asc_f32)
+S_DEFINE_TOPK(s_topk_i64, int64_t, s_pair_i64, s_order_i64, s_desc_i64, s_asc_i64)
 
 const char *cpu_topk_run(cpu_ctype t, void *values, int64_t *index, const void *in, int64_t outer, int64_t n,
                          int64_t inner, int64_t k, bool largest)
 {
-    void *pairs = malloc((size_t)(n ? n : 1) * sizeof(s_pair_i64));
-    if (!pairs)
+    void *heap = malloc((size_t)(k ? k : 1) * sizeof(s_pair_i64));
+    if (!heap)
         return "out of memory on the device";
     if (t == CPU_F32)
-        s_topk_f32(pairs, values, index, in, outer, n, inner, k, largest);
+        s_topk_f32(heap, values, index, in, outer, n, inner, k, largest);
     else
-        s_topk_i64(pairs, values, index, in, outer, n, inner, k, largest);
-    free(pairs);
+        s_topk_i64(heap, values, index, in, outer, n, inner, k, largest);
+    free(heap);
     return NULL;
 }
 

@@ -19,6 +19,9 @@ typedef enum { CPU_RED_SUM, CPU_RED_MAX, CPU_RED_MIN } cpu_red;
 /* out (outer, inner) = op over n of in (outer, n, inner); t is CPU_F32 or CPU_I64; n >= 1. */
 void cpu_reduce_run(cpu_red op, cpu_ctype t, void *out, const void *in, int64_t outer, int64_t n, int64_t inner);
 
+/* acc[i] = op(acc[i], part[i]) for n elements of t (NaN wins a float max/min). */
+void cpu_combine(cpu_red op, cpu_ctype t, void *acc, const void *part, int64_t n);
+
 /* Reduces the C-contiguous array in (ndim, shape) over the dims whose bit is set in mask; out
  * holds the kept dims, C-contiguous. Every reduced dim must be non-empty. NULL, or why not. */
 const char *cpu_reduce_dims(cpu_red op, cpu_ctype t, void *out, const void *in, int ndim, const int64_t *shape,
