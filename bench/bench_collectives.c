@@ -29,6 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "dtorch.h"
 
 #define S_MAX_STEPS 8
@@ -61,24 +62,8 @@ static int s_scaled(int n)
     return k < 3 ? 3 : k;
 }
 
-static double s_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
 
-static int s_cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
-static double s_median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, s_cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static void s_die(const char *what)
 {
@@ -114,16 +99,16 @@ static double s_memcpy_ns(size_t bytes, int repeats, bool fresh_dst)
     }
     for (int i = 0; i < repeats; i++) {
         char *d = dst;
-        double t0 = s_now_ns();
+        double t0 = bench_now_ns();
         if (fresh_dst && !(d = malloc(bytes)))
             exit(1);
         memcpy(d, src, bytes);
         __asm__ volatile("" : : "r"(d) : "memory"); /* the copy must happen */
-        ns[i] = s_now_ns() - t0;
+        ns[i] = bench_now_ns() - t0;
         if (fresh_dst)
             free(d);
     }
-    double med = s_median(ns, repeats);
+    double med = bench_median(ns, repeats);
     free(ns);
     free(src);
     free(dst);
@@ -225,12 +210,12 @@ static s_result s_run_collective(dt_mesh *mesh, int n, s_coll c, const s_size *s
     s_plan_string(x, NULL, &dst_pl, res.plan, sizeof res.plan);
     int warm = s_scaled(sz->warmups), reps = s_scaled(sz->repeats);
     for (int i = 0; i < warm + reps; i++) {
-        double t0 = s_now_ns();
+        double t0 = bench_now_ns();
         dt_tensor *y = dt_redistribute(x, NULL, &dst_pl);
         if (!y)
             s_die("dt_redistribute");
         s_sync();
-        double t1 = s_now_ns();
+        double t1 = bench_now_ns();
         if (i >= warm)
             samples[i - warm] = t1 - t0;
         if (i == warm + reps - 1)
@@ -241,7 +226,7 @@ static s_result s_run_collective(dt_mesh *mesh, int n, s_coll c, const s_size *s
     dt_tensor_release(&x);
     s_sync();
     double bytes = (double)(sz->side * sz->side) * 4.0;
-    res.median_ns = s_median(samples, reps);
+    res.median_ns = bench_median(samples, reps);
     res.algbw = s_gbps(bytes, res.median_ns);
     res.busbw = res.algbw * s_bus_factor(c, n);
     return res;
@@ -292,11 +277,11 @@ static s_xresult s_run_cross_mesh(dt_tensor *const *xs, int n, dt_mesh *target, 
 
     int warm = 1, reps = s_scaled(5);
     for (int r = 0; r < warm + reps; r++) {
-        double t0 = s_now_ns();
+        double t0 = bench_now_ns();
         if (dt_redistribute_many(n, xs, target, all, out) != 0)
             s_die("dt_redistribute_many");
         s_sync();
-        double t1 = s_now_ns();
+        double t1 = bench_now_ns();
         if (r >= warm)
             samples[r - warm] = t1 - t0;
         if (r == 0) {
@@ -321,7 +306,7 @@ static s_xresult s_run_cross_mesh(dt_tensor *const *xs, int n, dt_mesh *target, 
             dt_tensor_release(&out[i]);
         s_sync();
     }
-    res.median_ns = s_median(samples, reps);
+    res.median_ns = bench_median(samples, reps);
     res.memcpy_total_ns = s_memcpy_ns((size_t)res.total_bytes, s_scaled(5), false);
     res.memcpy_device_ns = s_memcpy_ns((size_t)res.max_device_bytes, s_scaled(5), false);
     free(all);

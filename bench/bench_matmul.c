@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "cpu_matmul.h"
+#include "bench_util.h"
 #include "dtorch.h"
 
 #define S_MAX_SIZES 16
@@ -38,17 +39,7 @@ static double s_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static int s_cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
-static double s_median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, s_cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static void s_die(const char *what)
 {
@@ -104,7 +95,7 @@ static s_result s_run(dt_mesh *mesh, int64_t n, int repeats)
         if (i >= 0)
             t[i] = s_now() - t0;
     }
-    r.blas = flops / s_median(t, repeats) * 1e-9;
+    r.blas = flops / bench_median(t, repeats) * 1e-9;
 
     /* (b) one op, submit to synchronize; the release only queues a free for the next message */
     dt_tensor *c = s_matmul(a, b);
@@ -120,7 +111,7 @@ static s_result s_run(dt_mesh *mesh, int64_t n, int repeats)
         if (i + 1 < repeats)
             dt_tensor_release(&c);
     }
-    r.dt_one = flops / s_median(t, repeats) * 1e-9;
+    r.dt_one = flops / bench_median(t, repeats) * 1e-9;
 
     /* the last product against the direct one */
     float *got = s_fetch(c, numel);
@@ -146,7 +137,7 @@ static s_result s_run(dt_mesh *mesh, int64_t n, int repeats)
             s_die("dt_synchronize");
         t[i] = (s_now() - t0) / S_PIPELINE;
     }
-    r.dt_pipe = flops / s_median(t, runs) * 1e-9;
+    r.dt_pipe = flops / bench_median(t, runs) * 1e-9;
 
     free(ha);
     free(hb);

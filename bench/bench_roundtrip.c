@@ -27,6 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "dtorch.h"
 
 #define S_MSG_SIZE 64
@@ -50,23 +51,12 @@ typedef struct {
     s_throughput pipe;
 } s_result;
 
-static double s_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
 
-static int s_cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 /* Sorts the samples (ns) in place. */
 static s_latency s_summarise(double *ns, int n)
 {
-    qsort(ns, (size_t)n, sizeof *ns, s_cmp_double);
+    qsort(ns, (size_t)n, sizeof *ns, bench_cmp_double);
     return (s_latency){ns[n / 2] / 1e3, ns[(int)(0.9 * (n - 1))] / 1e3};
 }
 
@@ -132,10 +122,10 @@ static s_latency s_raw_pingpong(void *dealer, int iters, double *samples)
         s_recv_reply(dealer);
     }
     for (int i = 0; i < iters; i++) {
-        double t0 = s_now_ns();
+        double t0 = bench_now_ns();
         s_send_kind(dealer, S_PING);
         s_recv_reply(dealer);
-        samples[i] = s_now_ns() - t0;
+        samples[i] = bench_now_ns() - t0;
     }
     return s_summarise(samples, iters);
 }
@@ -147,13 +137,13 @@ static s_throughput s_raw_pipeline(void *dealer, long n)
 {
     s_throughput best = {0, 0};
     for (int r = 0; r < S_REPEATS; r++) {
-        double t0 = s_now_ns();
+        double t0 = bench_now_ns();
         for (long i = 0; i < n; i++)
             s_send_kind(dealer, S_DATA);
-        double t1 = s_now_ns();
+        double t1 = bench_now_ns();
         s_send_kind(dealer, S_FLUSH);
         s_recv_reply(dealer);
-        double t2 = s_now_ns();
+        double t2 = bench_now_ns();
         double ops = (double)n / ((t2 - t0) * 1e-9), sub = (t1 - t0) / (double)n;
         if (ops > best.ops_per_s)
             best.ops_per_s = ops;
@@ -209,14 +199,14 @@ static dt_tensor *s_full(dt_mesh *mesh, int64_t numel)
 static s_latency s_dt_roundtrip(dt_mesh *mesh, int iters, double *samples)
 {
     for (int i = 0; i < S_WARMUP + iters; i++) {
-        double t0 = s_now_ns();
+        double t0 = bench_now_ns();
         dt_tensor *x = s_full(mesh, 4);
         if (!x)
             s_die("dt_full");
         dt_future *f = dt_tensor_fetch(x);
         if (!f || dt_future_wait(f, -1) != 0)
             s_die("fetch");
-        double t1 = s_now_ns();
+        double t1 = bench_now_ns();
         const float *v = dt_future_data(f, 0);
         if (!v || v[0] != 1.0f || v[3] != 1.0f) {
             fprintf(stderr, "bench_roundtrip: fetched a wrong value\n");
@@ -234,17 +224,17 @@ static s_throughput s_dt_pipeline(dt_mesh *mesh, long n)
 {
     s_throughput best = {0, 0};
     for (int r = 0; r < S_REPEATS; r++) {
-        double t0 = s_now_ns();
+        double t0 = bench_now_ns();
         for (long i = 0; i < n; i++) {
             dt_tensor *x = s_full(mesh, 1);
             if (!x)
                 s_die("dt_full");
             dt_tensor_release(&x);  /* as a training loop would: nothing piles up on the devices */
         }
-        double t1 = s_now_ns();
+        double t1 = bench_now_ns();
         if (dt_synchronize() != 0)
             s_die("dt_synchronize");
-        double t2 = s_now_ns();
+        double t2 = bench_now_ns();
         double ops = (double)n / ((t2 - t0) * 1e-9), sub = (t1 - t0) / (double)n;
         if (ops > best.ops_per_s)
             best.ops_per_s = ops;
