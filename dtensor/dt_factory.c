@@ -229,6 +229,17 @@ static void s_load(const dt_tensor *t, int64_t device, const int64_t *local, s_s
     mb_w_int(pk, frame);
 }
 
+/* Devices holding the same block (replicas) share one copy of it: the key is the device's index
+ * over the Shard mesh dims. */
+static int64_t s_block_key(const dt_tensor *t, const int64_t *coord)
+{
+    int64_t key = 0;
+    for (int m = 0; m < t->mesh->ndim; m++)
+        if (t->placements[m].kind == DT_SHARD)
+            key = key * t->mesh->shape[m] + coord[m];
+    return key;
+}
+
 dt_tensor *dt_distribute(dt_mesh *mesh, const void *data, int ndim, const int64_t *shape, const int64_t *strides,
                          dt_dtype dtype, const dt_placement *placements)
 {
@@ -249,7 +260,6 @@ dt_tensor *dt_distribute(dt_mesh *mesh, const void *data, int ndim, const int64_
     else
         cpu_contiguous_strides(ndim, shape, elem, src_strides);
 
-    /* Devices holding the same block (replicas) share one copy of it: key = index over Shard dims. */
     int64_t nblocks = 1;
     for (int i = 0; i < mesh->ndim; i++)
         if (t->placements[i].kind == DT_SHARD)
@@ -263,10 +273,7 @@ dt_tensor *dt_distribute(dt_mesh *mesh, const void *data, int ndim, const int64_
     int64_t coord[DT_MAX_DIMS], local[DT_MAX_DIMS], offset[DT_MAX_DIMS], dst_strides[DT_MAX_DIMS];
     for (int64_t i = 0; i < mesh->size; i++) {
         dtn_mesh_coord(mesh->ndim, mesh->shape, i, coord);
-        int64_t key = 0;
-        for (int m = 0; m < mesh->ndim; m++)
-            if (t->placements[m].kind == DT_SHARD)
-                key = key * mesh->shape[m] + coord[m];
+        int64_t key = s_block_key(t, coord);
         if (blocks[key])
             continue;
         dtn_local_block(mesh->ndim, mesh->shape, coord, t->placements, ndim, shape, local, offset);
@@ -284,10 +291,7 @@ dt_tensor *dt_distribute(dt_mesh *mesh, const void *data, int ndim, const int64_
         goto done;
     for (int64_t i = 0; i < mesh->size; i++) {
         dtn_mesh_coord(mesh->ndim, mesh->shape, i, coord);
-        int64_t key = 0;
-        for (int m = 0; m < mesh->ndim; m++)
-            if (t->placements[m].kind == DT_SHARD)
-                key = key * mesh->shape[m] + coord[m];
+        int64_t key = s_block_key(t, coord);
         dtn_local_block(mesh->ndim, mesh->shape, coord, t->placements, ndim, shape, local, offset);
         s_load(t, mesh->ids[i], local, blocks[key]);
     }
