@@ -168,6 +168,9 @@ static bool s_partial_ok(const op_call *c, int op, bool *allow)
         return false;
     switch (info->partial) {
     case S_P_LINEAR:
+        /* a cast to an integer or bool truncates each contribution: not the cast of their sum */
+        if (info->kind == S_TO && !dt_dtype_is_float((dt_dtype)c->attrs.ints[0]))
+            return false;
         allow[0] = true;
         return true;
     case S_P_ADD:
@@ -188,6 +191,17 @@ static bool s_partial_ok(const op_call *c, int op, bool *allow)
     }
 }
 
+/* Whether every input that stays Partial (allow) already has exactly p on mesh dim m: a
+ * Partial output counts each device's result once, so a replicated or sharded operand (or one
+ * with another reduce op) cannot pass as a contribution; it is reduced or replicated instead. */
+static bool s_partial_all(const op_call *c, int m, dt_placement p, const bool *allow)
+{
+    for (int i = 0; i < c->nin; i++)
+        if (allow[i] && (c->in[i].pl[m].kind != DT_PARTIAL || c->in[i].pl[m].reduce_op != p.reduce_op))
+            return false;
+    return true;
+}
+
 /* Output placements that follow input k: its shards mapped into output dims, its Partial where
  * the op lets Partial through, Replicate elsewhere. */
 static void s_follow(const op_call *c, int k, dt_placement *out_pl, bool *allow)
@@ -202,7 +216,7 @@ static void s_follow(const op_call *c, int k, dt_placement *out_pl, bool *allow)
             out_pl[m] = dt_shard(p.dim + (o->ndim - a->ndim));
         else if (p.kind == DT_PARTIAL) {
             bool mine[OP_MAX_INPUTS];
-            if (s_partial_ok(c, p.reduce_op, mine) && mine[k]) {
+            if (s_partial_ok(c, p.reduce_op, mine) && mine[k] && s_partial_all(c, m, p, mine)) {
                 out_pl[m] = p;
                 for (int i = 0; i < c->nin; i++)
                     allow[i] = allow[i] || mine[i];
@@ -270,7 +284,9 @@ static const void *s_operand(const op_local *in, const op_local *out, cpu_ctype 
 {
     int64_t n_out = dtn_numel(out->ndim, out->shape), n_in = dtn_numel(in->ndim, in->shape);
     bool same_shape = n_in == n_out && in->ndim <= out->ndim;
-    bool native = s_ctype(in->dtype) == t && (t != CPU_F32 || in->dtype == DT_FLOAT32);
+    /* the piece's own bytes serve only when its dtype is t's (int32 is not int64, nor bf16 f32) */
+    bool native = (t == CPU_F32 && in->dtype == DT_FLOAT32) || (t == CPU_I64 && in->dtype == DT_INT64) ||
+                  (t == CPU_U8 && in->dtype == DT_BOOL);
     *scratch = NULL;
     if (same_shape && native)
         return in->data;

@@ -1,0 +1,1862 @@
+/* Every registered op through dt_op, on a 2-device mesh and on a 2x2 mesh (thread workers; a
+ * smaller set with process workers), with inputs sharded, replicated, unevenly sharded (down to
+ * empty shards) and Partial (built with dt_from_local). Whatever placements the op picks and
+ * whatever it redistributes first, the fetched value must equal a reference computed here by
+ * loops: exactly for integer and data-movement ops, within a small tolerance for float math.
+ * Then the error paths: bad arguments fail at the call naming the op, a kernel failure surfaces
+ * on fetch and leaves the runtime working, strict mode refuses a needed redistribute.
+ *
+ * CI runs this suite under AddressSanitizer with leak detection: every handle is released. */
+#include <criterion/criterion.h>
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dtorch.h"
+#include "op_registry.h" /* op_at: the coverage check walks the registry */
+
+#define S_INT(v) ((dt_scalar){.is_int = true, .i = (v)})
+#define S_FLT(v) ((dt_scalar){.is_int = false, .f = (v)})
+#define S_MAXN 1024 /* elements of the largest tensor a scenario builds */
+#define S_TOL 1e-5  /* relative tolerance of float math */
+
+/* ---- environment ------------------------------------------------------------------------------ */
+
+typedef struct {
+    dt_mesh *mesh;
+    int mn;     /* mesh ndim */
+    bool small; /* fewer layouts (process workers) */
+} s_env;
+
+static void s_init(dt_workers mode)
+{
+    const char *path = getenv("DTORCH_WORKER_PATH");
+    cr_assert(mode == DT_WORKERS_THREAD || path, "process workers need DTORCH_WORKER_PATH (meson test sets it)");
+    cr_assert_eq(dt_init(&(dt_config){mode, path}), 0, "init: %s", dt_last_error());
+}
+
+static s_env s_env_new(int mesh_ndim, bool small)
+{
+    s_env e = {.mn = mesh_ndim, .small = small};
+    if (mesh_ndim == 1)
+        e.mesh = dt_mesh_new("cpu", 1, (int64_t[]){2}, (int64_t[]){1, 0}, NULL);
+    else
+        e.mesh = dt_mesh_new("cpu", 2, (int64_t[]){2, 2}, (int64_t[]){0, 1, 2, 3}, NULL);
+    cr_assert_not_null(e.mesh, "mesh: %s", dt_last_error());
+    return e;
+}
+
+/* One scenario as three Criterion tests: 2 devices and 2x2 with threads, 2 devices with
+ * processes on fewer layouts. Each ends with a clean shutdown. */
+#define S_SCENARIO(suite, name)                                                                                        \
+    static void s_case_##name(const s_env *e);                                                                         \
+    static void s_run_##name(dt_workers mode, int mesh_ndim, bool small)                                               \
+    {                                                                                                                  \
+        s_init(mode);                                                                                                  \
+        s_env e = s_env_new(mesh_ndim, small);                                                                         \
+        s_case_##name(&e);                                                                                             \
+        dt_mesh_release(&e.mesh);                                                                                      \
+        cr_expect_eq(dt_shutdown(), 0);                                                                                \
+    }                                                                                                                  \
+    Test(suite, name##_mesh2_thread, .timeout = 60) { s_run_##name(DT_WORKERS_THREAD, 1, false); }                     \
+    Test(suite, name##_mesh2x2_thread, .timeout = 60) { s_run_##name(DT_WORKERS_THREAD, 2, false); }                   \
+    Test(suite, name##_mesh2_process, .timeout = 60) { s_run_##name(DT_WORKERS_PROCESS, 1, true); }                    \
+    static void s_case_##name(const s_env *e)
+
+/* Input layouts for a tensor of nd dims; pop >= 0 adds a Partial(pop) one. */
+typedef struct {
+    dt_placement pl[2];
+} s_layout;
+
+static int s_layouts(const s_env *e, int nd, int pop, s_layout *out)
+{
+    dt_placement R = dt_replicate(), S0 = dt_shard(0), SL = dt_shard(nd > 0 ? nd - 1 : 0);
+    dt_placement P = dt_partial(pop >= 0 ? (dt_reduce_op)pop : DT_REDUCE_SUM);
+    int n = 0;
+    if (e->mn == 1) {
+        if (nd > 0)
+            out[n++] = (s_layout){{S0}};
+        if (nd > 1 && !e->small)
+            out[n++] = (s_layout){{SL}};
+        if (!e->small || nd == 0)
+            out[n++] = (s_layout){{R}};
+        if (pop >= 0)
+            out[n++] = (s_layout){{P}};
+    } else {
+        if (nd > 0) {
+            out[n++] = (s_layout){{S0, SL}};
+            out[n++] = (s_layout){{R, S0}};
+            out[n++] = (s_layout){{S0, S0}};
+            out[n++] = (s_layout){{SL, R}};
+        } else {
+            out[n++] = (s_layout){{R, R}};
+        }
+        if (pop >= 0)
+            out[n++] = nd > 0 ? (s_layout){{P, S0}} : (s_layout){{R, P}};
+        if (pop >= 0 && nd > 0)
+            out[n++] = (s_layout){{SL, P}};
+    }
+    return n;
+}
+
+static void s_layout_name(const s_env *e, const dt_placement *pl, char *buf, size_t size)
+{
+    size_t used = 0;
+    for (int m = 0; m < e->mn && used < size; m++) {
+        const dt_placement p = pl[m];
+        used += (size_t)snprintf(buf + used, size - used, "%s%c%d", m ? "," : "",
+                                 p.kind == DT_SHARD ? 'S' : p.kind == DT_REPLICATE ? 'R' : 'P',
+                                 p.kind == DT_SHARD ? p.dim : p.kind == DT_PARTIAL ? p.reduce_op : 0);
+    }
+}
+
+/* ---- values ---------------------------------------------------------------------------------- */
+
+static int64_t s_numel(int nd, const int64_t *shape)
+{
+    int64_t n = 1;
+    for (int d = 0; d < nd; d++)
+        n *= shape[d];
+    return n;
+}
+
+static void s_unravel(int nd, const int64_t *shape, int64_t i, int64_t *idx)
+{
+    for (int d = nd - 1; d >= 0; d--) {
+        idx[d] = shape[d] ? i % shape[d] : 0;
+        i = shape[d] ? i / shape[d] : 0;
+    }
+}
+
+static int64_t s_ravel(int nd, const int64_t *shape, const int64_t *idx)
+{
+    int64_t o = 0;
+    for (int d = 0; d < nd; d++)
+        o = o * shape[d] + idx[d];
+    return o;
+}
+
+static double s_half(uint16_t h)
+{
+    int e = (h >> 10) & 31, m = h & 1023;
+    double v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(m + 1024, e - 25);
+    return h >> 15 ? -v : v;
+}
+
+static double s_get(dt_dtype dt, const void *p, int64_t i)
+{
+    switch (dt) {
+    case DT_FLOAT32: return ((const float *)p)[i];
+    case DT_FLOAT16: return s_half(((const uint16_t *)p)[i]);
+    case DT_BFLOAT16: {
+        uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
+        float f;
+        memcpy(&f, &u, sizeof f);
+        return f;
+    }
+    case DT_INT32: return ((const int32_t *)p)[i];
+    case DT_INT64: return (double)((const int64_t *)p)[i];
+    default: return ((const uint8_t *)p)[i];
+    }
+}
+
+static void s_put(dt_dtype dt, void *p, int64_t i, double v)
+{
+    switch (dt) {
+    case DT_FLOAT32: ((float *)p)[i] = (float)v; break;
+    case DT_INT32: ((int32_t *)p)[i] = (int32_t)v; break;
+    case DT_INT64: ((int64_t *)p)[i] = (int64_t)v; break;
+    case DT_BOOL: ((uint8_t *)p)[i] = v != 0; break;
+    default: cr_assert_fail("s_put: no inputs of dtype %d (make them with the 'to' op)", dt);
+    }
+}
+
+static void *s_pack(dt_dtype dt, const double *v, int64_t n)
+{
+    void *buf = malloc((size_t)(n ? n : 1) * dt_dtype_size(dt));
+    cr_assert_not_null(buf);
+    for (int64_t i = 0; i < n; i++)
+        s_put(dt, buf, i, v[i]);
+    return buf;
+}
+
+/* How a device at coordinate c of a mesh dim of size n splits x (element g) for Partial(op):
+ * the pieces reduce to x exactly (small multiples of 1/8 stay exact in float32). */
+static double s_split(dt_reduce_op op, int64_t c, int64_t n, double x, int64_t g, dt_dtype dt)
+{
+    bool fl = dt == DT_FLOAT32;
+    double r = fl ? (double)(g % 5 - 2) * 0.25 : (double)(g % 5 - 2);
+    switch (op) {
+    case DT_REDUCE_SUM: return c == 0 ? x - (double)(n - 1) * r : r;
+    case DT_REDUCE_AVG: return c == 0 ? x + (double)(n - 1) * r : x - r;
+    case DT_REDUCE_MAX: return c == 0 ? x : x - 1 - (double)(g % 3);
+    default: return c == 0 ? x : x + 1 + (double)(g % 3);
+    }
+}
+
+/* A tensor of the global value v laid out as pl: dt_distribute, or dt_from_local with pieces that
+ * reduce to v where pl has a Partial. */
+static dt_tensor *s_make(const s_env *e, dt_dtype dt, int nd, const int64_t *shape, const double *v,
+                         const dt_placement *pl)
+{
+    int64_t n = s_numel(nd, shape);
+    bool partial = false;
+    dt_placement base[DT_MAX_DIMS];
+    for (int m = 0; m < e->mn; m++) {
+        partial = partial || pl[m].kind == DT_PARTIAL;
+        base[m] = pl[m].kind == DT_PARTIAL ? dt_replicate() : pl[m];
+    }
+    if (!partial) {
+        void *buf = s_pack(dt, v, n);
+        dt_tensor *t = dt_distribute(e->mesh, buf, nd, shape, NULL, dt, pl);
+        free(buf);
+        cr_assert_not_null(t, "distribute: %s", dt_last_error());
+        return t;
+    }
+    dt_tensor *blocks = dt_empty(e->mesh, nd, shape, dt, base);
+    cr_assert_not_null(blocks, "empty: %s", dt_last_error());
+    int64_t size = dt_mesh_size(e->mesh);
+    const int64_t *mshape = dt_mesh_shape(e->mesh);
+    void *pieces[4];
+    int64_t lshapes[4 * DT_MAX_DIMS + 1];
+    for (int64_t d = 0; d < size; d++) {
+        int64_t off[DT_MAX_DIMS], coord[DT_MAX_DIMS], lidx[DT_MAX_DIMS], gidx[DT_MAX_DIMS];
+        int64_t *ls = &lshapes[d * nd];
+        cr_assert_eq(dt_tensor_local_block(blocks, d, ls, off), 0, "%s", dt_last_error());
+        s_unravel(e->mn, mshape, d, coord);
+        int64_t ln = s_numel(nd, ls);
+        pieces[d] = malloc((size_t)(ln ? ln : 1) * dt_dtype_size(dt));
+        cr_assert_not_null(pieces[d]);
+        for (int64_t j = 0; j < ln; j++) {
+            s_unravel(nd, ls, j, lidx);
+            for (int k = 0; k < nd; k++)
+                gidx[k] = lidx[k] + off[k];
+            int64_t g = s_ravel(nd, shape, gidx);
+            double x = dt == DT_FLOAT32 ? v[g] : trunc(v[g]); /* the value the tensor holds */
+            for (int m = 0; m < e->mn; m++)
+                if (pl[m].kind == DT_PARTIAL)
+                    x = s_split((dt_reduce_op)pl[m].reduce_op, coord[m], mshape[m], x, g, dt);
+            s_put(dt, pieces[d], j, x);
+        }
+    }
+    dt_tensor *t = dt_from_local(e->mesh, (const void *const *)pieces, nd, lshapes, dt, pl, shape);
+    for (int64_t d = 0; d < size; d++)
+        free(pieces[d]);
+    dt_tensor_release(&blocks);
+    cr_assert_not_null(t, "from_local: %s", dt_last_error());
+    return t;
+}
+
+static bool s_close(double got, double want, double tol)
+{
+    if (isnan(want) || isnan(got))
+        return isnan(want) && isnan(got);
+    if (isinf(want) || isinf(got))
+        return got == want;
+    return fabs(got - want) <= tol * (1.0 + fabs(want));
+}
+
+/* Fetches t and checks dtype, shape and values (tol 0: exact). Does not release t. */
+static void s_check(dt_tensor *t, dt_dtype dt, int nd, const int64_t *shape, const double *want, double tol,
+                    const char *what)
+{
+    cr_assert_not_null(t, "%s: no tensor: %s", what, dt_last_error());
+    dt_future *f = dt_tensor_fetch(t);
+    cr_assert_not_null(f, "%s: fetch: %s", what, dt_last_error());
+    if (dt_future_wait(f, -1) != 0) {
+        cr_expect_fail("%s: fetch failed: %s", what, dt_future_error(f));
+        dt_future_release(&f);
+        return;
+    }
+    bool ok = dt_future_dtype(f) == dt && dt_future_ndim(f) == nd;
+    cr_expect(ok, "%s: got dtype %d ndim %d, want dtype %d ndim %d", what, dt_future_dtype(f), dt_future_ndim(f), dt,
+              nd);
+    for (int d = 0; ok && d < nd; d++)
+        if (dt_future_shape(f, 0)[d] != shape[d]) {
+            cr_expect_fail("%s: dim %d has size %lld, want %lld", what, d, (long long)dt_future_shape(f, 0)[d],
+                           (long long)shape[d]);
+            ok = false;
+        }
+    const void *data = dt_future_data(f, 0);
+    int64_t n = s_numel(nd, shape);
+    for (int64_t i = 0; ok && i < n; i++) {
+        double got = s_get(dt, data, i);
+        if (!(tol == 0 ? (got == want[i] || (isnan(got) && isnan(want[i]))) : s_close(got, want[i], tol))) {
+            cr_expect_fail("%s: element %lld is %.9g, want %.9g", what, (long long)i, got, want[i]);
+            ok = false;
+        }
+    }
+    dt_future_release(&f);
+}
+
+/* Runs an op of one output. */
+static dt_tensor *s_op(const char *name, int n, dt_tensor *const *in, const dt_op_attrs *a, const char *what)
+{
+    dt_tensor *out[2] = {NULL, NULL};
+    int rc = dt_op(name, n, in, a, 2, out);
+    cr_assert_eq(rc, 1, "%s: %s returned %d: %s", what, name, rc, dt_last_error());
+    return out[0];
+}
+
+/* Runs op, checks its one output against want, releases it. */
+static void s_expect(const char *name, int n, dt_tensor *const *in, const dt_op_attrs *a, dt_dtype dt, int nd,
+                     const int64_t *shape, const double *want, double tol, const char *what)
+{
+    char full[256];
+    snprintf(full, sizeof full, "%s %s", name, what);
+    dt_tensor *t = s_op(name, n, in, a, full);
+    s_check(t, dt, nd, shape, want, tol, full);
+    dt_tensor_release(&t);
+}
+
+/* Runs a two-output op (values, indices) and checks both. */
+static void s_expect2(const char *name, dt_tensor *in, const dt_op_attrs *a, dt_dtype dt, int nd, const int64_t *shape,
+                      const double *values, const double *indices, double tol, const char *what)
+{
+    char full[256];
+    snprintf(full, sizeof full, "%s %s", name, what);
+    dt_tensor *out[2] = {NULL, NULL};
+    int rc = dt_op(name, 1, &in, a, 2, out);
+    cr_assert_eq(rc, 2, "%s: returned %d: %s", full, rc, dt_last_error());
+    s_check(out[0], dt, nd, shape, values, tol, full);
+    s_check(out[1], DT_INT64, nd, shape, indices, 0, full);
+    dt_tensor_release(&out[0]);
+    dt_tensor_release(&out[1]);
+}
+
+/* Distinct values: small multiples of 1/8 (exact in float32), or integers. */
+static void s_fill(double *v, int64_t n, int kind)
+{
+    for (int64_t i = 0; i < n; i++) {
+        switch (kind) {
+        case 0: v[i] = (double)((i * 37) % 61 - 30) / 8.0; break;  /* mixed signs, distinct for n <= 61 */
+        case 1: v[i] = (double)((i * 7) % 23 + 1) / 8.0; break;    /* positive */
+        case 2: v[i] = (double)((i * 37) % 61 - 30); break;        /* integers, distinct */
+        case 3: v[i] = (double)((i * 5) % 13 - 6) / 4.0 + 0.125; break; /* nonzero */
+        case 4: v[i] = (double)(i % 3 == 0); break;               /* booleans */
+        default: v[i] = (double)((i % 2 ? 1 : -1) * ((i * 5) % 3 + 1)); break; /* small nonzero integers */
+        }
+    }
+}
+
+/* ---- pointwise -------------------------------------------------------------------------------- */
+
+static double s_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+
+static double s_unary_ref(const char *name, double x)
+{
+    if (!strcmp(name, "neg")) return -x;
+    if (!strcmp(name, "abs")) return fabs(x);
+    if (!strcmp(name, "exp")) return exp(x);
+    if (!strcmp(name, "log")) return log(x);
+    if (!strcmp(name, "sqrt")) return sqrt(x);
+    if (!strcmp(name, "rsqrt")) return 1.0 / sqrt(x);
+    if (!strcmp(name, "sin")) return sin(x);
+    if (!strcmp(name, "cos")) return cos(x);
+    if (!strcmp(name, "tanh")) return tanh(x);
+    if (!strcmp(name, "sigmoid")) return s_sigmoid(x);
+    if (!strcmp(name, "relu")) return x > 0 ? x : 0;
+    if (!strcmp(name, "silu")) return x * s_sigmoid(x);
+    if (!strcmp(name, "gelu")) return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
+    if (!strcmp(name, "gelu_tanh")) return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+    if (!strcmp(name, "reciprocal")) return 1.0 / x;
+    if (!strcmp(name, "logical_not")) return x == 0;
+    cr_assert_fail("no reference for %s", name);
+    return 0;
+}
+
+static const char *const s_unary_ops[] = {"neg", "abs", "exp", "log", "sqrt", "rsqrt", "sin", "cos",
+                                          "tanh", "sigmoid", "relu", "silu", "gelu", "gelu_tanh", "reciprocal",
+                                          "logical_not"};
+
+static bool s_positive_domain(const char *name)
+{
+    return !strcmp(name, "log") || !strcmp(name, "sqrt") || !strcmp(name, "rsqrt") || !strcmp(name, "reciprocal");
+}
+
+S_SCENARIO(pointwise, unary)
+{
+    /* (3,5): uneven on 2 devices; (1,4): an empty shard; (4,2) even */
+    static const int64_t shapes[3][2] = {{3, 5}, {1, 4}, {4, 2}};
+    double mixed[S_MAXN], pos[S_MAXN], want[S_MAXN];
+    s_layout lay[8];
+    for (int s = 0; s < (e->small ? 1 : 3); s++) {
+        const int64_t *shape = shapes[s];
+        int64_t n = s_numel(2, shape);
+        s_fill(mixed, n, 0);
+        s_fill(pos, n, 1);
+        int nl = s_layouts(e, 2, DT_REDUCE_SUM, lay);
+        for (int l = 0; l < nl; l++) {
+            char what[96], ln[32];
+            s_layout_name(e, lay[l].pl, ln, sizeof ln);
+            snprintf(what, sizeof what, "shape (%lld,%lld) [%s]", (long long)shape[0], (long long)shape[1], ln);
+            dt_tensor *tm = s_make(e, DT_FLOAT32, 2, shape, mixed, lay[l].pl);
+            dt_tensor *tp = s_make(e, DT_FLOAT32, 2, shape, pos, lay[l].pl);
+            for (size_t o = 0; o < sizeof s_unary_ops / sizeof *s_unary_ops; o++) {
+                const char *name = s_unary_ops[o];
+                bool p = s_positive_domain(name);
+                for (int64_t i = 0; i < n; i++)
+                    want[i] = s_unary_ref(name, p ? pos[i] : mixed[i]);
+                bool logical = !strcmp(name, "logical_not");
+                s_expect(name, 1, p ? &tp : &tm, NULL, logical ? DT_BOOL : DT_FLOAT32, 2, shape, want,
+                         logical ? 0 : S_TOL, what);
+            }
+            dt_tensor_release(&tm);
+            dt_tensor_release(&tp);
+        }
+    }
+
+    /* integer and bool inputs: neg/abs/relu stay int64, the floating ops give float32 */
+    int64_t shape[2] = {3, 5};
+    double iv[15], bv[15];
+    s_fill(iv, 15, 2);
+    s_fill(bv, 15, 4);
+    int nl = s_layouts(e, 2, DT_REDUCE_SUM, lay);
+    for (int l = 0; l < nl; l++) {
+        dt_tensor *ti = s_make(e, DT_INT64, 2, shape, iv, lay[l].pl);
+        static const char *const int_ops[] = {"neg", "abs", "relu", "exp", "sin", "logical_not"};
+        for (int o = 0; o < 6; o++) {
+            for (int i = 0; i < 15; i++)
+                want[i] = s_unary_ref(int_ops[o], iv[i]);
+            dt_dtype dt = o < 3 ? DT_INT64 : o < 5 ? DT_FLOAT32 : DT_BOOL;
+            s_expect(int_ops[o], 1, &ti, NULL, dt, 2, shape, want, dt == DT_FLOAT32 ? S_TOL : 0, "int64");
+        }
+        dt_tensor_release(&ti);
+    }
+    dt_tensor *tb = s_make(e, DT_BOOL, 2, shape, bv, lay[0].pl);
+    for (int i = 0; i < 15; i++)
+        want[i] = !bv[i];
+    s_expect("logical_not", 1, &tb, NULL, DT_BOOL, 2, shape, want, 0, "bool");
+    dt_tensor *bad[1] = {NULL};
+    cr_expect_eq(dt_op("neg", 1, &tb, NULL, 1, bad), DT_ETYPE, "neg of bool");
+    cr_expect_null(bad[0]);
+    dt_tensor_release(&tb);
+}
+
+S_SCENARIO(pointwise, to)
+{
+    int64_t shape[2] = {3, 5};
+    double fv[15], iv[15], bv[15], want[15];
+    s_fill(fv, 15, 0);
+    s_fill(iv, 15, 2);
+    s_fill(bv, 15, 4);
+    s_layout lay[8];
+    int nl = s_layouts(e, 2, DT_REDUCE_SUM, lay);
+    for (int l = 0; l < nl; l++) {
+        bool partial = lay[l].pl[0].kind == DT_PARTIAL || (e->mn > 1 && lay[l].pl[1].kind == DT_PARTIAL);
+        dt_tensor *tf = s_make(e, DT_FLOAT32, 2, shape, fv, lay[l].pl);
+        dt_tensor *ti = s_make(e, DT_INT64, 2, shape, iv, lay[l].pl);
+        /* float32 -> float16 / bfloat16 -> float32: the values are exact in both */
+        dt_tensor *h = s_op("to", 1, &tf, &(dt_op_attrs){.nints = 1, .ints = {DT_FLOAT16}}, "to f16");
+        s_check(h, DT_FLOAT16, 2, shape, fv, 0, "to float16");
+        dt_tensor *back = s_op("to", 1, &h, &(dt_op_attrs){.nints = 1, .ints = {DT_FLOAT32}}, "to f32");
+        s_check(back, DT_FLOAT32, 2, shape, fv, 0, "float16 back to float32");
+        dt_tensor_release(&back);
+        dt_tensor_release(&h);
+        s_expect("to", 1, &tf, &(dt_op_attrs){.nints = 1, .ints = {DT_BFLOAT16}}, DT_BFLOAT16, 2, shape, fv, 0,
+                 "to bfloat16");
+        s_expect("to", 1, &ti, &(dt_op_attrs){.nints = 1, .ints = {DT_FLOAT32}}, DT_FLOAT32, 2, shape, iv, 0,
+                 "int64 to float32");
+        s_expect("to", 1, &ti, &(dt_op_attrs){.nints = 1, .ints = {DT_INT32}}, DT_INT32, 2, shape, iv, 0,
+                 "int64 to int32");
+        if (!partial) {
+            /* truncation and bool are not linear: a Partial input would pass through (as in
+             * torch) and convert each contribution on its own, so only whole values here */
+            for (int i = 0; i < 15; i++)
+                want[i] = trunc(fv[i]);
+            s_expect("to", 1, &tf, &(dt_op_attrs){.nints = 1, .ints = {DT_INT64}}, DT_INT64, 2, shape, want, 0,
+                     "float32 to int64");
+            for (int i = 0; i < 15; i++)
+                want[i] = fv[i] != 0;
+            s_expect("to", 1, &tf, &(dt_op_attrs){.nints = 1, .ints = {DT_BOOL}}, DT_BOOL, 2, shape, want, 0,
+                     "float32 to bool");
+            dt_tensor *tb = s_make(e, DT_BOOL, 2, shape, bv, lay[l].pl);
+            s_expect("to", 1, &tb, &(dt_op_attrs){.nints = 1, .ints = {DT_INT32}}, DT_INT32, 2, shape, bv, 0,
+                     "bool to int32");
+            dt_tensor_release(&tb);
+        }
+        dt_tensor_release(&tf);
+        dt_tensor_release(&ti);
+    }
+}
+
+/* a op b as the kernel computes it in double (integer results exact for small values) */
+static double s_binary_ref(const char *name, double a, double b, bool integer)
+{
+    if (!strcmp(name, "add")) return a + b;
+    if (!strcmp(name, "sub")) return a - b;
+    if (!strcmp(name, "mul")) return a * b;
+    if (!strcmp(name, "div")) return a / b;
+    if (!strcmp(name, "pow")) {
+        if (!integer)
+            return pow(a, b);
+        double r = 1;
+        for (int i = 0; i < (int)b; i++)
+            r *= a;
+        return r;
+    }
+    if (!strcmp(name, "maximum")) return a > b ? a : b;
+    if (!strcmp(name, "minimum")) return a < b ? a : b;
+    if (!strcmp(name, "eq")) return a == b;
+    if (!strcmp(name, "ne")) return a != b;
+    if (!strcmp(name, "lt")) return a < b;
+    if (!strcmp(name, "le")) return a <= b;
+    if (!strcmp(name, "gt")) return a > b;
+    if (!strcmp(name, "ge")) return a >= b;
+    if (!strcmp(name, "logical_and")) return a != 0 && b != 0;
+    if (!strcmp(name, "logical_or")) return a != 0 || b != 0;
+    cr_assert_fail("no reference for %s", name);
+    return 0;
+}
+
+static const char *const s_binary_ops[] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq",
+                                           "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or"};
+
+/* The output dtype of a binary op whose operands promote to t. */
+static dt_dtype s_binary_dtype(const char *name, dt_dtype t)
+{
+    if (!strcmp(name, "eq") || !strcmp(name, "ne") || !strcmp(name, "lt") || !strcmp(name, "le") ||
+        !strcmp(name, "gt") || !strcmp(name, "ge") || !strncmp(name, "logical", 7))
+        return DT_BOOL;
+    if (!strcmp(name, "div"))
+        return DT_FLOAT32;
+    return t;
+}
+
+/* Checks every binary op on a (shape a) and b (shape b, broadcast) laid out as given. */
+static void s_binary_case(const s_env *e, dt_dtype ta, int and_, const int64_t *sa, const double *va, dt_dtype tb,
+                          int nb, const int64_t *sb, const double *vb, const dt_placement *pa, const dt_placement *pb,
+                          const char *what)
+{
+    dt_tensor *in[2] = {s_make(e, ta, and_, sa, va, pa), s_make(e, tb, nb, sb, vb, pb)};
+    dt_dtype t = ta == DT_FLOAT32 || tb == DT_FLOAT32 ? DT_FLOAT32 : ta == DT_INT64 || tb == DT_INT64 ? DT_INT64 : ta;
+    bool integer = t != DT_FLOAT32;
+    int64_t n = s_numel(and_, sa), idx[DT_MAX_DIMS], bidx[DT_MAX_DIMS];
+    double want[S_MAXN];
+    for (size_t o = 0; o < sizeof s_binary_ops / sizeof *s_binary_ops; o++) {
+        const char *name = s_binary_ops[o];
+        bool ipow = integer && !strcmp(name, "pow");
+        for (int64_t i = 0; i < n; i++) {
+            s_unravel(and_, sa, i, idx);
+            for (int d = 0; d < nb; d++)
+                bidx[d] = sb[d] == 1 ? 0 : idx[d + and_ - nb];
+            double b = vb[s_ravel(nb, sb, bidx)];
+            want[i] = s_binary_ref(name, va[i], ipow ? fabs(b) : b, integer);
+        }
+        if (ipow) { /* integer powers need exponents >= 0 */
+            dt_tensor *absb = s_op("abs", 1, &in[1], NULL, "abs");
+            dt_tensor *pin[2] = {in[0], absb};
+            s_expect(name, 2, pin, NULL, t, and_, sa, want, 0, what);
+            dt_tensor_release(&absb);
+            continue;
+        }
+        dt_dtype out = s_binary_dtype(name, t);
+        s_expect(name, 2, in, NULL, out, and_, sa, want, out == DT_FLOAT32 ? S_TOL : 0, what);
+    }
+    dt_tensor_release(&in[0]);
+    dt_tensor_release(&in[1]);
+}
+
+S_SCENARIO(pointwise, binary)
+{
+    int64_t sa[2] = {3, 4};
+    double fa[12], fb[12], ia[12], ib[12];
+    s_fill(fa, 12, 0);
+    s_fill(fb, 12, 3);
+    s_fill(ia, 12, 2);
+    s_fill(ib, 12, 5);
+    s_layout lay[8];
+    int nl = s_layouts(e, 2, DT_REDUCE_SUM, lay);
+    char what[96], l1[32], l2[32];
+    /* same shapes, layouts paired with themselves and with the next one */
+    for (int l = 0; l < nl; l++)
+        for (int k = 0; k < (e->small ? 1 : 2); k++) {
+            const dt_placement *pa = lay[l].pl, *pb = lay[(l + k) % nl].pl;
+            s_layout_name(e, pa, l1, sizeof l1);
+            s_layout_name(e, pb, l2, sizeof l2);
+            snprintf(what, sizeof what, "float32 [%s] with [%s]", l1, l2);
+            s_binary_case(e, DT_FLOAT32, 2, sa, fa, DT_FLOAT32, 2, sa, fb, pa, pb, what);
+            snprintf(what, sizeof what, "int64 [%s] with [%s]", l1, l2);
+            s_binary_case(e, DT_INT64, 2, sa, ia, DT_INT64, 2, sa, ib, pa, pb, what);
+        }
+    /* broadcasting and promotion: (3,4) with (4,) and (3,1); int32 with int64, int64 with float32 */
+    int64_t row[1] = {4}, col[2] = {3, 1};
+    s_layout lrow[8], lcol[8];
+    int nrow = s_layouts(e, 1, DT_REDUCE_SUM, lrow), ncol = s_layouts(e, 2, -1, lcol);
+    for (int l = 0; l < nl; l++) {
+        s_layout_name(e, lay[l].pl, l1, sizeof l1);
+        snprintf(what, sizeof what, "float32 [%s] with a row", l1);
+        s_binary_case(e, DT_FLOAT32, 2, sa, fa, DT_FLOAT32, 1, row, fb, lay[l].pl, lrow[l % nrow].pl, what);
+        snprintf(what, sizeof what, "int32 [%s] with an int64 column", l1);
+        s_binary_case(e, DT_INT32, 2, sa, ia, DT_INT64, 2, col, ib, lay[l].pl, lcol[l % ncol].pl, what);
+        snprintf(what, sizeof what, "int64 [%s] with float32", l1);
+        s_binary_case(e, DT_INT64, 2, sa, ia, DT_FLOAT32, 2, sa, fb, lay[l].pl, lay[(l + 1) % nl].pl, what);
+    }
+    /* bool operands: logical ops and comparisons */
+    double ba[12], bb[12], want[12];
+    s_fill(ba, 12, 4);
+    for (int i = 0; i < 12; i++)
+        bb[i] = i % 2;
+    int lb = e->small ? 0 : 1; /* bools are never Partial: lay[0] and lay[1] are not */
+    dt_tensor *b2[2] = {s_make(e, DT_BOOL, 2, sa, ba, lay[0].pl), s_make(e, DT_BOOL, 2, sa, bb, lay[lb].pl)};
+    static const char *const bool_ops[] = {"logical_and", "logical_or", "eq", "ne", "lt"};
+    for (int o = 0; o < 5; o++) {
+        for (int i = 0; i < 12; i++)
+            want[i] = s_binary_ref(bool_ops[o], ba[i], bb[i], true);
+        s_expect(bool_ops[o], 2, b2, NULL, DT_BOOL, 2, sa, want, 0, "bool");
+    }
+    dt_tensor *bad[1] = {NULL};
+    cr_expect_eq(dt_op("sub", 2, b2, NULL, 1, bad), DT_ETYPE, "sub of two bools");
+    cr_expect_null(bad[0]);
+    dt_tensor_release(&b2[0]);
+    dt_tensor_release(&b2[1]);
+
+    /* a Python number on either side: x op 3, 3 op x (ints[0] = 1), x op 0.5 */
+    for (int l = 0; l < nl; l++) {
+        dt_tensor *ti = s_make(e, DT_INT64, 2, sa, ia, lay[l].pl);
+        dt_tensor *tf = s_make(e, DT_FLOAT32, 2, sa, fa, lay[l].pl);
+        for (size_t o = 0; o < sizeof s_binary_ops / sizeof *s_binary_ops; o++) {
+            const char *name = s_binary_ops[o];
+            bool is_pow = !strcmp(name, "pow");
+            for (int right = 0; right < 2; right++) {
+                if (is_pow && !right)
+                    continue; /* 3 ** x with negative x: not an integer */
+                dt_op_attrs a = {.nints = 1, .ints = {!right}, .has_scalar = true, .scalar = S_INT(3)};
+                for (int i = 0; i < 12; i++)
+                    want[i] = right ? s_binary_ref(name, ia[i], 3, true) : s_binary_ref(name, 3, ia[i], true);
+                dt_dtype out = s_binary_dtype(name, DT_INT64);
+                snprintf(what, sizeof what, "int64 %s 3", right ? "op" : "reversed");
+                s_expect(name, 1, &ti, &a, out, 2, sa, want, out == DT_FLOAT32 ? S_TOL : 0, what);
+                /* a float number promotes an integer tensor to float32 */
+                a.scalar = S_FLT(0.5);
+                for (int i = 0; i < 12; i++)
+                    want[i] = right ? s_binary_ref(name, fa[i], 0.5, false) : s_binary_ref(name, 0.5, fa[i], false);
+                out = s_binary_dtype(name, DT_FLOAT32);
+                snprintf(what, sizeof what, "float32 %s 0.5", right ? "op" : "reversed");
+                s_expect(name, 1, &tf, &a, out, 2, sa, want, out == DT_FLOAT32 ? S_TOL : 0, what);
+            }
+        }
+        for (int i = 0; i < 12; i++)
+            want[i] = ia[i] + 0.5;
+        s_expect("add", 1, &ti, &(dt_op_attrs){.has_scalar = true, .scalar = S_FLT(0.5)}, DT_FLOAT32, 2, sa, want, 0,
+                 "int64 + 0.5");
+        dt_tensor_release(&ti);
+        dt_tensor_release(&tf);
+    }
+}
+
+S_SCENARIO(pointwise, select_and_clamp)
+{
+    int64_t sa[2] = {3, 4}, row[1] = {4};
+    double x[12], y[12], c[12], m[4] = {1, 0, 0, 1}, want[12];
+    s_fill(x, 12, 0);
+    s_fill(y, 12, 3);
+    s_fill(c, 12, 4);
+    s_layout lay[8], lrow[8];
+    int nl = s_layouts(e, 2, DT_REDUCE_SUM, lay), nrow = s_layouts(e, 1, -1, lrow);
+    for (int l = 0; l < nl; l++) {
+        char what[64], ln[32];
+        s_layout_name(e, lay[l].pl, ln, sizeof ln);
+        snprintf(what, sizeof what, "[%s]", ln);
+        const dt_placement *other = lay[(l + 1) % nl].pl;
+        /* Partial bools do not exist: the condition takes the next non-Partial layout */
+        int lc = l;
+        while (lay[lc].pl[0].kind == DT_PARTIAL || (e->mn > 1 && lay[lc].pl[1].kind == DT_PARTIAL))
+            lc = (lc + 1) % nl;
+        dt_tensor *cond = s_make(e, DT_BOOL, 2, sa, c, lay[lc].pl);
+        dt_tensor *tx = s_make(e, DT_FLOAT32, 2, sa, x, lay[l].pl);
+        dt_tensor *tyr = s_make(e, DT_FLOAT32, 1, row, y, lrow[l % nrow].pl);
+        dt_tensor *tyi = s_make(e, DT_INT64, 2, sa, y, other); /* y as int64: truncated below */
+        /* where(cond, x, y row) broadcasts y */
+        for (int i = 0; i < 12; i++)
+            want[i] = c[i] ? x[i] : y[i % 4];
+        s_expect("where", 3, (dt_tensor *[]){cond, tx, tyr}, NULL, DT_FLOAT32, 2, sa, want, 0, what);
+        /* where(cond, x, int64 tensor) promotes to float32 */
+        for (int i = 0; i < 12; i++)
+            want[i] = c[i] ? x[i] : trunc((float)y[i]);
+        s_expect("where", 3, (dt_tensor *[]){cond, tx, tyi}, NULL, DT_FLOAT32, 2, sa, want, 0, what);
+        /* where(cond, x, 2.5) and where(cond, -1, x) */
+        for (int i = 0; i < 12; i++)
+            want[i] = c[i] ? x[i] : 2.5;
+        s_expect("where", 2, (dt_tensor *[]){cond, tx},
+                 &(dt_op_attrs){.nints = 1, .ints = {2}, .has_scalar = true, .scalar = S_FLT(2.5)}, DT_FLOAT32, 2, sa,
+                 want, 0, what);
+        for (int i = 0; i < 12; i++)
+            want[i] = c[i] ? -1 : x[i];
+        s_expect("where", 2, (dt_tensor *[]){cond, tx},
+                 &(dt_op_attrs){.nints = 1, .ints = {1}, .has_scalar = true, .scalar = S_INT(-1)}, DT_FLOAT32, 2, sa,
+                 want, 0, what);
+        /* masked_fill(x, mask row, 7) */
+        dt_tensor *mask = s_make(e, DT_BOOL, 1, row, m, lrow[(l + 1) % nrow].pl);
+        for (int i = 0; i < 12; i++)
+            want[i] = m[i % 4] ? 7 : x[i];
+        s_expect("masked_fill", 2, (dt_tensor *[]){tx, mask}, &(dt_op_attrs){.has_scalar = true, .scalar = S_INT(7)},
+                 DT_FLOAT32, 2, sa, want, 0, what);
+        /* clamp: both bounds, min only, max only; integer input with integer and float bounds */
+        for (int i = 0; i < 12; i++)
+            want[i] = x[i] < -0.5 ? -0.5 : x[i] > 0.75 ? 0.75 : x[i];
+        s_expect("clamp", 1, &tx, &(dt_op_attrs){.nints = 2, .ints = {3, 1}, .nfloats = 2, .floats = {-0.5, 0.75}},
+                 DT_FLOAT32, 2, sa, want, 0, what);
+        for (int i = 0; i < 12; i++)
+            want[i] = x[i] < 0.25 ? 0.25 : x[i];
+        s_expect("clamp", 1, &tx, &(dt_op_attrs){.nints = 2, .ints = {1, 1}, .nfloats = 2, .floats = {0.25, 0}},
+                 DT_FLOAT32, 2, sa, want, 0, what);
+        for (int i = 0; i < 12; i++) {
+            double v = trunc((float)y[i]);
+            want[i] = v > 1 ? 1 : v;
+        }
+        s_expect("clamp", 1, &tyi, &(dt_op_attrs){.nints = 2, .ints = {2, 0}, .nfloats = 2, .floats = {0, 1}},
+                 DT_INT64, 2, sa, want, 0, what);
+        for (int i = 0; i < 12; i++) {
+            double v = trunc((float)y[i]);
+            want[i] = v < -0.5 ? -0.5 : v;
+        }
+        s_expect("clamp", 1, &tyi, &(dt_op_attrs){.nints = 2, .ints = {1, 1}, .nfloats = 2, .floats = {-0.5, 0}},
+                 DT_FLOAT32, 2, sa, want, 0, what);
+        dt_tensor *bad[1] = {NULL};
+        cr_expect_eq(dt_op("clamp", 1, &tx, &(dt_op_attrs){.nints = 1, .ints = {0}}, 1, bad), DT_EINVAL);
+        cr_expect(strstr(dt_last_error(), "clamp") != NULL, "%s", dt_last_error());
+        cr_expect_eq(dt_op("where", 3, (dt_tensor *[]){tx, tx, tx}, NULL, 1, bad), DT_ETYPE);
+        cr_expect(strstr(dt_last_error(), "where") != NULL, "%s", dt_last_error());
+        cr_expect_null(bad[0]);
+        dt_tensor_release(&mask);
+        dt_tensor_release(&cond);
+        dt_tensor_release(&tx);
+        dt_tensor_release(&tyr);
+        dt_tensor_release(&tyi);
+    }
+}
+
+/* ---- reductions ------------------------------------------------------------------------------- */
+
+/* sum/mean/amax/amin over the dims in mask (0: every dim), in double */
+static void s_reduce_ref(int op, int nd, const int64_t *shape, uint32_t mask, const double *v, int64_t *nout,
+                         double *out)
+{
+    if (!mask)
+        mask = (1u << nd) - 1u;
+    int64_t oshape[DT_MAX_DIMS], idx[DT_MAX_DIMS], oidx[DT_MAX_DIMS], count = 1;
+    int on = 0;
+    for (int d = 0; d < nd; d++) {
+        if (!(mask & (1u << d)))
+            oshape[on++] = shape[d];
+        else
+            count *= shape[d];
+    }
+    *nout = s_numel(on, oshape);
+    for (int64_t o = 0; o < *nout; o++)
+        out[o] = op == 0 || op == 1 ? 0 : op == 2 ? -INFINITY : INFINITY;
+    for (int64_t i = 0; i < s_numel(nd, shape); i++) {
+        s_unravel(nd, shape, i, idx);
+        int k = 0;
+        for (int d = 0; d < nd; d++)
+            if (!(mask & (1u << d)))
+                oidx[k++] = idx[d];
+        double *acc = &out[s_ravel(on, oshape, oidx)];
+        *acc = op <= 1 ? *acc + v[i] : op == 2 ? fmax(*acc, v[i]) : fmin(*acc, v[i]);
+    }
+    if (op == 1)
+        for (int64_t o = 0; o < *nout; o++)
+            out[o] /= (double)count;
+}
+
+/* The output shape of a reduction over mask (keepdim or not). */
+static int s_reduced_shape(int nd, const int64_t *shape, uint32_t mask, bool keepdim, int64_t *out)
+{
+    if (!mask)
+        mask = (1u << nd) - 1u;
+    int on = 0;
+    for (int d = 0; d < nd; d++)
+        if (!(mask & (1u << d)))
+            out[on++] = shape[d];
+        else if (keepdim)
+            out[on++] = 1;
+    return on;
+}
+
+typedef struct {
+    const char *name;
+    int op;   /* 0 sum, 1 mean, 2 max, 3 min */
+    bool keepdim;
+    uint32_t mask; /* 0: every dim */
+    int nints;
+    int64_t ints[6];
+} s_red_case;
+
+S_SCENARIO(reduce, list_reductions)
+{
+    static const s_red_case cases[] = {
+        {"sum", 0, false, 0, 2, {0, -1}},
+        {"sum", 0, false, 2, 3, {0, -1, 1}},
+        {"sum", 0, true, 5, 4, {1, -1, 0, 2}},
+        {"sum", 0, false, 0, 0, {0}},
+        {"mean", 1, false, 4, 3, {0, -1, -1}},
+        {"mean", 1, false, 0, 2, {0, -1}},
+        {"mean", 1, true, 3, 4, {1, -1, 1, 0}},
+        {"amax", 2, false, 1, 3, {0, -1, 0}},
+        {"amax", 2, true, 0, 2, {1, -1}},
+        {"amin", 3, false, 6, 4, {0, -1, 1, 2}},
+        {"amin", 3, false, 0, 2, {0, -1}},
+        {"max", 2, false, 0, 0, {0}},
+        {"min", 3, false, 0, 0, {0}},
+    };
+    /* (3,4,5) uneven on 2 devices; (1,4,3): an empty shard of dim 0 */
+    static const int64_t shapes[2][3] = {{3, 4, 5}, {1, 4, 3}};
+    double v[60], want[60];
+    int64_t oshape[DT_MAX_DIMS], nout;
+    s_layout lay[8];
+    for (int s = 0; s < (e->small ? 1 : 2); s++) {
+        const int64_t *shape = shapes[s];
+        s_fill(v, s_numel(3, shape), 0);
+        for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+            const s_red_case *rc = &cases[c];
+            /* Partial(sum) for sum/mean (passes through), Partial(max|min) for the extremes */
+            int pop = rc->op <= 1 ? (c % 2 ? DT_REDUCE_SUM : DT_REDUCE_AVG) : rc->op == 2 ? DT_REDUCE_MAX
+                                                                                          : DT_REDUCE_MIN;
+            int nl = s_layouts(e, 3, pop, lay);
+            s_reduce_ref(rc->op, 3, shape, rc->mask, v, &nout, want);
+            int on = s_reduced_shape(3, shape, rc->mask, rc->keepdim, oshape);
+            dt_op_attrs a = {.nints = rc->nints};
+            memcpy(a.ints, rc->ints, sizeof rc->ints);
+            for (int l = 0; l < nl; l++) {
+                char what[96], ln[32];
+                s_layout_name(e, lay[l].pl, ln, sizeof ln);
+                snprintf(what, sizeof what, "case %zu shape %d [%s]", c, s, ln);
+                dt_tensor *t = s_make(e, DT_FLOAT32, 3, shape, v, lay[l].pl);
+                s_expect(rc->name, 1, &t, &a, DT_FLOAT32, on, oshape, want, S_TOL, what);
+                dt_tensor_release(&t);
+            }
+        }
+    }
+    /* integer sums are exact and int64; a float input summed with dtype=int64 truncates first */
+    const int64_t *shape = shapes[0];
+    double iv[60], bv[60];
+    s_fill(iv, 60, 2);
+    s_fill(bv, 60, 4);
+    s_fill(v, 60, 0);
+    int nl = s_layouts(e, 3, DT_REDUCE_SUM, lay);
+    for (int l = 0; l < nl; l++) {
+        bool partial = lay[l].pl[0].kind == DT_PARTIAL || (e->mn > 1 && lay[l].pl[1].kind == DT_PARTIAL);
+        dt_tensor *ti = s_make(e, DT_INT64, 3, shape, iv, lay[l].pl);
+        dt_tensor *ti32 = s_make(e, DT_INT32, 3, shape, iv, lay[l].pl);
+        dt_op_attrs dims12 = {.nints = 4, .ints = {0, -1, 1, 2}};
+        s_reduce_ref(0, 3, shape, 6, iv, &nout, want);
+        s_expect("sum", 1, &ti, &dims12, DT_INT64, 1, (int64_t[]){3}, want, 0, "int64");
+        s_expect("sum", 1, &ti32, &dims12, DT_INT64, 1, (int64_t[]){3}, want, 0, "int32");
+        s_reduce_ref(2, 3, shape, 1, iv, &nout, want);
+        s_expect("amax", 1, &ti, &(dt_op_attrs){.nints = 3, .ints = {0, -1, 0}}, DT_INT64, 2, (int64_t[]){4, 5}, want,
+                 0, "int64");
+        s_reduce_ref(3, 3, shape, 0, iv, &nout, want);
+        s_expect("min", 1, &ti32, NULL, DT_INT32, 0, NULL, want, 0, "int32");
+        if (!partial) {
+            dt_tensor *tb = s_make(e, DT_BOOL, 3, shape, bv, lay[l].pl);
+            s_reduce_ref(0, 3, shape, 4, bv, &nout, want);
+            s_expect("sum", 1, &tb, &(dt_op_attrs){.nints = 3, .ints = {0, -1, 2}}, DT_INT64, 2, (int64_t[]){3, 4},
+                     want, 0, "bool counts");
+            dt_tensor_release(&tb);
+        }
+        dt_tensor *tf = s_make(e, DT_FLOAT32, 3, shape, v, lay[l].pl);
+        double tv[60];
+        for (int i = 0; i < 60; i++)
+            tv[i] = trunc(v[i]);
+        s_reduce_ref(0, 3, shape, 0, tv, &nout, want);
+        if (!partial) /* truncating each contribution is not truncating the sum */
+            s_expect("sum", 1, &tf, &(dt_op_attrs){.nints = 2, .ints = {0, DT_INT64}}, DT_INT64, 0, NULL, want, 0,
+                     "float32 with dtype=int64");
+        dt_tensor *bad[1] = {NULL};
+        cr_expect_eq(dt_op("mean", 1, &ti, NULL, 1, bad), DT_ETYPE, "mean of int64");
+        cr_expect(strstr(dt_last_error(), "mean") != NULL, "%s", dt_last_error());
+        cr_expect_eq(dt_op("sum", 1, &tf, &(dt_op_attrs){.nints = 3, .ints = {0, -1, 3}}, 1, bad), DT_EINDEX);
+        cr_expect(strstr(dt_last_error(), "sum") != NULL, "%s", dt_last_error());
+        cr_expect_null(bad[0]);
+        dt_tensor_release(&tf);
+        dt_tensor_release(&ti);
+        dt_tensor_release(&ti32);
+    }
+}
+
+/* (outer, n, inner) of shape along dim */
+static void s_split_dims(int nd, const int64_t *shape, int dim, int64_t *outer, int64_t *n, int64_t *inner)
+{
+    *outer = *inner = 1;
+    *n = shape[dim];
+    for (int d = 0; d < dim; d++)
+        *outer *= shape[d];
+    for (int d = dim + 1; d < nd; d++)
+        *inner *= shape[d];
+}
+
+S_SCENARIO(reduce, along_a_dim)
+{
+    static const int64_t shapes[2][3] = {{3, 4, 5}, {1, 4, 3}};
+    double v[60], val[60], ind[60];
+    s_layout lay[8];
+    for (int s = 0; s < (e->small ? 1 : 2); s++) {
+        const int64_t *shape = shapes[s];
+        int64_t total = s_numel(3, shape);
+        s_fill(v, total, 0);
+        int nl = s_layouts(e, 3, DT_REDUCE_SUM, lay);
+        for (int l = 0; l < nl; l++) {
+            char what[96], ln[32];
+            s_layout_name(e, lay[l].pl, ln, sizeof ln);
+            snprintf(what, sizeof what, "shape %d [%s]", s, ln);
+            dt_tensor *t = s_make(e, DT_FLOAT32, 3, shape, v, lay[l].pl);
+            for (int dim = 0; dim < 3; dim++) {
+                int64_t outer, n, inner, oshape[3];
+                s_split_dims(3, shape, dim, &outer, &n, &inner);
+                /* max/min along dim (values, indices), argmax/argmin */
+                for (int mx = 0; mx < 2; mx++) {
+                    for (int64_t o = 0; o < outer; o++)
+                        for (int64_t i = 0; i < inner; i++) {
+                            int64_t best = 0;
+                            for (int64_t j = 1; j < n; j++) {
+                                double x = v[(o * n + j) * inner + i], b = v[(o * n + best) * inner + i];
+                                if (mx ? x < b : x > b)
+                                    best = j;
+                            }
+                            val[o * inner + i] = v[(o * n + best) * inner + i];
+                            ind[o * inner + i] = (double)best;
+                        }
+                    bool keep = dim == 1;
+                    int on = 0;
+                    for (int d = 0; d < 3; d++)
+                        if (d != dim)
+                            oshape[on++] = shape[d];
+                        else if (keep)
+                            oshape[on++] = 1;
+                    s_expect2(mx ? "min_dim" : "max_dim", t,
+                              &(dt_op_attrs){.nints = 2, .ints = {dim - (dim == 2 ? 3 : 0), keep}}, DT_FLOAT32, on,
+                              oshape, val, ind, 0, what);
+                    s_expect(mx ? "argmin" : "argmax", 1, &t, &(dt_op_attrs){.nints = 2, .ints = {keep, dim}},
+                             DT_INT64, on, oshape, ind, 0, what);
+                }
+                /* softmax, log_softmax, cumsum */
+                for (int64_t o = 0; o < outer; o++)
+                    for (int64_t i = 0; i < inner; i++) {
+                        double mxv = -INFINITY, sum = 0, run = 0;
+                        for (int64_t j = 0; j < n; j++)
+                            mxv = fmax(mxv, v[(o * n + j) * inner + i]);
+                        for (int64_t j = 0; j < n; j++)
+                            sum += exp(v[(o * n + j) * inner + i] - mxv);
+                        for (int64_t j = 0; j < n; j++) {
+                            int64_t k = (o * n + j) * inner + i;
+                            val[k] = exp(v[k] - mxv) / sum;
+                            ind[k] = v[k] - mxv - log(sum);
+                        }
+                        (void)run;
+                    }
+                dt_op_attrs along = {.nints = 2, .ints = {dim, -1}};
+                s_expect("softmax", 1, &t, &along, DT_FLOAT32, 3, shape, val, S_TOL, what);
+                s_expect("log_softmax", 1, &t, &along, DT_FLOAT32, 3, shape, ind, S_TOL, what);
+                for (int64_t o = 0; o < outer; o++)
+                    for (int64_t i = 0; i < inner; i++) {
+                        double run = 0;
+                        for (int64_t j = 0; j < n; j++) {
+                            int64_t k = (o * n + j) * inner + i;
+                            val[k] = run += v[k];
+                        }
+                    }
+                s_expect("cumsum", 1, &t, &along, DT_FLOAT32, 3, shape, val, S_TOL, what);
+                /* topk: k = min(2, n), largest and smallest, sorted */
+                int64_t k = n < 2 ? n : 2;
+                for (int largest = 0; largest < 2; largest++) {
+                    for (int64_t o = 0; o < outer; o++)
+                        for (int64_t i = 0; i < inner; i++) {
+                            bool used[8] = {false};
+                            for (int64_t r = 0; r < k; r++) {
+                                int64_t best = -1;
+                                for (int64_t j = 0; j < n; j++) {
+                                    if (used[j])
+                                        continue;
+                                    double x = v[(o * n + j) * inner + i];
+                                    if (best < 0 || (largest ? x > v[(o * n + best) * inner + i]
+                                                             : x < v[(o * n + best) * inner + i]))
+                                        best = j;
+                                }
+                                used[best] = true;
+                                val[(o * k + r) * inner + i] = v[(o * n + best) * inner + i];
+                                ind[(o * k + r) * inner + i] = (double)best;
+                            }
+                        }
+                    memcpy(oshape, shape, sizeof oshape);
+                    oshape[dim] = k;
+                    s_expect2("topk", t, &(dt_op_attrs){.nints = 4, .ints = {k, dim, largest, 1}}, DT_FLOAT32, 3,
+                              oshape, val, ind, 0, what);
+                }
+            }
+            /* argmax/argmin over everything */
+            int64_t amax = 0, amin = 0;
+            for (int64_t i = 1; i < total; i++) {
+                amax = v[i] > v[amax] ? i : amax;
+                amin = v[i] < v[amin] ? i : amin;
+            }
+            s_expect("argmax", 1, &t, &(dt_op_attrs){.nints = 1, .ints = {0}}, DT_INT64, 0, NULL,
+                     (double[]){(double)amax}, 0, what);
+            s_expect("argmin", 1, &t, &(dt_op_attrs){.nints = 1, .ints = {1}}, DT_INT64, 3, (int64_t[]){1, 1, 1},
+                     (double[]){(double)amin}, 0, what);
+            dt_tensor_release(&t);
+        }
+    }
+    /* an int64 cumsum stays exact; a Partial(sum) int64 input passes through */
+    const int64_t *shape = shapes[0];
+    double iv[60];
+    s_fill(iv, 60, 2);
+    int nl = s_layouts(e, 3, DT_REDUCE_SUM, lay);
+    for (int l = 0; l < nl; l++) {
+        dt_tensor *ti = s_make(e, DT_INT64, 3, shape, iv, lay[l].pl);
+        for (int o = 0; o < 3; o++)
+            for (int i = 0; i < 5; i++) {
+                double run = 0;
+                for (int j = 0; j < 4; j++)
+                    val[(o * 4 + j) * 5 + i] = run += iv[(o * 4 + j) * 5 + i];
+            }
+        s_expect("cumsum", 1, &ti, &(dt_op_attrs){.nints = 2, .ints = {1, -1}}, DT_INT64, 3, shape, val, 0, "int64");
+        dt_tensor *bad[2] = {NULL, NULL};
+        cr_expect_eq(dt_op("topk", 1, &ti, &(dt_op_attrs){.nints = 4, .ints = {6, -1, 1, 1}}, 2, bad), DT_EINVAL);
+        cr_expect(strstr(dt_last_error(), "topk") != NULL, "%s", dt_last_error());
+        cr_expect_eq(dt_op("softmax", 1, &ti, &(dt_op_attrs){.nints = 2, .ints = {0, -1}}, 2, bad), DT_ETYPE);
+        cr_expect(strstr(dt_last_error(), "softmax") != NULL, "%s", dt_last_error());
+        cr_expect(bad[0] == NULL && bad[1] == NULL);
+        dt_tensor_release(&ti);
+    }
+}
+
+/* layer_norm / rms_norm over the trailing nnorm dims of x (rows of length d) */
+static void s_norm_ref(bool rms, const double *x, int64_t rows, int64_t d, const double *w, const double *b,
+                       double eps, double *out)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        const double *row = x + r * d;
+        double mean = 0, var = 0;
+        if (!rms) {
+            for (int64_t j = 0; j < d; j++)
+                mean += row[j];
+            mean /= (double)d;
+        }
+        for (int64_t j = 0; j < d; j++)
+            var += (row[j] - mean) * (row[j] - mean);
+        var /= (double)d;
+        for (int64_t j = 0; j < d; j++)
+            out[r * d + j] = (row[j] - mean) / sqrt(var + eps) * (w ? w[j] : 1) + (b ? b[j] : 0);
+    }
+}
+
+S_SCENARIO(reduce, norms)
+{
+    int64_t shape[3] = {3, 4, 5};
+    double x[60], w[20], b[20], want[60];
+    s_fill(x, 60, 0);
+    for (int i = 0; i < 20; i++) {
+        w[i] = 0.5 + (double)(i % 4) * 0.25;
+        b[i] = (double)(i % 3 - 1) * 0.125;
+    }
+    s_layout lay[8], lw[8], l2[8];
+    int nl = s_layouts(e, 3, DT_REDUCE_SUM, lay), nw = s_layouts(e, 1, -1, lw), n2 = s_layouts(e, 2, -1, l2);
+    for (int l = 0; l < nl; l++) {
+        char what[96], ln[32];
+        s_layout_name(e, lay[l].pl, ln, sizeof ln);
+        snprintf(what, sizeof what, "[%s]", ln);
+        dt_tensor *t = s_make(e, DT_FLOAT32, 3, shape, x, lay[l].pl);
+        dt_tensor *tw = s_make(e, DT_FLOAT32, 1, (int64_t[]){5}, w, lw[l % nw].pl);
+        dt_tensor *tb = s_make(e, DT_FLOAT32, 1, (int64_t[]){5}, b, lw[(l + 1) % nw].pl);
+        dt_tensor *tw2 = s_make(e, DT_FLOAT32, 2, (int64_t[]){4, 5}, w, l2[l % n2].pl);
+        /* layer_norm over the last dim with weight and bias; with bias only; over the last two */
+        s_norm_ref(false, x, 12, 5, w, b, 1e-5, want);
+        s_expect("layer_norm", 3, (dt_tensor *[]){t, tw, tb},
+                 &(dt_op_attrs){.nints = 2, .ints = {3, 5}, .nfloats = 1, .floats = {1e-5}}, DT_FLOAT32, 3, shape,
+                 want, 1e-4, what);
+        s_norm_ref(false, x, 12, 5, NULL, b, 1e-3, want);
+        s_expect("layer_norm", 2, (dt_tensor *[]){t, tb},
+                 &(dt_op_attrs){.nints = 2, .ints = {2, 5}, .nfloats = 1, .floats = {1e-3}}, DT_FLOAT32, 3, shape,
+                 want, 1e-4, what);
+        s_norm_ref(false, x, 3, 20, w, NULL, 1e-5, want);
+        s_expect("layer_norm", 2, (dt_tensor *[]){t, tw2},
+                 &(dt_op_attrs){.nints = 3, .ints = {1, 4, 5}, .nfloats = 1, .floats = {1e-5}}, DT_FLOAT32, 3, shape,
+                 want, 1e-4, what);
+        /* rms_norm with weight and torch's default eps; without weight, eps given */
+        s_norm_ref(true, x, 12, 5, w, NULL, FLT_EPSILON, want);
+        s_expect("rms_norm", 2, (dt_tensor *[]){t, tw}, &(dt_op_attrs){.nints = 2, .ints = {1, 5}}, DT_FLOAT32, 3,
+                 shape, want, 1e-4, what);
+        s_norm_ref(true, x, 3, 20, NULL, NULL, 0.5, want);
+        s_expect("rms_norm", 1, &t, &(dt_op_attrs){.nints = 3, .ints = {0, 4, 5}, .nfloats = 1, .floats = {0.5}},
+                 DT_FLOAT32, 3, shape, want, 1e-4, what);
+        dt_tensor *bad[1] = {NULL};
+        cr_expect_eq(dt_op("layer_norm", 2, (dt_tensor *[]){t, tw},
+                           &(dt_op_attrs){.nints = 2, .ints = {1, 4}, .nfloats = 1, .floats = {1e-5}}, 1, bad),
+                     DT_EINVAL);
+        cr_expect(strstr(dt_last_error(), "layer_norm") != NULL, "%s", dt_last_error());
+        cr_expect_null(bad[0]);
+        dt_tensor_release(&t);
+        dt_tensor_release(&tw);
+        dt_tensor_release(&tb);
+        dt_tensor_release(&tw2);
+    }
+}
+
+/* ---- views and data movement ----------------------------------------------------------------- */
+
+/* The value of x (shape, values) permuted by perm. */
+static void s_permute_ref(int nd, const int64_t *shape, const double *x, const int64_t *perm, int64_t *oshape,
+                          double *out)
+{
+    int64_t idx[DT_MAX_DIMS], src[DT_MAX_DIMS];
+    for (int d = 0; d < nd; d++)
+        oshape[d] = shape[perm[d]];
+    for (int64_t i = 0; i < s_numel(nd, shape); i++) {
+        s_unravel(nd, oshape, i, idx);
+        for (int d = 0; d < nd; d++)
+            src[perm[d]] = idx[d];
+        out[i] = x[s_ravel(nd, shape, src)];
+    }
+}
+
+S_SCENARIO(view, reshapes)
+{
+    int64_t shape[3] = {3, 4, 5}, s1[3] = {3, 1, 5};
+    double x[60], want[120];
+    s_fill(x, 60, 2);
+    s_layout lay[8];
+    int nl = s_layouts(e, 3, DT_REDUCE_SUM, lay);
+    for (int dt = 0; dt < 2; dt++) {
+        dt_dtype type = dt ? DT_FLOAT32 : DT_INT64;
+        for (int l = 0; l < nl; l++) {
+            char what[96], ln[32];
+            s_layout_name(e, lay[l].pl, ln, sizeof ln);
+            snprintf(what, sizeof what, "%s [%s]", dt_dtype_name(type), ln);
+            dt_tensor *t = s_make(e, type, 3, shape, x, lay[l].pl);
+            dt_tensor *t1 = s_make(e, type, 3, s1, x, lay[l].pl);
+            /* reshape-like ops keep the row-major order */
+            s_expect("reshape", 1, &t, &(dt_op_attrs){.nints = 2, .ints = {12, 5}}, type, 2, (int64_t[]){12, 5}, x, 0,
+                     what);
+            s_expect("reshape", 1, &t, &(dt_op_attrs){.nints = 2, .ints = {-1, 20}}, type, 2, (int64_t[]){3, 20}, x,
+                     0, what);
+            s_expect("reshape", 1, &t, &(dt_op_attrs){.nints = 3, .ints = {5, 2, 6}}, type, 3, (int64_t[]){5, 2, 6},
+                     x, 0, what);
+            s_expect("reshape", 1, &t, &(dt_op_attrs){.nints = 1, .ints = {60}}, type, 1, (int64_t[]){60}, x, 0, what);
+            s_expect("flatten", 1, &t, &(dt_op_attrs){.nints = 2, .ints = {1, 2}}, type, 2, (int64_t[]){3, 20}, x, 0,
+                     what);
+            s_expect("flatten", 1, &t, &(dt_op_attrs){.nints = 2, .ints = {0, -1}}, type, 1, (int64_t[]){60}, x, 0,
+                     what);
+            s_expect("unsqueeze", 1, &t, &(dt_op_attrs){.nints = 1, .ints = {1}}, type, 4, (int64_t[]){3, 1, 4, 5}, x,
+                     0, what);
+            s_expect("unsqueeze", 1, &t, &(dt_op_attrs){.nints = 1, .ints = {-1}}, type, 4, (int64_t[]){3, 4, 5, 1},
+                     x, 0, what);
+            s_expect("squeeze", 1, &t1, NULL, type, 2, (int64_t[]){3, 5}, x, 0, what);
+            s_expect("squeeze", 1, &t1, &(dt_op_attrs){.nints = 1, .ints = {-2}}, type, 2, (int64_t[]){3, 5}, x, 0,
+                     what);
+            s_expect("squeeze", 1, &t1, &(dt_op_attrs){.nints = 1, .ints = {0}}, type, 3, s1, x, 0, what);
+            /* permute */
+            int64_t oshape[3];
+            static const int64_t perms[3][3] = {{2, 0, 1}, {1, 0, 2}, {0, 2, 1}};
+            for (int p = 0; p < 3; p++) {
+                s_permute_ref(3, shape, x, perms[p], oshape, want);
+                dt_op_attrs a = {.nints = 3};
+                memcpy(a.ints, perms[p], sizeof perms[p]);
+                s_expect("permute", 1, &t, &a, type, 3, oshape, want, 0, what);
+            }
+            /* expand (3,1,5) -> (2,3,4,5) and (3,2,5) */
+            int64_t ex[4] = {2, 3, 4, 5}, idx[4];
+            for (int64_t i = 0; i < 120; i++) {
+                s_unravel(4, ex, i, idx);
+                want[i] = x[idx[1] * 5 + idx[3]];
+            }
+            s_expect("expand", 1, &t1, &(dt_op_attrs){.nints = 4, .ints = {2, 3, 4, 5}}, type, 4, ex, want, 0, what);
+            for (int64_t i = 0; i < 30; i++)
+                want[i] = x[(i / 10) * 5 + i % 5];
+            s_expect("expand", 1, &t1, &(dt_op_attrs){.nints = 3, .ints = {-1, 2, -1}}, type, 3, (int64_t[]){3, 2, 5},
+                     want, 0, what);
+            dt_tensor *bad[1] = {NULL};
+            cr_expect_eq(dt_op("reshape", 1, &t, &(dt_op_attrs){.nints = 2, .ints = {7, -1}}, 1, bad), DT_EINVAL);
+            cr_expect(strstr(dt_last_error(), "reshape") != NULL, "%s", dt_last_error());
+            cr_expect_eq(dt_op("permute", 1, &t, &(dt_op_attrs){.nints = 2, .ints = {1, 0}}, 1, bad), DT_EINVAL);
+            cr_expect(strstr(dt_last_error(), "permute") != NULL, "%s", dt_last_error());
+            cr_expect_eq(dt_op("expand", 1, &t, &(dt_op_attrs){.nints = 3, .ints = {3, 8, 5}}, 1, bad), DT_EINVAL);
+            cr_expect(strstr(dt_last_error(), "expand") != NULL, "%s", dt_last_error());
+            cr_expect_null(bad[0]);
+            dt_tensor_release(&t);
+            dt_tensor_release(&t1);
+        }
+    }
+}
+
+S_SCENARIO(view, cat_and_stack)
+{
+    int64_t sa[3] = {3, 4, 5}, sb[3] = {3, 2, 5}, sc[3] = {1, 4, 5};
+    double a[60], b[30], c[20], want[160];
+    s_fill(a, 60, 2);
+    for (int i = 0; i < 30; i++)
+        b[i] = 1000 + i;
+    for (int i = 0; i < 20; i++)
+        c[i] = -1000 - i;
+    s_layout lay[8];
+    int nl = s_layouts(e, 3, DT_REDUCE_SUM, lay);
+    for (int l = 0; l < nl; l++) {
+        char what[96], ln[32];
+        s_layout_name(e, lay[l].pl, ln, sizeof ln);
+        snprintf(what, sizeof what, "[%s]", ln);
+        const dt_placement *other = lay[(l + 1) % nl].pl;
+        dt_tensor *ta = s_make(e, DT_INT64, 3, sa, a, lay[l].pl);
+        dt_tensor *tb = s_make(e, DT_INT32, 3, sb, b, other); /* int32 promotes to int64 */
+        dt_tensor *tc = s_make(e, DT_INT64, 3, sc, c, other);
+        double b30[60];
+        for (int i = 0; i < 60; i++)
+            b30[i] = 2000 + i;
+        dt_tensor *ta2 = s_make(e, DT_INT64, 3, sa, b30, other);
+        /* cat along dim 1: (3,6,5) */
+        for (int i = 0; i < 3; i++)
+            for (int j = 0; j < 6; j++)
+                for (int k = 0; k < 5; k++)
+                    want[(i * 6 + j) * 5 + k] = j < 4 ? a[(i * 4 + j) * 5 + k] : b[(i * 2 + j - 4) * 5 + k];
+        s_expect("cat", 2, (dt_tensor *[]){ta, tb}, &(dt_op_attrs){.nints = 1, .ints = {1}}, DT_INT64, 3,
+                 (int64_t[]){3, 6, 5}, want, 0, what);
+        /* cat along dim 0 (-3) of three: (7,4,5) */
+        memcpy(want, a, sizeof a);
+        memcpy(want + 60, c, sizeof c);
+        memcpy(want + 80, a, sizeof a);
+        s_expect("cat", 3, (dt_tensor *[]){ta, tc, ta}, &(dt_op_attrs){.nints = 1, .ints = {-3}}, DT_INT64, 3,
+                 (int64_t[]){7, 4, 5}, want, 0, what);
+        s_expect("cat", 1, &ta, &(dt_op_attrs){.nints = 1, .ints = {2}}, DT_INT64, 3, sa, a, 0, what);
+        /* stack along dim 1 and dim 3 */
+        for (int i = 0; i < 3; i++)
+            for (int s = 0; s < 2; s++)
+                for (int j = 0; j < 20; j++)
+                    want[(i * 2 + s) * 20 + j] = s ? b30[i * 20 + j] : a[i * 20 + j];
+        s_expect("stack", 2, (dt_tensor *[]){ta, ta2}, &(dt_op_attrs){.nints = 1, .ints = {1}}, DT_INT64, 4,
+                 (int64_t[]){3, 2, 4, 5}, want, 0, what);
+        dt_tensor_release(&ta2);
+        double b60[60];
+        for (int i = 0; i < 60; i++)
+            b60[i] = 500 - i;
+        ta2 = s_make(e, DT_INT64, 3, sa, b60, other);
+        for (int i = 0; i < 60; i++) {
+            want[i * 2] = a[i];
+            want[i * 2 + 1] = b60[i];
+        }
+        s_expect("stack", 2, (dt_tensor *[]){ta, ta2}, &(dt_op_attrs){.nints = 1, .ints = {-1}}, DT_INT64, 4,
+                 (int64_t[]){3, 4, 5, 2}, want, 0, what);
+        dt_tensor *bad[1] = {NULL};
+        cr_expect_eq(dt_op("cat", 2, (dt_tensor *[]){ta, tc}, &(dt_op_attrs){.nints = 1, .ints = {1}}, 1, bad),
+                     DT_EINVAL);
+        cr_expect(strstr(dt_last_error(), "cat") != NULL, "%s", dt_last_error());
+        cr_expect_eq(dt_op("stack", 2, (dt_tensor *[]){ta, tb}, &(dt_op_attrs){.nints = 1, .ints = {0}}, 1, bad),
+                     DT_EINVAL);
+        cr_expect(strstr(dt_last_error(), "stack") != NULL, "%s", dt_last_error());
+        cr_expect_null(bad[0]);
+        dt_tensor_release(&ta);
+        dt_tensor_release(&tb);
+        dt_tensor_release(&tc);
+        dt_tensor_release(&ta2);
+    }
+}
+
+/* x (3,4,5) sliced along dim: positions start, start + step, ... (count of them) */
+static int s_slice_ref(const double *x, const int64_t *shape, int dim, int64_t start, int64_t count, int64_t step,
+                       bool drop, int64_t *oshape, double *out)
+{
+    int64_t full[3], idx[3];
+    memcpy(full, shape, sizeof full);
+    full[dim] = count;
+    for (int64_t i = 0; i < s_numel(3, full); i++) {
+        s_unravel(3, full, i, idx);
+        idx[dim] = start + idx[dim] * step;
+        out[i] = x[s_ravel(3, shape, idx)];
+    }
+    int on = 0;
+    for (int d = 0; d < 3; d++)
+        if (!(drop && d == dim))
+            oshape[on++] = full[d];
+    return on;
+}
+
+S_SCENARIO(view, slicing)
+{
+    int64_t shape[3] = {3, 4, 5}, oshape[3];
+    double x[60], want[60];
+    s_fill(x, 60, 2);
+    s_layout lay[8], li[8];
+    int nl = s_layouts(e, 3, DT_REDUCE_SUM, lay), ni = s_layouts(e, 1, -1, li);
+    for (int l = 0; l < nl; l++) {
+        char what[96], ln[32];
+        s_layout_name(e, lay[l].pl, ln, sizeof ln);
+        snprintf(what, sizeof what, "[%s]", ln);
+        dt_tensor *t = s_make(e, DT_FLOAT32, 3, shape, x, lay[l].pl);
+        /* slice dim 1 [1:4:2]; dim -1 [-3:100]; dim 0 [0:3] (the whole dim); dim 2 [4:2] (empty) */
+        int on = s_slice_ref(x, shape, 1, 1, 2, 2, false, oshape, want);
+        s_expect("slice", 1, &t, &(dt_op_attrs){.nints = 4, .ints = {1, 1, 4, 2}}, DT_FLOAT32, on, oshape, want, 0,
+                 what);
+        on = s_slice_ref(x, shape, 2, 2, 3, 1, false, oshape, want);
+        s_expect("slice", 1, &t, &(dt_op_attrs){.nints = 4, .ints = {-1, -3, 100, 1}}, DT_FLOAT32, on, oshape, want,
+                 0, what);
+        s_expect("slice", 1, &t, &(dt_op_attrs){.nints = 4, .ints = {0, 0, 3, 1}}, DT_FLOAT32, 3, shape, x, 0, what);
+        s_expect("slice", 1, &t, &(dt_op_attrs){.nints = 4, .ints = {2, 4, 2, 1}}, DT_FLOAT32, 3, (int64_t[]){3, 4, 0},
+                 want, 0, what);
+        on = s_slice_ref(x, shape, 0, 1, 2, 1, false, oshape, want);
+        s_expect("narrow", 1, &t, &(dt_op_attrs){.nints = 3, .ints = {0, -2, 2}}, DT_FLOAT32, on, oshape, want, 0,
+                 what);
+        on = s_slice_ref(x, shape, 2, 1, 3, 1, false, oshape, want);
+        s_expect("narrow", 1, &t, &(dt_op_attrs){.nints = 3, .ints = {2, 1, 3}}, DT_FLOAT32, on, oshape, want, 0,
+                 what);
+        on = s_slice_ref(x, shape, 1, 3, 1, 1, true, oshape, want);
+        s_expect("select", 1, &t, &(dt_op_attrs){.nints = 2, .ints = {1, -1}}, DT_FLOAT32, on, oshape, want, 0, what);
+        on = s_slice_ref(x, shape, 0, 2, 1, 1, true, oshape, want);
+        s_expect("select", 1, &t, &(dt_op_attrs){.nints = 2, .ints = {0, 2}}, DT_FLOAT32, on, oshape, want, 0, what);
+        /* index_select along each dim with int64 and int32 indices; wrap (ints[1]) counts
+         * negative positions from the end */
+        double pos[3] = {2, 0, 2};
+        for (int dim = 0; dim < 3; dim++) {
+            dt_dtype it = dim == 1 ? DT_INT32 : DT_INT64;
+            dt_tensor *idx = s_make(e, it, 1, (int64_t[]){3}, pos, li[(l + dim) % ni].pl);
+            int64_t os[3], ix[3];
+            memcpy(os, shape, sizeof os);
+            os[dim] = 3;
+            for (int64_t i = 0; i < s_numel(3, os); i++) {
+                s_unravel(3, os, i, ix);
+                ix[dim] = (int64_t)pos[ix[dim]];
+                want[i] = x[s_ravel(3, shape, ix)];
+            }
+            s_expect("index_select", 2, (dt_tensor *[]){t, idx}, &(dt_op_attrs){.nints = 2, .ints = {dim, 0}},
+                     DT_FLOAT32, 3, os, want, 0, what);
+            dt_tensor_release(&idx);
+        }
+        dt_tensor *neg = s_make(e, DT_INT64, 1, (int64_t[]){2}, (double[]){-1, 1}, li[l % ni].pl);
+        on = 0;
+        for (int i = 0; i < 3; i++)
+            for (int j = 0; j < 4; j++) {
+                want[on++] = x[(i * 4 + j) * 5 + 4];
+                want[on++] = x[(i * 4 + j) * 5 + 1];
+            }
+        s_expect("index_select", 2, (dt_tensor *[]){t, neg}, &(dt_op_attrs){.nints = 2, .ints = {-1, 1}}, DT_FLOAT32, 3,
+                 (int64_t[]){3, 4, 2}, want, 0, what);
+        dt_tensor *bad[1] = {NULL};
+        cr_expect_eq(dt_op("select", 1, &t, &(dt_op_attrs){.nints = 2, .ints = {1, 4}}, 1, bad), DT_EINDEX);
+        cr_expect(strstr(dt_last_error(), "select") != NULL, "%s", dt_last_error());
+        cr_expect_eq(dt_op("narrow", 1, &t, &(dt_op_attrs){.nints = 3, .ints = {2, 3, 3}}, 1, bad), DT_EINVAL);
+        cr_expect(strstr(dt_last_error(), "narrow") != NULL, "%s", dt_last_error());
+        cr_expect_eq(dt_op("index_select", 2, (dt_tensor *[]){t, t}, &(dt_op_attrs){.nints = 2}, 1, bad), DT_ETYPE);
+        cr_expect(strstr(dt_last_error(), "index_select") != NULL, "%s", dt_last_error());
+        cr_expect_null(bad[0]);
+        dt_tensor_release(&neg);
+        dt_tensor_release(&t);
+    }
+}
+
+S_SCENARIO(view, triangles)
+{
+    /* (3,4,5) and (5,3): shards of the last two dims need their global offsets */
+    static const int64_t shapes[2][3] = {{3, 4, 5}, {5, 3, 0}};
+    double x[60], want[60];
+    s_layout lay[8];
+    for (int s = 0; s < 2; s++) {
+        int nd = s ? 2 : 3;
+        const int64_t *shape = shapes[s];
+        int64_t n = s_numel(nd, shape), rows = shape[nd - 2], cols = shape[nd - 1];
+        s_fill(x, n, 2);
+        int nl = s_layouts(e, nd, DT_REDUCE_SUM, lay);
+        for (int l = 0; l < nl; l++) {
+            char what[96], ln[32];
+            s_layout_name(e, lay[l].pl, ln, sizeof ln);
+            dt_tensor *t = s_make(e, DT_INT64, nd, shape, x, lay[l].pl);
+            for (int upper = 0; upper < 2; upper++)
+                for (int64_t diag = -1; diag <= 2; diag++) {
+                    for (int64_t i = 0; i < n; i++) {
+                        int64_t c = i % cols, r = (i / cols) % rows;
+                        bool keep = upper ? c - r >= diag : c - r <= diag;
+                        want[i] = keep ? x[i] : 0;
+                    }
+                    snprintf(what, sizeof what, "%dD diagonal %lld [%s]", nd, (long long)diag, ln);
+                    s_expect(upper ? "triu" : "tril", 1, &t, &(dt_op_attrs){.nints = 1, .ints = {diag}}, DT_INT64, nd,
+                             shape, want, 0, what);
+                }
+            dt_tensor_release(&t);
+        }
+    }
+}
+
+/* ---- matrix products ------------------------------------------------------------------------ */
+
+/* c = a @ b for (bat, m, k) @ (bat or 1, k, n) */
+static void s_mm_ref(const double *a, const double *b, int64_t bat, int64_t m, int64_t k, int64_t n, bool b_shared,
+                     double *c)
+{
+    for (int64_t z = 0; z < bat; z++)
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                double s = 0;
+                for (int64_t p = 0; p < k; p++)
+                    s += a[(z * m + i) * k + p] * b[((b_shared ? 0 : z) * k + p) * n + j];
+                c[(z * m + i) * n + j] = s;
+            }
+}
+
+S_SCENARIO(matmul, products)
+{
+    double a[60], b[60], want[120];
+    s_fill(a, 60, 0);
+    s_fill(b, 60, 3);
+    s_layout la2[8], la1[8], la3[8];
+    int n2 = s_layouts(e, 2, DT_REDUCE_SUM, la2), n1 = s_layouts(e, 1, DT_REDUCE_SUM, la1),
+        n3 = s_layouts(e, 3, DT_REDUCE_SUM, la3);
+    char what[96], l1[32], l2[32];
+    /* mm and matmul (5,4) @ (4,3), every pair of layouts (a sharded contraction gives Partial) */
+    s_mm_ref(a, b, 1, 5, 4, 3, true, want);
+    for (int i = 0; i < n2; i++)
+        for (int j = 0; j < n2; j++) {
+            if (e->small && j != i)
+                continue;
+            s_layout_name(e, la2[i].pl, l1, sizeof l1);
+            s_layout_name(e, la2[j].pl, l2, sizeof l2);
+            snprintf(what, sizeof what, "[%s] @ [%s]", l1, l2);
+            dt_tensor *in[2] = {s_make(e, DT_FLOAT32, 2, (int64_t[]){5, 4}, a, la2[i].pl),
+                                s_make(e, DT_FLOAT32, 2, (int64_t[]){4, 3}, b, la2[j].pl)};
+            s_expect(j % 2 ? "mm" : "matmul", 2, in, NULL, DT_FLOAT32, 2, (int64_t[]){5, 3}, want, S_TOL, what);
+            dt_tensor_release(&in[0]);
+            dt_tensor_release(&in[1]);
+        }
+    /* int64 mm is exact */
+    double ia[20], ib[12];
+    s_fill(ia, 20, 2);
+    s_fill(ib, 12, 5);
+    s_mm_ref(ia, ib, 1, 5, 4, 3, true, want);
+    for (int i = 0; i < n2; i++) {
+        dt_tensor *in[2] = {s_make(e, DT_INT64, 2, (int64_t[]){5, 4}, ia, la2[i].pl),
+                            s_make(e, DT_INT64, 2, (int64_t[]){4, 3}, ib, la2[(i + 1) % n2].pl)};
+        s_expect("mm", 2, in, NULL, DT_INT64, 2, (int64_t[]){5, 3}, want, 0, "int64");
+        dt_tensor_release(&in[0]);
+        dt_tensor_release(&in[1]);
+    }
+    /* matmul's 1-D rules: (4)@(4), (4)@(4,3), (5,4)@(4) */
+    for (int i = 0; i < n1; i++) {
+        s_layout_name(e, la1[i].pl, l1, sizeof l1);
+        dt_tensor *v4 = s_make(e, DT_FLOAT32, 1, (int64_t[]){4}, a, la1[i].pl);
+        dt_tensor *w4 = s_make(e, DT_FLOAT32, 1, (int64_t[]){4}, b, la1[(i + 1) % n1].pl);
+        dt_tensor *m43 = s_make(e, DT_FLOAT32, 2, (int64_t[]){4, 3}, b, la2[i % n2].pl);
+        dt_tensor *m54 = s_make(e, DT_FLOAT32, 2, (int64_t[]){5, 4}, a, la2[(i + 1) % n2].pl);
+        s_mm_ref(a, b, 1, 1, 4, 1, true, want);
+        s_expect("matmul", 2, (dt_tensor *[]){v4, w4}, NULL, DT_FLOAT32, 0, NULL, want, S_TOL, l1);
+        s_mm_ref(a, b, 1, 1, 4, 3, true, want);
+        s_expect("matmul", 2, (dt_tensor *[]){v4, m43}, NULL, DT_FLOAT32, 1, (int64_t[]){3}, want, S_TOL, l1);
+        s_mm_ref(a, b, 1, 5, 4, 1, true, want);
+        s_expect("matmul", 2, (dt_tensor *[]){m54, w4}, NULL, DT_FLOAT32, 1, (int64_t[]){5}, want, S_TOL, l1);
+        dt_tensor_release(&v4);
+        dt_tensor_release(&w4);
+        dt_tensor_release(&m43);
+        dt_tensor_release(&m54);
+    }
+    /* batched: bmm (3,2,4)@(3,4,5); matmul (3,2,4)@(4,5) broadcasts the matrix */
+    for (int i = 0; i < n3; i++) {
+        s_layout_name(e, la3[i].pl, l1, sizeof l1);
+        dt_tensor *x = s_make(e, DT_FLOAT32, 3, (int64_t[]){3, 2, 4}, a, la3[i].pl);
+        dt_tensor *y = s_make(e, DT_FLOAT32, 3, (int64_t[]){3, 4, 5}, b, la3[(i + 1) % n3].pl);
+        dt_tensor *m = s_make(e, DT_FLOAT32, 2, (int64_t[]){4, 5}, b, la2[i % n2].pl);
+        s_mm_ref(a, b, 3, 2, 4, 5, false, want);
+        s_expect("bmm", 2, (dt_tensor *[]){x, y}, NULL, DT_FLOAT32, 3, (int64_t[]){3, 2, 5}, want, S_TOL, l1);
+        s_expect("matmul", 2, (dt_tensor *[]){x, y}, NULL, DT_FLOAT32, 3, (int64_t[]){3, 2, 5}, want, S_TOL, l1);
+        s_mm_ref(a, b, 3, 2, 4, 5, true, want);
+        s_expect("matmul", 2, (dt_tensor *[]){x, m}, NULL, DT_FLOAT32, 3, (int64_t[]){3, 2, 5}, want, S_TOL, l1);
+        dt_tensor_release(&x);
+        dt_tensor_release(&y);
+        dt_tensor_release(&m);
+    }
+    /* linear(x (3,2,4), W (6,4), b (6)): x @ W^T + b; W sharded on in_features gives Partial and
+     * the bias must be added once */
+    double w[24], bias[6], wt[24];
+    s_fill(w, 24, 3);
+    for (int i = 0; i < 6; i++)
+        bias[i] = (double)i - 2.5;
+    for (int o = 0; o < 6; o++)
+        for (int p = 0; p < 4; p++)
+            wt[p * 6 + o] = w[o * 4 + p];
+    for (int i = 0; i < n3; i++) {
+        const dt_placement *pw = la2[i % n2].pl, *pb = la1[(i + 1) % n1].pl;
+        s_layout_name(e, la3[i].pl, l1, sizeof l1);
+        s_layout_name(e, pw, l2, sizeof l2);
+        snprintf(what, sizeof what, "x [%s] W [%s]", l1, l2);
+        dt_tensor *x = s_make(e, DT_FLOAT32, 3, (int64_t[]){3, 2, 4}, a, la3[i].pl);
+        dt_tensor *tw = s_make(e, DT_FLOAT32, 2, (int64_t[]){6, 4}, w, pw);
+        dt_tensor *tb = s_make(e, DT_FLOAT32, 1, (int64_t[]){6}, bias, pb);
+        s_mm_ref(a, wt, 6, 1, 4, 6, true, want);
+        s_expect("linear", 2, (dt_tensor *[]){x, tw}, NULL, DT_FLOAT32, 3, (int64_t[]){3, 2, 6}, want, S_TOL, what);
+        for (int r = 0; r < 6; r++)
+            for (int o = 0; o < 6; o++)
+                want[r * 6 + o] += bias[o];
+        s_expect("linear", 3, (dt_tensor *[]){x, tw, tb}, NULL, DT_FLOAT32, 3, (int64_t[]){3, 2, 6}, want, S_TOL,
+                 what);
+        dt_tensor_release(&x);
+        dt_tensor_release(&tw);
+        dt_tensor_release(&tb);
+    }
+}
+
+S_SCENARIO(matmul, embedding)
+{
+    /* W (7,4) looked up by indices (2,3): W sharded by rows gives Partial(sum), by columns a
+     * column shard, indices sharded keep their shards */
+    double w[28], idx[6] = {6, 0, 3, 3, 1, 5}, want[24];
+    s_fill(w, 28, 0);
+    for (int i = 0; i < 6; i++)
+        for (int j = 0; j < 4; j++)
+            want[i * 4 + j] = w[(int)idx[i] * 4 + j];
+    s_layout lw[8], li[8];
+    int nw = s_layouts(e, 2, DT_REDUCE_SUM, lw), ni = s_layouts(e, 2, -1, li);
+    for (int i = 0; i < nw; i++)
+        for (int j = 0; j < ni; j++) {
+            if (e->small && j)
+                continue;
+            char what[96], l1[32], l2[32];
+            s_layout_name(e, lw[i].pl, l1, sizeof l1);
+            s_layout_name(e, li[j].pl, l2, sizeof l2);
+            snprintf(what, sizeof what, "W [%s] indices [%s]", l1, l2);
+            dt_tensor *tw = s_make(e, DT_FLOAT32, 2, (int64_t[]){7, 4}, w, lw[i].pl);
+            dt_tensor *ti = s_make(e, j % 2 ? DT_INT32 : DT_INT64, 2, (int64_t[]){2, 3}, idx, li[j].pl);
+            s_expect("embedding", 2, (dt_tensor *[]){ti, tw}, NULL, DT_FLOAT32, 3, (int64_t[]){2, 3, 4}, want, 0,
+                     what);
+            dt_tensor_release(&tw);
+            dt_tensor_release(&ti);
+        }
+}
+
+/* softmax(q k^T * scale + mask) v for one head: q (L,E), k (S,E), v (S,Ev); mask (L,S) additive */
+static void s_attention_ref(const double *q, const double *k, const double *v, const double *mask, int64_t L,
+                            int64_t S, int64_t E, int64_t Ev, bool causal, double scale, double *out)
+{
+    for (int64_t i = 0; i < L; i++) {
+        double w[16], mx = -INFINITY, sum = 0;
+        for (int64_t j = 0; j < S; j++) {
+            double s = 0;
+            for (int64_t p = 0; p < E; p++)
+                s += q[i * E + p] * k[j * E + p];
+            w[j] = s * scale + (mask ? mask[i * S + j] : 0);
+            if (causal && j > i)
+                w[j] = -INFINITY;
+            mx = fmax(mx, w[j]);
+        }
+        for (int64_t j = 0; j < S; j++)
+            sum += w[j] = mx == -INFINITY ? 0 : exp(w[j] - mx);
+        for (int64_t c = 0; c < Ev; c++) {
+            double o = 0;
+            for (int64_t j = 0; j < S; j++)
+                o += sum > 0 ? w[j] / sum * v[j * Ev + c] : 0;
+            out[i * Ev + c] = o;
+        }
+    }
+}
+
+S_SCENARIO(matmul, attention)
+{
+    /* q (2,2,5,4), k (2,2,6,4), v (2,2,6,3); a (5,6) mask, bool and float */
+    enum { B = 2, H = 2, L = 5, S = 6, E = 4, EV = 3 };
+    double q[B * H * L * E], k[B * H * S * E], v[B * H * S * EV], bm[L * S], bma[L * S], fm[L * S];
+    double want[B * H * L * EV];
+    for (int i = 0; i < B * H * L * E; i++)
+        q[i] = (double)((i * 7) % 11 - 5) / 8.0;
+    for (int i = 0; i < B * H * S * E; i++)
+        k[i] = (double)((i * 5) % 13 - 6) / 8.0;
+    for (int i = 0; i < B * H * S * EV; i++)
+        v[i] = (double)((i * 3) % 7 - 3) / 4.0;
+    for (int i = 0; i < L * S; i++) {
+        bm[i] = (i % 4) != 1;
+        bma[i] = bm[i] ? 0 : -INFINITY; /* the bool mask as the additive one it stands for */
+        fm[i] = bm[i] ? (double)(i % 3) * 0.25 : -INFINITY;
+    }
+    int64_t sq[4] = {B, H, L, E}, sk[4] = {B, H, S, E}, sv[4] = {B, H, S, EV}, so[4] = {B, H, L, EV};
+    s_layout lay[8], lm[8];
+    int nl = s_layouts(e, 4, DT_REDUCE_SUM, lay), nm = s_layouts(e, 2, -1, lm);
+    for (int l = 0; l < nl; l++) {
+        char what[96], ln[32];
+        s_layout_name(e, lay[l].pl, ln, sizeof ln);
+        const dt_placement *pk = lay[(l + 1) % nl].pl, *pv = lay[(l + 2) % nl].pl;
+        dt_tensor *tq = s_make(e, DT_FLOAT32, 4, sq, q, lay[l].pl);
+        dt_tensor *tk = s_make(e, DT_FLOAT32, 4, sk, k, pk);
+        dt_tensor *tv = s_make(e, DT_FLOAT32, 4, sv, v, pv);
+        dt_tensor *tv2 = s_make(e, DT_FLOAT32, 4, sv, v, lay[l].pl); /* q, k, v laid out alike */
+        dt_tensor *tk2 = s_make(e, DT_FLOAT32, 4, sk, k, lay[l].pl);
+        dt_tensor *tbm = s_make(e, DT_BOOL, 2, (int64_t[]){L, S}, bm, lm[l % nm].pl);
+        dt_tensor *tfm = s_make(e, DT_FLOAT32, 2, (int64_t[]){L, S}, fm, lm[(l + 1) % nm].pl);
+        for (int variant = 0; variant < 5; variant++) {
+            bool causal = variant == 1, has_scale = variant == 2;
+            const double *mask = variant == 3 ? bma : variant == 4 ? fm : NULL;
+            double scale = has_scale ? 0.3 : 1.0 / sqrt((double)E);
+            for (int z = 0; z < B * H; z++)
+                s_attention_ref(q + z * L * E, k + z * S * E, v + z * S * EV, mask, L, S, E, EV, causal, scale,
+                                want + z * L * EV);
+            dt_tensor *in[4] = {tq, variant == 4 ? tk2 : tk, variant == 4 ? tv2 : tv, variant == 3 ? tbm : tfm};
+            snprintf(what, sizeof what, "variant %d [%s]", variant, ln);
+            s_expect("scaled_dot_product_attention", mask ? 4 : 3, in,
+                     &(dt_op_attrs){.nints = 3, .ints = {causal, 0, has_scale}, .nfloats = 1, .floats = {0.3}},
+                     DT_FLOAT32, 4, so, want, 1e-4, what);
+        }
+        dt_tensor_release(&tq);
+        dt_tensor_release(&tk);
+        dt_tensor_release(&tv);
+        dt_tensor_release(&tk2);
+        dt_tensor_release(&tv2);
+        dt_tensor_release(&tbm);
+        dt_tensor_release(&tfm);
+    }
+    /* grouped-query attention: 4 query heads over 2 key/value heads, causal */
+    double gq[4 * 3 * E], gk[2 * S * E], gv[2 * S * EV], gwant[4 * 3 * EV];
+    for (int i = 0; i < 4 * 3 * E; i++)
+        gq[i] = (double)((i * 5) % 9 - 4) / 8.0;
+    memcpy(gk, k, sizeof gk);
+    memcpy(gv, v, sizeof gv);
+    for (int h = 0; h < 4; h++)
+        s_attention_ref(gq + h * 3 * E, gk + (h / 2) * S * E, gv + (h / 2) * S * EV, NULL, 3, S, E, EV, true,
+                        1.0 / sqrt((double)E), gwant + h * 3 * EV);
+    s_layout lg[8];
+    int ng = s_layouts(e, 4, -1, lg);
+    for (int l = 0; l < ng; l++) {
+        dt_tensor *in[3] = {s_make(e, DT_FLOAT32, 4, (int64_t[]){1, 4, 3, E}, gq, lg[l].pl),
+                            s_make(e, DT_FLOAT32, 4, (int64_t[]){1, 2, S, E}, gk, lg[l].pl),
+                            s_make(e, DT_FLOAT32, 4, (int64_t[]){1, 2, S, EV}, gv, lg[(l + 1) % ng].pl)};
+        s_expect("scaled_dot_product_attention", 3, in, &(dt_op_attrs){.nints = 3, .ints = {1, 1, 0}}, DT_FLOAT32, 4,
+                 (int64_t[]){1, 4, 3, EV}, gwant, 1e-4, "gqa");
+        dt_tensor *bad[1] = {NULL};
+        cr_expect_eq(dt_op("scaled_dot_product_attention", 3, in, &(dt_op_attrs){.nints = 3, .ints = {1, 0, 0}}, 1,
+                           bad),
+                     DT_EINVAL, "fewer key heads without enable_gqa");
+        cr_expect(strstr(dt_last_error(), "scaled_dot_product_attention") != NULL, "%s", dt_last_error());
+        cr_expect_null(bad[0]);
+        for (int i = 0; i < 3; i++)
+            dt_tensor_release(&in[i]);
+    }
+}
+
+/* ---- errors ---------------------------------------------------------------------------------- */
+
+/* dt_op fails with code, names the op in its message and makes nothing. */
+static void s_expect_refused(const char *name, int n, dt_tensor *const *in, const dt_op_attrs *a, int code,
+                             const char *needle)
+{
+    dt_tensor *out[2] = {NULL, NULL};
+    int rc = dt_op(name, n, in, a, 2, out);
+    cr_expect_eq(rc, code, "%s: returned %d, want %d (%s)", name, rc, code, dt_last_error());
+    cr_expect_eq(dt_last_error_code(), code, "%s", name);
+    cr_expect(strstr(dt_last_error(), needle) != NULL, "%s: message '%s' lacks '%s'", name, dt_last_error(), needle);
+    cr_expect(out[0] == NULL && out[1] == NULL, "%s made a tensor", name);
+    if (out[0])
+        dt_tensor_release(&out[0]);
+    if (out[1])
+        dt_tensor_release(&out[1]);
+}
+
+Test(errors, bad_arguments, .timeout = 30)
+{
+    s_init(DT_WORKERS_THREAD);
+    s_env env = s_env_new(1, false);
+    const s_env *e = &env;
+    dt_placement s0 = dt_shard(0);
+    double v[30] = {0};
+    dt_tensor *a23 = s_make(e, DT_FLOAT32, 2, (int64_t[]){2, 3}, v, &s0);
+    dt_tensor *a45 = s_make(e, DT_FLOAT32, 2, (int64_t[]){4, 5}, v, &s0);
+    dt_tensor *v3 = s_make(e, DT_FLOAT32, 1, (int64_t[]){3}, v, &s0);
+    dt_tensor *v4 = s_make(e, DT_FLOAT32, 1, (int64_t[]){4}, v, &s0);
+    dt_tensor *i23 = s_make(e, DT_INT64, 2, (int64_t[]){2, 3}, v, &s0);
+    dt_tensor *c3 = s_make(e, DT_FLOAT32, 3, (int64_t[]){2, 3, 5}, v, &s0);
+    s_expect_refused("add", 2, (dt_tensor *[]){a23, a45}, NULL, DT_EINVAL, "add");
+    s_expect_refused("mul", 2, (dt_tensor *[]){v3, v4}, NULL, DT_EINVAL, "mul");
+    s_expect_refused("mm", 2, (dt_tensor *[]){a23, a45}, NULL, DT_EINVAL, "mm");
+    s_expect_refused("mm", 2, (dt_tensor *[]){v3, a45}, NULL, DT_EINVAL, "mm");
+    s_expect_refused("matmul", 2, (dt_tensor *[]){v3, v4}, NULL, DT_EINVAL, "matmul");
+    s_expect_refused("bmm", 2, (dt_tensor *[]){a23, a23}, NULL, DT_EINVAL, "bmm");
+    s_expect_refused("linear", 2, (dt_tensor *[]){a23, a45}, NULL, DT_EINVAL, "linear");
+    s_expect_refused("linear", 3, (dt_tensor *[]){a23, a23, v4}, NULL, DT_EINVAL, "linear");
+    s_expect_refused("matmul", 2, (dt_tensor *[]){a23, i23}, NULL, DT_ETYPE, "matmul");
+    s_expect_refused("embedding", 2, (dt_tensor *[]){a23, a45}, NULL, DT_ETYPE, "embedding");
+    s_expect_refused("embedding", 2, (dt_tensor *[]){i23, v4}, NULL, DT_EINVAL, "embedding");
+    s_expect_refused("scaled_dot_product_attention", 3, (dt_tensor *[]){a23, a45, a45}, NULL, DT_EINVAL,
+                     "scaled_dot_product_attention");
+    s_expect_refused("reshape", 1, &a23, &(dt_op_attrs){.nints = 1, .ints = {7}}, DT_EINVAL, "reshape");
+    s_expect_refused("flatten", 1, &c3, &(dt_op_attrs){.nints = 2, .ints = {2, 0}}, DT_EINVAL, "flatten");
+    s_expect_refused("unsqueeze", 1, &a23, &(dt_op_attrs){.nints = 1, .ints = {5}}, DT_EINDEX, "unsqueeze");
+    s_expect_refused("squeeze", 1, &a23, &(dt_op_attrs){.nints = 1, .ints = {3}}, DT_EINDEX, "squeeze");
+    s_expect_refused("slice", 1, &a23, &(dt_op_attrs){.nints = 4, .ints = {0, 0, 2, 0}}, DT_EINVAL, "slice");
+    s_expect_refused("triu", 1, &v3, NULL, DT_EINVAL, "triu");
+    s_expect_refused("tril", 1, &v3, NULL, DT_EINVAL, "tril");
+    s_expect_refused("index_select", 2, (dt_tensor *[]){a23, i23}, &(dt_op_attrs){.nints = 2}, DT_EINVAL,
+                     "index_select");
+    s_expect_refused("masked_fill", 2, (dt_tensor *[]){a23, a23}, &(dt_op_attrs){.has_scalar = true}, DT_ETYPE,
+                     "masked_fill");
+    s_expect_refused("to", 1, &a23, &(dt_op_attrs){.nints = 1, .ints = {42}}, DT_ETYPE, "to");
+    s_expect_refused("amax", 1, &a23, &(dt_op_attrs){.nints = 4, .ints = {0, -1, 1, 1}}, DT_EINVAL, "amax");
+    s_expect_refused("argmax", 1, &a23, &(dt_op_attrs){.nints = 2, .ints = {0, 2}}, DT_EINDEX, "argmax");
+    s_expect_refused("max_dim", 1, &a23, &(dt_op_attrs){.nints = 2, .ints = {-3, 0}}, DT_EINDEX, "max");
+    s_expect_refused("min_dim", 1, &a23, &(dt_op_attrs){.nints = 2, .ints = {2, 0}}, DT_EINDEX, "min");
+    s_expect_refused("log_softmax", 1, &i23, &(dt_op_attrs){.nints = 2, .ints = {0, -1}}, DT_ETYPE, "log_softmax");
+    s_expect_refused("cumsum", 1, &a23, &(dt_op_attrs){.nints = 2, .ints = {0, 99}}, DT_ETYPE, "cumsum");
+    s_expect_refused("rms_norm", 1, &a23, &(dt_op_attrs){.nints = 2, .ints = {0, 4}}, DT_EINVAL, "rms_norm");
+    s_expect_refused("div", 1, &a23, NULL, DT_EINVAL, "div");
+    /* call-level checks: arity, room for outputs, unknown ops and ids, attribute counts */
+    s_expect_refused("neg", 2, (dt_tensor *[]){a23, a23}, NULL, DT_EINVAL, "neg");
+    s_expect_refused("cat", 1, &a23, &(dt_op_attrs){.nints = 17}, DT_EINVAL, "cat");
+    s_expect_refused("no_such_op", 1, &a23, NULL, DT_EINVAL, "no_such_op");
+    dt_tensor *out[2] = {NULL, NULL};
+    cr_expect_eq(dt_op("topk", 1, &a23, &(dt_op_attrs){.nints = 4, .ints = {1, -1, 1, 1}}, 1, out), DT_EINVAL);
+    cr_expect(strstr(dt_last_error(), "topk") != NULL, "%s", dt_last_error());
+    cr_expect_null(out[0]);
+    cr_expect_lt(dt_op_id("no_such_op"), 0);
+    cr_expect_lt(dt_op_id(NULL), 0);
+    cr_expect_eq(dt_op_run(100000, 1, &a23, NULL, 1, out), DT_EINVAL);
+    cr_expect_eq(dt_op_run(-1, 1, &a23, NULL, 1, out), DT_EINVAL);
+    cr_expect_null(out[0]);
+    /* inputs on two meshes */
+    dt_mesh *other = dt_mesh_new("cpu", 1, (int64_t[]){2}, (int64_t[]){2, 3}, NULL);
+    cr_assert_not_null(other, "%s", dt_last_error());
+    dt_tensor *far = dt_zeros(other, 2, (int64_t[]){2, 3}, DT_FLOAT32, &s0);
+    cr_assert_not_null(far, "%s", dt_last_error());
+    s_expect_refused("add", 2, (dt_tensor *[]){a23, far}, NULL, DT_EUNSUPPORTED, "add");
+
+    /* dt_op_id + dt_op_run: the same op, looked up once; the runtime still works */
+    int id = dt_op_id("add");
+    cr_assert_geq(id, 0, "%s", dt_last_error());
+    double ones[6] = {1, 1, 1, 1, 1, 1};
+    dt_tensor *t = s_make(e, DT_FLOAT32, 2, (int64_t[]){2, 3}, ones, &s0);
+    cr_assert_eq(dt_op_run(id, 2, (dt_tensor *[]){t, t}, NULL, 1, out), 1, "%s", dt_last_error());
+    s_check(out[0], DT_FLOAT32, 2, (int64_t[]){2, 3}, (double[]){2, 2, 2, 2, 2, 2}, 0, "add by id");
+    dt_tensor_release(&out[0]);
+    dt_tensor_release(&t);
+    dt_tensor_release(&far);
+    dt_mesh_release(&other);
+    dt_tensor_release(&a23);
+    dt_tensor_release(&a45);
+    dt_tensor_release(&v3);
+    dt_tensor_release(&v4);
+    dt_tensor_release(&i23);
+    dt_tensor_release(&c3);
+    dt_mesh_release(&env.mesh);
+    cr_expect_eq(dt_shutdown(), 0);
+}
+
+/* A fetch that fails with a message holding needle. */
+static void s_expect_fetch_fails(dt_tensor *t, const char *needle, const char *what)
+{
+    cr_assert_not_null(t, "%s: %s", what, dt_last_error());
+    dt_future *f = dt_tensor_fetch(t);
+    cr_assert_not_null(f, "%s: %s", what, dt_last_error());
+    int rc = dt_future_wait(f, -1);
+    cr_expect_eq(rc, DT_EKERNEL, "%s: wait gave %d (%s)", what, rc, dt_last_error());
+    cr_expect_lt(dt_future_status(f), 0, "%s", what);
+    const char *msg = dt_future_error(f);
+    cr_expect(msg && strstr(msg, needle), "%s: error '%s' lacks '%s'", what, msg ? msg : "(none)", needle);
+    cr_expect(strstr(dt_last_error(), needle) != NULL, "%s: last error '%s'", what, dt_last_error());
+    dt_future_release(&f);
+}
+
+static void s_kernel_failure(dt_workers mode, int mesh_ndim)
+{
+    s_init(mode);
+    s_env env = s_env_new(mesh_ndim, false);
+    const s_env *e = &env;
+    double w[28], bad_idx[6] = {0, 9, 1, 2, 3, 4}, good_idx[6] = {0, 6, 1, 2, 3, 4}, want[24];
+    s_fill(w, 28, 0);
+    s_layout lay[8], l1[8];
+    int nl = s_layouts(e, 2, -1, lay), n1 = s_layouts(e, 1, -1, l1);
+    for (int l = 0; l < nl; l++) {
+        dt_tensor *tw = s_make(e, DT_FLOAT32, 2, (int64_t[]){7, 4}, w, lay[l].pl);
+        dt_tensor *bad = s_make(e, DT_INT64, 2, (int64_t[]){2, 3}, bad_idx, lay[(l + 1) % nl].pl);
+        /* the call succeeds (the index is only seen on the devices); the fetch fails */
+        dt_tensor *out = s_op("embedding", 2, (dt_tensor *[]){bad, tw}, NULL, "embedding");
+        s_expect_fetch_fails(out, "index out of range in embedding", "embedding");
+        /* an op on the poisoned result fails with the root message too */
+        dt_tensor *next = s_op("mul", 1, &out, &(dt_op_attrs){.has_scalar = true, .scalar = S_INT(2)}, "mul");
+        s_expect_fetch_fails(next, "index out of range in embedding", "mul of a failed embedding");
+        dt_tensor *sum = s_op("sum", 1, &next, NULL, "sum");
+        s_expect_fetch_fails(sum, "index out of range in embedding", "sum of a failed embedding");
+        /* the runtime keeps working: the same weight with good indices */
+        dt_tensor *good = s_make(e, DT_INT64, 2, (int64_t[]){2, 3}, good_idx, lay[(l + 1) % nl].pl);
+        dt_tensor *ok = s_op("embedding", 2, (dt_tensor *[]){good, tw}, NULL, "embedding");
+        for (int i = 0; i < 6; i++)
+            for (int j = 0; j < 4; j++)
+                want[i * 4 + j] = w[(int)good_idx[i] * 4 + j];
+        s_check(ok, DT_FLOAT32, 3, (int64_t[]){2, 3, 4}, want, 0, "embedding after a failure");
+        /* index_select with an index out of range fails the same way */
+        dt_tensor *pos = s_make(e, DT_INT64, 1, (int64_t[]){2}, (double[]){1, 7}, l1[l % n1].pl);
+        dt_tensor *sel = s_op("index_select", 2, (dt_tensor *[]){tw, pos}, &(dt_op_attrs){.nints = 2, .ints = {0, 1}},
+                              "index_select");
+        s_expect_fetch_fails(sel, "out of bounds", "index_select");
+        cr_expect_eq(dt_synchronize(), 0, "%s", dt_last_error());
+        dt_tensor *again = s_op("embedding", 2, (dt_tensor *[]){good, tw}, NULL, "embedding");
+        s_check(again, DT_FLOAT32, 3, (int64_t[]){2, 3, 4}, want, 0, "embedding after two failures");
+        dt_tensor *all[] = {tw, bad, out, next, sum, good, ok, pos, sel, again};
+        for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+            dt_tensor_release(&all[i]);
+    }
+    dt_mesh_release(&env.mesh);
+    cr_expect_eq(dt_shutdown(), 0);
+}
+
+Test(errors, kernel_failure_mesh2_thread, .timeout = 30) { s_kernel_failure(DT_WORKERS_THREAD, 1); }
+Test(errors, kernel_failure_mesh2x2_thread, .timeout = 30) { s_kernel_failure(DT_WORKERS_THREAD, 2); }
+Test(errors, kernel_failure_mesh2_process, .timeout = 30) { s_kernel_failure(DT_WORKERS_PROCESS, 1); }
+
+static void s_strict(int mesh_ndim)
+{
+    s_init(DT_WORKERS_THREAD);
+    s_env env = s_env_new(mesh_ndim, false);
+    const s_env *e = &env;
+    double a[12], b[12], want[12];
+    s_fill(a, 12, 0);
+    s_fill(b, 12, 3);
+    for (int i = 0; i < 12; i++)
+        want[i] = a[i] + b[i];
+    int64_t shape[2] = {3, 4};
+    s_layout lay[8];
+    s_layouts(e, 2, -1, lay);
+    dt_tensor *x = s_make(e, DT_FLOAT32, 2, shape, a, lay[0].pl);
+    dt_tensor *y = s_make(e, DT_FLOAT32, 2, shape, b, lay[1].pl);  /* laid out differently */
+    dt_tensor *y0 = s_make(e, DT_FLOAT32, 2, shape, b, lay[0].pl); /* laid out alike */
+    cr_expect_not(dt_get_strict());
+    dt_set_strict(true);
+    cr_expect(dt_get_strict());
+    /* the placements differ: add needs a redistribute, and strict mode refuses it */
+    s_expect_refused("add", 2, (dt_tensor *[]){x, y}, NULL, DT_EUNSUPPORTED, "add");
+    cr_expect(strstr(dt_last_error(), "strict") != NULL, "%s", dt_last_error());
+    /* softmax along a sharded dim needs it whole */
+    dt_placement sl[2] = {dt_shard(1), dt_shard(1)};
+    dt_tensor *z = s_make(e, DT_FLOAT32, 2, shape, a, sl);
+    s_expect_refused("softmax", 1, &z, &(dt_op_attrs){.nints = 2, .ints = {1, -1}}, DT_EUNSUPPORTED, "softmax");
+    /* what needs no redistribute still runs */
+    s_expect("add", 2, (dt_tensor *[]){x, y0}, NULL, DT_FLOAT32, 2, shape, want, 0, "strict, alike");
+    dt_tensor *r = s_op("sum", 1, &z, &(dt_op_attrs){.nints = 3, .ints = {0, -1, 1}}, "strict sum");
+    dt_tensor_release(&r);
+    dt_set_strict(false);
+    cr_expect_not(dt_get_strict());
+    s_expect("add", 2, (dt_tensor *[]){x, y}, NULL, DT_FLOAT32, 2, shape, want, 0, "strict off");
+    dt_tensor_release(&x);
+    dt_tensor_release(&y);
+    dt_tensor_release(&y0);
+    dt_tensor_release(&z);
+    dt_mesh_release(&env.mesh);
+    cr_expect_eq(dt_shutdown(), 0);
+}
+
+Test(errors, strict_mesh2_thread, .timeout = 30) { s_strict(1); }
+Test(errors, strict_mesh2x2_thread, .timeout = 30) { s_strict(2); }
+
+/* ---- coverage -------------------------------------------------------------------------------- */
+
+/* Every op the registry holds is driven by a scenario above; a new op fails here until it is. */
+static const char *const s_covered[] = {
+    "neg", "abs", "exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "relu", "silu", "gelu",
+    "gelu_tanh", "reciprocal", "logical_not", "to", "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq",
+    "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "where", "masked_fill", "clamp",
+    "sum", "mean", "amax", "amin", "max", "min", "max_dim", "min_dim", "argmax", "argmin", "softmax", "log_softmax",
+    "cumsum", "topk", "layer_norm", "rms_norm",
+    "reshape", "flatten", "unsqueeze", "squeeze", "permute", "expand", "cat", "stack", "slice", "narrow", "select",
+    "index_select", "triu", "tril",
+    "matmul", "mm", "bmm", "linear", "embedding", "scaled_dot_product_attention",
+};
+
+Test(coverage, every_registered_op)
+{
+    int n = 0;
+    for (const op_def *def; (def = op_at(n)); n++) {
+        bool found = false;
+        for (size_t i = 0; i < sizeof s_covered / sizeof *s_covered && !found; i++)
+            found = !strcmp(s_covered[i], def->name);
+        cr_expect(found, "op %s has no test in test_ops.c", def->name);
+        cr_expect_eq(dt_op_id(def->name), n, "dt_op_id(%s)", def->name);
+    }
+    cr_expect_eq((size_t)n, sizeof s_covered / sizeof *s_covered, "the list names an op the registry lacks");
+}
