@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 VENV=$ROOT/.venv
 
-APT_PACKAGES=(gcc pkg-config ninja-build libzmq3-dev libczmq-dev libmsgpack-dev libcriterion-dev
+APT_PACKAGES=(gcc libc6-dev pkg-config ninja-build libzmq3-dev libczmq-dev libmsgpack-dev libcriterion-dev
               libopenblas-dev python3 python3-venv python3-dev)
 PY_PACKAGES=(numpy pytest meson-python meson ninja)
 
