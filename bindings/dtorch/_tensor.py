@@ -114,6 +114,13 @@ class DTensor(_C.DTensor):
         return _C._redistribute(self, device_mesh, device_mesh._c if device_mesh is not None else None,
                                 _raw(placements))
 
+    def __dlpack__(self, **kwargs):
+        """DLPack export of the whole value, fetched to this host (CPU meshes)."""
+        return self.numpy().__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return (1, 0)  # kDLCPU: the fetched value lives in host memory
+
     def to_local(self):
         """Every device's own piece (shard, replica or partial contribution), as numpy arrays in
         row-major mesh order."""

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import dtorch
-from conftest import MESHES, bf16_round, is_bf16_representable, reference_locals
+from conftest import MESHES, bf16_round, is_bf16_representable, mesh_1d, reference_locals
 from dtorch import Replicate, Shard
 
 NUMPY_DTYPES = [np.float32, np.float16, np.int32, np.int64, np.bool_]
@@ -196,3 +196,24 @@ def test_distribute_existing_dtensor(mode):
     assert dtorch.distribute_tensor(x, mesh, [Shard(0)]) is x
     with pytest.raises(ValueError, match="redistribute"):
         dtorch.distribute_tensor(x, mesh, [Replicate()])
+
+
+def test_dlpack_both_ways(mode):
+    mesh = mesh_1d(2)
+    x = dtorch.arange(6, device_mesh=mesh, placements=[dtorch.Shard(0)]).reshape(2, 3)
+    assert np.array_equal(np.from_dlpack(x), np.arange(6).reshape(2, 3))
+    assert x.__dlpack_device__() == (1, 0)
+
+    class OnlyDLPack:  # an array-like that speaks DLPack and nothing else
+        def __init__(self, a):
+            self.a = a
+
+        def __dlpack__(self, **kwargs):
+            return self.a.__dlpack__(**kwargs)
+
+        def __dlpack_device__(self):
+            return self.a.__dlpack_device__()
+
+    a = np.arange(8, dtype=np.float32).reshape(4, 2)
+    y = dtorch.distribute_tensor(OnlyDLPack(a), mesh, [dtorch.Shard(0)])
+    assert np.array_equal(y.numpy(), a)
