@@ -126,7 +126,7 @@ def distribute_tensor(tensor, device_mesh, placements=None):
     return _C._distribute(mesh, mesh._c, array, dt._code, _raw(placements))
 
 
-def from_local(local_tensor, device_mesh, placements, *, shape=None, run_check=False, stride=None):
+def from_local(local_tensor, device_mesh, placements=None, shape=None, *, run_check=False, stride=None):
     """A DTensor from every device's own piece: ``local_tensor`` is a list of arrays in row-major
     mesh order (one array alone stands for every device). Without ``shape`` the global shape
     assumes even shards, as torch does; give it for uneven ones."""
