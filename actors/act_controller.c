@@ -2,6 +2,7 @@
  * talks to. It ships outboxes under a credit window, turns completions into settled futures,
  * and fails the futures of devices whose worker died. */
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -265,14 +266,19 @@ static void s_drain(s_ctl *c)
         if (rc != 0)
             continue; /* a malformed message is dropped whole; its sender is unknown */
         int64_t id = -1;
-        if (m.routing_id_len > 1 && m.routing_id[0] == 'd')
+        bool heartbeat = m.routing_id_len > 1 && m.routing_id[0] == 'h';
+        if (m.routing_id_len > 1 && (m.routing_id[0] == 'd' || heartbeat))
             id = strtoll((const char *)m.routing_id + 1, NULL, 10);
         act_device *dev = s_device(rt, id);
-        if (!dev || m.header.sender != (uint32_t)id || dev->state == ACT_DEV_DEAD) {
+        if (!dev || m.header.sender != (uint32_t)id || dev->state == ACT_DEV_DEAD ||
+            heartbeat != (m.header.kind == MB_HEARTBEAT)) {
             mb_message_close(&m);
             continue;
         }
-        if (m.header.seq != dev->recv_seq++) {
+        dev->heard_at = act_now();
+        if (heartbeat) {
+            /* from the worker's own heartbeat socket: outside the sequence of its messages */
+        } else if (m.header.seq != dev->recv_seq++) {
             s_device_died(rt, dev, "messages arrived out of order");
         } else if (m.header.kind == MB_HELLO) {
             pthread_mutex_lock(&rt->lock);
@@ -301,6 +307,13 @@ static void s_check_workers(act_runtime *rt)
             s_device_died(rt, dev, reason);
         else if (!dev->hello && now - dev->started_at > ACT_HELLO_TIMEOUT_S)
             s_device_died(rt, dev, "its worker did not start in time");
+        else if (dev->pid > 0 && dev->hello && now - dev->heard_at > rt->silent_s) {
+            /* stopped, hung in the kernel, or unreachable: it no longer even says it is alive */
+            snprintf(reason, sizeof reason, "its worker process %d has been silent for %.1f s", (int)dev->pid,
+                     now - dev->heard_at);
+            kill(dev->pid, SIGKILL); /* so that it cannot come back as a second actor for the device */
+            s_device_died(rt, dev, reason);
+        }
     }
 }
 

@@ -91,6 +91,8 @@ static int s_start(void)
         snprintf(rt->endpoint, sizeof rt->endpoint, "ipc:///tmp/dtorch-%d-%llu.ipc", (int)getpid(),
                  (unsigned long long)rt->epoch);
     dt_idmap_init(&rt->futures);
+    const char *silent = getenv("DTORCH_SILENT_TIMEOUT");
+    rt->silent_s = silent && atof(silent) > 0 ? atof(silent) : ACT_SILENT_S;
     rt->start_error = 0;
     rt->controller_up = false;
     rt->stopping = false;

@@ -28,6 +28,8 @@
 #define ACT_RING_DELAY_S 0.001         /* ... or the time since the last doorbell that does */
 #define ACT_HELLO_TIMEOUT_S 20.0       /* a worker that has not said hello by then is dead */
 #define ACT_BYE_TIMEOUT_S 2.0          /* how long shutdown waits for workers to stop before killing them */
+#define ACT_HEARTBEAT_S 0.5            /* a worker process says it is alive this often */
+#define ACT_SILENT_S 10.0              /* a worker process not heard from this long is dead (env DTORCH_SILENT_TIMEOUT) */
 
 /* One message's worth of records for one device. */
 typedef struct act_batch {
@@ -61,6 +63,7 @@ typedef struct {
     uint64_t send_seq, recv_seq;
     bool hello;
     bool bye;
+    double heard_at;               /* when it last sent anything (heartbeats included) */
 } act_device;
 
 typedef struct {
@@ -87,6 +90,7 @@ typedef struct {
     uint64_t seed, stream;         /* random factories */
     pthread_t controller;
     zsock_t *router;               /* controller thread only: the socket every worker talks to */
+    double silent_s;               /* a process worker not heard from this long is dead */
 } act_runtime;
 
 extern act_runtime act_rt;

@@ -488,6 +488,30 @@ static int s_next_message(act_worker *w, mb_message *m, bool (*should_stop)(void
     return got == DT_EPROTO ? 1 : got;
 }
 
+typedef struct {
+    char endpoint[256];
+    int64_t device;
+    atomic_bool stop;
+    pthread_t thread;
+} s_heartbeat;
+
+/* A worker process says it is alive from a thread of its own, so that a long kernel on the
+ * worker's thread does not look like silence; a stopped or hung process goes quiet. */
+static void *s_heartbeat_main(void *arg)
+{
+    s_heartbeat *hb = arg;
+    char rid[32];
+    snprintf(rid, sizeof rid, "h%" PRId64, hb->device);
+    zsock_t *sock = mb_socket_new(MB_DEALER, hb->endpoint, false, rid);
+    for (uint64_t seq = 0; sock && !atomic_load(&hb->stop); seq++) {
+        mb_header h = {MB_VERSION, MB_HEARTBEAT, seq, (uint32_t)hb->device, 0};
+        mb_send(sock, NULL, 0, &h, (mb_buf){NULL, 0, NULL, NULL}, NULL, 0);
+        zmq_poll(NULL, 0, (long)(ACT_HEARTBEAT_S * 1000));
+    }
+    mb_socket_destroy(&sock);
+    return NULL;
+}
+
 static void s_hello(act_worker *w)
 {
     msgpack_pack_array(&w->pk, 2);
@@ -517,6 +541,16 @@ int act_worker_run(const char *endpoint, int64_t device, bool (*should_stop)(voi
         s_hello(&w);
         rc = s_send(&w, MB_HELLO, 1);
     }
+    s_heartbeat hb = {.device = device};
+    bool beating = false;
+    if (rc == 0 && !w.same_process) {
+        snprintf(hb.endpoint, sizeof hb.endpoint, "%s", endpoint);
+        atomic_init(&hb.stop, false);
+        pthread_t beat;
+        beating = pthread_create(&beat, NULL, s_heartbeat_main, &hb) == 0;
+        if (beating)
+            hb.thread = beat;
+    }
     while (rc == 0) {
         mb_message m;
         int got = s_next_message(&w, &m, should_stop, arg);
@@ -536,6 +570,10 @@ int act_worker_run(const char *endpoint, int64_t device, bool (*should_stop)(voi
             break;
         }
         mb_message_close(&m);
+    }
+    if (beating) {
+        atomic_store(&hb.stop, true);
+        pthread_join(hb.thread, NULL);
     }
     while (w.pending_head) {
         act_pending *p = w.pending_head;

@@ -30,7 +30,8 @@ typedef enum {
     MB_BYE = 4,         /* controller -> worker: stop; worker -> controller: stopped */
     MB_PEER = 5,        /* worker -> worker: one transfer of a redistribute, body [transfer record] */
     MB_ABORT = 6,       /* controller -> worker: body [device id] died; stop waiting for it */
-    MB_KIND_MAX = 6,
+    MB_HEARTBEAT = 7,   /* worker process -> controller, from its own socket: still alive */
+    MB_KIND_MAX = 7,
 } mb_kind;
 
 typedef struct {

@@ -100,3 +100,31 @@ def test_sigkill_idle_worker_new_fetch(process_mode):
     m2 = dtorch.DeviceMesh("cpu", [[0, 1], [2, 3]])
     np.testing.assert_array_equal(dtorch.arange(6, device_mesh=m2, placements=[Shard(0), Shard(0)]).numpy(),
                                   np.arange(6))
+
+
+def test_silent_worker_is_declared_dead(sigcont_guard, monkeypatch):
+    """A worker process that stops answering (here: SIGSTOP) fails its futures once it has been
+    silent for DTORCH_SILENT_TIMEOUT seconds; a slow kernel does not count as silence."""
+    monkeypatch.setenv("DTORCH_SILENT_TIMEOUT", "1.0")
+    dtorch.shutdown()
+    dtorch.init(workers="process")
+    try:
+        mesh = dtorch.DeviceMesh("cpu", [0, 1])
+        other = dtorch.DeviceMesh("cpu", [2, 3])
+        x = dtorch.arange(8, device_mesh=mesh, placements=[dtorch.Shard(0)])
+        y = dtorch.ones(4, device_mesh=other)
+        dtorch.synchronize()
+        time.sleep(1.5)  # idle but alive: heartbeats keep the devices up
+        assert np.array_equal(x.numpy(), np.arange(8))
+        pid = worker_pids()[1]
+        os.kill(pid, signal.SIGSTOP)
+        sigcont_guard.append(pid)
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"device 1 .*silent"):
+            x.numpy()
+        assert time.monotonic() - t0 < 3.0
+        with pytest.raises(RuntimeError, match="device 1"):
+            dtorch.ones(2, device_mesh=mesh)
+        assert np.array_equal(y.numpy(), np.ones(4)), "other devices keep working"
+    finally:
+        dtorch.shutdown()
