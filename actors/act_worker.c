@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "act_runtime.h"
@@ -491,7 +492,9 @@ static int s_next_message(act_worker *w, mb_message *m, bool (*should_stop)(void
 typedef struct {
     char endpoint[256];
     int64_t device;
-    atomic_bool stop;
+    pthread_mutex_t lock;
+    pthread_cond_t wake;        /* signalled to stop at once */
+    bool stop;
     pthread_t thread;
 } s_heartbeat;
 
@@ -503,11 +506,18 @@ static void *s_heartbeat_main(void *arg)
     char rid[32];
     snprintf(rid, sizeof rid, "h%" PRId64, hb->device);
     zsock_t *sock = mb_socket_new(MB_DEALER, hb->endpoint, false, rid);
-    for (uint64_t seq = 0; sock && !atomic_load(&hb->stop); seq++) {
+    pthread_mutex_lock(&hb->lock);
+    for (uint64_t seq = 0; sock && !hb->stop; seq++) {
         mb_header h = {MB_VERSION, MB_HEARTBEAT, seq, (uint32_t)hb->device, 0};
         mb_send(sock, NULL, 0, &h, (mb_buf){NULL, 0, NULL, NULL}, NULL, 0);
-        zmq_poll(NULL, 0, (long)(ACT_HEARTBEAT_S * 1000));
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += (long)(ACT_HEARTBEAT_S * 1e9);
+        until.tv_sec += until.tv_nsec / 1000000000L;
+        until.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&hb->wake, &hb->lock, &until);
     }
+    pthread_mutex_unlock(&hb->lock);
     mb_socket_destroy(&sock);
     return NULL;
 }
@@ -541,11 +551,10 @@ int act_worker_run(const char *endpoint, int64_t device, bool (*should_stop)(voi
         s_hello(&w);
         rc = s_send(&w, MB_HELLO, 1);
     }
-    s_heartbeat hb = {.device = device};
+    s_heartbeat hb = {.device = device, .lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
     bool beating = false;
     if (rc == 0 && !w.same_process) {
         snprintf(hb.endpoint, sizeof hb.endpoint, "%s", endpoint);
-        atomic_init(&hb.stop, false);
         pthread_t beat;
         beating = pthread_create(&beat, NULL, s_heartbeat_main, &hb) == 0;
         if (beating)
@@ -572,7 +581,10 @@ int act_worker_run(const char *endpoint, int64_t device, bool (*should_stop)(voi
         mb_message_close(&m);
     }
     if (beating) {
-        atomic_store(&hb.stop, true);
+        pthread_mutex_lock(&hb.lock);
+        hb.stop = true;
+        pthread_cond_signal(&hb.wake);
+        pthread_mutex_unlock(&hb.lock);
         pthread_join(hb.thread, NULL);
     }
     while (w.pending_head) {
