@@ -78,6 +78,19 @@ static void s_fail_futures_of(act_runtime *rt, int64_t device, int code, const c
     free(victims);
 }
 
+/* Tells device `to` that device `dead` died, so that it stops waiting for regions from it. */
+static void s_send_abort(act_runtime *rt, act_device *to, int64_t dead)
+{
+    char rid[32];
+    s_routing_id(to->id, rid, sizeof rid);
+    mb_writer body = {0};
+    mb_w_array(&body, 1);
+    mb_w_int(&body, dead);
+    mb_header h = {MB_VERSION, MB_ABORT, to->send_seq++, MB_SENDER_CONTROLLER, 1};
+    size_t size = body.size;
+    mb_send(rt->router, rid, strlen(rid), &h, (mb_buf){mb_w_release(&body), size, mb_buf_free, NULL}, NULL, 0);
+}
+
 static void s_device_died(act_runtime *rt, act_device *dev, const char *reason)
 {
     pthread_mutex_lock(&rt->lock);
@@ -107,16 +120,8 @@ static void s_device_died(act_runtime *rt, act_device *dev, const char *reason)
     for (int64_t i = 0; i < rt->ndevices; i++) {
         act_device *other = rt->devices[i];
         if (!other || other == dev || !other->hello || other->state == ACT_DEV_DEAD)
-            continue;
-        char rid[32];
-        s_routing_id(other->id, rid, sizeof rid);
-        mb_writer body = {0};
-        mb_w_array(&body, 1);
-        mb_w_int(&body, dev->id);
-        mb_header h = {MB_VERSION, MB_ABORT, other->send_seq++, MB_SENDER_CONTROLLER, 1};
-        size_t size = body.size;
-        mb_send(rt->router, rid, strlen(rid), &h, (mb_buf){mb_w_release(&body), size, mb_buf_free, NULL},
-                NULL, 0);
+            continue; /* one that has not said hello yet is told when it does */
+        s_send_abort(rt, other, dev->id);
     }
 }
 
@@ -285,6 +290,12 @@ static void s_drain(s_ctl *c)
             dev->hello = true;
             dev->state = ACT_DEV_READY;
             pthread_mutex_unlock(&rt->lock);
+            /* ops queued for it before it started may wait for regions from devices dead since */
+            for (int64_t i = 0; i < rt->ndevices; i++) {
+                act_device *gone = rt->devices[i];
+                if (gone && gone != dev && gone->state == ACT_DEV_DEAD)
+                    s_send_abort(rt, dev, gone->id);
+            }
         } else if (m.header.kind == MB_COMPLETIONS) {
             s_handle_completions(rt, dev, &m);
         } else if (m.header.kind == MB_BYE) {
@@ -300,8 +311,8 @@ static void s_check_workers(act_runtime *rt)
     double now = act_now();
     for (int64_t i = 0; i < rt->ndevices; i++) {
         act_device *dev = rt->devices[i];
-        if (!dev || dev->state == ACT_DEV_DEAD)
-            continue;
+        if (!dev || dev->state == ACT_DEV_DEAD || dev->bye)
+            continue; /* a worker that said bye at shutdown and exited did not die */
         char reason[200];
         if (act_spawn_reap(dev, reason, sizeof reason))
             s_device_died(rt, dev, reason);

@@ -155,6 +155,18 @@ int dt_shutdown(void)
         pthread_mutex_unlock(&rt->lock);
         return 0;
     }
+    if (rt->stopping) {
+        /* another thread is stopping it: wait for that, never join the controller twice */
+        uint64_t epoch = rt->epoch;
+        pthread_mutex_unlock(&rt->lock);
+        act_wait_enter();
+        pthread_mutex_lock(&rt->lock);
+        while (rt->running && rt->epoch == epoch)
+            pthread_cond_wait(&rt->cond, &rt->lock);
+        pthread_mutex_unlock(&rt->lock);
+        act_wait_leave();
+        return 0;
+    }
     __atomic_store_n(&rt->stopping, true, __ATOMIC_RELEASE);
     uint64_t one = 1;
     if (write(rt->doorbell, &one, sizeof one) < 0) { /* the controller also wakes on its tick */ }
@@ -459,6 +471,11 @@ int dt_synchronize(void)
     if (!rt->running) {
         pthread_mutex_unlock(&rt->lock);
         return 0;
+    }
+    if (rt->stopping) {
+        /* the controller may have failed the pending futures already: a new one would never settle */
+        pthread_mutex_unlock(&rt->lock);
+        return dt_err(DT_ESHUTDOWN, "synchronize: the runtime is shutting down");
     }
     int n = 0;
     for (int64_t i = 0; i < rt->ndevices; i++)

@@ -952,3 +952,182 @@ S_BOTH(bad_input, factories)
     dt_mesh_release(&mesh);
     cr_expect(dt_is_running(), "%s runtime still up", s_mode_name(mode));
 }
+
+/* ---- shutdown races and late starters --------------------------------------------------------- */
+
+#include <pthread.h>
+#include <sys/stat.h>
+
+typedef struct {
+    atomic_bool failed;   /* the pending future was failed by the shutdown */
+    atomic_bool go;       /* the racing call is about to be made */
+} s_gate;
+
+/* Runs on the controller thread while it fails pending futures at shutdown: holds the shutdown
+ * right there until the racing call is in (or 1 s passes). */
+static void s_hold_shutdown(dt_future *f, void *arg)
+{
+    s_gate *g = arg;
+    atomic_store(&g->failed, true);
+    double deadline = s_now() + 1.0;
+    while (!atomic_load(&g->go) && s_now() < deadline)
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+    nanosleep(&(struct timespec){0, 300000000}, NULL);
+}
+
+static void *s_shutdown_main(void *arg)
+{
+    (void)arg;
+    dt_shutdown();
+    return NULL;
+}
+
+typedef struct {
+    s_gate *gate;
+    atomic_int rc;
+    atomic_bool returned;
+} s_sync_call;
+
+static void *s_sync_main(void *arg)
+{
+    s_sync_call *c = arg;
+    while (!atomic_load(&c->gate->failed))
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+    atomic_store(&c->gate->go, true);
+    atomic_store(&c->rc, dt_synchronize());
+    atomic_store(&c->returned, true);
+    return NULL;
+}
+
+/* A process-mode runtime on mesh [0, 1] with device 1 stopped and a fetch pending on it, so that a
+ * shutdown takes its full bye timeout and fails that fetch. */
+static dt_future *s_stuck_runtime(dt_mesh **mesh, dt_tensor **t, pid_t *victim)
+{
+    s_init(DT_WORKERS_PROCESS);
+    *mesh = s_mesh(1, (int64_t[]){2}, (int64_t[]){0, 1});
+    dt_placement s0 = dt_shard(0);
+    *t = dt_full(*mesh, 1, (int64_t[]){4}, DT_FLOAT32, &s0, S_FLT(1.0));
+    cr_assert_not_null(*t, "%s", dt_last_error());
+    dt_future *f = s_fetch(*t);
+    dt_future_release(&f);
+    *victim = s_worker_pid(1);
+    cr_assert_gt(*victim, 0, "no dtorch-worker child serves device 1");
+    cr_assert_eq(kill(*victim, SIGSTOP), 0);
+    f = dt_tensor_fetch(*t);
+    cr_assert_not_null(f, "%s", dt_last_error());
+    return f;
+}
+
+/* synchronize() while another thread shuts down, after the pending futures were failed: it must
+ * not register a future nobody will ever settle. */
+Test(review, synchronize_during_shutdown, .timeout = 30)
+{
+    dt_mesh *mesh;
+    dt_tensor *t;
+    pid_t victim;
+    dt_future *f = s_stuck_runtime(&mesh, &t, &victim);
+    s_gate gate = {0};
+    dt_future_on_done(f, s_hold_shutdown, &gate);
+    pthread_t stopper, syncer;
+    s_sync_call call = {.gate = &gate};
+    cr_assert_eq(pthread_create(&syncer, NULL, s_sync_main, &call), 0);
+    cr_assert_eq(pthread_create(&stopper, NULL, s_shutdown_main, NULL), 0);
+    double deadline = s_now() + 10.0;
+    while (!atomic_load(&call.returned) && s_now() < deadline)
+        nanosleep(&(struct timespec){0, 10000000}, NULL);
+    cr_assert(atomic_load(&call.returned), "synchronize() during shutdown never returned");
+    int rc = atomic_load(&call.rc);
+    cr_expect(rc == 0 || rc == DT_ESHUTDOWN, "synchronize gave %d", rc);
+    cr_expect(atomic_load(&gate.failed), "the pending fetch was never failed");
+    pthread_join(syncer, NULL);
+    pthread_join(stopper, NULL);
+    cr_expect_eq(dt_future_status(f), DT_ESHUTDOWN, "status %d: %s", dt_future_status(f), dt_future_error(f));
+    dt_future_release(&f);
+    dt_tensor_release(&t);
+    dt_mesh_release(&mesh);
+    cr_expect_not(dt_is_running());
+}
+
+/* Two threads shut down at once: the second waits for the first instead of joining the controller
+ * a second time (and closing its doorbell under it); a restart afterwards works. */
+Test(review, concurrent_shutdown, .timeout = 30)
+{
+    dt_mesh *mesh;
+    dt_tensor *t;
+    pid_t victim;
+    dt_future *f = s_stuck_runtime(&mesh, &t, &victim);
+    pid_t survivor = s_worker_pid(0);
+    cr_assert_gt(survivor, 0);
+    pthread_t stopper;
+    cr_assert_eq(pthread_create(&stopper, NULL, s_shutdown_main, NULL), 0);
+    nanosleep(&(struct timespec){0, 300000000}, NULL); /* the first shutdown waits ~2 s for device 1 */
+    cr_expect_eq(dt_shutdown(), 0);
+    cr_expect_not(dt_is_running());
+    cr_expect_lt(s_worker_pid(0), 0, "shutdown returned while the workers still run");
+    cr_expect_lt(s_worker_pid(1), 0, "shutdown returned while the workers still run");
+    cr_expect_eq(dt_future_status(f), DT_ESHUTDOWN, "shutdown returned with a future still pending");
+    pthread_join(stopper, NULL);
+    dt_future_release(&f);
+    dt_tensor_release(&t);
+
+    /* a fresh start works */
+    s_init(DT_WORKERS_PROCESS);
+    dt_placement s0 = dt_shard(0);
+    t = dt_full(mesh, 1, (int64_t[]){4}, DT_FLOAT32, &s0, S_FLT(3.0));
+    cr_assert_not_null(t, "%s", dt_last_error());
+    f = s_fetch(t);
+    s_expect_value(f, DT_FLOAT32, 1, (int64_t[]){4}, (float[]){3, 3, 3, 3}, "after the double shutdown");
+    dt_future_release(&f);
+    dt_tensor_release(&t);
+    dt_mesh_release(&mesh);
+    cr_expect_eq(dt_shutdown(), 0);
+}
+
+/* A device that says hello after another device died still learns of the death: a redistribute
+ * it was sent before its start, waiting for a region from the dead device, fails instead of
+ * waiting forever. */
+Test(review, abort_reaches_late_starter, .timeout = 30)
+{
+    const char *real = getenv("DTORCH_WORKER_PATH");
+    cr_assert_not_null(real);
+    char dir[] = "/tmp/dtorch-review-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char script[256];
+    snprintf(script, sizeof script, "%s/dtorch-worker-slow", dir);
+    FILE *fp = fopen(script, "w");
+    cr_assert_not_null(fp);
+    /* argv: --connect ENDPOINT --device ID --parent PID; device 1 starts 3 s late */
+    fprintf(fp, "#!/bin/sh\n[ \"$4\" = 1 ] && sleep 3\nexec \"%s\" \"$@\"\n", real);
+    fclose(fp);
+    chmod(script, 0755);
+    cr_assert_eq(dt_init(&(dt_config){DT_WORKERS_PROCESS, script}), 0, "%s", dt_last_error());
+
+    dt_mesh *a = s_mesh(1, (int64_t[]){1}, (int64_t[]){0});
+    dt_mesh *b = s_mesh(1, (int64_t[]){1}, (int64_t[]){1});
+    dt_placement rep = dt_replicate();
+    dt_tensor *x = dt_arange(a, S_INT(0), S_INT(8), S_INT(1), DT_INT64, &rep);
+    cr_assert_not_null(x, "%s", dt_last_error());
+    dt_future *f = s_fetch(x);
+    dt_future_release(&f);
+    pid_t victim = s_worker_pid(0);
+    cr_assert_gt(victim, 0, "no dtorch-worker child serves device 0");
+    cr_assert_eq(kill(victim, SIGSTOP), 0); /* it cannot send its region */
+
+    dt_tensor *y = dt_redistribute(x, b, &rep); /* starts device 1, which is still asleep */
+    cr_assert_not_null(y, "%s", dt_last_error());
+    f = dt_tensor_fetch(y);
+    cr_assert_not_null(f, "%s", dt_last_error());
+    cr_assert_eq(kill(victim, SIGKILL), 0);
+    int rc = dt_future_wait(f, 15.0);
+    cr_expect(rc != 0 && rc != DT_ETIMEDOUT, "the fetch gave %d: %s", rc, dt_last_error());
+    if (rc != 0 && rc != DT_ETIMEDOUT)
+        cr_expect_not_null(strstr(dt_future_error(f), "device 0"), "error: %s", dt_future_error(f));
+    dt_future_release(&f);
+    dt_tensor_release(&y);
+    dt_tensor_release(&x);
+    dt_mesh_release(&a);
+    dt_mesh_release(&b);
+    cr_expect_eq(dt_shutdown(), 0);
+    unlink(script);
+    rmdir(dir);
+}
