@@ -430,11 +430,24 @@ void act_runtime_end(void)
     }
     if (!wait)
         return;
-    /* backpressure: the controller is far behind; let it drain before queueing more */
+    /* backpressure: the controller is far behind; let it drain before queueing more. The op is
+     * already queued, so an interrupt only ends the wait (the bindings then drop the result). */
     act_wait_enter();
     pthread_mutex_lock(&rt->lock);
-    while (rt->running && !rt->stopping && s_queues_full(rt))
-        pthread_cond_wait(&rt->cond, &rt->lock);
+    while (rt->running && !rt->stopping && s_queues_full(rt)) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += 50 * 1000 * 1000;
+        until.tv_sec += until.tv_nsec / 1000000000L;
+        until.tv_nsec %= 1000000000L;
+        if (pthread_cond_timedwait(&rt->cond, &rt->lock, &until) != 0) {
+            pthread_mutex_unlock(&rt->lock);
+            bool interrupted = act_wait_interrupted();
+            pthread_mutex_lock(&rt->lock);
+            if (interrupted)
+                break;
+        }
+    }
     pthread_mutex_unlock(&rt->lock);
     act_wait_leave();
 }

@@ -201,6 +201,10 @@ static PyObject *s_future_wrap(dt_future *f)
 {
     if (!f)
         return s_raise();
+    if (PyErr_Occurred()) {
+        dt_future_release(&f);
+        return NULL;
+    }
     s_Future *self = (s_Future *)s_future_cls->tp_alloc(s_future_cls, 0);
     if (!self) {
         dt_future_release(&f);
@@ -374,6 +378,11 @@ static PyObject *s_tensor_wrap(dt_tensor *t, PyObject *mesh)
 {
     if (!t)
         return s_raise();
+    if (PyErr_Occurred()) {
+        /* Ctrl-C during a backpressure wait: the op was queued, its result is dropped */
+        dt_tensor_release(&t);
+        return NULL;
+    }
     s_Tensor *self = (s_Tensor *)s_tensor_cls->tp_alloc(s_tensor_cls, 0);
     if (!self) {
         dt_tensor_release(&t);

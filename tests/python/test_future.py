@@ -143,3 +143,26 @@ def test_many_futures_of_one_tensor(mode):
     first = futs[0].result()
     for f in futs[1:]:
         np.testing.assert_array_equal(f.result(), first)
+
+
+def test_ctrl_c_interrupts_backpressure(process_mode, sigcont_guard):
+    """With a device stopped, ops pile up until the user's thread is held back; Ctrl-C ends that
+    wait with KeyboardInterrupt, and the runtime works once the device runs again."""
+    mesh = dtorch.DeviceMesh("cpu", [0, 1])
+    a = dtorch.ones(1, device_mesh=mesh)
+    dtorch.synchronize()
+    _stop_worker(1, sigcont_guard)
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            for _ in range(10_000_000):
+                a = a + 1
+    finally:
+        timer.cancel()
+    assert time.monotonic() - t0 < 30
+    for pid in sigcont_guard:
+        os.kill(pid, signal.SIGCONT)
+    b = dtorch.ones(3, device_mesh=mesh) * 2
+    np.testing.assert_array_equal(b.numpy(), np.full(3, 2.0, np.float32))
