@@ -262,22 +262,6 @@ static s_result s_dt_run(dt_workers mode, const char *worker_path, int iters, lo
     return res;
 }
 
-/* DTORCH_WORKER_PATH, else <dir of argv[0]>/../dtorch-worker (bench/ sits inside the build dir). */
-static const char *s_worker_path(const char *argv0, char *buf, size_t size)
-{
-    const char *env = getenv("DTORCH_WORKER_PATH");
-    if (env && *env)
-        return env;
-    char self[PATH_MAX];
-    if (!realpath(argv0, self)) {
-        ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-        if (n <= 0)
-            return NULL;
-        self[n] = '\0';
-    }
-    snprintf(buf, size, "%s/../dtorch-worker", dirname(self));
-    return access(buf, X_OK) == 0 ? buf : NULL;
-}
 
 /* ---- report -------------------------------------------------------------------------------- */
 
@@ -319,7 +303,7 @@ int main(int argc, char **argv)
     zsys_handler_set(NULL);  /* Ctrl-C should stop the benchmark, not set a flag nobody reads */
 
     char wbuf[PATH_MAX + 32];
-    const char *worker_path = s_worker_path(argv[0], wbuf, sizeof wbuf);
+    const char *worker_path = bench_worker_path(argv[0], wbuf, sizeof wbuf);
     if (!worker_path) {
         fprintf(stderr, "bench_roundtrip: no dtorch-worker found: set DTORCH_WORKER_PATH\n");
         kill(peer, SIGKILL);
