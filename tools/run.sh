@@ -7,11 +7,26 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 VENV=$ROOT/.venv
+# Every tool setup installs lives in the venv (meson, ninja, pytest): it comes first on PATH so that
+# meson-python, meson and the tests find those and never one that happens to be on this machine.
+export PATH="$VENV/bin:$PATH"
 
 APT_PACKAGES=(gcc libc6-dev pkg-config ninja-build libzmq3-dev libczmq-dev libmsgpack-dev libcriterion-dev
               libopenblas-dev python3 python3-venv python3-dev)
-PY_PACKAGES=(numpy pytest meson-python meson ninja)
+PY_BUILD_PACKAGES=(numpy meson-python meson ninja)   # what building and the demo need
+PY_TEST_PACKAGES=(pytest ml_dtypes)                    # what the tests need besides
 
+# Installs what pip lacks in the venv: $1 is a Python import check, the rest the packages.
+pip_ensure() {
+    local check=$1; shift
+    if ! "$VENV/bin/python" -c "$check" 2>/dev/null \
+        || [ ! -x "$VENV/bin/meson" ] || [ ! -x "$VENV/bin/ninja" ]; then
+        echo "== installing Python packages: $*"
+        "$VENV/bin/pip" install -q --disable-pip-version-check "$@"
+    fi
+}
+
+# setup [test]: Debian packages, the venv, dtorch built and installed into it (and the test tools).
 setup() {
     local missing=()
     for p in "${APT_PACKAGES[@]}"; do
@@ -27,13 +42,12 @@ setup() {
         echo "== creating $VENV"
         python3 -m venv "$VENV"
     fi
-    if ! "$VENV/bin/python" -c "import numpy, pytest, mesonpy" 2>/dev/null; then
-        echo "== installing Python packages: ${PY_PACKAGES[*]}"
-        "$VENV/bin/pip" install -q --upgrade pip
-        "$VENV/bin/pip" install -q "${PY_PACKAGES[@]}"
-    fi
+    pip_ensure "import numpy, mesonpy" "${PY_BUILD_PACKAGES[@]}"
+    [ "${1:-}" != test ] || pip_ensure "import pytest, ml_dtypes" "${PY_TEST_PACKAGES[@]}"
     echo "== building and installing dtorch into $VENV"
-    "$VENV/bin/pip" install -q --no-build-isolation --force-reinstall --no-deps "$ROOT"
+    # A build folder of its own that stays between runs: a second run recompiles only what changed.
+    "$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation --force-reinstall \
+        --no-deps -Cbuild-dir="$ROOT/build-py" "$ROOT"
 }
 
 # A meson build directory of the C runtime with its tests; extra args go to meson setup.
@@ -46,18 +60,17 @@ c_build() {
 }
 
 run_tests() {
-    export PATH="$VENV/bin:$PATH"
     local status=0
     echo "== C tests (Criterion)"
     c_build build-test -Dbuildtype=debugoptimized
-    meson test -C build-test --print-errorlogs --num-processes 2 || status=1
+    "$VENV/bin/meson" test -C build-test --print-errorlogs --num-processes 2 || status=1
     echo "== C tests under AddressSanitizer (leaks are failures)"
     c_build build-asan -Dbuildtype=debug -Db_sanitize=address
     # Criterion passes a test whose process LeakSanitizer reports at exit, and --tap=- loses the
     # report: every sanitized process writes its reports to a file instead, and any file fails
     rm -rf build-asan/asan-logs && mkdir -p build-asan/asan-logs
     ASAN_OPTIONS=detect_leaks=1:log_path=$ROOT/build-asan/asan-logs/asan \
-        meson test -C build-asan --print-errorlogs --num-processes 2 || status=1
+        "$VENV/bin/meson" test -C build-asan --print-errorlogs --num-processes 2 || status=1
     if [ -n "$(ls -A build-asan/asan-logs)" ]; then
         cat build-asan/asan-logs/* | head -80
         echo "AddressSanitizer reported errors or leaks"
@@ -72,6 +85,6 @@ run_tests() {
 
 case "${1:-}" in
     demo) setup; cd "$ROOT/examples" && "$VENV/bin/python" demo.py ;;
-    test) setup; run_tests ;;
+    test) setup test; run_tests ;;
     *) echo "usage: tools/run.sh demo|test" >&2; exit 2 ;;
 esac

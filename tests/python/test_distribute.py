@@ -43,7 +43,8 @@ def test_every_dtype(mode, np_dtype):
 
 
 def test_bfloat16_from_ml_dtypes(mode):
-    ml_dtypes = pytest.importorskip("ml_dtypes")
+    import ml_dtypes  # a test dependency (tools/run.sh installs it): bfloat16 arrays as users make them
+
     full = np.array([[1.5, -2.25], [3.0e10, 0.0078125], [-0.0, 7.0]], dtype=ml_dtypes.bfloat16)
     mesh = MESHES["3"]()
     x = dtorch.distribute_tensor(full, mesh, [Shard(0)])
