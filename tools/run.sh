@@ -47,7 +47,7 @@ setup() {
     echo "== building and installing dtorch into $VENV"
     # A build folder of its own that stays between runs: a second run recompiles only what changed.
     "$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation --force-reinstall \
-        --no-deps -Cbuild-dir="$ROOT/build-py" "$ROOT"
+        --no-deps --config-settings=build-dir="$ROOT/build-py" "$ROOT"
 }
 
 # A meson build directory of the C runtime with its tests; extra args go to meson setup.
