@@ -8,8 +8,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "act_controller.h"
 #include "act_future.h"
 #include "act_runtime.h"
+#include "act_spawn.h"
 #include "dt_error.h"
 #include "op_codes.h"
 

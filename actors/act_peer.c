@@ -19,8 +19,8 @@
 #include "cpu_kernels.h"
 #include "dt_dtype.h"
 #include "dt_error.h"
-#include "dtn_layout.h"
-#include "dtn_plan.h"
+#include "dt_layout.h"
+#include "op_codes.h"
 
 #define S_WAIT_POLL_MS 500 /* how often a waiting ASSEMBLE looks up from its sockets */
 
@@ -143,7 +143,7 @@ bool act_peer_send(act_worker *w, const msgpack_object *rec)
         char *start = t->data;
         for (uint32_t d = 0; d < ndim; d++)
             start += offset[d] * strides[d];
-        size_t bytes = (size_t)dtn_numel((int)ndim, shape) * elem;
+        size_t bytes = (size_t)dt_layout_numel((int)ndim, shape) * elem;
         if (w->same_process) {
             /* the receiver reads the region in place: pass the storage, keep it alive for it */
             atomic_fetch_add(&t->storage->refs, 1);
@@ -209,7 +209,7 @@ static void s_stash(act_worker *w, mb_message *m)
         memcpy(got->strides, strides, sizeof strides);
     } else {
         size_t elem = dt_dtype_size((dt_dtype)dtype);
-        if (m->npayloads != 1 || zmq_msg_size(&m->payloads[0]) != (size_t)dtn_numel(got->ndim, got->shape) * elem) {
+        if (m->npayloads != 1 || zmq_msg_size(&m->payloads[0]) != (size_t)dt_layout_numel(got->ndim, got->shape) * elem) {
             got->status = DT_EPROTO;
             got->error = strdup("a peer sent a region of the wrong size");
         } else {
@@ -283,7 +283,7 @@ static const char *s_reduce_region(char *dst, const int64_t *dst_strides, const 
                                    int ndim, const int64_t *shape, dt_dtype dtype, int op)
 {
     size_t elem = dt_dtype_size(dtype);
-    int64_t n = dtn_numel(ndim, shape), contiguous[DT_MAX_DIMS];
+    int64_t n = dt_layout_numel(ndim, shape), contiguous[DT_MAX_DIMS];
     cpu_contiguous_strides(ndim, shape, elem, contiguous);
     if (s_dense(ndim, shape, dst_strides, elem) && s_dense(ndim, shape, src_strides, elem)) {
         cpu_reduce_into(dst, src, dtype, n, (dt_reduce_op)op); /* one pass, the common case */
@@ -317,7 +317,7 @@ static bool s_read_part(const msgpack_object *o, int ndim, s_part *p)
            mb_get_u64(o, 3, &p->transfer) && mb_get_i64s(o, 4, p->src_offset, DT_MAX_DIMS, &a) &&
            mb_get_i64s(o, 5, p->dst_offset, DT_MAX_DIMS, &b) && mb_get_i64s(o, 6, p->shape, DT_MAX_DIMS, &c) &&
            mb_get_i64(o, 7, &p->divisor) && (int)a == ndim && (int)b == ndim && (int)c == ndim &&
-           p->op >= 0 && p->op <= DT_REDUCE_MIN && p->mode >= DTN_COPY && p->mode <= DTN_DIV;
+           p->op >= 0 && p->op <= DT_REDUCE_MIN && p->mode >= OP_PART_COPY && p->mode <= OP_PART_DIV;
 }
 
 /* [ASSEMBLE, id, dtype, shape, source id, parts] */
@@ -340,7 +340,7 @@ bool act_peer_assemble(act_worker *w, const msgpack_object *rec)
     char why[DT_ERRMSG_MAX] = "";
     const char *lookup_why = NULL;
     act_wtensor *src = act_wtensor_lookup(w, src_id, &lookup_why); /* none: a device only receives */
-    size_t bytes = (size_t)dtn_numel(out->ndim, out->shape) * elem;
+    size_t bytes = (size_t)dt_layout_numel(out->ndim, out->shape) * elem;
     if (!(out->storage = act_storage_new(w->backend, bytes)))
         snprintf(why, sizeof why, "out of memory on the device");
     else
@@ -355,9 +355,9 @@ bool act_peer_assemble(act_worker *w, const msgpack_object *rec)
             snprintf(why, sizeof why, "malformed record");
             break;
         }
-        if (p.mode == DTN_DIV) {
+        if (p.mode == OP_PART_DIV) {
             if (!why[0])
-                cpu_scale_div(out->data, out->dtype, dtn_numel(out->ndim, out->shape), p.divisor);
+                cpu_scale_div(out->data, out->dtype, dt_layout_numel(out->ndim, out->shape), p.divisor);
             continue;
         }
         const char *from = NULL;
@@ -398,7 +398,7 @@ bool act_peer_assemble(act_worker *w, const msgpack_object *rec)
             char *to = out->data;
             for (int d = 0; d < out->ndim; d++)
                 to += p.dst_offset[d] * out_strides[d];
-            if (p.mode == DTN_COPY) {
+            if (p.mode == OP_PART_COPY) {
                 cpu_copy_block(to, out_strides, from, from_strides, out->ndim, p.shape, elem);
             } else {
                 const char *err = s_reduce_region(to, out_strides, from, from_strides, out->ndim, p.shape, out->dtype,

@@ -1,6 +1,8 @@
 /* act_runtime — starting and stopping the runtime, and the user thread's side of it: packing
  * op records into per-device outboxes and ringing the controller's doorbell. */
+#include "act_controller.h"
 #include "act_runtime.h"
+#include "act_spawn.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,7 +13,7 @@
 
 #include "act_future.h"
 #include "dt_error.h"
-#include "dtn_types.h"
+#include "dt_layout.h"
 #include "op_codes.h"
 
 act_runtime act_rt = {

@@ -130,20 +130,4 @@ bool act_wait_interrupted(void);
 
 double act_now(void);               /* monotonic seconds */
 
-/* ---- controller thread ------------------------------------------------------------------- */
-void *act_controller_main(void *arg);
-void act_batch_destroy(act_batch *b);
-
-/* ---- worker homes (act_spawn) -------------------------------------------------------------- */
-int act_spawn_thread(act_device *dev, const char *endpoint);
-int act_spawn_process(act_device *dev, const char *endpoint, const char *worker_path);
-/* Process workers: true (and why, in reason) once the process has ended. */
-bool act_spawn_reap(act_device *dev, char *reason, size_t size);
-/* Ends the worker's home: joins the thread, or waits up to grace_s for the process, then kills it. */
-void act_spawn_stop(act_device *dev, double grace_s);
-
-/* ---- the worker actor (act_worker) ------------------------------------------------------------ */
-/* Runs device's worker until the controller says bye or should_stop(arg) turns true. */
-int act_worker_run(const char *endpoint, int64_t device, bool (*should_stop)(void *arg), void *arg);
-
 #endif

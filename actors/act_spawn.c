@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include "act_runtime.h"
+#include "act_spawn.h"
+#include "act_worker.h"
 #include "dt_error.h"
 
 extern char **environ;

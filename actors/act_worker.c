@@ -16,7 +16,7 @@
 #include "cpu_kernels.h"
 #include "dt_dtype.h"
 #include "dt_error.h"
-#include "dtn_layout.h"
+#include "dt_layout.h"
 #include "op_codes.h"
 #include "op_backend.h"
 #include "op_registry.h"
@@ -123,7 +123,7 @@ static void s_reply_value(act_worker *w, uint64_t fid, int64_t piece, const act_
 {
     int frame = -1;
     if (t) {
-        size_t size = (size_t)dtn_numel(t->ndim, t->shape) * dt_dtype_size(t->dtype);
+        size_t size = (size_t)dt_layout_numel(t->ndim, t->shape) * dt_dtype_size(t->dtype);
         atomic_fetch_add(&t->storage->refs, 1);
         frame = s_add_payload(w, (mb_buf){t->data, size, act_storage_free_fn, t->storage});
         if (frame < 0) {
@@ -163,7 +163,7 @@ static act_wtensor *s_new_output(const msgpack_object *rec, const char **why)
         return NULL;
     }
     if (!mb_get_i64(rec, 2, &dtype) || !dt_dtype_valid((int)dtype) ||
-        !mb_get_i64s(rec, 3, t->shape, DT_MAX_DIMS, &ndim) || dtn_check_shape("op", (int)ndim, t->shape) != 0) {
+        !mb_get_i64s(rec, 3, t->shape, DT_MAX_DIMS, &ndim) || dt_layout_check_shape("op", (int)ndim, t->shape) != 0) {
         free(t);
         *why = "malformed record";
         return NULL;
@@ -175,7 +175,7 @@ static act_wtensor *s_new_output(const msgpack_object *rec, const char **why)
 
 static const char *s_alloc(const act_worker *w, act_wtensor *t)
 {
-    size_t size = (size_t)dtn_numel(t->ndim, t->shape) * dt_dtype_size(t->dtype);
+    size_t size = (size_t)dt_layout_numel(t->ndim, t->shape) * dt_dtype_size(t->dtype);
     t->storage = act_storage_new(w->backend, size);
     if (!t->storage)
         return "out of memory on the device";
@@ -187,7 +187,7 @@ static const char *s_alloc(const act_worker *w, act_wtensor *t)
 static const char *s_load(const act_worker *w, act_wtensor *t, const msgpack_object *rec, mb_message *m)
 {
     int64_t frame;
-    size_t size = (size_t)dtn_numel(t->ndim, t->shape) * dt_dtype_size(t->dtype);
+    size_t size = (size_t)dt_layout_numel(t->ndim, t->shape) * dt_dtype_size(t->dtype);
     if (!mb_get_i64(rec, 4, &frame) || frame < 0 || frame >= m->npayloads || zmq_msg_size(&m->payloads[frame]) != size)
         return "malformed record (payload missing or of the wrong size)";
     zmq_msg_t *src = &m->payloads[frame];
@@ -211,7 +211,7 @@ static void s_make(act_worker *w, int64_t code, uint64_t id, const msgpack_objec
 {
     const char *why = NULL;
     act_wtensor *t = s_new_output(rec, &why);
-    int64_t n = t ? dtn_numel(t->ndim, t->shape) : 0;
+    int64_t n = t ? dt_layout_numel(t->ndim, t->shape) : 0;
     switch (t ? code : -1) {
     case -1:
         break;

@@ -93,4 +93,8 @@ void act_peer_receive(act_worker *w);
  * the rest waits in the pending queue. Takes m. */
 void act_worker_defer(act_worker *w, mb_message *m);
 
+/* Runs device's worker until the controller says bye or should_stop(arg) turns true: the body of
+ * a worker thread and of the dtorch-worker process. */
+int act_worker_run(const char *endpoint, int64_t device, bool (*should_stop)(void *arg), void *arg);
+
 #endif

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "act_runtime.h"
+#include "act_worker.h"
 #include "dt_error.h"
 
 static pid_t s_parent;

@@ -9,8 +9,8 @@
 #include "cpu_kernels.h"
 #include "dt_dtype.h"
 #include "dt_error.h"
-#include "dtn_layout.h"
-#include "dtn_types.h"
+#include "dt_layout.h"
+#include "dtn_tensor.h"
 #include "op_codes.h"
 
 /* Validates a factory's arguments and builds the handle (not yet known to any device). */
@@ -30,8 +30,8 @@ static dt_tensor *s_tensor_new(const char *op, dt_mesh *mesh, int ndim, const in
         dt_err(DT_ENOMEM, "%s: out of memory", op);
         return NULL;
     }
-    if (dtn_check_shape(op, ndim, shape) != 0 ||
-        dtn_check_placements(op, mesh->ndim, placements, ndim, t->placements) != 0) {
+    if (dt_layout_check_shape(op, ndim, shape) != 0 ||
+        dt_layout_check_placements(op, mesh->ndim, placements, ndim, t->placements) != 0) {
         dtn_tensor_free(t);
         return NULL;
     }
@@ -91,8 +91,8 @@ static dt_tensor *s_make(const char *op, op_code code, dt_mesh *mesh, int ndim, 
         act_runtime_next_stream(&seed, &stream);
     int64_t coord[DT_MAX_DIMS], local[DT_MAX_DIMS], offset[DT_MAX_DIMS];
     for (int64_t i = 0; i < mesh->size; i++) {
-        dtn_mesh_coord(mesh->ndim, mesh->shape, i, coord);
-        dtn_local_block(mesh->ndim, mesh->shape, coord, t->placements, ndim, t->shape, local, offset);
+        dt_layout_coord(mesh->ndim, mesh->shape, i, coord);
+        dt_layout_block(mesh->ndim, mesh->shape, coord, t->placements, ndim, t->shape, local, offset);
         mb_writer *pk = act_runtime_record(mesh->ids[i]);
         if (code == OP_EMPTY) {
             s_pack_head(pk, 4, code, t, local);
@@ -165,7 +165,7 @@ static int s_arange_length(dt_scalar start, dt_scalar end, dt_scalar step, int64
             return dt_err(DT_EINVAL, "arange: too many values");
         *n = q < 0 ? 0 : (int64_t)q;
     }
-    return dtn_check_shape("arange", 1, n);
+    return dt_layout_check_shape("arange", 1, n);
 }
 
 dt_tensor *dt_arange(dt_mesh *mesh, dt_scalar start, dt_scalar end, dt_scalar step, dt_dtype dtype,
@@ -183,8 +183,8 @@ dt_tensor *dt_arange(dt_mesh *mesh, dt_scalar start, dt_scalar end, dt_scalar st
         return NULL;
     int64_t coord[DT_MAX_DIMS], local, offset;
     for (int64_t i = 0; i < mesh->size; i++) {
-        dtn_mesh_coord(mesh->ndim, mesh->shape, i, coord);
-        dtn_local_block(mesh->ndim, mesh->shape, coord, t->placements, 1, t->shape, &local, &offset);
+        dt_layout_coord(mesh->ndim, mesh->shape, i, coord);
+        dt_layout_block(mesh->ndim, mesh->shape, coord, t->placements, 1, t->shape, &local, &offset);
         mb_writer *pk = act_runtime_record(mesh->ids[i]);
         s_pack_head(pk, 7, OP_ARANGE, t, &local);
         mb_w_int(pk, offset);
@@ -272,12 +272,12 @@ dt_tensor *dt_distribute(dt_mesh *mesh, const void *data, int ndim, const int64_
     }
     int64_t coord[DT_MAX_DIMS], local[DT_MAX_DIMS], offset[DT_MAX_DIMS], dst_strides[DT_MAX_DIMS];
     for (int64_t i = 0; i < mesh->size; i++) {
-        dtn_mesh_coord(mesh->ndim, mesh->shape, i, coord);
+        dt_layout_coord(mesh->ndim, mesh->shape, i, coord);
         int64_t key = s_block_key(t, coord);
         if (blocks[key])
             continue;
-        dtn_local_block(mesh->ndim, mesh->shape, coord, t->placements, ndim, shape, local, offset);
-        size_t bytes = (size_t)dtn_numel(ndim, local) * elem;
+        dt_layout_block(mesh->ndim, mesh->shape, coord, t->placements, ndim, shape, local, offset);
+        size_t bytes = (size_t)dt_layout_numel(ndim, local) * elem;
         if (!(blocks[key] = s_shared_new(bytes)))
             goto nomem;
         const char *src = data;
@@ -290,9 +290,9 @@ dt_tensor *dt_distribute(dt_mesh *mesh, const void *data, int ndim, const int64_
     if (s_begin("distribute_tensor", &t) != 0)
         goto done;
     for (int64_t i = 0; i < mesh->size; i++) {
-        dtn_mesh_coord(mesh->ndim, mesh->shape, i, coord);
+        dt_layout_coord(mesh->ndim, mesh->shape, i, coord);
         int64_t key = s_block_key(t, coord);
-        dtn_local_block(mesh->ndim, mesh->shape, coord, t->placements, ndim, shape, local, offset);
+        dt_layout_block(mesh->ndim, mesh->shape, coord, t->placements, ndim, shape, local, offset);
         s_load(t, mesh->ids[i], local, blocks[key]);
     }
     act_runtime_end();
@@ -324,11 +324,11 @@ dt_tensor *dt_from_local(dt_mesh *mesh, const void *const *pieces, int ndim, con
         dt_err(DT_EINVAL, "from_local: device_mesh is required");
         return NULL;
     }
-    if (dtn_check_shape("from_local", ndim, local_shapes) != 0)
+    if (dt_layout_check_shape("from_local", ndim, local_shapes) != 0)
         return NULL;
     int64_t global[DT_MAX_DIMS];
     dt_placement norm[DT_MAX_DIMS];
-    if (dtn_check_placements("from_local", mesh->ndim, placements, ndim, norm) != 0)
+    if (dt_layout_check_placements("from_local", mesh->ndim, placements, ndim, norm) != 0)
         return NULL;
     if (shape) {
         memcpy(global, shape, (size_t)ndim * sizeof *shape);
@@ -345,8 +345,8 @@ dt_tensor *dt_from_local(dt_mesh *mesh, const void *const *pieces, int ndim, con
     size_t elem = dt_dtype_size(dtype);
     int64_t coord[DT_MAX_DIMS], local[DT_MAX_DIMS], offset[DT_MAX_DIMS];
     for (int64_t i = 0; i < mesh->size; i++) {
-        dtn_mesh_coord(mesh->ndim, mesh->shape, i, coord);
-        dtn_local_block(mesh->ndim, mesh->shape, coord, t->placements, ndim, global, local, offset);
+        dt_layout_coord(mesh->ndim, mesh->shape, i, coord);
+        dt_layout_block(mesh->ndim, mesh->shape, coord, t->placements, ndim, global, local, offset);
         const int64_t *given = local_shapes + i * ndim;
         if (memcmp(local, given, (size_t)ndim * sizeof *local) != 0) {
             char want[160], got[160], whole[160];
@@ -364,7 +364,7 @@ dt_tensor *dt_from_local(dt_mesh *mesh, const void *const *pieces, int ndim, con
     if (!copies)
         goto nomem;
     for (int64_t i = 0; i < mesh->size; i++) {
-        size_t bytes = (size_t)dtn_numel(ndim, local_shapes + i * ndim) * elem;
+        size_t bytes = (size_t)dt_layout_numel(ndim, local_shapes + i * ndim) * elem;
         if (!(copies[i] = s_shared_new(bytes)))
             goto nomem;
         if (bytes)

@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "dt_error.h"
-#include "dtn_types.h"
+#include "dtn_tensor.h"
 
 dt_mesh *dt_mesh_new(const char *device_type, int ndim, const int64_t *shape, const int64_t *ids,
                      const char *const *dim_names)
@@ -107,7 +107,3 @@ const char *dt_mesh_dim_name(const dt_mesh *mesh, int dim)
 {
     return dim >= 0 && dim < mesh->ndim ? mesh->dim_names[dim] : NULL;
 }
-
-dt_placement dt_shard(int32_t dim) { return (dt_placement){DT_SHARD, dim, 0}; }
-dt_placement dt_replicate(void) { return (dt_placement){DT_REPLICATE, 0, 0}; }
-dt_placement dt_partial(dt_reduce_op op) { return (dt_placement){DT_PARTIAL, 0, op}; }

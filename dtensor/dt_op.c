@@ -9,9 +9,10 @@
 
 #include "act_runtime.h"
 #include "dt_error.h"
-#include "dtn_layout.h"
+#include "dt_layout.h"
 #include "dtn_plan.h"
-#include "dtn_types.h"
+#include "dtn_redistribute.h"
+#include "dtn_tensor.h"
 #include "op_codes.h"
 #include "op_registry.h"
 
@@ -57,6 +58,7 @@ static int s_check_call(const op_def *def, int n, dt_tensor *const *in, const op
     memset(c->out, 0, sizeof c->out);
     c->def = def;
     c->mesh = in[0]->mesh;
+    c->cost = dtn_redistribute_cost;
     c->mesh_ndim = in[0]->mesh->ndim;
     c->mesh_shape = in[0]->mesh->shape;
     c->nin = n;
@@ -86,8 +88,8 @@ static int s_check_call(const op_def *def, int n, dt_tensor *const *in, const op
 static int s_strict_error(const op_call *c, int i)
 {
     char have[256], want[256];
-    dtn_format_placements(c->mesh_ndim, c->in[i].pl, have, sizeof have);
-    dtn_format_placements(c->mesh_ndim, c->want[i], want, sizeof want);
+    dt_layout_format_placements(c->mesh_ndim, c->in[i].pl, have, sizeof have);
+    dt_layout_format_placements(c->mesh_ndim, c->want[i], want, sizeof want);
     return dt_err(DT_EUNSUPPORTED, "%s: strict mode: input %d has placements %s but the op needs %s "
                   "(redistribute it explicitly, or turn strict mode off)", c->def->name, i, have, want);
 }
@@ -118,7 +120,7 @@ int dt_op_run(int id, int n, dt_tensor *const *in, const dt_op_attrs *attrs, int
     if (c.nout > max_out)
         return dt_err(DT_EINVAL, "%s: returns %d tensors, room for %d", def->name, c.nout, max_out);
     for (int o = 0; o < c.nout; o++)
-        if ((rc = dtn_check_shape(def->name, c.out[o].ndim, c.out[o].shape)) != 0)
+        if ((rc = dt_layout_check_shape(def->name, c.out[o].ndim, c.out[o].shape)) != 0)
             return rc;
     if ((rc = def->shard(&c)) != 0)
         return rc;
@@ -172,7 +174,7 @@ int dt_op_run(int id, int n, dt_tensor *const *in, const dt_op_attrs *attrs, int
     int index = op_index(def);
     int64_t coord[DT_MAX_DIMS], offset[DT_MAX_DIMS], local[DT_MAX_DIMS];
     for (int64_t d = 0; d < mesh->size; d++) {
-        dtn_mesh_coord(mesh->ndim, mesh->shape, d, coord);
+        dt_layout_coord(mesh->ndim, mesh->shape, d, coord);
         int64_t ctx[OP_MAX_CTX];
         int nctx = def->local ? def->local(&c, coord, ctx) : 0;
         mb_writer *pk = act_runtime_record(mesh->ids[d]);
@@ -184,7 +186,7 @@ int dt_op_run(int id, int n, dt_tensor *const *in, const dt_op_attrs *attrs, int
             mb_w_uint(pk, made[o]->id);
         mb_w_array(pk, (size_t)c.nout);
         for (int o = 0; o < c.nout; o++) {
-            dtn_local_block(mesh->ndim, mesh->shape, coord, c.out[o].pl, c.out[o].ndim, c.out[o].shape, local, offset);
+            dt_layout_block(mesh->ndim, mesh->shape, coord, c.out[o].pl, c.out[o].ndim, c.out[o].shape, local, offset);
             mb_w_array(pk, 2);
             mb_w_int(pk, c.out[o].dtype);
             mb_w_i64s(pk, local, c.out[o].ndim);

@@ -9,9 +9,10 @@
 #include "act_runtime.h"
 #include "dt_dtype.h"
 #include "dt_error.h"
-#include "dtn_layout.h"
+#include "dt_layout.h"
 #include "dtn_plan.h"
-#include "dtn_types.h"
+#include "dtn_redistribute.h"
+#include "dtn_tensor.h"
 #include "op_codes.h"
 
 static const char *s_reduce_names[] = {"sum", "avg", "max", "min"};
@@ -50,7 +51,7 @@ static int s_check(const char *op, dt_tensor *t, dt_mesh *mesh, const dt_placeme
     src->mesh = t->mesh;
     memcpy(src->pl, t->placements, sizeof src->pl);
     dst->mesh = mesh;
-    if (dtn_check_placements(op, mesh->ndim, placements, t->ndim, dst->pl) != 0)
+    if (dt_layout_check_placements(op, mesh->ndim, placements, t->ndim, dst->pl) != 0)
         return dt_last_error_code();
     bool same_mesh = mesh == t->mesh || (mesh->ndim == t->mesh->ndim && mesh->size == t->mesh->size &&
                                          !memcmp(mesh->shape, t->mesh->shape, (size_t)mesh->ndim * sizeof *mesh->shape) &&
@@ -104,7 +105,7 @@ static void s_pack_part(mb_writer *pk, int ndim, const dtn_part *part, uint64_t 
 
 static bool s_remote(const dtn_piece *pc, const dtn_part *part)
 {
-    return part->mode != DTN_DIV && part->src_device != pc->device;
+    return part->mode != OP_PART_DIV && part->src_device != pc->device;
 }
 
 /* Emits every step of plan for t (lock held); the last step makes out->id. */

@@ -6,8 +6,8 @@
 #include "act_future.h"
 #include "act_runtime.h"
 #include "dt_error.h"
-#include "dtn_layout.h"
-#include "dtn_types.h"
+#include "dt_layout.h"
+#include "dtn_tensor.h"
 #include "op_codes.h"
 
 #define S_CACHE 256 /* handle structs kept per thread for reuse */
@@ -53,7 +53,7 @@ void dt_tensor_release(dt_tensor **tp)
 
 int dt_tensor_ndim(const dt_tensor *t) { return t->ndim; }
 const int64_t *dt_tensor_shape(const dt_tensor *t) { return t->shape; }
-int64_t dt_tensor_numel(const dt_tensor *t) { return dtn_numel(t->ndim, t->shape); }
+int64_t dt_tensor_numel(const dt_tensor *t) { return dt_layout_numel(t->ndim, t->shape); }
 dt_dtype dt_tensor_dtype(const dt_tensor *t) { return t->dtype; }
 dt_mesh *dt_tensor_mesh(const dt_tensor *t) { return t->mesh; }
 const dt_placement *dt_tensor_placements(const dt_tensor *t) { return t->placements; }
@@ -64,8 +64,8 @@ int dt_tensor_local_block(const dt_tensor *t, int64_t mesh_index, int64_t *shape
         return dt_err(DT_EINDEX, "local block: mesh index %lld out of range [0, %lld)", (long long)mesh_index,
                       (long long)t->mesh->size);
     int64_t coord[DT_MAX_DIMS];
-    dtn_mesh_coord(t->mesh->ndim, t->mesh->shape, mesh_index, coord);
-    dtn_local_block(t->mesh->ndim, t->mesh->shape, coord, t->placements, t->ndim, t->shape, shape, offset);
+    dt_layout_coord(t->mesh->ndim, t->mesh->shape, mesh_index, coord);
+    dt_layout_block(t->mesh->ndim, t->mesh->shape, coord, t->placements, t->ndim, t->shape, shape, offset);
     return 0;
 }
 
@@ -87,7 +87,7 @@ static dt_future *s_fetch(dt_tensor *t, act_future_kind kind, const char *op)
     int64_t coord[DT_MAX_DIMS];
     int npieces = 0;
     for (int64_t i = 0; i < mesh->size; i++) {
-        dtn_mesh_coord(mesh->ndim, mesh->shape, i, coord);
+        dt_layout_coord(mesh->ndim, mesh->shape, i, coord);
         npieces += kind == ACT_FETCH_LOCALS || s_needed(t, coord);
     }
     dt_future *f = act_future_new(kind, npieces);
@@ -104,13 +104,13 @@ static dt_future *s_fetch(dt_tensor *t, act_future_kind kind, const char *op)
     for (int i = 0; i < mesh->ndim; i++)
         f->has_partial |= t->placements[i].kind == DT_PARTIAL;
     for (int64_t i = 0, p = 0; i < mesh->size; i++) {
-        dtn_mesh_coord(mesh->ndim, mesh->shape, i, coord);
+        dt_layout_coord(mesh->ndim, mesh->shape, i, coord);
         if (kind != ACT_FETCH_LOCALS && !s_needed(t, coord))
             continue;
         act_piece *pc = &f->pieces[p++];
         pc->device = mesh->ids[i];
         pc->mesh_index = i;
-        dtn_local_block(mesh->ndim, mesh->shape, coord, t->placements, t->ndim, t->shape, pc->shape, pc->offset);
+        dt_layout_block(mesh->ndim, mesh->shape, coord, t->placements, t->ndim, t->shape, pc->shape, pc->offset);
     }
     if (kind == ACT_FETCH_FULL && act_future_alloc_value(f) != 0) {
         dt_future_release(&f);

@@ -4,8 +4,8 @@
 #include <string.h>
 
 #include "dt_error.h"
-#include "dtn_layout.h"
-#include "dtn_types.h"
+#include "dt_layout.h"
+#include "dtn_tensor.h"
 
 #define S_DIRECT_ALL_REDUCE_BYTES (256 << 10) /* below this, an all-reduce is one step, not two */
 
@@ -56,7 +56,7 @@ static int s_groups_make(int ndim, const int64_t *shape, const dtn_layout *l, s_
     }
     int64_t *keys = out->storage; /* reused below as member lists once keys are counted */
     for (int64_t f = 0; f < m->size; f++) {
-        dtn_mesh_coord(m->ndim, m->shape, f, coord);
+        dt_layout_coord(m->ndim, m->shape, f, coord);
         int64_t key = 0;
         for (int i = 0; i < m->ndim; i++)
             if (l->pl[i].kind != DT_REPLICATE)
@@ -83,8 +83,8 @@ static int s_groups_make(int ndim, const int64_t *shape, const dtn_layout *l, s_
         if (index[key] < 0) {
             index[key] = out->ngroups++;
             s_group *g = &out->groups[index[key]];
-            dtn_mesh_coord(m->ndim, m->shape, f, g->coord);
-            dtn_local_block(m->ndim, m->shape, g->coord, l->pl, ndim, shape, g->shape, g->offset);
+            dt_layout_coord(m->ndim, m->shape, f, g->coord);
+            dt_layout_block(m->ndim, m->shape, g->coord, l->pl, ndim, shape, g->shape, g->offset);
             g->members = NULL;
         }
     }
@@ -152,8 +152,8 @@ static int s_step(int ndim, const int64_t *shape, const dtn_layout *from, const 
         dtn_piece *pc = &step->pieces[j];
         int cap = 0;
         int64_t dcoord[DT_MAX_DIMS], doff[DT_MAX_DIMS];
-        dtn_mesh_coord(dm->ndim, dm->shape, j, dcoord);
-        dtn_local_block(dm->ndim, dm->shape, dcoord, to->pl, ndim, shape, pc->shape, doff);
+        dt_layout_coord(dm->ndim, dm->shape, j, dcoord);
+        dt_layout_block(dm->ndim, dm->shape, dcoord, to->pl, ndim, shape, pc->shape, doff);
         pc->device = dm->ids[j];
         for (int round = 0; round < nrounds; round++) {
             for (int gi = 0; gi < groups.ngroups; gi++) {
@@ -165,7 +165,7 @@ static int s_step(int ndim, const int64_t *shape, const dtn_layout *from, const 
                     else if (from->pl[i].kind == DT_PARTIAL)
                         match = g->coord[i] == dcoord[i]; /* a kept Partial: same mesh, same coordinate */
                 }
-                dtn_part part = {.mode = round == 0 ? DTN_COPY : DTN_REDUCE,
+                dtn_part part = {.mode = round == 0 ? OP_PART_COPY : OP_PART_REDUCE,
                                  .op = reduce_dim >= 0 ? from->pl[reduce_dim].reduce_op : 0};
                 int64_t o[DT_MAX_DIMS];
                 if (!match || !s_intersect(ndim, g->offset, g->shape, doff, pc->shape, o, part.shape))
@@ -181,13 +181,13 @@ static int s_step(int ndim, const int64_t *shape, const dtn_layout *from, const 
                     part.dst_offset[d] = o[d] - doff[d];
                 }
                 if (part.src_device != pc->device)
-                    step->remote_elements += dtn_numel(ndim, part.shape);
+                    step->remote_elements += dt_layout_numel(ndim, part.shape);
                 if (s_add_part(pc, &cap, &part) != 0)
                     goto nomem;
             }
         }
         if (reduce_dim >= 0 && from->pl[reduce_dim].reduce_op == DT_REDUCE_AVG) {
-            dtn_part div = {.mode = DTN_DIV, .src_device = pc->device, .divisor = nrounds};
+            dtn_part div = {.mode = OP_PART_DIV, .src_device = pc->device, .divisor = nrounds};
             memcpy(div.shape, pc->shape, sizeof div.shape);
             if (s_add_part(pc, &cap, &div) != 0)
                 goto nomem;
@@ -249,7 +249,7 @@ int dtn_plan_make(int ndim, const int64_t *shape, size_t elem_size, const dtn_la
     dtn_layout cur = *src;
     if (same_mesh)
         cur.mesh = dst->mesh;
-    int64_t bytes = dtn_numel(ndim, shape) * (int64_t)elem_size;
+    int64_t bytes = dt_layout_numel(ndim, shape) * (int64_t)elem_size;
     /* combine Partial mesh dims the target does not keep, innermost first */
     for (int i = src->mesh->ndim - 1; i >= 0; i--) {
         dt_placement p = src->pl[i];

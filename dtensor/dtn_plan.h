@@ -14,20 +14,15 @@
 #include <stdint.h>
 
 #include "dtorch.h"
+#include "op_codes.h"
 
 typedef struct {
     const dt_mesh *mesh;
     dt_placement pl[DT_MAX_DIMS]; /* (mesh ndim) normalised */
 } dtn_layout;
 
-typedef enum {
-    DTN_COPY = 0,   /* write the region into place */
-    DTN_REDUCE = 1, /* combine the region into what is in place with op */
-    DTN_DIV = 2,    /* divide the whole piece by divisor (the end of an avg) */
-} dtn_part_mode;
-
 typedef struct {
-    int32_t mode;                      /* dtn_part_mode */
+    int32_t mode;                      /* op_part_mode */
     int32_t op;                        /* dt_reduce_op of a REDUCE */
     int64_t src_device;                /* who holds the source piece (the destination: local) */
     int64_t src_offset[DT_MAX_DIMS];   /* region start in the source's piece */
@@ -69,13 +64,5 @@ int dtn_plan_make(int ndim, const int64_t *shape, size_t elem_size, const dtn_la
 void dtn_plan_free(dtn_plan *plan);
 /* Steps that move data between devices (what PyTorch counts as collectives). */
 int dtn_plan_collectives(const dtn_plan *plan);
-
-/* (dt_redistribute.c) Between act_runtime_begin and _end on t's mesh: emits the records that lay
- * t out with placements as a new tensor on the same mesh and returns its id (t's own id when
- * nothing changes, 0 when planning failed); *nsteps tells how many steps it took. */
-uint64_t dtn_redistribute_inline(const dt_tensor *t, const dt_placement *placements, int *nsteps);
-/* Bytes a redistribute from -> to on mesh would move between devices (the cost ops minimise). */
-int64_t dtn_redistribute_cost(const dt_mesh *mesh, int ndim, const int64_t *shape, dt_dtype dtype,
-                              const dt_placement *from, const dt_placement *to);
 
 #endif

@@ -23,6 +23,13 @@ typedef enum {
     OP_MAX = 11,
 } op_code;
 
+/* How an ASSEMBLE part lands in the new piece. */
+typedef enum {
+    OP_PART_COPY = 0,   /* write the region into place */
+    OP_PART_REDUCE = 1, /* combine the region into what is in place with op */
+    OP_PART_DIV = 2,    /* divide the whole piece by divisor (the end of an avg) */
+} op_part_mode;
+
 typedef enum {
     C_CREDIT = 1,  /* [CREDIT, records executed] returns send credit to the controller */
     C_VALUE = 2,   /* [VALUE, future id, piece, dtype, shape, payload frame index] */

@@ -41,7 +41,7 @@
 #include "cpu_pointwise.h"
 #include "dt_dtype.h"
 #include "dt_error.h"
-#include "dtn_layout.h"
+#include "dt_layout.h"
 #include "op_registry.h"
 
 enum { M_MATMUL, M_MM, M_BMM, M_LINEAR, M_EMBEDDING, M_SDPA };
@@ -92,7 +92,7 @@ static const void *m_as(const op_local *in, cpu_ctype t, void **scratch)
     *scratch = NULL;
     if ((t == CPU_F32 && in->dtype == DT_FLOAT32) || (t == CPU_I64 && in->dtype == DT_INT64))
         return in->data;
-    int64_t n = dtn_numel(in->ndim, in->shape);
+    int64_t n = dt_layout_numel(in->ndim, in->shape);
     void *buf = malloc((size_t)(n ? n : 1) * cpu_ctype_size(t));
     if (buf)
         cpu_to_ctype(buf, t, in->data, in->dtype, n);
@@ -425,7 +425,7 @@ static const char *m_mm_cpu(op_kernel *k)
         desc.b_stride[j] = jb >= 0 && b->shape[jb] == o->shape[j] ? b_st[jb] : 0;
     }
     cpu_ctype t = m_ctype(o->dtype);
-    int64_t n = dtn_numel(o->ndim, o->shape);
+    int64_t n = dt_layout_numel(o->ndim, o->shape);
     void *sa, *sb, *sbias = NULL, *sc = NULL;
     const void *pa = m_as(a, t, &sa), *pb = m_as(b, t, &sb);
     void *pc = o->data;
@@ -496,7 +496,7 @@ static int m_embedding_local(const op_call *c, const int64_t *coord, int64_t *ct
 {
     int64_t local[DT_MAX_DIMS], offset[DT_MAX_DIMS];
     const op_arg *w = &c->in[1];
-    dtn_local_block(c->mesh_ndim, c->mesh_shape, coord, c->want[1], w->ndim, w->shape, local, offset);
+    dt_layout_block(c->mesh_ndim, c->mesh_shape, coord, c->want[1], w->ndim, w->shape, local, offset);
     ctx[0] = offset[0];
     ctx[1] = w->shape[0];
     return 2;
@@ -506,9 +506,9 @@ static const char *m_embedding_cpu(op_kernel *k)
 {
     const op_local *idx = &k->in[0], *w = &k->in[1];
     op_local *o = &k->out[0];
-    int64_t n = dtn_numel(idx->ndim, idx->shape);
+    int64_t n = dt_layout_numel(idx->ndim, idx->shape);
     if (k->nctx < 2 || w->ndim != 2 || o->shape[o->ndim - 1] != w->shape[1] ||
-        dtn_numel(o->ndim, o->shape) != n * w->shape[1])
+        dt_layout_numel(o->ndim, o->shape) != n * w->shape[1])
         return "the local pieces of the operands do not fit together";
     return cpu_embedding(o->data, w->data, w->shape[0], (size_t)w->shape[1] * dt_dtype_size(w->dtype), idx->data,
                          idx->dtype, n, k->ctx[0], k->ctx[1]);
@@ -636,7 +636,7 @@ static int m_sdpa_local(const op_call *c, const int64_t *coord, int64_t *ctx)
 {
     int64_t local[DT_MAX_DIMS], offset[DT_MAX_DIMS];
     const op_arg *q = &c->in[0];
-    dtn_local_block(c->mesh_ndim, c->mesh_shape, coord, c->want[0], q->ndim, q->shape, local, offset);
+    dt_layout_block(c->mesh_ndim, c->mesh_shape, coord, c->want[0], q->ndim, q->shape, local, offset);
     ctx[0] = offset[q->ndim - 2];
     return 1;
 }
@@ -649,9 +649,9 @@ static const char *m_sdpa_cpu(op_kernel *k)
     int64_t L = q->shape[nd - 2], E = q->shape[nd - 1], S = kk->shape[nd - 2], Ev = v->shape[nd - 1];
     int64_t Hq = nd >= 3 ? q->shape[nd - 3] : 1, H = nd >= 3 ? kk->shape[nd - 3] : 1;
     int64_t group = H ? Hq / H : 1;
-    int64_t nbatch = dtn_numel(nd - 2, q->shape); /* every (batch..., head) of the query */
+    int64_t nbatch = dt_layout_numel(nd - 2, q->shape); /* every (batch..., head) of the query */
     if (H * group != Hq || o->ndim != nd || o->shape[nd - 1] != Ev || o->shape[nd - 2] != L ||
-        dtn_numel(nd - 2, kk->shape) * group != nbatch)
+        dt_layout_numel(nd - 2, kk->shape) * group != nbatch)
         return "the local pieces of the operands do not fit together";
     bool causal = k->attrs->nints > 0 && k->attrs->ints[0];
     bool has_scale = k->attrs->nints > 2 && k->attrs->ints[2] && k->attrs->nfloats > 0;
@@ -676,7 +676,7 @@ static const char *m_sdpa_cpu(op_kernel *k)
     }
     void *sq, *sk, *sv, *so = NULL;
     const float *pq = m_as(q, CPU_F32, &sq), *pk = m_as(kk, CPU_F32, &sk), *pv = m_as(v, CPU_F32, &sv);
-    int64_t nout = dtn_numel(o->ndim, o->shape), nmask = mask ? dtn_numel(mask->ndim, mask->shape) : 0;
+    int64_t nout = dt_layout_numel(o->ndim, o->shape), nmask = mask ? dt_layout_numel(mask->ndim, mask->shape) : 0;
     float *po = o->dtype == DT_FLOAT32 ? o->data : (so = malloc((size_t)(nout ? nout : 1) * sizeof(float)));
     float *scores = malloc((size_t)(L * S > 0 ? L * S : 1) * sizeof(float));
     if (mask && (mvals = malloc((size_t)(nmask ? nmask : 1) * sizeof(float)))) {

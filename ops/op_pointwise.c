@@ -12,7 +12,7 @@
 #include "cpu_pointwise.h"
 #include "dt_dtype.h"
 #include "dt_error.h"
-#include "dtn_layout.h"
+#include "dt_layout.h"
 #include "op_registry.h"
 
 typedef enum { S_UNARY, S_BINARY, S_WHERE, S_MASKED_FILL, S_CLAMP, S_TO } s_kind;
@@ -282,7 +282,7 @@ static cpu_ctype s_ctype(dt_dtype d) { return dt_dtype_is_float(d) ? CPU_F32 : d
  * itself when it already is one, else a scratch copy (*scratch is set and must be freed). */
 static const void *s_operand(const op_local *in, const op_local *out, cpu_ctype t, void **scratch)
 {
-    int64_t n_out = dtn_numel(out->ndim, out->shape), n_in = dtn_numel(in->ndim, in->shape);
+    int64_t n_out = dt_layout_numel(out->ndim, out->shape), n_in = dt_layout_numel(in->ndim, in->shape);
     bool same_shape = n_in == n_out && in->ndim <= out->ndim;
     /* the piece's own bytes serve only when its dtype is t's (int32 is not int64, nor bf16 f32) */
     bool native = (t == CPU_F32 && in->dtype == DT_FLOAT32) || (t == CPU_I64 && in->dtype == DT_INT64) ||
@@ -331,14 +331,14 @@ static void *s_splat(dt_scalar v, cpu_ctype t, int64_t n)
 static const char *s_finish(op_kernel *k, cpu_ctype result, void *buf)
 {
     op_local *out = &k->out[0];
-    cpu_from_ctype(out->data, out->dtype, buf, result, dtn_numel(out->ndim, out->shape));
+    cpu_from_ctype(out->data, out->dtype, buf, result, dt_layout_numel(out->ndim, out->shape));
     return NULL;
 }
 
 static const char *s_unary(op_kernel *k, const s_info *info)
 {
     op_local *out = &k->out[0];
-    int64_t n = dtn_numel(out->ndim, out->shape);
+    int64_t n = dt_layout_numel(out->ndim, out->shape);
     cpu_ctype t = info->cpu == CPU_LOGICAL_NOT ? CPU_U8 : s_ctype(out->dtype);
     void *scratch, *res = malloc((size_t)(n ? n : 1) * cpu_ctype_size(t));
     const void *a = s_operand(&k->in[0], out, t, &scratch);
@@ -355,7 +355,7 @@ static const char *s_unary(op_kernel *k, const s_info *info)
 static const char *s_binary(op_kernel *k, const s_info *info)
 {
     op_local *out = &k->out[0];
-    int64_t n = dtn_numel(out->ndim, out->shape);
+    int64_t n = dt_layout_numel(out->ndim, out->shape);
     dt_dtype operands = k->in[0].dtype;
     for (int i = 1; i < k->nin; i++)
         operands = op_promote(operands, k->in[i].dtype);
@@ -394,7 +394,7 @@ static const char *s_binary(op_kernel *k, const s_info *info)
 static const char *s_select(op_kernel *k, const s_info *info)
 {
     op_local *out = &k->out[0];
-    int64_t n = dtn_numel(out->ndim, out->shape);
+    int64_t n = dt_layout_numel(out->ndim, out->shape);
     cpu_ctype t = s_ctype(out->dtype);
     size_t elem = cpu_ctype_size(t);
     void *sc = NULL, *sa = NULL, *sb = NULL, *res = malloc((size_t)(n ? n : 1) * elem);
@@ -432,7 +432,7 @@ static const char *s_select(op_kernel *k, const s_info *info)
 static const char *s_clamp(op_kernel *k, const s_info *info)
 {
     op_local *out = &k->out[0];
-    int64_t n = dtn_numel(out->ndim, out->shape);
+    int64_t n = dt_layout_numel(out->ndim, out->shape);
     cpu_ctype t = s_ctype(out->dtype);
     void *scratch, *res = malloc((size_t)(n ? n : 1) * cpu_ctype_size(t));
     const void *a = s_operand(&k->in[0], out, t, &scratch);
@@ -480,7 +480,7 @@ static const char *s_cpu(op_kernel *k)
         return s_unary(k, info);
     case S_TO: {
         op_local *out = &k->out[0];
-        int64_t n = dtn_numel(out->ndim, out->shape);
+        int64_t n = dt_layout_numel(out->ndim, out->shape);
         cpu_ctype t = s_ctype(k->in[0].dtype);
         void *buf = malloc((size_t)(n ? n : 1) * cpu_ctype_size(t));
         if (!buf)

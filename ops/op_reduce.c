@@ -21,7 +21,7 @@
 #include "cpu_reduce.h"
 #include "dt_dtype.h"
 #include "dt_error.h"
-#include "dtn_layout.h"
+#include "dt_layout.h"
 #include "op_registry.h"
 
 typedef enum {
@@ -112,7 +112,7 @@ static void s_split(int ndim, const int64_t *shape, int dim, int64_t *outer, int
     *n = 1;
     *inner = 1;
     if (dim < 0) {
-        *n = dtn_numel(ndim, shape);
+        *n = dt_layout_numel(ndim, shape);
         return;
     }
     for (int d = 0; d < ndim; d++) {
@@ -180,7 +180,7 @@ static int s_infer_list(op_call *c)
         return 0;
     case S_MAX:
     case S_MIN:
-        if (dtn_numel(a->ndim, a->shape) == 0)
+        if (dt_layout_numel(a->ndim, a->shape) == 0)
             return dt_err(DT_EINVAL, "%s(): Expected reduction dim to be specified for input.numel() == 0. Specify "
                           "the reduction dim with the 'dim' argument.", name);
         o->dtype = a->dtype;
@@ -223,7 +223,7 @@ static int s_infer_along(op_call *c)
         bool keepdim = s_int(&c->attrs, arg ? 0 : 1, 0) != 0;
         if (arg && a->dtype == DT_BOOL)
             return dt_err(DT_ETYPE, "%s(): not implemented for 'Bool'", name);
-        if (whole && dtn_numel(a->ndim, a->shape) == 0)
+        if (whole && dt_layout_numel(a->ndim, a->shape) == 0)
             return dt_err(DT_EINVAL, "%s(): Expected reduction dim to be specified for input.numel() == 0.", name);
         if (!whole && extent == 0)
             return dt_err(DT_EINDEX, "%s(): Expected reduction dim %d to have non-zero size.", name, dim);
@@ -559,7 +559,7 @@ static const char *s_cpu_list(op_kernel *k)
     op_local *out = &k->out[0];
     int code = k->def->code;
     uint32_t mask = s_list_mask(k->attrs, in->ndim);
-    int64_t n_out = dtn_numel(out->ndim, out->shape), extent = 1;
+    int64_t n_out = dt_layout_numel(out->ndim, out->shape), extent = 1;
     for (int d = 0; d < in->ndim; d++)
         if (mask & (1u << d))
             extent *= in->shape[d];
@@ -577,7 +577,7 @@ static const char *s_cpu_list(op_kernel *k)
     cpu_red op = code <= S_MEAN ? CPU_RED_SUM : code == S_AMAX || code == S_MAX ? CPU_RED_MAX : CPU_RED_MIN;
     cpu_ctype t = s_ctype(out->dtype);
     dt_dtype cast = code <= S_MEAN ? out->dtype : in->dtype;
-    int64_t rows = in->ndim ? in->shape[0] : 1, slab = dtn_numel(in->ndim, in->shape) / rows;
+    int64_t rows = in->ndim ? in->shape[0] : 1, slab = dt_layout_numel(in->ndim, in->shape) / rows;
     bool folded = in->ndim > 0 && (mask & 1u); /* dim 0 is reduced */
     bool direct = s_native(in->dtype, t) && !s_lossy(in->dtype, cast);
     int64_t step = direct ? rows : s_min64(rows, S_CHUNK / slab > 1 ? S_CHUNK / slab : 1);
@@ -662,7 +662,7 @@ static const char *s_cpu_along(op_kernel *k)
             d *= k->attrs->ints[i];
         n = d;
         inner = 1;
-        outer = d ? dtn_numel(in->ndim, in->shape) / d : 0;
+        outer = d ? dt_layout_numel(in->ndim, in->shape) / d : 0;
     } else {
         s_split(in->ndim, in->shape, s_along_dim(code, k->attrs, in->ndim), &outer, &n, &inner);
     }

@@ -29,12 +29,18 @@ typedef struct {
 
 typedef struct op_def op_def;
 
+/* What moving a tensor between placements costs, in bytes (INT64_MAX when it cannot be planned).
+ * The layer that plans redistributes (dtensor) provides it with each call, so ops never call up. */
+typedef int64_t (*op_cost_fn)(const dt_mesh *mesh, int ndim, const int64_t *shape, dt_dtype dtype,
+                              const dt_placement *from, const dt_placement *to);
+
 /* One call of an op on the controller. infer fills out[] (shape, dtype); shard fills want[]
  * (the placements each input must have, a redistribute is inserted where it differs) and
  * out[].pl. */
 typedef struct {
     const op_def *def;
     const dt_mesh *mesh;
+    op_cost_fn cost;                      /* prices candidate placements (op_cost) */
     int mesh_ndim;
     const int64_t *mesh_shape;
     int nin;

@@ -3,7 +3,6 @@
 
 #include "dt_dtype.h"
 #include "dt_error.h"
-#include "dtn_plan.h"
 #include "op_registry.h"
 
 /* torch's promotion lattice over our dtypes: bool < integers < floating; within a kind, the
@@ -82,5 +81,5 @@ int64_t op_cost(const op_call *c, int i, const dt_placement *to)
     const op_arg *a = &c->in[i];
     if (op_same_placements(a->pl, to, c->mesh_ndim))
         return 0;
-    return dtn_redistribute_cost(c->mesh, a->ndim, a->shape, a->dtype, a->pl, to);
+    return c->cost(c->mesh, a->ndim, a->shape, a->dtype, a->pl, to);
 }

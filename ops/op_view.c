@@ -6,7 +6,7 @@
  * - reshape-like ops keep a Shard when the dim survives: each input dim maps to an output dim
  *   (renumbered by unsqueeze/squeeze; for reshape and flatten the output dim that starts at the
  *   same row-major position). The shard is kept only when every device's output piece is its
- *   input piece in the same row-major order (checked with dtn_local_block on every device),
+ *   input piece in the same row-major order (checked with dt_layout_block on every device),
  *   which is exactly "an unchanged dim keeps its shard even uneven; a flattened or split dim
  *   keeps it only where the chunks line up". Otherwise that mesh dim is made Replicate first
  *   (the cheapest such choice when several mesh dims shard).
@@ -26,7 +26,7 @@
 #include "cpu_view.h"
 #include "dt_dtype.h"
 #include "dt_error.h"
-#include "dtn_layout.h"
+#include "dt_layout.h"
 #include "op_registry.h"
 
 /* Returns the error code of expr when it fails. */
@@ -93,7 +93,7 @@ static int s_infer_reshape(op_call *c)
     const op_arg *a = &c->in[0];
     op_arg *o = &c->out[0];
     const char *name = c->def->name;
-    int64_t numel = dtn_numel(a->ndim, a->shape);
+    int64_t numel = dt_layout_numel(a->ndim, a->shape);
     char b1[160];
     o->dtype = a->dtype;
     switch (s_code(c)) {
@@ -126,7 +126,7 @@ static int s_infer_reshape(op_call *c)
             else
                 known = -2;
         }
-        if (known == -2 || dtn_numel(o->ndim, o->shape) != numel)
+        if (known == -2 || dt_layout_numel(o->ndim, o->shape) != numel)
             return dt_err(DT_EINVAL, "%s: shape '%s' is invalid for input of size %lld", name,
                           s_fmt(b1, sizeof b1, n, c->attrs.ints), (long long)numel);
         return 0;
@@ -146,7 +146,7 @@ static int s_infer_reshape(op_call *c)
         int n = 0;
         for (int d = 0; d < start; d++)
             o->shape[n++] = a->shape[d];
-        o->shape[n++] = dtn_numel(end - start + 1, a->shape + start);
+        o->shape[n++] = dt_layout_numel(end - start + 1, a->shape + start);
         for (int d = end + 1; d < a->ndim; d++)
             o->shape[n++] = a->shape[d];
         o->ndim = n;
@@ -249,9 +249,9 @@ static bool s_pieces_line_up(const op_call *c, const dt_placement *in_pl, const 
     int64_t s1 = 0, s2 = 0, c1[DT_MAX_DIMS], c2[DT_MAX_DIMS], t1[DT_MAX_DIMS], t2[DT_MAX_DIMS];
     int64_t n = s_mesh_size(c);
     for (int64_t f = 0; f < n; f++) {
-        dtn_mesh_coord(c->mesh_ndim, c->mesh_shape, f, coord);
-        dtn_local_block(c->mesh_ndim, c->mesh_shape, coord, in_pl, a->ndim, a->shape, il, io);
-        dtn_local_block(c->mesh_ndim, c->mesh_shape, coord, out_pl, o->ndim, o->shape, ol, oo);
+        dt_layout_coord(c->mesh_ndim, c->mesh_shape, f, coord);
+        dt_layout_block(c->mesh_ndim, c->mesh_shape, coord, in_pl, a->ndim, a->shape, il, io);
+        dt_layout_block(c->mesh_ndim, c->mesh_shape, coord, out_pl, o->ndim, o->shape, ol, oo);
         int n1 = s_canon(a->ndim, a->shape, il, io, &s1, c1, t1);
         int n2 = s_canon(o->ndim, o->shape, ol, oo, &s2, c2, t2);
         if (n1 != n2)
@@ -641,7 +641,7 @@ static int s_infer_index_select(op_call *c)
         return dt_err(DT_EINDEX, "index_select(): cannot index a 0-dim tensor");
     S_TRY(op_dim("index_select", c->attrs.ints[0], a->ndim, &dim));
     *o = *a;
-    o->shape[dim] = dtn_numel(idx->ndim, idx->shape);
+    o->shape[dim] = dt_layout_numel(idx->ndim, idx->shape);
     return 0;
 }
 
@@ -705,7 +705,7 @@ static int s_local_tri(const op_call *c, const int64_t *coord, int64_t *ctx)
 {
     const op_arg *o = &c->out[0];
     int64_t local[DT_MAX_DIMS], offset[DT_MAX_DIMS];
-    dtn_local_block(c->mesh_ndim, c->mesh_shape, coord, o->pl, o->ndim, o->shape, local, offset);
+    dt_layout_block(c->mesh_ndim, c->mesh_shape, coord, o->pl, o->ndim, o->shape, local, offset);
     ctx[0] = offset[o->ndim - 2];
     ctx[1] = offset[o->ndim - 1];
     return 2;

@@ -2,14 +2,14 @@
  * computed by hand from torch.chunk semantics (DTENSOR-SEMANTICS 1.2 and 1.3). */
 #include <criterion/criterion.h>
 
-#include "dtn_layout.h"
+#include "dt_layout.h"
 
 /* Local size and offset of rank r when one mesh dim of k devices shards a dim of n. */
 static void s_block_1d(int64_t n, int64_t k, int64_t r, int64_t *size, int64_t *offset)
 {
     int64_t mesh_shape[1] = {k}, coord[1] = {r}, global[1] = {n};
     dt_placement pl[1] = {dt_shard(0)};
-    dtn_local_block(1, mesh_shape, coord, pl, 1, global, size, offset);
+    dt_layout_block(1, mesh_shape, coord, pl, 1, global, size, offset);
 }
 
 /* ---- 1-D meshes ----------------------------------------------------------------------------- */
@@ -55,7 +55,7 @@ Test(layout_1d, shard_inner_dim_keeps_others)
     dt_placement pl[1] = {dt_shard(1)};
     static const int64_t sizes[3] = {3, 3, 1}, offsets[3] = {0, 3, 6};
     for (int64_t r = 0; r < 3; r++) {
-        dtn_local_block(1, mesh_shape, &r, pl, 3, global, local, offset);
+        dt_layout_block(1, mesh_shape, &r, pl, 3, global, local, offset);
         cr_expect(local[0] == 2 && local[1] == sizes[r] && local[2] == 4, "rank %lld", (long long)r);
         cr_expect(offset[0] == 0 && offset[1] == offsets[r] && offset[2] == 0, "rank %lld", (long long)r);
     }
@@ -67,7 +67,7 @@ Test(layout_1d, replicate_and_partial_keep_full_shape)
     dt_placement kinds[3] = {dt_replicate(), dt_partial(DT_REDUCE_SUM), dt_partial(DT_REDUCE_MAX)};
     for (int k = 0; k < 3; k++)
         for (int64_t r = 0; r < 4; r++) {
-            dtn_local_block(1, mesh_shape, &r, &kinds[k], 2, global, local, offset);
+            dt_layout_block(1, mesh_shape, &r, &kinds[k], 2, global, local, offset);
             cr_expect(local[0] == 5 && local[1] == 3, "placement %d rank %lld", k, (long long)r);
             cr_expect(offset[0] == 0 && offset[1] == 0, "placement %d rank %lld", k, (long long)r);
         }
@@ -78,7 +78,7 @@ Test(layout_1d, scalar_tensor)
     /* a 0-d tensor only takes Replicate/Partial; its block is the (empty) shape */
     int64_t mesh_shape[1] = {2}, coord[1] = {1}, unused = -7;
     dt_placement pl[1] = {dt_replicate()};
-    dtn_local_block(1, mesh_shape, coord, pl, 0, NULL, &unused, &unused);
+    dt_layout_block(1, mesh_shape, coord, pl, 0, NULL, &unused, &unused);
     cr_expect_eq(unused, -7, "wrote a dim a 0-d tensor does not have");
 }
 
@@ -88,17 +88,17 @@ Test(layout_nd, mesh_coord_row_major)
 {
     int64_t shape2[2] = {2, 3}, coord[3];
     for (int64_t f = 0; f < 6; f++) {
-        dtn_mesh_coord(2, shape2, f, coord);
+        dt_layout_coord(2, shape2, f, coord);
         cr_expect(coord[0] == f / 3 && coord[1] == f % 3, "flat %lld", (long long)f);
     }
     int64_t shape3[3] = {2, 2, 2};
     for (int64_t f = 0; f < 8; f++) {
-        dtn_mesh_coord(3, shape3, f, coord);
+        dt_layout_coord(3, shape3, f, coord);
         cr_expect(coord[0] == (f >> 2) && coord[1] == ((f >> 1) & 1) && coord[2] == (f & 1), "flat %lld",
                   (long long)f);
     }
     int64_t shape1[1] = {5};
-    dtn_mesh_coord(1, shape1, 4, coord);
+    dt_layout_coord(1, shape1, 4, coord);
     cr_expect_eq(coord[0], 4);
 }
 
@@ -108,8 +108,8 @@ static void s_check_s0s0(int64_t n, const int64_t starts[4], const int64_t sizes
     int64_t mesh_shape[2] = {2, 2}, coord[2], local, offset;
     dt_placement pl[2] = {dt_shard(0), dt_shard(0)};
     for (int64_t f = 0; f < 4; f++) {
-        dtn_mesh_coord(2, mesh_shape, f, coord);
-        dtn_local_block(2, mesh_shape, coord, pl, 1, &n, &local, &offset);
+        dt_layout_coord(2, mesh_shape, f, coord);
+        dt_layout_block(2, mesh_shape, coord, pl, 1, &n, &local, &offset);
         cr_expect_eq(local, sizes[f], "N=%lld (%lld,%lld): size %lld, expected %lld", (long long)n,
                      (long long)coord[0], (long long)coord[1], (long long)local, (long long)sizes[f]);
         cr_expect_eq(offset, starts[f], "N=%lld (%lld,%lld): offset %lld, expected %lld", (long long)n,
@@ -136,8 +136,8 @@ Test(layout_nd, shard0_shard1_mixed)
         {16, 2, 0, 0}, {16, 1, 0, 2}, {15, 2, 16, 0}, {15, 1, 16, 2},
     };
     for (int64_t f = 0; f < 4; f++) {
-        dtn_mesh_coord(2, mesh_shape, f, coord);
-        dtn_local_block(2, mesh_shape, coord, pl, 2, global, local, offset);
+        dt_layout_coord(2, mesh_shape, f, coord);
+        dt_layout_block(2, mesh_shape, coord, pl, 2, global, local, offset);
         cr_expect(local[0] == want[f][0] && local[1] == want[f][1], "flat %lld: %lldx%lld", (long long)f,
                   (long long)local[0], (long long)local[1]);
         cr_expect(offset[0] == want[f][2] && offset[1] == want[f][3], "flat %lld: offset (%lld,%lld)",
@@ -151,16 +151,16 @@ Test(layout_nd, shard_then_replicate_and_partial)
     int64_t mesh_shape[2] = {2, 2}, global[2] = {5, 4}, coord[2], local[2], offset[2];
     dt_placement pl[2] = {dt_shard(0), dt_partial(DT_REDUCE_SUM)};
     for (int64_t f = 0; f < 4; f++) {
-        dtn_mesh_coord(2, mesh_shape, f, coord);
-        dtn_local_block(2, mesh_shape, coord, pl, 2, global, local, offset);
+        dt_layout_coord(2, mesh_shape, f, coord);
+        dt_layout_block(2, mesh_shape, coord, pl, 2, global, local, offset);
         cr_expect(local[0] == (coord[0] ? 2 : 3) && local[1] == 4, "flat %lld", (long long)f);
         cr_expect(offset[0] == (coord[0] ? 3 : 0) && offset[1] == 0, "flat %lld", (long long)f);
     }
     pl[0] = dt_replicate();
     pl[1] = dt_shard(1);
     for (int64_t f = 0; f < 4; f++) {
-        dtn_mesh_coord(2, mesh_shape, f, coord);
-        dtn_local_block(2, mesh_shape, coord, pl, 2, global, local, offset);
+        dt_layout_coord(2, mesh_shape, f, coord);
+        dt_layout_block(2, mesh_shape, coord, pl, 2, global, local, offset);
         cr_expect(local[0] == 5 && local[1] == 2, "flat %lld", (long long)f);
         cr_expect(offset[0] == 0 && offset[1] == 2 * coord[1], "flat %lld", (long long)f);
     }
@@ -173,8 +173,8 @@ Test(layout_nd, mesh_2x2x2_shard0_three_times)
     dt_placement pl[3] = {dt_shard(0), dt_shard(0), dt_shard(0)};
     static const int64_t sizes[8] = {1, 1, 1, 1, 1, 1, 1, 0}, starts[8] = {0, 1, 2, 3, 4, 5, 6, 7};
     for (int64_t f = 0; f < 8; f++) {
-        dtn_mesh_coord(3, mesh_shape, f, coord);
-        dtn_local_block(3, mesh_shape, coord, pl, 1, &n, &local, &offset);
+        dt_layout_coord(3, mesh_shape, f, coord);
+        dt_layout_block(3, mesh_shape, coord, pl, 1, &n, &local, &offset);
         cr_expect_eq(local, sizes[f], "flat %lld: size %lld", (long long)f, (long long)local);
         cr_expect_eq(offset, starts[f], "flat %lld: offset %lld", (long long)f, (long long)offset);
     }
@@ -186,8 +186,8 @@ Test(layout_nd, mesh_2x2x2_mixed)
     int64_t mesh_shape[3] = {2, 2, 2}, global[2] = {5, 3}, coord[3], local[2], offset[2];
     dt_placement pl[3] = {dt_shard(1), dt_replicate(), dt_shard(0)};
     for (int64_t f = 0; f < 8; f++) {
-        dtn_mesh_coord(3, mesh_shape, f, coord);
-        dtn_local_block(3, mesh_shape, coord, pl, 2, global, local, offset);
+        dt_layout_coord(3, mesh_shape, f, coord);
+        dt_layout_block(3, mesh_shape, coord, pl, 2, global, local, offset);
         cr_expect(local[0] == (coord[2] ? 2 : 3) && local[1] == (coord[0] ? 1 : 2), "flat %lld: %lldx%lld",
                   (long long)f, (long long)local[0], (long long)local[1]);
         cr_expect(offset[0] == (coord[2] ? 3 : 0) && offset[1] == (coord[0] ? 2 : 0), "flat %lld", (long long)f);
@@ -200,7 +200,7 @@ Test(placements, normalised)
 {
     dt_placement in[4] = {dt_shard(-1), {DT_SHARD, -2, 3}, {DT_REPLICATE, 5, 2}, {DT_PARTIAL, 7, DT_REDUCE_AVG}};
     dt_placement out[4];
-    cr_assert_eq(dtn_check_placements("t", 4, in, 2, out), 0, "%s", dt_last_error());
+    cr_assert_eq(dt_layout_check_placements("t", 4, in, 2, out), 0, "%s", dt_last_error());
     cr_expect(out[0].kind == DT_SHARD && out[0].dim == 1 && out[0].reduce_op == 0);
     cr_expect(out[1].kind == DT_SHARD && out[1].dim == 0 && out[1].reduce_op == 0);
     cr_expect(out[2].kind == DT_REPLICATE && out[2].dim == 0 && out[2].reduce_op == 0);
@@ -210,7 +210,7 @@ Test(placements, normalised)
 Test(placements, null_means_replicate)
 {
     dt_placement out[3] = {dt_shard(0), dt_shard(0), dt_shard(0)};
-    cr_assert_eq(dtn_check_placements("t", 3, NULL, 1, out), 0);
+    cr_assert_eq(dt_layout_check_placements("t", 3, NULL, 1, out), 0);
     for (int i = 0; i < 3; i++)
         cr_expect_eq(out[i].kind, DT_REPLICATE, "mesh dim %d", i);
 }
@@ -221,12 +221,12 @@ Test(placements, shard_dim_out_of_range)
     static const int32_t bad[] = {2, 3, -3, 100};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         dt_placement in[2] = {dt_replicate(), dt_shard(bad[i])};
-        cr_expect_eq(dtn_check_placements("t", 2, in, 2, out), DT_EINDEX, "Shard(%d)", bad[i]);
+        cr_expect_eq(dt_layout_check_placements("t", 2, in, 2, out), DT_EINDEX, "Shard(%d)", bad[i]);
         cr_expect_eq(dt_last_error_code(), DT_EINDEX);
     }
     /* a 0-d tensor has no dim to shard */
     dt_placement s0 = dt_shard(0);
-    cr_expect_eq(dtn_check_placements("t", 1, &s0, 0, out), DT_EINDEX);
+    cr_expect_eq(dt_layout_check_placements("t", 1, &s0, 0, out), DT_EINDEX);
 }
 
 Test(placements, bad_kind_or_reduce_op)
@@ -236,7 +236,7 @@ Test(placements, bad_kind_or_reduce_op)
         {3, 0, 0}, {-1, 0, 0}, {DT_PARTIAL, 0, 4}, {DT_PARTIAL, 0, -1},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        cr_expect_eq(dtn_check_placements("t", 1, &bad[i], 2, out), DT_EINVAL, "case %zu", i);
+        cr_expect_eq(dt_layout_check_placements("t", 1, &bad[i], 2, out), DT_EINVAL, "case %zu", i);
         cr_expect_eq(dt_last_error_code(), DT_EINVAL);
     }
 }
@@ -246,22 +246,22 @@ Test(placements, bad_kind_or_reduce_op)
 Test(shape, valid)
 {
     int64_t shape[DT_MAX_DIMS] = {2, 0, 3, 1, 1, 1, 1, 1};
-    cr_expect_eq(dtn_check_shape("t", 0, NULL), 0);
-    cr_expect_eq(dtn_check_shape("t", 2, shape), 0);
-    cr_expect_eq(dtn_check_shape("t", DT_MAX_DIMS, shape), 0);
-    cr_expect_eq(dtn_numel(3, shape), 0);
-    cr_expect_eq(dtn_numel(0, NULL), 1);
+    cr_expect_eq(dt_layout_check_shape("t", 0, NULL), 0);
+    cr_expect_eq(dt_layout_check_shape("t", 2, shape), 0);
+    cr_expect_eq(dt_layout_check_shape("t", DT_MAX_DIMS, shape), 0);
+    cr_expect_eq(dt_layout_numel(3, shape), 0);
+    cr_expect_eq(dt_layout_numel(0, NULL), 1);
 }
 
 Test(shape, invalid)
 {
     int64_t shape[DT_MAX_DIMS + 1] = {2, 3, 1, 1, 1, 1, 1, 1, 1};
-    cr_expect_eq(dtn_check_shape("t", DT_MAX_DIMS + 1, shape), DT_EINVAL, "ndim > DT_MAX_DIMS");
-    cr_expect_eq(dtn_check_shape("t", -1, shape), DT_EINVAL, "negative ndim");
+    cr_expect_eq(dt_layout_check_shape("t", DT_MAX_DIMS + 1, shape), DT_EINVAL, "ndim > DT_MAX_DIMS");
+    cr_expect_eq(dt_layout_check_shape("t", -1, shape), DT_EINVAL, "negative ndim");
     int64_t negative[2] = {3, -1};
-    cr_expect_eq(dtn_check_shape("t", 2, negative), DT_EINVAL, "negative size");
+    cr_expect_eq(dt_layout_check_shape("t", 2, negative), DT_EINVAL, "negative size");
     cr_expect_eq(dt_last_error_code(), DT_EINVAL);
     /* numel past 2^48 would overflow byte counts further on */
     int64_t huge[2] = {INT64_C(1) << 30, INT64_C(1) << 30};
-    cr_expect_eq(dtn_check_shape("t", 2, huge), DT_EINVAL, "too many elements");
+    cr_expect_eq(dt_layout_check_shape("t", 2, huge), DT_EINVAL, "too many elements");
 }

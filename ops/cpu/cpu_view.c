@@ -9,7 +9,7 @@
 #include "cpu_kernels.h"
 #include "cpu_pointwise.h"
 #include "dt_dtype.h"
-#include "dtn_layout.h"
+#include "dt_layout.h"
 
 static int s_norm_dim(int64_t dim, int ndim)
 {
@@ -21,8 +21,8 @@ const char *cpu_view_copy(op_kernel *k)
 {
     const op_local *in = &k->in[0];
     op_local *out = &k->out[0];
-    int64_t n = dtn_numel(out->ndim, out->shape);
-    if (n != dtn_numel(in->ndim, in->shape) || in->dtype != out->dtype)
+    int64_t n = dt_layout_numel(out->ndim, out->shape);
+    if (n != dt_layout_numel(in->ndim, in->shape) || in->dtype != out->dtype)
         return "local piece does not match the output (internal error)";
     if (n)
         memcpy(out->data, in->data, (size_t)n * dt_dtype_size(out->dtype));
@@ -85,7 +85,7 @@ const char *cpu_view_cat(op_kernel *k, bool stack)
                 return "cat: local pieces do not line up (internal error)";
         if (pos + shape[dim] > out->shape[dim])
             return "cat: local pieces do not line up (internal error)";
-        int64_t n = dtn_numel(in->ndim, in->shape);
+        int64_t n = dt_layout_numel(in->ndim, in->shape);
         const void *src = in->data;
         void *converted = NULL;
         if (in->dtype != out->dtype && n > 0) {
@@ -129,7 +129,7 @@ const char *cpu_view_slice(op_kernel *k, bool drop)
     for (int d = 0; d < in->ndim; d++)
         if (d != dim && shape[d] != in->shape[d])
             return "slice: piece does not match (internal error)";
-    if (dtn_numel(in->ndim, shape) == 0)
+    if (dt_layout_numel(in->ndim, shape) == 0)
         return NULL;
     if (start < 0 || step < 1 || start + (shape[dim] - 1) * step >= in->shape[dim])
         return "slice: range outside the local piece (internal error)";
@@ -149,7 +149,7 @@ const char *cpu_view_index_select(op_kernel *k)
     op_local *out = &k->out[0];
     int dim = s_norm_dim(k->attrs->ints[0], x->ndim);
     bool wrap = k->attrs->nints > 1 && k->attrs->ints[1];
-    int64_t m = dtn_numel(idx->ndim, idx->shape), size = x->shape[dim];
+    int64_t m = dt_layout_numel(idx->ndim, idx->shape), size = x->shape[dim];
     if (out->ndim != x->ndim || out->shape[dim] != m)
         return "index_select: piece does not match (internal error)";
     int64_t *pos = malloc((size_t)(m ? m : 1) * sizeof *pos);
@@ -193,7 +193,7 @@ const char *cpu_view_tri(op_kernel *k, bool upper)
     const int64_t lim = INT64_C(1) << 60; /* far beyond any dim; keeps the sums below from overflowing */
     diag = diag > lim ? lim : diag < -lim ? -lim : diag;
     int64_t rows = in->shape[in->ndim - 2], cols = in->shape[in->ndim - 1];
-    int64_t batch = dtn_numel(in->ndim - 2, in->shape);
+    int64_t batch = dt_layout_numel(in->ndim - 2, in->shape);
     size_t elem = dt_dtype_size(in->dtype);
     int64_t r0 = k->ctx[0], c0 = k->ctx[1];
     if (batch * rows * cols == 0)

@@ -1,4 +1,4 @@
-/* dt_future — TensorFuture: a value that devices are producing. One outcome, exactly once:
+/* act_future — TensorFuture: a value that devices are producing. One outcome, exactly once:
  * ready (value) or failed (code + message); waiting never spins and can be interrupted. */
 #include <errno.h>
 #include <math.h>
@@ -12,7 +12,7 @@
 #include "dt_dtype.h"
 #include "dt_error.h"
 #include "dt_pool.h"
-#include "dtn_layout.h"
+#include "dt_layout.h"
 
 #define S_WAIT_SLICE_S 0.05 /* how often a long wait looks at the interrupt hook */
 
@@ -40,7 +40,7 @@ dt_future *act_future_new(act_future_kind kind, int npieces)
 
 int act_future_alloc_value(dt_future *f)
 {
-    f->data_size = (size_t)dtn_numel(f->ndim, f->shape) * dt_dtype_size(f->dtype);
+    f->data_size = (size_t)dt_layout_numel(f->ndim, f->shape) * dt_dtype_size(f->dtype);
     f->data = dt_pool_alloc(f->data_size);
     return f->data ? 0 : DT_ENOMEM;
 }
@@ -100,7 +100,7 @@ void act_future_fail(dt_future *f, int code, const char *message)
  * copies each combined piece to its place in the value. */
 static void s_reduce_partials(dt_future *f)
 {
-    int64_t mesh_size = dtn_numel(f->mesh_ndim, f->mesh_shape);
+    int64_t mesh_size = dt_layout_numel(f->mesh_ndim, f->mesh_shape);
     int *at = malloc((size_t)mesh_size * sizeof *at);
     if (!at) {
         act_future_fail(f, DT_ENOMEM, "fetch: out of memory while combining Partial pieces");
@@ -119,13 +119,13 @@ static void s_reduce_partials(dt_future *f)
             continue;
         for (int i = 0; i < f->npieces; i++) {
             act_piece *acc = &f->pieces[i];
-            dtn_mesh_coord(f->mesh_ndim, f->mesh_shape, acc->mesh_index, coord);
+            dt_layout_coord(f->mesh_ndim, f->mesh_shape, acc->mesh_index, coord);
             bool head = coord[p] == 0;
             for (int q = p + 1; q < f->mesh_ndim; q++)
                 head = head && (f->placements[q].kind != DT_PARTIAL || coord[q] == 0);
             if (!head)
                 continue;
-            int64_t n = dtn_numel(f->ndim, acc->shape);
+            int64_t n = dt_layout_numel(f->ndim, acc->shape);
             for (int64_t j = 1; j < f->mesh_shape[p]; j++)
                 cpu_reduce_into(acc->data, f->pieces[at[acc->mesh_index + j * stride[p]]].data, f->dtype, n,
                                 f->placements[p].reduce_op);
@@ -137,7 +137,7 @@ static void s_reduce_partials(dt_future *f)
     cpu_contiguous_strides(f->ndim, f->shape, elem, dst_strides);
     for (int i = 0; i < f->npieces; i++) {
         act_piece *pc = &f->pieces[i];
-        dtn_mesh_coord(f->mesh_ndim, f->mesh_shape, pc->mesh_index, coord);
+        dt_layout_coord(f->mesh_ndim, f->mesh_shape, pc->mesh_index, coord);
         bool head = true;
         for (int q = 0; q < f->mesh_ndim; q++)
             head = head && (f->placements[q].kind != DT_PARTIAL || coord[q] == 0);
@@ -174,7 +174,7 @@ int act_future_add_piece(dt_future *f, int piece, dt_dtype dtype, int ndim, cons
     bool same = dtype == f->dtype && ndim == f->ndim;
     for (int d = 0; same && d < ndim; d++)
         same = shape[d] == pc->shape[d];
-    if (!same || size != (size_t)dtn_numel(ndim, shape) * elem) {
+    if (!same || size != (size_t)dt_layout_numel(ndim, shape) * elem) {
         snprintf(why, sizeof why, "fetch: device %lld sent a piece of the wrong dtype or shape",
                  (long long)pc->device);
         goto bad;

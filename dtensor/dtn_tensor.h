@@ -1,21 +1,11 @@
-/* dtn_types — the insides of the public handles dt_mesh and dt_tensor (internal). */
-#ifndef DTN_TYPES_H
-#define DTN_TYPES_H
+/* dtn_tensor — the insides of the public handle dt_tensor (internal; dt_mesh's are in core/dt_layout.h). */
+#ifndef DTN_TENSOR_H
+#define DTN_TENSOR_H
 
 #include <stdatomic.h>
 
+#include "dt_layout.h"
 #include "dtorch.h"
-
-struct dt_mesh {
-    atomic_int refs;
-    char device_type[8];            /* "cpu" or "cuda" */
-    int ndim;
-    int64_t shape[DT_MAX_DIMS];     /* (ndim) */
-    int64_t size;                   /* prod(shape) */
-    int64_t *ids;                   /* (size) device ids, row-major */
-    char *dim_names[DT_MAX_DIMS];   /* (ndim) or all NULL */
-    uint64_t ready_epoch;           /* runtime epoch in which its devices were last started */
-};
 
 struct dt_tensor {
     atomic_int refs;

@@ -1,4 +1,5 @@
-#include "dtn_layout.h"
+/* dt_layout — layout arithmetic: element counts, shape and placement checks, torch.chunk blocks. */
+#include "dt_layout.h"
 
 #include <stdio.h>
 
@@ -6,7 +7,11 @@
 
 static const char *s_reduce_names[] = {"sum", "avg", "max", "min"};
 
-int64_t dtn_numel(int ndim, const int64_t *shape)
+dt_placement dt_shard(int32_t dim) { return (dt_placement){DT_SHARD, dim, 0}; }
+dt_placement dt_replicate(void) { return (dt_placement){DT_REPLICATE, 0, 0}; }
+dt_placement dt_partial(dt_reduce_op op) { return (dt_placement){DT_PARTIAL, 0, op}; }
+
+int64_t dt_layout_numel(int ndim, const int64_t *shape)
 {
     int64_t n = 1;
     for (int d = 0; d < ndim; d++)
@@ -14,7 +19,7 @@ int64_t dtn_numel(int ndim, const int64_t *shape)
     return n;
 }
 
-void dtn_mesh_coord(int mesh_ndim, const int64_t *mesh_shape, int64_t flat, int64_t *coord)
+void dt_layout_coord(int mesh_ndim, const int64_t *mesh_shape, int64_t flat, int64_t *coord)
 {
     for (int d = mesh_ndim - 1; d >= 0; d--) {
         coord[d] = flat % mesh_shape[d];
@@ -22,7 +27,7 @@ void dtn_mesh_coord(int mesh_ndim, const int64_t *mesh_shape, int64_t flat, int6
     }
 }
 
-int dtn_check_shape(const char *op, int ndim, const int64_t *shape)
+int dt_layout_check_shape(const char *op, int ndim, const int64_t *shape)
 {
     if (ndim < 0 || ndim > DT_MAX_DIMS)
         return dt_err(DT_EINVAL, "%s: tensors have 0 to %d dims, got %d", op, DT_MAX_DIMS, ndim);
@@ -38,7 +43,7 @@ int dtn_check_shape(const char *op, int ndim, const int64_t *shape)
     return 0;
 }
 
-int dtn_check_placements(const char *op, int mesh_ndim, const dt_placement *placements, int tensor_ndim,
+int dt_layout_check_placements(const char *op, int mesh_ndim, const dt_placement *placements, int tensor_ndim,
                          dt_placement *out)
 {
     for (int i = 0; i < mesh_ndim; i++) {
@@ -71,7 +76,7 @@ int dtn_check_placements(const char *op, int mesh_ndim, const dt_placement *plac
     return 0;
 }
 
-void dtn_local_block(int mesh_ndim, const int64_t *mesh_shape, const int64_t *coord, const dt_placement *pl,
+void dt_layout_block(int mesh_ndim, const int64_t *mesh_shape, const int64_t *coord, const dt_placement *pl,
                      int ndim, const int64_t *global_shape, int64_t *local_shape, int64_t *offset)
 {
     for (int d = 0; d < ndim; d++) {
@@ -93,7 +98,7 @@ void dtn_local_block(int mesh_ndim, const int64_t *mesh_shape, const int64_t *co
     }
 }
 
-void dtn_format_placements(int n, const dt_placement *pl, char *buf, size_t size)
+void dt_layout_format_placements(int n, const dt_placement *pl, char *buf, size_t size)
 {
     size_t used = (size_t)snprintf(buf, size, "(");
     for (int i = 0; i < n && used < size; i++) {

@@ -1,0 +1,17 @@
+/* act_spawn — the homes of a worker: a thread of this process or a local child process. */
+#ifndef ACT_SPAWN_H
+#define ACT_SPAWN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "act_runtime.h"
+
+int act_spawn_thread(act_device *dev, const char *endpoint);
+int act_spawn_process(act_device *dev, const char *endpoint, const char *worker_path);
+/* Process workers: true (and why, in reason) once the process has ended. */
+bool act_spawn_reap(act_device *dev, char *reason, size_t size);
+/* Ends the worker's home: joins the thread, or waits up to grace_s for the process, then kills it. */
+void act_spawn_stop(act_device *dev, double grace_s);
+
+#endif
