@@ -14,6 +14,11 @@
  * The thread count is 1 unless DTORCH_BLAS_THREADS says otherwise; OPENBLAS_CORETYPE is reported
  * when set (it picks OpenBLAS's kernels; this program does not change it).
  *
+ * Then, for decode's shapes (a few rows x a linear layer's weight, the 110M Llama's projections and
+ * classifier), the kernels themselves on this thread, GB/s of weight read: sgemm, M sgemv calls,
+ * and cpu_matmul_skinny with float32 and bfloat16 weights; memcpy of the weight's bytes into a
+ * written buffer is the reference for what memory allows.
+ *
  * Usage: bench_matmul [repeat_scale [n ...]]
  *   repeat_scale multiplies every repeat count (e.g. 0.2 for a quick look).
  */
@@ -148,6 +153,60 @@ static s_result s_run(dt_mesh *mesh, int64_t n, int repeats)
     return r;
 }
 
+/* Median seconds of fn over repeats. */
+#define S_TIME(out, repeats, stmt)                                                                              \
+    do {                                                                                                        \
+        double t_[64];                                                                                          \
+        for (int r_ = 0; r_ < (repeats); r_++) {                                                                \
+            double t0_ = s_now();                                                                               \
+            stmt;                                                                                               \
+            t_[r_] = s_now() - t0_;                                                                             \
+        }                                                                                                       \
+        (out) = bench_median(t_, (repeats));                                                                    \
+    } while (0)
+
+static void s_decode_shapes(double scale)
+{
+    static const int64_t shapes[][2] = {{768, 768}, {2048, 768}, {768, 2048}, {32000, 768}};
+    int repeats = (int)lround(15 * scale);
+    repeats = repeats < 3 ? 3 : repeats > 64 ? 64 : repeats;
+    printf("\n  decode shapes: (M x K) @ W^T with W (N x K); GB/s of weight bytes read, medians of %d\n", repeats);
+    printf("  %6s %6s %3s %9s %9s %9s %9s %9s\n", "N", "K", "M", "memcpy", "sgemm", "M*sgemv", "skinny", "bf16");
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int64_t N = shapes[s][0], K = shapes[s][1];
+        float *w = malloc((size_t)(N * K) * sizeof *w), *copy = malloc((size_t)(N * K) * sizeof *w);
+        uint16_t *wb = malloc((size_t)(N * K) * sizeof *wb);
+        float *x = malloc((size_t)(8 * K) * sizeof *x), *y = malloc((size_t)(8 * N) * sizeof *y);
+        if (!w || !copy || !wb || !x || !y)
+            s_die("malloc");
+        for (int64_t i = 0; i < N * K; i++) {
+            w[i] = (float)(i % 13) / 13.0f - 0.5f;
+            wb[i] = (uint16_t)(0x3f00 + i % 64);
+        }
+        memset(copy, 1, (size_t)(N * K) * sizeof *copy);
+        for (int64_t i = 0; i < 8 * K; i++)
+            x[i] = (float)(i % 7) / 7.0f;
+        double bytes = (double)(N * K) * sizeof(float), t_copy;
+        S_TIME(t_copy, repeats, memcpy(copy, w, (size_t)bytes));
+        for (int M = 1; M <= 8; M *= 2) {
+            double t_gemm, t_gemv, t_skinny, t_bf16;
+            S_TIME(t_gemm, repeats, cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, (int)N, (int)K, 1.0f, x,
+                                                (int)K, w, (int)K, 0.0f, y, (int)N));
+            S_TIME(t_gemv, repeats, for (int m = 0; m < M; m++) cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)N, (int)K,
+                                                                             1.0f, w, (int)K, x + m * K, 1, 0.0f,
+                                                                             y + m * N, 1));
+            S_TIME(t_skinny, repeats, cpu_matmul_skinny(M, N, K, x, w, DT_FLOAT32, y, false));
+            S_TIME(t_bf16, repeats, cpu_matmul_skinny(M, N, K, x, wb, DT_BFLOAT16, y, false));
+            printf("  %6lld %6lld %3d %9.1f %9.1f %9.1f %9.1f %9.1f\n", (long long)N, (long long)K, M, bytes / t_copy / 1e9,
+                   bytes / t_gemm / 1e9, bytes / t_gemv / 1e9, bytes / t_skinny / 1e9, bytes / 2 / t_bf16 / 1e9);
+        }
+        fflush(stdout);
+        free(w), free(copy), free(wb), free(x), free(y);
+    }
+    printf("  memcpy: the weight's bytes into a written buffer; bf16: the same kernel on a bfloat16 weight (its own "
+           "bytes)\n");
+}
+
 int main(int argc, char **argv)
 {
     double scale = argc > 1 ? atof(argv[1]) : 1.0;
@@ -198,6 +257,7 @@ int main(int argc, char **argv)
     printf("\n  sgemm: cblas_sgemm on this thread; DTorch op: dt_op(\"matmul\") submit -> dt_synchronize, one at a "
            "time;\n  pipelined: %d ops, then one dt_synchronize; rel err: ||DTorch - sgemm|| / ||sgemm||\n",
            S_PIPELINE);
+    s_decode_shapes(scale);
     dt_mesh_release(&mesh);
     if (dt_shutdown() != 0)
         s_die("dt_shutdown");
