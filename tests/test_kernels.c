@@ -5,6 +5,7 @@
 
 #include "cpu_kernels.h"
 #include "cpu_matmul.h"
+#include "cpu_rope.h"
 #include "dt_dtype.h"
 
 #define S_INT(v) ((dt_scalar){.is_int = true, .i = (v)})
@@ -554,4 +555,46 @@ Test(matmul, skinny_rows_against_a_weight)
             }
         }
     }
+}
+
+/* Rotary embedding against the formula written out by hand for one row: D = 4, so frequencies
+ * inv_freq[0], inv_freq[1]; x = (a, b, c, d) at position p rotates the pairs (a, c) and (b, d). */
+Test(rope, rotate_half_pairs_by_position)
+{
+    enum { B = 2, H = 3, S = 2, D = 4 };
+    float x[B * H * S * D], out[B * H * S * D];
+    for (int i = 0; i < B * H * S * D; i++)
+        x[i] = (float)(i % 9) - 4.0f;
+    const int64_t positions[B * S] = {0, 5, 7, 2};
+    const float inv_freq[2] = {1.0f, 0.01f};
+    cpu_rope(out, x, DT_FLOAT32, B, H, S, D, positions, B, inv_freq, 1.0f);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int s = 0; s < S; s++) {
+                const float *r = x + ((b * H + h) * S + s) * D;
+                const float *o = out + ((b * H + h) * S + s) * D;
+                double p = (double)positions[b * S + s];
+                for (int i = 0; i < 2; i++) {
+                    double c = cos(p * inv_freq[i]), sn = sin(p * inv_freq[i]);
+                    cr_assert(fabs(o[i] - (r[i] * c - r[i + 2] * sn)) < 1e-5);
+                    cr_assert(fabs(o[i + 2] - (r[i + 2] * c + r[i] * sn)) < 1e-5);
+                }
+            }
+    /* positions shared by the batch, bfloat16 storage: the float32 result rounded once */
+    uint16_t xb[B * H * S * D], ob[B * H * S * D];
+    for (int i = 0; i < B * H * S * D; i++)
+        xb[i] = dt_f32_to_bf16(x[i]);
+    cpu_rope(ob, xb, DT_BFLOAT16, B, H, S, D, positions, 1, inv_freq, 2.0f);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int s = 0; s < S; s++) {
+                int64_t row = ((b * H + h) * S + s) * D;
+                double p = (double)positions[s];
+                for (int i = 0; i < 2; i++) {
+                    double c = 2 * cos(p * inv_freq[i]), sn = 2 * sin(p * inv_freq[i]);
+                    double want = x[row + i] * c - x[row + i + 2] * sn;
+                    cr_assert(fabs(dt_bf16_to_f32(ob[row + i]) - want) <= 0.01 * fabs(want) + 1e-6,
+                              "(%d,%d,%d,%d): %f want %f", b, h, s, i, dt_bf16_to_f32(ob[row + i]), want);
+                }
+            }
 }

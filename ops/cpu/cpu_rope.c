@@ -1,0 +1,65 @@
+/* cpu_rope — the rotary embedding kernel: one cos/sin table per (batch, position), applied to
+ * every head there. */
+#include "cpu_rope.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "dt_dtype.h"
+
+static inline float s_get(const void *x, dt_dtype dtype, int64_t i)
+{
+    if (dtype == DT_FLOAT32)
+        return ((const float *)x)[i];
+    uint16_t h = ((const uint16_t *)x)[i];
+    return dtype == DT_BFLOAT16 ? dt_bf16_to_f32(h) : dt_f16_to_f32(h);
+}
+
+static inline void s_set(void *x, dt_dtype dtype, int64_t i, float v)
+{
+    if (dtype == DT_FLOAT32)
+        ((float *)x)[i] = v;
+    else
+        ((uint16_t *)x)[i] = dtype == DT_BFLOAT16 ? dt_f32_to_bf16(v) : dt_f32_to_f16(v);
+}
+
+void cpu_rope(void *out, const void *x, dt_dtype dtype, int64_t B, int64_t H, int64_t S, int64_t D,
+              const int64_t *positions, int64_t pos_batch, const float *inv_freq, float scaling)
+{
+    int64_t half = D / 2;
+    float stack[2 * 256];
+    float *table = half <= 256 ? stack : malloc((size_t)(2 * half) * sizeof *table);
+    if (!table)
+        return;
+    float *cs = table, *sn = table + half;
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t s = 0; s < S; s++) {
+            float p = (float)positions[(pos_batch == 1 ? 0 : b) * S + s];
+            for (int64_t i = 0; i < half; i++) {
+                float angle = inv_freq[i] * p;
+                cs[i] = cosf(angle) * scaling;
+                sn[i] = sinf(angle) * scaling;
+            }
+            for (int64_t h = 0; h < H; h++) {
+                int64_t row = ((b * H + h) * S + s) * D;
+                if (dtype == DT_FLOAT32) {
+                    const float *xr = (const float *)x + row;
+                    float *o = (float *)out + row;
+                    for (int64_t i = 0; i < half; i++) {
+                        float x1 = xr[i], x2 = xr[i + half];
+                        o[i] = x1 * cs[i] - x2 * sn[i];
+                        o[i + half] = x2 * cs[i] + x1 * sn[i];
+                    }
+                    continue;
+                }
+                for (int64_t i = 0; i < half; i++) {
+                    float x1 = s_get(x, dtype, row + i), x2 = s_get(x, dtype, row + i + half);
+                    s_set(out, dtype, row + i, x1 * cs[i] - x2 * sn[i]);
+                    s_set(out, dtype, row + i + half, x2 * cs[i] + x1 * sn[i]);
+                }
+            }
+        }
+    }
+    if (table != stack)
+        free(table);
+}
