@@ -278,6 +278,25 @@ static bool s_read_attrs(const msgpack_object *o, op_attrs *a)
     return !a->has_scalar || s_get_scalar(o, 2, &a->scalar);
 }
 
+/* Makes t's storage its own before a write in place: storage that anything else holds (a fetch
+ * or a transfer on its way, a replica sharing it, a received frame) is copied first, so whatever
+ * was issued before the write keeps seeing the old value. */
+static const char *s_own_storage(const act_worker *w, act_wtensor *t)
+{
+    act_storage *st = t->storage;
+    if (!st->adopted && atomic_load(&st->refs) == 1 && t->data == st->data)
+        return NULL;
+    size_t size = (size_t)dt_layout_numel(t->ndim, t->shape) * dt_dtype_size(t->dtype);
+    act_storage *own = act_storage_new(w->backend, size);
+    if (!own)
+        return "out of memory on the device";
+    memcpy(own->data, t->data, size);
+    act_storage_release(st);
+    t->storage = own;
+    t->data = own->data;
+    return NULL;
+}
+
 /* [COMPUTE, op index, out ids, [[dtype, shape]...], in ids, attrs, ctx]: a registered op's kernel
  * on this device's pieces. A poisoned input poisons the outputs with its (root) message. */
 static bool s_compute(act_worker *w, const msgpack_object *rec)
@@ -328,7 +347,16 @@ static bool s_compute(act_worker *w, const msgpack_object *rec)
         return true;
     }
     act_wtensor *made[OP_MAX_OUTPUTS] = {NULL};
-    for (int o = 0; o < k.nout && !why; o++) {
+    act_wtensor *written = NULL; /* an in-place op's output 0: input 0 itself */
+    if (def->inplace && k.nin > 0 && k.nout > 0) {
+        if (out_ids[0] != in_ids[0] || k.out[0].ndim != k.in[0].ndim ||
+            memcmp(k.out[0].shape, k.in[0].shape, (size_t)k.in[0].ndim * sizeof k.in[0].shape[0]) != 0)
+            return false;
+        written = act_wtensor_lookup(w, in_ids[0], &why);
+        if (written && !(why = s_own_storage(w, written)))
+            k.out[0].data = k.in[0].data = written->data;
+    }
+    for (int o = written ? 1 : 0; o < k.nout && !why; o++) {
         made[o] = calloc(1, sizeof *made[o]);
         if (!made[o]) {
             why = "out of memory on the device";
@@ -343,6 +371,8 @@ static bool s_compute(act_worker *w, const msgpack_object *rec)
     if (!why)
         why = w->backend->run(def, &k);
     for (int o = 0; o < k.nout; o++) {
+        if (o == 0 && written && !why)
+            continue; /* written in place: it is already in the table */
         if (why) {
             act_wtensor_free(made[o]);
             snprintf(msg, sizeof msg, "%s failed on device %" PRId64 ": %s", def->name, w->device, why);

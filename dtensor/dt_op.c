@@ -130,9 +130,15 @@ int dt_op_run(int id, int n, dt_tensor *const *in, const dt_op_attrs *attrs, int
         if (moves[i] && s_strict)
             return s_strict_error(&c, i);
     }
+    if (def->inplace && moves[0])
+        return dt_err(DT_EUNSUPPORTED, "%s: an in-place op may not move the tensor it writes", def->name);
     dt_mesh *mesh = in[0]->mesh;
     dt_tensor *made[OP_MAX_OUTPUTS] = {NULL};
     for (int o = 0; o < c.nout; o++) {
+        if (o == 0 && def->inplace) {
+            made[0] = dt_tensor_ref(in[0]); /* the same handle: its devices write into it */
+            continue;
+        }
         dt_tensor *t = dtn_tensor_alloc();
         if (!t) {
             for (int p = 0; p < o; p++)
@@ -167,7 +173,7 @@ int dt_op_run(int id, int n, dt_tensor *const *in, const dt_op_attrs *attrs, int
             return dt_err(DT_ENOMEM, "%s: out of memory while planning a redistribute", def->name);
         }
     }
-    for (int o = 0; o < c.nout; o++) {
+    for (int o = def->inplace ? 1 : 0; o < c.nout; o++) {
         made[o]->id = act_runtime_new_id();
         made[o]->epoch = act_runtime_epoch();
     }

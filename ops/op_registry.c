@@ -13,6 +13,8 @@ static const s_family s_families[] = {
     {op_reduce_ops, &op_reduce_count},
     {op_view_ops, &op_view_count},
     {op_matmul_ops, &op_matmul_count},
+    {op_rope_ops, &op_rope_count},
+    {op_write_ops, &op_write_count},
 };
 
 #define S_NFAMILIES (int)(sizeof s_families / sizeof s_families[0])

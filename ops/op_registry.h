@@ -82,6 +82,7 @@ struct op_def {
     /* optional: per-device integers for the kernel (mesh coordinate of the device given) */
     int (*local)(const op_call *c, const int64_t *coord, int64_t *ctx);
     const char *(*cpu)(op_kernel *k);     /* the CPU kernel: NULL, or why it failed */
+    bool inplace;                         /* output 0 is input 0, written in place (ops/op_write.c) */
 };
 
 /* The op named name, or NULL. */
@@ -99,6 +100,10 @@ extern const op_def op_view_ops[];
 extern const int op_view_count;
 extern const op_def op_matmul_ops[];
 extern const int op_matmul_count;
+extern const op_def op_rope_ops[];
+extern const int op_rope_count;
+extern const op_def op_write_ops[];
+extern const int op_write_count;
 
 /* Shared rule helpers (ops/op_rules.c). */
 /* Result dtype of combining two dtypes as torch promotes them. */

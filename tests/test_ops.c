@@ -1374,6 +1374,89 @@ S_SCENARIO(view, triangles)
     }
 }
 
+static void s_expect_refused(const char *name, int n, dt_tensor *const *in, const dt_op_attrs *a, int code,
+                             const char *needle);
+
+/* ---- writes in place ------------------------------------------------------------------------ */
+
+S_SCENARIO(write, slice_assign_in_place)
+{
+    /* dst (4, 6, 3), src (4, 2, 3) written at [3, 5) of dim 1: dst sharded on every dim, the
+     * written one too (6 over 2x2 pieces unevenly), and a fetch issued before the write */
+    static const int64_t dshape[3] = {4, 6, 3}, sshape[3] = {4, 2, 3};
+    double x[72], y[24], want[72];
+    s_fill(x, 72, 2);
+    for (int i = 0; i < 24; i++)
+        y[i] = 1000 + i;
+    for (int i = 0; i < 72; i++) {
+        int64_t c = (i / 3) % 6;
+        want[i] = c >= 3 && c < 5 ? y[(i / 18) * 6 + (c - 3) * 3 + i % 3] : x[i];
+    }
+    dt_placement R = dt_replicate(), S0 = dt_shard(0), S1 = dt_shard(1), S2 = dt_shard(2);
+    s_layout lay1[] = {{{S0}}, {{S1}}, {{S2}}, {{R}}}, lay2[] = {{{S1, S0}}, {{S0, S1}}, {{R, S1}}, {{S1, S1}}};
+    s_layout *lay = e->mn == 1 ? lay1 : lay2;
+    for (int l = 0; l < 4; l++) {
+        char what[64], ln[32];
+        s_layout_name(e, lay[l].pl, ln, sizeof ln);
+        snprintf(what, sizeof what, "[%s]", ln);
+        dt_tensor *dst = s_make(e, DT_INT64, 3, dshape, x, lay[l].pl);
+        dt_tensor *src = s_make(e, DT_INT64, 3, sshape, y, (dt_placement[]){R, R});
+        dt_future *before = dt_tensor_fetch(dst);
+        cr_assert_not_null(before);
+        dt_tensor *in[2] = {dst, src};
+        dt_tensor *out = s_op("slice_assign_", 2, in, &(dt_op_attrs){.nints = 2, .ints = {1, 3}}, what);
+        cr_expect_eq(out, dst, "%s: an in-place op returns its dst", what);
+        s_check(dst, DT_INT64, 3, dshape, want, 0, what);
+        cr_assert_eq(dt_future_wait(before, -1), 0, "%s: %s", what, dt_future_error(before));
+        const int64_t *old = dt_future_data(before, 0);
+        for (int i = 0; i < 72; i++)
+            cr_expect_eq(old[i], (int64_t)x[i], "%s: a fetch issued before the write sees the old value (%d)", what, i);
+        dt_future_release(&before);
+        /* a src with other sizes, another dtype, a start past the end: refused at the call site */
+        dt_tensor *bad = s_make(e, DT_INT64, 3, dshape, x, (dt_placement[]){R, R});
+        dt_tensor *bin[2] = {dst, bad};
+        s_expect_refused("slice_assign_", 2, bin, &(dt_op_attrs){.nints = 2, .ints = {1, 3}}, DT_EINVAL, "does not fit");
+        s_expect_refused("slice_assign_", 2, in, &(dt_op_attrs){.nints = 2, .ints = {1, 5}}, DT_EINVAL, "does not fit");
+        dt_tensor_release(&bad);
+        dt_tensor_release(&out);
+        dt_tensor_release(&src);
+        dt_tensor_release(&dst);
+    }
+}
+
+/* ---- rotary embedding ----------------------------------------------------------------------- */
+
+S_SCENARIO(rope, rotate_half_by_position)
+{
+    /* x (2, 3, 5, 4): pairs (i, i + 2) rotate by position * inv_freq[i], written out by hand */
+    static const int64_t xs[4] = {2, 3, 5, 4}, ps[2] = {2, 5}, fs[1] = {2};
+    double x[120], pos[10] = {0, 1, 2, 3, 4, 9, 7, 5, 3, 1}, freq[2] = {1.0, 0.125}, want[120];
+    s_fill(x, 120, 0);
+    for (int i = 0; i < 120; i++) {
+        int d = i % 4, s = (i / 4) % 5, b = i / 60;
+        int f = d % 2, lo = i - d + f;
+        double angle = pos[b * 5 + s] * freq[f], c = cos(angle), sn = sin(angle);
+        want[i] = d < 2 ? x[lo] * c - x[lo + 2] * sn : x[lo + 2] * c + x[lo] * sn;
+    }
+    s_layout lay[8];
+    int nl = s_layouts(e, 4, DT_REDUCE_SUM, lay);
+    dt_tensor *p = s_make(e, DT_INT64, 2, ps, pos, (dt_placement[]){dt_replicate(), dt_replicate()});
+    dt_tensor *fr = s_make(e, DT_FLOAT32, 1, fs, freq, (dt_placement[]){dt_replicate(), dt_replicate()});
+    for (int l = 0; l < nl; l++) {
+        char what[64], ln[32];
+        s_layout_name(e, lay[l].pl, ln, sizeof ln);
+        snprintf(what, sizeof what, "[%s]", ln);
+        dt_tensor *t = s_make(e, DT_FLOAT32, 4, xs, x, lay[l].pl);
+        dt_tensor *in[3] = {t, p, fr};
+        s_expect("rope", 3, in, &(dt_op_attrs){.nfloats = 1, .floats = {1.0}}, DT_FLOAT32, 4, xs, want, 1e-5, what);
+        dt_tensor *in_bad[3] = {t, fr, fr};
+        s_expect_refused("rope", 3, in_bad, &(dt_op_attrs){.nfloats = 1, .floats = {1.0}}, DT_EINVAL, "positions");
+        dt_tensor_release(&t);
+    }
+    dt_tensor_release(&p);
+    dt_tensor_release(&fr);
+}
+
 /* ---- matrix products ------------------------------------------------------------------------ */
 
 /* c = a @ b for (bat, m, k) @ (bat or 1, k, n) */
@@ -1846,6 +1929,7 @@ static const char *const s_covered[] = {
     "reshape", "flatten", "unsqueeze", "squeeze", "permute", "expand", "cat", "stack", "slice", "narrow", "select",
     "index_select", "triu", "tril",
     "matmul", "mm", "bmm", "linear", "embedding", "scaled_dot_product_attention",
+    "rope", "slice_assign_",
 };
 
 Test(coverage, every_registered_op)

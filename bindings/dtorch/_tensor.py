@@ -128,6 +128,11 @@ class DTensor(_C.DTensor):
         fut._wait(None)
         return [_dtype._to_numpy_array(b, code, shape) for b, code, shape in fut._pieces()]
 
+    def __setitem__(self, index, value):
+        """``x[..., a:b] = y``: writes into x in place (one dim indexed by a slice or an int)."""
+        from ._ops_write import setitem
+        setitem(self, index, value)
+
     def item(self):
         n = self.numel()
         if n != 1:
