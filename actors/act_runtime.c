@@ -272,6 +272,14 @@ static int s_ensure_device(act_runtime *rt, int64_t id)
     return rc;
 }
 
+uint64_t act_runtime_submitted(void)
+{
+    pthread_mutex_lock(&act_rt.lock);
+    uint64_t n = act_rt.submitted;
+    pthread_mutex_unlock(&act_rt.lock);
+    return n;
+}
+
 int act_runtime_begin(const char *op, dt_mesh *const *meshes, int nmeshes)
 {
     act_runtime *rt = &act_rt;
@@ -306,6 +314,7 @@ int act_runtime_begin(const char *op, dt_mesh *const *meshes, int nmeshes)
         }
         mesh->ready_epoch = rt->epoch;
     }
+    rt->submitted++;
     s_urgent = false;
     s_over_limit = false;
     return 0;

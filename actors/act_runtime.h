@@ -91,6 +91,7 @@ typedef struct {
     pthread_t controller;
     zsock_t *router;               /* controller thread only: the socket every worker talks to */
     double silent_s;               /* a process worker not heard from this long is dead */
+    uint64_t submitted;            /* submissions so far (ops, factories, fetches, redistributes), under lock */
 } act_runtime;
 
 extern act_runtime act_rt;
@@ -105,6 +106,7 @@ mb_writer *act_runtime_record(int64_t device);
  * that follows (pack the record right after, before another payload for the device). */
 int act_runtime_payload(int64_t device, mb_buf buf);
 uint64_t act_runtime_new_id(void);
+uint64_t act_runtime_submitted(void); /* submissions since the process started */
 uint64_t act_runtime_epoch(void);   /* under the lock: the running runtime's epoch */
 /* 0 when a tensor of that epoch is still usable, else DT_ESHUTDOWN naming op. */
 int act_runtime_check_live(const char *op, uint64_t epoch);

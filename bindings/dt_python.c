@@ -968,6 +968,11 @@ static PyObject *s_manual_seed(PyObject *mod, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+static PyObject *s_ops_submitted(PyObject *mod, PyObject *unused)
+{
+    return PyLong_FromUnsignedLongLong(dt_ops_submitted());
+}
+
 static PyObject *s_synchronize(PyObject *mod, PyObject *unused)
 {
     if (dt_synchronize() != 0)
@@ -1007,6 +1012,7 @@ static PyMethodDef s_methods[] = {
     {"current_workers", s_current_workers, METH_NOARGS, NULL},
     {"manual_seed", s_manual_seed, METH_O, NULL},
     {"synchronize", s_synchronize, METH_NOARGS, NULL},
+    {"_ops_submitted", s_ops_submitted, METH_NOARGS, "Submissions so far (ops, factories, fetches, redistributes)."},
     {"_register", s_register, METH_VARARGS, NULL},
     {NULL},
 };

@@ -94,6 +94,8 @@ static int s_strict_error(const op_call *c, int i)
                   "(redistribute it explicitly, or turn strict mode off)", c->def->name, i, have, want);
 }
 
+uint64_t dt_ops_submitted(void) { return act_runtime_submitted(); }
+
 int dt_op_id(const char *name)
 {
     const op_def *def = name ? op_find(name) : NULL;

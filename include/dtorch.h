@@ -95,6 +95,7 @@ void dt_manual_seed(uint64_t seed);     /* resets the random stream of every ran
  * interrupt is polled while waiting and makes the wait return DT_EINTR when it returns true. */
 void dt_set_wait_hooks(void (*enter)(void), void (*leave)(void), bool (*interrupt)(void));
 int dt_synchronize(void);               /* waits until every op sent so far has run */
+uint64_t dt_ops_submitted(void);        /* submissions so far: ops, factories, fetches, redistributes */
 
 /* ---- placements --------------------------------------------------------------------------- */
 dt_placement dt_shard(int32_t dim);
