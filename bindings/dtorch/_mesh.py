@@ -30,6 +30,7 @@ class DeviceMesh:
         self._ids.flags.writeable = False
         self.device_type = str(device_type)
         self.mesh_dim_names = mesh_dim_names
+        self._root, self._root_dims = None, tuple(range(ids.ndim))  # None: this mesh is a root
 
     @property
     def mesh(self):
@@ -50,6 +51,53 @@ class DeviceMesh:
 
     def tolist(self):
         return self._ids.tolist()
+
+    def __getitem__(self, mesh_dim_names):
+        """The sub-mesh of the named dim(s), as torch's ``mesh["tp"]`` or ``mesh["dp", "tp"]``.
+
+        torch returns the sub-mesh that holds the calling rank. A single controller has no rank,
+        so this returns the sub-mesh through the mesh's first device (coordinate 0 on every other
+        dim) and remembers where it came from: ``_get_root_mesh()`` is the mesh it was cut from and
+        ``_root_dims`` the dims of that mesh it spans. ``submeshes(names)`` lists every one.
+        Parallel styles given a sub-mesh lay tensors out on the root mesh, with their placements
+        on these dims and the tensors' own (Replicate for parameters) on the others."""
+        dims = self._dims_of(mesh_dim_names)
+        if dims == tuple(range(self.ndim)):
+            return self
+        return self._sub(dims, tuple(0 if d not in dims else slice(None) for d in range(self.ndim)))
+
+    def submeshes(self, mesh_dim_names):
+        """Every sub-mesh of the named dim(s), one per coordinate of the other dims, row-major."""
+        dims = self._dims_of(mesh_dim_names)
+        others = [d for d in range(self.ndim) if d not in dims]
+        out = []
+        for coord in np.ndindex(*[self.shape[d] for d in others]):
+            at = dict(zip(others, coord))
+            out.append(self._sub(dims, tuple(at.get(d, slice(None)) for d in range(self.ndim))))
+        return out
+
+    def _dims_of(self, mesh_dim_names):
+        if not self.mesh_dim_names:
+            raise RuntimeError("Cannot slice a DeviceMesh without mesh_dim_names!")
+        names = (mesh_dim_names,) if isinstance(mesh_dim_names, str) else tuple(mesh_dim_names)
+        for name in names:
+            if name not in self.mesh_dim_names:
+                raise KeyError(f"Invalid mesh_dim_name {name!r} specified. Valid mesh_dim_names are "
+                               f"{self.mesh_dim_names}")
+        dims = tuple(self.mesh_dim_names.index(n) for n in names)
+        if not names or list(dims) != sorted(set(dims)):
+            raise KeyError(f"Invalid mesh_dim_names {names!r} specified: name distinct dims in the mesh's order "
+                           f"{self.mesh_dim_names}")
+        return dims
+
+    def _sub(self, dims, index):
+        sub = DeviceMesh(self.device_type, self._ids[index], mesh_dim_names=[self.mesh_dim_names[d] for d in dims])
+        sub._root, sub._root_dims = self._get_root_mesh(), tuple(self._root_dims[d] for d in dims)
+        return sub
+
+    def _get_root_mesh(self):
+        """The mesh this one was sliced from (itself when it was not)."""
+        return self if self._root is None else self._root
 
     def __eq__(self, other):
         return (isinstance(other, DeviceMesh) and other.device_type == self.device_type

@@ -1,4 +1,9 @@
-"""dtorch.nn: the functional ops of neural networks (dtorch.nn.functional)."""
+"""dtorch.nn: torch.nn's Module, layers and containers over DTensors (inference only), and the
+functional ops of neural networks (dtorch.nn.functional)."""
 from . import functional
+from .containers import ModuleDict, ModuleList, Sequential
+from .layers import GELU, Embedding, Identity, LayerNorm, Linear, ReLU, RMSNorm, SiLU
+from .module import MetaTensor, Module, RemovableHandle, meta_device
 
-__all__ = ["functional"]
+__all__ = ["Embedding", "GELU", "Identity", "LayerNorm", "Linear", "MetaTensor", "Module", "ModuleDict",
+           "ModuleList", "RMSNorm", "ReLU", "RemovableHandle", "Sequential", "SiLU", "functional", "meta_device"]

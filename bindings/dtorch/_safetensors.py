@@ -1,0 +1,347 @@
+"""safetensors checkpoints: reading straight into each device's slice, and writing.
+
+The format: an 8-byte little-endian header length N, N bytes of JSON ({name: {"dtype", "shape",
+"data_offsets": [begin, end]}, optionally "__metadata__"}), then the tensors' raw bytes, offsets
+counted from the end of the header. A model directory holds one ``model.safetensors`` or several
+shards listed by ``model.safetensors.index.json`` ({"weight_map": {name: file}}).
+
+Reading memory-maps each file and hands every parameter a numpy view of its bytes (bfloat16 as
+uint16: numpy has none); ``distribute_tensor`` (or ``distribute_bits``) copies each device's piece
+straight out of the mapping, so only the pages of the slices a device holds are read, and no
+whole-tensor copy is made on the controller.
+"""
+import json
+import mmap
+import os
+import struct
+import sys
+
+import numpy as np
+
+from . import _dtype
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+_MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit
+
+# safetensors dtype -> (dtorch dtype, numpy dtype of the stored items)
+_DTYPES = {
+    "F32": (_dtype.float32, np.dtype("<f4")),
+    "F16": (_dtype.float16, np.dtype("<f2")),
+    "BF16": (_dtype.bfloat16, np.dtype("<u2")),
+    "I64": (_dtype.int64, np.dtype("<i8")),
+    "I32": (_dtype.int32, np.dtype("<i4")),
+    "BOOL": (_dtype.bool, np.dtype("bool")),
+}
+_NAMES = {dt.name: name for name, (dt, _) in _DTYPES.items()}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read as it should: the message names the file and the tensor."""
+
+
+class SafetensorsFile:
+    """One .safetensors file: its header parsed and checked, its bytes memory-mapped."""
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        try:
+            size = os.path.getsize(self.path)
+            with open(self.path, "rb") as f:
+                head = f.read(8)
+                if size < 8:
+                    raise CheckpointError(f"{self.path}: not a safetensors file ({size} bytes, shorter than the 8-byte "
+                                          "header length)")
+                (n,) = struct.unpack("<Q", head)
+                if n > _MAX_HEADER or 8 + n > size:
+                    raise CheckpointError(f"{self.path}: bad header: its length {n} runs past the end of the file "
+                                          f"({size} bytes): the file is truncated or not safetensors")
+                raw = f.read(n)
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size > 8 + n else None
+        except OSError as e:
+            raise CheckpointError(f"{self.path}: cannot read: {e.strerror or e}") from None
+        try:
+            header = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise CheckpointError(f"{self.path}: bad header: not JSON ({e})") from None
+        if not isinstance(header, dict):
+            raise CheckpointError(f"{self.path}: bad header: expected a JSON object, got {type(header).__name__}")
+        self.metadata = header.pop("__metadata__", None) or {}
+        self._start, self._size = 8 + n, size
+        self.entries = {name: self._entry(name, info) for name, info in header.items()}
+
+    def _entry(self, name, info):
+        where = f"{self.path}: tensor {name!r}"
+        if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
+            raise CheckpointError(f"{where}: bad header entry {info!r} (needs dtype, shape and data_offsets)")
+        if info["dtype"] not in _DTYPES:
+            raise CheckpointError(f"{where}: unsupported dtype {info['dtype']!r} (supported: {', '.join(_DTYPES)})")
+        shape, offsets = info["shape"], info["data_offsets"]
+        if not (isinstance(shape, list) and all(isinstance(s, int) and s >= 0 for s in shape)):
+            raise CheckpointError(f"{where}: bad shape {shape!r}")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
+                and 0 <= offsets[0] <= offsets[1]):
+            raise CheckpointError(f"{where}: bad data_offsets {offsets!r}")
+        items = _DTYPES[info["dtype"]][1]
+        want = int(np.prod(shape, dtype=np.int64)) * items.itemsize
+        if offsets[1] - offsets[0] != want:
+            raise CheckpointError(f"{where}: data_offsets {offsets} hold {offsets[1] - offsets[0]} bytes, but "
+                                  f"{info['dtype']} {tuple(shape)} needs {want}")
+        if self._start + offsets[1] > self._size:
+            raise CheckpointError(f"{where}: its bytes end at {self._start + offsets[1]} but the file has "
+                                  f"{self._size}: the file is truncated")
+        return info["dtype"], tuple(shape), offsets[0]
+
+    def dtype(self, name):
+        return _DTYPES[self.entries[name][0]][0]
+
+    def shape(self, name):
+        return self.entries[name][1]
+
+    def bits(self, name):
+        """The stored items of ``name`` as a read-only numpy view of the mapping (bfloat16 as uint16)."""
+        code, shape, begin = self.entries[name]
+        items = _DTYPES[code][1]
+        count = int(np.prod(shape, dtype=np.int64))
+        if count == 0:
+            return np.zeros(shape, dtype=items)
+        return np.frombuffer(self._map, dtype=items, count=count, offset=self._start + begin).reshape(shape)
+
+    def numpy(self, name):
+        """The values of ``name`` as a numpy array (bfloat16 widened to float32, exactly)."""
+        bits = self.bits(name)
+        if self.dtype(name) == _dtype.bfloat16:
+            return (bits.astype(np.uint32) << 16).view(np.float32)
+        return bits
+
+
+class Checkpoint:
+    """The tensors of a model directory (or of one .safetensors file), by name."""
+
+    def __init__(self, path):
+        path = os.fspath(path)
+        if os.path.isfile(path):
+            files = {os.path.basename(path): path}
+            self._where = None
+            self.directory = os.path.dirname(path)
+        else:
+            self.directory = path
+            index = os.path.join(path, INDEX_FILE)
+            single = os.path.join(path, SINGLE_FILE)
+            if os.path.exists(index):
+                try:
+                    with open(index) as f:
+                        weight_map = json.load(f)["weight_map"]
+                    if not isinstance(weight_map, dict):
+                        raise TypeError("weight_map is not an object")
+                except (OSError, ValueError, KeyError, TypeError) as e:
+                    raise CheckpointError(f"{index}: bad index: {e}") from None
+                self._where = dict(weight_map)
+                files = {name: os.path.join(path, name) for name in sorted(set(weight_map.values()))}
+            elif os.path.exists(single):
+                files, self._where = {SINGLE_FILE: single}, None
+            else:
+                raise CheckpointError(f"{path}: no {SINGLE_FILE} or {INDEX_FILE} there")
+        self.files = {}
+        for name, file in files.items():
+            if not os.path.exists(file):
+                raise CheckpointError(f"{file}: listed in {INDEX_FILE} but missing")
+            self.files[name] = SafetensorsFile(file)
+        if self._where is None:
+            (only,) = self.files
+            self._where = {key: only for key in self.files[only].entries}
+        for key, name in self._where.items():
+            if key not in self.files[name].entries:
+                raise CheckpointError(f"{self.files[name].path}: tensor {key!r} is listed in {INDEX_FILE} but not "
+                                      "in the file")
+
+    def keys(self):
+        return self._where.keys()
+
+    def __contains__(self, key):
+        return key in self._where
+
+    def file(self, key):
+        """The SafetensorsFile that holds ``key``."""
+        return self.files[self._where[key]]
+
+    def describe(self):
+        """Where the tensors are, for error messages."""
+        return ", ".join(f.path for f in self.files.values())
+
+    def dtypes(self):
+        """How many tensors of each dtype the checkpoint holds."""
+        counts = {}
+        for key in self._where:
+            dt = self.file(key).dtype(key)
+            counts[dt] = counts.get(dt, 0) + 1
+        return counts
+
+
+def load_checkpoint(module, checkpoint, *, skip=(), progress=None):
+    """Gives every parameter and persistent buffer of ``module`` its tensor from ``checkpoint`` (a
+    Checkpoint or a path), laid out straight into the tensor's mesh and placements and cast to its
+    dtype on the devices. ``skip``: keys not to load (e.g. a tied weight). A missing tensor or a shape
+    that disagrees is a CheckpointError naming the key and the file; tensors the module does not have
+    are returned (the caller decides whether to warn). ``progress``: a bar on stderr (None: when it
+    is a terminal)."""
+    from .nn.module import distribute_bits
+    ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint(checkpoint)
+    entries = [e for e in module._state_entries() if e[0] not in skip]
+    current = {}
+    for key, owner, name, registry in entries:
+        target = getattr(owner, registry)[name]
+        if key not in ckpt:
+            raise CheckpointError(f"tensor {key!r} is missing from the checkpoint ({ckpt.describe()})")
+        f = ckpt.file(key)
+        if f.shape(key) != tuple(target.shape):
+            raise CheckpointError(f"{f.path}: tensor {key!r} has shape {f.shape(key)} but the model (from its config) "
+                                  f"expects {tuple(target.shape)}")
+        current[key] = target
+    done = {}
+    bar = _progress(len(entries), "Loading weights", progress)
+    try:
+        for key, owner, name, registry in entries:
+            target = current[key]
+            if id(target) not in done:
+                f = ckpt.file(key)
+                value = distribute_bits(f.bits(key), f.dtype(key), target.device_mesh, target.placements)
+                if value.dtype != target.dtype:
+                    value = value.to(target.dtype)
+                done[id(target)] = (target, value)
+            setattr(owner, name, done[id(target)][1])
+            bar.update(1)
+    finally:
+        bar.close()
+    expected = {key for key, *_ in module._state_entries()}
+    return [key for key in ckpt.keys() if key not in expected]
+
+
+# ---- writing ----------------------------------------------------------------------------------
+
+def _host(value):
+    """(safetensors dtype, C-contiguous numpy array of its items) of a DTensor or host array."""
+    from ._tensor import DTensor
+    if isinstance(value, DTensor):
+        array = value.numpy()
+        if value.dtype == _dtype.bfloat16:  # fetched as float32 holding bfloat16 values: the top 16 bits
+            return "BF16", np.ascontiguousarray((np.ascontiguousarray(array).view(np.uint32) >> 16).astype("<u2"))
+        return _NAMES[value.dtype.name], np.ascontiguousarray(array)
+    array = np.asarray(value)
+    if array.dtype.name == "bfloat16":
+        return "BF16", np.ascontiguousarray(array).view("<u2")
+    dt = _dtype._from_numpy(array.dtype)
+    if dt is None:
+        raise TypeError(f"save_file: unsupported dtype {array.dtype}")
+    return _NAMES[dt.name], np.ascontiguousarray(array)
+
+
+def save_file(tensors, path, metadata=None):
+    """Writes ``tensors`` ({name: DTensor or array}) as one safetensors file: tensors ordered by item
+    size (largest first) then name, so every one starts aligned; the header padded with spaces to
+    a multiple of 8 bytes, as the safetensors library does."""
+    items = [(name,) + _host(value) for name, value in tensors.items()]
+    items.sort(key=lambda t: (-t[2].dtype.itemsize, t[0]))
+    header, offset = {}, 0
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    for name, code, array in items:
+        header[name] = {"dtype": code, "shape": list(array.shape), "data_offsets": [offset, offset + array.nbytes]}
+        offset += array.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for _, _, array in items:
+            if array.nbytes:
+                f.write(memoryview(array.reshape(-1)).cast("B"))
+
+
+def parse_size(size):
+    """Bytes from an int or a string such as "5GB", "10MB", "200KiB" (transformers' spelling)."""
+    if isinstance(size, int):
+        return size
+    text = str(size).strip().upper()
+    for suffix, factor in (("GIB", 2**30), ("MIB", 2**20), ("KIB", 2**10), ("GB", 10**9), ("MB", 10**6),
+                           ("KB", 10**3), ("B", 1)):
+        if text.endswith(suffix):
+            return int(float(text[: -len(suffix)]) * factor)
+    return int(text)
+
+
+def save_checkpoint(tensors, directory, max_shard_size="5GB"):
+    """Writes ``tensors`` into ``directory`` as model.safetensors, or as shards
+    model-0000i-of-0000n.safetensors with model.safetensors.index.json when they pass
+    ``max_shard_size`` (each shard holds whole tensors, in name order, as transformers does)."""
+    limit = parse_size(max_shard_size)
+    host = {name: value for name, value in tensors.items()}
+    sizes = {name: int(np.prod(v.shape, dtype=np.int64)) * v.dtype.itemsize for name, v in host.items()}
+    shards, current, used = [], {}, 0
+    for name in host:
+        if current and used + sizes[name] > limit:
+            shards.append(current)
+            current, used = {}, 0
+        current[name] = host[name]
+        used += sizes[name]
+    shards.append(current)
+    os.makedirs(directory, exist_ok=True)
+    for stale in (SINGLE_FILE, INDEX_FILE):
+        if os.path.exists(os.path.join(directory, stale)):
+            os.remove(os.path.join(directory, stale))
+    if len(shards) == 1:
+        save_file(shards[0], os.path.join(directory, SINGLE_FILE), {"format": "pt"})
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, os.path.join(directory, name), {"format": "pt"})
+        weight_map.update({key: name for key in shard})
+    with open(os.path.join(directory, INDEX_FILE), "w") as f:
+        json.dump({"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map}, f, indent=2)
+
+
+# ---- progress ---------------------------------------------------------------------------------
+
+class _NoBar:
+    def update(self, n):
+        pass
+
+    def close(self):
+        pass
+
+
+class _LineBar:
+    """A one-line bar on a terminal: label [#####.....] done/total."""
+
+    def __init__(self, total, label, stream):
+        self.total, self.label, self.stream, self.done = max(total, 1), label, stream, 0
+        self._draw()
+
+    def _draw(self):
+        width = 30
+        filled = width * self.done // self.total
+        self.stream.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total}")
+        self.stream.flush()
+
+    def update(self, n):
+        self.done += n
+        self._draw()
+
+    def close(self):
+        self.stream.write("\n")
+        self.stream.flush()
+
+
+def _progress(total, label, enabled=None):
+    """tqdm when it is installed, else a plain one-line bar on a terminal, else nothing.
+    ``enabled``: True or False forces the choice; None shows a bar when stderr is a terminal."""
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    if not enabled:
+        return _NoBar()
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return _LineBar(total, label, sys.stderr)
+    return tqdm(total=total, desc=label, unit="tensor")

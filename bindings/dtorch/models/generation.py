@@ -1,0 +1,208 @@
+"""Generation for causal language models: a key/value cache and ``generate`` / ``stream`` with
+transformers' arguments. Sampling runs on the devices over the (vocabulary-sharded) logits; only
+the chosen token ids travel to the controller each step."""
+import numpy as np
+
+from .. import _ops, _runtime
+from .._factory import arange, rand, zeros
+from .._ops_view import cat
+from .._placement import Partial, Replicate
+
+
+class StaticCache:
+    """Keys and values of every layer, pre-allocated for ``max_cache_len`` slots and laid out like the
+    keys and values themselves (heads split where they are split): (B, Hkv, max_cache_len, D) per
+    layer, made on the first write. ``key_mask`` (B, 1, 1, max_cache_len) marks the slots that hold
+    real tokens (left padding) once a forward was given an attention_mask."""
+
+    def __init__(self, max_cache_len):
+        if int(max_cache_len) < 1:
+            raise ValueError(f"StaticCache: max_cache_len must be positive, got {max_cache_len}")
+        self.max_cache_len = int(max_cache_len)
+        self.key_cache, self.value_cache = {}, {}
+        self.key_mask = None
+        self._filled = 0
+
+    def get_seq_length(self, layer_idx=0):
+        """Slots written so far."""
+        return self._filled
+
+    def get_max_cache_shape(self):
+        return self.max_cache_len
+
+    def update(self, layer_idx, key_states, value_states, start):
+        """Writes keys and values (B, Hkv, L, D) of layer ``layer_idx`` at slots [start, start + L) and
+        returns the layer's whole keys and values (B, Hkv, max_cache_len, D).
+
+        The one place the cache is written. The runtime has no in-place write yet, so a write is a
+        copy: the slots before, the new ones and the slots after, concatenated."""
+        end = start + key_states.shape[2]
+        if end > self.max_cache_len:
+            raise ValueError(f"StaticCache: slots up to {end} needed, the cache holds {self.max_cache_len}")
+        if layer_idx not in self.key_cache:
+            self.key_cache[layer_idx] = _slots_like(key_states, self.max_cache_len)
+            self.value_cache[layer_idx] = _slots_like(value_states, self.max_cache_len)
+        self.key_cache[layer_idx] = _write(self.key_cache[layer_idx], key_states, start)
+        self.value_cache[layer_idx] = _write(self.value_cache[layer_idx], value_states, start)
+        self._filled = max(self._filled, end)
+        return self.key_cache[layer_idx], self.value_cache[layer_idx]
+
+
+def _slots_like(x, slots):
+    B, H, _, D = x.shape
+    return zeros(B, H, slots, D, device_mesh=x.device_mesh, placements=_no_partial(x.placements), dtype=x.dtype)
+
+
+def _no_partial(placements):
+    return [Replicate() if isinstance(p, Partial) else p for p in placements]
+
+
+def _write(cache, new, start):
+    end, slots = start + new.shape[2], cache.shape[2]
+    parts = ([cache[:, :, :start]] if start else []) + [new] + ([cache[:, :, end:]] if end < slots else [])
+    return cat(parts, dim=2) if len(parts) > 1 else new
+
+
+class GenerationMixin:
+    """``generate`` and ``stream`` for a model whose forward takes (input_ids, attention_mask,
+    position_ids, past_key_values, logits_to_keep) and returns ``.logits``."""
+
+    def generate(self, input_ids, max_new_tokens=20, do_sample=False, temperature=1.0, top_k=None, top_p=None,
+                 seed=None, eos_token_id=None, attention_mask=None, streamer=None, pad_token_id=None):
+        """The prompts (B, P) followed by up to max_new_tokens new tokens each, as numpy int64
+        (B, P + n). Greedy, or with ``do_sample`` sampled after temperature, top-k and top-p (in
+        transformers' order) by the Gumbel-max trick on the devices with dtorch's counter-based
+        random numbers: ``seed`` (which reseeds dtorch.manual_seed) gives the same tokens on every
+        mesh. Rows of different lengths: left padding with ``attention_mask`` (1 token, 0 pad).
+        ``eos_token_id`` (an int or a list): a row that made it gets ``pad_token_id`` afterwards
+        (default: the config's pad, else the eos), and generation stops when every row has.
+        ``streamer``: ``put(ids)`` gets the prompts, then each step's tokens (B,); ``end()`` at the end."""
+        prompt = self._prompt(input_ids)
+        steps = self.stream(prompt, max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
+                            top_p=top_p, seed=seed, eos_token_id=eos_token_id, attention_mask=attention_mask,
+                            pad_token_id=pad_token_id)
+        if streamer is not None:
+            streamer.put(prompt)
+        out = [prompt]
+        for tokens in steps:
+            out.append(tokens[:, None])
+            if streamer is not None:
+                streamer.put(tokens)
+        if streamer is not None:
+            streamer.end()
+        return np.concatenate(out, axis=1)
+
+    def _prompt(self, input_ids):
+        ids = np.asarray(input_ids)
+        if ids.ndim == 1:
+            ids = ids[None, :]
+        if ids.ndim != 2 or ids.shape[1] == 0 or not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError(f"generate: input_ids must be integer token ids of shape (batch, seq) with seq > 0, "
+                             f"got {ids.dtype} {ids.shape}")
+        return self._checked_ids(ids)
+
+    def stream(self, input_ids, max_new_tokens=20, do_sample=False, temperature=1.0, top_k=None, top_p=None,
+               seed=None, eos_token_id=None, attention_mask=None, pad_token_id=None):
+        """An iterator over the new tokens, one numpy (B,) array per step, as ``generate`` makes them."""
+        prompt = self._prompt(input_ids)
+        B, P = prompt.shape
+        mask = np.ones((B, P), np.int64) if attention_mask is None else np.asarray(attention_mask)
+        if mask.shape != (B, P):
+            raise ValueError(f"generate: attention_mask has shape {mask.shape}, input_ids {prompt.shape}")
+        warp = _Sampler(do_sample, temperature, top_k, top_p)
+        eos = _token_set(eos_token_id)
+        if pad_token_id is None:
+            pad_token_id = self.config.pad_token_id
+        if pad_token_id is None:
+            pad_token_id = min(eos) if eos else 0
+        return self._steps(prompt, mask != 0, int(max_new_tokens), warp, seed, eos, int(pad_token_id))
+
+    def _steps(self, prompt, real, max_new_tokens, warp, seed, eos, pad):
+        B, P = prompt.shape
+        if max_new_tokens <= 0:
+            return
+        cache = StaticCache(P + max_new_tokens)
+        positions = np.where(real, np.cumsum(real, axis=1) - 1, 1).astype(np.int64)   # HF's, from the mask
+        padded = not real.all()
+        if seed is not None:
+            _runtime.manual_seed(seed)
+        out = self(prompt, attention_mask=real if padded else None, position_ids=positions if padded else None,
+                   past_key_values=cache, logits_to_keep=1)
+        logits = out.logits[:, -1]                                                   # (B, V)
+        position = positions[:, -1:] + 1                                            # (B, 1)
+        done = np.zeros(B, bool)
+        for step in range(max_new_tokens):
+            token = warp.choose(logits)                                             # (B,) on the devices
+            pending = token.future()
+            if step + 1 < max_new_tokens:   # the next step is queued before this one's ids arrive
+                out = self(token.view(B, 1), position_ids=position if padded else None, past_key_values=cache,
+                           logits_to_keep=1)
+                logits = out.logits[:, -1]
+                position = position + 1
+            tokens = pending.result().astype(np.int64)
+            tokens[done] = pad
+            yield tokens
+            if eos:
+                done |= np.isin(tokens, list(eos))
+                if done.all():
+                    return
+
+
+def _token_set(eos_token_id):
+    if eos_token_id is None:
+        return set()
+    if isinstance(eos_token_id, (int, np.integer)):
+        return {int(eos_token_id)}
+    return {int(t) for t in eos_token_id}
+
+
+class _Sampler:
+    """The next token from logits (B, V) on the devices: argmax, or after temperature / top-k /
+    top-p, the argmax of logits plus Gumbel noise (a sample of softmax(logits))."""
+
+    def __init__(self, do_sample, temperature, top_k, top_p):
+        self.do_sample = bool(do_sample)
+        if self.do_sample:
+            if not (isinstance(temperature, (int, float)) and temperature > 0):
+                raise ValueError(f"generate: temperature must be a positive float, got {temperature!r}")
+            if top_k is not None and (not isinstance(top_k, (int, np.integer)) or top_k < 0):
+                raise ValueError(f"generate: top_k must be a non-negative int, got {top_k!r}")
+            if top_p is not None and not (isinstance(top_p, (int, float)) and 0.0 <= top_p <= 1.0):
+                raise ValueError(f"generate: top_p must be a float in [0, 1], got {top_p!r}")
+        self.temperature = float(temperature)
+        self.top_k = int(top_k) if top_k else 0
+        self.top_p = float(top_p) if top_p is not None else 1.0
+        self._index = {}
+
+    def choose(self, logits):
+        if self.do_sample:
+            logits = self._warp(logits)
+            noise = rand(logits.shape, device_mesh=logits.device_mesh, placements=_no_partial(logits.placements))
+            logits = logits - (-noise.log()).log()                                  # + Gumbel(0, 1)
+        return self._argmax(logits)
+
+    def _warp(self, logits):
+        V = logits.shape[-1]
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
+        if self.top_k and self.top_k < V:
+            kth = logits.topk(self.top_k, -1).values[:, -1:]                        # (B, 1)
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if self.top_p < 1.0:
+            ranked = logits.topk(V, -1).values                                      # (B, V), largest first
+            probs = ranked.softmax(-1)
+            before = probs.cumsum(-1) - probs                                       # mass of the better tokens
+            # the best token always stays (its mass before is 0), even for top_p = 0
+            lowest = ranked.masked_fill(before >= max(self.top_p, 1e-12), float("inf")).amin(-1, keepdim=True)
+            logits = logits.masked_fill(logits < lowest, float("-inf"))
+        return logits
+
+    def _argmax(self, x):
+        """The first index of the largest value along the last dim: a max and a min over the
+        (sharded) vocabulary, so only one number per row crosses devices."""
+        V = x.shape[-1]
+        key = (x.device_mesh, V)
+        if key not in self._index:
+            self._index[key] = arange(V, device_mesh=x.device_mesh)
+        best = x.amax(-1, keepdim=True)
+        return _ops.where(x == best, self._index[key], V).amin(-1)

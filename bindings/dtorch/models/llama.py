@@ -1,0 +1,413 @@
+"""Llama (Touvron et al. 2023; Llama 2 and 3): a decoder-only transformer with RMSNorm before each
+block, rotary position embeddings (RoPE), grouped-query attention and a SwiGLU feed-forward.
+
+Module tree, parameter names and semantics are those of HF transformers' ``modeling_llama.py``, so
+``state_dict()`` keys equal a checkpoint's. The file is single-device code: it holds no parallel
+logic. ``parallelize_llama`` (llama_parallel.py) lays the parameters out over a mesh from outside,
+and every op here follows the placements its inputs have. Shapes in comments: B batch, L new tokens,
+S key slots (L, or the cache's length), H query heads, Hkv key/value heads (as many as the k/v
+projections give: a parallel style may widen them), D head_dim, E hidden size, V vocabulary.
+"""
+import dataclasses
+import json
+import math
+import os
+from typing import Optional
+
+import numpy as np
+
+from .. import _dtype, _ops_view
+from .._factory import arange, distribute_tensor, ones
+from .._placement import Replicate
+from .._safetensors import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
+from .._tensor import DTensor
+from ..nn import functional as F
+from ..nn.layers import GELU, Embedding, Linear, ReLU, RMSNorm, SiLU
+from ..nn.module import Module, default_mesh, meta_device
+from ..nn.containers import ModuleList
+from .generation import GenerationMixin, StaticCache
+
+_ACTIVATIONS = {"silu": SiLU, "swish": SiLU, "relu": ReLU, "gelu": GELU,
+                "gelu_pytorch_tanh": lambda: GELU("tanh"), "gelu_new": lambda: GELU("tanh")}
+_DTYPE_NAMES = {"float32": _dtype.float32, "float16": _dtype.float16, "bfloat16": _dtype.bfloat16,
+                "float": _dtype.float32, "half": _dtype.float16}
+
+
+@dataclasses.dataclass
+class LlamaConfig:
+    """HF's LlamaConfig fields (config.json). Reads both spellings in the wild: older files with
+    top-level ``rope_theta``, ``rope_scaling`` and ``torch_dtype``, newer ones with
+    ``rope_parameters`` (holding rope_theta and the scaling) and ``dtype``."""
+
+    vocab_size: int = 32000
+    hidden_size: int = 4096
+    intermediate_size: int = 11008
+    num_hidden_layers: int = 32
+    num_attention_heads: int = 32
+    num_key_value_heads: Optional[int] = None
+    head_dim: Optional[int] = None
+    hidden_act: str = "silu"
+    max_position_embeddings: int = 2048
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: Optional[dict] = None
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    tie_word_embeddings: bool = False
+    torch_dtype: Optional[str] = None
+    bos_token_id: Optional[int] = 1
+    eos_token_id: Optional[object] = 2
+    pad_token_id: Optional[int] = None
+
+    def __post_init__(self):
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.head_dim is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise ValueError(f"LlamaConfig: hidden_size {self.hidden_size} is not a multiple of "
+                                 f"num_attention_heads {self.num_attention_heads}; give head_dim")
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"LlamaConfig: num_attention_heads {self.num_attention_heads} is not a multiple of "
+                             f"num_key_value_heads {self.num_key_value_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"LlamaConfig: head_dim {self.head_dim} must be even for rotary embeddings")
+        if self.hidden_act not in _ACTIVATIONS:
+            raise ValueError(f"LlamaConfig: hidden_act {self.hidden_act!r} is not supported "
+                             f"(supported: {', '.join(_ACTIVATIONS)})")
+        if self.rope_scaling is not None:
+            rope_type = self.rope_scaling.get("rope_type", self.rope_scaling.get("type", "default"))
+            if rope_type not in ("default", "linear", "llama3"):
+                raise ValueError(f"LlamaConfig: rope_scaling type {rope_type!r} is not supported "
+                                 "(supported: default, linear, llama3)")
+
+    @classmethod
+    def from_dict(cls, d):
+        d = dict(d)
+        params = d.pop("rope_parameters", None)
+        if params:
+            params = dict(params)
+            d.setdefault("rope_theta", params.pop("rope_theta", 10000.0))
+            if params.get("rope_type", params.get("type", "default")) != "default":
+                d.setdefault("rope_scaling", params)
+        if "dtype" in d:
+            d.setdefault("torch_dtype", d.pop("dtype"))
+        if d.get("rope_scaling") is not None and d["rope_scaling"].get(
+                "rope_type", d["rope_scaling"].get("type")) == "default":
+            d["rope_scaling"] = None
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    @classmethod
+    def from_pretrained(cls, path):
+        file = os.path.join(path, "config.json") if os.path.isdir(path) else path
+        try:
+            with open(file) as f:
+                return cls.from_dict(json.load(f))
+        except OSError as e:
+            raise CheckpointError(f"{file}: cannot read the config: {e.strerror or e}") from None
+        except ValueError as e:
+            if isinstance(e, CheckpointError):
+                raise
+            raise CheckpointError(f"{file}: bad config: {e}") from None
+
+    def to_dict(self):
+        d = dataclasses.asdict(self)
+        d.update(architectures=["LlamaForCausalLM"], model_type="llama")
+        return d
+
+    def save_pretrained(self, directory):
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, "config.json"), "w") as f:
+            json.dump(self.to_dict(), f, indent=2, sort_keys=True)
+
+
+def rope_inv_freq(config):
+    """RoPE's inverse frequencies (D/2,) in float32, as HF computes them: theta^(-2i/D), then the
+    rope_scaling rule ("linear": divided by factor; "llama3": long wavelengths divided by factor,
+    short ones kept, a smooth blend between)."""
+    dim = config.head_dim
+    inv_freq = (1.0 / (config.rope_theta ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim)))
+    inv_freq = inv_freq.astype(np.float32)
+    scaling = config.rope_scaling or {}
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type == "linear":
+        return (inv_freq / np.float32(scaling["factor"])).astype(np.float32)
+    if rope_type == "llama3":
+        factor = scaling["factor"]
+        low_freq_factor, high_freq_factor = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_context_len = scaling["original_max_position_embeddings"]
+        low_freq_wavelen = old_context_len / low_freq_factor
+        high_freq_wavelen = old_context_len / high_freq_factor
+        wavelen = (2 * math.pi / inv_freq).astype(np.float32)
+        scaled = np.where(wavelen > low_freq_wavelen, inv_freq / np.float32(factor), inv_freq).astype(np.float32)
+        smooth = ((old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)).astype(np.float32)
+        smoothed = ((1 - smooth) * scaled / np.float32(factor) + smooth * scaled).astype(np.float32)
+        medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
+        return np.where(medium, smoothed, scaled).astype(np.float32)
+    return inv_freq
+
+
+class LlamaRotaryEmbedding(Module):
+    """cos and sin of position * inv_freq for the positions asked, and the rotate-half matrix.
+    Tables of cos/sin by position are kept per (mesh, dtype) and grown as positions need; they are
+    derived from the config, so they are no buffers (HF's inv_freq is not in checkpoints either)."""
+
+    def __init__(self, config, device_mesh=None, dtype=None):
+        super().__init__()
+        self.head_dim = config.head_dim
+        self.inv_freq = rope_inv_freq(config)
+        self._tables = {}
+
+    def _table(self, mesh, dtype, length):
+        key = (mesh, dtype)
+        cached = self._tables.get(key)
+        if cached is None or cached[0].shape[0] < length:
+            rows = max(length, 2 * cached[0].shape[0] if cached else 256)
+            freqs = np.arange(rows, dtype=np.float32)[:, None] * self.inv_freq[None, :]   # (rows, D/2)
+            emb = np.concatenate([freqs, freqs], axis=-1)                                  # (rows, D)
+            half = self.head_dim // 2
+            rotate = np.zeros((self.head_dim, self.head_dim), np.float32)   # x @ rotate = cat(-x2, x1)
+            rotate[np.arange(half) + half, np.arange(half)] = -1.0
+            rotate[np.arange(half), np.arange(half) + half] = 1.0
+            cached = tuple(distribute_tensor(a, mesh).to(dtype) if dtype != _dtype.float32 else
+                           distribute_tensor(a, mesh) for a in (np.cos(emb), np.sin(emb), rotate))
+            self._tables[key] = cached
+        return cached
+
+    def forward(self, x, position_ids, num_positions):
+        """cos, sin (B|1, 1, L, D) for position_ids (B|1, L) (all below num_positions), and the
+        (D, D) matrix that rotates halves."""
+        cos, sin, rotate = self._table(x.device_mesh, x.dtype, num_positions)
+        return F.embedding(position_ids, cos).unsqueeze(1), F.embedding(position_ids, sin).unsqueeze(1), rotate
+
+
+def apply_rotary_pos_emb(x, rope):
+    """x * cos + rotate_half(x) * sin, with rotate_half(x) = cat(-x2, x1) as one matmul."""
+    cos, sin, rotate = rope
+    return x * cos + (x @ rotate) * sin
+
+
+class LlamaAttention(Module):
+    def __init__(self, config, layer_idx, device_mesh=None, dtype=None):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.head_dim = config.head_dim
+        self.scaling = config.head_dim ** -0.5
+        E, H, Hkv, D = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        bias = config.attention_bias
+        self.q_proj = Linear(E, H * D, bias=bias, device_mesh=device_mesh, dtype=dtype)
+        self.k_proj = Linear(E, Hkv * D, bias=bias, device_mesh=device_mesh, dtype=dtype)
+        self.v_proj = Linear(E, Hkv * D, bias=bias, device_mesh=device_mesh, dtype=dtype)
+        self.o_proj = Linear(H * D, E, bias=bias, device_mesh=device_mesh, dtype=dtype)
+
+    def forward(self, x, rope, mask, cache, start):
+        B, L, _ = x.shape                                                       # x: (B, L, E)
+        q = self.q_proj(x).view(B, L, -1, self.head_dim).transpose(1, 2)       # (B, H, L, D)
+        k = self.k_proj(x).view(B, L, -1, self.head_dim).transpose(1, 2)       # (B, Hkv, L, D)
+        v = self.v_proj(x).view(B, L, -1, self.head_dim).transpose(1, 2)       # (B, Hkv, L, D)
+        q, k = apply_rotary_pos_emb(q, rope), apply_rotary_pos_emb(k, rope)
+        if cache is not None:
+            k, v = cache.update(self.layer_idx, k, v, start)                   # (B, Hkv, S, D)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.scaling,
+                                           enable_gqa=q.shape[1] != k.shape[1])  # (B, H, L, D)
+        return self.o_proj(o.transpose(1, 2).reshape(B, L, -1))                 # (B, L, E)
+
+
+class LlamaMLP(Module):
+    """down(act(gate(x)) * up(x)): SwiGLU with silu."""
+
+    def __init__(self, config, device_mesh=None, dtype=None):
+        super().__init__()
+        E, I, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = Linear(E, I, bias=bias, device_mesh=device_mesh, dtype=dtype)
+        self.up_proj = Linear(E, I, bias=bias, device_mesh=device_mesh, dtype=dtype)
+        self.down_proj = Linear(I, E, bias=bias, device_mesh=device_mesh, dtype=dtype)
+        self.act_fn = _ACTIVATIONS[config.hidden_act]()
+
+    def forward(self, x):                                                      # (B, L, E)
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(Module):
+    def __init__(self, config, layer_idx, device_mesh=None, dtype=None):
+        super().__init__()
+        self.self_attn = LlamaAttention(config, layer_idx, device_mesh, dtype)
+        self.mlp = LlamaMLP(config, device_mesh, dtype)
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, device_mesh=device_mesh,
+                                       dtype=dtype)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps,
+                                                device_mesh=device_mesh, dtype=dtype)
+
+    def forward(self, h, rope, mask, cache, start):                           # (B, L, E)
+        h = h + self.self_attn(self.input_layernorm(h), rope, mask, cache, start)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+def _on_mesh_like(value, like, dtype=None):
+    """A host array laid out like ``like`` (same mesh and placements: the batch dim split alike)."""
+    if value is None or isinstance(value, DTensor):
+        return value
+    array = np.asarray(value)
+    if dtype is not None:
+        array = array.astype(dtype)
+    placements = [Replicate() if p.is_partial() else p for p in like.placements]
+    return distribute_tensor(np.ascontiguousarray(array), like.device_mesh, placements)
+
+
+def key_mask_from(attention_mask, slots):
+    """attention_mask (B, K) (1: a token, 0: padding) as a bool (B, 1, 1, slots) mask of the key
+    slots; slots past K count as tokens (they are hidden by causality until written)."""
+    mask = attention_mask if attention_mask.dtype == _dtype.bool else attention_mask != 0
+    B, K = mask.shape
+    if K > slots:
+        raise ValueError(f"attention_mask covers {K} positions but there are only {slots} key slots")
+    if K < slots:
+        mask = _ops_view.cat([mask, ones(B, slots - K, device_mesh=mask.device_mesh, placements=mask.placements,
+                                         dtype=_dtype.bool)], dim=1)
+    return mask.view(B, 1, 1, slots)
+
+
+class LlamaModel(Module):
+    def __init__(self, config, device_mesh=None, dtype=None):
+        super().__init__()
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, device_mesh=device_mesh, dtype=dtype)
+        self.layers = ModuleList([LlamaDecoderLayer(config, i, device_mesh, dtype)
+                                  for i in range(config.num_hidden_layers)])
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, device_mesh=device_mesh, dtype=dtype)
+        self.rotary_emb = LlamaRotaryEmbedding(config, device_mesh, dtype)
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None):
+        B, L = input_ids.shape                                                 # input_ids: (B, L)
+        cache = past_key_values
+        start = cache.get_seq_length() if cache is not None else 0
+        S = cache.max_cache_len if cache is not None else L
+        if start + L > S:
+            raise ValueError(f"the cache holds {S} positions: {start} are filled, {L} more do not fit")
+        h = self.embed_tokens(input_ids)                                       # (B, L, E)
+        mesh = h.device_mesh
+        num_positions = start + L
+        if position_ids is None:
+            position_ids = arange(start, start + L, device_mesh=mesh).unsqueeze(0)   # (1, L)
+        elif not isinstance(position_ids, DTensor):
+            position_ids = np.asarray(position_ids)
+            num_positions = max(num_positions, int(position_ids.max(initial=0)) + 1)
+            position_ids = _on_mesh_like(position_ids, input_ids, np.int64)
+        rope = self.rotary_emb(h, position_ids, num_positions)
+        key_mask = None
+        if attention_mask is not None:
+            key_mask = key_mask_from(_on_mesh_like(attention_mask, input_ids), S)   # (B, 1, 1, S)
+        if cache is not None:
+            if key_mask is not None:
+                cache.key_mask = key_mask
+            key_mask = cache.key_mask
+        mask = None                                                            # None: plain causal attention
+        if cache is not None or key_mask is not None:
+            slots = arange(S, device_mesh=mesh)                                # (S,)
+            queries = arange(start, start + L, device_mesh=mesh).unsqueeze(1)  # (L, 1)
+            mask = slots <= queries                                            # (L, S): causal over the slots
+            if key_mask is not None:
+                mask = mask & key_mask                                         # (B, 1, L, S)
+        for layer in self.layers:
+            h = layer(h, rope, mask, cache, start)
+        return self.norm(h)                                                    # (B, L, E)
+
+
+@dataclasses.dataclass
+class CausalLMOutputWithPast:
+    """What LlamaForCausalLM returns, as transformers: ``.logits`` (B, L, V), ``.past_key_values``."""
+
+    logits: DTensor
+    past_key_values: Optional[StaticCache] = None
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            return getattr(self, key)
+        return tuple(v for v in (self.logits, self.past_key_values) if v is not None)[key]
+
+
+class LlamaForCausalLM(GenerationMixin, Module):
+    """Llama with its language-model head: logits over the vocabulary for every position."""
+
+    def __init__(self, config, device_mesh=None, dtype=None):
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config, device_mesh, dtype)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False, device_mesh=device_mesh, dtype=dtype)
+        if config.tie_word_embeddings:
+            self.tie_weights()
+
+    def tie_weights(self):
+        """lm_head shares the input embedding's weight (when the config ties them)."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def __call__(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False,
+                 logits_to_keep=0):
+        if not isinstance(input_ids, DTensor):
+            input_ids = self._checked_ids(input_ids)
+        return super().__call__(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                past_key_values=past_key_values, use_cache=use_cache, logits_to_keep=logits_to_keep)
+
+    def _checked_ids(self, input_ids):
+        ids = np.asarray(input_ids)
+        if ids.ndim == 1:
+            ids = ids[None, :]
+        if ids.ndim != 2 or not (np.issubdtype(ids.dtype, np.integer) or ids.size == 0):
+            raise ValueError(f"input_ids must be integers of shape (batch, seq), got {ids.dtype} {ids.shape}")
+        if ids.size and (ids.min() < 0 or ids.max() >= self.config.vocab_size):
+            bad = ids[(ids < 0) | (ids >= self.config.vocab_size)][0]
+            raise ValueError(f"input_ids: token id {int(bad)} is out of range for the vocabulary of "
+                             f"{self.config.vocab_size}")
+        return ids.astype(np.int64)
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False,
+                logits_to_keep=0):
+        """Logits (B, L, V) for input_ids (B, L): host ids (checked against the vocabulary) or a DTensor.
+        attention_mask (B, K): 1 for tokens, 0 for (left) padding, over the cache's slots so far
+        (K may run to the cache's length). past_key_values: a StaticCache to read and extend;
+        use_cache=True without one makes one just big enough. logits_to_keep=n: only the last n."""
+        if not isinstance(input_ids, DTensor):
+            input_ids = distribute_tensor(self._checked_ids(input_ids), self.model.embed_tokens.weight.device_mesh)
+        if use_cache and past_key_values is None:
+            past_key_values = StaticCache(input_ids.shape[1])
+        h = self.model(input_ids, attention_mask, position_ids, past_key_values)   # (B, L, E)
+        if logits_to_keep:
+            h = h[:, -logits_to_keep:, :]
+        return CausalLMOutputWithPast(self.lm_head(h), past_key_values)          # logits: (B, L, V)
+
+    # ---- checkpoints -----------------------------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(cls, path, device_mesh=None, dtype=None, progress=None):
+        """The model of an HF directory (config.json, model.safetensors or a sharded index), laid out
+        over ``device_mesh`` (named dims dp and tp; default one CPU device) by parallelize_llama, each
+        device reading only its slices of every tensor. ``dtype=None`` keeps the checkpoint's."""
+        from .llama_parallel import parallelize_llama
+        config = LlamaConfig.from_pretrained(path)
+        checkpoint = Checkpoint(path)
+        if dtype is None:
+            counts = {dt: n for dt, n in checkpoint.dtypes().items() if dt.is_floating_point}
+            dtype = max(counts, key=counts.get) if counts else _dtype.float32
+        mesh = device_mesh if device_mesh is not None else default_mesh()
+        with meta_device():
+            model = cls(config, device_mesh=mesh, dtype=_dtype._resolve(dtype))
+        parallelize_llama(model, mesh)
+        tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+        unused = load_checkpoint(model, checkpoint, skip=tied, progress=progress)
+        model.tie_weights()
+        unused = [k for k in unused if k not in tied and not k.endswith("rotary_emb.inv_freq")]
+        if unused:
+            import warnings
+            warnings.warn(f"Some weights of the checkpoint at {path} were not used: {unused}")
+        return model.eval()
+
+    def save_pretrained(self, save_directory, max_shard_size="5GB"):
+        """Writes config.json and the weights (model.safetensors, or shards with an index past
+        max_shard_size), in the parameters' dtype; a tied lm_head is not written, as transformers."""
+        state = self.state_dict()
+        if self.config.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        config = dataclasses.replace(self.config, torch_dtype=self.model.embed_tokens.weight.dtype.name)
+        config.save_pretrained(save_directory)
+        save_checkpoint(state, save_directory, max_shard_size)
