@@ -6,7 +6,7 @@ import numpy as np
 from .. import _ops, _runtime
 from .._factory import arange, rand, zeros
 from .._ops_view import cat
-from .._placement import Partial, Replicate
+from .._placement import Partial, Replicate, Shard
 
 
 class StaticCache:
@@ -185,11 +185,17 @@ class _Sampler:
         V = logits.shape[-1]
         if self.temperature != 1.0:
             logits = logits / self.temperature
+        if (self.top_k and self.top_k < V) or self.top_p < 1.0:
+            # ranking needs whole rows: the vocabulary shards are gathered among the devices (B x V)
+            whole = logits.redistribute(logits.device_mesh, [Replicate() if isinstance(p, Shard) and p.dim == 1
+                                                             else p for p in _no_partial(logits.placements)])
         if self.top_k and self.top_k < V:
-            kth = logits.topk(self.top_k, -1).values[:, -1:]                        # (B, 1)
+            kth = whole.topk(self.top_k, -1).values[:, -1:]                         # (B, 1)
             logits = logits.masked_fill(logits < kth, float("-inf"))
+            if self.top_p < 1.0:
+                whole = whole.masked_fill(whole < kth, float("-inf"))
         if self.top_p < 1.0:
-            ranked = logits.topk(V, -1).values                                      # (B, V), largest first
+            ranked = whole.topk(V, -1).values                                       # (B, V), largest first
             probs = ranked.softmax(-1)
             before = probs.cumsum(-1) - probs                                       # mass of the better tokens
             # the best token always stays (its mass before is 0), even for top_p = 0
@@ -201,8 +207,11 @@ class _Sampler:
         """The first index of the largest value along the last dim: a max and a min over the
         (sharded) vocabulary, so only one number per row crosses devices."""
         V = x.shape[-1]
-        key = (x.device_mesh, V)
-        if key not in self._index:
-            self._index[key] = arange(V, device_mesh=x.device_mesh)
-        best = x.amax(-1, keepdim=True)
+        split = tuple(Shard(0) if isinstance(p, Shard) and p.dim == x.ndim - 1 else Replicate() for p in x.placements)
+        key = (x.device_mesh, V, split)
+        if key not in self._index:   # vocabulary positions, split as the vocabulary is
+            self._index[key] = arange(V, device_mesh=x.device_mesh, placements=list(split))
+        best = x.amax(-1, keepdim=True)                                            # Partial(max) over shards
+        if any(p.is_partial() for p in best.placements):
+            best = best.redistribute(best.device_mesh, _no_partial(best.placements))   # (B, 1) all-reduced
         return _ops.where(x == best, self._index[key], V).amin(-1)

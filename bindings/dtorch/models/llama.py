@@ -296,6 +296,8 @@ class LlamaModel(Module):
         rope = self.rotary_emb(h, position_ids, num_positions)
         key_mask = None
         if attention_mask is not None:
+            if not isinstance(attention_mask, DTensor):
+                attention_mask = np.asarray(attention_mask) != 0
             key_mask = key_mask_from(_on_mesh_like(attention_mask, input_ids), S)   # (B, 1, 1, S)
         if cache is not None:
             if key_mask is not None:
@@ -346,6 +348,10 @@ class LlamaForCausalLM(GenerationMixin, Module):
                  logits_to_keep=0):
         if not isinstance(input_ids, DTensor):
             input_ids = self._checked_ids(input_ids)
+        if attention_mask is not None and not isinstance(attention_mask, DTensor):
+            attention_mask = np.asarray(attention_mask) != 0
+        if position_ids is not None and not isinstance(position_ids, DTensor):
+            position_ids = np.asarray(position_ids, dtype=np.int64)
         return super().__call__(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                 past_key_values=past_key_values, use_cache=use_cache, logits_to_keep=logits_to_keep)
 

@@ -1,0 +1,137 @@
+"""An independent Llama in numpy (float64), written from HF transformers' semantics (modeling_llama.py
+and modeling_rope_utils.py), not from dtorch's model code; and random weights to feed both.
+
+HF semantics followed here: RMSNorm x / sqrt(mean(x^2) + eps) * w; RoPE with the rotate-half
+convention, q * cos + rotate_half(q) * sin, cos/sin of position * inv_freq repeated over both
+halves; inv_freq = theta^(-2i/D), llama3 scaling by wavelength bands; grouped-query attention by
+repeating each k/v head for its group; causal softmax(q k^T / sqrt(D)) with padded keys hidden;
+SwiGLU MLP down(silu(gate(x)) * up(x)); final norm; lm_head (the embedding when tied).
+"""
+import math
+
+import numpy as np
+
+
+def inv_freq(head_dim, theta, scaling=None):
+    freq = 1.0 / theta ** (np.arange(0, head_dim, 2) / head_dim)
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if kind == "linear":
+        return freq / scaling["factor"]
+    if kind != "llama3":
+        return freq
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    context = scaling["original_max_position_embeddings"]
+    out = []
+    for f in freq:
+        wavelen = 2 * math.pi / f
+        if wavelen < context / high:
+            out.append(f)                       # high frequencies: unchanged
+        elif wavelen > context / low:
+            out.append(f / factor)              # low frequencies: interpolated by factor
+        else:                                   # in between: a smooth blend
+            smooth = (context / wavelen - low) / (high - low)
+            out.append((1 - smooth) * f / factor + smooth * f)
+    return np.array(out)
+
+
+def _rms(x, w, eps):
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def _silu(x):
+    return x / (1 + np.exp(-x))
+
+
+def logits(weights, cfg, ids, attention_mask=None, position_ids=None):
+    """Logits (B, L, V) in float64. ``weights``: the HF state dict as numpy arrays; ``cfg``: a dict
+    of config.json fields. Query rows whose every key is padding give zeros (they are padding)."""
+    w = {k: np.asarray(v, np.float64) for k, v in weights.items()}
+    ids = np.asarray(ids)
+    B, L = ids.shape
+    H, E = cfg["num_attention_heads"], cfg["hidden_size"]
+    Hkv = cfg.get("num_key_value_heads") or H
+    D = cfg.get("head_dim") or E // H
+    eps = cfg.get("rms_norm_eps", 1e-6)
+    mask = np.ones((B, L), bool) if attention_mask is None else np.asarray(attention_mask) != 0
+    if position_ids is None:
+        position_ids = np.broadcast_to(np.arange(L), (B, L))
+    angles = np.asarray(position_ids)[..., None] * inv_freq(D, cfg.get("rope_theta", 10000.0),
+                                                             cfg.get("rope_scaling"))[None, None, :]
+    cos = np.cos(np.concatenate([angles, angles], -1))[:, None]   # (B, 1, L, D)
+    sin = np.sin(np.concatenate([angles, angles], -1))[:, None]
+    allowed = np.tril(np.ones((L, L), bool))[None, None] & mask[:, None, None, :]   # (B, 1, L, L)
+
+    x = w["model.embed_tokens.weight"][ids]
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+
+        def proj(name, h):
+            y = h @ w[p + name + ".weight"].T
+            return y + w[p + name + ".bias"] if p + name + ".bias" in w else y
+
+        h = _rms(x, w[p + "input_layernorm.weight"], eps)
+        q = proj("self_attn.q_proj", h).reshape(B, L, H, D).transpose(0, 2, 1, 3)
+        k = proj("self_attn.k_proj", h).reshape(B, L, Hkv, D).transpose(0, 2, 1, 3)
+        v = proj("self_attn.v_proj", h).reshape(B, L, Hkv, D).transpose(0, 2, 1, 3)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        k, v = np.repeat(k, H // Hkv, axis=1), np.repeat(v, H // Hkv, axis=1)
+        scores = np.where(allowed, q @ k.transpose(0, 1, 3, 2) / math.sqrt(D), -np.inf)
+        top = scores.max(-1, keepdims=True)
+        e = np.where(allowed, np.exp(scores - np.where(np.isfinite(top), top, 0)), 0.0)
+        probs = e / np.maximum(e.sum(-1, keepdims=True), 1e-300)
+        o = (probs @ v).transpose(0, 2, 1, 3).reshape(B, L, H * D)
+        x = x + proj("self_attn.o_proj", o)
+        h = _rms(x, w[p + "post_attention_layernorm.weight"], eps)
+        x = x + proj("mlp.down_proj", _silu(proj("mlp.gate_proj", h)) * proj("mlp.up_proj", h))
+    x = _rms(x, w["model.norm.weight"], eps)
+    head = w["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else w["lm_head.weight"]
+    return x @ head.T
+
+
+def random_weights(cfg, seed=0, dtype=np.float32):
+    """An HF Llama state dict with random values that keep activations of order 1."""
+    rng = np.random.default_rng(seed)
+    H, E, I, V = cfg["num_attention_heads"], cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    Hkv = cfg.get("num_key_value_heads") or H
+    D = cfg.get("head_dim") or E // H
+
+    def mat(rows, cols):
+        return (rng.standard_normal((rows, cols)) / math.sqrt(cols)).astype(dtype)
+
+    def vec(n, scale=0.1, base=0.0):
+        return (base + scale * rng.standard_normal(n)).astype(dtype)
+
+    sd = {"model.embed_tokens.weight": rng.standard_normal((V, E)).astype(dtype)}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        for name, rows, cols in (("self_attn.q_proj", H * D, E), ("self_attn.k_proj", Hkv * D, E),
+                                 ("self_attn.v_proj", Hkv * D, E), ("self_attn.o_proj", E, H * D)):
+            sd[p + name + ".weight"] = mat(rows, cols)
+            if cfg.get("attention_bias"):
+                sd[p + name + ".bias"] = vec(rows)
+        for name, rows, cols in (("mlp.gate_proj", I, E), ("mlp.up_proj", I, E), ("mlp.down_proj", E, I)):
+            sd[p + name + ".weight"] = mat(rows, cols)
+            if cfg.get("mlp_bias"):
+                sd[p + name + ".bias"] = vec(rows)
+        sd[p + "input_layernorm.weight"] = vec(E, base=1.0)
+        sd[p + "post_attention_layernorm.weight"] = vec(E, base=1.0)
+    sd["model.norm.weight"] = vec(E, base=1.0)
+    if not cfg.get("tie_word_embeddings"):
+        sd["lm_head.weight"] = mat(V, E)
+    return sd
+
+
+def tiny_config(**overrides):
+    """A config small enough for tests that run in seconds: 4 query heads, 2 k/v heads, vocab 61
+    (uneven over 2 and 4 devices)."""
+    cfg = dict(vocab_size=61, hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6, rope_theta=10000.0,
+               tie_word_embeddings=False, hidden_act="silu", bos_token_id=1, eos_token_id=2)
+    cfg.update(overrides)
+    return cfg
