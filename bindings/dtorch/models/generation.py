@@ -5,7 +5,6 @@ import numpy as np
 
 from .. import _ops, _runtime
 from .._factory import arange, rand, zeros
-from .._ops_view import cat
 from .._placement import Partial, Replicate, Shard
 
 
@@ -34,16 +33,15 @@ class StaticCache:
         """Writes keys and values (B, Hkv, L, D) of layer ``layer_idx`` at slots [start, start + L) and
         returns the layer's whole keys and values (B, Hkv, max_cache_len, D).
 
-        The one place the cache is written. The runtime has no in-place write yet, so a write is a
-        copy: the slots before, the new ones and the slots after, concatenated."""
+        The one place the cache is written: in place, each device into its own slots."""
         end = start + key_states.shape[2]
         if end > self.max_cache_len:
             raise ValueError(f"StaticCache: slots up to {end} needed, the cache holds {self.max_cache_len}")
         if layer_idx not in self.key_cache:
             self.key_cache[layer_idx] = _slots_like(key_states, self.max_cache_len)
             self.value_cache[layer_idx] = _slots_like(value_states, self.max_cache_len)
-        self.key_cache[layer_idx] = _write(self.key_cache[layer_idx], key_states, start)
-        self.value_cache[layer_idx] = _write(self.value_cache[layer_idx], value_states, start)
+        self.key_cache[layer_idx][:, :, start:end] = key_states
+        self.value_cache[layer_idx][:, :, start:end] = value_states
         self._filled = max(self._filled, end)
         return self.key_cache[layer_idx], self.value_cache[layer_idx]
 
@@ -55,12 +53,6 @@ def _slots_like(x, slots):
 
 def _no_partial(placements):
     return [Replicate() if isinstance(p, Partial) else p for p in placements]
-
-
-def _write(cache, new, start):
-    end, slots = start + new.shape[2], cache.shape[2]
-    parts = ([cache[:, :, :start]] if start else []) + [new] + ([cache[:, :, end:]] if end < slots else [])
-    return cat(parts, dim=2) if len(parts) > 1 else new
 
 
 class GenerationMixin:

@@ -149,43 +149,29 @@ def rope_inv_freq(config):
 
 
 class LlamaRotaryEmbedding(Module):
-    """cos and sin of position * inv_freq for the positions asked, and the rotate-half matrix.
-    Tables of cos/sin by position are kept per (mesh, dtype) and grown as positions need; they are
-    derived from the config, so they are no buffers (HF's inv_freq is not in checkpoints either)."""
+    """What rotating q and k needs: the positions and the inverse frequencies (placed once per
+    mesh). They are derived from the config, so they are no buffers (HF's inv_freq is not in
+    checkpoints either)."""
 
     def __init__(self, config, device_mesh=None, dtype=None):
         super().__init__()
         self.head_dim = config.head_dim
-        self.inv_freq = rope_inv_freq(config)
-        self._tables = {}
-
-    def _table(self, mesh, dtype, length):
-        key = (mesh, dtype)
-        cached = self._tables.get(key)
-        if cached is None or cached[0].shape[0] < length:
-            rows = max(length, 2 * cached[0].shape[0] if cached else 256)
-            freqs = np.arange(rows, dtype=np.float32)[:, None] * self.inv_freq[None, :]   # (rows, D/2)
-            emb = np.concatenate([freqs, freqs], axis=-1)                                  # (rows, D)
-            half = self.head_dim // 2
-            rotate = np.zeros((self.head_dim, self.head_dim), np.float32)   # x @ rotate = cat(-x2, x1)
-            rotate[np.arange(half) + half, np.arange(half)] = -1.0
-            rotate[np.arange(half), np.arange(half) + half] = 1.0
-            cached = tuple(distribute_tensor(a, mesh).to(dtype) if dtype != _dtype.float32 else
-                           distribute_tensor(a, mesh) for a in (np.cos(emb), np.sin(emb), rotate))
-            self._tables[key] = cached
-        return cached
+        self.inv_freq = rope_inv_freq(config)                                   # (D/2,) float32
+        self._placed = {}
 
     def forward(self, x, position_ids, num_positions):
-        """cos, sin (B|1, 1, L, D) for position_ids (B|1, L) (all below num_positions), and the
-        (D, D) matrix that rotates halves."""
-        cos, sin, rotate = self._table(x.device_mesh, x.dtype, num_positions)
-        return F.embedding(position_ids, cos).unsqueeze(1), F.embedding(position_ids, sin).unsqueeze(1), rotate
+        """(position_ids (B|1, L), inv_freq (D/2,)) on x's mesh."""
+        mesh = x.device_mesh
+        if mesh not in self._placed:
+            self._placed[mesh] = distribute_tensor(self.inv_freq, mesh)
+        return position_ids, self._placed[mesh]
 
 
 def apply_rotary_pos_emb(x, rope):
-    """x * cos + rotate_half(x) * sin, with rotate_half(x) = cat(-x2, x1) as one matmul."""
-    cos, sin, rotate = rope
-    return x * cos + (x @ rotate) * sin
+    """x * cos + rotate_half(x) * sin with rotate_half(x) = cat(-x2, x1) and the angles
+    position * inv_freq, as one fused op on x (B, H, L, D)."""
+    position_ids, inv_freq = rope
+    return F.rotary_embedding(x, position_ids, inv_freq)
 
 
 class LlamaAttention(Module):
