@@ -20,7 +20,9 @@ act_runtime act_rt = {
     .lock = PTHREAD_MUTEX_INITIALIZER,
     .cond = PTHREAD_COND_INITIALIZER,
     .doorbell = -1,
-    .next_id = 1,
+    .next_tensor_id = 1,
+    .next_future_id = 1,
+    .next_transfer_id = 1,
     .workers = DT_WORKERS_THREAD,
 };
 
@@ -221,7 +223,11 @@ void act_runtime_next_stream(uint64_t *seed, uint64_t *stream)
     *stream = act_rt.stream++;
 }
 
-uint64_t act_runtime_new_id(void) { return act_rt.next_id++; }
+uint64_t act_runtime_new_tensor_id(void) { return act_rt.next_tensor_id++; }
+
+uint64_t act_runtime_new_future_id(void) { return act_rt.next_future_id++; }
+
+uint64_t act_runtime_new_transfer_id(void) { return act_rt.next_transfer_id++; }
 
 uint64_t act_runtime_epoch(void) { return act_rt.epoch; }
 
@@ -392,7 +398,7 @@ int act_runtime_payload(int64_t device, mb_buf buf)
 
 int act_runtime_track(dt_future *f)
 {
-    f->id = act_runtime_new_id();
+    f->id = act_runtime_new_future_id();
     if (dt_idmap_put(&act_rt.futures, f->id, f) != 0)
         return dt_err(DT_ENOMEM, "out of memory");
     dt_future_ref(f);

@@ -86,7 +86,9 @@ typedef struct {
     act_device **dirty;            /* (DT_MAX_DEVICE_ID + 1) devices whose outbox has records */
     int64_t ndirty;
     dt_idmap futures;              /* id -> pending dt_future (one reference each) */
-    uint64_t next_id;              /* tensor and future ids (never 0) */
+    /* three id spaces, each counting from 1 (0 is never an id): tensors on the devices, futures
+     * that completions name, and transfers of redistribute regions between workers */
+    uint64_t next_tensor_id, next_future_id, next_transfer_id;
     uint64_t seed, stream;         /* random factories */
     pthread_t controller;
     zsock_t *router;               /* controller thread only: the socket every worker talks to */
@@ -104,7 +106,10 @@ mb_writer *act_runtime_record(int64_t device);
 /* Attaches a payload frame to device's current batch; returns its frame index for the record
  * that follows (pack the record right after, before another payload for the device). */
 int act_runtime_payload(int64_t device, mb_buf buf);
-uint64_t act_runtime_new_id(void);
+/* Under the lock: a fresh id in each id space. */
+uint64_t act_runtime_new_tensor_id(void);
+uint64_t act_runtime_new_future_id(void);
+uint64_t act_runtime_new_transfer_id(void);
 uint64_t act_runtime_epoch(void);   /* under the lock: the running runtime's epoch */
 /* 0 when a tensor of that epoch is still usable, else DT_ESHUTDOWN naming op. */
 int act_runtime_check_live(const char *op, uint64_t epoch);

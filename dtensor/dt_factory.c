@@ -50,7 +50,7 @@ static int s_begin(const char *op, dt_tensor **t)
         dt_tensor_release(t);
         return -1;
     }
-    (*t)->id = act_runtime_new_id();
+    (*t)->id = act_runtime_new_tensor_id();
     (*t)->epoch = act_runtime_epoch();
     return 0;
 }

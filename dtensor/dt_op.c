@@ -168,7 +168,7 @@ int dt_op_run(int id, int n, dt_tensor *const *in, const dt_op_attrs *attrs, int
         }
     }
     for (int o = 0; o < c.nout; o++) {
-        made[o]->id = act_runtime_new_id();
+        made[o]->id = act_runtime_new_tensor_id();
         made[o]->epoch = act_runtime_epoch();
     }
     int index = op_index(def);

@@ -115,7 +115,7 @@ static void s_emit(const dt_tensor *t, const dtn_plan *plan, const dt_tensor *ou
     uint64_t src_id = t->id;
     for (int s = 0; s < plan->nsteps; s++) {
         const dtn_step *step = &plan->steps[s];
-        uint64_t out_id = s == plan->nsteps - 1 ? out->id : act_runtime_new_id();
+        uint64_t out_id = s == plan->nsteps - 1 ? out->id : act_runtime_new_tensor_id();
         /* every SEND of the step goes before any ASSEMBLE: a device never waits for a region it
          * still has to send, so no cycle of waits can form */
         uint64_t first_transfer = 0, k = 0;
@@ -125,7 +125,7 @@ static void s_emit(const dt_tensor *t, const dtn_plan *plan, const dt_tensor *ou
                 const dtn_part *part = &pc->parts[q];
                 if (!s_remote(pc, part))
                     continue;
-                uint64_t transfer = act_runtime_new_id();
+                uint64_t transfer = act_runtime_new_transfer_id();
                 if (k++ == 0)
                     first_transfer = transfer;
                 mb_writer *pk = act_runtime_record(part->src_device);
@@ -226,7 +226,7 @@ static int s_redistribute(const char *op, int n, dt_tensor *const *ts, dt_mesh *
                 rc = dt_err(DT_ESHUTDOWN, "%s: this tensor was made before dtorch.shutdown() and no longer exists", op);
                 goto fail;
             }
-            out[i]->id = act_runtime_new_id();
+            out[i]->id = act_runtime_new_tensor_id();
             out[i]->epoch = act_runtime_epoch();
             s_emit(ts[i], &plans[i], out[i]);
         }
@@ -288,7 +288,7 @@ uint64_t dtn_redistribute_inline(const dt_tensor *t, const dt_placement *placeme
         return 0;
     uint64_t id = t->id;
     if (plan.nsteps > 0) {
-        dt_tensor out = {.id = act_runtime_new_id()};
+        dt_tensor out = {.id = act_runtime_new_tensor_id()};
         s_emit(t, &plan, &out);
         id = out.id;
         *nsteps = plan.nsteps;
