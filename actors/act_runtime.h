@@ -45,8 +45,9 @@ typedef enum { ACT_DEV_STARTING, ACT_DEV_READY, ACT_DEV_DEAD } act_device_state;
 
 typedef struct {
     int64_t id;
+    char device_type[8];           /* of the meshes that name it ("cpu"): which backend its worker runs */
     act_device_state state;        /* under lock */
-    char reason[256];              /* why it died */
+    char reason[512];              /* why it died, or why its worker was refused */
     /* filled by the user thread, taken by the controller, both under lock */
     act_batch *out_head, *out_tail;
     bool dirty;
@@ -98,8 +99,9 @@ typedef struct {
 extern act_runtime act_rt;
 
 /* ---- user-thread side -------------------------------------------------------------------- */
-/* Starts the runtime if needed and the workers of the meshes' devices; fails if one is dead.
- * On success the lock is held until act_runtime_end. */
+/* Starts the runtime if needed and the workers of the meshes' devices; fails if one is dead, or
+ * was started for a mesh of another device type. On success the lock is held until
+ * act_runtime_end. */
 int act_runtime_begin(const char *op, dt_mesh *const *meshes, int nmeshes);
 /* The packer of device's outbox; pack exactly one record. */
 mb_writer *act_runtime_record(int64_t device);
