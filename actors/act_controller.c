@@ -13,7 +13,8 @@
 #include "act_runtime.h"
 #include "act_spawn.h"
 #include "dt_error.h"
-#include "op_codes.h"
+#include "mb_schema.h"
+#include "op_registry.h"
 
 typedef struct {
     act_runtime *rt;
@@ -86,14 +87,15 @@ static void s_send_abort(act_runtime *rt, act_device *to, int64_t dead)
     char rid[32];
     s_routing_id(to->id, rid, sizeof rid);
     mb_writer body = {0};
-    mb_w_array(&body, 1);
-    mb_w_int(&body, dead);
+    mb_encode_abort(&body, dead);
     mb_header h = {MB_VERSION, MB_ABORT, to->send_seq++, MB_SENDER_CONTROLLER, 1};
     size_t size = body.size;
     mb_send(rt->router, rid, strlen(rid), &h, (mb_buf){mb_w_release(&body), size, mb_buf_free, NULL}, NULL, 0);
 }
 
-static void s_device_died(act_runtime *rt, act_device *dev, const char *reason)
+/* Marks dev dead for reason (kept for later calls: "device 3 is dead: <reason>") and fails the
+ * futures waiting on it with message. */
+static void s_device_lost(act_runtime *rt, act_device *dev, const char *reason, const char *message)
 {
     pthread_mutex_lock(&rt->lock);
     if (dev->state == ACT_DEV_DEAD) {
@@ -115,9 +117,7 @@ static void s_device_died(act_runtime *rt, act_device *dev, const char *reason)
         act_batch_destroy(b);
     }
     dev->send_head = dev->send_tail = NULL;
-    char why[400];
-    snprintf(why, sizeof why, "device %" PRId64 " died: %s", dev->id, reason);
-    s_fail_futures_of(rt, dev->id, DT_EDEVICE, why);
+    s_fail_futures_of(rt, dev->id, DT_EDEVICE, message);
     /* workers waiting for a region from it in a redistribute must stop waiting */
     for (int64_t i = 0; i < rt->ndevices; i++) {
         act_device *other = rt->devices[i];
@@ -125,6 +125,19 @@ static void s_device_died(act_runtime *rt, act_device *dev, const char *reason)
             continue; /* one that has not said hello yet is told when it does */
         s_send_abort(rt, other, dev->id);
     }
+}
+
+static void s_device_died(act_runtime *rt, act_device *dev, const char *reason)
+{
+    char message[DT_ERRMSG_MAX + 64];
+    snprintf(message, sizeof message, "device %" PRId64 " died: %s", dev->id, reason);
+    s_device_lost(rt, dev, reason, message);
+}
+
+/* A worker the controller refused: the reason names the device and is the whole message. */
+static void s_device_down(act_runtime *rt, act_device *dev, const char *reason)
+{
+    s_device_lost(rt, dev, reason, reason);
 }
 
 static void s_send_batch(s_ctl *c, act_device *dev, act_batch *b)
@@ -182,36 +195,39 @@ static void s_send_ready(s_ctl *c)
     pthread_mutex_unlock(&rt->lock);
 }
 
-/* Settles or updates the future a completion names; drops ones already settled. */
-static void s_complete(act_runtime *rt, const msgpack_object *rec, uint32_t kind, mb_message *m, act_device *dev)
+/* Settles or updates the future of a VALUE or ERROR; drops ones already settled. DT_EPROTO for a
+ * completion that cannot be read. */
+static int s_complete(act_runtime *rt, const msgpack_object *rec, int64_t code, mb_message *m)
 {
+    mb_value_rec value;
+    mb_error_rec error;
     uint64_t fid;
-    int64_t piece;
-    if (!mb_get_u64(rec, 1, &fid) || !mb_get_i64(rec, 2, &piece))
-        goto bad;
+    if (code == MB_C_VALUE) {
+        if (mb_decode_value(rec, &value) != 0)
+            return DT_EPROTO;
+        if (value.frame >= m->npayloads)
+            return dt_err(DT_EPROTO, "a value names payload frame %" PRId64 " of %d", value.frame, m->npayloads);
+        fid = value.future;
+    } else {
+        if (mb_decode_error(rec, &error) != 0)
+            return DT_EPROTO;
+        fid = error.future;
+    }
     pthread_mutex_lock(&rt->lock);
     dt_future *f = dt_idmap_get(&rt->futures, fid);
     pthread_mutex_unlock(&rt->lock);
     if (!f)
-        return;
-    if (kind == C_VALUE) {
-        int64_t dtype, frame, shape[DT_MAX_DIMS];
-        uint32_t ndim;
-        if (!mb_get_i64(rec, 3, &dtype) || !mb_get_i64s(rec, 4, shape, DT_MAX_DIMS, &ndim) ||
-            !mb_get_i64(rec, 5, &frame) || frame >= m->npayloads)
-            goto bad;
-        const void *data = frame >= 0 ? zmq_msg_data(&m->payloads[frame]) : NULL;
-        size_t size = frame >= 0 ? zmq_msg_size(&m->payloads[frame]) : 0;
-        act_future_add_piece(f, (int)piece, (dt_dtype)dtype, (int)ndim, shape, data, size);
+        return 0;
+    if (code == MB_C_VALUE) {
+        const void *data = value.frame >= 0 ? zmq_msg_data(&m->payloads[value.frame]) : NULL;
+        size_t size = value.frame >= 0 ? zmq_msg_size(&m->payloads[value.frame]) : 0;
+        /* a piece number no int holds is no piece of f: -1 makes add_piece fail f for it */
+        int piece = value.piece >= 0 && value.piece <= INT32_MAX ? (int)value.piece : -1;
+        act_future_add_piece(f, piece, value.dtype, value.shape.n, value.shape.v, data, size);
     } else {
-        int64_t code;
-        const char *msg;
-        uint32_t len;
-        if (!mb_get_i64(rec, 3, &code) || !mb_get_str(rec, 4, &msg, &len))
-            goto bad;
         char text[DT_ERRMSG_MAX];
-        snprintf(text, sizeof text, "%.*s", (int)len, msg);
-        act_future_fail(f, (int)code, text);
+        snprintf(text, sizeof text, "%.*s", (int)error.message.len, error.message.ptr);
+        act_future_fail(f, (int)error.status, text);
     }
     if (dt_future_status(f) != 1) {
         pthread_mutex_lock(&rt->lock);
@@ -219,9 +235,7 @@ static void s_complete(act_runtime *rt, const msgpack_object *rec, uint32_t kind
         pthread_mutex_unlock(&rt->lock);
         dt_future_release(&tracked);
     }
-    return;
-bad:
-    s_device_died(rt, dev, "sent a malformed completion");
+    return 0;
 }
 
 static void s_handle_completions(act_runtime *rt, act_device *dev, mb_message *m)
@@ -234,22 +248,24 @@ static void s_handle_completions(act_runtime *rt, act_device *dev, mb_message *m
     msgpack_object rec;
     int rc;
     while ((rc = mb_body_next(&r, &rec)) == 1) {
-        int64_t kind;
-        if (!mb_arr(&rec, 2) || !mb_get_i64(&rec, 0, &kind)) {
-            rc = dt_err(DT_EPROTO, "a completion is not a record");
+        int64_t code;
+        if ((rc = mb_record_code(&rec, &code)) != 0)
             break;
-        }
-        if (kind == C_CREDIT) {
-            int64_t n;
-            if (!mb_get_i64(&rec, 1, &n) || n < 0 || n > dev->in_flight) {
-                rc = dt_err(DT_EPROTO, "bad credit");
+        if (code == MB_C_CREDIT) {
+            mb_credit_rec credit;
+            if ((rc = mb_decode_credit(&rec, &credit)) != 0)
+                break;
+            if (credit.records > (uint64_t)dev->in_flight) {
+                rc = dt_err(DT_EPROTO, "credit for %" PRIu64 " records, %" PRId64 " in flight", credit.records,
+                            dev->in_flight);
                 break;
             }
-            dev->in_flight -= n;
-        } else if (kind == C_VALUE || kind == C_ERROR) {
-            s_complete(rt, &rec, (uint32_t)kind, m, dev);
+            dev->in_flight -= (int64_t)credit.records;
+        } else if (code == MB_C_VALUE || code == MB_C_ERROR) {
+            if ((rc = s_complete(rt, &rec, code, m)) != 0)
+                break;
         } else {
-            rc = dt_err(DT_EPROTO, "unknown completion kind %" PRId64, kind);
+            rc = dt_err(DT_EPROTO, "unknown completion code %" PRId64, code);
             break;
         }
     }
@@ -258,6 +274,49 @@ static void s_handle_completions(act_runtime *rt, act_device *dev, mb_message *m
         char why[DT_ERRMSG_MAX + 32];
         snprintf(why, sizeof why, "protocol error: %s", dt_last_error());
         s_device_died(rt, dev, why);
+    }
+}
+
+/* A worker said hello: it serves the device once it speaks this controller's protocol and op
+ * registry for the device type asked of it; otherwise it is refused, naming both sides. */
+static void s_hello(act_runtime *rt, act_device *dev, mb_message *m)
+{
+    mb_body_reader r;
+    msgpack_object rec;
+    mb_hello_rec hello;
+    char why[DT_ERRMSG_MAX + 160] = "";
+    if (mb_body_init(&r, zmq_msg_data(&m->body), zmq_msg_size(&m->body), m->header.count) != 0 ||
+        mb_body_next(&r, &rec) != 1 || mb_decode_hello(&rec, &hello) != 0 || mb_body_next(&r, &rec) != 0) {
+        snprintf(why, sizeof why, "device %" PRId64 ": its worker's hello could not be read (%s): rebuild "
+                 "dtorch-worker from the same sources", dev->id, dt_last_error());
+    } else {
+        uint64_t registry = op_registry_hash();
+        if (hello.protocol != MB_PROTOCOL || hello.registry != registry)
+            snprintf(why, sizeof why, "device %" PRId64 " speaks protocol %" PRIu64 ", registry 0x%016" PRIx64
+                     ", this controller protocol %d, registry 0x%016" PRIx64 ": rebuild dtorch-worker from the same "
+                     "sources", dev->id, hello.protocol, hello.registry, MB_PROTOCOL, registry);
+        else if (hello.device != dev->id || hello.device_type.len != strlen(dev->device_type) ||
+                 memcmp(hello.device_type.ptr, dev->device_type, hello.device_type.len) != 0)
+            snprintf(why, sizeof why, "device %" PRId64 ": its worker serves %.*s device %" PRId64 ", not %s device %" PRId64,
+                     dev->id, (int)hello.device_type.len, hello.device_type.ptr, hello.device, dev->device_type,
+                     dev->id);
+    }
+    mb_body_destroy(&r);
+    if (why[0]) {
+        if (dev->pid > 0)
+            kill(dev->pid, SIGKILL); /* it would misread every record it was sent */
+        s_device_down(rt, dev, why);
+        return;
+    }
+    pthread_mutex_lock(&rt->lock);
+    dev->hello = true;
+    dev->state = ACT_DEV_READY;
+    pthread_mutex_unlock(&rt->lock);
+    /* ops queued for it before it started may wait for regions from devices dead since */
+    for (int64_t i = 0; i < rt->ndevices; i++) {
+        act_device *gone = rt->devices[i];
+        if (gone && gone != dev && gone->state == ACT_DEV_DEAD)
+            s_send_abort(rt, dev, gone->id);
     }
 }
 
@@ -288,16 +347,7 @@ static void s_drain(s_ctl *c)
         } else if (m.header.seq != dev->recv_seq++) {
             s_device_died(rt, dev, "messages arrived out of order");
         } else if (m.header.kind == MB_HELLO) {
-            pthread_mutex_lock(&rt->lock);
-            dev->hello = true;
-            dev->state = ACT_DEV_READY;
-            pthread_mutex_unlock(&rt->lock);
-            /* ops queued for it before it started may wait for regions from devices dead since */
-            for (int64_t i = 0; i < rt->ndevices; i++) {
-                act_device *gone = rt->devices[i];
-                if (gone && gone != dev && gone->state == ACT_DEV_DEAD)
-                    s_send_abort(rt, dev, gone->id);
-            }
+            s_hello(rt, dev, &m);
         } else if (m.header.kind == MB_COMPLETIONS) {
             s_handle_completions(rt, dev, &m);
         } else if (m.header.kind == MB_BYE) {

@@ -8,11 +8,11 @@
 
 #include "act_future.h"
 #include "act_runtime.h"
-#include "cpu_kernels.h"
 #include "dt_dtype.h"
 #include "dt_error.h"
-#include "dt_pool.h"
 #include "dt_layout.h"
+#include "dt_pool.h"
+#include "op_backend.h"
 
 #define S_WAIT_SLICE_S 0.05 /* how often a long wait looks at the interrupt hook */
 
@@ -97,9 +97,11 @@ void act_future_fail(dt_future *f, int code, const char *message)
 
 /* Combines Partial pieces mesh dim by mesh dim, innermost first (the logical value of a
  * Partial on mesh dim i is its reduce op over the values the inner mesh dims hold), then
- * copies each combined piece to its place in the value. */
+ * copies each combined piece to its place in the value. Pieces are in the controller's memory:
+ * the host backend does the work (it cannot fail on host memory). */
 static void s_reduce_partials(dt_future *f)
 {
+    const op_backend *host = op_backend_host();
     int64_t mesh_size = dt_layout_numel(f->mesh_ndim, f->mesh_shape);
     int *at = malloc((size_t)mesh_size * sizeof *at);
     if (!at) {
@@ -127,14 +129,14 @@ static void s_reduce_partials(dt_future *f)
                 continue;
             int64_t n = dt_layout_numel(f->ndim, acc->shape);
             for (int64_t j = 1; j < f->mesh_shape[p]; j++)
-                cpu_reduce_into(acc->data, f->pieces[at[acc->mesh_index + j * stride[p]]].data, f->dtype, n,
-                                f->placements[p].reduce_op);
+                host->reduce_into(acc->data, f->pieces[at[acc->mesh_index + j * stride[p]]].data, f->dtype, n,
+                                  f->placements[p].reduce_op);
             if (f->placements[p].reduce_op == DT_REDUCE_AVG)
-                cpu_scale_div(acc->data, f->dtype, n, f->mesh_shape[p]);
+                host->scale_div(acc->data, f->dtype, n, f->mesh_shape[p]);
         }
     }
     int64_t dst_strides[DT_MAX_DIMS], src_strides[DT_MAX_DIMS];
-    cpu_contiguous_strides(f->ndim, f->shape, elem, dst_strides);
+    dt_layout_strides(f->ndim, f->shape, elem, dst_strides);
     for (int i = 0; i < f->npieces; i++) {
         act_piece *pc = &f->pieces[i];
         dt_layout_coord(f->mesh_ndim, f->mesh_shape, pc->mesh_index, coord);
@@ -146,8 +148,8 @@ static void s_reduce_partials(dt_future *f)
         char *dst = f->data;
         for (int d = 0; d < f->ndim; d++)
             dst += pc->offset[d] * dst_strides[d];
-        cpu_contiguous_strides(f->ndim, pc->shape, elem, src_strides);
-        cpu_copy_block(dst, dst_strides, pc->data, src_strides, f->ndim, pc->shape, elem);
+        dt_layout_strides(f->ndim, pc->shape, elem, src_strides);
+        host->copy_region(dst, dst_strides, pc->data, src_strides, f->ndim, pc->shape, elem);
     }
     free(at);
     s_settle(f, 0, NULL);
@@ -185,13 +187,14 @@ int act_future_add_piece(dt_future *f, int piece, dt_dtype dtype, int ndim, cons
             goto nomem;
         memcpy(pc->data, data, size);
     } else {
+        /* straight into its place in the value: a host-to-host region copy */
         int64_t dst_strides[DT_MAX_DIMS], src_strides[DT_MAX_DIMS];
-        cpu_contiguous_strides(f->ndim, f->shape, elem, dst_strides);
-        cpu_contiguous_strides(ndim, shape, elem, src_strides);
+        dt_layout_strides(f->ndim, f->shape, elem, dst_strides);
+        dt_layout_strides(ndim, shape, elem, src_strides);
         char *dst = f->data;
         for (int d = 0; d < ndim; d++)
             dst += pc->offset[d] * dst_strides[d];
-        cpu_copy_block(dst, dst_strides, data, src_strides, ndim, shape, elem);
+        op_backend_host()->copy_region(dst, dst_strides, data, src_strides, ndim, shape, elem);
     }
     if (--f->remaining == 0) {
         if (f->kind == ACT_FETCH_FULL && f->has_partial)

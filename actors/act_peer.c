@@ -3,9 +3,11 @@
  *
  * Each worker binds a peer socket next to the controller's endpoint and keeps one DEALER per
  * peer it sends to. A SEND posts one region; an ASSEMBLE builds a new piece from local regions
- * and received ones, waiting for the latter. Worker threads of one process pass a reference to
- * the sender's (immutable) storage and the receiver copies straight out of it: shared memory,
- * no serialization. Worker processes send the region's bytes as a frame.
+ * and received ones, waiting for the latter. Worker threads of one process whose backend can
+ * copy out of a peer's memory pass a reference to the sender's (immutable) storage and the
+ * receiver copies straight out of it: shared memory, no serialization. Otherwise (worker
+ * processes) the region's bytes travel as a frame in host memory. Every copy and combination
+ * goes through the device's backend table.
  *
  * A wait never blocks forever on a dead peer: the controller broadcasts an ABORT naming a dead
  * device, and an ASSEMBLE that still needs a region from it fails (its output is poisoned). */
@@ -16,11 +18,10 @@
 #include <unistd.h>
 
 #include "act_worker.h"
-#include "cpu_kernels.h"
 #include "dt_dtype.h"
 #include "dt_error.h"
 #include "dt_layout.h"
-#include "op_codes.h"
+#include "mb_schema.h"
 
 #define S_WAIT_POLL_MS 500 /* how often a waiting ASSEMBLE looks up from its sockets */
 
@@ -41,9 +42,7 @@ static void s_recv_free(act_recv *r)
 {
     if (!r)
         return;
-    act_storage_release(r->shared);
-    if (r->has_frame)
-        zmq_msg_close(&r->frame);
+    act_storage_release(r->storage);
     free(r->error);
     free(r);
 }
@@ -95,86 +94,104 @@ static bool s_contiguous(int ndim, const int64_t *piece, const int64_t *region)
     return true;
 }
 
-/* [SEND, id, transfer, to device, offset, shape] -> peer message
- *   [transfer, status, dtype, shape, error or nil, shared storage, data address, strides] */
+/* The region of t at start (byte strides of t) as a payload frame in host memory: straight from
+ * t's storage when it is one run of bytes the host can read in place, else a host copy. */
+static const char *s_region_frame(act_worker *w, const act_wtensor *t, const char *start, const int64_t *strides,
+                                  const mb_dims *shape, mb_buf *frame)
+{
+    const op_backend *be = w->backend;
+    size_t elem = dt_dtype_size(t->dtype), bytes = (size_t)dt_layout_numel(shape->n, shape->v) * elem;
+    if (be->host_view && s_contiguous(shape->n, t->shape, shape->v)) {
+        atomic_fetch_add(&t->storage->refs, 1);
+        *frame = (mb_buf){(void *)be->host_view(start), bytes, act_storage_free_fn, t->storage};
+        return NULL;
+    }
+    int64_t host_strides[DT_MAX_DIMS];
+    dt_layout_strides(shape->n, shape->v, elem, host_strides);
+    void *host = malloc(bytes ? bytes : 1);
+    const char *why = host ? be->to_host(host, host_strides, start, strides, shape->n, shape->v, elem)
+                           : "out of memory on the device";
+    if (why) {
+        free(host);
+        return why;
+    }
+    *frame = (mb_buf){host, bytes, mb_buf_free, NULL};
+    return NULL;
+}
+
+/* SEND: the region to its peer as one REGION message. Thread workers that read each other's
+ * memory pass the sender's storage (kept alive for the receiver) and the region's address;
+ * others send the region's bytes as the message's frame. A failure is sent too, so that the
+ * receiver's ASSEMBLE fails with it instead of waiting. */
 bool act_peer_send(act_worker *w, const msgpack_object *rec)
 {
-    uint64_t id, transfer;
-    int64_t to, offset[DT_MAX_DIMS], shape[DT_MAX_DIMS];
-    uint32_t n_off, ndim;
-    if (!mb_get_u64(rec, 1, &id) || !mb_get_u64(rec, 2, &transfer) || !mb_get_i64(rec, 3, &to) ||
-        !mb_get_i64s(rec, 4, offset, DT_MAX_DIMS, &n_off) || !mb_get_i64s(rec, 5, shape, DT_MAX_DIMS, &ndim) ||
-        n_off != ndim)
+    mb_send_rec r;
+    if (mb_decode_send(rec, &r) != 0)
         return false;
-    zsock_t *sock = s_peer_socket(w, to);
+    if (r.offset.n != r.shape.n) {
+        dt_err(DT_EPROTO, "malformed send record: the region's offset and shape disagree");
+        return false;
+    }
+    zsock_t *sock = s_peer_socket(w, r.to);
     if (!sock)
         return true; /* the receiver will wait; nothing better to do than let its peers time out */
     const char *why = NULL;
-    act_wtensor *t = act_wtensor_lookup(w, id, &why);
-    bool fits = t && t->ndim == (int)ndim;
-    for (uint32_t d = 0; fits && d < ndim; d++)
-        fits = offset[d] >= 0 && shape[d] >= 0 && offset[d] + shape[d] <= t->shape[d];
+    act_wtensor *t = act_wtensor_lookup(w, r.id, &why);
+    bool fits = t && t->ndim == r.shape.n;
+    for (int d = 0; fits && d < r.shape.n; d++)
+        fits = r.offset.v[d] >= 0 && r.offset.v[d] + r.shape.v[d] <= t->shape[d];
     if (t && !fits) {
         why = "a region outside the piece";
         t = NULL;
     }
-
-    msgpack_sbuffer body;
-    msgpack_packer pk;
-    msgpack_sbuffer_init(&body);
-    msgpack_packer_init(&pk, &body, msgpack_sbuffer_write);
-    msgpack_pack_array(&pk, 8);
-    msgpack_pack_uint64(&pk, transfer);
-    msgpack_pack_int(&pk, t ? 0 : DT_EKERNEL);
-    msgpack_pack_int(&pk, t ? (int)t->dtype : 0);
-    mb_pack_i64s(&pk, shape, (int)ndim);
-    if (t) {
-        msgpack_pack_nil(&pk);
-    } else {
-        msgpack_pack_str(&pk, strlen(why));
-        msgpack_pack_str_body(&pk, why, strlen(why));
-    }
+    mb_writer body = {0};
     mb_buf frame = {NULL, 0, NULL, NULL};
     int nframes = 0;
+    int64_t strides[DT_MAX_DIMS];
+    const char *start = NULL;
     if (t) {
-        size_t elem = dt_dtype_size(t->dtype);
-        int64_t strides[DT_MAX_DIMS];
-        cpu_contiguous_strides(t->ndim, t->shape, elem, strides);
-        char *start = t->data;
-        for (uint32_t d = 0; d < ndim; d++)
-            start += offset[d] * strides[d];
-        size_t bytes = (size_t)dt_layout_numel((int)ndim, shape) * elem;
-        if (w->same_process) {
-            /* the receiver reads the region in place: pass the storage, keep it alive for it */
-            atomic_fetch_add(&t->storage->refs, 1);
-            msgpack_pack_uint64(&pk, (uint64_t)(uintptr_t)t->storage);
-            msgpack_pack_uint64(&pk, (uint64_t)(uintptr_t)start);
-            mb_pack_i64s(&pk, strides, (int)ndim);
-        } else {
-            msgpack_pack_uint64(&pk, 0);
-            msgpack_pack_uint64(&pk, 0);
-            mb_pack_i64s(&pk, NULL, 0);
-            if (s_contiguous((int)ndim, t->shape, shape)) {
-                atomic_fetch_add(&t->storage->refs, 1);
-                frame = (mb_buf){start, bytes, act_storage_free_fn, t->storage};
-            } else if ((frame.data = malloc(bytes ? bytes : 1))) {
-                int64_t dst_strides[DT_MAX_DIMS];
-                cpu_contiguous_strides((int)ndim, shape, elem, dst_strides);
-                cpu_copy_block(frame.data, dst_strides, start, strides, (int)ndim, shape, elem);
-                frame.size = bytes;
-                frame.free_fn = mb_buf_free;
-            }
-            nframes = 1;
-        }
+        dt_layout_strides(t->ndim, t->shape, dt_dtype_size(t->dtype), strides);
+        start = t->data;
+        for (int d = 0; d < r.shape.n; d++)
+            start += r.offset.v[d] * strides[d];
+        if (!w->read_peers && (why = s_region_frame(w, t, start, strides, &r.shape, &frame)))
+            t = NULL;
+    }
+    if (!t) {
+        mb_encode_region(&body, r.transfer, DT_EKERNEL, DT_FLOAT32, r.shape.n, r.shape.v, why, 0, 0, 0, NULL);
+    } else if (w->read_peers) {
+        atomic_fetch_add(&t->storage->refs, 1);
+        mb_encode_region(&body, r.transfer, 0, t->dtype, r.shape.n, r.shape.v, NULL, (uint64_t)(uintptr_t)t->storage,
+                         (uint64_t)(uintptr_t)start, r.shape.n, strides);
     } else {
-        msgpack_pack_uint64(&pk, 0);
-        msgpack_pack_uint64(&pk, 0);
-        mb_pack_i64s(&pk, NULL, 0);
+        mb_encode_region(&body, r.transfer, 0, t->dtype, r.shape.n, r.shape.v, NULL, 0, 0, 0, NULL);
+        nframes = 1;
     }
     mb_header h = {MB_VERSION, MB_PEER, w->peer_seq++, (uint32_t)w->device, 1};
     size_t size = body.size;
-    mb_send(sock, NULL, 0, &h, (mb_buf){msgpack_sbuffer_release(&body), size, mb_buf_free, NULL}, &frame, nframes);
+    if (body.failed) {
+        /* no message at all rather than a truncated one; the receiver's wait ends with the runtime */
+        free(mb_w_release(&body));
+        if (frame.free_fn)
+            frame.free_fn(frame.data, frame.hint);
+        return true;
+    }
+    mb_send(sock, NULL, 0, &h, (mb_buf){mb_w_release(&body), size, mb_buf_free, NULL}, &frame, nframes);
     return true;
+}
+
+/* The received frame as this device's memory: adopted in place when the backend can use host
+ * memory as it is, else copied to the device. Takes the frame. */
+static const char *s_frame_storage(act_worker *w, zmq_msg_t *frame, act_storage **out)
+{
+    const op_backend *be = w->backend;
+    void *data = zmq_msg_data(frame);
+    size_t size = zmq_msg_size(frame);
+    if (be->adopt_host && be->adopt_host(data, size) && (*out = act_storage_adopt(frame)))
+        return NULL;
+    if (!(*out = act_storage_new(be, size)))
+        return "out of memory on the device";
+    return act_copy_bytes(be->to_device, (*out)->data, data, size);
 }
 
 /* Decodes one peer message into a stashed region. */
@@ -182,47 +199,55 @@ static void s_stash(act_worker *w, mb_message *m)
 {
     mb_body_reader r;
     msgpack_object rec;
+    mb_region_rec region;
     if (mb_body_init(&r, zmq_msg_data(&m->body), zmq_msg_size(&m->body), m->header.count) != 0)
         return;
     act_recv *got = calloc(1, sizeof *got);
-    uint64_t transfer, shared, data;
-    int64_t status, dtype, strides[DT_MAX_DIMS];
-    uint32_t ndim, nstrides;
-    if (!got || mb_body_next(&r, &rec) != 1 || !mb_arr(&rec, 8) || !mb_get_u64(&rec, 0, &transfer) ||
-        !mb_get_i64(&rec, 1, &status) || !mb_get_i64(&rec, 2, &dtype) || !dt_dtype_valid((int)dtype) ||
-        !mb_get_i64s(&rec, 3, got->shape, DT_MAX_DIMS, &ndim) || !mb_get_u64(&rec, 5, &shared) ||
-        !mb_get_u64(&rec, 6, &data) || !mb_get_i64s(&rec, 7, strides, DT_MAX_DIMS, &nstrides)) {
-        fprintf(stderr, "dtorch worker %" PRId64 ": dropped a malformed region from a peer\n", w->device);
+    if (!got || mb_body_next(&r, &rec) != 1 || mb_decode_region(&rec, &region) != 0) {
+        fprintf(stderr, "dtorch worker %" PRId64 ": dropped a malformed region from a peer: %s\n", w->device,
+                got ? dt_last_error() : "out of memory");
         free(got);
         mb_body_destroy(&r);
         return;
     }
-    got->ndim = (int)ndim;
-    got->status = (int)status;
-    if (status != 0) {
-        const char *msg;
-        uint32_t len;
-        got->error = mb_get_str(&rec, 4, &msg, &len) ? strndup(msg, len) : strdup("a peer could not send its region");
-    } else if (shared) {
-        got->shared = (act_storage *)(uintptr_t)shared;
-        got->data = (const char *)(uintptr_t)data;
-        memcpy(got->strides, strides, sizeof strides);
-    } else {
-        size_t elem = dt_dtype_size((dt_dtype)dtype);
-        if (m->npayloads != 1 || zmq_msg_size(&m->payloads[0]) != (size_t)dt_layout_numel(got->ndim, got->shape) * elem) {
+    got->ndim = region.shape.n;
+    memcpy(got->shape, region.shape.v, (size_t)region.shape.n * sizeof *region.shape.v);
+    got->status = (int)region.status;
+    if (region.status != 0) {
+        got->error = region.error.ptr ? strndup(region.error.ptr, region.error.len)
+                                      : strdup("a peer could not send its region");
+    } else if (region.storage) {
+        /* an address is only meaningful, and only trusted, between threads of this process */
+        if (!w->read_peers) {
             got->status = DT_EPROTO;
-            got->error = strdup("a peer sent a region of the wrong size");
+            got->error = strdup("a peer sent a region by address to a worker that cannot read it");
         } else {
-            zmq_msg_init(&got->frame);
-            zmq_msg_move(&got->frame, &m->payloads[0]);
-            got->has_frame = true;
-            got->data = zmq_msg_data(&got->frame);
-            cpu_contiguous_strides(got->ndim, got->shape, elem, got->strides);
+            got->storage = (act_storage *)(uintptr_t)region.storage;
+            got->in_peer = true;
+            got->data = (const char *)(uintptr_t)region.data;
+            if (region.strides.n != got->ndim) {
+                got->status = DT_EPROTO;
+                got->error = strdup("a peer sent a region with strides of the wrong rank");
+            }
+            memcpy(got->strides, region.strides.v, (size_t)region.strides.n * sizeof *region.strides.v);
+        }
+    } else {
+        size_t elem = dt_dtype_size(region.dtype);
+        const char *why = NULL;
+        if (m->npayloads != 1 || zmq_msg_size(&m->payloads[0]) != (size_t)dt_layout_numel(got->ndim, got->shape) * elem)
+            why = "a peer sent a region of the wrong size";
+        else if (!(why = s_frame_storage(w, &m->payloads[0], &got->storage))) {
+            got->data = got->storage->data;
+            dt_layout_strides(got->ndim, got->shape, elem, got->strides);
+        }
+        if (why) {
+            got->status = DT_EPROTO;
+            got->error = strdup(why);
         }
     }
     mb_body_destroy(&r);
-    s_recv_free(dt_idmap_take(&w->received, transfer));
-    if (dt_idmap_put(&w->received, transfer, got) != 0)
+    s_recv_free(dt_idmap_take(&w->received, region.transfer));
+    if (dt_idmap_put(&w->received, region.transfer, got) != 0)
         s_recv_free(got);
 }
 
@@ -277,91 +302,93 @@ static bool s_dense(int ndim, const int64_t *shape, const int64_t *strides, size
     return true;
 }
 
-/* Combines a region into place with op, through contiguous scratch copies when the region is
- * not one run of bytes on both sides. */
-static const char *s_reduce_region(char *dst, const int64_t *dst_strides, const char *src, const int64_t *src_strides,
-                                   int ndim, const int64_t *shape, dt_dtype dtype, int op)
+/* A region's source: where it is, and the copy that reads it (a peer's memory or this device's). */
+typedef struct {
+    const char *data;
+    const int64_t *strides;
+    op_copy_fn copy;
+} s_source;
+
+/* Combines a region into place with op, through contiguous scratch copies on the device when the
+ * region is not one run of bytes on both sides. */
+static const char *s_reduce_region(const op_backend *be, char *dst, const int64_t *dst_strides, s_source src, int ndim,
+                                   const int64_t *shape, dt_dtype dtype, dt_reduce_op op)
 {
     size_t elem = dt_dtype_size(dtype);
     int64_t n = dt_layout_numel(ndim, shape), contiguous[DT_MAX_DIMS];
-    cpu_contiguous_strides(ndim, shape, elem, contiguous);
-    if (s_dense(ndim, shape, dst_strides, elem) && s_dense(ndim, shape, src_strides, elem)) {
-        cpu_reduce_into(dst, src, dtype, n, (dt_reduce_op)op); /* one pass, the common case */
-        return NULL;
-    }
-    char *a = malloc(n ? (size_t)n * elem : 1), *b = malloc(n ? (size_t)n * elem : 1);
-    if (!a || !b) {
-        free(a);
-        free(b);
-        return "out of memory on the device";
-    }
-    cpu_copy_block(a, contiguous, dst, dst_strides, ndim, shape, elem);
-    cpu_copy_block(b, contiguous, src, src_strides, ndim, shape, elem);
-    cpu_reduce_into(a, b, dtype, n, (dt_reduce_op)op);
-    cpu_copy_block(dst, dst_strides, a, contiguous, ndim, shape, elem);
-    free(a);
-    free(b);
-    return NULL;
+    dt_layout_strides(ndim, shape, elem, contiguous);
+    if (s_dense(ndim, shape, dst_strides, elem) && s_dense(ndim, shape, src.strides, elem))
+        return be->reduce_into(dst, src.data, dtype, n, op); /* one pass, the common case */
+    size_t bytes = (size_t)n * elem;
+    char *a = be->alloc(bytes), *b = be->alloc(bytes);
+    const char *why = a && b ? NULL : "out of memory on the device";
+    if (!why)
+        why = be->copy_region(a, contiguous, dst, dst_strides, ndim, shape, elem);
+    if (!why)
+        why = src.copy(b, contiguous, src.data, src.strides, ndim, shape, elem);
+    if (!why)
+        why = be->reduce_into(a, b, dtype, n, op);
+    if (!why)
+        why = be->copy_region(dst, dst_strides, a, contiguous, ndim, shape, elem);
+    if (a)
+        be->free(a, bytes);
+    if (b)
+        be->free(b, bytes);
+    return why;
 }
 
-typedef struct {
-    int64_t mode, op, from, divisor;
-    uint64_t transfer;
-    int64_t src_offset[DT_MAX_DIMS], dst_offset[DT_MAX_DIMS], shape[DT_MAX_DIMS];
-} s_part;
-
-static bool s_read_part(const msgpack_object *o, int ndim, s_part *p)
-{
-    uint32_t a, b, c;
-    return mb_arr(o, 8) && mb_get_i64(o, 0, &p->mode) && mb_get_i64(o, 1, &p->op) && mb_get_i64(o, 2, &p->from) &&
-           mb_get_u64(o, 3, &p->transfer) && mb_get_i64s(o, 4, p->src_offset, DT_MAX_DIMS, &a) &&
-           mb_get_i64s(o, 5, p->dst_offset, DT_MAX_DIMS, &b) && mb_get_i64s(o, 6, p->shape, DT_MAX_DIMS, &c) &&
-           mb_get_i64(o, 7, &p->divisor) && (int)a == ndim && (int)b == ndim && (int)c == ndim &&
-           p->op >= 0 && p->op <= DT_REDUCE_MIN && p->mode >= OP_PART_COPY && p->mode <= OP_PART_DIV;
-}
-
-/* [ASSEMBLE, id, dtype, shape, source id, parts] */
+/* ASSEMBLE: the new piece from its parts, waiting for the regions that come from peers. Any
+ * failure poisons the piece with a message naming this device. */
 bool act_peer_assemble(act_worker *w, const msgpack_object *rec)
 {
-    uint64_t id, src_id;
-    int64_t dtype;
-    uint32_t ndim;
-    act_wtensor *out = calloc(1, sizeof *out);
-    if (!out || !mb_arr(rec, 6) || !mb_get_u64(rec, 1, &id) || !mb_get_i64(rec, 2, &dtype) ||
-        !dt_dtype_valid((int)dtype) || !mb_get_i64s(rec, 3, out->shape, DT_MAX_DIMS, &ndim) ||
-        !mb_get_u64(rec, 4, &src_id) || rec->via.array.ptr[5].type != MSGPACK_OBJECT_ARRAY) {
-        free(out);
+    const op_backend *be = w->backend;
+    mb_assemble_rec r;
+    if (mb_decode_assemble(rec, &r) != 0)
         return false;
-    }
-    out->dtype = (dt_dtype)dtype;
-    out->ndim = (int)ndim;
-    size_t elem = dt_dtype_size(out->dtype);
-    const msgpack_object_array *parts = &rec->via.array.ptr[5].via.array;
+    act_wtensor *out = calloc(1, sizeof *out);
     char why[DT_ERRMSG_MAX] = "";
-    const char *lookup_why = NULL;
-    act_wtensor *src = act_wtensor_lookup(w, src_id, &lookup_why); /* none: a device only receives */
-    size_t bytes = (size_t)dt_layout_numel(out->ndim, out->shape) * elem;
-    if (!(out->storage = act_storage_new(w->backend, bytes)))
+    if (!out) {
         snprintf(why, sizeof why, "out of memory on the device");
-    else
+    } else {
+        out->dtype = r.dtype;
+        out->ndim = r.shape.n;
+        memcpy(out->shape, r.shape.v, (size_t)r.shape.n * sizeof *r.shape.v);
+    }
+    int ndim = r.shape.n;
+    size_t elem = dt_dtype_size(r.dtype);
+    const char *lookup_why = NULL;
+    act_wtensor *src = act_wtensor_lookup(w, r.source, &lookup_why); /* none: a device only receives */
+    size_t bytes = (size_t)dt_layout_numel(ndim, r.shape.v) * elem;
+    if (out && !(out->storage = act_storage_new(be, bytes)))
+        snprintf(why, sizeof why, "out of memory on the device");
+    else if (out)
         out->data = out->storage->data;
     int64_t out_strides[DT_MAX_DIMS], src_strides[DT_MAX_DIMS];
-    cpu_contiguous_strides(out->ndim, out->shape, elem, out_strides);
+    dt_layout_strides(ndim, r.shape.v, elem, out_strides);
     if (src)
-        cpu_contiguous_strides(src->ndim, src->shape, elem, src_strides);
-    for (uint32_t q = 0; q < parts->size; q++) {
-        s_part p;
-        if (!s_read_part(&parts->ptr[q], out->ndim, &p)) {
-            snprintf(why, sizeof why, "malformed record");
+        dt_layout_strides(src->ndim, src->shape, elem, src_strides);
+    for (uint32_t q = 0; q < r.parts.n; q++) {
+        mb_part_rec p;
+        if (mb_decode_part(&r.parts.items[q], &p) != 0) {
+            if (!why[0])
+                snprintf(why, sizeof why, "%s", dt_last_error());
             break;
         }
-        if (p.mode == OP_PART_DIV) {
+        if (p.src_offset.n != ndim || p.dst_offset.n != ndim || p.shape.n != ndim ||
+            (p.mode == MB_PART_DIV && p.divisor < 1)) {
             if (!why[0])
-                cpu_scale_div(out->data, out->dtype, dt_layout_numel(out->ndim, out->shape), p.divisor);
+                snprintf(why, sizeof why, "malformed part record: its region has other dims than the piece, or a "
+                                          "divisor below 1");
+            break;
+        }
+        if (p.mode == MB_PART_DIV) {
+            const char *err = why[0] ? NULL : be->scale_div(out->data, out->dtype, dt_layout_numel(ndim, out->shape),
+                                                             p.divisor);
+            if (err)
+                snprintf(why, sizeof why, "%s", err);
             continue;
         }
-        const char *from = NULL;
-        const int64_t *from_strides = NULL;
+        s_source from = {NULL, NULL, be->copy_region};
         act_recv *got = NULL;
         if (p.transfer) {
             /* wait even after a failure, so the region does not linger in the stash */
@@ -372,40 +399,41 @@ bool act_peer_assemble(act_worker *w, const msgpack_object *rec)
             else if (got && got->status != 0 && !why[0])
                 snprintf(why, sizeof why, "%s", got->error ? got->error : "a peer failed");
             else if (got) {
-                bool same = got->ndim == out->ndim;
-                for (int d = 0; same && d < out->ndim; d++)
-                    same = got->shape[d] == p.shape[d];
+                bool same = got->ndim == ndim;
+                for (int d = 0; same && d < ndim; d++)
+                    same = got->shape[d] == p.shape.v[d];
                 if (!same && !why[0])
                     snprintf(why, sizeof why, "a peer sent a region of the wrong shape");
-                from = got->data;
-                from_strides = got->strides;
+                from = (s_source){got->data, got->strides, got->in_peer ? be->copy_from_peer : be->copy_region};
             }
         } else if (!src) {
             if (!why[0])
                 snprintf(why, sizeof why, "%s", lookup_why ? lookup_why : "the source piece is missing");
         } else {
-            from = src->data;
-            for (int d = 0; d < out->ndim; d++)
-                from += p.src_offset[d] * src_strides[d];
-            from_strides = src_strides;
+            bool within = src->ndim == ndim;
+            for (int d = 0; within && d < ndim; d++)
+                within = p.src_offset.v[d] >= 0 && p.src_offset.v[d] + p.shape.v[d] <= src->shape[d];
+            if (!within && !why[0])
+                snprintf(why, sizeof why, "a region outside the source piece");
+            from.data = src->data;
+            for (int d = 0; within && d < ndim; d++)
+                from.data += p.src_offset.v[d] * src_strides[d];
+            from.strides = src_strides;
         }
         bool inside = true;
-        for (int d = 0; d < out->ndim; d++)
-            inside = inside && p.dst_offset[d] >= 0 && p.dst_offset[d] + p.shape[d] <= out->shape[d];
+        for (int d = 0; d < ndim; d++)
+            inside = inside && p.dst_offset.v[d] >= 0 && p.dst_offset.v[d] + p.shape.v[d] <= r.shape.v[d];
         if (!inside && !why[0])
             snprintf(why, sizeof why, "a region outside the piece");
         if (!why[0]) {
             char *to = out->data;
-            for (int d = 0; d < out->ndim; d++)
-                to += p.dst_offset[d] * out_strides[d];
-            if (p.mode == OP_PART_COPY) {
-                cpu_copy_block(to, out_strides, from, from_strides, out->ndim, p.shape, elem);
-            } else {
-                const char *err = s_reduce_region(to, out_strides, from, from_strides, out->ndim, p.shape, out->dtype,
-                                                  (int)p.op);
-                if (err)
-                    snprintf(why, sizeof why, "%s", err);
-            }
+            for (int d = 0; d < ndim; d++)
+                to += p.dst_offset.v[d] * out_strides[d];
+            const char *err = p.mode == MB_PART_COPY
+                                  ? from.copy(to, out_strides, from.data, from.strides, ndim, p.shape.v, elem)
+                                  : s_reduce_region(be, to, out_strides, from, ndim, p.shape.v, out->dtype, p.op);
+            if (err)
+                snprintf(why, sizeof why, "%s", err);
         }
         s_recv_free(got);
     }
@@ -413,9 +441,9 @@ bool act_peer_assemble(act_worker *w, const msgpack_object *rec)
         char msg[DT_ERRMSG_MAX + 64];
         snprintf(msg, sizeof msg, "redistribute failed on device %" PRId64 ": %s", w->device, why);
         act_wtensor_free(out);
-        act_wtensor_poison(w, id, msg);
+        act_wtensor_poison(w, r.id, msg);
     } else {
-        act_wtensor_put(w, id, out);
+        act_wtensor_put(w, r.id, out);
     }
     return true;
 }

@@ -14,13 +14,16 @@
 #include "act_future.h"
 #include "dt_error.h"
 #include "dt_layout.h"
-#include "op_codes.h"
+#include "mb_schema.h"
+#include "op_backend.h"
 
 act_runtime act_rt = {
     .lock = PTHREAD_MUTEX_INITIALIZER,
     .cond = PTHREAD_COND_INITIALIZER,
     .doorbell = -1,
-    .next_id = 1,
+    .next_tensor_id = 1,
+    .next_future_id = 1,
+    .next_transfer_id = 1,
     .workers = DT_WORKERS_THREAD,
 };
 
@@ -221,7 +224,11 @@ void act_runtime_next_stream(uint64_t *seed, uint64_t *stream)
     *stream = act_rt.stream++;
 }
 
-uint64_t act_runtime_new_id(void) { return act_rt.next_id++; }
+uint64_t act_runtime_new_tensor_id(void) { return act_rt.next_tensor_id++; }
+
+uint64_t act_runtime_new_future_id(void) { return act_rt.next_future_id++; }
+
+uint64_t act_runtime_new_transfer_id(void) { return act_rt.next_transfer_id++; }
 
 uint64_t act_runtime_epoch(void) { return act_rt.epoch; }
 
@@ -236,7 +243,7 @@ int act_runtime_check_live(const char *op, uint64_t epoch)
     return 0;
 }
 
-static int s_ensure_device(act_runtime *rt, int64_t id)
+static int s_ensure_device(act_runtime *rt, const char *op, int64_t id, const char *device_type)
 {
     if (!rt->devices) {
         /* fixed for the life of the process: the controller reads it without the lock */
@@ -249,12 +256,20 @@ static int s_ensure_device(act_runtime *rt, int64_t id)
             return dt_err(DT_ENOMEM, "out of memory");
         }
     }
-    if (rt->devices[id])
+    act_device *dev = rt->devices[id];
+    if (dev) {
+        if (strcmp(dev->device_type, device_type) != 0)
+            return dt_err(DT_EINVAL, "%s: device %lld is a '%s' device (an earlier mesh made it so) but this mesh says '%s'; "
+                          "use other device ids for it", op, (long long)id, dev->device_type, device_type);
         return 0;
-    act_device *dev = calloc(1, sizeof *dev);
-    if (!dev)
+    }
+    /* a worker picks its backend by device type: the caller hears of one it lacks, not the worker */
+    if (op_backend_check(op, device_type) != 0)
+        return dt_last_error_code();
+    if (!(dev = calloc(1, sizeof *dev)))
         return dt_err(DT_ENOMEM, "out of memory");
     dev->id = id;
+    snprintf(dev->device_type, sizeof dev->device_type, "%s", device_type);
     dev->state = ACT_DEV_STARTING;
     dev->started_at = act_now();
     atomic_init(&dev->stop, false);
@@ -262,8 +277,8 @@ static int s_ensure_device(act_runtime *rt, int64_t id)
     __atomic_store_n(&rt->devices[id], dev, __ATOMIC_RELEASE);
     if (id >= rt->ndevices)
         __atomic_store_n(&rt->ndevices, id + 1, __ATOMIC_RELEASE);
-    int rc = rt->workers == DT_WORKERS_THREAD ? act_spawn_thread(dev, rt->endpoint)
-                                              : act_spawn_process(dev, rt->endpoint, rt->worker_path);
+    int rc = rt->workers == DT_WORKERS_THREAD ? act_spawn_thread(dev, rt->endpoint, dev->device_type)
+                                              : act_spawn_process(dev, rt->endpoint, dev->device_type, rt->worker_path);
     if (rc != 0) {
         /* kept, dead, until shutdown: the controller may already hold a pointer to it */
         dev->state = ACT_DEV_DEAD;
@@ -304,7 +319,7 @@ int act_runtime_begin(const char *op, dt_mesh *const *meshes, int nmeshes)
     for (int m = 0; m < nmeshes; m++) {
         dt_mesh *mesh = meshes[m];
         for (int64_t i = 0; i < mesh->size; i++) {
-            if (s_ensure_device(rt, mesh->ids[i]) != 0)
+            if (s_ensure_device(rt, op, mesh->ids[i], mesh->device_type) != 0)
                 goto fail;
             act_device *dev = rt->devices[mesh->ids[i]];
             if (dev->state == ACT_DEV_DEAD) {
@@ -401,7 +416,7 @@ int act_runtime_payload(int64_t device, mb_buf buf)
 
 int act_runtime_track(dt_future *f)
 {
-    f->id = act_runtime_new_id();
+    f->id = act_runtime_new_future_id();
     if (dt_idmap_put(&act_rt.futures, f->id, f) != 0)
         return dt_err(DT_ENOMEM, "out of memory");
     dt_future_ref(f);
@@ -471,9 +486,7 @@ void act_runtime_free_now(const dt_mesh *mesh, uint64_t id)
         if (!dev || dev->state == ACT_DEV_DEAD)
             continue;
         act_batch *b = s_open_batch(rt, dev);
-        mb_w_array(&b->pk, 2);
-        mb_w_int(&b->pk, OP_FREE);
-        mb_w_uint(&b->pk, id);
+        mb_encode_free(&b->pk, id);
         b->nrecords++;
         dev->queued++;
     }
@@ -522,11 +535,7 @@ int dt_synchronize(void)
         if (!dev || dev->state == ACT_DEV_DEAD)
             continue;
         f->pieces[piece].device = dev->id;
-        mb_writer *pk = act_runtime_record(dev->id);
-        mb_w_array(pk, 3);
-        mb_w_int(pk, OP_SYNC);
-        mb_w_uint(pk, f->id);
-        mb_w_int(pk, piece++);
+        mb_encode_sync(act_runtime_record(dev->id), f->id, piece++);
     }
     act_runtime_end();
     int rc = dt_future_wait(f, -1);

@@ -45,8 +45,9 @@ typedef enum { ACT_DEV_STARTING, ACT_DEV_READY, ACT_DEV_DEAD } act_device_state;
 
 typedef struct {
     int64_t id;
+    char device_type[8];           /* of the meshes that name it ("cpu"): which backend its worker runs */
     act_device_state state;        /* under lock */
-    char reason[256];              /* why it died */
+    char reason[512];              /* why it died, or why its worker was refused */
     /* filled by the user thread, taken by the controller, both under lock */
     act_batch *out_head, *out_tail;
     bool dirty;
@@ -86,7 +87,9 @@ typedef struct {
     act_device **dirty;            /* (DT_MAX_DEVICE_ID + 1) devices whose outbox has records */
     int64_t ndirty;
     dt_idmap futures;              /* id -> pending dt_future (one reference each) */
-    uint64_t next_id;              /* tensor and future ids (never 0) */
+    /* three id spaces, each counting from 1 (0 is never an id): tensors on the devices, futures
+     * that completions name, and transfers of redistribute regions between workers */
+    uint64_t next_tensor_id, next_future_id, next_transfer_id;
     uint64_t seed, stream;         /* random factories */
     pthread_t controller;
     zsock_t *router;               /* controller thread only: the socket every worker talks to */
@@ -97,15 +100,19 @@ typedef struct {
 extern act_runtime act_rt;
 
 /* ---- user-thread side -------------------------------------------------------------------- */
-/* Starts the runtime if needed and the workers of the meshes' devices; fails if one is dead.
- * On success the lock is held until act_runtime_end. */
+/* Starts the runtime if needed and the workers of the meshes' devices; fails if one is dead, or
+ * was started for a mesh of another device type. On success the lock is held until
+ * act_runtime_end. */
 int act_runtime_begin(const char *op, dt_mesh *const *meshes, int nmeshes);
 /* The packer of device's outbox; pack exactly one record. */
 mb_writer *act_runtime_record(int64_t device);
 /* Attaches a payload frame to device's current batch; returns its frame index for the record
  * that follows (pack the record right after, before another payload for the device). */
 int act_runtime_payload(int64_t device, mb_buf buf);
-uint64_t act_runtime_new_id(void);
+/* Under the lock: a fresh id in each id space. */
+uint64_t act_runtime_new_tensor_id(void);
+uint64_t act_runtime_new_future_id(void);
+uint64_t act_runtime_new_transfer_id(void);
 uint64_t act_runtime_submitted(void); /* submissions since the process started */
 uint64_t act_runtime_epoch(void);   /* under the lock: the running runtime's epoch */
 /* 0 when a tensor of that epoch is still usable, else DT_ESHUTDOWN naming op. */

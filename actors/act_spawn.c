@@ -19,6 +19,7 @@ extern char **environ;
 
 typedef struct {
     char endpoint[256];
+    char device_type[16];
     int64_t device;
     atomic_bool *stop;
 } s_thread_args;
@@ -29,16 +30,17 @@ static void *s_thread_main(void *arg)
 {
     s_thread_args a = *(s_thread_args *)arg;
     free(arg);
-    act_worker_run(a.endpoint, a.device, s_should_stop, a.stop);
+    act_worker_run(a.endpoint, a.device, a.device_type, s_should_stop, a.stop);
     return NULL;
 }
 
-int act_spawn_thread(act_device *dev, const char *endpoint)
+int act_spawn_thread(act_device *dev, const char *endpoint, const char *device_type)
 {
     s_thread_args *a = malloc(sizeof *a);
     if (!a)
         return dt_err(DT_ENOMEM, "out of memory");
     snprintf(a->endpoint, sizeof a->endpoint, "%s", endpoint);
+    snprintf(a->device_type, sizeof a->device_type, "%s", device_type);
     a->device = dev->id;
     a->stop = &dev->stop;
     if (pthread_create(&dev->thread, NULL, s_thread_main, a) != 0) {
@@ -49,14 +51,15 @@ int act_spawn_thread(act_device *dev, const char *endpoint)
     return 0;
 }
 
-int act_spawn_process(act_device *dev, const char *endpoint, const char *worker_path)
+int act_spawn_process(act_device *dev, const char *endpoint, const char *device_type, const char *worker_path)
 {
     if (strchr(worker_path, '/') && access(worker_path, X_OK) != 0)
         return dt_err(DT_ESYS, "cannot run the worker executable '%s': %s", worker_path, strerror(errno));
     char device[32], parent[32];
     snprintf(device, sizeof device, "%lld", (long long)dev->id);
     snprintf(parent, sizeof parent, "%d", (int)getpid());
-    char *argv[] = {(char *)worker_path, "--connect", (char *)endpoint, "--device", device, "--parent", parent, NULL};
+    char *argv[] = {(char *)worker_path, "--connect", (char *)endpoint, "--device", device,
+                    "--device-type", (char *)device_type, "--parent", parent, NULL};
     int rc = posix_spawnp(&dev->pid, worker_path, NULL, NULL, argv, environ);
     if (rc != 0)
         return dt_err(DT_ESYS, "cannot start worker process '%s' for device %lld: %s", worker_path,

@@ -7,8 +7,9 @@
 
 #include "act_runtime.h"
 
-int act_spawn_thread(act_device *dev, const char *endpoint);
-int act_spawn_process(act_device *dev, const char *endpoint, const char *worker_path);
+/* Starts dev's worker, told the controller's endpoint and its device type (which backend to run). */
+int act_spawn_thread(act_device *dev, const char *endpoint, const char *device_type);
+int act_spawn_process(act_device *dev, const char *endpoint, const char *device_type, const char *worker_path);
 /* Process workers: true (and why, in reason) once the process has ended. */
 bool act_spawn_reap(act_device *dev, char *reason, size_t size);
 /* Ends the worker's home: joins the thread, or waits up to grace_s for the process, then kills it. */

@@ -13,15 +13,18 @@
 
 #include "act_runtime.h"
 #include "act_worker.h"
-#include "cpu_kernels.h"
 #include "dt_dtype.h"
 #include "dt_error.h"
 #include "dt_layout.h"
-#include "op_codes.h"
+#include "mb_schema.h"
 #include "op_backend.h"
 #include "op_registry.h"
 
 #define S_POLL_MS 500 /* how often an idle worker looks at its stop flag */
+
+/* what a COMPUTE record can carry must fit what a kernel takes */
+_Static_assert(OP_MAX_INPUTS <= MB_MAX_IDS && OP_MAX_CTX <= MB_MAX_INTS && OP_MAX_INTS == MB_MAX_INTS &&
+               OP_MAX_FLOATS == MB_MAX_FLOATS, "mb_schema.h's COMPUTE limits hold op_kernel's");
 
 void act_storage_release(act_storage *st)
 {
@@ -47,6 +50,25 @@ act_storage *act_storage_new(const op_backend *backend, size_t size)
     st->size = size;
     st->backend = backend;
     return st;
+}
+
+act_storage *act_storage_adopt(zmq_msg_t *frame)
+{
+    act_storage *st = calloc(1, sizeof *st);
+    if (!st)
+        return NULL;
+    atomic_init(&st->refs, 1);
+    zmq_msg_init(&st->msg);
+    zmq_msg_move(&st->msg, frame);
+    st->adopted = true;
+    st->data = zmq_msg_data(&st->msg);
+    st->size = zmq_msg_size(&st->msg);
+    return st;
+}
+
+const char *act_copy_bytes(op_copy_fn copy, void *dst, const void *src, size_t size)
+{
+    return copy(dst, (const int64_t[]){1}, src, (const int64_t[]){1}, 1, (const int64_t[]){(int64_t)size}, 1);
 }
 
 void act_wtensor_free(act_wtensor *t)
@@ -89,6 +111,11 @@ act_wtensor *act_wtensor_lookup(act_worker *w, uint64_t id, const char **why)
     return t;
 }
 
+static size_t s_bytes(const act_wtensor *t)
+{
+    return (size_t)dt_layout_numel(t->ndim, t->shape) * dt_dtype_size(t->dtype);
+}
+
 static int s_add_payload(act_worker *w, mb_buf buf)
 {
     if (w->npayloads == w->cap_payloads) {
@@ -108,174 +135,167 @@ static int s_add_payload(act_worker *w, mb_buf buf)
 
 static void s_reply_error(act_worker *w, uint64_t fid, int64_t piece, int code, const char *msg)
 {
-    msgpack_pack_array(&w->pk, 5);
-    msgpack_pack_int(&w->pk, C_ERROR);
-    msgpack_pack_uint64(&w->pk, fid);
-    msgpack_pack_int64(&w->pk, piece);
-    msgpack_pack_int(&w->pk, code);
-    size_t len = strlen(msg);
-    msgpack_pack_str(&w->pk, len);
-    msgpack_pack_str_body(&w->pk, msg, len);
+    mb_encode_error(&w->reply, fid, piece, code, msg);
     w->nreply++;
 }
 
+/* The bytes of t as a payload frame: straight from its storage when the host can read device
+ * memory in place, else a host copy. -1 (and why) when there is no memory for it. */
+static int s_piece_frame(act_worker *w, const act_wtensor *t, const char **why)
+{
+    size_t size = s_bytes(t);
+    if (w->backend->host_view) {
+        atomic_fetch_add(&t->storage->refs, 1);
+        return s_add_payload(w, (mb_buf){(void *)w->backend->host_view(t->data), size, act_storage_free_fn, t->storage});
+    }
+    void *host = malloc(size ? size : 1);
+    if (!host || (*why = act_copy_bytes(w->backend->to_host, host, t->data, size))) {
+        free(host);
+        return -1;
+    }
+    return s_add_payload(w, (mb_buf){host, size, mb_buf_free, NULL});
+}
+
+/* A VALUE completion for piece of future fid: t's bytes, or none (t NULL: a SYNC's answer). */
 static void s_reply_value(act_worker *w, uint64_t fid, int64_t piece, const act_wtensor *t)
 {
     int frame = -1;
     if (t) {
-        size_t size = (size_t)dt_layout_numel(t->ndim, t->shape) * dt_dtype_size(t->dtype);
-        atomic_fetch_add(&t->storage->refs, 1);
-        frame = s_add_payload(w, (mb_buf){t->data, size, act_storage_free_fn, t->storage});
-        if (frame < 0) {
-            s_reply_error(w, fid, piece, DT_ENOMEM, "out of memory on the device");
+        const char *why = "out of memory on the device";
+        if ((frame = s_piece_frame(w, t, &why)) < 0) {
+            s_reply_error(w, fid, piece, DT_ENOMEM, why);
             return;
         }
     }
-    msgpack_pack_array(&w->pk, 6);
-    msgpack_pack_int(&w->pk, C_VALUE);
-    msgpack_pack_uint64(&w->pk, fid);
-    msgpack_pack_int64(&w->pk, piece);
-    msgpack_pack_int(&w->pk, t ? (int)t->dtype : 0);
-    mb_pack_i64s(&w->pk, t ? t->shape : NULL, t ? t->ndim : 0);
-    msgpack_pack_int(&w->pk, frame);
+    mb_encode_value(&w->reply, fid, piece, t ? t->dtype : DT_FLOAT32, t ? t->ndim : 0, t ? t->shape : NULL, frame);
     w->nreply++;
-}
-
-static bool s_get_scalar(const msgpack_object *rec, uint32_t i, dt_scalar *out)
-{
-    if (mb_get_i64(rec, i, &out->i)) {
-        out->is_int = true;
-        out->f = (double)out->i;
-        return true;
-    }
-    out->is_int = false;
-    return mb_get_f64(rec, i, &out->f);
-}
-
-/* Reads [code, id, dtype, shape, ...] into a new tensor without storage. */
-static act_wtensor *s_new_output(const msgpack_object *rec, const char **why)
-{
-    int64_t dtype;
-    uint32_t ndim;
-    act_wtensor *t = calloc(1, sizeof *t);
-    if (!t) {
-        *why = "out of memory";
-        return NULL;
-    }
-    if (!mb_get_i64(rec, 2, &dtype) || !dt_dtype_valid((int)dtype) ||
-        !mb_get_i64s(rec, 3, t->shape, DT_MAX_DIMS, &ndim) || dt_layout_check_shape("op", (int)ndim, t->shape) != 0) {
-        free(t);
-        *why = "malformed record";
-        return NULL;
-    }
-    t->dtype = (dt_dtype)dtype;
-    t->ndim = (int)ndim;
-    return t;
 }
 
 static const char *s_alloc(const act_worker *w, act_wtensor *t)
 {
-    size_t size = (size_t)dt_layout_numel(t->ndim, t->shape) * dt_dtype_size(t->dtype);
-    t->storage = act_storage_new(w->backend, size);
+    t->storage = act_storage_new(w->backend, s_bytes(t));
     if (!t->storage)
         return "out of memory on the device";
     t->data = t->storage->data;
     return NULL;
 }
 
-/* LOAD: the payload frame becomes the storage, without a copy when it is aligned. */
-static const char *s_load(const act_worker *w, act_wtensor *t, const msgpack_object *rec, mb_message *m)
+/* LOAD: the payload frame becomes the storage without a copy when the backend can use host
+ * memory as it is, else it is copied to the device. */
+static const char *s_load(const act_worker *w, act_wtensor *t, int64_t frame, mb_message *m)
 {
-    int64_t frame;
-    size_t size = (size_t)dt_layout_numel(t->ndim, t->shape) * dt_dtype_size(t->dtype);
-    if (!mb_get_i64(rec, 4, &frame) || frame < 0 || frame >= m->npayloads || zmq_msg_size(&m->payloads[frame]) != size)
+    size_t size = s_bytes(t);
+    if (frame < 0 || frame >= m->npayloads || zmq_msg_size(&m->payloads[frame]) != size)
         return "malformed record (payload missing or of the wrong size)";
     zmq_msg_t *src = &m->payloads[frame];
-    if (((uintptr_t)zmq_msg_data(src) % 8) == 0 && (t->storage = calloc(1, sizeof *t->storage))) {
-        atomic_init(&t->storage->refs, 1);
-        zmq_msg_init(&t->storage->msg);
-        zmq_msg_move(&t->storage->msg, src);
-        t->storage->adopted = true;
-        t->storage->data = t->data = zmq_msg_data(&t->storage->msg);
-        t->storage->size = size;
+    if (w->backend->adopt_host && w->backend->adopt_host(zmq_msg_data(src), size) &&
+        (t->storage = act_storage_adopt(src))) {
+        t->data = t->storage->data;
         return NULL;
     }
     const char *why = s_alloc(w, t);
-    if (!why)
-        memcpy(t->data, zmq_msg_data(src), size);
-    return why;
+    return why ? why : act_copy_bytes(w->backend->to_device, t->data, zmq_msg_data(src), size);
 }
 
-/* Runs an op record that makes a tensor from nothing but its own fields (and payloads). */
-static void s_make(act_worker *w, int64_t code, uint64_t id, const msgpack_object *rec, mb_message *m)
+/* Makes the storage of a new tensor of dtype and shape; *out is the tensor even on failure. */
+static const char *s_new_piece(const act_worker *w, dt_dtype dtype, const mb_dims *shape, act_wtensor **out)
 {
+    act_wtensor *t = *out = calloc(1, sizeof *t);
+    if (!t)
+        return "out of memory on the device";
+    t->dtype = dtype;
+    t->ndim = shape->n;
+    memcpy(t->shape, shape->v, (size_t)shape->n * sizeof *shape->v);
+    return s_alloc(w, t);
+}
+
+/* Runs an op record that makes a tensor from nothing but its own fields (and payloads): the
+ * tensor, or its poisoned place when it could not be made. */
+static void s_make(act_worker *w, int64_t code, const msgpack_object *rec, mb_message *m)
+{
+    const op_backend *be = w->backend;
     const char *why = NULL;
-    act_wtensor *t = s_new_output(rec, &why);
-    int64_t n = t ? dt_layout_numel(t->ndim, t->shape) : 0;
-    switch (t ? code : -1) {
-    case -1:
-        break;
-    case OP_EMPTY:
-        why = s_alloc(w, t);
-        break;
-    case OP_FILL: {
-        dt_scalar v;
-        if (!s_get_scalar(rec, 4, &v))
-            why = "malformed record";
-        else if (!(why = s_alloc(w, t)))
-            cpu_fill(t->data, t->dtype, n, v);
+    act_wtensor *t = NULL;
+    uint64_t id = 0;
+    int rc;
+    switch (code) {
+    case MB_OP_EMPTY: {
+        mb_empty_rec r;
+        if ((rc = mb_decode_empty(rec, &r)) == 0) {
+            id = r.id;
+            why = s_new_piece(w, r.dtype, &r.shape, &t);
+        }
         break;
     }
-    case OP_RANDOM: {
-        int64_t offset[DT_MAX_DIMS], global[DT_MAX_DIMS], normal;
-        uint64_t seed, stream;
-        uint32_t n_off, n_glob;
-        if (!mb_get_i64s(rec, 4, offset, DT_MAX_DIMS, &n_off) || !mb_get_i64s(rec, 5, global, DT_MAX_DIMS, &n_glob) ||
-            n_off != (uint32_t)t->ndim || n_glob != (uint32_t)t->ndim || !mb_get_u64(rec, 6, &seed) ||
-            !mb_get_u64(rec, 7, &stream) || !mb_get_i64(rec, 8, &normal) || !dt_dtype_is_float(t->dtype))
-            why = "malformed record";
-        else if (!(why = s_alloc(w, t)))
-            cpu_random(t->data, t->dtype, t->ndim, t->shape, offset, global, seed, stream, normal != 0);
+    case MB_OP_FILL: {
+        mb_fill_rec r;
+        if ((rc = mb_decode_fill(rec, &r)) == 0) {
+            id = r.id;
+            if (!(why = s_new_piece(w, r.dtype, &r.shape, &t)))
+                why = be->fill(t->data, t->dtype, dt_layout_numel(t->ndim, t->shape), r.value);
+        }
         break;
     }
-    case OP_ARANGE: {
-        int64_t first;
-        dt_scalar start, step;
-        if (t->ndim != 1 || !mb_get_i64(rec, 4, &first) || !s_get_scalar(rec, 5, &start) || !s_get_scalar(rec, 6, &step))
-            why = "malformed record";
-        else if (!(why = s_alloc(w, t)))
-            cpu_arange(t->data, t->dtype, n, first, start, step);
+    case MB_OP_RANDOM: {
+        mb_random_rec r;
+        if ((rc = mb_decode_random(rec, &r)) == 0 &&
+            (r.offset.n != r.shape.n || r.global_shape.n != r.shape.n || !dt_dtype_is_float(r.dtype)))
+            rc = dt_err(DT_EPROTO, "malformed random record: offset, shape and global shape disagree, or not a "
+                                   "float dtype");
+        if (rc == 0) {
+            id = r.id;
+            if (!(why = s_new_piece(w, r.dtype, &r.shape, &t)))
+                why = be->random(t->data, t->dtype, t->ndim, t->shape, r.offset.v, r.global_shape.v, r.seed,
+                                 r.stream, r.normal);
+        }
         break;
     }
-    case OP_LOAD:
-        why = s_load(w, t, rec, m);
+    case MB_OP_ARANGE: {
+        mb_arange_rec r;
+        if ((rc = mb_decode_arange(rec, &r)) == 0 && r.shape.n != 1)
+            rc = dt_err(DT_EPROTO, "malformed arange record: a range has one dim");
+        if (rc == 0) {
+            id = r.id;
+            if (!(why = s_new_piece(w, r.dtype, &r.shape, &t)))
+                why = be->arange(t->data, t->dtype, t->shape[0], r.first, r.start, r.step);
+        }
         break;
+    }
+    case MB_OP_LOAD: {
+        mb_load_rec r;
+        if ((rc = mb_decode_load(rec, &r)) == 0) {
+            id = r.id;
+            if ((t = calloc(1, sizeof *t))) {
+                t->dtype = r.dtype;
+                t->ndim = r.shape.n;
+                memcpy(t->shape, r.shape.v, (size_t)r.shape.n * sizeof *r.shape.v);
+                why = s_load(w, t, r.frame, m);
+            } else {
+                why = "out of memory on the device";
+            }
+        }
+        break;
+    }
     default:
-        why = "unknown op";
+        rc = dt_err(DT_EPROTO, "unknown op record code %" PRId64, code);
+    }
+    if (rc != 0) {
+        /* a record that cannot be read still poisons its output when it names one */
+        if (!mb_get_u64(rec, 1, &id)) {
+            fprintf(stderr, "dtorch worker %" PRId64 ": dropped a malformed op record: %s\n", w->device,
+                    dt_last_error());
+            return;
+        }
+        why = dt_last_error();
     }
     if (why) {
         char msg[DT_ERRMSG_MAX];
-        snprintf(msg, sizeof msg, "%s failed on device %" PRId64 ": %s", op_name((int)code), w->device, why);
+        snprintf(msg, sizeof msg, "%s failed on device %" PRId64 ": %s", mb_op_name(code), w->device, why);
         act_wtensor_free(t);
         act_wtensor_poison(w, id, msg);
     } else {
         act_wtensor_put(w, id, t);
     }
-}
-
-static bool s_read_attrs(const msgpack_object *o, op_attrs *a)
-{
-    uint32_t nints;
-    if (!mb_arr(o, 3) || !mb_get_i64s(o, 0, a->ints, OP_MAX_INTS, &nints) ||
-        o->via.array.ptr[1].type != MSGPACK_OBJECT_ARRAY || o->via.array.ptr[1].via.array.size > OP_MAX_FLOATS)
-        return false;
-    a->nints = (int)nints;
-    a->nfloats = (int)o->via.array.ptr[1].via.array.size;
-    for (int i = 0; i < a->nfloats; i++)
-        if (!mb_get_f64(&o->via.array.ptr[1], (uint32_t)i, &a->floats[i]))
-            return false;
-    a->has_scalar = o->via.array.ptr[2].type != MSGPACK_OBJECT_NIL;
-    return !a->has_scalar || s_get_scalar(o, 2, &a->scalar);
 }
 
 /* Makes t's storage its own before a write in place: storage that anything else holds (a fetch
@@ -290,54 +310,51 @@ static const char *s_own_storage(const act_worker *w, act_wtensor *t)
     act_storage *own = act_storage_new(w->backend, size);
     if (!own)
         return "out of memory on the device";
-    memcpy(own->data, t->data, size);
+    const char *why = act_copy_bytes(w->backend->copy_region, own->data, t->data, size);
+    if (why) {
+        act_storage_release(own);
+        return why;
+    }
     act_storage_release(st);
     t->storage = own;
     t->data = own->data;
     return NULL;
 }
 
-/* [COMPUTE, op index, out ids, [[dtype, shape]...], in ids, attrs, ctx]: a registered op's kernel
- * on this device's pieces. A poisoned input poisons the outputs with its (root) message. */
+/* COMPUTE: a registered op's kernel on this device's pieces. A poisoned input poisons the
+ * outputs with its (root) message. False for a record it cannot read (dt_last_error says why). */
 static bool s_compute(act_worker *w, const msgpack_object *rec)
 {
-    int64_t index;
-    uint64_t out_ids[OP_MAX_OUTPUTS], in_ids[OP_MAX_INPUTS];
-    op_attrs attrs = {0};
-    op_kernel k = {.attrs = &attrs};
-    if (!mb_arr(rec, 7) || !mb_get_i64(rec, 1, &index))
+    mb_compute_rec r;
+    if (mb_decode_compute(rec, &r) != 0)
         return false;
-    const op_def *def = op_at((int)index);
-    k.def = def;
-    const msgpack_object *outs = &rec->via.array.ptr[2], *specs = &rec->via.array.ptr[3], *ins = &rec->via.array.ptr[4];
-    uint32_t nctx;
-    if (!def || outs->type != MSGPACK_OBJECT_ARRAY || specs->type != MSGPACK_OBJECT_ARRAY ||
-        ins->type != MSGPACK_OBJECT_ARRAY || outs->via.array.size > OP_MAX_OUTPUTS ||
-        specs->via.array.size != outs->via.array.size || ins->via.array.size > OP_MAX_INPUTS ||
-        !s_read_attrs(&rec->via.array.ptr[5], &attrs) || !mb_get_i64s(rec, 6, k.ctx, OP_MAX_CTX, &nctx))
+    const op_def *def = r.op >= 0 && r.op <= INT32_MAX ? op_at((int)r.op) : NULL;
+    if (!def || r.outs.n > OP_MAX_OUTPUTS || r.ins.n > OP_MAX_INPUTS || r.ctx.n > OP_MAX_CTX) {
+        dt_err(DT_EPROTO, "malformed compute record: %s", def ? "too many inputs, outputs or ctx integers" : "unknown op");
         return false;
-    k.nctx = (int)nctx;
-    k.nout = (int)outs->via.array.size;
-    k.nin = (int)ins->via.array.size;
+    }
+    op_attrs attrs = {.nints = r.ints.n, .nfloats = r.floats.n, .has_scalar = r.scalar.present, .scalar = r.scalar.value};
+    memcpy(attrs.ints, r.ints.v, (size_t)r.ints.n * sizeof *r.ints.v);
+    memcpy(attrs.floats, r.floats.v, (size_t)r.floats.n * sizeof *r.floats.v);
+    op_kernel k = {.def = def, .attrs = &attrs, .nin = r.ins.n, .nout = (int)r.outs.n, .nctx = r.ctx.n};
+    memcpy(k.ctx, r.ctx.v, (size_t)r.ctx.n * sizeof *r.ctx.v);
+    uint64_t out_ids[OP_MAX_OUTPUTS];
     for (int o = 0; o < k.nout; o++) {
-        int64_t dtype;
-        uint32_t ndim;
-        const msgpack_object *spec = &specs->via.array.ptr[o];
-        if (!mb_get_u64(outs, (uint32_t)o, &out_ids[o]) || !mb_arr(spec, 2) || !mb_get_i64(spec, 0, &dtype) ||
-            !dt_dtype_valid((int)dtype) || !mb_get_i64s(spec, 1, k.out[o].shape, DT_MAX_DIMS, &ndim))
+        mb_out_rec out;
+        if (mb_decode_out(&r.outs.items[o], &out) != 0)
             return false;
-        k.out[o].dtype = (dt_dtype)dtype;
-        k.out[o].ndim = (int)ndim;
+        out_ids[o] = out.id;
+        k.out[o].dtype = out.dtype;
+        k.out[o].ndim = out.shape.n;
+        memcpy(k.out[o].shape, out.shape.v, (size_t)out.shape.n * sizeof *out.shape.v);
     }
     const char *why = NULL;
     for (int i = 0; i < k.nin && !why; i++) {
-        if (!mb_get_u64(ins, (uint32_t)i, &in_ids[i]))
-            return false;
-        act_wtensor *t = act_wtensor_lookup(w, in_ids[i], &why);
-        if (t)
+        act_wtensor *t = act_wtensor_lookup(w, r.ins.v[i], &why);
+        if (t) {
             k.in[i] = (op_local){t->dtype, t->ndim, {0}, t->data};
-        if (t)
             memcpy(k.in[i].shape, t->shape, sizeof t->shape);
+        }
     }
     char msg[DT_ERRMSG_MAX];
     if (why) {
@@ -349,10 +366,10 @@ static bool s_compute(act_worker *w, const msgpack_object *rec)
     act_wtensor *made[OP_MAX_OUTPUTS] = {NULL};
     act_wtensor *written = NULL; /* an in-place op's output 0: input 0 itself */
     if (def->inplace && k.nin > 0 && k.nout > 0) {
-        if (out_ids[0] != in_ids[0] || k.out[0].ndim != k.in[0].ndim ||
+        if (out_ids[0] != r.ins.v[0] || k.out[0].ndim != k.in[0].ndim ||
             memcmp(k.out[0].shape, k.in[0].shape, (size_t)k.in[0].ndim * sizeof k.in[0].shape[0]) != 0)
             return false;
-        written = act_wtensor_lookup(w, in_ids[0], &why);
+        written = act_wtensor_lookup(w, r.ins.v[0], &why);
         if (written && !(why = s_own_storage(w, written)))
             k.out[0].data = k.in[0].data = written->data;
     }
@@ -384,45 +401,51 @@ static bool s_compute(act_worker *w, const msgpack_object *rec)
     return true;
 }
 
-/* Runs one op record. Returns false for a record it cannot even read. */
+/* Runs one op record. False for a record it cannot even read (dt_last_error says why). */
 static bool s_run(act_worker *w, const msgpack_object *rec, mb_message *m)
 {
     int64_t code;
-    uint64_t id;
-    if (!mb_arr(rec, 2) || !mb_get_i64(rec, 0, &code) || !mb_get_u64(rec, 1, &id))
+    if (mb_record_code(rec, &code) != 0)
         return false;
     switch (code) {
-    case OP_SYNC: {
-        int64_t piece;
-        if (!mb_get_i64(rec, 2, &piece))
+    case MB_OP_SYNC: {
+        mb_sync_rec r;
+        if (mb_decode_sync(rec, &r) != 0)
             return false;
-        s_reply_value(w, id, piece, NULL);
-        return true;
-    }
-    case OP_FREE:
-        act_wtensor_free(dt_idmap_take(&w->tensors, id));
-        return true;
-    case OP_FETCH: {
-        uint64_t fid;
-        int64_t piece;
-        const char *why;
-        if (!mb_get_u64(rec, 2, &fid) || !mb_get_i64(rec, 3, &piece))
-            return false;
-        act_wtensor *t = act_wtensor_lookup(w, id, &why);
-        if (t)
-            s_reply_value(w, fid, piece, t);
+        const char *why = w->backend->synchronize ? w->backend->synchronize() : NULL;
+        if (why)
+            s_reply_error(w, r.future, r.piece, DT_EKERNEL, why);
         else
-            s_reply_error(w, fid, piece, DT_EKERNEL, why);
+            s_reply_value(w, r.future, r.piece, NULL);
         return true;
     }
-    case OP_SEND:
+    case MB_OP_FREE: {
+        mb_free_rec r;
+        if (mb_decode_free(rec, &r) != 0)
+            return false;
+        act_wtensor_free(dt_idmap_take(&w->tensors, r.id));
+        return true;
+    }
+    case MB_OP_FETCH: {
+        mb_fetch_rec r;
+        const char *why;
+        if (mb_decode_fetch(rec, &r) != 0)
+            return false;
+        act_wtensor *t = act_wtensor_lookup(w, r.id, &why);
+        if (t)
+            s_reply_value(w, r.future, r.piece, t);
+        else
+            s_reply_error(w, r.future, r.piece, DT_EKERNEL, why);
+        return true;
+    }
+    case MB_OP_SEND:
         return act_peer_send(w, rec);
-    case OP_ASSEMBLE:
+    case MB_OP_ASSEMBLE:
         return act_peer_assemble(w, rec);
-    case OP_COMPUTE:
+    case MB_OP_COMPUTE:
         return s_compute(w, rec);
     default:
-        s_make(w, code, id, rec, m);
+        s_make(w, code, rec, m);
         return true;
     }
 }
@@ -431,7 +454,10 @@ static int s_send(act_worker *w, mb_kind kind, uint32_t count)
 {
     mb_header h = {MB_VERSION, kind, w->send_seq++, (uint32_t)w->device, count};
     size_t size = w->reply.size;
-    mb_buf body = {msgpack_sbuffer_release(&w->reply), size, mb_buf_free, NULL};
+    /* records that did not fit leave the body short of count: the controller takes that for a
+     * protocol error and declares the device dead, which is what running out of memory here is */
+    w->reply.failed = false;
+    mb_buf body = {mb_w_release(&w->reply), size, mb_buf_free, NULL};
     int rc = mb_send(w->sock, NULL, 0, &h, body, w->payloads, w->npayloads);
     w->npayloads = 0;
     w->nreply = 0;
@@ -446,7 +472,8 @@ static int s_run_batch(act_worker *w, mb_message *m)
         int rc;
         while ((rc = mb_body_next(&r, &rec)) == 1)
             if (!s_run(w, &rec, m))
-                fprintf(stderr, "dtorch worker %" PRId64 ": dropped a malformed op record\n", w->device);
+                fprintf(stderr, "dtorch worker %" PRId64 ": dropped a malformed op record: %s\n", w->device,
+                        dt_last_error());
         if (rc < 0)
             fprintf(stderr, "dtorch worker %" PRId64 ": %s\n", w->device, dt_last_error());
         mb_body_destroy(&r);
@@ -454,9 +481,7 @@ static int s_run_batch(act_worker *w, mb_message *m)
         fprintf(stderr, "dtorch worker %" PRId64 ": %s\n", w->device, dt_last_error());
     }
     /* credit the whole batch, read or not, so the controller's window stays exact */
-    msgpack_pack_array(&w->pk, 2);
-    msgpack_pack_int(&w->pk, C_CREDIT);
-    msgpack_pack_uint32(&w->pk, m->header.count);
+    mb_encode_credit(&w->reply, m->header.count);
     w->nreply++;
     return s_send(w, MB_COMPLETIONS, w->nreply);
 }
@@ -465,11 +490,11 @@ static void s_note_abort(act_worker *w, mb_message *m)
 {
     mb_body_reader r;
     msgpack_object rec;
-    int64_t dead;
+    mb_abort_rec dead;
     if (mb_body_init(&r, zmq_msg_data(&m->body), zmq_msg_size(&m->body), m->header.count) != 0)
         return;
-    if (mb_body_next(&r, &rec) == 1 && mb_get_i64(&rec, 0, &dead) && dead >= 0)
-        dt_idmap_put(&w->dead, (uint64_t)dead + 1, w);
+    if (mb_body_next(&r, &rec) == 1 && mb_decode_abort(&rec, &dead) == 0 && dead.device >= 0)
+        dt_idmap_put(&w->dead, (uint64_t)dead.device + 1, w);
     mb_body_destroy(&r);
 }
 
@@ -552,26 +577,32 @@ static void *s_heartbeat_main(void *arg)
     return NULL;
 }
 
+/* Who this worker is and what it speaks: the controller refuses a worker built from other sources. */
 static void s_hello(act_worker *w)
 {
-    msgpack_pack_array(&w->pk, 2);
-    msgpack_pack_int64(&w->pk, w->device);
-    msgpack_pack_int(&w->pk, (int)getpid());
+    mb_encode_hello(&w->reply, w->device, (int64_t)getpid(), MB_PROTOCOL, op_registry_hash(), w->backend->name);
 }
 
-int act_worker_run(const char *endpoint, int64_t device, bool (*should_stop)(void *arg), void *arg)
+int act_worker_run(const char *endpoint, int64_t device, const char *device_type, bool (*should_stop)(void *arg),
+                   void *arg)
 {
+    const op_backend *backend = op_backend_find(device_type);
+    if (!backend) {
+        char names[128];
+        op_backend_names(names, sizeof names);
+        return dt_err(DT_EINVAL, "device %" PRId64 ": no '%s' device backend in this build (it has %s)", device,
+                      device_type ? device_type : "(null)", names);
+    }
     char rid[32];
     snprintf(rid, sizeof rid, "d%" PRId64, device);
-    act_worker w = {.device = device, .backend = &op_backend_cpu}; /* every device type is cpu so far */
+    act_worker w = {.device = device, .backend = backend};
     snprintf(w.endpoint, sizeof w.endpoint, "%s", endpoint);
     w.same_process = strncmp(endpoint, "inproc://", 9) == 0;
+    w.read_peers = w.same_process && backend->copy_from_peer;
     dt_idmap_init(&w.tensors);
     dt_idmap_init(&w.peers);
     dt_idmap_init(&w.received);
     dt_idmap_init(&w.dead);
-    msgpack_sbuffer_init(&w.reply);
-    msgpack_packer_init(&w.pk, &w.reply, msgpack_sbuffer_write);
     int rc = act_peer_open(&w);
     if (rc == 0)
         w.sock = mb_socket_new(MB_DEALER, endpoint, false, rid);
@@ -631,7 +662,7 @@ int act_worker_run(const char *endpoint, int64_t device, bool (*should_stop)(voi
     dt_idmap_destroy(&w.tensors);
     dt_idmap_destroy(&w.dead);
     act_peer_close(&w);
-    msgpack_sbuffer_destroy(&w.reply);
+    free(mb_w_release(&w.reply));
     free(w.payloads);
     mb_socket_destroy(&w.sock);
     return rc;

@@ -10,6 +10,7 @@
 #include "dt_idmap.h"
 #include "dtorch.h"
 #include "mb_socket.h"
+#include "mb_writer.h"
 #include "op_backend.h"
 
 /* Bytes of a piece. Immutable once made, so it can be sent, shared by replicas and read by
@@ -40,9 +41,8 @@ typedef struct {
     int64_t shape[DT_MAX_DIMS];
     const char *data;           /* first element of the region */
     int64_t strides[DT_MAX_DIMS]; /* byte strides of the region */
-    act_storage *shared;        /* thread mode: the sender's storage, read in place */
-    zmq_msg_t frame;            /* process mode: the received bytes */
-    bool has_frame;
+    bool in_peer;               /* data is in a peer's memory (thread workers): read with copy_from_peer */
+    act_storage *storage;       /* keeps data alive: the peer's storage, or the received frame as this device's memory */
 } act_recv;
 
 typedef struct act_pending {
@@ -54,7 +54,8 @@ typedef struct {
     int64_t device;
     const op_backend *backend;  /* the device type's memory and kernels */
     char endpoint[256];         /* the controller's */
-    bool same_process;          /* peers are threads of this process: regions are read in place */
+    bool same_process;          /* peers are threads of this process (inproc) */
+    bool read_peers;            /* ... and the backend copies from their memory: regions are read in place */
     zsock_t *sock;              /* DEALER to the controller */
     zsock_t *peer;              /* ROUTER other workers send regions to */
     dt_idmap peers;             /* device + 1 -> DEALER to that device's peer socket */
@@ -65,8 +66,7 @@ typedef struct {
     bool leaving;               /* the controller said bye during a wait */
     uint64_t send_seq, peer_seq;
     /* the reply to the batch being run */
-    msgpack_sbuffer reply;
-    msgpack_packer pk;
+    mb_writer reply;
     uint32_t nreply;
     int npayloads, cap_payloads;
     mb_buf *payloads;
@@ -75,6 +75,11 @@ typedef struct {
 void act_storage_release(act_storage *st);
 void act_storage_free_fn(void *data, void *hint);
 act_storage *act_storage_new(const op_backend *backend, size_t size);
+/* A received frame kept as storage without a copy (the backend accepted it with adopt_host);
+ * takes the frame. NULL when out of memory. */
+act_storage *act_storage_adopt(zmq_msg_t *frame);
+/* size contiguous bytes with one of the backend's copies (to_device, to_host, copy_region). */
+const char *act_copy_bytes(op_copy_fn copy, void *dst, const void *src, size_t size);
 act_wtensor *act_wtensor_lookup(act_worker *w, uint64_t id, const char **why);
 void act_wtensor_put(act_worker *w, uint64_t id, act_wtensor *t);
 void act_wtensor_free(act_wtensor *t);
@@ -93,8 +98,10 @@ void act_peer_receive(act_worker *w);
  * the rest waits in the pending queue. Takes m. */
 void act_worker_defer(act_worker *w, mb_message *m);
 
-/* Runs device's worker until the controller says bye or should_stop(arg) turns true: the body of
- * a worker thread and of the dtorch-worker process. */
-int act_worker_run(const char *endpoint, int64_t device, bool (*should_stop)(void *arg), void *arg);
+/* Runs device's worker with the backend of device_type until the controller says bye or
+ * should_stop(arg) turns true: the body of a worker thread and of the dtorch-worker process.
+ * DT_EINVAL, before it connects, for a device type this build has no backend for. */
+int act_worker_run(const char *endpoint, int64_t device, const char *device_type, bool (*should_stop)(void *arg),
+                   void *arg);
 
 #endif

@@ -1,3 +1,4 @@
+/* dt_dtype — element types: sizes, names, validity and the 16-bit float conversions. */
 #include "dt_dtype.h"
 
 #include <math.h>

@@ -1,3 +1,4 @@
+/* dt_error — each thread's last error: dt_err records a code and a formatted message. */
 #include "dt_error.h"
 
 #include <stdarg.h>

@@ -1,3 +1,4 @@
+/* dt_idmap — an open-addressing hash map from nonzero 64-bit ids to pointers (linear probing). */
 #include "dt_idmap.h"
 
 #include <stdlib.h>

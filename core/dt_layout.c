@@ -1,4 +1,4 @@
-/* dt_layout — layout arithmetic: element counts, shape and placement checks, torch.chunk blocks. */
+/* dt_layout — layout arithmetic: element counts, strides, shape and placement checks, torch.chunk blocks. */
 #include "dt_layout.h"
 
 #include <stdio.h>
@@ -17,6 +17,15 @@ int64_t dt_layout_numel(int ndim, const int64_t *shape)
     for (int d = 0; d < ndim; d++)
         n *= shape[d];
     return n;
+}
+
+void dt_layout_strides(int ndim, const int64_t *shape, size_t elem_size, int64_t *strides)
+{
+    int64_t s = (int64_t)elem_size;
+    for (int d = ndim - 1; d >= 0; d--) {
+        strides[d] = s;
+        s *= shape[d] > 1 ? shape[d] : 1;
+    }
 }
 
 void dt_layout_coord(int mesh_ndim, const int64_t *mesh_shape, int64_t flat, int64_t *coord)

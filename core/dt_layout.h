@@ -6,6 +6,7 @@
 #define DT_LAYOUT_H
 
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "dtorch.h"
@@ -24,6 +25,10 @@ struct dt_mesh {
 };
 
 int64_t dt_layout_numel(int ndim, const int64_t *shape);
+
+/* C-contiguous byte strides of shape for elements of elem_size bytes (an empty dim counts as 1,
+ * as torch counts it, so that strides stay distinct). */
+void dt_layout_strides(int ndim, const int64_t *shape, size_t elem_size, int64_t *strides);
 
 /* Row-major coordinate of the flat mesh index. */
 void dt_layout_coord(int mesh_ndim, const int64_t *mesh_shape, int64_t flat, int64_t *coord);

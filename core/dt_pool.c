@@ -1,3 +1,4 @@
+/* dt_pool — pooled memory for tensor pieces: large buffers huge-page aligned and kept for reuse. */
 #include "dt_pool.h"
 
 #include <pthread.h>

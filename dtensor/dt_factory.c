@@ -6,12 +6,12 @@
 #include <string.h>
 
 #include "act_runtime.h"
-#include "cpu_kernels.h"
 #include "dt_dtype.h"
 #include "dt_error.h"
 #include "dt_layout.h"
 #include "dtn_tensor.h"
-#include "op_codes.h"
+#include "mb_schema.h"
+#include "op_backend.h"
 
 /* Validates a factory's arguments and builds the handle (not yet known to any device). */
 static dt_tensor *s_tensor_new(const char *op, dt_mesh *mesh, int ndim, const int64_t *shape, dt_dtype dtype,
@@ -50,36 +50,19 @@ static int s_begin(const char *op, dt_tensor **t)
         dt_tensor_release(t);
         return -1;
     }
-    (*t)->id = act_runtime_new_id();
+    (*t)->id = act_runtime_new_tensor_id();
     (*t)->epoch = act_runtime_epoch();
     return 0;
 }
 
-static void s_pack_head(mb_writer *pk, int nfields, op_code code, const dt_tensor *t, const int64_t *local)
-{
-    mb_w_array(pk, (size_t)nfields);
-    mb_w_int(pk, code);
-    mb_w_uint(pk, t->id);
-    mb_w_int(pk, t->dtype);
-    mb_w_i64s(pk, local, t->ndim);
-}
-
-static void s_pack_scalar(mb_writer *pk, dt_scalar v)
-{
-    if (v.is_int)
-        mb_w_int(pk, v.i);
-    else
-        mb_w_double(pk, v.f);
-}
-
-/* One record per device: code, id, dtype, local shape, then what the kind needs. */
-static dt_tensor *s_make(const char *op, op_code code, dt_mesh *mesh, int ndim, const int64_t *shape,
+/* One record per device that makes its piece: EMPTY, FILL or RANDOM (value.i: normal). */
+static dt_tensor *s_make(const char *op, mb_op_code code, dt_mesh *mesh, int ndim, const int64_t *shape,
                          dt_dtype dtype, const dt_placement *placements, dt_scalar value)
 {
     dt_tensor *t = s_tensor_new(op, mesh, ndim, shape, dtype, placements);
     if (!t)
         return NULL;
-    if (code == OP_RANDOM && !dt_dtype_is_float(dtype)) {
+    if (code == MB_OP_RANDOM && !dt_dtype_is_float(dtype)) {
         dt_err(DT_ETYPE, "%s: expected a floating-point dtype, got %s", op, dt_dtype_name(dtype));
         dt_tensor_release(&t);
         return NULL;
@@ -87,26 +70,19 @@ static dt_tensor *s_make(const char *op, op_code code, dt_mesh *mesh, int ndim, 
     if (s_begin(op, &t) != 0)
         return NULL;
     uint64_t seed = 0, stream = 0;
-    if (code == OP_RANDOM)
+    if (code == MB_OP_RANDOM)
         act_runtime_next_stream(&seed, &stream);
     int64_t coord[DT_MAX_DIMS], local[DT_MAX_DIMS], offset[DT_MAX_DIMS];
     for (int64_t i = 0; i < mesh->size; i++) {
         dt_layout_coord(mesh->ndim, mesh->shape, i, coord);
         dt_layout_block(mesh->ndim, mesh->shape, coord, t->placements, ndim, t->shape, local, offset);
         mb_writer *pk = act_runtime_record(mesh->ids[i]);
-        if (code == OP_EMPTY) {
-            s_pack_head(pk, 4, code, t, local);
-        } else if (code == OP_FILL) {
-            s_pack_head(pk, 5, code, t, local);
-            s_pack_scalar(pk, value);
-        } else {
-            s_pack_head(pk, 9, code, t, local);
-            mb_w_i64s(pk, offset, ndim);
-            mb_w_i64s(pk, t->shape, ndim);
-            mb_w_uint(pk, seed);
-            mb_w_uint(pk, stream);
-            mb_w_int(pk, value.i != 0);
-        }
+        if (code == MB_OP_EMPTY)
+            mb_encode_empty(pk, t->id, dtype, ndim, local);
+        else if (code == MB_OP_FILL)
+            mb_encode_fill(pk, t->id, dtype, ndim, local, value);
+        else
+            mb_encode_random(pk, t->id, dtype, ndim, local, ndim, offset, ndim, t->shape, seed, stream, value.i != 0);
     }
     act_runtime_end();
     return t;
@@ -115,32 +91,32 @@ static dt_tensor *s_make(const char *op, op_code code, dt_mesh *mesh, int ndim, 
 dt_tensor *dt_full(dt_mesh *mesh, int ndim, const int64_t *shape, dt_dtype dtype, const dt_placement *placements,
                    dt_scalar value)
 {
-    return s_make("full", OP_FILL, mesh, ndim, shape, dtype, placements, value);
+    return s_make("full", MB_OP_FILL, mesh, ndim, shape, dtype, placements, value);
 }
 
 dt_tensor *dt_zeros(dt_mesh *mesh, int ndim, const int64_t *shape, dt_dtype dtype, const dt_placement *placements)
 {
-    return s_make("zeros", OP_FILL, mesh, ndim, shape, dtype, placements, (dt_scalar){true, 0, 0.0});
+    return s_make("zeros", MB_OP_FILL, mesh, ndim, shape, dtype, placements, (dt_scalar){true, 0, 0.0});
 }
 
 dt_tensor *dt_ones(dt_mesh *mesh, int ndim, const int64_t *shape, dt_dtype dtype, const dt_placement *placements)
 {
-    return s_make("ones", OP_FILL, mesh, ndim, shape, dtype, placements, (dt_scalar){true, 1, 1.0});
+    return s_make("ones", MB_OP_FILL, mesh, ndim, shape, dtype, placements, (dt_scalar){true, 1, 1.0});
 }
 
 dt_tensor *dt_empty(dt_mesh *mesh, int ndim, const int64_t *shape, dt_dtype dtype, const dt_placement *placements)
 {
-    return s_make("empty", OP_EMPTY, mesh, ndim, shape, dtype, placements, (dt_scalar){0});
+    return s_make("empty", MB_OP_EMPTY, mesh, ndim, shape, dtype, placements, (dt_scalar){0});
 }
 
 dt_tensor *dt_rand(dt_mesh *mesh, int ndim, const int64_t *shape, dt_dtype dtype, const dt_placement *placements)
 {
-    return s_make("rand", OP_RANDOM, mesh, ndim, shape, dtype, placements, (dt_scalar){true, 0, 0.0});
+    return s_make("rand", MB_OP_RANDOM, mesh, ndim, shape, dtype, placements, (dt_scalar){true, 0, 0.0});
 }
 
 dt_tensor *dt_randn(dt_mesh *mesh, int ndim, const int64_t *shape, dt_dtype dtype, const dt_placement *placements)
 {
-    return s_make("randn", OP_RANDOM, mesh, ndim, shape, dtype, placements, (dt_scalar){true, 1, 1.0});
+    return s_make("randn", MB_OP_RANDOM, mesh, ndim, shape, dtype, placements, (dt_scalar){true, 1, 1.0});
 }
 
 static double s_as_double(dt_scalar v) { return v.is_int ? (double)v.i : v.f; }
@@ -185,11 +161,7 @@ dt_tensor *dt_arange(dt_mesh *mesh, dt_scalar start, dt_scalar end, dt_scalar st
     for (int64_t i = 0; i < mesh->size; i++) {
         dt_layout_coord(mesh->ndim, mesh->shape, i, coord);
         dt_layout_block(mesh->ndim, mesh->shape, coord, t->placements, 1, t->shape, &local, &offset);
-        mb_writer *pk = act_runtime_record(mesh->ids[i]);
-        s_pack_head(pk, 7, OP_ARANGE, t, &local);
-        mb_w_int(pk, offset);
-        s_pack_scalar(pk, start);
-        s_pack_scalar(pk, step);
+        mb_encode_arange(act_runtime_record(mesh->ids[i]), t->id, dtype, 1, &local, offset, start, step);
     }
     act_runtime_end();
     return t;
@@ -224,9 +196,7 @@ static void s_load(const dt_tensor *t, int64_t device, const int64_t *local, s_s
 {
     atomic_fetch_add(&piece->refs, 1);
     int frame = act_runtime_payload(device, (mb_buf){piece->data, piece->size, s_shared_release, piece});
-    mb_writer *pk = act_runtime_record(device);
-    s_pack_head(pk, 5, OP_LOAD, t, local);
-    mb_w_int(pk, frame);
+    mb_encode_load(act_runtime_record(device), t->id, t->dtype, t->ndim, local, frame);
 }
 
 /* Devices holding the same block (replicas) share one copy of it: the key is the device's index
@@ -258,7 +228,7 @@ dt_tensor *dt_distribute(dt_mesh *mesh, const void *data, int ndim, const int64_
     if (strides)
         memcpy(src_strides, strides, (size_t)ndim * sizeof *strides);
     else
-        cpu_contiguous_strides(ndim, shape, elem, src_strides);
+        dt_layout_strides(ndim, shape, elem, src_strides);
 
     int64_t nblocks = 1;
     for (int i = 0; i < mesh->ndim; i++)
@@ -283,9 +253,10 @@ dt_tensor *dt_distribute(dt_mesh *mesh, const void *data, int ndim, const int64_
         const char *src = data;
         for (int d = 0; d < ndim; d++)
             src += offset[d] * src_strides[d];
-        cpu_contiguous_strides(ndim, local, elem, dst_strides);
+        /* the user's array is host memory, and so is the payload: the host backend slices it */
+        dt_layout_strides(ndim, local, elem, dst_strides);
         if (bytes)
-            cpu_copy_block(blocks[key]->data, dst_strides, src, src_strides, ndim, local, elem);
+            op_backend_host()->copy_region(blocks[key]->data, dst_strides, src, src_strides, ndim, local, elem);
     }
     if (s_begin("distribute_tensor", &t) != 0)
         goto done;

@@ -4,19 +4,13 @@
 
 #include "dt_error.h"
 #include "dtn_tensor.h"
+#include "op_backend.h"
 
 dt_mesh *dt_mesh_new(const char *device_type, int ndim, const int64_t *shape, const int64_t *ids,
                      const char *const *dim_names)
 {
-    if (!device_type || (strcmp(device_type, "cpu") != 0 && strcmp(device_type, "cuda") != 0)) {
-        dt_err(DT_EINVAL, "DeviceMesh: unknown device type '%s' (expected 'cpu' or 'cuda')",
-               device_type ? device_type : "(null)");
+    if (op_backend_check("DeviceMesh", device_type) != 0)
         return NULL;
-    }
-    if (strcmp(device_type, "cuda") == 0) {
-        dt_err(DT_EDEVICE, "DeviceMesh: the 'cuda' device backend is not available in this build");
-        return NULL;
-    }
     if (ndim < 1 || ndim > DT_MAX_DIMS) {
         dt_err(DT_EINVAL, "DeviceMesh: a mesh has 1 to %d dims, got %d", DT_MAX_DIMS, ndim);
         return NULL;

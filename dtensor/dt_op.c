@@ -13,7 +13,7 @@
 #include "dtn_plan.h"
 #include "dtn_redistribute.h"
 #include "dtn_tensor.h"
-#include "op_codes.h"
+#include "mb_schema.h"
 #include "op_registry.h"
 
 static bool s_strict;
@@ -26,21 +26,6 @@ static bool s_same_mesh(const dt_mesh *a, const dt_mesh *b)
     return a == b || (a->ndim == b->ndim && a->size == b->size && !strcmp(a->device_type, b->device_type) &&
                       !memcmp(a->shape, b->shape, (size_t)a->ndim * sizeof *a->shape) &&
                       !memcmp(a->ids, b->ids, (size_t)a->size * sizeof *a->ids));
-}
-
-static void s_pack_attrs(mb_writer *pk, const op_attrs *a)
-{
-    mb_w_array(pk, 3);
-    mb_w_i64s(pk, a->ints, a->nints);
-    mb_w_array(pk, (size_t)a->nfloats);
-    for (int i = 0; i < a->nfloats; i++)
-        mb_w_double(pk, a->floats[i]);
-    if (!a->has_scalar)
-        mb_w_nil(pk);
-    else if (a->scalar.is_int)
-        mb_w_int(pk, a->scalar.i);
-    else
-        mb_w_double(pk, a->scalar.f);
 }
 
 static int s_check_call(const op_def *def, int n, dt_tensor *const *in, const op_attrs *attrs, op_call *c)
@@ -176,34 +161,23 @@ int dt_op_run(int id, int n, dt_tensor *const *in, const dt_op_attrs *attrs, int
         }
     }
     for (int o = def->inplace ? 1 : 0; o < c.nout; o++) {
-        made[o]->id = act_runtime_new_id();
+        made[o]->id = act_runtime_new_tensor_id();
         made[o]->epoch = act_runtime_epoch();
     }
     int index = op_index(def);
+    const op_attrs *a = &c.attrs;
     int64_t coord[DT_MAX_DIMS], offset[DT_MAX_DIMS], local[DT_MAX_DIMS];
     for (int64_t d = 0; d < mesh->size; d++) {
         dt_layout_coord(mesh->ndim, mesh->shape, d, coord);
         int64_t ctx[OP_MAX_CTX];
         int nctx = def->local ? def->local(&c, coord, ctx) : 0;
         mb_writer *pk = act_runtime_record(mesh->ids[d]);
-        mb_w_array(pk, 7);
-        mb_w_int(pk, OP_COMPUTE);
-        mb_w_int(pk, index);
-        mb_w_array(pk, (size_t)c.nout);
-        for (int o = 0; o < c.nout; o++)
-            mb_w_uint(pk, made[o]->id);
-        mb_w_array(pk, (size_t)c.nout);
+        mb_encode_compute(pk, index, n, ids, a->nints, a->ints, a->nfloats, a->floats, a->has_scalar ? &a->scalar : NULL,
+                          nctx, ctx, (uint32_t)c.nout);
         for (int o = 0; o < c.nout; o++) {
             dt_layout_block(mesh->ndim, mesh->shape, coord, c.out[o].pl, c.out[o].ndim, c.out[o].shape, local, offset);
-            mb_w_array(pk, 2);
-            mb_w_int(pk, c.out[o].dtype);
-            mb_w_i64s(pk, local, c.out[o].ndim);
+            mb_encode_out(pk, made[o]->id, c.out[o].dtype, c.out[o].ndim, local);
         }
-        mb_w_array(pk, (size_t)n);
-        for (int i = 0; i < n; i++)
-            mb_w_uint(pk, ids[i]);
-        s_pack_attrs(pk, &c.attrs);
-        mb_w_i64s(pk, ctx, nctx);
     }
     for (int i = 0; i < n; i++)
         if (ids[i] != in[i]->id)

@@ -13,7 +13,7 @@
 #include "dtn_plan.h"
 #include "dtn_redistribute.h"
 #include "dtn_tensor.h"
-#include "op_codes.h"
+#include "mb_schema.h"
 
 static const char *s_reduce_names[] = {"sum", "avg", "max", "min"};
 
@@ -90,22 +90,9 @@ static int s_check(const char *op, dt_tensor *t, dt_mesh *mesh, const dt_placeme
     return act_runtime_check_live(op, t->epoch);
 }
 
-static void s_pack_part(mb_writer *pk, int ndim, const dtn_part *part, uint64_t transfer)
-{
-    mb_w_array(pk, 8);
-    mb_w_int(pk, part->mode);
-    mb_w_int(pk, part->op);
-    mb_w_int(pk, part->src_device);
-    mb_w_uint(pk, transfer);
-    mb_w_i64s(pk, part->src_offset, ndim);
-    mb_w_i64s(pk, part->dst_offset, ndim);
-    mb_w_i64s(pk, part->shape, ndim);
-    mb_w_int(pk, part->divisor);
-}
-
 static bool s_remote(const dtn_piece *pc, const dtn_part *part)
 {
-    return part->mode != OP_PART_DIV && part->src_device != pc->device;
+    return part->mode != MB_PART_DIV && part->src_device != pc->device;
 }
 
 /* Emits every step of plan for t (lock held); the last step makes out->id. */
@@ -115,7 +102,7 @@ static void s_emit(const dt_tensor *t, const dtn_plan *plan, const dt_tensor *ou
     uint64_t src_id = t->id;
     for (int s = 0; s < plan->nsteps; s++) {
         const dtn_step *step = &plan->steps[s];
-        uint64_t out_id = s == plan->nsteps - 1 ? out->id : act_runtime_new_id();
+        uint64_t out_id = s == plan->nsteps - 1 ? out->id : act_runtime_new_tensor_id();
         /* every SEND of the step goes before any ASSEMBLE: a device never waits for a region it
          * still has to send, so no cycle of waits can form */
         uint64_t first_transfer = 0, k = 0;
@@ -125,42 +112,31 @@ static void s_emit(const dt_tensor *t, const dtn_plan *plan, const dt_tensor *ou
                 const dtn_part *part = &pc->parts[q];
                 if (!s_remote(pc, part))
                     continue;
-                uint64_t transfer = act_runtime_new_id();
+                uint64_t transfer = act_runtime_new_transfer_id();
                 if (k++ == 0)
                     first_transfer = transfer;
-                mb_writer *pk = act_runtime_record(part->src_device);
-                mb_w_array(pk, 6);
-                mb_w_int(pk, OP_SEND);
-                mb_w_uint(pk, src_id);
-                mb_w_uint(pk, transfer);
-                mb_w_int(pk, pc->device);
-                mb_w_i64s(pk, part->src_offset, ndim);
-                mb_w_i64s(pk, part->shape, ndim);
+                mb_encode_send(act_runtime_record(part->src_device), src_id, transfer, pc->device, ndim,
+                               part->src_offset, ndim, part->shape);
             }
         }
         k = 0;
         for (int p = 0; p < step->npieces; p++) {
             const dtn_piece *pc = &step->pieces[p];
             mb_writer *pk = act_runtime_record(pc->device);
-            mb_w_array(pk, 6);
-            mb_w_int(pk, OP_ASSEMBLE);
-            mb_w_uint(pk, out_id);
-            mb_w_int(pk, t->dtype);
-            mb_w_i64s(pk, pc->shape, ndim);
-            mb_w_uint(pk, src_id);
-            mb_w_array(pk, (size_t)pc->nparts);
-            for (int q = 0; q < pc->nparts; q++)
-                s_pack_part(pk, ndim, &pc->parts[q], s_remote(pc, &pc->parts[q]) ? first_transfer + k++ : 0);
+            mb_encode_assemble(pk, out_id, t->dtype, ndim, pc->shape, src_id, (uint32_t)pc->nparts);
+            for (int q = 0; q < pc->nparts; q++) {
+                const dtn_part *part = &pc->parts[q];
+                /* transfer ids of a step were taken in this order above, one after another */
+                mb_encode_part(pk, (mb_part_mode)part->mode, (dt_reduce_op)part->op, part->src_device,
+                               s_remote(pc, part) ? first_transfer + k++ : 0, ndim, part->src_offset, ndim,
+                               part->dst_offset, ndim, part->shape, part->divisor);
+            }
         }
         if (s > 0) {
             /* the previous step's pieces are intermediates: free them once they are sent */
             const dt_mesh *m = step->from.mesh;
-            for (int64_t i = 0; i < m->size; i++) {
-                mb_writer *pk = act_runtime_record(m->ids[i]);
-                mb_w_array(pk, 2);
-                mb_w_int(pk, OP_FREE);
-                mb_w_uint(pk, src_id);
-            }
+            for (int64_t i = 0; i < m->size; i++)
+                mb_encode_free(act_runtime_record(m->ids[i]), src_id);
         }
         src_id = out_id;
     }
@@ -226,7 +202,7 @@ static int s_redistribute(const char *op, int n, dt_tensor *const *ts, dt_mesh *
                 rc = dt_err(DT_ESHUTDOWN, "%s: this tensor was made before dtorch.shutdown() and no longer exists", op);
                 goto fail;
             }
-            out[i]->id = act_runtime_new_id();
+            out[i]->id = act_runtime_new_tensor_id();
             out[i]->epoch = act_runtime_epoch();
             s_emit(ts[i], &plans[i], out[i]);
         }
@@ -288,7 +264,7 @@ uint64_t dtn_redistribute_inline(const dt_tensor *t, const dt_placement *placeme
         return 0;
     uint64_t id = t->id;
     if (plan.nsteps > 0) {
-        dt_tensor out = {.id = act_runtime_new_id()};
+        dt_tensor out = {.id = act_runtime_new_tensor_id()};
         s_emit(t, &plan, &out);
         id = out.id;
         *nsteps = plan.nsteps;

@@ -8,7 +8,7 @@
 #include "dt_error.h"
 #include "dt_layout.h"
 #include "dtn_tensor.h"
-#include "op_codes.h"
+#include "mb_schema.h"
 
 #define S_CACHE 256 /* handle structs kept per thread for reuse */
 
@@ -129,14 +129,8 @@ static dt_future *s_fetch(dt_tensor *t, act_future_kind kind, const char *op)
         return NULL;
     }
     act_runtime_urgent();
-    for (int p = 0; p < npieces; p++) {
-        mb_writer *pk = act_runtime_record(f->pieces[p].device);
-        mb_w_array(pk, 4);
-        mb_w_int(pk, OP_FETCH);
-        mb_w_uint(pk, t->id);
-        mb_w_uint(pk, f->id);
-        mb_w_int(pk, p);
-    }
+    for (int p = 0; p < npieces; p++)
+        mb_encode_fetch(act_runtime_record(f->pieces[p].device), t->id, f->id, p);
     act_runtime_end();
     return f;
 }

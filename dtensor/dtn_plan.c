@@ -1,3 +1,5 @@
+/* dtn_plan — planning a redistribute: the steps, and for each destination the regions it takes
+ * from which device (block intersection), with Partial combined one mesh dim per step. */
 #include "dtn_plan.h"
 
 #include <stdlib.h>
@@ -165,7 +167,7 @@ static int s_step(int ndim, const int64_t *shape, const dtn_layout *from, const 
                     else if (from->pl[i].kind == DT_PARTIAL)
                         match = g->coord[i] == dcoord[i]; /* a kept Partial: same mesh, same coordinate */
                 }
-                dtn_part part = {.mode = round == 0 ? OP_PART_COPY : OP_PART_REDUCE,
+                dtn_part part = {.mode = round == 0 ? MB_PART_COPY : MB_PART_REDUCE,
                                  .op = reduce_dim >= 0 ? from->pl[reduce_dim].reduce_op : 0};
                 int64_t o[DT_MAX_DIMS];
                 if (!match || !s_intersect(ndim, g->offset, g->shape, doff, pc->shape, o, part.shape))
@@ -187,7 +189,7 @@ static int s_step(int ndim, const int64_t *shape, const dtn_layout *from, const 
             }
         }
         if (reduce_dim >= 0 && from->pl[reduce_dim].reduce_op == DT_REDUCE_AVG) {
-            dtn_part div = {.mode = OP_PART_DIV, .src_device = pc->device, .divisor = nrounds};
+            dtn_part div = {.mode = MB_PART_DIV, .src_device = pc->device, .divisor = nrounds};
             memcpy(div.shape, pc->shape, sizeof div.shape);
             if (s_add_part(pc, &cap, &div) != 0)
                 goto nomem;

@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #include "dtorch.h"
-#include "op_codes.h"
+#include "mb_schema.h"
 
 typedef struct {
     const dt_mesh *mesh;
@@ -22,7 +22,7 @@ typedef struct {
 } dtn_layout;
 
 typedef struct {
-    int32_t mode;                      /* op_part_mode */
+    int32_t mode;                      /* mb_part_mode */
     int32_t op;                        /* dt_reduce_op of a REDUCE */
     int64_t src_device;                /* who holds the source piece (the destination: local) */
     int64_t src_offset[DT_MAX_DIMS];   /* region start in the source's piece */

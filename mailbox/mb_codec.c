@@ -299,10 +299,3 @@ bool mb_get_i64s(const msgpack_object *arr, uint32_t i, int64_t *out, uint32_t m
     *n = o->via.array.size;
     return true;
 }
-
-void mb_pack_i64s(msgpack_packer *pk, const int64_t *v, int n)
-{
-    msgpack_pack_array(pk, (size_t)n);
-    for (int k = 0; k < n; k++)
-        msgpack_pack_int64(pk, v[k]);
-}

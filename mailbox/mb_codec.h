@@ -6,6 +6,8 @@
  *   frame 2+ payloads raw tensor bytes, referenced from the body by frame index
  * A ROUTER socket sees the peer's routing id as an extra first frame.
  *
+ * The records of a body are declared in mb_schema.h.
+ *
  * Decoding never trusts the input: truncated, oversized, wrong-version or garbage bytes give
  * DT_EPROTO with a message in dt_last_error(), never a crash or an unbounded allocation.
  */
@@ -24,13 +26,13 @@
 #define MB_SENDER_CONTROLLER 0xffffffffu /* sender id of the controller; devices send their id */
 
 typedef enum {
-    MB_HELLO = 1,       /* worker -> controller: body [device_id, pid] */
-    MB_OPS = 2,         /* controller -> worker: body = op records */
-    MB_COMPLETIONS = 3, /* worker -> controller: body = completion records */
-    MB_BYE = 4,         /* controller -> worker: stop; worker -> controller: stopped */
-    MB_PEER = 5,        /* worker -> worker: one transfer of a redistribute, body [transfer record] */
-    MB_ABORT = 6,       /* controller -> worker: body [device id] died; stop waiting for it */
-    MB_HEARTBEAT = 7,   /* worker process -> controller, from its own socket: still alive */
+    MB_HELLO = 1,       /* worker -> controller: one HELLO record (mb_schema.h) */
+    MB_OPS = 2,         /* controller -> worker: op records */
+    MB_COMPLETIONS = 3, /* worker -> controller: completion records */
+    MB_BYE = 4,         /* controller -> worker: stop; worker -> controller: stopped. No body */
+    MB_PEER = 5,        /* worker -> worker: one REGION record, the region itself as its payload frame */
+    MB_ABORT = 6,       /* controller -> worker: one ABORT record */
+    MB_HEARTBEAT = 7,   /* worker process -> controller, from its own socket: still alive. No body */
     MB_KIND_MAX = 7,
 } mb_kind;
 
@@ -74,8 +76,5 @@ bool mb_get_f64(const msgpack_object *arr, uint32_t i, double *out);  /* float o
 bool mb_get_str(const msgpack_object *arr, uint32_t i, const char **ptr, uint32_t *len);
 /* an array of at most max integers: */
 bool mb_get_i64s(const msgpack_object *arr, uint32_t i, int64_t *out, uint32_t max, uint32_t *n);
-
-/* Packs an array of n int64 (shapes, offsets). */
-void mb_pack_i64s(msgpack_packer *pk, const int64_t *v, int n);
 
 #endif

@@ -98,6 +98,28 @@ static inline void mb_w_nil(mb_writer *w)
         w->data[w->size++] = (char)0xc0;
 }
 
+static inline void mb_w_bool(mb_writer *w, bool v)
+{
+    if (mb_w_room(w, 1))
+        w->data[w->size++] = (char)(v ? 0xc3 : 0xc2);
+}
+
+static inline void mb_w_str(mb_writer *w, const char *s, size_t len)
+{
+    if (!mb_w_room(w, 5 + len))
+        return;
+    if (len < 32)
+        w->data[w->size++] = (char)(0xa0 | len);
+    else if (len <= UINT8_MAX)
+        s_mb_w_be(w, 0xd9, len, 1);
+    else if (len <= UINT16_MAX)
+        s_mb_w_be(w, 0xda, len, 2);
+    else
+        s_mb_w_be(w, 0xdb, len, 4);
+    memcpy(w->data + w->size, s, len);
+    w->size += len;
+}
+
 static inline void mb_w_double(mb_writer *w, double v)
 {
     uint64_t bits;
@@ -111,6 +133,20 @@ static inline void mb_w_i64s(mb_writer *w, const int64_t *v, int n)
     mb_w_array(w, (uint32_t)n);
     for (int i = 0; i < n; i++)
         mb_w_int(w, v[i]);
+}
+
+static inline void mb_w_u64s(mb_writer *w, const uint64_t *v, int n)
+{
+    mb_w_array(w, (uint32_t)n);
+    for (int i = 0; i < n; i++)
+        mb_w_uint(w, v[i]);
+}
+
+static inline void mb_w_doubles(mb_writer *w, const double *v, int n)
+{
+    mb_w_array(w, (uint32_t)n);
+    for (int i = 0; i < n; i++)
+        mb_w_double(w, v[i]);
 }
 
 /* Hands the bytes over (free them with free()) and leaves the writer empty. */

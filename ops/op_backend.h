@@ -1,25 +1,92 @@
-/* op_backend — what a device type provides to its worker actors: memory for pieces and the
- * running of op kernels. The CPU backend is the reference; a CUDA backend implements the same
- * table (device memory, cuBLAS/NCCL kernels) and workers never ask which one they have. */
+/* op_backend — everything a device type does for its worker actors, as one table of function
+ * pointers (in the spirit of ggml's backend interface). A worker reaches its device only
+ * through the table of its device type, found by name with op_backend_find; the controller's
+ * own host-memory work (assembling fetched values, combining Partial pieces, slicing the
+ * user's arrays) goes through op_backend_host, the CPU table. Callers never ask which backend
+ * they have, and a new device type is a new table (docs/ARCHITECTURE.md, "Device backends").
+ *
+ * Tensors speak one vocabulary: element counts per dim (shape) and byte strides per dim.
+ * "Device memory" is what alloc returned (or a host buffer adopt_host accepted); "host
+ * memory" is ordinary memory of this process. Slots that touch the device return NULL, or why
+ * they failed (kept as the poisoned output's message). Optional slots are NULL when absent.
+ */
 #ifndef OP_BACKEND_H
 #define OP_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
+#include "dtorch.h"
 #include "op_registry.h"
 
+/* Copies an ndim region of shape elements of elem_size bytes between two strided layouts
+ * (byte strides); ndim 0 copies one element. */
+typedef const char *(*op_copy_fn)(void *dst, const int64_t *dst_strides, const void *src, const int64_t *src_strides,
+                                  int ndim, const int64_t *shape, size_t elem_size);
+
 typedef struct {
-    const char *name;                                   /* the DeviceMesh device type it serves */
-    void *(*alloc)(size_t size);                        /* memory for a piece; NULL when out of it */
-    void (*free)(void *data, size_t size);              /* gives back what alloc returned */
-    /* runs def's kernel on this device's pieces: NULL, or why it failed (the op has no kernel
-     * for this device type, bad data such as an index out of range, memory) */
+    const char *name;  /* the DeviceMesh device type it serves ("cpu") */
+
+    /* ---- memory ---- */
+    /* device memory for a piece of size bytes; NULL when there is none left */
+    void *(*alloc)(size_t size);
+    /* gives back what alloc returned */
+    void (*free)(void *data, size_t size);
+    /* host memory -> device memory (LOAD, regions received as frames) */
+    op_copy_fn to_device;
+    /* device memory -> host memory (FETCH values and regions sent as frames, without host_view) */
+    op_copy_fn to_host;
+    /* device memory -> device memory of this device (regions between pieces) */
+    op_copy_fn copy_region;
+    /* optional: whether size bytes of host memory at host may serve as device memory as they are;
+     * a received frame the backend accepts becomes a piece's storage (or a received region)
+     * without a copy. A backend whose memory is not host memory lacks it. */
+    bool (*adopt_host)(const void *host, size_t size);
+    /* optional: the host address of device memory, when the host can read it in place: values
+     * and regions are then sent straight from a piece's storage, without to_host */
+    const void *(*host_view)(const void *data);
+    /* optional: device memory of another device of this backend in this process (a thread
+     * worker's piece) -> device memory of this device. With it, thread workers hand each other
+     * their storage and the receiver copies (and reduce_into reads) a region in place; without
+     * it, they send regions as frames like worker processes do. */
+    op_copy_fn copy_from_peer;
+
+    /* ---- kernels ---- */
+    /* runs def's kernel on this device's pieces (the op has no kernel for this device type,
+     * bad data such as an index out of range, memory) */
     const char *(*run)(const op_def *def, op_kernel *k);
+    /* dst[0..n) = value converted to dtype (cpu_fill's rules) */
+    const char *(*fill)(void *dst, dt_dtype dtype, int64_t n, dt_scalar value);
+    /* the C-contiguous block shape at offset of the counter-based random tensor of global_shape
+     * for (seed, stream); uniform in [0, 1) or normal (cpu_random's numbers, bit for bit) */
+    const char *(*random)(void *dst, dt_dtype dtype, int ndim, const int64_t *shape, const int64_t *offset,
+                          const int64_t *global_shape, uint64_t seed, uint64_t stream, bool normal);
+    /* dst[i] = start + (first + i) * step for i in [0, n) (cpu_arange's rules) */
+    const char *(*arange)(void *dst, dt_dtype dtype, int64_t n, int64_t first, dt_scalar start, dt_scalar step);
+
+    /* ---- collectives: combining Partial pieces ---- */
+    /* acc[i] = acc[i] (op) src[i] for n C-contiguous elements (cpu_reduce_into's rules); src may
+     * be a peer's memory when the backend has copy_from_peer */
+    const char *(*reduce_into)(void *acc, const void *src, dt_dtype dtype, int64_t n, dt_reduce_op op);
+    /* acc[i] /= divisor: the end of an avg */
+    const char *(*scale_div)(void *acc, dt_dtype dtype, int64_t n, int64_t divisor);
+
+    /* ---- ordering ---- */
+    /* optional: waits until every operation issued so far has finished, and reports the first
+     * failure of an asynchronous one; a worker calls it before it answers a SYNC. NULL when every
+     * slot has finished its work by the time it returns (CPU). */
+    const char *(*synchronize)(void);
 } op_backend;
 
-extern const op_backend op_backend_cpu;
-
-/* The backend of a device type, or NULL. */
-const op_backend *op_backend_for(const char *device_type);
+/* The backend of a device type, or NULL when this build has none for it. */
+const op_backend *op_backend_find(const char *device_type);
+/* The backend of the controller's own memory (host memory): the CPU one, in every build. */
+const op_backend *op_backend_host(void);
+/* 0 when this build serves device_type; else DT_EINVAL for a name no backend will ever have, or
+ * DT_EDEVICE for one whose backend this build lacks, with a message naming op. */
+int op_backend_check(const char *op, const char *device_type);
+/* The device types this build serves, for messages: "'cpu'". */
+void op_backend_names(char *buf, size_t size);
 
 #endif

@@ -49,3 +49,36 @@ const op_def *op_find(const char *name)
                 return &s_families[f].ops[i];
     return NULL;
 }
+
+#define S_FNV_OFFSET 0xcbf29ce484222325ull
+#define S_FNV_PRIME 0x100000001b3ull
+
+static uint64_t s_fnv(uint64_t h, const void *data, size_t size)
+{
+    const unsigned char *p = data;
+    for (size_t i = 0; i < size; i++)
+        h = (h ^ p[i]) * S_FNV_PRIME;
+    return h;
+}
+
+/* Integers are hashed as 8 little-endian bytes, so the hash is the same on every host. */
+static uint64_t s_fnv_int(uint64_t h, int64_t v)
+{
+    unsigned char b[8];
+    for (int i = 0; i < 8; i++)
+        b[i] = (unsigned char)((uint64_t)v >> (8 * i));
+    return s_fnv(h, b, sizeof b);
+}
+
+uint64_t op_registry_hash(void)
+{
+    uint64_t h = S_FNV_OFFSET;
+    const op_def *def;
+    for (int i = 0; (def = op_at(i)) != NULL; i++) {
+        h = s_fnv_int(h, op_index(def));
+        h = s_fnv(h, def->name, strlen(def->name) + 1); /* the NUL keeps "ab","c" apart from "a","bc" */
+        h = s_fnv_int(h, def->nin);
+        h = s_fnv_int(h, def->nout);
+    }
+    return h;
+}

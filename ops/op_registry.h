@@ -90,6 +90,9 @@ const op_def *op_find(const char *name);
 /* Ops are numbered by their place in the registry: the number travels in COMPUTE records. */
 int op_index(const op_def *def);
 const op_def *op_at(int index);
+/* FNV-1a over every op's number, name, nin and nout in registry order: a controller and a worker
+ * built from other sources disagree on it, and HELLO carries it so that they find out. */
+uint64_t op_registry_hash(void);
 
 /* Family tables (ops/op_<family>.c). */
 extern const op_def op_pointwise_ops[];

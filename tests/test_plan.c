@@ -114,8 +114,8 @@ static void s_apply(int ndim, const int64_t *region, double *dst, const int64_t 
             si += (src_off[d] + idx[d]) * ss[d];
         }
         double v = src[si];
-        if (mode == OP_PART_COPY || op == DT_REDUCE_SUM || op == DT_REDUCE_AVG)
-            dst[di] = mode == OP_PART_COPY ? v : dst[di] + v;
+        if (mode == MB_PART_COPY || op == DT_REDUCE_SUM || op == DT_REDUCE_AVG)
+            dst[di] = mode == MB_PART_COPY ? v : dst[di] + v;
         else if (op == DT_REDUCE_MAX)
             dst[di] = v > dst[di] ? v : dst[di];
         else
@@ -234,7 +234,7 @@ static void s_run(const dtn_plan *plan, int ndim, s_piece *dev)
                 out->data[e] = NAN;
             for (int q = 0; q < pc->nparts; q++) {
                 const dtn_part *part = &pc->parts[q];
-                if (part->mode == OP_PART_DIV) {
+                if (part->mode == MB_PART_DIV) {
                     for (int64_t e = 0; e < on; e++)
                         out->data[e] /= (double)part->divisor;
                     continue;

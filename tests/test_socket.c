@@ -1,3 +1,5 @@
+/* mb_socket over inproc, ipc and tcp: round trips, zero-copy payloads, ordering under bursts,
+ * malformed messages drained, and buffers freed when a send fails. */
 #include <criterion/criterion.h>
 #include <stdatomic.h>
 #include <stdio.h>

@@ -1,3 +1,5 @@
+/* cpu_kernels — the CPU kernels that are no op's: fills, ranges, strided block copies and the
+ * elementwise reductions that combine Partial pieces (cpu_kernels.h). */
 #include "cpu_kernels.h"
 
 #include <assert.h>
@@ -107,16 +109,6 @@ void cpu_arange(void *dst, dt_dtype dtype, int64_t n, int64_t first, dt_scalar s
         case DT_BOOL: ((bool *)dst)[i] = v != 0; break;
         default: assert(!"bad dtype");
         }
-    }
-}
-
-void cpu_contiguous_strides(int ndim, const int64_t *shape, size_t elem_size, int64_t *strides)
-{
-    /* like torch, an empty dim counts as 1 so that strides stay distinct */
-    int64_t s = (int64_t)elem_size;
-    for (int d = ndim - 1; d >= 0; d--) {
-        strides[d] = s;
-        s *= shape[d] > 1 ? shape[d] : 1;
     }
 }
 

@@ -9,6 +9,7 @@
 
 #include <stdint.h>
 
+#include "dt_layout.h"
 #include "dtorch.h"
 
 /* double -> 16-bit float, rounded once to nearest even (not twice through float). */
@@ -47,8 +48,11 @@ void cpu_arange(void *dst, dt_dtype dtype, int64_t n, int64_t first, dt_scalar s
 void cpu_copy_block(void *dst, const int64_t *dst_strides, const void *src, const int64_t *src_strides,
                     int ndim, const int64_t *shape, size_t elem_size);
 
-/* C-contiguous byte strides of shape. */
-void cpu_contiguous_strides(int ndim, const int64_t *shape, size_t elem_size, int64_t *strides);
+/* C-contiguous byte strides of shape: the kernels' name for the layout arithmetic in core. */
+static inline void cpu_contiguous_strides(int ndim, const int64_t *shape, size_t elem_size, int64_t *strides)
+{
+    dt_layout_strides(ndim, shape, elem_size, strides);
+}
 
 /* acc[i] = acc[i] (op) src[i] for n elements of dtype, both C-contiguous.
  * sum/avg add (avg is finished by cpu_scale_div); max/min propagate NaN like torch.

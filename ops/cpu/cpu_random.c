@@ -1,3 +1,5 @@
+/* cpu_random — counter-based random numbers on the CPU: Philox4x32-10 and the uniform and normal
+ * values made from its words (cpu_kernels.h gives the exact rules). */
 #include "cpu_kernels.h"
 
 #include <assert.h>

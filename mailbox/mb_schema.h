@@ -1,0 +1,270 @@
+/* mb_schema — every record the actors exchange, declared once: its fields and their types.
+ * From these tables come, for each record `name`:
+ *   mb_name_rec                 the decoded record, one member per field;
+ *   mb_encode_name(w, fields)   its encoder into an inline writer (mb_writer.h): the per-op path;
+ *   mb_decode_name(rec, &out)   its strict decoder: wrong arity, a field of the wrong type or out of
+ *                               range gives DT_EPROTO "malformed <name> record: ...", never a crash.
+ * Nothing from a socket is trusted: decode first, then use.
+ *
+ * A record is a msgpack array. Op records (the body of an MB_OPS message, controller -> worker)
+ * and completions (MB_COMPLETIONS, worker -> controller) start with their code; a message that
+ * carries one record (MB_HELLO, MB_ABORT, MB_PEER) has none, its header's kind says which, and
+ * nested records (an ASSEMBLE's parts, a COMPUTE's outputs) have none either. MB_BYE and
+ * MB_HEARTBEAT messages have no body at all (mb_codec.h).
+ *
+ * Shapes are local: the controller has already worked out each device's piece, a worker never
+ * re-infers. Tensor ids, future ids and transfer ids are separate id spaces (act_runtime).
+ *
+ * A list field (PARTS, OUTS) is an array of nested records and comes last: its encoder
+ * parameter is the number of elements, which the caller encodes right after with the element's
+ * encoder; its decoded form is the raw array, each element decoded with the element's decoder.
+ *
+ * Any change to a record bumps MB_PROTOCOL; HELLO carries it (with the op registry's hash) and the
+ * controller refuses a worker that speaks another.
+ */
+#ifndef MB_SCHEMA_H
+#define MB_SCHEMA_H
+
+#include <msgpack.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "dtorch.h"
+#include "mb_writer.h"
+
+#define MB_PROTOCOL 2        /* the records below; bumped on any change to them */
+#define MB_MAX_IDS 32        /* tensor ids in an IDS field (a COMPUTE's inputs) */
+#define MB_MAX_INTS 16       /* integers in an INTS field (dt_op_attrs.ints) */
+#define MB_MAX_FLOATS 4      /* floats in a FLOATS field (dt_op_attrs.floats) */
+
+/* How an ASSEMBLE part lands in the new piece. */
+typedef enum {
+    MB_PART_COPY = 0,   /* write the region into place */
+    MB_PART_REDUCE = 1, /* combine the region into what is in place with op */
+    MB_PART_DIV = 2,    /* divide the whole piece by divisor (the end of an avg) */
+} mb_part_mode;
+
+/* ---- field types: wire form -> decoded member (encoder parameters) ------------------------ */
+/* U64     unsigned integer            -> uint64_t      (uint64_t)
+ * I64     integer                     -> int64_t       (int64_t)
+ * BOOL    true or false               -> bool          (bool)
+ * DTYPE   integer, a dt_dtype         -> dt_dtype      (dt_dtype)
+ * REDUCE  integer, a dt_reduce_op     -> dt_reduce_op  (dt_reduce_op)
+ * MODE    integer, an mb_part_mode    -> mb_part_mode  (mb_part_mode)
+ * SCALAR  integer or float            -> dt_scalar     (dt_scalar)
+ * OSCALAR nil, integer or float       -> mb_oscalar    (const dt_scalar *, NULL: nil)
+ * STR     string                      -> mb_str        (const char *)
+ * OSTR    nil or string               -> mb_str, ptr NULL for nil (const char *, NULL: nil)
+ * SHAPE   <= DT_MAX_DIMS sizes >= 0, at most 2^48 elements -> mb_dims (int n, const int64_t *)
+ * DIMS    <= DT_MAX_DIMS integers     -> mb_dims       (int n, const int64_t *)
+ * IDS     <= MB_MAX_IDS unsigned      -> mb_ids        (int n, const uint64_t *)
+ * INTS    <= MB_MAX_INTS integers     -> mb_ints       (int n, const int64_t *)
+ * FLOATS  <= MB_MAX_FLOATS numbers    -> mb_floats     (int n, const double *)
+ * PARTS   array of PART records       -> mb_list       (uint32_t n, then n mb_encode_part)
+ * OUTS    array of OUT records        -> mb_list       (uint32_t n, then n mb_encode_out) */
+
+typedef struct { int n; int64_t v[DT_MAX_DIMS]; } mb_dims;
+typedef struct { int n; uint64_t v[MB_MAX_IDS]; } mb_ids;
+typedef struct { int n; int64_t v[MB_MAX_INTS]; } mb_ints;
+typedef struct { int n; double v[MB_MAX_FLOATS]; } mb_floats;
+typedef struct { bool present; dt_scalar value; } mb_oscalar;
+typedef struct { const char *ptr; uint32_t len; } mb_str;              /* inside the record, not NUL-terminated */
+typedef struct { uint32_t n; const msgpack_object *items; } mb_list;   /* inside the record */
+
+/* ---- op records: controller -> worker, [code, fields...] ---------------------------------- */
+#define MB_OP_RECORDS(X)                                                                             \
+    X(FREE, free, 1)          /* the tensor is gone: drop the device's piece */                    \
+    X(EMPTY, empty, 2)        /* a piece with whatever memory holds */                             \
+    X(FILL, fill, 3)          /* a piece filled with one value */                                   \
+    X(RANDOM, random, 4)      /* a piece of a counter-based random tensor */                        \
+    X(ARANGE, arange, 5)      /* a 1-D piece of a range */                                          \
+    X(LOAD, load, 6)          /* a piece whose bytes travel as a payload frame */                   \
+    X(FETCH, fetch, 7)        /* send the piece to the controller -> VALUE or ERROR */              \
+    X(SYNC, sync, 8)          /* answer once everything before has run -> VALUE without a value */ \
+    X(SEND, send, 9)          /* send a region of a piece to a peer (a REGION message) */          \
+    X(ASSEMBLE, assemble, 10) /* a new piece from regions of local and received pieces */           \
+    X(COMPUTE, compute, 11)   /* a registered op's kernel (ops/op_registry.h) */
+
+#define MB_FIELDS_FREE(F) F(U64, id)
+#define MB_FIELDS_EMPTY(F) F(U64, id) F(DTYPE, dtype) F(SHAPE, shape)
+#define MB_FIELDS_FILL(F) F(U64, id) F(DTYPE, dtype) F(SHAPE, shape) F(SCALAR, value)
+/* offset: where the piece starts in the tensor of global_shape; normal: randn, else rand */
+#define MB_FIELDS_RANDOM(F)                                                                          \
+    F(U64, id) F(DTYPE, dtype) F(SHAPE, shape) F(DIMS, offset) F(SHAPE, global_shape) F(U64, seed)  \
+    F(U64, stream) F(BOOL, normal)
+/* element i is start + (first + i) * step */
+#define MB_FIELDS_ARANGE(F) F(U64, id) F(DTYPE, dtype) F(SHAPE, shape) F(I64, first) F(SCALAR, start) F(SCALAR, step)
+/* frame: index of the payload frame that holds the piece's bytes */
+#define MB_FIELDS_LOAD(F) F(U64, id) F(DTYPE, dtype) F(SHAPE, shape) F(I64, frame)
+/* piece: which of the future's pieces this is */
+#define MB_FIELDS_FETCH(F) F(U64, id) F(U64, future) F(I64, piece)
+#define MB_FIELDS_SYNC(F) F(U64, future) F(I64, piece)
+/* the region of piece id at offset, of shape, to device `to` as transfer `transfer` */
+#define MB_FIELDS_SEND(F) F(U64, id) F(U64, transfer) F(I64, to) F(DIMS, offset) F(SHAPE, shape)
+/* piece id of dtype and shape made from parts of local piece `source` and received regions */
+#define MB_FIELDS_ASSEMBLE(F) F(U64, id) F(DTYPE, dtype) F(SHAPE, shape) F(U64, source) F(PARTS, parts)
+/* op: the op's number (op_index); ins: input tensor ids; ints, floats, scalar: the attributes;
+ * ctx: per-device integers of the op's `local` hook; outs: one OUT per output */
+#define MB_FIELDS_COMPUTE(F)                                                                         \
+    F(I64, op) F(IDS, ins) F(INTS, ints) F(FLOATS, floats) F(OSCALAR, scalar) F(INTS, ctx) F(OUTS, outs)
+
+/* ---- completions: worker -> controller, [code, fields...] --------------------------------- */
+#define MB_COMPLETION_RECORDS(X)                                                                     \
+    X(CREDIT, credit, 1)      /* returns send credit: records of one batch run */                   \
+    X(VALUE, value, 2)        /* a fetched piece (or a SYNC's answer) */                            \
+    X(ERROR, error, 3)        /* a fetch that failed */
+
+#define MB_FIELDS_CREDIT(F) F(U64, records)
+/* frame: index of the payload frame with the piece's bytes, -1 for none (SYNC) */
+#define MB_FIELDS_VALUE(F) F(U64, future) F(I64, piece) F(DTYPE, dtype) F(SHAPE, shape) F(I64, frame)
+/* status: the dt error code */
+#define MB_FIELDS_ERROR(F) F(U64, future) F(I64, piece) F(I64, status) F(STR, message)
+
+/* ---- records without a code: a message's only record, or nested ------------------------- */
+#define MB_PLAIN_RECORDS(X)                                                                          \
+    X(HELLO, hello)           /* MB_HELLO, worker -> controller: who it is and what it speaks */   \
+    X(ABORT, abort)           /* MB_ABORT, controller -> worker: a device died, stop waiting on it */ \
+    X(REGION, region)         /* MB_PEER, worker -> worker: one transfer of a redistribute */       \
+    X(PART, part)             /* an element of ASSEMBLE's parts */                                  \
+    X(OUT, out)               /* an element of COMPUTE's outs */
+
+/* protocol: MB_PROTOCOL; registry: op_registry_hash(); device_type: the backend it runs */
+#define MB_FIELDS_HELLO(F) F(I64, device) F(I64, pid) F(U64, protocol) F(U64, registry) F(STR, device_type)
+#define MB_FIELDS_ABORT(F) F(I64, device)
+/* status 0: the region's bytes are the message's payload frame (process workers), or, between
+ * threads of one process, at address `data` (byte strides `strides`) inside the sender's storage
+ * `storage`, kept alive for the receiver; otherwise the dt error code and its message */
+#define MB_FIELDS_REGION(F)                                                                          \
+    F(U64, transfer) F(I64, status) F(DTYPE, dtype) F(SHAPE, shape) F(OSTR, error) F(U64, storage)   \
+    F(U64, data) F(DIMS, strides)
+/* the region of shape at src_offset in the source (device `from`: local piece when transfer is 0,
+ * else the region received as transfer) lands at dst_offset; divisor: DIV's */
+#define MB_FIELDS_PART(F)                                                                            \
+    F(MODE, mode) F(REDUCE, op) F(I64, from) F(U64, transfer) F(DIMS, src_offset) F(DIMS, dst_offset)  \
+    F(SHAPE, shape) F(I64, divisor)
+#define MB_FIELDS_OUT(F) F(U64, id) F(DTYPE, dtype) F(SHAPE, shape)
+
+/* ---- what the tables generate --------------------------------------------------------------- */
+
+#define MB_GEN_OP_CODE(NAME, name, code) MB_OP_##NAME = code,
+typedef enum { MB_OP_RECORDS(MB_GEN_OP_CODE) } mb_op_code;
+#define MB_GEN_C_CODE(NAME, name, code) MB_C_##NAME = code,
+typedef enum { MB_COMPLETION_RECORDS(MB_GEN_C_CODE) } mb_completion_code;
+
+/* decoded member of each field type */
+#define MB_CT_U64 uint64_t
+#define MB_CT_I64 int64_t
+#define MB_CT_BOOL bool
+#define MB_CT_DTYPE dt_dtype
+#define MB_CT_REDUCE dt_reduce_op
+#define MB_CT_MODE mb_part_mode
+#define MB_CT_SCALAR dt_scalar
+#define MB_CT_OSCALAR mb_oscalar
+#define MB_CT_STR mb_str
+#define MB_CT_OSTR mb_str
+#define MB_CT_SHAPE mb_dims
+#define MB_CT_DIMS mb_dims
+#define MB_CT_IDS mb_ids
+#define MB_CT_INTS mb_ints
+#define MB_CT_FLOATS mb_floats
+#define MB_CT_PARTS mb_list
+#define MB_CT_OUTS mb_list
+
+/* encoder parameters of each field type */
+#define MB_PT_U64(f) uint64_t f
+#define MB_PT_I64(f) int64_t f
+#define MB_PT_BOOL(f) bool f
+#define MB_PT_DTYPE(f) dt_dtype f
+#define MB_PT_REDUCE(f) dt_reduce_op f
+#define MB_PT_MODE(f) mb_part_mode f
+#define MB_PT_SCALAR(f) dt_scalar f
+#define MB_PT_OSCALAR(f) const dt_scalar *f
+#define MB_PT_STR(f) const char *f
+#define MB_PT_OSTR(f) const char *f
+#define MB_PT_SHAPE(f) int n_##f, const int64_t *f
+#define MB_PT_DIMS(f) int n_##f, const int64_t *f
+#define MB_PT_IDS(f) int n_##f, const uint64_t *f
+#define MB_PT_INTS(f) int n_##f, const int64_t *f
+#define MB_PT_FLOATS(f) int n_##f, const double *f
+#define MB_PT_PARTS(f) uint32_t n_##f
+#define MB_PT_OUTS(f) uint32_t n_##f
+
+static inline void mb_w_scalar(mb_writer *w, dt_scalar v)
+{
+    if (v.is_int)
+        mb_w_int(w, v.i);
+    else
+        mb_w_double(w, v.f);
+}
+
+static inline void mb_w_ostr(mb_writer *w, const char *s)
+{
+    if (s)
+        mb_w_str(w, s, strlen(s));
+    else
+        mb_w_nil(w);
+}
+
+/* how each field type is written */
+#define MB_WT_U64(w, f) mb_w_uint(w, f)
+#define MB_WT_I64(w, f) mb_w_int(w, f)
+#define MB_WT_BOOL(w, f) mb_w_bool(w, f)
+#define MB_WT_DTYPE(w, f) mb_w_int(w, (int64_t)(f))
+#define MB_WT_REDUCE(w, f) mb_w_int(w, (int64_t)(f))
+#define MB_WT_MODE(w, f) mb_w_int(w, (int64_t)(f))
+#define MB_WT_SCALAR(w, f) mb_w_scalar(w, f)
+#define MB_WT_OSCALAR(w, f) ((f) ? mb_w_scalar(w, *(f)) : mb_w_nil(w))
+#define MB_WT_STR(w, f) mb_w_str(w, f, strlen(f))
+#define MB_WT_OSTR(w, f) mb_w_ostr(w, f)
+#define MB_WT_SHAPE(w, f) mb_w_i64s(w, f, n_##f)
+#define MB_WT_DIMS(w, f) mb_w_i64s(w, f, n_##f)
+#define MB_WT_IDS(w, f) mb_w_u64s(w, f, n_##f)
+#define MB_WT_INTS(w, f) mb_w_i64s(w, f, n_##f)
+#define MB_WT_FLOATS(w, f) mb_w_doubles(w, f, n_##f)
+#define MB_WT_PARTS(w, f) mb_w_array(w, n_##f)
+#define MB_WT_OUTS(w, f) mb_w_array(w, n_##f)
+
+#define MB_GEN_MEMBER(T, f) MB_CT_##T f;
+#define MB_GEN_PARAM(T, f) , MB_PT_##T(f)
+#define MB_GEN_WRITE(T, f) MB_WT_##T(w, f);
+#define MB_GEN_COUNT(T, f) +1
+
+/* mb_<name>_rec for every record */
+#define MB_GEN_STRUCT(NAME, name) typedef struct { MB_FIELDS_##NAME(MB_GEN_MEMBER) } mb_##name##_rec;
+#define MB_GEN_STRUCT_CODED(NAME, name, code) MB_GEN_STRUCT(NAME, name)
+MB_OP_RECORDS(MB_GEN_STRUCT_CODED)
+MB_COMPLETION_RECORDS(MB_GEN_STRUCT_CODED)
+MB_PLAIN_RECORDS(MB_GEN_STRUCT)
+
+/* mb_encode_<name>(w, fields...): records with a code write it first */
+#define MB_GEN_ENCODE_CODED(NAME, name, code)                                                        \
+    static inline void mb_encode_##name(mb_writer *w MB_FIELDS_##NAME(MB_GEN_PARAM))                 \
+    {                                                                                                \
+        mb_w_array(w, 1 MB_FIELDS_##NAME(MB_GEN_COUNT));                                             \
+        mb_w_int(w, code);                                                                           \
+        MB_FIELDS_##NAME(MB_GEN_WRITE)                                                               \
+    }
+#define MB_GEN_ENCODE_PLAIN(NAME, name)                                                              \
+    static inline void mb_encode_##name(mb_writer *w MB_FIELDS_##NAME(MB_GEN_PARAM))                 \
+    {                                                                                                \
+        mb_w_array(w, 0 MB_FIELDS_##NAME(MB_GEN_COUNT));                                             \
+        MB_FIELDS_##NAME(MB_GEN_WRITE)                                                               \
+    }
+MB_OP_RECORDS(MB_GEN_ENCODE_CODED)
+MB_COMPLETION_RECORDS(MB_GEN_ENCODE_CODED)
+MB_PLAIN_RECORDS(MB_GEN_ENCODE_PLAIN)
+
+/* int mb_decode_<name>(rec, &out): 0 or DT_EPROTO (out is then partly written) */
+#define MB_GEN_DECODE_DECL(NAME, name) int mb_decode_##name(const msgpack_object *rec, mb_##name##_rec *out);
+#define MB_GEN_DECODE_DECL_CODED(NAME, name, code) MB_GEN_DECODE_DECL(NAME, name)
+MB_OP_RECORDS(MB_GEN_DECODE_DECL_CODED)
+MB_COMPLETION_RECORDS(MB_GEN_DECODE_DECL_CODED)
+MB_PLAIN_RECORDS(MB_GEN_DECODE_DECL)
+
+/* The code of an op record or a completion (its first element): 0 or DT_EPROTO. */
+int mb_record_code(const msgpack_object *rec, int64_t *code);
+/* The name of an op record's code ("fill", "compute", ...; "?" for an unknown one). */
+const char *mb_op_name(int64_t code);
+
+#endif

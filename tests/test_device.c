@@ -1,0 +1,235 @@
+/* Device types and the workers' hello: a worker is told its device type at spawn and refuses one
+ * this build has no backend for; a device id is of one type; a worker that speaks another
+ * protocol or op registry (a stand-in, fake-dtorch-worker, says such a hello through the real
+ * controller) is refused with a message naming both sides, and the futures waiting on its
+ * device fail with it. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "act_worker.h"
+#include "dt_error.h"
+#include "dt_layout.h"
+#include "dtorch.h"
+#include "mb_schema.h"
+#include "op_backend.h"
+#include "op_registry.h"
+
+#define S_FLT(v) ((dt_scalar){.is_int = false, .f = (v)})
+
+static void s_expect_in(const char *text, const char *part, const char *what)
+{
+    cr_expect(text && strstr(text, part), "%s: '%s' does not say '%s'", what, text ? text : "(null)", part);
+}
+
+static dt_mesh *s_mesh(int64_t first, int64_t n)
+{
+    int64_t ids[4];
+    for (int64_t i = 0; i < n; i++)
+        ids[i] = first + i;
+    dt_mesh *m = dt_mesh_new("cpu", 1, (int64_t[]){n}, ids, NULL);
+    cr_assert_not_null(m, "%s", dt_last_error());
+    return m;
+}
+
+/* ---- backends by device type ------------------------------------------------------------------ */
+
+Test(backend, lookup)
+{
+    const op_backend *cpu = op_backend_find("cpu");
+    cr_assert_not_null(cpu);
+    cr_expect_str_eq(cpu->name, "cpu");
+    cr_expect_eq(op_backend_host(), cpu, "the host backend is the CPU one");
+    cr_expect_null(op_backend_find("tpu"));
+    cr_expect_null(op_backend_find("cuda"), "no CUDA backend in this build");
+    cr_expect_null(op_backend_find(NULL));
+    cr_expect_eq(op_backend_check("here", "cpu"), 0);
+    cr_expect_eq(op_backend_check("here", "tpu"), DT_EINVAL);
+    s_expect_in(dt_last_error(), "unknown device type 'tpu'", "tpu");
+    cr_expect_eq(op_backend_check("here", "cuda"), DT_EDEVICE);
+    s_expect_in(dt_last_error(), "'cuda' device backend is not available", "cuda");
+    /* the slots every backend must have */
+    cr_expect(cpu->alloc && cpu->free && cpu->to_device && cpu->to_host && cpu->copy_region && cpu->run && cpu->fill &&
+              cpu->random && cpu->arange && cpu->reduce_into && cpu->scale_div);
+}
+
+/* The CPU table's copies and collectives, as a worker uses them. */
+Test(backend, cpu_slots)
+{
+    const op_backend *be = op_backend_find("cpu");
+    float *a = be->alloc(4 * sizeof *a);
+    cr_assert_not_null(a);
+    cr_expect_null(be->fill(a, DT_FLOAT32, 4, S_FLT(2.0)));
+    const float src[4] = {1, 2, 3, 4};
+    cr_expect_null(be->reduce_into(a, src, DT_FLOAT32, 4, DT_REDUCE_SUM));
+    cr_expect_null(be->scale_div(a, DT_FLOAT32, 4, 2));
+    cr_expect(a[0] == 1.5f && a[3] == 3.0f, "%g %g", a[0], a[3]);
+    /* a column out of a 2x2 layout, through each copy slot */
+    const op_copy_fn copies[] = {be->to_device, be->to_host, be->copy_region, be->copy_from_peer};
+    for (int c = 0; c < 4; c++) {
+        float col[2] = {0};
+        cr_expect_null(copies[c](col, (int64_t[]){4}, src + 1, (int64_t[]){8}, 1, (int64_t[]){2}, 4));
+        cr_expect(col[0] == 2 && col[1] == 4, "copy slot %d", c);
+    }
+    cr_expect(be->adopt_host(a, 16), "pooled memory is aligned");
+    cr_expect_not(be->adopt_host((char *)a + 1, 15), "a misaligned frame is copied");
+    cr_expect_eq(be->host_view(a), a);
+    be->free(a, 4 * sizeof *a);
+}
+
+/* ---- device types at spawn ------------------------------------------------------------------- */
+
+Test(device_type, thread_worker_refuses_unknown)
+{
+    int rc = act_worker_run("inproc://dtorch-test-no-controller", 3, "tpu", NULL, NULL);
+    cr_expect_eq(rc, DT_EINVAL);
+    s_expect_in(dt_last_error(), "no 'tpu' device backend", "worker");
+    s_expect_in(dt_last_error(), "device 3", "worker");
+    s_expect_in(dt_last_error(), "'cpu'", "worker");
+}
+
+Test(device_type, process_worker_refuses_unknown)
+{
+    const char *path = getenv("DTORCH_WORKER_PATH");
+    cr_assert_not_null(path, "meson test sets DTORCH_WORKER_PATH");
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "'%s' --connect ipc:///tmp/dtorch-test-none-%d.ipc --device 2 --device-type tpu 2>&1",
+             path, (int)getpid());
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    char out[1024] = "";
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = '\0';
+    int status = pclose(p);
+    cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 1, "status %d", status);
+    s_expect_in(out, "no 'tpu' device backend", "dtorch-worker");
+}
+
+static void s_with_type(dt_mesh *m, const char *type) { snprintf(m->device_type, sizeof m->device_type, "%s", type); }
+
+/* No mesh of another type can be made in this build, so the tests relabel one. */
+static void s_unknown_type_at_call_site(dt_workers mode)
+{
+    cr_assert_eq(dt_init(&(dt_config){mode, getenv("DTORCH_WORKER_PATH")}), 0, "%s", dt_last_error());
+    dt_mesh *m = s_mesh(0, 2);
+    s_with_type(m, "tpu");
+    cr_expect_null(dt_zeros(m, 1, (int64_t[]){4}, DT_FLOAT32, NULL));
+    cr_expect_eq(dt_last_error_code(), DT_EINVAL);
+    s_expect_in(dt_last_error(), "unknown device type 'tpu'", "zeros on tpu");
+    s_with_type(m, "cuda");
+    cr_expect_null(dt_zeros(m, 1, (int64_t[]){4}, DT_FLOAT32, NULL));
+    cr_expect_eq(dt_last_error_code(), DT_EDEVICE);
+    s_expect_in(dt_last_error(), "'cuda' device backend is not available", "zeros on cuda");
+    /* nothing was started for them: the same ids serve a cpu mesh */
+    s_with_type(m, "cpu");
+    dt_tensor *t = dt_ones(m, 1, (int64_t[]){4}, DT_FLOAT32, NULL);
+    cr_assert_not_null(t, "%s", dt_last_error());
+    dt_future *f = dt_tensor_fetch(t);
+    cr_assert_not_null(f, "%s", dt_last_error());
+    cr_expect_eq(dt_future_wait(f, 10), 0, "%s", dt_last_error());
+    dt_future_release(&f);
+    dt_tensor_release(&t);
+    dt_mesh_release(&m);
+    cr_expect_eq(dt_shutdown(), 0);
+}
+
+Test(device_type, unknown_at_call_site_thread, .timeout = 30) { s_unknown_type_at_call_site(DT_WORKERS_THREAD); }
+Test(device_type, unknown_at_call_site_process, .timeout = 30) { s_unknown_type_at_call_site(DT_WORKERS_PROCESS); }
+
+Test(device_type, one_type_per_device_id, .timeout = 30)
+{
+    cr_assert_eq(dt_init(&(dt_config){DT_WORKERS_THREAD, NULL}), 0, "%s", dt_last_error());
+    dt_mesh *cpu = s_mesh(0, 2), *other = s_mesh(1, 2);
+    dt_tensor *t = dt_ones(cpu, 1, (int64_t[]){4}, DT_FLOAT32, NULL);
+    cr_assert_not_null(t, "%s", dt_last_error());
+    s_with_type(other, "cuda");
+    cr_expect_null(dt_zeros(other, 1, (int64_t[]){4}, DT_FLOAT32, NULL), "device 1 is a cpu device already");
+    cr_expect_eq(dt_last_error_code(), DT_EINVAL);
+    s_expect_in(dt_last_error(), "device 1 is a 'cpu' device", "clash");
+    s_expect_in(dt_last_error(), "this mesh says 'cuda'", "clash");
+    dt_future *f = dt_tensor_fetch(t);
+    cr_assert_not_null(f, "the cpu mesh still works: %s", dt_last_error());
+    cr_expect_eq(dt_future_wait(f, 10), 0, "%s", dt_last_error());
+    dt_future_release(&f);
+    dt_tensor_release(&t);
+    dt_mesh_release(&cpu);
+    dt_mesh_release(&other);
+    cr_expect_eq(dt_shutdown(), 0);
+}
+
+/* ---- hello ------------------------------------------------------------------------------------- */
+
+/* A process runtime whose workers are fake-dtorch-worker saying a wrong hello (how): the device
+ * is refused, and both a waiting future and later calls fail with the reason. */
+static void s_refused(const char *how, const char *const *says, int nsays)
+{
+    const char *fake = getenv("DTORCH_FAKE_WORKER");
+    cr_assert_not_null(fake, "meson test sets DTORCH_FAKE_WORKER");
+    cr_assert_eq(setenv("DTORCH_FAKE_HELLO", how, 1), 0);
+    cr_assert_eq(dt_init(&(dt_config){DT_WORKERS_PROCESS, fake}), 0, "%s", dt_last_error());
+    dt_mesh *m = s_mesh(0, 1);
+    dt_tensor *t = dt_full(m, 1, (int64_t[]){4}, DT_FLOAT32, NULL, S_FLT(1.0));
+    char why[DT_ERRMSG_MAX] = "";
+    if (t) {
+        dt_future *f = dt_tensor_fetch(t);
+        if (f) {
+            cr_expect_eq(dt_future_wait(f, 15), DT_EDEVICE, "the fetch: %s", dt_last_error());
+            snprintf(why, sizeof why, "%s", dt_future_error(f) ? dt_future_error(f) : "");
+            dt_future_release(&f);
+        } else {
+            cr_expect_eq(dt_last_error_code(), DT_EDEVICE); /* refused before the fetch was queued */
+            snprintf(why, sizeof why, "%s", dt_last_error());
+        }
+        dt_tensor_release(&t);
+    } else {
+        cr_expect_eq(dt_last_error_code(), DT_EDEVICE);
+        snprintf(why, sizeof why, "%s", dt_last_error());
+    }
+    for (int i = 0; i < nsays; i++)
+        s_expect_in(why, says[i], how);
+    cr_expect_null(dt_zeros(m, 1, (int64_t[]){4}, DT_FLOAT32, NULL), "a refused device takes no more work");
+    cr_expect_eq(dt_last_error_code(), DT_EDEVICE);
+    s_expect_in(dt_last_error(), says[0], how);
+    dt_mesh_release(&m);
+    cr_expect_eq(dt_shutdown(), 0);
+}
+
+Test(hello, other_protocol_refused, .timeout = 30)
+{
+    char theirs[64], ours[96];
+    snprintf(theirs, sizeof theirs, "device 0 speaks protocol %d, registry 0x%016llx", MB_PROTOCOL + 1,
+             (unsigned long long)op_registry_hash());
+    snprintf(ours, sizeof ours, "this controller protocol %d, registry 0x%016llx", MB_PROTOCOL,
+             (unsigned long long)op_registry_hash());
+    s_refused("protocol", (const char *[]){theirs, ours, "rebuild dtorch-worker from the same sources"}, 3);
+}
+
+Test(hello, other_registry_refused, .timeout = 30)
+{
+    char theirs[64], ours[96];
+    snprintf(theirs, sizeof theirs, "registry 0x%016llx", (unsigned long long)(op_registry_hash() ^ 0x5a5a5a5a));
+    snprintf(ours, sizeof ours, "this controller protocol %d, registry 0x%016llx", MB_PROTOCOL,
+             (unsigned long long)op_registry_hash());
+    s_refused("registry", (const char *[]){theirs, ours, "rebuild dtorch-worker"}, 3);
+}
+
+Test(hello, other_device_type_refused, .timeout = 30)
+{
+    s_refused("type", (const char *[]){"serves tpu device 0, not cpu device 0"}, 1);
+}
+
+Test(hello, unreadable_hello_refused, .timeout = 30)
+{
+    s_refused("garbage", (const char *[]){"hello could not be read", "malformed hello record"}, 2);
+}
+
+/* The registry's hash covers what a worker must agree on, and is stable within a build. */
+Test(hello, registry_hash)
+{
+    uint64_t h = op_registry_hash();
+    cr_expect_neq(h, 0);
+    cr_expect_eq(op_registry_hash(), h);
+    cr_expect_not_null(op_at(0), "the registry has ops");
+}
