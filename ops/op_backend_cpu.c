@@ -1,12 +1,14 @@
 /* op_backend_cpu — the CPU device backend: pooled host memory and the ops' CPU kernels. */
 #include <string.h>
 
+#include "cpu_ops.h"
 #include "dt_pool.h"
 #include "op_backend.h"
 
 static const char *s_run(const op_def *def, op_kernel *k)
 {
-    return def->cpu ? def->cpu(k) : "the op has no CPU kernel";
+    cpu_op_kernel kernel = cpu_kernel_for(def->id);
+    return kernel ? kernel(k) : "the op has no CPU kernel";
 }
 
 const op_backend op_backend_cpu = {
