@@ -317,12 +317,12 @@ static int s_local_compare(const op_call *c, const int64_t *coord, int64_t *ctx)
 #define S_NIN_MASKED_FILL 2
 #define S_NIN_CLAMP 1
 #define S_NIN_TO 1
-#define S_SIG_UNARY OP_SIG_UNARY
-#define S_SIG_BINARY OP_SIG_BINARY
-#define S_SIG_WHERE OP_SIG_NONE
-#define S_SIG_MASKED_FILL OP_SIG_NONE
-#define S_SIG_CLAMP OP_SIG_NONE
-#define S_SIG_TO OP_SIG_NONE
+#define S_SIG_UNARY DT_SIG_UNARY
+#define S_SIG_BINARY DT_SIG_BINARY
+#define S_SIG_WHERE DT_SIG_NONE
+#define S_SIG_MASKED_FILL DT_SIG_NONE
+#define S_SIG_CLAMP DT_SIG_NONE
+#define S_SIG_TO DT_SIG_NONE
 #define S_LOCAL_SAME NULL
 #define S_LOCAL_FLOATING NULL
 #define S_LOCAL_PROMOTE NULL
@@ -333,7 +333,7 @@ static int s_local_compare(const op_call *c, const int64_t *coord, int64_t *ctx)
 #define S_DEF(op, num, kind, dtype, partial, exports, floats)                                                     \
     const op_def op_def_##op = {.name = #op, .id = num, .nin = S_NIN_##kind, .nout = 1, .infer = s_infer,      \
                                 .shard = s_shard, .local = S_LOCAL_##dtype,                                       \
-                                .py_sig = (exports) ? S_SIG_##kind : OP_SIG_NONE, .py_exports = exports,          \
+                                .py_sig = (exports) ? S_SIG_##kind : DT_SIG_NONE, .py_exports = exports,          \
                                 .py_floats = floats};
 OP_POINTWISE(S_DEF)
 #undef S_DEF

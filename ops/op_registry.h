@@ -75,20 +75,6 @@ typedef struct {
     int64_t ctx[OP_MAX_CTX];
 } op_kernel;
 
-/* How Python calls an op the bindings make for it (op_def.py_sig). */
-typedef enum {
-    OP_SIG_NONE,   /* a hand-written wrapper in bindings/dtorch passes the attributes */
-    OP_SIG_UNARY,  /* f(input, <float attributes>=<defaults>) */
-    OP_SIG_BINARY, /* f(input, other): either may be a Python number (attrs.scalar) */
-} op_sig;
-
-/* Where the bindings put it (op_def.py_exports, bits). */
-enum {
-    OP_PY_FN = 1,     /* dtorch.<name> */
-    OP_PY_METHOD = 2, /* DTensor.<name> */
-    OP_PY_NN = 4,     /* dtorch.nn.functional.<name> */
-};
-
 struct op_def {
     const char *name;
     int id;                               /* its number in ops/op_table.h: what records carry */
@@ -98,9 +84,10 @@ struct op_def {
     int (*shard)(op_call *c);             /* fills want[] and out[].pl from in[].pl */
     /* optional: per-device integers for the kernel (mesh coordinate of the device given) */
     int (*local)(const op_call *c, const int64_t *coord, int64_t *ctx);
-    op_sig py_sig;
-    int py_exports;                       /* OP_PY_* bits; 0 with OP_SIG_NONE */
-    const char *py_floats;                /* OP_SIG_UNARY: "name=default, ..." of attrs.floats */
+    /* how the bindings call it and where they put it (dtorch.h, dt_op_info) */
+    dt_op_sig py_sig;
+    int py_exports;                       /* DT_PY_* bits; 0 with DT_SIG_NONE */
+    const char *py_floats;                /* DT_SIG_UNARY: "name=default, ..." of attrs.floats */
 };
 
 /* The op with this id, or NULL. */

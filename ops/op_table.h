@@ -23,43 +23,43 @@
  *          floating, else float32; PROMOTE torch's promotion; TRUE_DIV promotion, then float32
  *          if not floating; COMPARE bool, computed in the promotion; LOGICAL bool
  * Partial: which Partial inputs pass through (NONE, LINEAR, ADD, MUL, DIV: see op_pointwise.c)
- * Python:  where the bindings put it (OP_PY_FN dtorch.<name>, OP_PY_METHOD DTensor.<name>,
- *          OP_PY_NN dtorch.nn.functional.<name>; 0: a hand-written wrapper in bindings/dtorch)
+ * Python:  where the bindings put it (DT_PY_FN dtorch.<name>, DT_PY_METHOD DTensor.<name>,
+ *          DT_PY_NN dtorch.nn.functional.<name>; 0: a hand-written wrapper in bindings/dtorch)
  * floats:  the float attributes of a UNARY op, in order, with their defaults ("" for none) */
 #define OP_POINTWISE(X)                                                                                                \
     /* name        id  kind         dtype      Partial  Python                                 floats */              \
-    X(neg,          0, UNARY,       SAME,      LINEAR,  OP_PY_FN | OP_PY_METHOD,               "")                    \
-    X(abs,          1, UNARY,       SAME,      NONE,    OP_PY_FN | OP_PY_METHOD,               "")                    \
-    X(exp,          2, UNARY,       FLOATING,  NONE,    OP_PY_FN | OP_PY_METHOD,               "")                    \
-    X(log,          3, UNARY,       FLOATING,  NONE,    OP_PY_FN | OP_PY_METHOD,               "")                    \
-    X(sqrt,         4, UNARY,       FLOATING,  NONE,    OP_PY_FN | OP_PY_METHOD,               "")                    \
-    X(rsqrt,        5, UNARY,       FLOATING,  NONE,    OP_PY_FN | OP_PY_METHOD,               "")                    \
-    X(sin,          6, UNARY,       FLOATING,  NONE,    OP_PY_FN | OP_PY_METHOD,               "")                    \
-    X(cos,          7, UNARY,       FLOATING,  NONE,    OP_PY_FN | OP_PY_METHOD,               "")                    \
-    X(tanh,         8, UNARY,       FLOATING,  NONE,    OP_PY_FN | OP_PY_METHOD | OP_PY_NN,    "")                    \
-    X(sigmoid,      9, UNARY,       FLOATING,  NONE,    OP_PY_FN | OP_PY_METHOD | OP_PY_NN,    "")                    \
-    X(relu,        10, UNARY,       SAME,      NONE,    OP_PY_FN | OP_PY_METHOD | OP_PY_NN,    "")                    \
-    X(silu,        11, UNARY,       FLOATING,  NONE,    OP_PY_FN | OP_PY_NN,                   "")                    \
+    X(neg,          0, UNARY,       SAME,      LINEAR,  DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(abs,          1, UNARY,       SAME,      NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(exp,          2, UNARY,       FLOATING,  NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(log,          3, UNARY,       FLOATING,  NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(sqrt,         4, UNARY,       FLOATING,  NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(rsqrt,        5, UNARY,       FLOATING,  NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(sin,          6, UNARY,       FLOATING,  NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(cos,          7, UNARY,       FLOATING,  NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(tanh,         8, UNARY,       FLOATING,  NONE,    DT_PY_FN | DT_PY_METHOD | DT_PY_NN,    "")                    \
+    X(sigmoid,      9, UNARY,       FLOATING,  NONE,    DT_PY_FN | DT_PY_METHOD | DT_PY_NN,    "")                    \
+    X(relu,        10, UNARY,       SAME,      NONE,    DT_PY_FN | DT_PY_METHOD | DT_PY_NN,    "")                    \
+    X(silu,        11, UNARY,       FLOATING,  NONE,    DT_PY_FN | DT_PY_NN,                   "")                    \
     X(gelu,        12, UNARY,       FLOATING,  NONE,    0,                                     "")                    \
     X(gelu_tanh,   13, UNARY,       FLOATING,  NONE,    0,                                     "")                    \
-    X(reciprocal,  14, UNARY,       FLOATING,  NONE,    OP_PY_FN | OP_PY_METHOD,               "")                    \
-    X(logical_not, 15, UNARY,       LOGICAL,   NONE,    OP_PY_FN | OP_PY_METHOD,               "")                    \
+    X(reciprocal,  14, UNARY,       FLOATING,  NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(logical_not, 15, UNARY,       LOGICAL,   NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
     X(to,          16, TO,          SAME,      LINEAR,  0,                                     "")                    \
-    X(add,         17, BINARY,      PROMOTE,   ADD,     OP_PY_FN | OP_PY_METHOD,               "")                    \
-    X(sub,         18, BINARY,      PROMOTE,   ADD,     OP_PY_FN | OP_PY_METHOD,               "")                    \
-    X(mul,         19, BINARY,      PROMOTE,   MUL,     OP_PY_FN | OP_PY_METHOD,               "")                    \
-    X(div,         20, BINARY,      TRUE_DIV,  DIV,     OP_PY_FN | OP_PY_METHOD,               "")                    \
-    X(pow,         21, BINARY,      PROMOTE,   NONE,    OP_PY_FN | OP_PY_METHOD,               "")                    \
-    X(maximum,     22, BINARY,      PROMOTE,   NONE,    OP_PY_FN | OP_PY_METHOD,               "")                    \
-    X(minimum,     23, BINARY,      PROMOTE,   NONE,    OP_PY_FN | OP_PY_METHOD,               "")                    \
-    X(eq,          24, BINARY,      COMPARE,   NONE,    OP_PY_FN | OP_PY_METHOD,               "")                    \
-    X(ne,          25, BINARY,      COMPARE,   NONE,    OP_PY_FN | OP_PY_METHOD,               "")                    \
-    X(lt,          26, BINARY,      COMPARE,   NONE,    OP_PY_FN | OP_PY_METHOD,               "")                    \
-    X(le,          27, BINARY,      COMPARE,   NONE,    OP_PY_FN | OP_PY_METHOD,               "")                    \
-    X(gt,          28, BINARY,      COMPARE,   NONE,    OP_PY_FN | OP_PY_METHOD,               "")                    \
-    X(ge,          29, BINARY,      COMPARE,   NONE,    OP_PY_FN | OP_PY_METHOD,               "")                    \
-    X(logical_and, 30, BINARY,      LOGICAL,   NONE,    OP_PY_FN | OP_PY_METHOD,               "")                    \
-    X(logical_or,  31, BINARY,      LOGICAL,   NONE,    OP_PY_FN | OP_PY_METHOD,               "")                    \
+    X(add,         17, BINARY,      PROMOTE,   ADD,     DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(sub,         18, BINARY,      PROMOTE,   ADD,     DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(mul,         19, BINARY,      PROMOTE,   MUL,     DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(div,         20, BINARY,      TRUE_DIV,  DIV,     DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(pow,         21, BINARY,      PROMOTE,   NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(maximum,     22, BINARY,      PROMOTE,   NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(minimum,     23, BINARY,      PROMOTE,   NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(eq,          24, BINARY,      COMPARE,   NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(ne,          25, BINARY,      COMPARE,   NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(lt,          26, BINARY,      COMPARE,   NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(le,          27, BINARY,      COMPARE,   NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(gt,          28, BINARY,      COMPARE,   NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(ge,          29, BINARY,      COMPARE,   NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(logical_and, 30, BINARY,      LOGICAL,   NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(logical_or,  31, BINARY,      LOGICAL,   NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
     X(where,       32, WHERE,       PROMOTE,   NONE,    0,                                     "")                    \
     X(masked_fill, 33, MASKED_FILL, SAME,      NONE,    0,                                     "")                    \
     X(clamp,       34, CLAMP,       SAME,      NONE,    0,                                     "")
