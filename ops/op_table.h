@@ -44,6 +44,8 @@
     X(gelu_tanh,   13, UNARY,       FLOATING,  NONE,    0,                                     "")                    \
     X(reciprocal,  14, UNARY,       FLOATING,  NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
     X(logical_not, 15, UNARY,       LOGICAL,   NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(erf,         71, UNARY,       FLOATING,  NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(softplus,    72, UNARY,       FLOATING,  NONE,    DT_PY_NN,                              "beta=1, threshold=20") \
     X(to,          16, TO,          SAME,      LINEAR,  0,                                     "")                    \
     X(add,         17, BINARY,      PROMOTE,   ADD,     DT_PY_FN | DT_PY_METHOD,               "")                    \
     X(sub,         18, BINARY,      PROMOTE,   ADD,     DT_PY_FN | DT_PY_METHOD,               "")                    \

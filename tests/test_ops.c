@@ -344,6 +344,11 @@ static void s_fill(double *v, int64_t n, int kind)
 
 static double s_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 
+static double s_softplus(double x, double beta, double threshold)
+{
+    return x * beta > threshold ? x : log1p(exp(x * beta)) / beta;
+}
+
 /* a ** b as the kernel computes it (integers: exact for small values) */
 static double s_pow(double a, double b, bool integer)
 {
@@ -379,7 +384,9 @@ static double s_pow(double a, double b, bool integer)
     X(gelu, 0.5 * x * (1.0 + erf(x / sqrt(2.0))), ANY, 0, 0, 0)                                                        \
     X(gelu_tanh, 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x))), ANY, 0, 0, 0)                  \
     X(reciprocal, 1.0 / x, POSITIVE, 0, 0, 0)                                                                          \
-    X(logical_not, x == 0, ANY, 0, 0, 0)
+    X(logical_not, x == 0, ANY, 0, 0, 0)                                                                               \
+    X(erf, erf(x), ANY, 0, 0, 0)                                                                                       \
+    X(softplus, s_softplus(x, p[0], p[1]), ANY, 2, 2.0, 1.0)
 
 /* Binary elementwise ops: the value of a op b (integer: both operands are integers). */
 #define S_BINARY_TESTS(X)                                                                                              \
@@ -511,10 +518,19 @@ S_SCENARIO(pointwise, unary)
                 s_expect(name, 1, t->positive ? &tp : &tm, &attrs, logical ? DT_BOOL : DT_FLOAT32, 2, shape, want,
                          logical ? 0 : S_TOL, what);
             }
+            /* float attributes left out take the row's defaults (softplus: beta=1, threshold=20) */
+            for (int64_t i = 0; i < n; i++)
+                want[i] = s_softplus(mixed[i], 1.0, 20.0);
+            s_expect("softplus", 1, &tm, NULL, DT_FLOAT32, 2, shape, want, S_TOL, what);
             dt_tensor_release(&tm);
             dt_tensor_release(&tp);
         }
     }
+    dt_tensor *x = s_make(e, DT_FLOAT32, 2, shapes[0], mixed, lay[0].pl), *bad[1] = {NULL};
+    cr_expect_eq(dt_op("softplus", 1, &x, &(dt_op_attrs){.nfloats = 1, .floats = {2.0}}, 1, bad), DT_EINVAL,
+                 "softplus with one of its two float attributes");
+    cr_expect(strstr(dt_last_error(), "beta=1, threshold=20") != NULL, "%s", dt_last_error());
+    dt_tensor_release(&x);
 
     /* integer and bool inputs: neg/abs/relu stay int64, the floating ops give float32 */
     int64_t shape[2] = {3, 5};
@@ -537,7 +553,7 @@ S_SCENARIO(pointwise, unary)
     for (int i = 0; i < 15; i++)
         want[i] = !bv[i];
     s_expect("logical_not", 1, &tb, NULL, DT_BOOL, 2, shape, want, 0, "bool");
-    dt_tensor *bad[1] = {NULL};
+    bad[0] = NULL;
     cr_expect_eq(dt_op("neg", 1, &tb, NULL, 1, bad), DT_ETYPE, "neg of bool");
     cr_expect_null(bad[0]);
     dt_tensor_release(&tb);

@@ -329,6 +329,12 @@ static float s_gelu_tanh(float x)
     return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
 }
 
+/* torch's: linear above the threshold, where log(1 + exp) would round to it anyway */
+static float s_softplus(float x, float beta, float threshold)
+{
+    return x * beta > threshold ? x : log1pf(expf(x * beta)) / beta;
+}
+
 /* Integer power by squaring; a negative exponent gives 0 unless the base is 1 or -1 (torch). */
 static int64_t s_ipow(int64_t x, int64_t y)
 {
@@ -360,7 +366,9 @@ static int64_t s_ipow(int64_t x, int64_t y)
     X(silu, x / (1.0f + expf(-x)))                                                                                     \
     X(gelu, s_gelu(x))                                                                                                 \
     X(gelu_tanh, s_gelu_tanh(x))                                                                                       \
-    X(reciprocal, 1.0f / x)
+    X(reciprocal, 1.0f / x)                                                                                            \
+    X(erf, erff(x))                                                                                                    \
+    X(softplus, s_softplus(x, (float)p[0], (float)p[1]))
 
 /* Unary ops of numbers: name, float32 expression, integer expression (T: int32_t or int64_t;
  * integers wrap, computed in uint64_t). */

@@ -36,6 +36,7 @@ def test_rows_are_exported_where_they_say():
 def test_signatures():
     assert str(inspect.signature(dtorch.add)) == "(input, other)"
     assert str(inspect.signature(dtorch.exp)) == "(input)"
+    assert str(inspect.signature(dtorch.nn.functional.softplus)) == "(input, beta=1, threshold=20)"
 
 
 def test_methods_are_on_the_type_and_matmul_is_the_c_slot():
