@@ -1,3 +1,5 @@
+/* cpu_kernels — CPU fills, ranges, strided block copies and the in-place reductions that combine
+ * Partial pieces (the 16-bit rounding helpers they share too). */
 #include "cpu_kernels.h"
 
 #include <assert.h>

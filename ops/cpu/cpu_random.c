@@ -1,3 +1,5 @@
+/* cpu_random — Philox4x32-10 and the counter-based uniform and normal values of the random
+ * factories. */
 #include "cpu_kernels.h"
 
 #include <assert.h>
