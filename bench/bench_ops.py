@@ -13,6 +13,8 @@ Figures, for thread workers and then process workers (``dtorch.init(workers=...)
   * ``c = a + b`` of two 1-element DTensors on a 2-device mesh (the per-op path of every op:
     a Python operator into the op registry), loop alone and with ``synchronize()``, beside
     numpy's own ``a + b`` on 1-element arrays; the ops/s the mesh sustains end to end follow.
+  * ``c = a @ b`` of two (4, 4) float32 DTensors on the same mesh (Replicate): the same path with
+    a product, beside numpy's ``a @ b``.
   * ``x.numpy()`` of an existing 4-element DTensor: the fetch round trip, median and p90.
   * ``dtorch.full(...).numpy()``: one op plus its fetch, median and p90.
 """
@@ -84,6 +86,28 @@ def _dtorch_add_loop(n, mesh):
     return t1 - t0, t2 - t0
 
 
+def _numpy_matmul_loop(n):
+    a, b = np.ones((4, 4), np.float32), np.ones((4, 4), np.float32)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        c = a @ b
+    return time.perf_counter() - t0
+
+
+def _dtorch_matmul_loop(n, mesh):
+    a, b = dtorch.ones(4, 4, device_mesh=mesh), dtorch.ones(4, 4, device_mesh=mesh)
+    dtorch.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        c = a @ b
+    t1 = time.perf_counter()
+    dtorch.synchronize()
+    t2 = time.perf_counter()
+    if c.numpy().tolist() != [[4.0] * 4] * 4:
+        raise SystemExit("bench_ops: a @ b gave a wrong value")
+    return t1 - t0, t2 - t0
+
+
 def _percentiles(samples):
     samples = sorted(samples)
     return statistics.median(samples), samples[int(0.9 * (len(samples) - 1))]
@@ -120,11 +144,14 @@ def _mode(workers, args):
     loop_s, total_s = _best(lambda: _dtorch_loop(args.n, mesh), args.repeats)
     _dtorch_add_loop(args.n // 10, mesh)
     add_loop_s, add_total_s = _best(lambda: _dtorch_add_loop(args.n, mesh), args.repeats)
+    _dtorch_matmul_loop(args.n // 10, mesh)
+    mm_loop_s, mm_total_s = _best(lambda: _dtorch_matmul_loop(args.n, mesh), args.repeats)
     fetch = _fetch_samples(args.fetches, mesh)
     op_fetch = _op_fetch_samples(args.fetches, mesh)
     dtorch.shutdown()
     return {"loop_us": loop_s / args.n * 1e6, "total_us": total_s / args.n * 1e6,
             "add_us": add_loop_s / args.n * 1e6, "add_total_us": add_total_s / args.n * 1e6,
+            "mm_us": mm_loop_s / args.n * 1e6, "mm_total_us": mm_total_s / args.n * 1e6,
             "fetch_us": tuple(v * 1e6 for v in fetch), "op_fetch_us": tuple(v * 1e6 for v in op_fetch)}
 
 
@@ -138,6 +165,7 @@ def main():
 
     np_us = _best(lambda: _numpy_loop(args.n), args.repeats) / args.n * 1e6
     np_add_us = _best(lambda: _numpy_add_loop(args.n), args.repeats) / args.n * 1e6
+    np_mm_us = _best(lambda: _numpy_matmul_loop(args.n), args.repeats) / args.n * 1e6
     empty_us = _best(lambda: _empty_loop(args.n), args.repeats) / args.n * 1e6
     results = {m: _mode(m, args) for m in args.modes.split(",")}
 
@@ -163,6 +191,14 @@ def main():
         print(f"  {'a + b, 1 element, 2 devices: + synchronize()':46} {mode:8} {r['add_total_us']:9.3f} "
               f"{np_add_us:9.3f} {r['add_total_us'] / np_add_us:8.1f}x   ({1 / r['add_total_us']:.2f} M ops/s "
               f"end to end)")
+    print()
+    print(f"  reference: numpy a @ b on (4, 4) float32 arrays = {np_mm_us:.3f} us per op")
+    print(f"  {'figure (us per op)':46} {'workers':8} {'DTorch':>9} {'numpy':>9} {'DT/numpy':>9}")
+    for mode, r in results.items():
+        print(f"  {'a @ b, (4, 4), 2 devices: loop only':46} {mode:8} {r['mm_us']:9.3f} {np_mm_us:9.3f} "
+              f"{r['mm_us'] / np_mm_us:8.1f}x")
+        print(f"  {'a @ b, (4, 4), 2 devices: + synchronize()':46} {mode:8} {r['mm_total_us']:9.3f} "
+              f"{np_mm_us:9.3f} {r['mm_total_us'] / np_mm_us:8.1f}x")
     print()
     print(f"  {'round trip (us)':46} {'workers':8} {'median':>9} {'p90':>9}")
     for mode, r in results.items():

@@ -1,11 +1,14 @@
 /* dtorch._C — the Python face of the C API: DTensor and TensorFuture handles, meshes, the
- * factories and the runtime calls. Python in dtorch/ adds names, argument parsing and
- * printing; everything that runs per op lives here, in C.
+ * factories, the ops of the registry and the runtime calls. Every argument a Python caller
+ * gives is checked and converted here (the s_arg_* helpers), with torch's messages; Python in
+ * dtorch/ keeps torch's signatures and printing.
  *
  * Blocking waits release the GIL (wait hooks) and turn Ctrl-C into KeyboardInterrupt. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <structmember.h>
+
+#include <stdio.h>
+#include <string.h>
 
 #include "dtorch.h"
 
@@ -43,85 +46,279 @@ static void s_wait_enter(void) { s_saved = PyEval_SaveThread(); }
 static void s_wait_leave(void) { PyEval_RestoreThread(s_saved); }
 static bool s_wait_interrupt(void) { return PyErr_CheckSignals() != 0; }
 
-/* ---- argument helpers --------------------------------------------------------------------- */
-
-static int s_int64s(PyObject *seq, int64_t *out, int max, const char *what)
-{
-    PyObject *fast = PySequence_Fast(seq, what);
-    if (!fast)
-        return -1;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-    if (n > max) {
-        Py_DECREF(fast);
-        PyErr_Format(PyExc_ValueError, "%s: at most %d entries, got %zd", what, max, n);
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        out[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
-        if (out[i] == -1 && PyErr_Occurred()) {
-            Py_DECREF(fast);
-            return -1;
-        }
-    }
-    Py_DECREF(fast);
-    return (int)n;
-}
-
-/* placements: None or a sequence of (kind, dim, reduce_op) triples */
-static int s_placements(PyObject *obj, dt_placement *out, int expected, const dt_placement **result)
-{
-    *result = NULL;
-    if (obj == Py_None)
-        return 0;
-    PyObject *fast = PySequence_Fast(obj, "placements must be a sequence");
-    if (!fast)
-        return -1;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-    if (n != expected) {
-        Py_DECREF(fast);
-        PyErr_Format(PyExc_ValueError,
-                     "`placements` must have the same length as `device_mesh.ndim`! Found placements length: "
-                     "%zd, and device_mesh.ndim: %d.", n, expected);
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int kind, dim, op;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "iii", &kind, &dim, &op)) {
-            Py_DECREF(fast);
-            return -1;
-        }
-        out[i] = (dt_placement){kind, dim, op};
-    }
-    Py_DECREF(fast);
-    *result = out;
-    return 0;
-}
-
-static int s_scalar(PyObject *obj, dt_scalar *out)
-{
-    if (PyBool_Check(obj) || PyLong_Check(obj)) {
-        int overflow;
-        long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
-        if (overflow) {
-            PyErr_SetString(PyExc_OverflowError, "value does not fit in int64");
-            return -1;
-        }
-        *out = (dt_scalar){true, v, (double)v};
-        return 0;
-    }
-    double f = PyFloat_AsDouble(obj);
-    if (f == -1.0 && PyErr_Occurred())
-        return -1;
-    *out = (dt_scalar){false, 0, f};
-    return 0;
-}
-
-/* ---- Mesh --------------------------------------------------------------------------------- */
+/* ---- Python classes the arguments are checked against (dtorch registers them) --------------- */
 
 typedef struct {
     PyObject_HEAD
     dt_mesh *mesh;
 } s_Mesh;
+
+static PyTypeObject s_TensorType, s_FutureType, s_MeshType;
+static PyTypeObject *s_tensor_cls = &s_TensorType; /* the Python subclasses, once registered */
+static PyTypeObject *s_future_cls = &s_FutureType;
+static PyObject *s_mesh_cls;      /* dtorch.DeviceMesh */
+static PyObject *s_placement_cls; /* dtorch.Placement */
+static PyObject *s_dtype_code;    /* dtorch._dtype._code_of: a dtype, its name or a numpy dtype -> its code */
+
+/* ---- arguments: every entry point turns Python values into C ones with these --------------- */
+
+static const char *s_type_name(PyObject *o) { return Py_TYPE(o)->tp_name; }
+
+static bool s_is_bool(PyObject *o)
+{
+    const char *name = s_type_name(o);
+    return PyBool_Check(o) || !strcmp(name, "numpy.bool") || !strcmp(name, "numpy.bool_");
+}
+
+/* An int (a Python int or anything with __index__, such as numpy's; not a bool). */
+static int s_arg_int(const char *fn, const char *what, PyObject *o, int64_t *v)
+{
+    if (s_is_bool(o) || !PyIndex_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "%s(): %s must be an int, got %s", fn, what, s_type_name(o));
+        return -1;
+    }
+    long long x = PyLong_AsLongLong(o);
+    if (x == -1 && PyErr_Occurred())
+        return -1;
+    *v = x;
+    return 0;
+}
+
+/* A sequence of at most max ints; returns how many. */
+static int s_arg_ints(const char *fn, const char *what, PyObject *seq, int64_t *out, int max)
+{
+    PyObject *fast = PySequence_Fast(seq, "");
+    if (!fast) {
+        PyErr_Format(PyExc_TypeError, "%s(): %s must be a sequence of ints, got %s", fn, what, s_type_name(seq));
+        return -1;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    int rc = (int)n;
+    if (n > max) {
+        PyErr_Format(PyExc_ValueError, "%s(): %s: at most %d entries, got %zd", fn, what, max, n);
+        rc = -1;
+    }
+    for (Py_ssize_t i = 0; i < n && rc >= 0; i++)
+        if (s_arg_int(fn, what, PySequence_Fast_GET_ITEM(fast, i), &out[i]) != 0)
+            rc = -1;
+    Py_DECREF(fast);
+    return rc;
+}
+
+/* A size as torch takes it: separate ints, or one sequence of them (zeros(2, 3), zeros((2, 3))). */
+static int s_arg_sizes(const char *fn, PyObject *args, int64_t *out)
+{
+    PyObject *seq = args;
+    if (PyTuple_Check(args) && PyTuple_GET_SIZE(args) == 1 &&
+        (PyTuple_Check(PyTuple_GET_ITEM(args, 0)) || PyList_Check(PyTuple_GET_ITEM(args, 0))))
+        seq = PyTuple_GET_ITEM(args, 0);
+    PyObject *fast = PySequence_Fast(seq, "size must be a tuple of ints");
+    if (!fast)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    int rc = (int)n;
+    if (n > DT_MAX_DIMS) {
+        PyErr_Format(PyExc_ValueError, "%s(): a size of %zd dims; at most %d", fn, n, DT_MAX_DIMS);
+        rc = -1;
+    }
+    for (Py_ssize_t i = 0; i < n && rc >= 0; i++) {
+        PyObject *s = PySequence_Fast_GET_ITEM(fast, i);
+        if (s_is_bool(s) || !PyIndex_Check(s)) {
+            PyErr_Format(PyExc_TypeError, "%s(): argument 'size' must be tuple of ints, but found element of type "
+                         "%s at pos %zd", fn, s_type_name(s), i);
+            rc = -1;
+        } else if ((out[i] = PyLong_AsLongLong(s)) == -1 && PyErr_Occurred()) {
+            rc = -1;
+        }
+    }
+    Py_DECREF(fast);
+    return rc;
+}
+
+/* numpy's scalar types (numpy.int64, numpy.float32, ...), not its arrays */
+static bool s_is_numpy_scalar(PyObject *o)
+{
+    const char *name = s_type_name(o);
+    return !strncmp(name, "numpy.", 6) && strcmp(name, "numpy.ndarray") != 0;
+}
+
+/* A Python number (bool, int, float, or numpy's): 1 with *v set, 0 when o is not a number. */
+static int s_number(PyObject *o, dt_scalar *v, bool *is_bool)
+{
+    bool b = s_is_bool(o);
+    if (is_bool)
+        *is_bool = b;
+    if (b || PyLong_Check(o) || (s_is_numpy_scalar(o) && PyIndex_Check(o))) {
+        int overflow = 0;
+        long long x = b ? PyObject_IsTrue(o) : PyLong_AsLongLongAndOverflow(o, &overflow);
+        if (overflow) {
+            PyErr_SetString(PyExc_OverflowError, "value does not fit in int64");
+            return -1;
+        }
+        if (x == -1 && PyErr_Occurred())
+            return -1;
+        *v = (dt_scalar){true, x, (double)x};
+        return 1;
+    }
+    if (PyFloat_Check(o) || (s_is_numpy_scalar(o) && Py_TYPE(o)->tp_as_number && Py_TYPE(o)->tp_as_number->nb_float)) {
+        double f = PyFloat_AsDouble(o);
+        if (f == -1.0 && PyErr_Occurred())
+            return -1;
+        *v = (dt_scalar){false, 0, f};
+        return 1;
+    }
+    return 0;
+}
+
+static int s_arg_number(const char *fn, const char *what, PyObject *o, dt_scalar *v, bool *is_bool)
+{
+    int rc = s_number(o, v, is_bool);
+    if (rc == 0)
+        PyErr_Format(PyExc_TypeError, "%s(): %s must be a number, got %s", fn, what, s_type_name(o));
+    return rc == 1 ? 0 : -1;
+}
+
+static int s_arg_float(const char *fn, const char *what, PyObject *o, double *v)
+{
+    dt_scalar s;
+    if (s_arg_number(fn, what, o, &s, NULL) != 0)
+        return -1;
+    *v = s.is_int ? (double)s.i : s.f;
+    return 0;
+}
+
+/* A dtype (dtorch's, its name, or a numpy dtype); None gives otherwise. */
+static int s_arg_dtype(PyObject *o, int otherwise, int *code)
+{
+    if (o == Py_None) {
+        *code = otherwise;
+        return 0;
+    }
+    PyObject *c = PyObject_CallOneArg(s_dtype_code, o);
+    *code = c ? (int)PyLong_AsLong(c) : -1;
+    Py_XDECREF(c);
+    return c ? 0 : -1;
+}
+
+/* A dtorch.DeviceMesh: the Python object and its C mesh. */
+static int s_arg_mesh(const char *fn, PyObject *o, dt_mesh **mesh)
+{
+    int is = s_mesh_cls ? PyObject_IsInstance(o, s_mesh_cls) : 0;
+    if (is < 0)
+        return -1;
+    PyObject *c = is ? PyObject_GetAttrString(o, "_c") : NULL;
+    if (!c || !PyObject_TypeCheck(c, &s_MeshType)) {
+        Py_XDECREF(c);
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s(): device_mesh must be a dtorch.DeviceMesh, got %s", fn, s_type_name(o));
+        return -1;
+    }
+    *mesh = ((s_Mesh *)c)->mesh;
+    Py_DECREF(c);
+    return 0;
+}
+
+/* placements: None (all Replicate: *result NULL) or one Placement per mesh dim. */
+static int s_arg_placements(PyObject *o, int mesh_ndim, dt_placement *storage, const dt_placement **result)
+{
+    *result = NULL;
+    if (o == Py_None)
+        return 0;
+    int single = PyObject_IsInstance(o, s_placement_cls);
+    if (single != 0) {
+        if (single > 0)
+            PyErr_SetString(PyExc_TypeError,
+                            "placements must be a sequence of Placement (e.g. [Shard(0)]), not a single Placement");
+        return -1;
+    }
+    PyObject *fast = PySequence_Fast(o, "placements must be a sequence of Placement (e.g. [Shard(0)])");
+    if (!fast)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    int rc = 0;
+    for (Py_ssize_t i = 0; i < n && rc == 0; i++) {
+        PyObject *p = PySequence_Fast_GET_ITEM(fast, i), *raw = NULL;
+        int is = PyObject_IsInstance(p, s_placement_cls);
+        if (is == 0)
+            PyErr_Format(PyExc_TypeError, "placements must hold Shard, Replicate or Partial, got %R", p);
+        int kind, dim, op;
+        if (is <= 0 || !(raw = PyObject_CallMethod(p, "_raw", NULL)) || !PyArg_ParseTuple(raw, "iii", &kind, &dim, &op))
+            rc = -1;
+        else if (i < DT_MAX_DIMS)
+            storage[i] = (dt_placement){kind, dim, op};
+        Py_XDECREF(raw);
+    }
+    Py_DECREF(fast);
+    if (rc == 0 && n != mesh_ndim) {
+        PyErr_Format(PyExc_ValueError,
+                     "`placements` must have the same length as `device_mesh.ndim`! Found placements length: "
+                     "%zd, and device_mesh.ndim: %d.", n, mesh_ndim);
+        rc = -1;
+    }
+    if (rc == 0)
+        *result = storage;
+    return rc;
+}
+
+/* DTorch computes no gradients: requires_grad=True (or a source tensor that requires them) is
+ * refused rather than ignored. */
+static int s_arg_inference_only(const char *fn, PyObject *requires_grad)
+{
+    int wants = requires_grad ? PyObject_IsTrue(requires_grad) : 0;
+    if (wants > 0)
+        PyErr_Format(PyExc_NotImplementedError,
+                     "%s(): DTorch is inference-only: requires_grad=True is not supported", fn);
+    return wants ? -1 : 0;
+}
+
+/* The same for a tensor handed in: one whose requires_grad attribute is true. */
+static int s_arg_source(const char *fn, PyObject *source)
+{
+    PyObject *rg = PyObject_GetAttrString(source, "requires_grad");
+    if (!rg) {
+        PyErr_Clear();
+        return 0;
+    }
+    int rc = s_arg_inference_only(fn, rg);
+    Py_DECREF(rg);
+    return rc;
+}
+
+static int s_arg_tensor(const char *fn, int pos, PyObject *o, dt_tensor **t);
+
+/* Binds vectorcall arguments to the parameters names[0..n): out[i] borrowed, NULL when not given;
+ * the first npositional may come by position. TypeError for too many, unknown or repeated. */
+static int s_bind(const char *fn, PyObject *const *names, int n, int npositional, PyObject *const *args,
+                  Py_ssize_t nargs, PyObject *kwnames, PyObject **out)
+{
+    for (int i = 0; i < n; i++)
+        out[i] = NULL;
+    if (nargs > npositional) {
+        PyErr_Format(PyExc_TypeError, "%s() takes at most %d positional arguments (%zd given)", fn, npositional, nargs);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        out[i] = args[i];
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, k);
+        int i = 0;
+        while (i < n && PyUnicode_Compare(key, names[i]) != 0)
+            i++;
+        if (i == n) {
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'", fn, key);
+            return -1;
+        }
+        if (out[i]) {
+            PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%U'", fn, key);
+            return -1;
+        }
+        out[i] = args[nargs + k];
+    }
+    return 0;
+}
+
+/* ---- Mesh --------------------------------------------------------------------------------- */
 
 static int s_Mesh_init(s_Mesh *self, PyObject *args, PyObject *kw)
 {
@@ -130,14 +327,14 @@ static int s_Mesh_init(s_Mesh *self, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTuple(args, "sOO|O", &type, &shape_obj, &ids_obj, &names_obj))
         return -1;
     int64_t shape[DT_MAX_DIMS];
-    int ndim = s_int64s(shape_obj, shape, DT_MAX_DIMS, "mesh shape");
+    int ndim = s_arg_ints("DeviceMesh", "mesh shape", shape_obj, shape, DT_MAX_DIMS);
     if (ndim < 0)
         return -1;
     Py_ssize_t nids = PySequence_Size(ids_obj);
     if (nids < 0)
         return -1;
     int64_t *ids = PyMem_Malloc((size_t)(nids ? nids : 1) * sizeof *ids);
-    if (!ids || s_int64s(ids_obj, ids, (int)nids, "mesh ids") < 0) {
+    if (!ids || s_arg_ints("DeviceMesh", "mesh ids", ids_obj, ids, (int)nids) < 0) {
         PyMem_Free(ids);
         return -1;
     }
@@ -187,15 +384,13 @@ static PyTypeObject s_MeshType = {
     .tp_doc = "A device mesh handle (use dtorch.DeviceMesh).",
 };
 
+
 /* ---- TensorFuture ------------------------------------------------------------------------- */
 
 typedef struct {
     PyObject_HEAD
     dt_future *f;
 } s_Future;
-
-static PyTypeObject s_FutureType;
-static PyTypeObject *s_future_cls = &s_FutureType; /* the Python subclass, once registered */
 
 static PyObject *s_future_wrap(dt_future *f)
 {
@@ -371,9 +566,6 @@ typedef struct {
     PyObject *shape;  /* cached tuple */
 } s_Tensor;
 
-static PyTypeObject s_TensorType;
-static PyTypeObject *s_tensor_cls = &s_TensorType;
-
 static PyObject *s_tensor_wrap(dt_tensor *t, PyObject *mesh)
 {
     if (!t)
@@ -440,12 +632,15 @@ static PyObject *s_Tensor_locals_future(s_Tensor *self, PyObject *unused)
     return s_future_wrap(dt_tensor_fetch_locals(self->t));
 }
 
+static PyObject *s_Tensor_get_requires_grad(s_Tensor *self, void *unused) { Py_RETURN_FALSE; }
+
 static PyGetSetDef s_Tensor_getset[] = {
     {"shape", (getter)s_Tensor_get_shape, NULL, "The global shape.", NULL},
     {"ndim", (getter)s_Tensor_get_ndim, NULL, "Number of dims.", NULL},
     {"_dtype_code", (getter)s_Tensor_get_dtype_code, NULL, NULL, NULL},
     {"device_mesh", (getter)s_Tensor_get_mesh, NULL, "The DeviceMesh it lives on.", NULL},
     {"_placements_raw", (getter)s_Tensor_get_placements_raw, NULL, NULL, NULL},
+    {"requires_grad", (getter)s_Tensor_get_requires_grad, NULL, "Always False: DTorch is inference-only.", NULL},
     {NULL},
 };
 
@@ -455,27 +650,48 @@ static PyMethodDef s_Tensor_methods[] = {
     {NULL},
 };
 
-/* ---- operators: straight into the op registry, the per-op hot path -------------------------- */
+/* ---- running ops: the per-op hot path -------------------------------------------------------- */
 
-enum { S_ADD, S_SUB, S_MUL, S_DIV, S_POW, S_NEG, S_ABS, S_EQ, S_NE, S_LT, S_LE, S_GT, S_GE, S_AND, S_OR, S_NOT,
-       S_MATMUL, S_NOPS };
-static const char *s_op_names[S_NOPS] = {"add", "sub", "mul", "div", "pow", "neg", "abs", "eq", "ne", "lt",
-                                         "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "matmul"};
-static int s_op_ids[S_NOPS];
-
-static PyObject *s_run1(int op, dt_tensor *const *in, int n, const dt_op_attrs *attrs, PyObject *mesh)
+static int s_arg_tensor(const char *fn, int pos, PyObject *o, dt_tensor **t)
 {
-    if (s_op_ids[op] < 0 && (s_op_ids[op] = dt_op_id(s_op_names[op])) < 0)
-        return s_raise();
-    dt_tensor *out[2];
-    int made = dt_op_run(s_op_ids[op], n, in, attrs, 1, out);
-    if (made < 0)
-        return s_raise();
-    return s_tensor_wrap(out[0], mesh);
+    if (!PyObject_TypeCheck(o, &s_TensorType)) {
+        PyErr_Format(PyExc_TypeError, "%s(): expected a DTensor at position %d, got %s (an input must be a DTensor: "
+                     "distribute arrays with dtorch.distribute_tensor first)", fn, pos, s_type_name(o));
+        return -1;
+    }
+    *t = ((s_Tensor *)o)->t;
+    return 0;
 }
 
-/* a op b where either side may be a Python number; anything else is not ours to handle */
-static PyObject *s_binary(int op, PyObject *a, PyObject *b)
+/* made new tensors as one DTensor, or a tuple of them */
+static PyObject *s_wrap_all(int made, dt_tensor **out, PyObject *mesh)
+{
+    if (made == 1)
+        return s_tensor_wrap(out[0], mesh);
+    PyObject *tuple = PyTuple_New(made);
+    for (int o = 0; o < made; o++) {
+        PyObject *t = tuple ? s_tensor_wrap(out[o], mesh) : NULL;
+        if (!t) {
+            for (int p = o + (tuple ? 1 : 0); p < made; p++)
+                dt_tensor_release(&out[p]);
+            Py_XDECREF(tuple);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(tuple, o, t);
+    }
+    return tuple;
+}
+
+static PyObject *s_run(int id, int n, dt_tensor *const *in, const dt_op_attrs *attrs, PyObject *mesh)
+{
+    dt_tensor *out[2];
+    int made = dt_op_run(id, n, in, attrs, 2, out);
+    return made < 0 ? s_raise() : s_wrap_all(made, out, mesh);
+}
+
+/* a op b where either side may be a Python number (attrs.scalar; ints[0] = 1: on the left).
+ * NULL without an exception when neither is a DTensor or the other is not a number. */
+static PyObject *s_binary(int id, PyObject *a, PyObject *b)
 {
     dt_op_attrs attrs;
     attrs.nints = 0;
@@ -486,36 +702,51 @@ static PyObject *s_binary(int op, PyObject *a, PyObject *b)
     if (ta && tb) {
         in[0] = ((s_Tensor *)a)->t;
         in[1] = ((s_Tensor *)b)->t;
-        return s_run1(op, in, 2, &attrs, ((s_Tensor *)a)->mesh);
+        return s_run(id, 2, in, &attrs, ((s_Tensor *)a)->mesh);
     }
-    PyObject *number = ta ? b : a;
-    if (!(PyLong_Check(number) || PyFloat_Check(number)))
-        Py_RETURN_NOTIMPLEMENTED;
-    if (s_scalar(number, &attrs.scalar) != 0)
+    if (!ta && !tb)
+        return NULL;
+    if (s_number(ta ? b : a, &attrs.scalar, NULL) != 1)
         return NULL;
     attrs.has_scalar = true;
     if (!ta) {
         attrs.nints = 1;
-        attrs.ints[0] = 1; /* the number is on the left */
+        attrs.ints[0] = 1;
     }
     s_Tensor *t = (s_Tensor *)(ta ? a : b);
     in[0] = t->t;
-    return s_run1(op, in, 1, &attrs, t->mesh);
+    return s_run(id, 1, in, &attrs, t->mesh);
+}
+
+/* the ids of the ops behind Python's operators, looked up at import */
+enum { S_ADD, S_SUB, S_MUL, S_DIV, S_POW, S_NEG, S_ABS, S_EQ, S_NE, S_LT, S_LE, S_GT, S_GE, S_AND, S_OR, S_NOT,
+       S_MATMUL, S_NOPS };
+static const char *const s_operator_ops[S_NOPS] = {"add", "sub", "mul", "div", "pow", "neg", "abs", "eq", "ne",
+                                                   "lt", "le", "gt", "ge", "logical_and", "logical_or",
+                                                   "logical_not", "matmul"};
+static int s_operator_ids[S_NOPS];
+
+static PyObject *s_operator(int op, PyObject *a, PyObject *b)
+{
+    PyObject *r = s_binary(s_operator_ids[op], a, b);
+    if (!r && !PyErr_Occurred())
+        Py_RETURN_NOTIMPLEMENTED;
+    return r;
 }
 
 static PyObject *s_unary(int op, PyObject *a)
 {
     dt_op_attrs attrs = {0};
     dt_tensor *in[1] = {((s_Tensor *)a)->t};
-    return s_run1(op, in, 1, &attrs, ((s_Tensor *)a)->mesh);
+    return s_run(s_operator_ids[op], 1, in, &attrs, ((s_Tensor *)a)->mesh);
 }
 
-static PyObject *s_nb_add(PyObject *a, PyObject *b) { return s_binary(S_ADD, a, b); }
-static PyObject *s_nb_sub(PyObject *a, PyObject *b) { return s_binary(S_SUB, a, b); }
-static PyObject *s_nb_mul(PyObject *a, PyObject *b) { return s_binary(S_MUL, a, b); }
-static PyObject *s_nb_div(PyObject *a, PyObject *b) { return s_binary(S_DIV, a, b); }
-static PyObject *s_nb_and(PyObject *a, PyObject *b) { return s_binary(S_AND, a, b); }
-static PyObject *s_nb_or(PyObject *a, PyObject *b) { return s_binary(S_OR, a, b); }
+static PyObject *s_nb_add(PyObject *a, PyObject *b) { return s_operator(S_ADD, a, b); }
+static PyObject *s_nb_sub(PyObject *a, PyObject *b) { return s_operator(S_SUB, a, b); }
+static PyObject *s_nb_mul(PyObject *a, PyObject *b) { return s_operator(S_MUL, a, b); }
+static PyObject *s_nb_div(PyObject *a, PyObject *b) { return s_operator(S_DIV, a, b); }
+static PyObject *s_nb_and(PyObject *a, PyObject *b) { return s_operator(S_AND, a, b); }
+static PyObject *s_nb_or(PyObject *a, PyObject *b) { return s_operator(S_OR, a, b); }
 static PyObject *s_nb_neg(PyObject *a) { return s_unary(S_NEG, a); }
 static PyObject *s_nb_abs(PyObject *a) { return s_unary(S_ABS, a); }
 static PyObject *s_nb_invert(PyObject *a) { return s_unary(S_NOT, a); }
@@ -524,25 +755,82 @@ static PyObject *s_nb_pow(PyObject *a, PyObject *b, PyObject *mod)
 {
     if (mod != Py_None)
         Py_RETURN_NOTIMPLEMENTED;
-    return s_binary(S_POW, a, b);
+    return s_operator(S_POW, a, b);
 }
 
+/* a @ b: two DTensors (numbers and arrays are not ours) */
 static PyObject *s_nb_matmul(PyObject *a, PyObject *b)
 {
     if (!PyObject_TypeCheck(a, &s_TensorType) || !PyObject_TypeCheck(b, &s_TensorType))
         Py_RETURN_NOTIMPLEMENTED;
-    return s_binary(S_MATMUL, a, b);
+    return s_operator(S_MATMUL, a, b);
 }
 
 static PyObject *s_richcompare(PyObject *a, PyObject *b, int cmp)
 {
     static const int ops[] = {[Py_LT] = S_LT, [Py_LE] = S_LE, [Py_EQ] = S_EQ,
                               [Py_NE] = S_NE, [Py_GT] = S_GT, [Py_GE] = S_GE};
-    return s_binary(ops[cmp], a, b);
+    return s_operator(ops[cmp], a, b);
 }
 
 /* DTensors hash by identity, as torch tensors do, even though == builds a tensor */
 static Py_hash_t s_hash(PyObject *self) { return (Py_hash_t)((uintptr_t)self >> 4); }
+
+/* x[index]: ints, slices (step > 0), None and Ellipsis, or one integer DTensor (dt_index) */
+static PyObject *s_Tensor_getitem(s_Tensor *self, PyObject *key)
+{
+    enum { S_MAX_ITEMS = 64 };
+    bool tuple = PyTuple_Check(key);
+    Py_ssize_t n = tuple ? PyTuple_GET_SIZE(key) : 1;
+    dt_index_item items[S_MAX_ITEMS];
+    if (n > S_MAX_ITEMS)
+        return PyErr_Format(PyExc_IndexError, "too many indices for tensor of dimension %d", dt_tensor_ndim(self->t));
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *o = tuple ? PyTuple_GET_ITEM(key, i) : key;
+        dt_index_item *it = &items[i];
+        memset(it, 0, sizeof *it);
+        if (o == Py_None) {
+            it->kind = DT_INDEX_NONE;
+        } else if (o == Py_Ellipsis) {
+            it->kind = DT_INDEX_ELLIPSIS;
+        } else if (PyObject_TypeCheck(o, &s_TensorType)) {
+            it->kind = DT_INDEX_TENSOR;
+            it->tensor = ((s_Tensor *)o)->t;
+        } else if (PySlice_Check(o)) {
+            PySliceObject *s = (PySliceObject *)o;
+            PyObject *bounds[3] = {s->start, s->stop, s->step};
+            bool *has[3] = {&it->has_start, &it->has_stop, &it->has_step};
+            int64_t *val[3] = {&it->start, &it->stop, &it->step};
+            it->kind = DT_INDEX_SLICE;
+            for (int b = 0; b < 3; b++) {
+                if (bounds[b] == Py_None)
+                    continue;
+                if (!PyIndex_Check(bounds[b]))
+                    return PyErr_Format(PyExc_TypeError, "slice indices must be integers or None or have an "
+                                        "__index__ method");
+                *has[b] = true;
+                *val[b] = PyNumber_AsSsize_t(bounds[b], NULL);
+                if (*val[b] == -1 && PyErr_Occurred())
+                    return NULL;
+            }
+        } else if (!s_is_bool(o) && PyIndex_Check(o)) {
+            it->kind = DT_INDEX_INT;
+            if ((it->i = PyNumber_AsSsize_t(o, PyExc_IndexError)) == -1 && PyErr_Occurred())
+                return NULL;
+        } else {
+            return PyErr_Format(PyExc_TypeError, "only integers, slices (`:`), ellipsis (`...`), None and integer "
+                                "DTensors are valid indices (got %s)", s_type_name(o));
+        }
+    }
+    dt_tensor *r = dt_index(self->t, (int)n, items);
+    if (r == self->t) { /* nothing to do: the tensor itself, as torch's x[...] */
+        dt_tensor_release(&r);
+        return Py_NewRef(self);
+    }
+    return s_tensor_wrap(r, self->mesh);
+}
+
+static PyMappingMethods s_Tensor_mapping = {.mp_subscript = (binaryfunc)s_Tensor_getitem};
 
 static PyNumberMethods s_Tensor_number = {
     .nb_add = s_nb_add,
@@ -566,359 +854,316 @@ static PyTypeObject s_TensorType = {
     .tp_getset = s_Tensor_getset,
     .tp_methods = s_Tensor_methods,
     .tp_as_number = &s_Tensor_number,
+    .tp_as_mapping = &s_Tensor_mapping,
     .tp_richcompare = s_richcompare,
     .tp_hash = s_hash,
     .tp_doc = "A tensor laid out over a DeviceMesh.",
 };
 
-/* ---- factories ---------------------------------------------------------------------------- */
+/* ---- the ops of the registry as Python callables -----------------------------------------------
+ * One Op per registry row that says how Python calls it (dt_op_info.sig): dtorch.<name>,
+ * DTensor.<name> (an Op binds as a method, like a function) and nn.functional.<name>. */
 
-/* Common head of every factory: (py_mesh, c_mesh, shape, dtype, placements, ...) */
+#define S_OP_PARAMS (1 + 4) /* input, and other or up to 4 float attributes */
+
 typedef struct {
-    PyObject *py_mesh;
-    dt_mesh *mesh;
-    int ndim;
-    int64_t shape[DT_MAX_DIMS];
-    int dtype;
-    dt_placement storage[DT_MAX_DIMS];
-    const dt_placement *placements;
-} s_head;
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    int id;
+    dt_op_sig sig;
+    char name[64];
+    int nparams;
+    PyObject *params[S_OP_PARAMS];  /* their names */
+    double defaults[S_OP_PARAMS];   /* of a unary op's float attributes, params[1..] */
+    PyObject *signature;            /* "(input, other)", for inspect */
+    PyObject *doc;
+} s_Op;
 
-static int s_parse_head(PyObject *py_mesh, PyObject *c_mesh, PyObject *shape, int dtype, PyObject *pl, s_head *h)
+static PyObject *s_Op_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
-    if (!PyObject_TypeCheck(c_mesh, &s_MeshType)) {
-        PyErr_SetString(PyExc_TypeError, "device_mesh must be a dtorch.DeviceMesh");
-        return -1;
-    }
-    h->py_mesh = py_mesh;
-    h->mesh = ((s_Mesh *)c_mesh)->mesh;
-    h->dtype = dtype;
-    if (shape != Py_None && (h->ndim = s_int64s(shape, h->shape, DT_MAX_DIMS, "size")) < 0)
-        return -1;
-    return s_placements(pl, h->storage, dt_mesh_ndim(h->mesh), &h->placements);
-}
-
-/* _make(kind, py_mesh, c_mesh, shape, dtype, placements, value): kind in
- * "full" "zeros" "ones" "empty" "rand" "randn" (value is used by "full" only) */
-static PyObject *s_make(PyObject *mod, PyObject *args)
-{
-    const char *kind;
-    PyObject *py_mesh, *c_mesh, *shape, *pl, *value;
-    int dtype;
-    s_head h;
-    dt_scalar v = {true, 0, 0.0};
-    if (!PyArg_ParseTuple(args, "sOOOiOO", &kind, &py_mesh, &c_mesh, &shape, &dtype, &pl, &value) ||
-        s_parse_head(py_mesh, c_mesh, shape, dtype, pl, &h) != 0)
+    s_Op *op = (s_Op *)callable;
+    PyObject *v[S_OP_PARAMS];
+    if (s_bind(op->name, op->params, op->nparams, op->nparams, args, PyVectorcall_NARGS(nargsf), kwnames, v) != 0)
         return NULL;
-    dt_tensor *t;
-    if (strcmp(kind, "full") == 0) {
-        if (s_scalar(value, &v) != 0)
+    for (int i = 0; i < (op->sig == DT_SIG_BINARY ? 2 : 1); i++)
+        if (!v[i])
+            return PyErr_Format(PyExc_TypeError, "%s() missing required argument '%U'", op->name, op->params[i]);
+    if (op->sig == DT_SIG_BINARY) {
+        PyObject *r = s_binary(op->id, v[0], v[1]);
+        if (r || PyErr_Occurred())
+            return r;
+        bool ta = PyObject_TypeCheck(v[0], &s_TensorType), tb = PyObject_TypeCheck(v[1], &s_TensorType);
+        if (!ta && !tb)
+            return PyErr_Format(PyExc_TypeError, "%s(): expected a DTensor, got %s and %s (distribute arrays with "
+                                "dtorch.distribute_tensor first)", op->name, s_type_name(v[0]), s_type_name(v[1]));
+        return PyErr_Format(PyExc_TypeError, "%s(): expected a DTensor or a number, got %s (distribute arrays with "
+                            "dtorch.distribute_tensor first)", op->name, s_type_name(ta ? v[1] : v[0]));
+    }
+    dt_tensor *in[1];
+    if (!PyObject_TypeCheck(v[0], &s_TensorType))
+        return PyErr_Format(PyExc_TypeError, "%s(): expected a DTensor, got %s (distribute arrays with "
+                            "dtorch.distribute_tensor first)", op->name, s_type_name(v[0]));
+    in[0] = ((s_Tensor *)v[0])->t;
+    dt_op_attrs attrs;
+    attrs.nints = 0;
+    attrs.has_scalar = false;
+    attrs.nfloats = op->nparams - 1;
+    for (int i = 1; i < op->nparams; i++) {
+        attrs.floats[i - 1] = op->defaults[i];
+        if (v[i] && s_arg_float(op->name, PyUnicode_AsUTF8(op->params[i]), v[i], &attrs.floats[i - 1]) != 0)
             return NULL;
-        t = dt_full(h.mesh, h.ndim, h.shape, (dt_dtype)dtype, h.placements, v);
-    } else if (strcmp(kind, "zeros") == 0) {
-        t = dt_zeros(h.mesh, h.ndim, h.shape, (dt_dtype)dtype, h.placements);
-    } else if (strcmp(kind, "ones") == 0) {
-        t = dt_ones(h.mesh, h.ndim, h.shape, (dt_dtype)dtype, h.placements);
-    } else if (strcmp(kind, "empty") == 0) {
-        t = dt_empty(h.mesh, h.ndim, h.shape, (dt_dtype)dtype, h.placements);
-    } else if (strcmp(kind, "rand") == 0) {
-        t = dt_rand(h.mesh, h.ndim, h.shape, (dt_dtype)dtype, h.placements);
-    } else if (strcmp(kind, "randn") == 0) {
-        t = dt_randn(h.mesh, h.ndim, h.shape, (dt_dtype)dtype, h.placements);
-    } else {
-        return PyErr_Format(PyExc_ValueError, "unknown factory '%s'", kind);
     }
-    return s_tensor_wrap(t, py_mesh);
+    return s_run(op->id, 1, in, &attrs, ((s_Tensor *)v[0])->mesh);
 }
 
-/* _arange(py_mesh, c_mesh, start, end, step, dtype, placements) */
-static PyObject *s_arange(PyObject *mod, PyObject *args)
+/* op as a method: bound to the instance, as functions are */
+static PyObject *s_Op_get(PyObject *self, PyObject *obj, PyObject *type)
 {
-    PyObject *py_mesh, *c_mesh, *start_o, *end_o, *step_o, *pl;
-    int dtype;
-    s_head h;
-    dt_scalar start, end, step;
-    if (!PyArg_ParseTuple(args, "OOOOOiO", &py_mesh, &c_mesh, &start_o, &end_o, &step_o, &dtype, &pl) ||
-        s_parse_head(py_mesh, c_mesh, Py_None, dtype, pl, &h) != 0 || s_scalar(start_o, &start) != 0 ||
-        s_scalar(end_o, &end) != 0 || s_scalar(step_o, &step) != 0)
-        return NULL;
-    return s_tensor_wrap(dt_arange(h.mesh, start, end, step, (dt_dtype)dtype, h.placements), py_mesh);
+    return obj && obj != Py_None ? PyMethod_New(self, obj) : Py_NewRef(self);
 }
 
-/* _distribute(py_mesh, c_mesh, array, dtype, placements): array exports a strided buffer */
-static PyObject *s_distribute(PyObject *mod, PyObject *args)
+static void s_Op_dealloc(s_Op *self)
 {
-    PyObject *py_mesh, *c_mesh, *array, *pl;
-    int dtype;
-    s_head h;
-    if (!PyArg_ParseTuple(args, "OOOiO", &py_mesh, &c_mesh, &array, &dtype, &pl) ||
-        s_parse_head(py_mesh, c_mesh, Py_None, dtype, pl, &h) != 0)
-        return NULL;
-    Py_buffer view;
-    if (PyObject_GetBuffer(array, &view, PyBUF_STRIDES) != 0)
-        return NULL;
-    if (view.ndim > DT_MAX_DIMS || (size_t)view.itemsize != dt_dtype_size((dt_dtype)dtype)) {
-        PyBuffer_Release(&view);
-        return PyErr_Format(PyExc_ValueError, "distribute_tensor: unsupported array (%d dims, %zd-byte items)",
-                            view.ndim, view.itemsize);
-    }
-    int64_t shape[DT_MAX_DIMS], strides[DT_MAX_DIMS];
-    for (int d = 0; d < view.ndim; d++) {
-        shape[d] = view.shape[d];
-        strides[d] = view.strides[d];
-    }
-    /* the GIL stays held: a full queue makes the runtime release it through the wait hooks */
-    dt_tensor *t = dt_distribute(h.mesh, view.buf, view.ndim, shape, strides, (dt_dtype)dtype, h.placements);
-    PyBuffer_Release(&view);
-    return s_tensor_wrap(t, py_mesh);
+    for (int i = 0; i < self->nparams; i++)
+        Py_XDECREF(self->params[i]);
+    Py_XDECREF(self->signature);
+    Py_XDECREF(self->doc);
+    Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* _from_local(py_mesh, c_mesh, arrays, dtype, placements, shape or None): C-contiguous arrays */
-static PyObject *s_from_local(PyObject *mod, PyObject *args)
-{
-    PyObject *py_mesh, *c_mesh, *arrays, *pl, *shape_o;
-    int dtype;
-    s_head h;
-    if (!PyArg_ParseTuple(args, "OOOiOO", &py_mesh, &c_mesh, &arrays, &dtype, &pl, &shape_o) ||
-        s_parse_head(py_mesh, c_mesh, shape_o, dtype, pl, &h) != 0)
-        return NULL;
-    Py_ssize_t n = PySequence_Size(arrays);
-    if (n < 0)
-        return NULL;
-    if (n != dt_mesh_size(h.mesh))
-        return PyErr_Format(PyExc_ValueError, "from_local: %zd local pieces for a mesh of %lld devices", n,
-                            (long long)dt_mesh_size(h.mesh));
-    Py_buffer *views = PyMem_Calloc((size_t)(n ? n : 1), sizeof *views);
-    const void **data = PyMem_Calloc((size_t)(n ? n : 1), sizeof *data);
-    int64_t *locals = PyMem_Calloc((size_t)(n ? n : 1) * DT_MAX_DIMS, sizeof *locals);
-    PyObject *result = NULL;
-    Py_ssize_t got = 0;
-    int ndim = -1;
-    if (!views || !data || !locals) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (; got < n; got++) {
-        PyObject *a = PySequence_GetItem(arrays, got);
-        int rc = a ? PyObject_GetBuffer(a, &views[got], PyBUF_C_CONTIGUOUS) : -1;
-        Py_XDECREF(a);
-        if (rc != 0)
-            goto done;
-        if (ndim < 0)
-            ndim = views[got].ndim;
-        if (views[got].ndim != ndim || ndim > DT_MAX_DIMS) {
-            got++;
-            PyErr_SetString(PyExc_ValueError, "from_local: every local piece needs the same number of dims");
-            goto done;
-        }
-        data[got] = views[got].buf;
-    }
-    for (Py_ssize_t i = 0; i < n; i++)
-        for (int d = 0; d < ndim; d++)
-            locals[i * ndim + d] = views[i].shape[d];
-    if (shape_o != Py_None && h.ndim != ndim) {
-        PyErr_Format(PyExc_ValueError, "from_local: shape has %d dims but the local pieces have %d", h.ndim, ndim);
-        goto done;
-    }
-    result = s_tensor_wrap(dt_from_local(h.mesh, data, ndim < 0 ? 0 : ndim, locals, (dt_dtype)dtype, h.placements,
-                                         shape_o != Py_None ? h.shape : NULL),
-                           py_mesh);
-done:
-    for (Py_ssize_t i = 0; i < got; i++)
-        PyBuffer_Release(&views[i]);
-    PyMem_Free(views);
-    PyMem_Free(data);
-    PyMem_Free(locals);
-    return result;
-}
+static PyObject *s_Op_repr(s_Op *self) { return PyUnicode_FromFormat("<dtorch op %s>", self->name); }
+static PyObject *s_Op_get_name(s_Op *self, void *unused) { return PyUnicode_FromString(self->name); }
+static PyObject *s_Op_get_doc(s_Op *self, void *unused) { return Py_NewRef(self->doc); }
+static PyObject *s_Op_get_signature(s_Op *self, void *unused) { return Py_NewRef(self->signature); }
+static PyObject *s_Op_get_module(s_Op *self, void *unused) { return PyUnicode_FromString("dtorch"); }
+static PyObject *s_Op_get_id(s_Op *self, void *unused) { return PyLong_FromLong(self->id); }
 
-/* ---- redistribute ------------------------------------------------------------------------- */
+static PyGetSetDef s_Op_getset[] = {
+    {"__name__", (getter)s_Op_get_name, NULL, NULL, NULL},
+    {"__qualname__", (getter)s_Op_get_name, NULL, NULL, NULL},
+    {"__doc__", (getter)s_Op_get_doc, NULL, NULL, NULL},
+    {"__text_signature__", (getter)s_Op_get_signature, NULL, NULL, NULL},
+    {"__module__", (getter)s_Op_get_module, NULL, NULL, NULL},
+    {"id", (getter)s_Op_get_id, NULL, "The op's id in the registry.", NULL},
+    {NULL},
+};
 
-/* The target of a redistribute: (py_mesh, c_mesh) or (None, None) for the tensor's own mesh. */
-static int s_target(PyObject *c_mesh, dt_mesh **mesh)
-{
-    *mesh = NULL;
-    if (c_mesh == Py_None)
-        return 0;
-    if (!PyObject_TypeCheck(c_mesh, &s_MeshType)) {
-        PyErr_SetString(PyExc_TypeError, "device_mesh must be a dtorch.DeviceMesh");
-        return -1;
-    }
-    *mesh = ((s_Mesh *)c_mesh)->mesh;
-    return 0;
-}
+static PyTypeObject s_OpType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dtorch._C.Op",
+    .tp_basicsize = sizeof(s_Op),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_vectorcall_offset = offsetof(s_Op, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_descr_get = s_Op_get,
+    .tp_dealloc = (destructor)s_Op_dealloc,
+    .tp_repr = (reprfunc)s_Op_repr,
+    .tp_getset = s_Op_getset,
+    .tp_doc = "An op of the registry, called with torch's signature.",
+};
 
-static int s_tensor_arg(PyObject *obj, dt_tensor **t)
+/* The Op of a registry row: params "input, other" (binary) or "input" and the row's float
+ * attributes ("beta=1, threshold=20"). */
+static PyObject *s_op_new(const dt_op_info *info)
 {
-    if (!PyObject_TypeCheck(obj, &s_TensorType)) {
-        PyErr_Format(PyExc_TypeError, "expected a DTensor, got %s", Py_TYPE(obj)->tp_name);
-        return -1;
-    }
-    *t = ((s_Tensor *)obj)->t;
-    return 0;
-}
-
-/* _redistribute(tensor, py_mesh, c_mesh, placements) */
-static PyObject *s_redistribute(PyObject *mod, PyObject *args)
-{
-    PyObject *tensor, *py_mesh, *c_mesh, *pl;
-    dt_tensor *t;
-    dt_mesh *mesh;
-    dt_placement storage[DT_MAX_DIMS];
-    const dt_placement *placements;
-    if (!PyArg_ParseTuple(args, "OOOO", &tensor, &py_mesh, &c_mesh, &pl) || s_tensor_arg(tensor, &t) != 0 ||
-        s_target(c_mesh, &mesh) != 0 ||
-        s_placements(pl, storage, dt_mesh_ndim(mesh ? mesh : dt_tensor_mesh(t)), &placements) != 0)
+    s_Op *op = PyObject_New(s_Op, &s_OpType);
+    if (!op)
         return NULL;
-    return s_tensor_wrap(dt_redistribute(t, mesh, placements), mesh ? py_mesh : ((s_Tensor *)tensor)->mesh);
-}
-
-/* _redistribute_many(tensors, py_mesh, c_mesh, placements per tensor) */
-static PyObject *s_redistribute_many(PyObject *mod, PyObject *args)
-{
-    PyObject *tensors, *py_mesh, *c_mesh, *pls;
-    dt_mesh *mesh;
-    if (!PyArg_ParseTuple(args, "OOOO", &tensors, &py_mesh, &c_mesh, &pls) || s_target(c_mesh, &mesh) != 0)
-        return NULL;
-    Py_ssize_t n = PySequence_Size(tensors);
-    if (n < 0 || PySequence_Size(pls) != n) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "redistribute_many: one placements list per tensor");
-        return NULL;
+    op->vectorcall = s_Op_vectorcall;
+    op->id = info->id;
+    op->sig = info->sig;
+    snprintf(op->name, sizeof op->name, "%s", info->name);
+    op->nparams = 0;
+    op->signature = op->doc = NULL;
+    char sig[256];
+    int used = snprintf(sig, sizeof sig, "(input");
+    op->params[op->nparams++] = PyUnicode_FromString("input");
+    if (info->sig == DT_SIG_BINARY) {
+        op->params[op->nparams++] = PyUnicode_FromString("other");
+        used += snprintf(sig + used, sizeof sig - (size_t)used, ", other");
     }
-    dt_tensor **in = PyMem_Calloc((size_t)(n ? n : 1), sizeof *in), **out = PyMem_Calloc((size_t)(n ? n : 1), sizeof *out);
-    PyObject **objs = PyMem_Calloc((size_t)(n ? n : 1), sizeof *objs);
-    dt_placement *placements = PyMem_Calloc((size_t)(n ? n : 1) * DT_MAX_DIMS, sizeof *placements);
-    PyObject *result = NULL;
-    if (!in || !out || !objs || !placements) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    int stride = mesh ? dt_mesh_ndim(mesh) : -1;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        objs[i] = PySequence_GetItem(tensors, i);
-        if (!objs[i] || s_tensor_arg(objs[i], &in[i]) != 0)
-            goto done;
-        int ndim = mesh ? stride : dt_mesh_ndim(dt_tensor_mesh(in[i]));
-        if (stride < 0)
-            stride = ndim;
-        else if (ndim != stride) {
-            PyErr_SetString(PyExc_ValueError, "redistribute_many: without device_mesh, every tensor's mesh needs "
-                                              "the same number of dims");
-            goto done;
-        }
-        PyObject *pl = PySequence_GetItem(pls, i);
-        const dt_placement *given;
-        int rc = pl ? s_placements(pl, placements + i * stride, stride, &given) : -1;
-        Py_XDECREF(pl);
-        if (rc != 0)
-            goto done;
-    }
-    if (dt_redistribute_many((int)n, in, mesh, placements, out) != 0) {
-        s_raise();
-        goto done;
-    }
-    result = PyList_New(n);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *wrapped = result ? s_tensor_wrap(out[i], mesh ? py_mesh : ((s_Tensor *)objs[i])->mesh) : NULL;
-        out[i] = NULL;
-        if (!wrapped) {
-            Py_CLEAR(result);
-            for (Py_ssize_t j = i + 1; j < n; j++)
-                dt_tensor_release(&out[j]);
+    for (const char *p = info->floats; info->sig == DT_SIG_UNARY && *p && op->nparams < S_OP_PARAMS;) {
+        while (*p == ' ' || *p == ',')
+            p++;
+        const char *eq = strchr(p, '=');
+        if (!eq)
             break;
-        }
-        PyList_SET_ITEM(result, i, wrapped);
+        op->params[op->nparams] = PyUnicode_FromStringAndSize(p, eq - p);
+        op->defaults[op->nparams++] = strtod(eq + 1, (char **)&p);
     }
-done:
-    for (Py_ssize_t i = 0; objs && i < n; i++)
-        Py_XDECREF(objs[i]);
-    PyMem_Free(in);
-    PyMem_Free(out);
-    PyMem_Free(objs);
-    PyMem_Free(placements);
-    return result;
-}
-
-/* _redistribute_plan(tensor, c_mesh, placements) -> [(kind, mesh_dim, remote_elements)] */
-static PyObject *s_redistribute_plan(PyObject *mod, PyObject *args)
-{
-    PyObject *tensor, *c_mesh, *pl;
-    dt_tensor *t;
-    dt_mesh *mesh;
-    dt_placement storage[DT_MAX_DIMS];
-    const dt_placement *placements;
-    if (!PyArg_ParseTuple(args, "OOO", &tensor, &c_mesh, &pl) || s_tensor_arg(tensor, &t) != 0 ||
-        s_target(c_mesh, &mesh) != 0 ||
-        s_placements(pl, storage, dt_mesh_ndim(mesh ? mesh : dt_tensor_mesh(t)), &placements) != 0)
+    if (info->sig == DT_SIG_UNARY && info->floats[0])
+        used += snprintf(sig + used, sizeof sig - (size_t)used, ", %s", info->floats);
+    snprintf(sig + used, sizeof sig - (size_t)used, ")");
+    const char *where = info->exports & DT_PY_FN ? "torch" : "torch.nn.functional";
+    op->signature = PyUnicode_FromString(sig);
+    op->doc = PyUnicode_FromFormat("%s%s\n--\n\nElementwise %s%s, as %s.%s.", info->name, sig, info->name,
+                                   info->sig == DT_SIG_BINARY ? " with broadcasting and Python numbers" : "", where,
+                                   info->name);
+    for (int i = 0; i < op->nparams; i++)
+        if (!op->params[i]) {
+            op->nparams = i;
+            Py_DECREF(op);
+            return NULL;
+        }
+    if (!op->signature || !op->doc) {
+        Py_DECREF(op);
         return NULL;
-    dt_plan_step steps[DT_MAX_DIMS + 1];
-    int n = dt_redistribute_plan(t, mesh, placements, steps, DT_MAX_DIMS + 1);
-    if (n < 0)
-        return s_raise();
-    PyObject *list = PyList_New(n);
-    for (int i = 0; list && i < n; i++)
-        PyList_SET_ITEM(list, i, Py_BuildValue("siL", steps[i].kind, steps[i].mesh_dim,
-                                               (long long)steps[i].remote_elements));
-    return list;
+    }
+    return (PyObject *)op;
 }
 
-/* ---- ops ---------------------------------------------------------------------------------- */
+/* the registry as Python sees it, built once at import: (name, id, nin, nout, sig, exports,
+ * floats, Op or None) per op */
+static PyObject *s_registry_rows;
+static char s_op_names[256][64]; /* by id, for messages */
 
-/* _op(name, inputs, ints, floats, scalar) -> DTensor, or a tuple of them for several outputs.
- * ints/floats: tuples (or None); scalar: a number or None. */
+static int s_registry_build(void)
+{
+    int n = dt_op_count();
+    if (!(s_registry_rows = PyTuple_New(n)))
+        return -1;
+    for (int i = 0; i < n; i++) {
+        dt_op_info info;
+        if (dt_op_info_at(i, &info) != 0) {
+            s_raise();
+            return -1;
+        }
+        if (info.id >= 0 && info.id < 256)
+            snprintf(s_op_names[info.id], sizeof s_op_names[info.id], "%s", info.name);
+        PyObject *fn = info.sig != DT_SIG_NONE && info.exports ? s_op_new(&info) : Py_NewRef(Py_None);
+        PyObject *row = fn ? Py_BuildValue("siiiiisN", info.name, info.id, info.nin, info.nout, (int)info.sig,
+                                           info.exports, info.floats, fn)
+                           : NULL;
+        if (!row)
+            return -1;
+        PyTuple_SET_ITEM(s_registry_rows, i, row);
+        /* methods are defined on the type itself */
+        if ((info.exports & DT_PY_METHOD) && PyDict_SetItemString(s_TensorType.tp_dict, info.name, fn) != 0)
+            return -1;
+    }
+    PyType_Modified(&s_TensorType);
+    for (int op = 0; op < S_NOPS; op++)
+        if ((s_operator_ids[op] = dt_op_id(s_operator_ops[op])) < 0) {
+            s_raise();
+            return -1;
+        }
+    return 0;
+}
+
+static PyObject *s_registry(PyObject *mod, PyObject *unused) { return Py_NewRef(s_registry_rows); }
+
+/* _op(op, inputs, ints, floats, scalar): a registered op (its name or id) with raw attributes;
+ * -> a DTensor, or a tuple of them. ints/floats: sequences or None; scalar: a number or None. */
 static PyObject *s_op(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5 || !PyUnicode_Check(args[0]) || !PyTuple_Check(args[1]))
-        return PyErr_Format(PyExc_TypeError, "_op(name, inputs, ints, floats, scalar)");
-    const char *name = PyUnicode_AsUTF8(args[0]);
-    Py_ssize_t n = PyTuple_GET_SIZE(args[1]);
-    if (!name || n > 32)
-        return name ? PyErr_Format(PyExc_ValueError, "%s: too many tensor inputs", name) : NULL;
-    dt_tensor *in[32];
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (s_tensor_arg(PyTuple_GET_ITEM(args[1], i), &in[i]) != 0)
-            return NULL;
-    dt_op_attrs attrs = {0};
-    if (args[2] != Py_None && (attrs.nints = s_int64s(args[2], attrs.ints, 16, "op attributes")) < 0)
+    if (nargs != 5)
+        return PyErr_Format(PyExc_TypeError, "_op(op, inputs, ints, floats, scalar)");
+    int id = PyUnicode_Check(args[0]) ? dt_op_id(PyUnicode_AsUTF8(args[0])) : (int)PyLong_AsLong(args[0]);
+    if (id < 0)
+        return PyErr_Occurred() ? NULL : s_raise();
+    const char *name = id < 256 && s_op_names[id][0] ? s_op_names[id] : "op";
+    PyObject *fast = PySequence_Fast(args[1], "inputs must be a sequence of DTensors");
+    if (!fast)
         return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    dt_tensor *in[32];
+    PyObject *result = NULL, *mesh = Py_None;
+    dt_op_attrs attrs = {0};
+    if (n > 32) {
+        PyErr_Format(PyExc_ValueError, "%s(): too many tensor inputs (%zd; at most 32)", name, n);
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (s_arg_tensor(name, (int)i, PySequence_Fast_GET_ITEM(fast, i), &in[i]) != 0)
+            goto done;
+    if (n > 0)
+        mesh = ((s_Tensor *)PySequence_Fast_GET_ITEM(fast, 0))->mesh;
+    if (args[2] != Py_None && (attrs.nints = s_arg_ints(name, "a dim or size", args[2], attrs.ints, 16)) < 0)
+        goto done;
     if (args[3] != Py_None) {
-        PyObject *fast = PySequence_Fast(args[3], "op attributes");
-        if (!fast)
-            return NULL;
-        attrs.nfloats = (int)PySequence_Fast_GET_SIZE(fast);
-        for (int i = 0; i < attrs.nfloats && i < 4; i++)
-            attrs.floats[i] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(fast, i));
-        Py_DECREF(fast);
-        if (attrs.nfloats > 4)
-            return PyErr_Format(PyExc_ValueError, "%s: too many attributes", name);
-        if (PyErr_Occurred())
-            return NULL;
+        PyObject *floats = PySequence_Fast(args[3], "float attributes must be a sequence");
+        if (!floats)
+            goto done;
+        attrs.nfloats = (int)PySequence_Fast_GET_SIZE(floats);
+        int rc = attrs.nfloats > 4 ? -1 : 0;
+        if (rc)
+            PyErr_Format(PyExc_ValueError, "%s(): too many float attributes", name);
+        for (int i = 0; i < attrs.nfloats && rc == 0; i++)
+            rc = s_arg_float(name, "a float attribute", PySequence_Fast_GET_ITEM(floats, i), &attrs.floats[i]);
+        Py_DECREF(floats);
+        if (rc)
+            goto done;
     }
     if (args[4] != Py_None) {
-        if (s_scalar(args[4], &attrs.scalar) != 0)
-            return NULL;
+        if (s_arg_number(name, "the number operand", args[4], &attrs.scalar, NULL) != 0)
+            goto done;
         attrs.has_scalar = true;
     }
-    dt_tensor *out[2];
-    int made = dt_op(name, (int)n, in, &attrs, 2, out);
-    if (made < 0)
-        return s_raise();
-    PyObject *mesh = n > 0 ? ((s_Tensor *)PyTuple_GET_ITEM(args[1], 0))->mesh : Py_None;
-    if (made == 1)
-        return s_tensor_wrap(out[0], mesh);
-    PyObject *tuple = PyTuple_New(made);
-    for (int o = 0; o < made; o++) {
-        PyObject *t = tuple ? s_tensor_wrap(out[o], mesh) : NULL;
+    result = s_run(id, (int)n, in, &attrs, mesh);
+done:
+    Py_DECREF(fast);
+    return result;
+}
+
+/* tuple of n new DTensors, or NULL (releasing them) */
+static PyObject *s_wrap_tuple(int n, dt_tensor **out, PyObject *mesh)
+{
+    PyObject *tuple = PyTuple_New(n);
+    for (int i = 0; i < n; i++) {
+        PyObject *t = tuple ? s_tensor_wrap(out[i], mesh) : NULL;
+        out[i] = NULL;
         if (!t) {
-            for (int p = o + (tuple ? 1 : 0); p < made; p++)
-                dt_tensor_release(&out[p]);
-            Py_XDECREF(tuple);
-            return NULL;
+            for (int j = i + 1; j < n; j++)
+                dt_tensor_release(&out[j]);
+            Py_CLEAR(tuple);
+            break;
         }
-        PyTuple_SET_ITEM(tuple, o, t);
+        PyTuple_SET_ITEM(tuple, i, t);
     }
     return tuple;
+}
+
+/* _cut(kind, tensor, a, dim): split (a: a size or a list of them), chunk (a: chunks) or unbind */
+static PyObject *s_cut(PyObject *mod, PyObject *args)
+{
+    const char *kind;
+    PyObject *tensor, *a, *dim_o, *result = NULL;
+    dt_tensor *t, **out = NULL;
+    int64_t dim, size = 0, *sections = NULL;
+    int nsections = 0;
+    if (!PyArg_ParseTuple(args, "sOOO", &kind, &tensor, &a, &dim_o) || s_arg_tensor(kind, 0, tensor, &t) != 0 ||
+        s_arg_int(kind, "dim", dim_o, &dim) != 0)
+        return NULL;
+    bool split = !strcmp(kind, "split"), chunk = !strcmp(kind, "chunk");
+    if (split && (PyList_Check(a) || PyTuple_Check(a))) {
+        Py_ssize_t len = PySequence_Size(a);
+        if (len > INT32_MAX || !(sections = PyMem_Malloc(sizeof *sections * (size_t)(len ? len : 1))))
+            return PyErr_NoMemory();
+        if ((nsections = s_arg_ints(kind, "split size", a, sections, (int)len)) < 0)
+            goto done;
+    } else if ((split || chunk) && s_arg_int(kind, split ? "split_size" : "chunks", a, &size) != 0) {
+        return NULL;
+    }
+    /* the first pass counts the pieces, the second makes them */
+    for (int pass = 0, n = 0; pass < 2; pass++) {
+        int got = split ? dt_split(t, dim, size, nsections, sections, n, out)
+                  : chunk ? dt_chunk(t, size, dim, n, out)
+                          : dt_unbind(t, dim, n, out);
+        if (got < 0) {
+            s_raise();
+            break;
+        }
+        if (pass) {
+            result = s_wrap_tuple(got, out, ((s_Tensor *)tensor)->mesh);
+        } else if (!(out = PyMem_Calloc((size_t)(got ? got : 1), sizeof *out))) {
+            PyErr_NoMemory();
+            break;
+        }
+        n = got;
+    }
+done:
+    PyMem_Free(sections);
+    PyMem_Free(out);
+    return result;
 }
 
 static PyObject *s_set_strict(PyObject *mod, PyObject *arg)
@@ -931,6 +1176,432 @@ static PyObject *s_set_strict(PyObject *mod, PyObject *arg)
 }
 
 static PyObject *s_get_strict(PyObject *mod, PyObject *unused) { return PyBool_FromLong(dt_get_strict()); }
+
+/* ---- factories -------------------------------------------------------------------------------- */
+
+/* _make(kind, size, device_mesh, placements, dtype, requires_grad, fill_value): kind is "full"
+ * "zeros" "ones" "empty" "rand" "randn"; size as the caller gave it (a full's size may be an int);
+ * fill_value is used by "full" only, and decides its dtype when none is given. */
+static PyObject *s_make(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7 || !PyUnicode_Check(args[0]))
+        return PyErr_Format(PyExc_TypeError, "_make(kind, size, device_mesh, placements, dtype, requires_grad, value)");
+    const char *kind = PyUnicode_AsUTF8(args[0]);
+    bool full = !strcmp(kind, "full");
+    dt_mesh *mesh;
+    int64_t shape[DT_MAX_DIMS];
+    dt_placement storage[DT_MAX_DIMS];
+    const dt_placement *pl;
+    dt_scalar value = {true, 0, 0.0};
+    bool is_bool = false;
+    int dtype, ndim;
+    if (s_arg_inference_only(kind, args[5]) != 0 || s_arg_mesh(kind, args[2], &mesh) != 0)
+        return NULL;
+    PyObject *size = full && !PyTuple_Check(args[1]) && !PyList_Check(args[1]) ? PyTuple_Pack(1, args[1])
+                                                                            : Py_NewRef(args[1]);
+    ndim = size ? s_arg_sizes(kind, size, shape) : -1;
+    Py_XDECREF(size);
+    if (ndim < 0 || (full && s_arg_number(kind, "fill_value", args[6], &value, &is_bool) != 0) ||
+        s_arg_dtype(args[4], full ? dt_full_dtype(value, is_bool) : DT_FLOAT32, &dtype) != 0 ||
+        s_arg_placements(args[3], dt_mesh_ndim(mesh), storage, &pl) != 0)
+        return NULL;
+    dt_tensor *t;
+    if (full)
+        t = dt_full(mesh, ndim, shape, (dt_dtype)dtype, pl, value);
+    else if (!strcmp(kind, "zeros"))
+        t = dt_zeros(mesh, ndim, shape, (dt_dtype)dtype, pl);
+    else if (!strcmp(kind, "ones"))
+        t = dt_ones(mesh, ndim, shape, (dt_dtype)dtype, pl);
+    else if (!strcmp(kind, "empty"))
+        t = dt_empty(mesh, ndim, shape, (dt_dtype)dtype, pl);
+    else if (!strcmp(kind, "rand"))
+        t = dt_rand(mesh, ndim, shape, (dt_dtype)dtype, pl);
+    else if (!strcmp(kind, "randn"))
+        t = dt_randn(mesh, ndim, shape, (dt_dtype)dtype, pl);
+    else
+        return PyErr_Format(PyExc_ValueError, "unknown factory '%s'", kind);
+    return s_tensor_wrap(t, args[2]);
+}
+
+/* _arange(start, end or None, step, device_mesh, placements, dtype, requires_grad) */
+static PyObject *s_arange(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7)
+        return PyErr_Format(PyExc_TypeError, "_arange(start, end, step, device_mesh, placements, dtype, requires_grad)");
+    dt_mesh *mesh;
+    dt_placement storage[DT_MAX_DIMS];
+    const dt_placement *pl;
+    dt_scalar start = {true, 0, 0.0}, end, step;
+    int dtype;
+    bool one = args[1] == Py_None; /* arange(end) */
+    if (s_arg_inference_only("arange", args[6]) != 0 ||
+        (!one && s_arg_number("arange", "start", args[0], &start, NULL) != 0) ||
+        s_arg_number("arange", "end", one ? args[0] : args[1], &end, NULL) != 0 ||
+        s_arg_number("arange", "step", args[2], &step, NULL) != 0 || s_arg_mesh("arange", args[3], &mesh) != 0 ||
+        s_arg_dtype(args[5], dt_arange_dtype(start, end, step), &dtype) != 0 ||
+        s_arg_placements(args[4], dt_mesh_ndim(mesh), storage, &pl) != 0)
+        return NULL;
+    return s_tensor_wrap(dt_arange(mesh, start, end, step, (dt_dtype)dtype, pl), args[3]);
+}
+
+/* ---- arrays from Python: numpy's, anything with the buffer protocol, __array__ or DLPack ------ */
+
+static PyObject *s_numpy; /* the numpy module, imported on first use */
+
+static PyObject *s_np(const char *name)
+{
+    if (!s_numpy && !(s_numpy = PyImport_ImportModule("numpy")))
+        return NULL;
+    return PyObject_GetAttrString(s_numpy, name);
+}
+
+/* data as a numpy array (a view where it can be), and its dtype code; bfloat16 viewed as uint16 */
+static PyObject *s_array(const char *fn, PyObject *data, int *dtype)
+{
+    static const char *const names[DT_NDTYPES] = {"float32", "float16", "bfloat16", "int32", "int64", "bool"};
+    PyObject *ndarray = s_np("ndarray"), *array = NULL;
+    if (!ndarray)
+        return NULL;
+    int is = PyObject_IsInstance(data, ndarray);
+    Py_DECREF(ndarray);
+    if (is < 0)
+        return NULL;
+    if (is) {
+        array = Py_NewRef(data);
+    } else {
+        bool dlpack = PyObject_HasAttrString(data, "__dlpack__") && !PyObject_HasAttrString(data, "__array__");
+        PyObject *convert = s_np(dlpack ? "from_dlpack" : "asarray");
+        array = convert ? PyObject_CallOneArg(convert, data) : NULL;
+        Py_XDECREF(convert);
+        if (!array) {
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyErr_Format(PyExc_TypeError, "%s: cannot read %s as an array: %S", fn, s_type_name(data),
+                         value ? value : Py_None);
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+            return NULL;
+        }
+    }
+    PyObject *dt = PyObject_GetAttrString(array, "dtype"), *name = dt ? PyObject_GetAttrString(dt, "name") : NULL;
+    const char *s = name ? PyUnicode_AsUTF8(name) : NULL;
+    *dtype = -1;
+    for (int d = 0; s && d < DT_NDTYPES; d++)
+        if (!strcmp(s, names[d]))
+            *dtype = d;
+    if (s && *dtype < 0)
+        PyErr_Format(PyExc_TypeError, "%s: unsupported dtype %s; supported: float32, float16, bfloat16, int32, "
+                     "int64, bool (convert first, e.g. array.astype(numpy.float32))", fn, s);
+    Py_XDECREF(dt);
+    Py_XDECREF(name);
+    if (*dtype < 0) {
+        Py_DECREF(array);
+        return NULL;
+    }
+    if (*dtype == DT_BFLOAT16) {
+        PyObject *u16 = s_np("uint16"), *view = u16 ? PyObject_CallMethod(array, "view", "O", u16) : NULL;
+        Py_XDECREF(u16);
+        Py_SETREF(array, view);
+    }
+    return array;
+}
+
+/* _distribute(tensor, device_mesh, placements): tensor is the global value */
+static PyObject *s_distribute(PyObject *mod, PyObject *args)
+{
+    const char *fn = "distribute_tensor";
+    PyObject *source, *py_mesh, *pls;
+    dt_mesh *mesh;
+    dt_placement storage[DT_MAX_DIMS];
+    const dt_placement *pl;
+    int dtype, as_dtype = -1; /* as_dtype: the elements' dtype when the array holds raw bits (bfloat16 as uint16) */
+    if (!PyArg_ParseTuple(args, "OOO|i", &source, &py_mesh, &pls, &as_dtype))
+        return NULL;
+    if (as_dtype != -1 && dt_dtype_size((dt_dtype)as_dtype) == 0)
+        return PyErr_Format(PyExc_ValueError, "%s: unknown dtype code %d", fn, as_dtype);
+    if (PyObject_TypeCheck(source, &s_TensorType)) {
+        /* already laid out: itself when it is what was asked for */
+        PyObject *have = PyObject_GetAttrString(source, "placements"), *want = pls == Py_None ? NULL : PySequence_Tuple(pls);
+        int same = PyObject_RichCompareBool(((s_Tensor *)source)->mesh, py_mesh, Py_EQ);
+        if (same > 0 && want)
+            same = have ? PyObject_RichCompareBool(have, want, Py_EQ) : -1;
+        Py_XDECREF(have);
+        Py_XDECREF(want);
+        if (same < 0)
+            return NULL;
+        if (same)
+            return Py_NewRef(source);
+        return PyErr_Format(PyExc_ValueError, "%s: the tensor is already a DTensor with other placements; use "
+                            "redistribute", fn);
+    }
+    if (s_arg_source(fn, source) != 0 || s_arg_mesh(fn, py_mesh, &mesh) != 0)
+        return NULL;
+    PyObject *array = s_array(fn, source, &dtype);
+    if (!array)
+        return NULL;
+    Py_buffer view;
+    if (s_arg_placements(pls, dt_mesh_ndim(mesh), storage, &pl) != 0 ||
+        PyObject_GetBuffer(array, &view, PyBUF_STRIDES) != 0) {
+        Py_DECREF(array);
+        return NULL;
+    }
+    Py_DECREF(array);
+    if (as_dtype != -1)
+        dtype = as_dtype;
+    if (view.ndim > DT_MAX_DIMS || (size_t)view.itemsize != dt_dtype_size((dt_dtype)dtype)) {
+        PyBuffer_Release(&view);
+        return PyErr_Format(PyExc_ValueError, "%s: unsupported array (%d dims, %zd-byte items)", fn, view.ndim,
+                            view.itemsize);
+    }
+    int64_t shape[DT_MAX_DIMS], strides[DT_MAX_DIMS];
+    for (int d = 0; d < view.ndim; d++) {
+        shape[d] = view.shape[d];
+        strides[d] = view.strides[d];
+    }
+    /* the GIL stays held: a full queue makes the runtime release it through the wait hooks */
+    dt_tensor *t = dt_distribute(mesh, view.buf, view.ndim, shape, strides, (dt_dtype)dtype, pl);
+    PyBuffer_Release(&view);
+    return s_tensor_wrap(t, py_mesh);
+}
+
+/* The local pieces of from_local as C-contiguous arrays of one dtype: a list of them (one per
+ * device) or one array that stands for every device's. */
+static PyObject *s_pieces(const char *fn, PyObject *local, Py_ssize_t ndevices, int *dtype)
+{
+    bool many = PyList_Check(local) || PyTuple_Check(local);
+    Py_ssize_t n = many ? PySequence_Size(local) : ndevices;
+    if (n < 0)
+        return NULL;
+    if (n != ndevices)
+        return PyErr_Format(PyExc_ValueError, "%s: %zd local pieces for a mesh of %zd devices", fn, n, ndevices);
+    PyObject *require = s_np("require"), *list = require ? PyList_New(n) : NULL;
+    for (Py_ssize_t i = 0; list && i < n; i++) {
+        PyObject *src = many ? PySequence_GetItem(local, i) : Py_NewRef(local), *array = NULL, *c = NULL;
+        int d = -1;
+        if (src && s_arg_source(fn, src) == 0 && (array = s_array(fn, src, &d)) && i > 0 && d != *dtype)
+            PyErr_Format(PyExc_TypeError, "%s: local pieces have different dtypes (%s and %s)", fn,
+                         dt_dtype_name((dt_dtype)*dtype), dt_dtype_name((dt_dtype)d));
+        /* np.require keeps 0-d pieces 0-d (ascontiguousarray would make them 1-D) */
+        if (array && !PyErr_Occurred())
+            c = PyObject_CallFunction(require, "OOs", array, Py_None, "C");
+        *dtype = i == 0 ? d : *dtype;
+        Py_XDECREF(src);
+        Py_XDECREF(array);
+        if (!c)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, i, c);
+    }
+    Py_XDECREF(require);
+    return list;
+}
+
+/* _from_local(local_tensor, device_mesh, placements, shape or None) */
+static PyObject *s_from_local(PyObject *mod, PyObject *args)
+{
+    const char *fn = "from_local";
+    PyObject *local, *py_mesh, *pls, *shape_o;
+    dt_mesh *mesh;
+    dt_placement storage[DT_MAX_DIMS];
+    const dt_placement *pl;
+    int64_t gshape[DT_MAX_DIMS];
+    int dtype = -1, gndim = 0;
+    if (!PyArg_ParseTuple(args, "OOOO", &local, &py_mesh, &pls, &shape_o) || s_arg_mesh(fn, py_mesh, &mesh) != 0)
+        return NULL;
+    PyObject *arrays = s_pieces(fn, local, (Py_ssize_t)dt_mesh_size(mesh), &dtype);
+    if (!arrays)
+        return NULL;
+    PyObject *shape_args = shape_o == Py_None ? NULL : PyTuple_Pack(1, shape_o);
+    if (s_arg_placements(pls, dt_mesh_ndim(mesh), storage, &pl) != 0 ||
+        (shape_o != Py_None && (!shape_args || (gndim = s_arg_sizes(fn, shape_args, gshape)) < 0))) {
+        Py_XDECREF(shape_args);
+        Py_DECREF(arrays);
+        return NULL;
+    }
+    Py_XDECREF(shape_args);
+    Py_ssize_t n = PyList_GET_SIZE(arrays);
+    Py_buffer *views = PyMem_Calloc((size_t)(n ? n : 1), sizeof *views);
+    const void **data = PyMem_Calloc((size_t)(n ? n : 1), sizeof *data);
+    int64_t *locals = PyMem_Calloc((size_t)(n ? n : 1) * DT_MAX_DIMS, sizeof *locals);
+    PyObject *result = NULL;
+    Py_ssize_t got = 0;
+    int ndim = -1;
+    if (!views || !data || !locals) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (; got < n; got++) {
+        if (PyObject_GetBuffer(PyList_GET_ITEM(arrays, got), &views[got], PyBUF_C_CONTIGUOUS) != 0)
+            goto done;
+        if (ndim < 0)
+            ndim = views[got].ndim;
+        if (views[got].ndim != ndim || ndim > DT_MAX_DIMS) {
+            got++;
+            PyErr_Format(PyExc_ValueError, "%s: every local piece needs the same number of dims", fn);
+            goto done;
+        }
+        data[got] = views[got].buf;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        for (int d = 0; d < ndim; d++)
+            locals[i * ndim + d] = views[i].shape[d];
+    if (shape_o != Py_None && gndim != ndim) {
+        PyErr_Format(PyExc_ValueError, "%s: shape has %d dims but the local pieces have %d", fn, gndim, ndim);
+        goto done;
+    }
+    result = s_tensor_wrap(dt_from_local(mesh, data, ndim < 0 ? 0 : ndim, locals, (dt_dtype)dtype, pl,
+                                         shape_o != Py_None ? gshape : NULL),
+                           py_mesh);
+done:
+    for (Py_ssize_t i = 0; i < got; i++)
+        PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    PyMem_Free(data);
+    PyMem_Free(locals);
+    Py_DECREF(arrays);
+    return result;
+}
+
+/* ---- redistribute ----------------------------------------------------------------------------- */
+
+/* The target of a redistribute: a DeviceMesh, or None for the tensor's own (*mesh NULL); and its
+ * placements, which must be given. */
+static int s_arg_target(const char *fn, PyObject *py_mesh, PyObject *pls, dt_mesh **mesh)
+{
+    *mesh = NULL;
+    if (py_mesh != Py_None && s_arg_mesh(fn, py_mesh, mesh) != 0)
+        return -1;
+    if (pls == Py_None) {
+        PyErr_SetString(PyExc_RuntimeError, "placements is needed for redistribute!");
+        return -1;
+    }
+    return 0;
+}
+
+/* _redistribute(tensor, device_mesh or None, placements) */
+static PyObject *s_redistribute(PyObject *mod, PyObject *args)
+{
+    PyObject *tensor, *py_mesh, *pls;
+    dt_tensor *t;
+    dt_mesh *mesh;
+    dt_placement storage[DT_MAX_DIMS];
+    const dt_placement *pl;
+    if (!PyArg_ParseTuple(args, "OOO", &tensor, &py_mesh, &pls) || s_arg_tensor("redistribute", 0, tensor, &t) != 0 ||
+        s_arg_target("redistribute", py_mesh, pls, &mesh) != 0 ||
+        s_arg_placements(pls, dt_mesh_ndim(mesh ? mesh : dt_tensor_mesh(t)), storage, &pl) != 0)
+        return NULL;
+    return s_tensor_wrap(dt_redistribute(t, mesh, pl), mesh ? py_mesh : ((s_Tensor *)tensor)->mesh);
+}
+
+/* Whether o is a sequence that holds only Placements (one list for every tensor). */
+static int s_all_placements(PyObject *o)
+{
+    PyObject *fast = PySequence_Fast(o, "placements must be a sequence");
+    if (!fast)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    int all = n > 0;
+    for (Py_ssize_t i = 0; i < n && all > 0; i++)
+        all = PyObject_IsInstance(PySequence_Fast_GET_ITEM(fast, i), s_placement_cls);
+    Py_DECREF(fast);
+    return all;
+}
+
+/* _redistribute_many(tensors, device_mesh or None, placements: one sequence for all, or one per tensor) */
+static PyObject *s_redistribute_many(PyObject *mod, PyObject *args)
+{
+    const char *fn = "redistribute_many";
+    PyObject *tensors, *py_mesh, *pls;
+    dt_mesh *mesh;
+    if (!PyArg_ParseTuple(args, "OOO", &tensors, &py_mesh, &pls) || s_arg_target(fn, py_mesh, pls, &mesh) != 0)
+        return NULL;
+    PyObject *list = PySequence_Fast(tensors, "redistribute_many: tensors must be a sequence of DTensors");
+    int shared = list ? s_all_placements(pls) : -1;
+    if (shared < 0) {
+        Py_XDECREF(list);
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(list), npl = shared ? 0 : PySequence_Size(pls);
+    dt_tensor **in = PyMem_Calloc((size_t)(n ? n : 1), sizeof *in), **out = PyMem_Calloc((size_t)(n ? n : 1), sizeof *out);
+    dt_placement *placements = PyMem_Calloc((size_t)(n ? n : 1) * DT_MAX_DIMS, sizeof *placements);
+    PyObject *result = NULL;
+    if (!in || !out || !placements) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (!shared && npl != n) {
+        if (npl >= 0)
+            PyErr_Format(PyExc_ValueError, "%s: %zd placement lists for %zd tensors", fn, npl, n);
+        goto done;
+    }
+    int stride = mesh ? dt_mesh_ndim(mesh) : -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (s_arg_tensor(fn, (int)i, PySequence_Fast_GET_ITEM(list, i), &in[i]) != 0)
+            goto done;
+        int ndim = mesh ? stride : dt_mesh_ndim(dt_tensor_mesh(in[i]));
+        if (stride < 0)
+            stride = ndim;
+        else if (ndim != stride) {
+            PyErr_Format(PyExc_ValueError, "%s: without device_mesh, every tensor's mesh needs the same number of "
+                         "dims", fn);
+            goto done;
+        }
+        PyObject *pl = shared ? Py_NewRef(pls) : PySequence_GetItem(pls, i);
+        const dt_placement *given;
+        int rc = pl ? s_arg_placements(pl, stride, placements + i * stride, &given) : -1;
+        Py_XDECREF(pl);
+        if (rc != 0)
+            goto done;
+    }
+    if (dt_redistribute_many((int)n, in, mesh, placements, out) != 0) {
+        s_raise();
+        goto done;
+    }
+    result = PyList_New(n);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *m = mesh ? py_mesh : ((s_Tensor *)PySequence_Fast_GET_ITEM(list, i))->mesh;
+        PyObject *wrapped = result ? s_tensor_wrap(out[i], m) : NULL;
+        out[i] = NULL;
+        if (!wrapped) {
+            Py_CLEAR(result);
+            for (Py_ssize_t j = i + 1; j < n; j++)
+                dt_tensor_release(&out[j]);
+            break;
+        }
+        PyList_SET_ITEM(result, i, wrapped);
+    }
+done:
+    Py_DECREF(list);
+    PyMem_Free(in);
+    PyMem_Free(out);
+    PyMem_Free(placements);
+    return result;
+}
+
+/* _redistribute_plan(tensor, device_mesh or None, placements) -> [(kind, mesh_dim, remote_elements)] */
+static PyObject *s_redistribute_plan(PyObject *mod, PyObject *args)
+{
+    PyObject *tensor, *py_mesh, *pls;
+    dt_tensor *t;
+    dt_mesh *mesh;
+    dt_placement storage[DT_MAX_DIMS];
+    const dt_placement *pl;
+    if (!PyArg_ParseTuple(args, "OOO", &tensor, &py_mesh, &pls) ||
+        s_arg_tensor("redistribute_plan", 0, tensor, &t) != 0 ||
+        s_arg_target("redistribute_plan", py_mesh, pls, &mesh) != 0 ||
+        s_arg_placements(pls, dt_mesh_ndim(mesh ? mesh : dt_tensor_mesh(t)), storage, &pl) != 0)
+        return NULL;
+    dt_plan_step steps[DT_MAX_DIMS + 1];
+    int n = dt_redistribute_plan(t, mesh, pl, steps, DT_MAX_DIMS + 1);
+    if (n < 0)
+        return s_raise();
+    PyObject *list = PyList_New(n);
+    for (int i = 0; list && i < n; i++)
+        PyList_SET_ITEM(list, i, Py_BuildValue("siL", steps[i].kind, steps[i].mesh_dim,
+                                               (long long)steps[i].remote_elements));
+    return list;
+}
 
 /* ---- runtime ------------------------------------------------------------------------------ */
 
@@ -954,11 +1625,6 @@ static PyObject *s_shutdown(PyObject *mod, PyObject *unused)
 
 static PyObject *s_is_running(PyObject *mod, PyObject *unused) { return PyBool_FromLong(dt_is_running()); }
 
-static PyObject *s_current_workers(PyObject *mod, PyObject *unused)
-{
-    return PyUnicode_FromString(dt_current_workers() == DT_WORKERS_PROCESS ? "process" : "thread");
-}
-
 static PyObject *s_manual_seed(PyObject *mod, PyObject *arg)
 {
     unsigned long long seed = PyLong_AsUnsignedLongLongMask(arg);
@@ -980,36 +1646,42 @@ static PyObject *s_synchronize(PyObject *mod, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-/* _register(DTensor subclass, TensorFuture subclass): the classes handles are made as */
+/* _register(DTensor, TensorFuture, DeviceMesh, Placement, dtype_code): the classes handles are
+ * made as and arguments checked against, and dtype_code(x) -> the code of a dtype-like x */
 static PyObject *s_register(PyObject *mod, PyObject *args)
 {
     PyTypeObject *tensor_cls, *future_cls;
-    if (!PyArg_ParseTuple(args, "O!O!", &PyType_Type, &tensor_cls, &PyType_Type, &future_cls))
+    PyObject *mesh_cls, *placement_cls, *dtype_code;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O", &PyType_Type, &tensor_cls, &PyType_Type, &future_cls, &PyType_Type,
+                          &mesh_cls, &PyType_Type, &placement_cls, &dtype_code))
         return NULL;
     if (!PyType_IsSubtype(tensor_cls, &s_TensorType) || !PyType_IsSubtype(future_cls, &s_FutureType))
         return PyErr_Format(PyExc_TypeError, "_register: expected DTensor and TensorFuture subclasses");
-    Py_INCREF(tensor_cls);
-    Py_INCREF(future_cls);
-    s_tensor_cls = tensor_cls;
-    s_future_cls = future_cls;
+    s_tensor_cls = (PyTypeObject *)Py_NewRef(tensor_cls);
+    s_future_cls = (PyTypeObject *)Py_NewRef(future_cls);
+    s_mesh_cls = Py_NewRef(mesh_cls);
+    s_placement_cls = Py_NewRef(placement_cls);
+    s_dtype_code = Py_NewRef(dtype_code);
     Py_RETURN_NONE;
 }
 
 static PyMethodDef s_methods[] = {
-    {"_make", s_make, METH_VARARGS, NULL},
-    {"_arange", s_arange, METH_VARARGS, NULL},
+    {"_make", (PyCFunction)(void (*)(void))s_make, METH_FASTCALL, NULL},
+    {"_arange", (PyCFunction)(void (*)(void))s_arange, METH_FASTCALL, NULL},
     {"_distribute", s_distribute, METH_VARARGS, NULL},
     {"_from_local", s_from_local, METH_VARARGS, NULL},
     {"_redistribute", s_redistribute, METH_VARARGS, NULL},
-    {"_op", (PyCFunction)(void (*)(void))s_op, METH_FASTCALL, NULL},
-    {"set_strict", s_set_strict, METH_O, "Make ops raise instead of redistributing their inputs."},
-    {"get_strict", s_get_strict, METH_NOARGS, NULL},
     {"_redistribute_many", s_redistribute_many, METH_VARARGS, NULL},
     {"_redistribute_plan", s_redistribute_plan, METH_VARARGS, NULL},
+    {"_op", (PyCFunction)(void (*)(void))s_op, METH_FASTCALL, NULL},
+    {"_cut", s_cut, METH_VARARGS, NULL},
+    {"_registry", s_registry, METH_NOARGS,
+     "Every op: (name, id, inputs, outputs, signature kind, exports, float attributes, callable or None)."},
+    {"set_strict", s_set_strict, METH_O, "Make ops raise instead of redistributing their inputs."},
+    {"get_strict", s_get_strict, METH_NOARGS, NULL},
     {"init", s_init, METH_VARARGS, "Start the runtime: init(workers, worker_path)."},
     {"shutdown", s_shutdown, METH_NOARGS, "Stop the runtime and every device actor."},
     {"is_running", s_is_running, METH_NOARGS, NULL},
-    {"current_workers", s_current_workers, METH_NOARGS, NULL},
     {"manual_seed", s_manual_seed, METH_O, NULL},
     {"synchronize", s_synchronize, METH_NOARGS, NULL},
     {"_ops_submitted", s_ops_submitted, METH_NOARGS, "Submissions so far (ops, factories, fetches, redistributes)."},
@@ -1024,7 +1696,7 @@ static struct PyModuleDef s_module = {
 PyMODINIT_FUNC PyInit__C(void)
 {
     if (PyType_Ready(&s_MeshType) < 0 || PyType_Ready(&s_FutureType) < 0 || PyType_Ready(&s_ValueType) < 0 ||
-        PyType_Ready(&s_TensorType) < 0)
+        PyType_Ready(&s_TensorType) < 0 || PyType_Ready(&s_OpType) < 0 || s_registry_build() != 0)
         return NULL;
     PyObject *m = PyModule_Create(&s_module);
     if (!m)
@@ -1046,7 +1718,5 @@ PyMODINIT_FUNC PyInit__C(void)
         return NULL;
     }
     dt_set_wait_hooks(s_wait_enter, s_wait_leave, s_wait_interrupt);
-    for (int i = 0; i < S_NOPS; i++)
-        s_op_ids[i] = -1; /* looked up on first use */
     return m;
 }

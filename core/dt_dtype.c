@@ -1,4 +1,5 @@
-/* dt_dtype — element types: sizes, names, validity and the 16-bit float conversions. */
+/* dt_dtype — element types: their names and sizes, the 16-bit float conversions, and the dtype
+ * torch gives a tensor made from numbers. */
 #include "dt_dtype.h"
 
 #include <math.h>
@@ -60,4 +61,14 @@ uint16_t dt_f32_to_f16(float f)
     }
     uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1u);
     return sign | (uint16_t)((rounded - 0x38000000u) >> 13);
+}
+
+dt_dtype dt_full_dtype(dt_scalar value, bool is_bool)
+{
+    return is_bool ? DT_BOOL : value.is_int ? DT_INT64 : DT_FLOAT32;
+}
+
+dt_dtype dt_arange_dtype(dt_scalar start, dt_scalar end, dt_scalar step)
+{
+    return start.is_int && end.is_int && step.is_int ? DT_INT64 : DT_FLOAT32;
 }

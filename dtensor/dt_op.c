@@ -89,6 +89,17 @@ int dt_op_id(const char *name)
     return op_index(def);
 }
 
+int dt_op_count(void) { return op_count(); }
+
+int dt_op_info_at(int i, dt_op_info *info)
+{
+    const op_def *def = op_nth(i);
+    if (!def)
+        return dt_err(DT_EINVAL, "no op %d (there are %d)", i, op_count());
+    *info = (dt_op_info){def->name, def->id, def->nin, def->nout, def->py_sig, def->py_exports, def->py_floats};
+    return 0;
+}
+
 int dt_op(const char *name, int n, dt_tensor *const *in, const dt_op_attrs *attrs, int max_out, dt_tensor **out)
 {
     int id = dt_op_id(name);

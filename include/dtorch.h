@@ -126,6 +126,11 @@ dt_tensor *dt_ones(dt_mesh *mesh, int ndim, const int64_t *shape, dt_dtype dtype
 dt_tensor *dt_empty(dt_mesh *mesh, int ndim, const int64_t *shape, dt_dtype dtype, const dt_placement *placements);
 dt_tensor *dt_rand(dt_mesh *mesh, int ndim, const int64_t *shape, dt_dtype dtype, const dt_placement *placements);
 dt_tensor *dt_randn(dt_mesh *mesh, int ndim, const int64_t *shape, dt_dtype dtype, const dt_placement *placements);
+/* The dtype dt_full and dt_arange make when the caller names none, as torch: full follows its
+ * value (a truth value, is_bool: bool; an integer: int64; else float32), arange gives int64 when
+ * every bound is an integer, else float32. */
+dt_dtype dt_full_dtype(dt_scalar value, bool is_bool);
+dt_dtype dt_arange_dtype(dt_scalar start, dt_scalar end, dt_scalar step);
 /* values start, start+step, ... below end (above end for a negative step) */
 dt_tensor *dt_arange(dt_mesh *mesh, dt_scalar start, dt_scalar end, dt_scalar step, dt_dtype dtype,
                      const dt_placement *placements);
@@ -178,6 +183,48 @@ int dt_op(const char *name, int n, dt_tensor *const *inputs, const dt_op_attrs *
 /* The same with the op looked up once: dt_op_id gives its id (or a negative error code). */
 int dt_op_id(const char *name);
 int dt_op_run(int id, int n, dt_tensor *const *inputs, const dt_op_attrs *attrs, int max_out, dt_tensor **out);
+/* The registry, as bindings see it: every op's name, id, arity, and how Python calls it. */
+typedef enum {
+    DT_SIG_NONE,   /* the bindings write a wrapper by hand */
+    DT_SIG_UNARY,  /* f(input, <float attributes>=<defaults>) */
+    DT_SIG_BINARY, /* f(input, other): either may be a Python number (attrs.scalar) */
+} dt_op_sig;
+enum { DT_PY_FN = 1, DT_PY_METHOD = 2, DT_PY_NN = 4 }; /* dtorch.<name>, DTensor.<name>, nn.functional */
+typedef struct {
+    const char *name;
+    int id;             /* what dt_op_run takes */
+    int nin, nout;      /* inputs (-1: any number) and outputs */
+    dt_op_sig sig;
+    int exports;        /* DT_PY_* bits; 0 with DT_SIG_NONE */
+    const char *floats; /* DT_SIG_UNARY: its float attributes in order, with defaults ("beta=1, threshold=20") */
+} dt_op_info;
+int dt_op_count(void);
+/* Fills info for op i of dt_op_count(); DT_EINVAL when there is none. */
+int dt_op_info_at(int i, dt_op_info *info);
+/* Pieces of t along dim, as torch: of split_size each (the last may be short), or (sections
+ * not NULL) of the nsections sizes given. A dim sharded on some mesh dim is made Replicate first (one all-gather,
+ * not one per piece) unless strict mode is on. Fills out (room for max_out) and returns how many
+ * pieces; with out NULL, only checks the arguments and returns how many there would be. */
+int dt_split(dt_tensor *t, int64_t dim, int64_t split_size, int nsections, const int64_t *sections, int max_out,
+             dt_tensor **out);
+/* At most chunks pieces of ceil(size / chunks) along dim (torch.chunk); the same conventions. */
+int dt_chunk(dt_tensor *t, int64_t chunks, int64_t dim, int max_out, dt_tensor **out);
+/* Every slice of t along dim, that dim removed; the same conventions. */
+int dt_unbind(dt_tensor *t, int64_t dim, int max_out, dt_tensor **out);
+
+/* One item of an index, x[i, a:b:c, None, ...] or x[idx]. */
+typedef enum { DT_INDEX_INT, DT_INDEX_SLICE, DT_INDEX_NONE, DT_INDEX_ELLIPSIS, DT_INDEX_TENSOR } dt_index_kind;
+typedef struct {
+    dt_index_kind kind;
+    int64_t i;                          /* INT (negative counts from the end) */
+    bool has_start, has_stop, has_step; /* SLICE: which bounds are given (Python's None: not) */
+    int64_t start, stop, step;          /* SLICE: Python's bounds; step > 0 */
+    dt_tensor *tensor;                  /* TENSOR: 0-d or 1-D int32/int64 positions along dim 0 */
+} dt_index_item;
+/* t indexed as torch does with basic indexing (ints, slices, None, one Ellipsis), or with one
+ * integer DTensor alone (index_select along dim 0, negative positions allowed). */
+dt_tensor *dt_index(dt_tensor *t, int n, const dt_index_item *items);
+
 /* Strict mode: an op whose inputs would need a redistribute fails instead, naming the op and
  * the placements. */
 void dt_set_strict(bool strict);

@@ -30,21 +30,17 @@
  * mask learns the rows' global offset from ctx[0]) — better than PyTorch, which gathers it; a
  * Partial(sum|avg) v with q, k Replicate passes through (the output is linear in v); anything
  * else, such as a key-sequence shard, is gathered. The mask follows the output's shards where
- * its dims match and is Replicate where it broadcasts. */
-#include <math.h>
+ * its dims match and is Replicate where it broadcasts.
+ *
+ * The ops are the rows of OP_MATMUL (ops/op_table.h); their kernels are in ops/cpu/cpu_matmul.c. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu_kernels.h"
-#include "cpu_matmul.h"
-#include "cpu_pointwise.h"
 #include "dt_dtype.h"
 #include "dt_error.h"
 #include "dt_layout.h"
 #include "op_registry.h"
-
-enum { M_MATMUL, M_MM, M_BMM, M_LINEAR, M_EMBEDDING, M_SDPA };
 
 /* ---- helpers --------------------------------------------------------------------------------- */
 
@@ -81,23 +77,6 @@ static dt_placement m_follow(const op_arg *in, const op_arg *out, dt_placement p
         return p;
     }
     return dt_replicate();
-}
-
-static cpu_ctype m_ctype(dt_dtype d) { return dt_dtype_is_float(d) ? CPU_F32 : CPU_I64; }
-
-/* A piece as n elements of the compute type t: the piece itself when it already is, else a
- * converted scratch copy (*scratch set, to be freed). NULL when out of memory. */
-static const void *m_as(const op_local *in, cpu_ctype t, void **scratch)
-{
-    *scratch = NULL;
-    if ((t == CPU_F32 && in->dtype == DT_FLOAT32) || (t == CPU_I64 && in->dtype == DT_INT64))
-        return in->data;
-    int64_t n = dt_layout_numel(in->ndim, in->shape);
-    void *buf = malloc((size_t)(n ? n : 1) * cpu_ctype_size(t));
-    if (buf)
-        cpu_to_ctype(buf, t, in->data, in->dtype, n);
-    *scratch = buf;
-    return buf;
 }
 
 /* ---- choosing placements ----------------------------------------------------------------------
@@ -162,7 +141,7 @@ static int m_choose(op_call *c, m_options_fn options, m_valid_fn valid)
     int nm = c->mesh_ndim;
     m_opt opts[DT_MAX_DIMS][M_MAX_OPTS];
     int nopts[DT_MAX_DIMS];
-    const m_opt *pick[DT_MAX_DIMS], *best[DT_MAX_DIMS];
+    const m_opt *pick[DT_MAX_DIMS] = {NULL}, *best[DT_MAX_DIMS];
     /* the inputs as they are, when they fit a candidate on every mesh dim */
     bool fits = true;
     for (int m = 0; m < nm; m++) {
@@ -242,17 +221,9 @@ static m_opt m_opt_make(dt_placement out, int nin, const dt_placement *want)
 
 /* ---- matmul, mm, bmm, linear ----------------------------------------------------------------- */
 
-/* Where the dims of a product are: a (batch..., M, K), b (batch..., K, N), or b a weight (N, K)
- * for linear; M is absent for a 1-D a and N for a 1-D b (-1). */
-typedef struct {
-    int a_m, a_k, b_k, b_n, o_m, o_n;
-    int nbatch, a_nbatch, b_nbatch;
-    bool b_trans;
-} m_mm;
-
-static m_mm m_mm_dims(int a_nd, int b_nd, bool linear)
+op_mm_dims op_mm_layout(int a_nd, int b_nd, bool linear)
 {
-    m_mm d = {.b_trans = linear};
+    op_mm_dims d = {.b_trans = linear};
     d.a_nbatch = a_nd >= 2 ? a_nd - 2 : 0;
     d.a_m = a_nd >= 2 ? a_nd - 2 : -1;
     d.a_k = a_nd - 1;
@@ -271,11 +242,11 @@ static m_mm m_mm_dims(int a_nd, int b_nd, bool linear)
     return d;
 }
 
-static int m_mm_infer(op_call *c)
+static int s_infer_mm(op_call *c)
 {
     const char *name = c->def->name;
-    int code = c->def->code;
-    bool linear = code == M_LINEAR;
+    int code = c->def->id;
+    bool linear = code == OP_ID_linear;
     if (linear && (c->nin < 2 || c->nin > 3))
         return dt_err(DT_EINVAL, "linear: expected input, weight and an optional bias, got %d tensors", c->nin);
     const op_arg *a = &c->in[0], *b = &c->in[1];
@@ -283,13 +254,13 @@ static int m_mm_infer(op_call *c)
     m_shape_str(a->ndim, a->shape, as, sizeof as);
     m_shape_str(b->ndim, b->shape, bs, sizeof bs);
     switch (code) {
-    case M_MM:
+    case OP_ID_mm:
         if (a->ndim != 2)
             return dt_err(DT_EINVAL, "mm: self must be a matrix, got a %dD tensor of shape %s", a->ndim, as);
         if (b->ndim != 2)
             return dt_err(DT_EINVAL, "mm: mat2 must be a matrix, got a %dD tensor of shape %s", b->ndim, bs);
         break;
-    case M_BMM:
+    case OP_ID_bmm:
         if (a->ndim != 3)
             return dt_err(DT_EINVAL, "bmm: batch1 must be a 3D tensor, got shape %s", as);
         if (b->ndim != 3)
@@ -299,7 +270,7 @@ static int m_mm_infer(op_call *c)
                           "but got: [%lld, %lld].", (long long)a->shape[0], (long long)a->shape[2],
                           (long long)b->shape[0], (long long)b->shape[1]);
         break;
-    case M_LINEAR:
+    case OP_ID_linear:
         if (a->ndim < 1)
             return dt_err(DT_EINVAL, "linear: the input must have at least 1 dimension, got a 0D tensor");
         if (b->ndim < 1 || b->ndim > 2)
@@ -316,7 +287,7 @@ static int m_mm_infer(op_call *c)
                           dt_dtype_name(a->dtype), dt_dtype_name(c->in[i].dtype));
     if (a->dtype == DT_BOOL)
         return dt_err(DT_ETYPE, "%s: not implemented for bool tensors", name);
-    m_mm d = m_mm_dims(a->ndim, b->ndim, linear);
+    op_mm_dims d = op_mm_layout(a->ndim, b->ndim, linear);
     if (a->shape[d.a_k] != b->shape[d.b_k]) {
         if (a->ndim == 1 && b->ndim == 1 && !linear)
             return dt_err(DT_EINVAL, "%s: inconsistent tensor size, expected tensor %s and src %s to have the same "
@@ -359,7 +330,7 @@ static int m_mm_infer(op_call *c)
 static int m_mm_options(const op_call *c, int m, m_opt *opts)
 {
     const op_arg *a = &c->in[0], *b = &c->in[1], *o = &c->out[0];
-    m_mm d = m_mm_dims(a->ndim, b->ndim, c->def->code == M_LINEAR);
+    op_mm_dims d = op_mm_layout(a->ndim, b->ndim, c->def->id == OP_ID_linear);
     dt_placement R = dt_replicate();
     int n = 0;
     for (int j = 0; j < d.nbatch; j++) {
@@ -384,10 +355,10 @@ static int m_mm_options(const op_call *c, int m, m_opt *opts)
     return n;
 }
 
-static int m_mm_shard(op_call *c) { return m_choose(c, m_mm_options, NULL); }
+static int s_shard_mm(op_call *c) { return m_choose(c, m_mm_options, NULL); }
 
 /* linear: ctx[0] = 1 when this device adds the bias (it is counted once in a Partial(sum)). */
-static int m_linear_local(const op_call *c, const int64_t *coord, int64_t *ctx)
+static int s_local_linear(const op_call *c, const int64_t *coord, int64_t *ctx)
 {
     bool add = true;
     for (int m = 0; m < c->mesh_ndim && c->nin == 3; m++) {
@@ -399,61 +370,9 @@ static int m_linear_local(const op_call *c, const int64_t *coord, int64_t *ctx)
     return 1;
 }
 
-static const char *m_mm_cpu(op_kernel *k)
-{
-    const op_local *a = &k->in[0], *b = &k->in[1];
-    op_local *o = &k->out[0];
-    bool linear = k->def->code == M_LINEAR;
-    m_mm d = m_mm_dims(a->ndim, b->ndim, linear);
-    cpu_mm_desc desc = {.nbatch = d.nbatch, .b_trans = linear};
-    desc.M = d.a_m >= 0 ? a->shape[d.a_m] : 1;
-    desc.K = a->shape[d.a_k];
-    desc.N = d.b_n >= 0 ? b->shape[d.b_n] : 1;
-    if (b->shape[d.b_k] != desc.K || (d.o_m >= 0 && o->shape[d.o_m] != desc.M) ||
-        (d.o_n >= 0 && o->shape[d.o_n] != desc.N) || o->ndim != d.nbatch + (d.a_m >= 0) + (d.b_n >= 0))
-        return "the local pieces of the operands do not fit together";
-    int64_t a_st[DT_MAX_DIMS], b_st[DT_MAX_DIMS];
-    cpu_contiguous_strides(a->ndim, a->shape, 1, a_st);
-    cpu_contiguous_strides(b->ndim, b->shape, 1, b_st);
-    for (int j = 0; j < d.nbatch; j++) {
-        int ja = j - (d.nbatch - d.a_nbatch), jb = j - (d.nbatch - d.b_nbatch);
-        desc.batch[j] = o->shape[j];
-        if ((ja >= 0 && a->shape[ja] != o->shape[j] && a->shape[ja] != 1) ||
-            (jb >= 0 && b->shape[jb] != o->shape[j] && b->shape[jb] != 1))
-            return "the local batch dims of the operands do not fit together";
-        desc.a_stride[j] = ja >= 0 && a->shape[ja] == o->shape[j] ? a_st[ja] : 0;
-        desc.b_stride[j] = jb >= 0 && b->shape[jb] == o->shape[j] ? b_st[jb] : 0;
-    }
-    cpu_ctype t = m_ctype(o->dtype);
-    int64_t n = dt_layout_numel(o->ndim, o->shape);
-    void *sa, *sb, *sbias = NULL, *sc = NULL;
-    const void *pa = m_as(a, t, &sa), *pb = m_as(b, t, &sb);
-    void *pc = o->data;
-    if (!((t == CPU_F32 && o->dtype == DT_FLOAT32) || (t == CPU_I64 && o->dtype == DT_INT64)))
-        pc = sc = malloc((size_t)(n ? n : 1) * cpu_ctype_size(t));
-    const char *why = pa && pb && pc ? NULL : "out of memory on the device";
-    bool bias = !why && k->nin == 3 && k->nctx > 0 && k->ctx[0];
-    if (bias) {
-        const void *pbias = m_as(&k->in[2], t, &sbias);
-        if (pbias)
-            cpu_broadcast(pc, o->ndim, o->shape, pbias, k->in[2].ndim, k->in[2].shape, cpu_ctype_size(t));
-        else
-            why = "out of memory on the device";
-    }
-    if (!why)
-        why = cpu_matmul_run(&desc, t, pa, pb, pc, bias);
-    if (!why && sc)
-        cpu_from_ctype(o->data, o->dtype, sc, t, n);
-    free(sa);
-    free(sb);
-    free(sbias);
-    free(sc);
-    return why;
-}
-
 /* ---- embedding ------------------------------------------------------------------------------- */
 
-static int m_embedding_infer(op_call *c)
+static int s_infer_embedding(op_call *c)
 {
     const op_arg *idx = &c->in[0], *w = &c->in[1];
     if (idx->dtype != DT_INT64 && idx->dtype != DT_INT32)
@@ -489,10 +408,10 @@ static int m_embedding_options(const op_call *c, int m, m_opt *opts)
     return n;
 }
 
-static int m_embedding_shard(op_call *c) { return m_choose(c, m_embedding_options, NULL); }
+static int s_shard_embedding(op_call *c) { return m_choose(c, m_embedding_options, NULL); }
 
 /* ctx[0]: the global index of this device's first weight row; ctx[1]: the vocabulary size. */
-static int m_embedding_local(const op_call *c, const int64_t *coord, int64_t *ctx)
+static int s_local_embedding(const op_call *c, const int64_t *coord, int64_t *ctx)
 {
     int64_t local[DT_MAX_DIMS], offset[DT_MAX_DIMS];
     const op_arg *w = &c->in[1];
@@ -502,25 +421,13 @@ static int m_embedding_local(const op_call *c, const int64_t *coord, int64_t *ct
     return 2;
 }
 
-static const char *m_embedding_cpu(op_kernel *k)
-{
-    const op_local *idx = &k->in[0], *w = &k->in[1];
-    op_local *o = &k->out[0];
-    int64_t n = dt_layout_numel(idx->ndim, idx->shape);
-    if (k->nctx < 2 || w->ndim != 2 || o->shape[o->ndim - 1] != w->shape[1] ||
-        dt_layout_numel(o->ndim, o->shape) != n * w->shape[1])
-        return "the local pieces of the operands do not fit together";
-    return cpu_embedding(o->data, w->data, w->shape[0], (size_t)w->shape[1] * dt_dtype_size(w->dtype), idx->data,
-                         idx->dtype, n, k->ctx[0], k->ctx[1]);
-}
-
 /* ---- scaled_dot_product_attention ----------------------------------------------------------------
  * Inputs q, k, v and an optional mask; ints[0] = is_causal, ints[1] = enable_gqa, ints[2] = a scale
  * is given in floats[0]. */
 
 static int64_t m_attr(const op_call *c, int i) { return c->attrs.nints > i ? c->attrs.ints[i] : 0; }
 
-static int m_sdpa_infer(op_call *c)
+static int s_infer_sdpa(op_call *c)
 {
     const char *name = c->def->name;
     if (c->nin < 3 || c->nin > 4)
@@ -629,10 +536,10 @@ static bool m_sdpa_valid(const op_call *c, const m_opt *const *pick)
     return ways == 1 || c->in[1].shape[c->in[1].ndim - 3] % ways == 0;
 }
 
-static int m_sdpa_shard(op_call *c) { return m_choose(c, m_sdpa_options, m_sdpa_valid); }
+static int s_shard_sdpa(op_call *c) { return m_choose(c, m_sdpa_options, m_sdpa_valid); }
 
 /* ctx[0]: the global index of this device's first query row (for the causal mask). */
-static int m_sdpa_local(const op_call *c, const int64_t *coord, int64_t *ctx)
+static int s_local_sdpa(const op_call *c, const int64_t *coord, int64_t *ctx)
 {
     int64_t local[DT_MAX_DIMS], offset[DT_MAX_DIMS];
     const op_arg *q = &c->in[0];
@@ -641,90 +548,10 @@ static int m_sdpa_local(const op_call *c, const int64_t *coord, int64_t *ctx)
     return 1;
 }
 
-static const char *m_sdpa_cpu(op_kernel *k)
-{
-    const op_local *q = &k->in[0], *kk = &k->in[1], *v = &k->in[2], *mask = k->nin == 4 ? &k->in[3] : NULL;
-    op_local *o = &k->out[0];
-    int nd = q->ndim;
-    int64_t L = q->shape[nd - 2], E = q->shape[nd - 1], S = kk->shape[nd - 2], Ev = v->shape[nd - 1];
-    int64_t Hq = nd >= 3 ? q->shape[nd - 3] : 1, H = nd >= 3 ? kk->shape[nd - 3] : 1;
-    int64_t group = H ? Hq / H : 1;
-    int64_t nbatch = dt_layout_numel(nd - 2, q->shape); /* every (batch..., head) of the query */
-    if (H * group != Hq || o->ndim != nd || o->shape[nd - 1] != Ev || o->shape[nd - 2] != L ||
-        dt_layout_numel(nd - 2, kk->shape) * group != nbatch)
-        return "the local pieces of the operands do not fit together";
-    bool causal = k->attrs->nints > 0 && k->attrs->ints[0];
-    bool has_scale = k->attrs->nints > 2 && k->attrs->ints[2] && k->attrs->nfloats > 0;
-    float scale = has_scale ? (float)k->attrs->floats[0] : (float)(1.0 / sqrt((double)E));
-    int64_t row0 = k->nctx > 0 ? k->ctx[0] : 0;
-    /* the mask as additive float32, indexed with the attention weights' (local) dims */
-    int64_t wshape[DT_MAX_DIMS], mstride[DT_MAX_DIMS] = {0};
-    memcpy(wshape, q->shape, sizeof wshape);
-    wshape[nd - 1] = S;
-    float *mvals = NULL;
-    if (mask) {
-        int64_t mst[DT_MAX_DIMS];
-        cpu_contiguous_strides(mask->ndim, mask->shape, 1, mst);
-        for (int d = 0; d < nd; d++) {
-            int md = d - (nd - mask->ndim);
-            if (md < 0)
-                continue;
-            if (mask->shape[md] != wshape[d] && mask->shape[md] != 1)
-                return "the local pieces of the mask and the attention weights do not fit together";
-            mstride[d] = mask->shape[md] == wshape[d] ? mst[md] : 0;
-        }
-    }
-    void *sq, *sk, *sv, *so = NULL;
-    const float *pq = m_as(q, CPU_F32, &sq), *pk = m_as(kk, CPU_F32, &sk), *pv = m_as(v, CPU_F32, &sv);
-    int64_t nout = dt_layout_numel(o->ndim, o->shape), nmask = mask ? dt_layout_numel(mask->ndim, mask->shape) : 0;
-    float *po = o->dtype == DT_FLOAT32 ? o->data : (so = malloc((size_t)(nout ? nout : 1) * sizeof(float)));
-    float *scores = malloc((size_t)(L * S > 0 ? L * S : 1) * sizeof(float));
-    if (mask && (mvals = malloc((size_t)(nmask ? nmask : 1) * sizeof(float)))) {
-        if (mask->dtype == DT_BOOL) {
-            const uint8_t *mb = mask->data;
-            for (int64_t i = 0; i < nmask; i++)
-                mvals[i] = mb[i] ? 0.0f : -INFINITY;
-        } else {
-            cpu_to_ctype(mvals, CPU_F32, mask->data, mask->dtype, nmask);
-        }
-    }
-    const char *why = pq && pk && pv && po && scores && (!mask || mvals) ? NULL : "out of memory on the device";
-    int64_t idx[DT_MAX_DIMS] = {0};
-    for (int64_t b = 0; b < nbatch && !why; b++) {
-        int64_t h = nd >= 3 ? idx[nd - 3] : 0, outer = nd >= 3 ? b / (Hq ? Hq : 1) : 0;
-        int64_t kv = outer * H + h / group, moff = 0;
-        for (int d = 0; d < nd - 2; d++)
-            moff += idx[d] * mstride[d];
-        cpu_attention_head(L, S, E, Ev, pq + b * L * E, pk + kv * S * E, pv + kv * S * Ev, mvals ? mvals + moff : NULL,
-                           mstride[nd - 2], mstride[nd - 1], causal, row0, scale, scores, po + b * L * Ev);
-        for (int d = nd - 3; d >= 0; d--) {
-            if (++idx[d] < q->shape[d])
-                break;
-            idx[d] = 0;
-        }
-    }
-    if (!why && so)
-        cpu_from_ctype(o->data, o->dtype, so, CPU_F32, nout);
-    free(sq);
-    free(sk);
-    free(sv);
-    free(so);
-    free(scores);
-    free(mvals);
-    return why;
-}
+/* ---- the rows of OP_MATMUL ------------------------------------------------------------------- */
 
-/* ---- the table -------------------------------------------------------------------------------
- * matmul, mm, bmm: (a, b). linear: (input, weight[, bias]); ctx[0] = add the bias here.
- * embedding: (indices, weight); ctx = [first weight row here, vocabulary size].
- * scaled_dot_product_attention: (q, k, v[, mask]); ints = [is_causal, enable_gqa, has_scale],
- * floats = [scale]; ctx[0] = first query row here. */
-const op_def op_matmul_ops[] = {
-    {"matmul", M_MATMUL, 2, 1, m_mm_infer, m_mm_shard, NULL, m_mm_cpu},
-    {"mm", M_MM, 2, 1, m_mm_infer, m_mm_shard, NULL, m_mm_cpu},
-    {"bmm", M_BMM, 2, 1, m_mm_infer, m_mm_shard, NULL, m_mm_cpu},
-    {"linear", M_LINEAR, -1, 1, m_mm_infer, m_mm_shard, m_linear_local, m_mm_cpu},
-    {"embedding", M_EMBEDDING, 2, 1, m_embedding_infer, m_embedding_shard, m_embedding_local, m_embedding_cpu},
-    {"scaled_dot_product_attention", M_SDPA, -1, 1, m_sdpa_infer, m_sdpa_shard, m_sdpa_local, m_sdpa_cpu},
-};
-const int op_matmul_count = (int)(sizeof op_matmul_ops / sizeof op_matmul_ops[0]);
+#define S_DEF(op, num, inputs, infer_fn, shard_fn, local_fn)                                                           \
+    const op_def op_def_##op = {.name = #op, .id = num, .nin = inputs, .nout = 1, .infer = infer_fn,                 \
+                                .shard = shard_fn, .local = local_fn};
+OP_MATMUL(S_DEF)
+#undef S_DEF

@@ -5,14 +5,15 @@
  * Replicate, whichever moves the fewest bytes; a broadcast dim of an input is Replicate there.
  * Partial passes through the linear cases (neg and casts; sum of two Partials; a Partial times a
  * replicated value or a number; a Partial numerator over a replicated denominator) and is
- * reduced first everywhere else. */
+ * reduced first everywhere else.
+ *
+ * The ops are the rows of OP_POINTWISE (ops/op_table.h); their kernels are in
+ * ops/cpu/cpu_pointwise.c. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu_pointwise.h"
 #include "dt_dtype.h"
 #include "dt_error.h"
-#include "dt_layout.h"
 #include "op_registry.h"
 
 typedef enum { S_UNARY, S_BINARY, S_WHERE, S_MASKED_FILL, S_CLAMP, S_TO } s_kind;
@@ -32,14 +33,18 @@ typedef enum { S_P_NONE, S_P_LINEAR, S_P_ADD, S_P_MUL, S_P_DIV } s_partial_rule;
 
 typedef struct {
     s_kind kind;
-    int cpu;                  /* cpu_unary or cpu_binary */
     s_dtype_rule dtype;
     s_partial_rule partial;
 } s_info;
 
-static const s_info s_infos[];
+/* Each row's kind and rules, by id. */
+static const s_info s_infos[OP_ID_LIMIT] = {
+#define S_INFO(name, id, kind, dtype, partial, ...) [id] = {S_##kind, S_##dtype, S_P_##partial},
+    OP_POINTWISE(S_INFO)
+#undef S_INFO
+};
 
-static const s_info *s_of(const op_call *c) { return &s_infos[c->def->code]; }
+static const s_info *s_of(const op_call *c) { return &s_infos[c->def->id]; }
 
 /* ---- inference ------------------------------------------------------------------------------ */
 
@@ -51,6 +56,23 @@ static int s_tensor_scalar_dtype(const op_call *c, dt_dtype *out)
     if (c->attrs.has_scalar)
         d = op_promote_scalar(d, c->attrs.scalar);
     *out = d;
+    return 0;
+}
+
+/* A UNARY row's float attributes ("beta=1, threshold=20"): none given takes the defaults. */
+static int s_float_attrs(op_call *c)
+{
+    double defaults[OP_MAX_FLOATS];
+    int n = 0;
+    for (const char *p = c->def->py_floats; n < OP_MAX_FLOATS && (p = strchr(p, '='));)
+        defaults[n++] = strtod(p + 1, (char **)&p);
+    if (n == 0 || c->attrs.nfloats == n)
+        return 0;
+    if (c->attrs.nfloats != 0)
+        return dt_err(DT_EINVAL, "%s: expected %d float attributes (%s), got %d", c->def->name, n, c->def->py_floats,
+                      c->attrs.nfloats);
+    memcpy(c->attrs.floats, defaults, sizeof(double) * (size_t)n);
+    c->attrs.nfloats = n;
     return 0;
 }
 
@@ -105,13 +127,17 @@ static int s_infer(op_call *c)
         if (!dt_dtype_is_float(out->dtype) && c->attrs.nints > 1 && c->attrs.ints[1])
             out->dtype = DT_FLOAT32; /* a float bound promotes an integer tensor */
         return 0;
+    case S_UNARY:
+        if (s_float_attrs(c) != 0)
+            return DT_EINVAL;
+        break;
     default:
         break;
     }
     s_tensor_scalar_dtype(c, &d);
     switch (info->dtype) {
     case S_SAME:
-        if (d == DT_BOOL && (info->cpu == CPU_NEG || info->cpu == CPU_ABS || info->cpu == CPU_RELU))
+        if (d == DT_BOOL && (c->def->id == OP_ID_neg || c->def->id == OP_ID_abs || c->def->id == OP_ID_relu))
             return dt_err(DT_ETYPE, "%s: not supported on a bool tensor", name);
         break;
     case S_FLOATING:
@@ -127,9 +153,9 @@ static int s_infer(op_call *c)
         d = DT_BOOL;
         break;
     case S_PROMOTE:
-        if (d == DT_BOOL && info->cpu == CPU_SUB)
+        if (d == DT_BOOL && c->def->id == OP_ID_sub)
             return dt_err(DT_ETYPE, "sub: Subtraction, the `-` operator, with two bool tensors is not supported");
-        if (d == DT_BOOL && info->cpu == CPU_POW)
+        if (d == DT_BOOL && c->def->id == OP_ID_pow)
             d = DT_INT64;
         break;
     }
@@ -274,274 +300,40 @@ static int s_shard(op_call *c)
     return 0;
 }
 
-/* ---- kernels -------------------------------------------------------------------------------- */
-
-static cpu_ctype s_ctype(dt_dtype d) { return dt_dtype_is_float(d) ? CPU_F32 : d == DT_BOOL ? CPU_U8 : CPU_I64; }
-
-/* An operand as n contiguous elements of t broadcast to the output's local shape: the piece
- * itself when it already is one, else a scratch copy (*scratch is set and must be freed). */
-static const void *s_operand(const op_local *in, const op_local *out, cpu_ctype t, void **scratch)
+/* COMPARE rows, ctx[0]: the dtype the operands are compared in (their promotion). */
+static int s_local_compare(const op_call *c, const int64_t *coord, int64_t *ctx)
 {
-    int64_t n_out = dt_layout_numel(out->ndim, out->shape), n_in = dt_layout_numel(in->ndim, in->shape);
-    bool same_shape = n_in == n_out && in->ndim <= out->ndim;
-    /* the piece's own bytes serve only when its dtype is t's (int32 is not int64, nor bf16 f32) */
-    bool native = (t == CPU_F32 && in->dtype == DT_FLOAT32) || (t == CPU_I64 && in->dtype == DT_INT64) ||
-                  (t == CPU_U8 && in->dtype == DT_BOOL);
-    *scratch = NULL;
-    if (same_shape && native)
-        return in->data;
-    size_t elem = cpu_ctype_size(t);
-    char *converted = malloc((size_t)(n_in ? n_in : 1) * elem), *expanded = NULL;
-    if (!converted)
-        return NULL;
-    cpu_to_ctype(converted, t, in->data, in->dtype, n_in);
-    if (same_shape) {
-        *scratch = converted;
-        return converted;
-    }
-    if (!(expanded = malloc((size_t)(n_out ? n_out : 1) * elem))) {
-        free(converted);
-        return NULL;
-    }
-    cpu_broadcast(expanded, out->ndim, out->shape, converted, in->ndim, in->shape, elem);
-    free(converted);
-    *scratch = expanded;
-    return expanded;
+    dt_dtype d;
+    s_tensor_scalar_dtype(c, &d);
+    ctx[0] = d;
+    return 1;
 }
 
-/* A number as n elements of t. */
-static void *s_splat(dt_scalar v, cpu_ctype t, int64_t n)
-{
-    size_t elem = cpu_ctype_size(t);
-    char *buf = malloc((size_t)(n ? n : 1) * elem);
-    if (!buf)
-        return NULL;
-    for (int64_t i = 0; i < n; i++) {
-        if (t == CPU_F32)
-            ((float *)buf)[i] = (float)(v.is_int ? (double)v.i : v.f);
-        else if (t == CPU_I64)
-            ((int64_t *)buf)[i] = v.is_int ? v.i : (int64_t)v.f;
-        else
-            buf[i] = v.is_int ? v.i != 0 : v.f != 0;
-    }
-    return buf;
-}
+/* ---- the rows of OP_POINTWISE ---------------------------------------------------------------- */
 
-/* Runs fn over the compute-type operands and writes the output, converting when needed. */
-static const char *s_finish(op_kernel *k, cpu_ctype result, void *buf)
-{
-    op_local *out = &k->out[0];
-    cpu_from_ctype(out->data, out->dtype, buf, result, dt_layout_numel(out->ndim, out->shape));
-    return NULL;
-}
+#define S_NIN_UNARY 1
+#define S_NIN_BINARY (-1)
+#define S_NIN_WHERE (-1)
+#define S_NIN_MASKED_FILL 2
+#define S_NIN_CLAMP 1
+#define S_NIN_TO 1
+#define S_SIG_UNARY DT_SIG_UNARY
+#define S_SIG_BINARY DT_SIG_BINARY
+#define S_SIG_WHERE DT_SIG_NONE
+#define S_SIG_MASKED_FILL DT_SIG_NONE
+#define S_SIG_CLAMP DT_SIG_NONE
+#define S_SIG_TO DT_SIG_NONE
+#define S_LOCAL_SAME NULL
+#define S_LOCAL_FLOATING NULL
+#define S_LOCAL_PROMOTE NULL
+#define S_LOCAL_TRUE_DIV NULL
+#define S_LOCAL_COMPARE s_local_compare
+#define S_LOCAL_LOGICAL NULL
 
-static const char *s_unary(op_kernel *k, const s_info *info)
-{
-    op_local *out = &k->out[0];
-    int64_t n = dt_layout_numel(out->ndim, out->shape);
-    cpu_ctype t = info->cpu == CPU_LOGICAL_NOT ? CPU_U8 : s_ctype(out->dtype);
-    void *scratch, *res = malloc((size_t)(n ? n : 1) * cpu_ctype_size(t));
-    const void *a = s_operand(&k->in[0], out, t, &scratch);
-    const char *why = a && res ? NULL : "out of memory on the device";
-    if (!why) {
-        cpu_unary_run((cpu_unary)info->cpu, t, res, a, n);
-        s_finish(k, t, res);
-    }
-    free(scratch);
-    free(res);
-    return why;
-}
-
-static const char *s_binary(op_kernel *k, const s_info *info)
-{
-    op_local *out = &k->out[0];
-    int64_t n = dt_layout_numel(out->ndim, out->shape);
-    dt_dtype operands = k->in[0].dtype;
-    for (int i = 1; i < k->nin; i++)
-        operands = op_promote(operands, k->in[i].dtype);
-    if (k->attrs->has_scalar)
-        operands = op_promote_scalar(operands, k->attrs->scalar);
-    bool compare = info->dtype == S_COMPARE || info->dtype == S_LOGICAL;
-    cpu_ctype t = compare ? s_ctype(operands) : s_ctype(out->dtype);
-    if (info->cpu == CPU_DIV || (info->cpu == CPU_POW && dt_dtype_is_float(out->dtype)))
-        t = CPU_F32;
-    cpu_ctype result = compare ? CPU_U8 : t;
-    void *sa = NULL, *sb = NULL, *res = malloc((size_t)(n ? n : 1) * cpu_ctype_size(result));
-    const void *a, *b;
-    bool reversed = k->attrs->nints > 0 && k->attrs->ints[0]; /* number op tensor */
-    if (k->nin == 2) {
-        a = s_operand(&k->in[0], out, t, &sa);
-        b = s_operand(&k->in[1], out, t, &sb);
-    } else {
-        const void *x = s_operand(&k->in[0], out, t, &sa);
-        void *y = sb = s_splat(k->attrs->scalar, t, n);
-        a = reversed ? y : x;
-        b = reversed ? x : y;
-    }
-    const char *why = a && b && res ? NULL : "out of memory on the device";
-    if (!why) {
-        cpu_binary_run((cpu_binary)info->cpu, t, res, a, b, n);
-        s_finish(k, result, res);
-    }
-    free(sa);
-    free(sb);
-    free(res);
-    return why;
-}
-
-/* where(cond, a, b) with a number in place of b (ints[0] = 2) or a (ints[0] = 1);
- * masked_fill(x, mask, number) is where(mask, number, x). */
-static const char *s_select(op_kernel *k, const s_info *info)
-{
-    op_local *out = &k->out[0];
-    int64_t n = dt_layout_numel(out->ndim, out->shape);
-    cpu_ctype t = s_ctype(out->dtype);
-    size_t elem = cpu_ctype_size(t);
-    void *sc = NULL, *sa = NULL, *sb = NULL, *res = malloc((size_t)(n ? n : 1) * elem);
-    const void *cond, *a, *b;
-    if (info->kind == S_MASKED_FILL) {
-        cond = s_operand(&k->in[1], out, CPU_U8, &sc);
-        a = sa = s_splat(k->attrs->scalar, t, n);
-        b = s_operand(&k->in[0], out, t, &sb);
-    } else {
-        cond = s_operand(&k->in[0], out, CPU_U8, &sc);
-        int scalar_at = k->attrs->has_scalar ? (k->attrs->nints > 0 ? (int)k->attrs->ints[0] : 2) : 0;
-        if (scalar_at == 1) {
-            a = sa = s_splat(k->attrs->scalar, t, n);
-            b = s_operand(&k->in[1], out, t, &sb);
-        } else {
-            a = s_operand(&k->in[1], out, t, &sa);
-            b = scalar_at == 2 ? (sb = s_splat(k->attrs->scalar, t, n)) : s_operand(&k->in[2], out, t, &sb);
-        }
-    }
-    const char *why = cond && a && b && res ? NULL : "out of memory on the device";
-    if (!why) {
-        const uint8_t *m = cond;
-        for (int64_t i = 0; i < n; i++)
-            memcpy((char *)res + i * (int64_t)elem, (const char *)(m[i] ? a : b) + i * (int64_t)elem, elem);
-        s_finish(k, t, res);
-    }
-    free(sc);
-    free(sa);
-    free(sb);
-    free(res);
-    return why;
-}
-
-/* clamp(x, min, max): ints[0] bit 0 = has min, bit 1 = has max; floats[0] = min, floats[1] = max. */
-static const char *s_clamp(op_kernel *k, const s_info *info)
-{
-    op_local *out = &k->out[0];
-    int64_t n = dt_layout_numel(out->ndim, out->shape);
-    cpu_ctype t = s_ctype(out->dtype);
-    void *scratch, *res = malloc((size_t)(n ? n : 1) * cpu_ctype_size(t));
-    const void *a = s_operand(&k->in[0], out, t, &scratch);
-    if (!a || !res) {
-        free(scratch);
-        free(res);
-        return "out of memory on the device";
-    }
-    bool lo = k->attrs->ints[0] & 1, hi = k->attrs->ints[0] & 2;
-    double fmin = k->attrs->floats[0], fmax = k->attrs->floats[1];
-    if (t == CPU_F32) {
-        const float *x = a;
-        float *y = res;
-        for (int64_t i = 0; i < n; i++) {
-            float v = x[i];
-            if (lo && v < (float)fmin)
-                v = (float)fmin;
-            if (hi && v > (float)fmax)
-                v = (float)fmax;
-            y[i] = v;
-        }
-    } else {
-        const int64_t *x = a;
-        int64_t *y = res;
-        for (int64_t i = 0; i < n; i++) {
-            int64_t v = x[i];
-            if (lo && (double)v < fmin)
-                v = (int64_t)fmin;
-            if (hi && (double)v > fmax)
-                v = (int64_t)fmax;
-            y[i] = v;
-        }
-    }
-    s_finish(k, t, res);
-    free(scratch);
-    free(res);
-    return NULL;
-}
-
-static const char *s_cpu(op_kernel *k)
-{
-    const s_info *info = &s_infos[k->def->code];
-    switch (info->kind) {
-    case S_UNARY:
-        return s_unary(k, info);
-    case S_TO: {
-        op_local *out = &k->out[0];
-        int64_t n = dt_layout_numel(out->ndim, out->shape);
-        cpu_ctype t = s_ctype(k->in[0].dtype);
-        void *buf = malloc((size_t)(n ? n : 1) * cpu_ctype_size(t));
-        if (!buf)
-            return "out of memory on the device";
-        cpu_to_ctype(buf, t, k->in[0].data, k->in[0].dtype, n);
-        cpu_from_ctype(out->data, out->dtype, buf, t, n);
-        free(buf);
-        return NULL;
-    }
-    case S_BINARY:
-        return s_binary(k, info);
-    case S_WHERE:
-    case S_MASKED_FILL:
-        return s_select(k, info);
-    case S_CLAMP:
-        return s_clamp(k, info);
-    }
-    return "unknown pointwise op";
-}
-
-/* ---- the table -------------------------------------------------------------------------------
- * Binary ops take two tensors, or one tensor and attrs.scalar (ints[0] = 1: the number is on
- * the left, as in 2 - x). to: ints[0] = dtype. gelu: variant gelu_tanh for approximate="tanh". */
-static const s_info s_infos[] = {
-#define S_U(cpu, dtype, partial) {S_UNARY, cpu, dtype, partial}
-#define S_B(cpu, dtype, partial) {S_BINARY, cpu, dtype, partial}
-    S_U(CPU_NEG, S_SAME, S_P_LINEAR),          S_U(CPU_ABS, S_SAME, S_P_NONE),
-    S_U(CPU_EXP, S_FLOATING, S_P_NONE),        S_U(CPU_LOG, S_FLOATING, S_P_NONE),
-    S_U(CPU_SQRT, S_FLOATING, S_P_NONE),       S_U(CPU_RSQRT, S_FLOATING, S_P_NONE),
-    S_U(CPU_SIN, S_FLOATING, S_P_NONE),        S_U(CPU_COS, S_FLOATING, S_P_NONE),
-    S_U(CPU_TANH, S_FLOATING, S_P_NONE),       S_U(CPU_SIGMOID, S_FLOATING, S_P_NONE),
-    S_U(CPU_RELU, S_SAME, S_P_NONE),           S_U(CPU_SILU, S_FLOATING, S_P_NONE),
-    S_U(CPU_GELU, S_FLOATING, S_P_NONE),       S_U(CPU_GELU_TANH, S_FLOATING, S_P_NONE),
-    S_U(CPU_RECIPROCAL, S_FLOATING, S_P_NONE), S_U(CPU_LOGICAL_NOT, S_LOGICAL, S_P_NONE),
-    {S_TO, CPU_COPY, S_SAME, S_P_LINEAR},
-    S_B(CPU_ADD, S_PROMOTE, S_P_ADD),          S_B(CPU_SUB, S_PROMOTE, S_P_ADD),
-    S_B(CPU_MUL, S_PROMOTE, S_P_MUL),          S_B(CPU_DIV, S_TRUE_DIV, S_P_DIV),
-    S_B(CPU_POW, S_PROMOTE, S_P_NONE),         S_B(CPU_MAXIMUM, S_PROMOTE, S_P_NONE),
-    S_B(CPU_MINIMUM, S_PROMOTE, S_P_NONE),     S_B(CPU_EQ, S_COMPARE, S_P_NONE),
-    S_B(CPU_NE, S_COMPARE, S_P_NONE),          S_B(CPU_LT, S_COMPARE, S_P_NONE),
-    S_B(CPU_LE, S_COMPARE, S_P_NONE),          S_B(CPU_GT, S_COMPARE, S_P_NONE),
-    S_B(CPU_GE, S_COMPARE, S_P_NONE),          S_B(CPU_LOGICAL_AND, S_LOGICAL, S_P_NONE),
-    S_B(CPU_LOGICAL_OR, S_LOGICAL, S_P_NONE),
-    {S_WHERE, 0, S_PROMOTE, S_P_NONE},         {S_MASKED_FILL, 0, S_SAME, S_P_NONE},
-    {S_CLAMP, 0, S_SAME, S_P_NONE},
-#undef S_U
-#undef S_B
-};
-
-#define S_OP(name, code, nin) {name, code, nin, 1, s_infer, s_shard, NULL, s_cpu}
-const op_def op_pointwise_ops[] = {
-    S_OP("neg", 0, 1),         S_OP("abs", 1, 1),          S_OP("exp", 2, 1),          S_OP("log", 3, 1),
-    S_OP("sqrt", 4, 1),        S_OP("rsqrt", 5, 1),        S_OP("sin", 6, 1),          S_OP("cos", 7, 1),
-    S_OP("tanh", 8, 1),        S_OP("sigmoid", 9, 1),      S_OP("relu", 10, 1),        S_OP("silu", 11, 1),
-    S_OP("gelu", 12, 1),       S_OP("gelu_tanh", 13, 1),   S_OP("reciprocal", 14, 1),  S_OP("logical_not", 15, 1),
-    S_OP("to", 16, 1),
-    S_OP("add", 17, -1),       S_OP("sub", 18, -1),        S_OP("mul", 19, -1),        S_OP("div", 20, -1),
-    S_OP("pow", 21, -1),       S_OP("maximum", 22, -1),    S_OP("minimum", 23, -1),    S_OP("eq", 24, -1),
-    S_OP("ne", 25, -1),        S_OP("lt", 26, -1),         S_OP("le", 27, -1),         S_OP("gt", 28, -1),
-    S_OP("ge", 29, -1),        S_OP("logical_and", 30, -1), S_OP("logical_or", 31, -1),
-    S_OP("where", 32, -1),     S_OP("masked_fill", 33, 2), S_OP("clamp", 34, 1),
-};
-#undef S_OP
-const int op_pointwise_count = (int)(sizeof op_pointwise_ops / sizeof op_pointwise_ops[0]);
+#define S_DEF(op, num, kind, dtype, partial, exports, floats)                                                     \
+    const op_def op_def_##op = {.name = #op, .id = num, .nin = S_NIN_##kind, .nout = 1, .infer = s_infer,      \
+                                .shard = s_shard, .local = S_LOCAL_##dtype,                                       \
+                                .py_sig = (exports) ? S_SIG_##kind : DT_SIG_NONE, .py_exports = exports,          \
+                                .py_floats = floats};
+OP_POINTWISE(S_DEF)
+#undef S_DEF

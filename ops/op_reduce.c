@@ -10,31 +10,22 @@
  * reduced first. Ops that need a whole dim on one device (argmax/argmin, max/min along a dim,
  * softmax, log_softmax, cumsum, topk, the normalised dims of layer_norm/rms_norm) want Replicate
  * there and keep the other shards; so local indices are global ones. cumsum, being linear, also
- * keeps Partial(sum|avg) like sum. */
-#include <float.h>
-#include <math.h>
+ * keeps Partial(sum|avg) like sum.
+ *
+ * The ops are the rows of OP_REDUCE (ops/op_table.h); their kernels are in ops/cpu/cpu_reduce.c,
+ * which get the reduced dims from ctx (s_local) rather than decoding the attributes again. */
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
-#include "cpu_kernels.h"
-#include "cpu_reduce.h"
 #include "dt_dtype.h"
 #include "dt_error.h"
 #include "dt_layout.h"
 #include "op_registry.h"
 
-typedef enum {
-    S_SUM, S_MEAN, S_AMAX, S_AMIN, S_MAX, S_MIN,  /* over a list of dims (all when none) */
-    S_MAX_DIM, S_MIN_DIM, S_ARGMAX, S_ARGMIN,     /* position of the extreme along one dim */
-    S_SOFTMAX, S_LOG_SOFTMAX, S_CUMSUM, S_TOPK,   /* along one dim */
-    S_LAYER_NORM, S_RMS_NORM,                     /* over the trailing normalised dims */
-} s_code;
-
 /* The name a user called (max along a dim is torch's max too). */
 static const char *s_name(const op_def *def)
 {
-    return def->code == S_MAX_DIM ? "max" : def->code == S_MIN_DIM ? "min" : def->name;
+    return def->id == OP_ID_max_dim ? "max" : def->id == OP_ID_min_dim ? "min" : def->name;
 }
 
 /* torch's name of a dtype, as its error messages spell it. */
@@ -73,7 +64,12 @@ static uint32_t s_all_dims(int ndim) { return ndim ? (1u << ndim) - 1u : 0u; }
 
 static int64_t s_int(const op_attrs *a, int i, int64_t otherwise) { return i < a->nints ? a->ints[i] : otherwise; }
 
-static bool s_is_list_reduce(int code) { return code <= S_MIN; }
+/* sum, mean, amax, amin, max, min: over a list of dims */
+static bool s_is_list_reduce(int id)
+{
+    return id == OP_ID_sum || id == OP_ID_mean || id == OP_ID_amax || id == OP_ID_amin || id == OP_ID_max ||
+           id == OP_ID_min;
+}
 
 /* The reduced dims of a list reduction, as a bit mask (validated by infer). */
 static uint32_t s_list_mask(const op_attrs *a, int ndim)
@@ -87,42 +83,22 @@ static uint32_t s_list_mask(const op_attrs *a, int ndim)
 }
 
 /* The one dim an op works along (validated by infer); -1 for argmax/argmin without a dim. */
-static int s_along_dim(int code, const op_attrs *a, int ndim)
+static int s_along_dim(int id, const op_attrs *a, int ndim)
 {
     int64_t d;
-    switch (code) {
-    case S_ARGMAX:
-    case S_ARGMIN:
+    switch (id) {
+    case OP_ID_argmax:
+    case OP_ID_argmin:
         if (a->nints < 2)
             return -1;
         d = a->ints[1];
         break;
-    case S_TOPK: d = s_int(a, 1, -1); break;
+    case OP_ID_topk: d = s_int(a, 1, -1); break;
     default: d = s_int(a, 0, 0); break;
     }
     if (ndim == 0)
         return 0;
     return (int)(d < 0 ? d + ndim : d);
-}
-
-/* (outer, n, inner) of a C-contiguous shape seen along dim (-1: the whole array as one row). */
-static void s_split(int ndim, const int64_t *shape, int dim, int64_t *outer, int64_t *n, int64_t *inner)
-{
-    *outer = 1;
-    *n = 1;
-    *inner = 1;
-    if (dim < 0) {
-        *n = dt_layout_numel(ndim, shape);
-        return;
-    }
-    for (int d = 0; d < ndim; d++) {
-        if (d < dim)
-            *outer *= shape[d];
-        else if (d == dim)
-            *n = shape[d];
-        else
-            *inner *= shape[d];
-    }
 }
 
 /* ---- inference ------------------------------------------------------------------------------ */
@@ -139,7 +115,7 @@ static int s_infer_list(op_call *c)
     const char *name = s_name(c->def);
     const op_arg *a = &c->in[0];
     op_arg *o = &c->out[0];
-    int code = c->def->code;
+    int code = c->def->id;
     bool keepdim = s_int(&c->attrs, 0, 0) != 0;
     int64_t dtype = s_int(&c->attrs, 1, -1);
     if (s_check_dtype_attr(name, dtype) != 0)
@@ -166,10 +142,10 @@ static int s_infer_list(op_call *c)
     }
     bool floating = dt_dtype_is_float(a->dtype);
     switch (code) {
-    case S_SUM:
+    case OP_ID_sum:
         o->dtype = dtype >= 0 ? (dt_dtype)dtype : floating ? a->dtype : DT_INT64;
         return 0;
-    case S_MEAN:
+    case OP_ID_mean:
         if (dtype >= 0 && !dt_dtype_is_float((dt_dtype)dtype))
             return dt_err(DT_ETYPE, "mean(): could not infer output dtype. Optional dtype must be either a floating "
                           "point or complex dtype. Got: %s", s_torch_dtype((dt_dtype)dtype));
@@ -178,8 +154,8 @@ static int s_infer_list(op_call *c)
                           "point or complex dtype. Got: %s", s_torch_dtype(a->dtype));
         o->dtype = dtype >= 0 ? (dt_dtype)dtype : a->dtype;
         return 0;
-    case S_MAX:
-    case S_MIN:
+    case OP_ID_max:
+    case OP_ID_min:
         if (dt_layout_numel(a->ndim, a->shape) == 0)
             return dt_err(DT_EINVAL, "%s(): Expected reduction dim to be specified for input.numel() == 0. Specify "
                           "the reduction dim with the 'dim' argument.", name);
@@ -199,11 +175,11 @@ static int s_infer_along(op_call *c)
 {
     const char *name = s_name(c->def);
     const op_arg *a = &c->in[0];
-    int code = c->def->code;
-    int64_t dim_attr = code == S_ARGMAX || code == S_ARGMIN ? s_int(&c->attrs, 1, 0)
-                       : code == S_TOPK                     ? s_int(&c->attrs, 1, -1)
+    int code = c->def->id;
+    int64_t dim_attr = code == OP_ID_argmax || code == OP_ID_argmin ? s_int(&c->attrs, 1, 0)
+                       : code == OP_ID_topk                     ? s_int(&c->attrs, 1, -1)
                                                             : s_int(&c->attrs, 0, 0);
-    bool whole = (code == S_ARGMAX || code == S_ARGMIN) && c->attrs.nints < 2;
+    bool whole = (code == OP_ID_argmax || code == OP_ID_argmin) && c->attrs.nints < 2;
     int dim = 0;
     if (!whole && op_dim(name, dim_attr, a->ndim, &dim) != 0)
         return DT_EINDEX;
@@ -215,11 +191,11 @@ static int s_infer_along(op_call *c)
     c->out[1] = *o;
     c->out[1].dtype = DT_INT64;
     switch (code) {
-    case S_ARGMAX:
-    case S_ARGMIN:
-    case S_MAX_DIM:
-    case S_MIN_DIM: {
-        bool arg = code == S_ARGMAX || code == S_ARGMIN;
+    case OP_ID_argmax:
+    case OP_ID_argmin:
+    case OP_ID_max_dim:
+    case OP_ID_min_dim: {
+        bool arg = code == OP_ID_argmax || code == OP_ID_argmin;
         bool keepdim = s_int(&c->attrs, arg ? 0 : 1, 0) != 0;
         if (arg && a->dtype == DT_BOOL)
             return dt_err(DT_ETYPE, "%s(): not implemented for 'Bool'", name);
@@ -246,13 +222,13 @@ static int s_infer_along(op_call *c)
         memcpy(c->out[1].shape, o->shape, sizeof o->shape);
         return 0;
     }
-    case S_SOFTMAX:
-    case S_LOG_SOFTMAX:
-    case S_CUMSUM: {
+    case OP_ID_softmax:
+    case OP_ID_log_softmax:
+    case OP_ID_cumsum: {
         int64_t dtype = s_int(&c->attrs, 1, -1);
         if (s_check_dtype_attr(name, dtype) != 0)
             return DT_ETYPE;
-        if (code == S_CUMSUM) {
+        if (code == OP_ID_cumsum) {
             o->dtype = dtype >= 0 ? (dt_dtype)dtype : dt_dtype_is_float(a->dtype) ? a->dtype : DT_INT64;
             return 0;
         }
@@ -284,7 +260,7 @@ static int s_infer_norm(op_call *c)
     const char *name = c->def->name;
     const op_arg *a = &c->in[0];
     int64_t flags = s_int(&c->attrs, 0, 0);
-    bool rms = c->def->code == S_RMS_NORM;
+    bool rms = c->def->id == OP_ID_rms_norm;
     int nshape = c->attrs.nints - 1;
     const int64_t *shape = &c->attrs.ints[1];
     char want[160], got[160];
@@ -326,10 +302,10 @@ static int s_infer_norm(op_call *c)
 
 static int s_infer(op_call *c)
 {
-    int code = c->def->code;
+    int code = c->def->id;
     if (s_is_list_reduce(code))
         return s_infer_list(c);
-    if (code == S_LAYER_NORM || code == S_RMS_NORM)
+    if (code == OP_ID_layer_norm || code == OP_ID_rms_norm)
         return s_infer_norm(c);
     return s_infer_along(c);
 }
@@ -341,18 +317,18 @@ static bool s_partial_passes(const op_call *c, dt_reduce_op have)
 {
     dt_dtype in = c->in[0].dtype, out = c->out[0].dtype;
     bool floats = dt_dtype_is_float(in) && dt_dtype_is_float(out);
-    switch (c->def->code) {
-    case S_SUM:
-    case S_MEAN:
-    case S_CUMSUM:
+    switch (c->def->id) {
+    case OP_ID_sum:
+    case OP_ID_mean:
+    case OP_ID_cumsum:
         /* linear; integer sums stay exact only in int64 (int32 pieces may wrap, bool ones are or-ed) */
         return (have == DT_REDUCE_SUM && (floats || (in == DT_INT64 && out == DT_INT64))) ||
                (have == DT_REDUCE_AVG && floats);
-    case S_AMAX:
-    case S_MAX:
+    case OP_ID_amax:
+    case OP_ID_max:
         return have == DT_REDUCE_MAX;
-    case S_AMIN:
-    case S_MIN:
+    case OP_ID_amin:
+    case OP_ID_min:
         return have == DT_REDUCE_MIN;
     default:
         return false;
@@ -362,10 +338,12 @@ static bool s_partial_passes(const op_call *c, dt_reduce_op have)
 static int s_shard_list(op_call *c)
 {
     const op_arg *a = &c->in[0];
-    int code = c->def->code;
+    int code = c->def->id;
     bool keepdim = s_int(&c->attrs, 0, 0) != 0;
     uint32_t mask = s_list_mask(&c->attrs, a->ndim);
-    dt_reduce_op op = code <= S_MEAN ? DT_REDUCE_SUM : code == S_AMAX || code == S_MAX ? DT_REDUCE_MAX : DT_REDUCE_MIN;
+    dt_reduce_op op = code == OP_ID_sum || code == OP_ID_mean           ? DT_REDUCE_SUM
+                      : code == OP_ID_amax || code == OP_ID_max ? DT_REDUCE_MAX
+                                                                : DT_REDUCE_MIN;
     for (int m = 0; m < c->mesh_ndim; m++) {
         dt_placement p = a->pl[m], *out = &c->out[0].pl[m];
         c->want[0][m] = p;
@@ -405,344 +383,54 @@ static void s_shard_whole(op_call *c, uint32_t whole, uint32_t dropped)
 static int s_shard(op_call *c)
 {
     const op_arg *a = &c->in[0];
-    int code = c->def->code;
+    int code = c->def->id;
     if (s_is_list_reduce(code))
         return s_shard_list(c);
-    if (code == S_LAYER_NORM || code == S_RMS_NORM) {
+    if (code == OP_ID_layer_norm || code == OP_ID_rms_norm) {
         int nshape = c->attrs.nints - 1;
         s_shard_whole(c, s_all_dims(a->ndim) & ~s_all_dims(a->ndim - nshape), 0);
         return 0;
     }
     int dim = s_along_dim(code, &c->attrs, a->ndim);
     uint32_t whole = dim < 0 ? s_all_dims(a->ndim) : a->ndim ? 1u << dim : 0u;
-    bool keepdim = code == S_ARGMAX || code == S_ARGMIN ? s_int(&c->attrs, 0, 0) != 0
-                   : code == S_MAX_DIM || code == S_MIN_DIM ? s_int(&c->attrs, 1, 0) != 0
+    bool keepdim = code == OP_ID_argmax || code == OP_ID_argmin ? s_int(&c->attrs, 0, 0) != 0
+                   : code == OP_ID_max_dim || code == OP_ID_min_dim ? s_int(&c->attrs, 1, 0) != 0
                                                           : true;
     s_shard_whole(c, whole, keepdim ? 0u : whole);
     return 0;
 }
 
-/* mean: ctx[0] = how many elements each output element averages, globally. */
-static int s_local_mean(const op_call *c, const int64_t *coord, int64_t *ctx)
+/* What the kernel needs, worked out here: list reductions ctx = [mask of the reduced dims,
+ * elements each output element averages, globally]; ops along a dim [that dim, or -1 for every
+ * element]; norms [elements normalised together, which of weight and bias are given]. */
+static int s_local(const op_call *c, const int64_t *coord, int64_t *ctx)
 {
     const op_arg *a = &c->in[0];
-    uint32_t mask = s_list_mask(&c->attrs, a->ndim);
-    ctx[0] = 1;
-    for (int d = 0; d < a->ndim; d++)
-        if (mask & (1u << d))
-            ctx[0] *= a->shape[d];
+    int id = c->def->id;
+    if (s_is_list_reduce(id)) {
+        uint32_t mask = s_list_mask(&c->attrs, a->ndim);
+        ctx[0] = mask;
+        ctx[1] = 1;
+        for (int d = 0; d < a->ndim; d++)
+            if (mask & (1u << d))
+                ctx[1] *= a->shape[d];
+        return 2;
+    }
+    if (id == OP_ID_layer_norm || id == OP_ID_rms_norm) {
+        ctx[0] = 1;
+        for (int i = 1; i < c->attrs.nints; i++)
+            ctx[0] *= c->attrs.ints[i];
+        ctx[1] = s_int(&c->attrs, 0, 0);
+        return 2;
+    }
+    ctx[0] = s_along_dim(id, &c->attrs, a->ndim);
     return 1;
 }
 
-/* ---- kernels --------------------------------------------------------------------------------
- * Kernels compute in float32 or int64. A piece of another dtype is converted a chunk at a time,
- * in whole blocks of its outermost dim, into scratch that stays in cache and is reused: a
- * full-size copy costs more in page faults than the reduction itself. */
+/* ---- the rows of OP_REDUCE ------------------------------------------------------------------- */
 
-#define S_CHUNK 16384 /* elements converted at a time */
-
-static const char *const s_oom = "out of memory on the device";
-
-static bool s_native(dt_dtype d, cpu_ctype t)
-{
-    return (t == CPU_F32 && d == DT_FLOAT32) || (t == CPU_I64 && d == DT_INT64);
-}
-
-static cpu_ctype s_ctype(dt_dtype d) { return dt_dtype_is_float(d) ? CPU_F32 : CPU_I64; }
-
-static void *s_alloc(int64_t n, size_t elem) { return malloc((size_t)(n > 0 ? n : 1) * elem); }
-
-static int64_t s_min64(int64_t a, int64_t b) { return a < b ? a : b; }
-
-/* Converting to cast (what a dtype= argument asks for) first loses what the compute type would
- * keep: to a 16-bit float, or to bool. */
-static bool s_lossy(dt_dtype from, dt_dtype cast)
-{
-    return cast != from && (cast == DT_FLOAT16 || cast == DT_BFLOAT16 || cast == DT_BOOL);
-}
-
-/* Reads a piece in compute type t, as torch sees it after converting it to cast. */
-typedef struct {
-    const op_local *piece;
-    cpu_ctype t;
-    dt_dtype cast;
-    bool direct;  /* the piece is in t already: no copy */
-    void *buf;    /* a chunk in t */
-    void *narrow; /* a chunk in cast (lossy casts only) */
-} s_reader;
-
-static bool s_reader_init(s_reader *r, const op_local *piece, cpu_ctype t, dt_dtype cast, int64_t chunk)
-{
-    bool lossy = s_lossy(piece->dtype, cast);
-    *r = (s_reader){piece, t, cast, s_native(piece->dtype, t) && !lossy, NULL, NULL};
-    if (r->direct)
-        return true;
-    r->buf = s_alloc(chunk, cpu_ctype_size(t));
-    r->narrow = lossy ? s_alloc(chunk, dt_dtype_size(cast)) : NULL;
-    return r->buf && (!lossy || r->narrow);
-}
-
-/* count elements from first */
-static const void *s_read(s_reader *r, int64_t first, int64_t count)
-{
-    const char *src = (const char *)r->piece->data + first * (int64_t)dt_dtype_size(r->piece->dtype);
-    if (r->direct)
-        return src;
-    if (r->narrow) {
-        cpu_ctype via = r->cast == DT_BOOL ? CPU_U8 : CPU_F32; /* buf holds either */
-        cpu_to_ctype(r->buf, via, src, r->piece->dtype, count);
-        cpu_from_ctype(r->narrow, r->cast, r->buf, via, count);
-        cpu_to_ctype(r->buf, r->t, r->narrow, r->cast, count);
-    } else {
-        cpu_to_ctype(r->buf, r->t, src, r->piece->dtype, count);
-    }
-    return r->buf;
-}
-
-static void s_reader_free(s_reader *r)
-{
-    free(r->buf);
-    free(r->narrow);
-}
-
-/* Writes an output computed in t: in place when it is of type t, else through a chunk. */
-typedef struct {
-    op_local *piece;
-    cpu_ctype t;
-    void *buf;
-} s_writer;
-
-static bool s_writer_init(s_writer *w, op_local *piece, cpu_ctype t, int64_t chunk)
-{
-    bool native = s_native(piece->dtype, t);
-    *w = (s_writer){piece, t, native ? NULL : s_alloc(chunk, cpu_ctype_size(t))};
-    return native || w->buf;
-}
-
-/* where the kernel writes the elements from first */
-static void *s_slot(s_writer *w, int64_t first)
-{
-    return w->buf ? w->buf : (char *)w->piece->data + first * (int64_t)cpu_ctype_size(w->t);
-}
-
-static void s_flush(s_writer *w, int64_t first, int64_t count)
-{
-    if (w->buf)
-        cpu_from_ctype((char *)w->piece->data + first * (int64_t)dt_dtype_size(w->piece->dtype), w->piece->dtype,
-                       w->buf, w->t, count);
-}
-
-static void s_divide(float *v, int64_t n, int64_t count)
-{
-    for (int64_t i = 0; i < n; i++)
-        v[i] = (float)((double)v[i] / (double)count);
-}
-
-/* The value of max/min over nothing: what a device with an empty shard contributes to a
- * Partial(max|min), so that the others' values win. */
-static dt_scalar s_identity(dt_dtype d, bool max)
-{
-    if (dt_dtype_is_float(d))
-        return (dt_scalar){.is_int = false, .f = max ? -INFINITY : INFINITY};
-    switch (d) {
-    case DT_INT32: return (dt_scalar){.is_int = true, .i = max ? INT32_MIN : INT32_MAX};
-    case DT_INT64: return (dt_scalar){.is_int = true, .i = max ? INT64_MIN : INT64_MAX};
-    default: return (dt_scalar){.is_int = true, .i = max ? 0 : 1};
-    }
-}
-
-/* sum, mean, amax, amin, max, min: converted pieces go a block of dim-0 rows at a time; when
- * dim 0 is reduced, each block's result is combined into the first one's. */
-static const char *s_cpu_list(op_kernel *k)
-{
-    const op_local *in = &k->in[0];
-    op_local *out = &k->out[0];
-    int code = k->def->code;
-    uint32_t mask = s_list_mask(k->attrs, in->ndim);
-    int64_t n_out = dt_layout_numel(out->ndim, out->shape), extent = 1;
-    for (int d = 0; d < in->ndim; d++)
-        if (mask & (1u << d))
-            extent *= in->shape[d];
-    if (n_out == 0)
-        return NULL;
-    if (extent == 0) { /* an empty shard (or an empty reduced dim, for sum and mean) */
-        if (code == S_SUM)
-            cpu_fill(out->data, out->dtype, n_out, (dt_scalar){.is_int = true, .i = 0});
-        else if (code == S_MEAN)
-            cpu_fill(out->data, out->dtype, n_out, (dt_scalar){.f = k->ctx[0] ? 0.0 : NAN});
-        else
-            cpu_fill(out->data, out->dtype, n_out, s_identity(out->dtype, code == S_AMAX || code == S_MAX));
-        return NULL;
-    }
-    cpu_red op = code <= S_MEAN ? CPU_RED_SUM : code == S_AMAX || code == S_MAX ? CPU_RED_MAX : CPU_RED_MIN;
-    cpu_ctype t = s_ctype(out->dtype);
-    dt_dtype cast = code <= S_MEAN ? out->dtype : in->dtype;
-    int64_t rows = in->ndim ? in->shape[0] : 1, slab = dt_layout_numel(in->ndim, in->shape) / rows;
-    bool folded = in->ndim > 0 && (mask & 1u); /* dim 0 is reduced */
-    bool direct = s_native(in->dtype, t) && !s_lossy(in->dtype, cast);
-    int64_t step = direct ? rows : s_min64(rows, S_CHUNK / slab > 1 ? S_CHUNK / slab : 1);
-    int64_t out_slab = folded ? 0 : n_out / rows;
-    s_reader rd;
-    s_writer wr;
-    void *part = folded && step < rows ? s_alloc(n_out, cpu_ctype_size(t)) : NULL;
-    bool ok = s_reader_init(&rd, in, t, cast, step * slab);
-    ok = s_writer_init(&wr, out, t, folded ? n_out : step * out_slab) && ok;
-    const char *why = ok && (part || !folded || step == rows) ? NULL : s_oom;
-    int64_t shape[DT_MAX_DIMS];
-    memcpy(shape, in->shape, sizeof shape);
-    for (int64_t r0 = 0; r0 < rows && !why; r0 += step) {
-        int64_t count = s_min64(step, rows - r0);
-        if (in->ndim)
-            shape[0] = count;
-        const void *x = s_read(&rd, r0 * slab, count * slab);
-        if (folded) {
-            void *acc = s_slot(&wr, 0);
-            why = cpu_reduce_dims(op, t, r0 ? part : acc, x, in->ndim, shape, mask);
-            if (!why && r0)
-                cpu_combine(op, t, acc, part, n_out);
-            continue;
-        }
-        void *y = s_slot(&wr, r0 * out_slab);
-        why = cpu_reduce_dims(op, t, y, x, in->ndim, shape, mask);
-        if (!why && code == S_MEAN)
-            s_divide(y, count * out_slab, k->ctx[0]);
-        if (!why)
-            s_flush(&wr, r0 * out_slab, count * out_slab);
-    }
-    if (!why && folded) {
-        if (code == S_MEAN)
-            s_divide(s_slot(&wr, 0), n_out, k->ctx[0]);
-        s_flush(&wr, 0, n_out);
-    }
-    s_reader_free(&rd);
-    free(wr.buf);
-    free(part);
-    return why;
-}
-
-/* One chunk of outer blocks of an op along a dim (or of normalised rows). */
-static const char *s_run_along(const op_kernel *k, cpu_ctype t, void *y, int64_t *index, const void *x,
-                               int64_t outer, int64_t n, int64_t inner, const float *weight, const float *bias)
-{
-    int code = k->def->code;
-    switch (code) {
-    case S_MAX_DIM:
-    case S_MIN_DIM:
-    case S_ARGMAX:
-    case S_ARGMIN:
-        cpu_arg_run(code == S_MAX_DIM || code == S_ARGMAX, t, index, y, x, outer, n, inner);
-        return NULL;
-    case S_SOFTMAX:
-    case S_LOG_SOFTMAX:
-        return cpu_softmax_run(code == S_LOG_SOFTMAX, y, x, outer, n, inner);
-    case S_CUMSUM:
-        cpu_cumsum_run(t, y, x, outer, n, inner);
-        return NULL;
-    case S_TOPK:
-        return cpu_topk_run(t, y, index, x, outer, n, inner, s_int(k->attrs, 0, 1), s_int(k->attrs, 2, 1) != 0);
-    default: {
-        float eps = k->attrs->nfloats > 0 ? (float)k->attrs->floats[0] : FLT_EPSILON;
-        cpu_norm_run(code == S_RMS_NORM, y, x, outer, n, weight, bias, eps);
-        return NULL;
-    }
-    }
-}
-
-/* max/min along a dim, argmax/argmin, softmax, log_softmax, cumsum, topk, layer_norm, rms_norm:
- * the piece is (outer, n, inner) and goes a chunk of outer blocks at a time. */
-static const char *s_cpu_along(op_kernel *k)
-{
-    const op_local *in = &k->in[0];
-    int code = k->def->code;
-    bool norm = code == S_LAYER_NORM || code == S_RMS_NORM, arg = code == S_ARGMAX || code == S_ARGMIN;
-    int64_t outer, n, inner, out_block;
-    if (norm) {
-        int64_t d = 1;
-        for (int i = 1; i < k->attrs->nints; i++)
-            d *= k->attrs->ints[i];
-        n = d;
-        inner = 1;
-        outer = d ? dt_layout_numel(in->ndim, in->shape) / d : 0;
-    } else {
-        s_split(in->ndim, in->shape, s_along_dim(code, k->attrs, in->ndim), &outer, &n, &inner);
-    }
-    switch (code) {
-    case S_MAX_DIM: case S_MIN_DIM: case S_ARGMAX: case S_ARGMIN: out_block = n ? inner : 0; break;
-    case S_TOPK: out_block = s_int(k->attrs, 0, 1) * inner; break;
-    default: out_block = n * inner; break;
-    }
-    if (outer == 0 || out_block == 0)
-        return NULL;
-    cpu_ctype t = norm || code == S_SOFTMAX || code == S_LOG_SOFTMAX ? CPU_F32
-                  : code == S_CUMSUM                                ? s_ctype(k->out[0].dtype)
-                                                                    : s_ctype(in->dtype);
-    dt_dtype cast = code == S_SOFTMAX || code == S_LOG_SOFTMAX || code == S_CUMSUM ? k->out[0].dtype : in->dtype;
-    int64_t *index = arg ? k->out[0].data : code == S_MAX_DIM || code == S_MIN_DIM || code == S_TOPK ? k->out[1].data
-                                                                                                    : NULL;
-    int64_t in_block = n * inner, widest = in_block > out_block ? in_block : out_block;
-    bool direct = s_native(in->dtype, t) && !s_lossy(in->dtype, cast) && (arg || s_native(k->out[0].dtype, t));
-    int64_t step = direct ? outer : s_min64(outer, S_CHUNK / widest > 1 ? S_CHUNK / widest : 1);
-    s_reader rd, rw = {0}, rb = {0};
-    s_writer wr = {0};
-    void *values = NULL; /* argmax/argmin: the extreme values, not an output */
-    bool ok = s_reader_init(&rd, in, t, cast, step * in_block);
-    if (arg)
-        ok = (values = s_alloc(step * out_block, cpu_ctype_size(t))) && ok;
-    else
-        ok = s_writer_init(&wr, &k->out[0], t, step * out_block) && ok;
-    const float *weight = NULL, *bias = NULL;
-    int64_t flags = norm ? s_int(k->attrs, 0, 0) : 0;
-    if (flags & 1) {
-        ok = s_reader_init(&rw, &k->in[1], CPU_F32, k->in[1].dtype, n) && ok;
-        weight = ok ? s_read(&rw, 0, n) : NULL;
-    }
-    if (flags & 2) {
-        const op_local *b = &k->in[flags & 1 ? 2 : 1];
-        ok = s_reader_init(&rb, b, CPU_F32, b->dtype, n) && ok;
-        bias = ok ? s_read(&rb, 0, n) : NULL;
-    }
-    const char *why = ok ? NULL : s_oom;
-    for (int64_t o0 = 0; o0 < outer && !why; o0 += step) {
-        int64_t count = s_min64(step, outer - o0);
-        const void *x = s_read(&rd, o0 * in_block, count * in_block);
-        void *y = arg ? values : s_slot(&wr, o0 * out_block);
-        why = s_run_along(k, t, y, index ? index + o0 * out_block : NULL, x, count, n, inner, weight, bias);
-        if (!why && !arg)
-            s_flush(&wr, o0 * out_block, count * out_block);
-    }
-    s_reader_free(&rd);
-    s_reader_free(&rw);
-    s_reader_free(&rb);
-    free(wr.buf);
-    free(values);
-    return why;
-}
-
-static const char *s_cpu(op_kernel *k)
-{
-    return s_is_list_reduce(k->def->code) ? s_cpu_list(k) : s_cpu_along(k);
-}
-
-/* ---- the table (attributes: see above) ------------------------------------------------------- */
-
-#define S_OP(name, code, nin, nout) {name, code, nin, nout, s_infer, s_shard, NULL, s_cpu}
-const op_def op_reduce_ops[] = {
-    S_OP("sum", S_SUM, 1, 1),
-    {"mean", S_MEAN, 1, 1, s_infer, s_shard, s_local_mean, s_cpu},
-    S_OP("amax", S_AMAX, 1, 1),
-    S_OP("amin", S_AMIN, 1, 1),
-    S_OP("max", S_MAX, 1, 1),
-    S_OP("min", S_MIN, 1, 1),
-    S_OP("max_dim", S_MAX_DIM, 1, 2),
-    S_OP("min_dim", S_MIN_DIM, 1, 2),
-    S_OP("argmax", S_ARGMAX, 1, 1),
-    S_OP("argmin", S_ARGMIN, 1, 1),
-    S_OP("softmax", S_SOFTMAX, 1, 1),
-    S_OP("log_softmax", S_LOG_SOFTMAX, 1, 1),
-    S_OP("cumsum", S_CUMSUM, 1, 1),
-    S_OP("topk", S_TOPK, 1, 2),
-    S_OP("layer_norm", S_LAYER_NORM, -1, 1),
-    S_OP("rms_norm", S_RMS_NORM, -1, 1),
-};
-#undef S_OP
-const int op_reduce_count = (int)(sizeof op_reduce_ops / sizeof op_reduce_ops[0]);
+#define S_DEF(op, num, inputs, outputs)                                                                                \
+    const op_def op_def_##op = {.name = #op, .id = num, .nin = inputs, .nout = outputs, .infer = s_infer,            \
+                                .shard = s_shard, .local = s_local};
+OP_REDUCE(S_DEF)
+#undef S_DEF

@@ -1,54 +1,49 @@
-/* op_registry — the table of every op, assembled from the families' tables. */
+/* op_registry — finding an op by id or by name among the rows of ops/op_table.h. Each family's
+ * file defines one op_def per row, named op_def_<name>. */
 #include "op_registry.h"
 
 #include <string.h>
 
-typedef struct {
-    const op_def *ops;
-    const int *count;
-} s_family;
+#define S_DECLARE(name, ...) extern const op_def op_def_##name;
+OP_TABLE(S_DECLARE)
+#undef S_DECLARE
 
-static const s_family s_families[] = {
-    {op_pointwise_ops, &op_pointwise_count},
-    {op_reduce_ops, &op_reduce_count},
-    {op_view_ops, &op_view_count},
-    {op_matmul_ops, &op_matmul_count},
-    {op_rope_ops, &op_rope_count},
-    {op_write_ops, &op_write_count},
-};
+#define S_CHECK(name, id, ...) _Static_assert((id) >= 0 && (id) < OP_ID_LIMIT, "op " #name ": id out of range");
+OP_TABLE(S_CHECK)
+#undef S_CHECK
 
-#define S_NFAMILIES (int)(sizeof s_families / sizeof s_families[0])
+#define S_ADDRESS(name, ...) &op_def_##name,
+static const op_def *const s_ops[] = {OP_TABLE(S_ADDRESS)};
+#undef S_ADDRESS
 
-const op_def *op_at(int index)
+#define S_COUNT (int)(sizeof s_ops / sizeof s_ops[0])
+
+/* A switch, so that two rows declaring one id fail to compile (duplicate case value). */
+const op_def *op_by_id(int id)
 {
-    for (int f = 0; f < S_NFAMILIES; f++) {
-        if (index < *s_families[f].count)
-            return index >= 0 ? &s_families[f].ops[index] : NULL;
-        index -= *s_families[f].count;
+#define S_CASE(name, id, ...) case (id): return &op_def_##name;
+    switch (id) {
+    OP_TABLE(S_CASE)
+    default: return NULL;
     }
-    return NULL;
-}
-
-int op_index(const op_def *def)
-{
-    int base = 0;
-    for (int f = 0; f < S_NFAMILIES; f++) {
-        const op_def *ops = s_families[f].ops;
-        if (def >= ops && def < ops + *s_families[f].count)
-            return base + (int)(def - ops);
-        base += *s_families[f].count;
-    }
-    return -1;
+#undef S_CASE
 }
 
 const op_def *op_find(const char *name)
 {
-    for (int f = 0; f < S_NFAMILIES; f++)
-        for (int i = 0; i < *s_families[f].count; i++)
-            if (strcmp(s_families[f].ops[i].name, name) == 0)
-                return &s_families[f].ops[i];
+    for (int i = 0; i < S_COUNT; i++)
+        if (strcmp(s_ops[i]->name, name) == 0)
+            return s_ops[i];
     return NULL;
 }
+
+int op_count(void) { return S_COUNT; }
+
+const op_def *op_nth(int i) { return i >= 0 && i < S_COUNT ? s_ops[i] : NULL; }
+
+int op_index(const op_def *def) { return def->id; }
+
+const op_def *op_at(int index) { return op_by_id(index); }
 
 #define S_FNV_OFFSET 0xcbf29ce484222325ull
 #define S_FNV_PRIME 0x100000001b3ull
@@ -74,7 +69,7 @@ uint64_t op_registry_hash(void)
 {
     uint64_t h = S_FNV_OFFSET;
     const op_def *def;
-    for (int i = 0; (def = op_at(i)) != NULL; i++) {
+    for (int i = 0; (def = op_nth(i)) != NULL; i++) {
         h = s_fnv_int(h, op_index(def));
         h = s_fnv(h, def->name, strlen(def->name) + 1); /* the NUL keeps "ab","c" apart from "a","bc" */
         h = s_fnv_int(h, def->nin);

@@ -1,7 +1,9 @@
-/* op_registry — every tensor op declared once: its name, how many inputs and outputs, shape and
- * dtype inference, its sharding rule, and its kernel per device type. The controller runs infer
- * and shard on global metadata when the op is called (errors raise there); each device runs the
- * kernel on its local pieces. Adding an op adds one entry to a family's table. */
+/* op_registry — what an op is: its definition (op_def: name, id, arity, shape and dtype
+ * inference, sharding rule, how Python calls it), the calls the controller makes of it (op_call)
+ * and the pieces a kernel gets (op_kernel). Every op has one row in ops/op_table.h; the registry
+ * finds it by id or name. The controller runs infer and shard on global metadata when the op is
+ * called (errors raise there); each device runs its backend's kernel for the id on its local
+ * pieces. */
 #ifndef OP_REGISTRY_H
 #define OP_REGISTRY_H
 
@@ -9,6 +11,7 @@
 #include <stdint.h>
 
 #include "dtorch.h"
+#include "op_table.h"
 
 #define OP_MAX_INPUTS 32
 #define OP_MAX_OUTPUTS 2
@@ -74,39 +77,33 @@ typedef struct {
 
 struct op_def {
     const char *name;
-    int code;                             /* family-private: which variant of the family's kernels */
+    int id;                               /* its number in ops/op_table.h: what records carry */
     int nin;                              /* inputs, or -1: any number >= 1 */
     int nout;
     int (*infer)(op_call *c);             /* checks arguments, fills out[] shapes/dtypes; dt_err */
     int (*shard)(op_call *c);             /* fills want[] and out[].pl from in[].pl */
     /* optional: per-device integers for the kernel (mesh coordinate of the device given) */
     int (*local)(const op_call *c, const int64_t *coord, int64_t *ctx);
-    const char *(*cpu)(op_kernel *k);     /* the CPU kernel: NULL, or why it failed */
+    /* how the bindings call it and where they put it (dtorch.h, dt_op_info) */
+    dt_op_sig py_sig;
+    int py_exports;                       /* DT_PY_* bits; 0 with DT_SIG_NONE */
+    const char *py_floats;                /* DT_SIG_UNARY: "name=default, ..." of attrs.floats */
     bool inplace;                         /* output 0 is input 0, written in place (ops/op_write.c) */
 };
 
+/* The op with this id, or NULL. */
+const op_def *op_by_id(int id);
 /* The op named name, or NULL. */
 const op_def *op_find(const char *name);
-/* Ops are numbered by their place in the registry: the number travels in COMPUTE records. */
+/* Every op in ops/op_table.h's order: op_nth(0) .. op_nth(op_count() - 1). */
+int op_count(void);
+const op_def *op_nth(int i);
+/* The number a COMPUTE record carries for an op, and back: its id. */
 int op_index(const op_def *def);
 const op_def *op_at(int index);
 /* FNV-1a over every op's number, name, nin and nout in registry order: a controller and a worker
  * built from other sources disagree on it, and HELLO carries it so that they find out. */
 uint64_t op_registry_hash(void);
-
-/* Family tables (ops/op_<family>.c). */
-extern const op_def op_pointwise_ops[];
-extern const int op_pointwise_count;
-extern const op_def op_reduce_ops[];
-extern const int op_reduce_count;
-extern const op_def op_view_ops[];
-extern const int op_view_count;
-extern const op_def op_matmul_ops[];
-extern const int op_matmul_count;
-extern const op_def op_rope_ops[];
-extern const int op_rope_count;
-extern const op_def op_write_ops[];
-extern const int op_write_count;
 
 /* Shared rule helpers (ops/op_rules.c). */
 /* Result dtype of combining two dtypes as torch promotes them. */
@@ -121,5 +118,15 @@ void op_replicate_all(dt_placement *pl, int mesh_ndim);
 /* Bytes moved to bring input i to placements to (0 when it already has them). */
 int64_t op_cost(const op_call *c, int i, const dt_placement *to);
 bool op_same_placements(const dt_placement *a, const dt_placement *b, int mesh_ndim);
+
+/* Where the dims of a product are (ops/op_matmul.c; its kernels read their pieces the same way):
+ * a (batch..., M, K), b (batch..., K, N), or b a weight (N, K) for linear; M is absent for a 1-D a
+ * and N for a 1-D b (-1). */
+typedef struct {
+    int a_m, a_k, b_k, b_n, o_m, o_n;
+    int nbatch, a_nbatch, b_nbatch;
+    bool b_trans;
+} op_mm_dims;
+op_mm_dims op_mm_layout(int a_ndim, int b_ndim, bool linear);
 
 #endif

@@ -1,6 +1,7 @@
 /* op_rope — rotary position embedding fused into one op, as Llama applies it to q and k:
  * rope(x (B, H, S, D), positions (B or 1, S) int64, inv_freq (D/2,) float32, attrs.floats[0] =
- * scaling) = x * cos + rotate_half(x) * sin with the angles positions * inv_freq (ops/cpu/cpu_rope.h).
+ * scaling) = x * cos + rotate_half(x) * sin with the angles positions * inv_freq; the kernel is
+ * ops/cpu/cpu_rope.c.
  *
  * Sharding: the output follows x on the batch, head and position dims; the head dim D must be
  * whole on each device (a Shard of it is gathered). positions follow x's batch and position
@@ -8,7 +9,6 @@
  * rope is linear in x, so a Partial(sum/avg) x passes through. */
 #include <string.h>
 
-#include "cpu_rope.h"
 #include "dt_dtype.h"
 #include "dt_error.h"
 #include "op_registry.h"
@@ -56,15 +56,7 @@ static int s_shard(op_call *c)
     return 0;
 }
 
-static const char *s_cpu(op_kernel *k)
-{
-    const op_local *x = &k->in[0], *pos = &k->in[1];
-    cpu_rope(k->out[0].data, x->data, x->dtype, x->shape[0], x->shape[1], x->shape[2], x->shape[3], pos->data,
-             pos->shape[0], k->in[2].data, (float)k->attrs->floats[0]);
-    return NULL;
-}
-
-const op_def op_rope_ops[] = {
-    {"rope", 0, 3, 1, s_infer, s_shard, NULL, s_cpu},
-};
-const int op_rope_count = (int)(sizeof op_rope_ops / sizeof op_rope_ops[0]);
+#define S_DEF(op, num, inputs)                                                                                     \
+    const op_def op_def_##op = {.name = #op, .id = num, .nin = inputs, .nout = 1, .infer = s_infer, .shard = s_shard};
+OP_ROPE(S_DEF)
+#undef S_DEF

@@ -19,11 +19,12 @@
  * - index_select(x, d, idx): x S(e), e != d, with idx R -> S(e); x R with idx S(0) -> S(d).
  * - triu/tril: any sharding, each piece masked with its global row and column offsets.
  * - Partial passes through all of them: they move or zero elements, which commutes with any
- *   elementwise reduction (cat/stack keep it only where every input has the same Partial). */
+ *   elementwise reduction (cat/stack keep it only where every input has the same Partial).
+ *
+ * The ops are the rows of OP_VIEW (ops/op_table.h); their kernels are in ops/cpu/cpu_view.c. */
 #include <stdio.h>
 #include <string.h>
 
-#include "cpu_view.h"
 #include "dt_dtype.h"
 #include "dt_error.h"
 #include "dt_layout.h"
@@ -37,12 +38,7 @@
             return rc_;                                                                                                \
     } while (0)
 
-typedef enum {
-    V_RESHAPE, V_FLATTEN, V_UNSQUEEZE, V_SQUEEZE, V_PERMUTE, V_EXPAND, V_CAT, V_STACK,
-    V_SLICE, V_NARROW, V_SELECT, V_INDEX_SELECT, V_TRIU, V_TRIL,
-} v_code;
-
-static v_code s_code(const op_call *c) { return (v_code)c->def->code; }
+static op_id s_code(const op_call *c) { return (op_id)c->def->id; }
 
 /* "[2, 3]" */
 static const char *s_fmt(char *buf, size_t size, int ndim, const int64_t *shape)
@@ -97,7 +93,7 @@ static int s_infer_reshape(op_call *c)
     char b1[160];
     o->dtype = a->dtype;
     switch (s_code(c)) {
-    case V_RESHAPE: {
+    case OP_ID_reshape: {
         int n = c->attrs.nints, infer = -1;
         if (n > DT_MAX_DIMS)
             return dt_err(DT_EINVAL, "%s: at most %d dims, got %d", name, DT_MAX_DIMS, n);
@@ -131,7 +127,7 @@ static int s_infer_reshape(op_call *c)
                           s_fmt(b1, sizeof b1, n, c->attrs.ints), (long long)numel);
         return 0;
     }
-    case V_FLATTEN: {
+    case OP_ID_flatten: {
         int start, end;
         S_TRY(s_need_ints(c, 2));
         S_TRY(op_dim(name, c->attrs.ints[0], a->ndim, &start));
@@ -152,7 +148,7 @@ static int s_infer_reshape(op_call *c)
         o->ndim = n;
         return 0;
     }
-    case V_UNSQUEEZE: {
+    case OP_ID_unsqueeze: {
         int dim;
         S_TRY(s_need_ints(c, 1));
         S_TRY(op_dim(name, c->attrs.ints[0], a->ndim + 1, &dim));
@@ -164,7 +160,7 @@ static int s_infer_reshape(op_call *c)
         o->ndim = n;
         return 0;
     }
-    case V_SQUEEZE: {
+    case OP_ID_squeeze: {
         for (int i = 0; i < c->attrs.nints; i++) {
             int d;
             S_TRY(op_dim(name, c->attrs.ints[i], a->ndim, &d));
@@ -186,11 +182,11 @@ static int s_reshape_map(const op_call *c, int d)
 {
     const op_arg *a = &c->in[0], *o = &c->out[0];
     switch (s_code(c)) {
-    case V_UNSQUEEZE: {
+    case OP_ID_unsqueeze: {
         int dim = (int)(c->attrs.ints[0] < 0 ? c->attrs.ints[0] + a->ndim + 1 : c->attrs.ints[0]);
         return d < dim ? d : d + 1;
     }
-    case V_SQUEEZE: {
+    case OP_ID_squeeze: {
         int kept = 0; /* the dims that stay keep their order */
         for (int i = 0; i < d; i++)
             kept += !s_squeezed(c, i);
@@ -313,7 +309,6 @@ static int s_shard_reshape(op_call *c)
     return 0;
 }
 
-static const char *s_cpu_reshape(op_kernel *k) { return cpu_view_copy(k); }
 
 /* ---- permute --------------------------------------------------------------------------------- */
 
@@ -355,7 +350,6 @@ static int s_shard_permute(op_call *c)
     return 0;
 }
 
-static const char *s_cpu_permute(op_kernel *k) { return cpu_view_permute(k); }
 
 /* ---- expand ---------------------------------------------------------------------------------- */
 
@@ -408,13 +402,12 @@ static int s_shard_expand(op_call *c)
     return 0;
 }
 
-static const char *s_cpu_expand(op_kernel *k) { return cpu_view_expand(k); }
 
 /* ---- cat / stack ----------------------------------------------------------------------------- */
 
 static int s_infer_cat(op_call *c)
 {
-    bool stack = s_code(c) == V_STACK;
+    bool stack = s_code(c) == OP_ID_stack;
     const char *name = c->def->name;
     const op_arg *a = &c->in[0];
     op_arg *o = &c->out[0];
@@ -469,7 +462,7 @@ static int s_infer_cat(op_call *c)
 
 static int s_shard_cat(op_call *c)
 {
-    bool stack = s_code(c) == V_STACK;
+    bool stack = s_code(c) == OP_ID_stack;
     int dim = (int)c->attrs.ints[0];
     dim = dim < 0 ? dim + c->out[0].ndim : dim; /* output dim (cat: the same as the inputs') */
     dt_placement out_pl[DT_MAX_DIMS], want[DT_MAX_DIMS];
@@ -512,7 +505,6 @@ static int s_shard_cat(op_call *c)
     return 0;
 }
 
-static const char *s_cpu_cat(op_kernel *k) { return cpu_view_cat(k, k->def->code == V_STACK); }
 
 /* ---- slice / narrow / select ------------------------------------------------------------------ */
 
@@ -521,14 +513,14 @@ static int s_slice_args(const op_call *c, int *dim, int64_t *start, int64_t *len
 {
     const op_arg *a = &c->in[0];
     const char *name = c->def->name;
-    v_code code = s_code(c);
-    S_TRY(s_need_ints(c, code == V_SLICE ? 4 : code == V_NARROW ? 3 : 2));
+    op_id code = s_code(c);
+    S_TRY(s_need_ints(c, code == OP_ID_slice ? 4 : code == OP_ID_narrow ? 3 : 2));
     if (a->ndim == 0)
         return dt_err(DT_EINDEX, "%s() cannot be applied to a 0-dim tensor.", name);
     S_TRY(op_dim(name, c->attrs.ints[0], a->ndim, dim));
     int64_t size = a->shape[*dim];
     *step = 1;
-    if (code == V_SELECT) {
+    if (code == OP_ID_select) {
         int64_t i = c->attrs.ints[1];
         if (i < -size || i >= size) {
             char b1[160];
@@ -537,7 +529,7 @@ static int s_slice_args(const op_call *c, int *dim, int64_t *start, int64_t *len
         }
         *start = i < 0 ? i + size : i;
         *len = 1;
-    } else if (code == V_NARROW) {
+    } else if (code == OP_ID_narrow) {
         int64_t s = c->attrs.ints[1], l = c->attrs.ints[2];
         if (s < -size || s > size)
             return dt_err(DT_EINDEX,
@@ -584,7 +576,7 @@ static int s_infer_slice(op_call *c)
     for (int d = 0; d < a->ndim; d++) {
         if (d != dim)
             o->shape[n++] = a->shape[d];
-        else if (s_code(c) != V_SELECT)
+        else if (s_code(c) != OP_ID_select)
             o->shape[n++] = len;
     }
     o->ndim = n;
@@ -597,7 +589,7 @@ static int s_shard_slice(op_call *c)
     int dim = 0;
     int64_t start = 0, len = 0, step = 1;
     s_slice_args(c, &dim, &start, &len, &step);
-    bool select = s_code(c) == V_SELECT;
+    bool select = s_code(c) == OP_ID_select;
     int64_t size = a->shape[dim];
     bool whole = !select && start == 0 && len == size && (step == 1 || size <= 1);
     for (int m = 0; m < c->mesh_ndim; m++) {
@@ -622,7 +614,6 @@ static int s_local_slice(const op_call *c, const int64_t *coord, int64_t *ctx)
     return 3;
 }
 
-static const char *s_cpu_slice(op_kernel *k) { return cpu_view_slice(k, k->def->code == V_SELECT); }
 
 /* ---- index_select ---------------------------------------------------------------------------- */
 
@@ -681,7 +672,6 @@ static int s_shard_index_select(op_call *c)
     return 0;
 }
 
-static const char *s_cpu_index_select(op_kernel *k) { return cpu_view_index_select(k); }
 
 /* ---- triu / tril ----------------------------------------------------------------------------- */
 
@@ -711,28 +701,11 @@ static int s_local_tri(const op_call *c, const int64_t *coord, int64_t *ctx)
     return 2;
 }
 
-static const char *s_cpu_tri(op_kernel *k) { return cpu_view_tri(k, k->def->code == V_TRIU); }
 
-/* ---- the table -------------------------------------------------------------------------------
- * Attributes (attrs.ints): reshape: the shape (one -1 may be inferred); flatten: start, end;
- * unsqueeze: dim; squeeze: the dims (none: every size-1 dim); permute: the dims; expand: the
- * sizes (-1 keeps a size); cat/stack: dim; slice: dim, start, stop, step (Python slice bounds,
- * step > 0); narrow: dim, start, length; select: dim, index; index_select: dim, wrap (1: negative
- * positions count from the end, as x[idx]); triu/tril: diagonal. */
-const op_def op_view_ops[] = {
-    {"reshape", V_RESHAPE, 1, 1, s_infer_reshape, s_shard_reshape, NULL, s_cpu_reshape},
-    {"flatten", V_FLATTEN, 1, 1, s_infer_reshape, s_shard_reshape, NULL, s_cpu_reshape},
-    {"unsqueeze", V_UNSQUEEZE, 1, 1, s_infer_reshape, s_shard_reshape, NULL, s_cpu_reshape},
-    {"squeeze", V_SQUEEZE, 1, 1, s_infer_reshape, s_shard_reshape, NULL, s_cpu_reshape},
-    {"permute", V_PERMUTE, 1, 1, s_infer_permute, s_shard_permute, NULL, s_cpu_permute},
-    {"expand", V_EXPAND, 1, 1, s_infer_expand, s_shard_expand, NULL, s_cpu_expand},
-    {"cat", V_CAT, -1, 1, s_infer_cat, s_shard_cat, NULL, s_cpu_cat},
-    {"stack", V_STACK, -1, 1, s_infer_cat, s_shard_cat, NULL, s_cpu_cat},
-    {"slice", V_SLICE, 1, 1, s_infer_slice, s_shard_slice, s_local_slice, s_cpu_slice},
-    {"narrow", V_NARROW, 1, 1, s_infer_slice, s_shard_slice, s_local_slice, s_cpu_slice},
-    {"select", V_SELECT, 1, 1, s_infer_slice, s_shard_slice, s_local_slice, s_cpu_slice},
-    {"index_select", V_INDEX_SELECT, 2, 1, s_infer_index_select, s_shard_index_select, NULL, s_cpu_index_select},
-    {"triu", V_TRIU, 1, 1, s_infer_tri, s_shard_same, s_local_tri, s_cpu_tri},
-    {"tril", V_TRIL, 1, 1, s_infer_tri, s_shard_same, s_local_tri, s_cpu_tri},
-};
-const int op_view_count = (int)(sizeof op_view_ops / sizeof op_view_ops[0]);
+/* ---- the rows of OP_VIEW ---------------------------------------------------------------------- */
+
+#define S_DEF(op, num, inputs, infer_fn, shard_fn, local_fn)                                                           \
+    const op_def op_def_##op = {.name = #op, .id = num, .nin = inputs, .nout = 1, .infer = infer_fn,                 \
+                                .shard = shard_fn, .local = local_fn};
+OP_VIEW(S_DEF)
+#undef S_DEF

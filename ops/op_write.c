@@ -10,10 +10,10 @@
  *
  * Ordering: a device runs its records in order, and a worker writes in place only into storage
  * nobody else holds; a fetch or a redistribute issued before the write holds the old storage,
- * so the worker copies it first and they see the old value (act_worker.c, copy on write). */
+ * so the worker copies it first and they see the old value (act_worker.c, copy on write).
+ * The kernel is ops/cpu/cpu_write.c. */
 #include <string.h>
 
-#include "cpu_kernels.h"
 #include "dt_dtype.h"
 #include "dt_error.h"
 #include "dt_layout.h"
@@ -71,28 +71,8 @@ static int s_local(const op_call *c, const int64_t *coord, int64_t *ctx)
     return 1;
 }
 
-static const char *s_cpu(op_kernel *k)
-{
-    const op_local *dst = &k->out[0], *src = &k->in[1];
-    int dim = (int)k->attrs->ints[0], ndim = dst->ndim;
-    int64_t start = k->attrs->ints[1], piece0 = k->ctx[0];
-    /* the region [start, start + n) in global positions, clipped to this piece [piece0, piece0 + size) */
-    int64_t lo = start > piece0 ? start : piece0;
-    int64_t hi = start + src->shape[dim] < piece0 + dst->shape[dim] ? start + src->shape[dim] : piece0 + dst->shape[dim];
-    if (hi <= lo)
-        return NULL;
-    size_t elem = dt_dtype_size(dst->dtype);
-    int64_t dst_strides[DT_MAX_DIMS], src_strides[DT_MAX_DIMS], shape[DT_MAX_DIMS];
-    cpu_contiguous_strides(ndim, dst->shape, elem, dst_strides);
-    cpu_contiguous_strides(ndim, src->shape, elem, src_strides);
-    memcpy(shape, src->shape, sizeof shape);
-    shape[dim] = hi - lo;
-    cpu_copy_block((char *)dst->data + (lo - piece0) * dst_strides[dim], dst_strides,
-                   (const char *)src->data + (lo - start) * src_strides[dim], src_strides, ndim, shape, elem);
-    return NULL;
-}
-
-const op_def op_write_ops[] = {
-    {"slice_assign_", 0, 2, 1, s_infer, s_shard, s_local, s_cpu, .inplace = true},
-};
-const int op_write_count = (int)(sizeof op_write_ops / sizeof op_write_ops[0]);
+#define S_DEF(op, num, inputs)                                                                                     \
+    const op_def op_def_##op = {.name = #op, .id = num, .nin = inputs, .nout = 1, .infer = s_infer,                 \
+                                .shard = s_shard, .local = s_local, .inplace = true};
+OP_WRITE(S_DEF)
+#undef S_DEF

@@ -5,7 +5,7 @@
     x = dtorch.rand((4, 3), device_mesh=mesh, placements=[dtorch.Shard(0)])
     print(f"{x=}")
 """
-from . import _C
+from . import _C, _dtype
 from ._dtype import bfloat16, bool, dtype, float16, float32, int32, int64
 from ._factory import arange, distribute_tensor, empty, from_local, full, ones, rand, randn, zeros
 from ._mesh import DeviceMesh, init_device_mesh
@@ -13,10 +13,7 @@ from ._placement import Partial, Placement, Replicate, Shard
 from ._redistribute import PlanStep, redistribute_many, redistribute_plan
 from ._runtime import init, is_initialized, manual_seed, shutdown, synchronize
 from ._tensor import DTensor, TensorFuture
-from ._ops import (abs, add, clamp, clip, cos, div, divide, eq, exp, ge, gelu, gt, le, log, logical_and,
-                   logical_not, logical_or, lt, masked_fill, maximum, minimum, mul, multiply, ne, neg, negative,
-                   pow, reciprocal, relu, rsqrt, sigmoid, silu, sin, sqrt, sub, subtract, tanh, to, true_divide,
-                   where)
+from ._ops import *  # noqa: F401,F403 (the registry's elementwise ops, and the hand-written ones)
 from ._ops_view import (cat, chunk, concat, concatenate, flatten, index_select, movedim, narrow, permute,
                         reshape, select, split, squeeze, stack, swapaxes, swapdims, t, transpose, tril, triu, unbind,
                         unsqueeze)
@@ -25,7 +22,7 @@ from ._ops_reduce import (amax, amin, argmax, argmin, cumsum, layer_norm, log_so
                           softmax, sum, topk)
 from . import nn, parallel, models
 
-_C._register(DTensor, TensorFuture)
+_C._register(DTensor, TensorFuture, DeviceMesh, Placement, _dtype._code_of)
 set_strict, get_strict = _C.set_strict, _C.get_strict
 DTorchValueError, DTorchTypeError = _C.DTorchValueError, _C.DTorchTypeError
 

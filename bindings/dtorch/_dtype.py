@@ -58,6 +58,11 @@ def _resolve(value, default=float32):
     return found
 
 
+def _code_of(value):
+    """The code of a dtype given as a dtype, its name or a numpy dtype (the C runtime asks)."""
+    return _resolve(value)._code
+
+
 def _from_numpy(np_dtype):
     """The dtorch dtype of a numpy dtype, or None when there is none."""
     if np_dtype.name == "bfloat16":  # ml_dtypes' bfloat16

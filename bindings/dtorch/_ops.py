@@ -1,107 +1,52 @@
-"""Tensor ops with torch's names: functions here, methods and operators on DTensor. Each one
-is a thin call into the C op registry, which checks arguments, works out shapes, dtypes and
-placements, and sends each device its part."""
-import numbers
-
-import numpy as np
-
+"""Tensor ops with torch's names. The elementwise ops of the registry (ops/op_table.h) come from
+the C runtime as they are: one callable per op, which checks its arguments in C; the rows name
+where each goes (dtorch.<name> here, DTensor.<name> on the type, dtorch.nn.functional.<name>).
+The few ops with a signature of their own (gelu, where, masked_fill, clamp, to) map it onto the
+op's attributes below."""
 from . import _C, _dtype
-from ._tensor import DTensor
 
+_FN, _METHOD, _NN = 1, 2, 4  # DT_PY_* of dtorch.h
 
-def _number(x):
-    """A Python number operand, or None when x is not one."""
-    if isinstance(x, (bool, np.bool_)):
-        return int(x)
-    if isinstance(x, (numbers.Integral, np.integer)):
-        return int(x)
-    if isinstance(x, (numbers.Real, np.floating)):
-        return float(x)
-    return None
+# name -> id of every registered op, for the hand-written wrappers' _C._op calls
+ids = {name: op_id for name, op_id, *_ in _C._registry()}
+functions = {name: fn for name, _, _, _, _, exports, _, fn in _C._registry() if exports & _FN}
+nn_functions = {name: fn for name, _, _, _, _, exports, _, fn in _C._registry() if exports & _NN}
+globals().update(functions)
 
-
-def _mixed(name, x):
-    raise TypeError(f"{name}: expected a DTensor or a number, got {type(x).__name__} "
-                    "(distribute arrays with dtorch.distribute_tensor first)")
-
-
-def _unary(name):
-    def op(input):
-        if not isinstance(input, DTensor):
-            _mixed(name, input)
-        return _C._op(name, (input,), None, None, None)
-    op.__name__ = name
-    op.__doc__ = f"Elementwise {name}, as torch.{name}."
-    return op
-
-
-def _binary(name):
-    def op(input, other):
-        if isinstance(input, DTensor):
-            if isinstance(other, DTensor):
-                return _C._op(name, (input, other), None, None, None)
-            number = _number(other)
-            if number is None:
-                _mixed(name, other)
-            return _C._op(name, (input,), None, None, number)
-        number = _number(input)
-        if number is None or not isinstance(other, DTensor):
-            _mixed(name, input if number is None else other)
-        return _C._op(name, (other,), (1,), None, number)
-    op.__name__ = name
-    op.__doc__ = f"Elementwise {name} with broadcasting and Python numbers, as torch.{name}."
-    return op
-
-
-neg, abs, exp, log, sqrt, rsqrt = (_unary(n) for n in ("neg", "abs", "exp", "log", "sqrt", "rsqrt"))
-sin, cos, tanh, sigmoid, relu, silu = (_unary(n) for n in ("sin", "cos", "tanh", "sigmoid", "relu", "silu"))
-reciprocal, logical_not = _unary("reciprocal"), _unary("logical_not")
-add, sub, mul, div, pow = (_binary(n) for n in ("add", "sub", "mul", "div", "pow"))
-maximum, minimum = _binary("maximum"), _binary("minimum")
-eq, ne, lt, le, gt, ge = (_binary(n) for n in ("eq", "ne", "lt", "le", "gt", "ge"))
-logical_and, logical_or = _binary("logical_and"), _binary("logical_or")
-negative, multiply, divide, subtract, true_divide = neg, mul, div, sub, div
+negative, multiply, divide, subtract, true_divide = neg, mul, div, sub, div  # noqa: F821 (from the registry)
 
 
 def gelu(input, approximate="none"):
     """GELU, exact (erf) or with approximate="tanh"."""
     if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-    return _unary("gelu" if approximate == "none" else "gelu_tanh")(input)
+    return _C._op(ids["gelu" if approximate == "none" else "gelu_tanh"], (input,), None, None, None)
 
 
 def where(condition, input, other):
     """Elements of input where condition holds, else of other (either may be a number)."""
-    if not isinstance(condition, DTensor):
-        _mixed("where", condition)
     tensors, number, at = [condition], None, 0
     for position, x in ((1, input), (2, other)):
-        if isinstance(x, DTensor):
+        if isinstance(x, _C.DTensor) or number is not None:
             tensors.append(x)
-        elif number is None and _number(x) is not None:
-            number, at = _number(x), position
         else:
-            _mixed("where", x)
-    return _C._op("where", tuple(tensors), (at,) if number is not None else None, None, number)
+            number, at = x, position
+    return _C._op(ids["where"], tensors, (at,) if at else None, None, number)
 
 
 def masked_fill(input, mask, value):
     """input with value wherever mask (broadcast to input) is True."""
-    number = _number(value)
-    if number is None:
-        if isinstance(value, DTensor) and value.ndim == 0:
-            number = value.item()
-        else:
-            _mixed("masked_fill", value)
-    return _C._op("masked_fill", (input, mask), None, None, number)
+    if isinstance(value, _C.DTensor) and value.ndim == 0:
+        value = value.item()
+    return _C._op(ids["masked_fill"], (input, mask), None, None, value)
 
 
 def clamp(input, min=None, max=None):
     """input limited to [min, max] (either bound may be None)."""
     flags = (min is not None) | ((max is not None) << 1)
-    bounds = [float(_number(min)) if min is not None else 0.0, float(_number(max)) if max is not None else 0.0]
     float_bound = any(isinstance(b, float) for b in (min, max) if b is not None)
-    return _C._op("clamp", (input,), (flags, int(float_bound)), bounds, None)
+    bounds = (0.0 if min is None else min, 0.0 if max is None else max)
+    return _C._op(ids["clamp"], (input,), (flags, int(float_bound)), bounds, None)
 
 
 clip = clamp
@@ -109,28 +54,8 @@ clip = clamp
 
 def to(input, dtype):
     """input converted to dtype."""
-    return _C._op("to", (input,), (_dtype._resolve(dtype)._code,), None, None)
+    return _C._op(ids["to"], (input,), (_dtype._resolve(dtype)._code,), None, None)
 
 
-def _install():
-    """Methods and Python operators on DTensor."""
-    methods = dict(neg=neg, abs=abs, exp=exp, log=log, sqrt=sqrt, rsqrt=rsqrt, sin=sin, cos=cos, tanh=tanh,
-                   sigmoid=sigmoid, relu=relu, reciprocal=reciprocal, logical_not=logical_not, add=add, sub=sub,
-                   mul=mul, div=div, pow=pow, maximum=maximum, minimum=minimum, eq=eq, ne=ne, lt=lt, le=le,
-                   gt=gt, ge=ge, logical_and=logical_and, logical_or=logical_or, masked_fill=masked_fill,
-                   clamp=clamp, clip=clamp, where=lambda self, condition, other: where(condition, self, other))
-    for name, fn in methods.items():
-        setattr(DTensor, name, fn)
-
-    def to_method(self, dtype):
-        return to(self, dtype)
-
-    def cast(dtype):
-        return lambda self: to(self, dtype)
-
-    DTensor.to = to_method
-    DTensor.float, DTensor.half, DTensor.bfloat16 = cast(_dtype.float32), cast(_dtype.float16), cast(_dtype.bfloat16)
-    DTensor.int, DTensor.long, DTensor.bool = cast(_dtype.int32), cast(_dtype.int64), cast(_dtype.bool)
-    # Python operators (+, -, *, /, **, @, comparisons, &, |, ~) are C slots of DTensor: the per-op path
-
-_install()
+__all__ = sorted(functions) + ["clamp", "clip", "divide", "gelu", "masked_fill", "multiply", "negative", "subtract",
+                               "to", "true_divide", "where"]

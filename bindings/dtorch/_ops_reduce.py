@@ -8,8 +8,7 @@ import numbers
 import warnings
 
 from . import _C, _dtype
-from ._ops import maximum, minimum
-from ._tensor import DTensor
+from ._ops import ids, maximum, minimum
 
 # torch.return_types.{max,min,topk}: tuples whose fields are also named
 max_result = collections.namedtuple("max", ["values", "indices"])
@@ -17,26 +16,11 @@ min_result = collections.namedtuple("min", ["values", "indices"])
 topk_result = collections.namedtuple("topk", ["values", "indices"])
 
 
-def _tensor(name, x, what="input"):
-    if not isinstance(x, DTensor):
-        raise TypeError(f"{name}(): {what} must be a DTensor, got {type(x).__name__} "
-                        "(distribute arrays with dtorch.distribute_tensor first)")
-    return x
-
-
-def _int(name, x, what="dim"):
-    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
-        raise TypeError(f"{name}(): argument '{what}' must be an int, got {type(x).__name__}")
-    return int(x)
-
-
-def _dims(name, dim):
-    """dim as a tuple of ints: None and () mean every dim."""
+def _dims(dim):
+    """dim as a tuple: None and () mean every dim."""
     if dim is None:
         return ()
-    if isinstance(dim, (tuple, list)):
-        return tuple(_int(name, d) for d in dim)
-    return (_int(name, dim),)
+    return tuple(dim) if isinstance(dim, (tuple, list)) else (dim,)
 
 
 def _dtype_code(dtype):
@@ -44,8 +28,7 @@ def _dtype_code(dtype):
 
 
 def _list_reduce(name, input, dim, keepdim, dtype=None):
-    _tensor(name, input)
-    return _C._op(name, (input,), (int(bool(keepdim)), _dtype_code(dtype)) + _dims(name, dim), None, None)
+    return _C._op(ids[name], (input,), (int(bool(keepdim)), _dtype_code(dtype)) + _dims(dim), None, None)
 
 
 def sum(input, dim=None, keepdim=False, *, dtype=None):
@@ -71,14 +54,13 @@ def amin(input, dim=(), keepdim=False):
 
 
 def _extreme(name, pointwise, result, input, dim, keepdim):
-    _tensor(name, input)
-    if isinstance(dim, DTensor):
+    if isinstance(dim, _C.DTensor):
         return pointwise(input, dim)
     if dim is None:
         if keepdim:
             raise TypeError(f"{name}(): keepdim needs a dim")
-        return _C._op(name, (input,), None, None, None)
-    values, indices = _C._op(name + "_dim", (input,), (_int(name, dim), int(bool(keepdim))), None, None)
+        return _C._op(ids[name], (input,), None, None, None)
+    values, indices = _C._op(ids[name + "_dim"], (input,), (dim, int(bool(keepdim))), None, None)
     return result(values, indices)
 
 
@@ -95,9 +77,8 @@ def min(input, dim=None, keepdim=False):
 
 
 def _arg(name, input, dim, keepdim):
-    _tensor(name, input)
-    ints = (int(bool(keepdim)),) + (() if dim is None else (_int(name, dim),))
-    return _C._op(name, (input,), ints, None, None)
+    ints = (int(bool(keepdim)),) + (() if dim is None else (dim,))
+    return _C._op(ids[name], (input,), ints, None, None)
 
 
 def argmax(input, dim=None, keepdim=False):
@@ -111,8 +92,7 @@ def argmin(input, dim=None, keepdim=False):
 
 
 def _softmax(name, input, dim, dtype):
-    _tensor(name, input)
-    return _C._op(name, (input,), (_int(name, dim), _dtype_code(dtype)), None, None)
+    return _C._op(ids[name], (input,), (dim, _dtype_code(dtype)), None, None)
 
 
 def softmax(input, dim, dtype=None):
@@ -131,7 +111,8 @@ def _implicit_dim(name, input, dim, stacklevel):
         return dim
     warnings.warn(f"Implicit dimension choice for {name} has been deprecated. Change the call to include dim=X "
                   "as an argument.", stacklevel=stacklevel)
-    return 0 if _tensor(name, input).ndim in (0, 1, 3) else 1
+    ndim = input.ndim if isinstance(input, _C.DTensor) else 0  # not a DTensor: the op call says so
+    return 0 if ndim in (0, 1, 3) else 1
 
 
 def nn_softmax(input, dim=None, _stacklevel=3, dtype=None):
@@ -146,60 +127,45 @@ def nn_log_softmax(input, dim=None, _stacklevel=3, dtype=None):
 
 def cumsum(input, dim, *, dtype=None):
     """Running sum along dim; bool and integer inputs sum to int64."""
-    _tensor("cumsum", input)
-    return _C._op("cumsum", (input,), (_int("cumsum", dim), _dtype_code(dtype)), None, None)
+    return _C._op(ids["cumsum"], (input,), (dim, _dtype_code(dtype)), None, None)
 
 
 def topk(input, k, dim=-1, largest=True, sorted=True):
     """(values, indices) of the k largest (or smallest) elements along dim, largest first (or
     smallest first)."""
-    _tensor("topk", input)
-    ints = (_int("topk", k, "k"), _int("topk", dim), int(bool(largest)), int(bool(sorted)))
-    values, indices = _C._op("topk", (input,), ints, None, None)
+    ints = (k, dim, int(bool(largest)), int(bool(sorted)))
+    values, indices = _C._op(ids["topk"], (input,), ints, None, None)
     return topk_result(values, indices)
 
 
 def _normalized_shape(name, shape):
     if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
         return (int(shape),)
-    try:
-        return tuple(_int(name, s, "normalized_shape") for s in shape)
-    except TypeError:
+    if isinstance(shape, (str, bytes)) or not all(isinstance(s, numbers.Integral) and not isinstance(s, bool)
+                                                  for s in shape):
         raise TypeError(f"{name}(): normalized_shape must be an int or a sequence of ints, "
-                        f"got {type(shape).__name__}") from None
+                        f"got {type(shape).__name__}")
+    return tuple(shape)
 
 
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     """Layer normalisation over the trailing normalized_shape dims (biased variance), then
     times weight and plus bias where given; float32 inside."""
-    _tensor("layer_norm", input)
     tensors, flags = [input], 0
     if weight is not None:
-        tensors.append(_tensor("layer_norm", weight, "weight"))
+        tensors.append(weight)
         flags |= 1
     if bias is not None:
-        tensors.append(_tensor("layer_norm", bias, "bias"))
+        tensors.append(bias)
         flags |= 2
-    return _C._op("layer_norm", tuple(tensors), (flags,) + _normalized_shape("layer_norm", normalized_shape),
+    return _C._op(ids["layer_norm"], tuple(tensors), (flags,) + _normalized_shape("layer_norm", normalized_shape),
                   (float(eps),), None)
 
 
 def rms_norm(input, normalized_shape, weight=None, eps=None):
     """RMS normalisation over the trailing normalized_shape dims, then times weight where given;
     float32 inside. eps=None is torch's default, float32's machine epsilon."""
-    _tensor("rms_norm", input)
-    tensors = [input] if weight is None else [input, _tensor("rms_norm", weight, "weight")]
-    return _C._op("rms_norm", tuple(tensors), (int(weight is not None),)
+    tensors = [input] if weight is None else [input, weight]
+    return _C._op(ids["rms_norm"], tuple(tensors), (int(weight is not None),)
                   + _normalized_shape("rms_norm", normalized_shape),
                   None if eps is None else (float(eps),), None)
-
-
-def _install():
-    """DTensor methods with torch's names."""
-    methods = dict(sum=sum, mean=mean, max=max, min=min, amax=amax, amin=amin, argmax=argmax, argmin=argmin,
-                   softmax=softmax, log_softmax=log_softmax, cumsum=cumsum, topk=topk)
-    for name, fn in methods.items():
-        setattr(DTensor, name, fn)
-
-
-_install()

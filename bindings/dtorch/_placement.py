@@ -103,20 +103,6 @@ class Partial(Placement):
         return (_PARTIAL, 0, _REDUCE_OPS.index(self.reduce_op))
 
 
-def _raw(placements):
-    """Placements as (kind, dim, reduce op) triples for the C runtime; None stays None."""
-    if placements is None:
-        return None
-    if isinstance(placements, Placement):
-        raise TypeError("placements must be a sequence of Placement (e.g. [Shard(0)]), not a single Placement")
-    out = []
-    for p in placements:
-        if not isinstance(p, Placement):
-            raise TypeError(f"placements must hold Shard, Replicate or Partial, got {p!r}")
-        out.append(p._raw())
-    return tuple(out)
-
-
 def _from_raw(raw):
     return tuple(
         Shard(dim) if kind == _SHARD else Replicate() if kind == _REPLICATE else Partial(_REDUCE_OPS[op])

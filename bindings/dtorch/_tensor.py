@@ -1,10 +1,12 @@
-"""DTensor and TensorFuture: the handles live in C; this adds torch's conveniences."""
+"""DTensor and TensorFuture: the handles live in C; this adds torch's conveniences. DTensor's
+methods are defined here and on the C type (the registry's elementwise ops, Python's operators
+and indexing)."""
 import asyncio
 
 import numpy as np
 
-from . import _C, _dtype
-from ._placement import _from_raw, _raw
+from . import _C, _dtype, _ops, _ops_matmul as _mm, _ops_reduce as _red, _ops_view as _view
+from ._placement import _from_raw
 
 # error codes of dtorch.h -> the exception a Python user expects
 _EXCEPTIONS = {-1: _C.DTorchValueError, -2: _C.DTorchTypeError, -3: IndexError, -5: TimeoutError, -8: MemoryError,
@@ -106,13 +108,7 @@ class DTensor(_C.DTensor):
         """The same value laid out with ``placements`` on ``device_mesh`` (default: this
         tensor's mesh). Devices exchange exactly the regions they lack, among themselves.
         Redistributing into Partial is refused unless the tensor already has that Partial."""
-        from ._mesh import DeviceMesh
-        if device_mesh is not None and not isinstance(device_mesh, DeviceMesh):
-            raise TypeError(f"redistribute: device_mesh must be a DeviceMesh, got {type(device_mesh).__name__}")
-        if placements is None:
-            raise RuntimeError("placements is needed for redistribute!")
-        return _C._redistribute(self, device_mesh, device_mesh._c if device_mesh is not None else None,
-                                _raw(placements))
+        return _C._redistribute(self, device_mesh, placements)
 
     def __dlpack__(self, **kwargs):
         """DLPack export of the whole value, fetched to this host (CPU meshes)."""
@@ -150,6 +146,92 @@ class DTensor(_C.DTensor):
             value = f"<value unavailable: {e}>"
         dtype = "" if self.dtype in (_dtype.float32, _dtype.int64, _dtype.bool) else f", dtype={self.dtype}"
         return f"DTensor({value}{dtype}, device_mesh={mesh!r}, placements={placements!r})"
+
+    def __iter__(self):
+        if self.ndim == 0:
+            raise TypeError("iteration over a 0-d tensor")
+        return iter(_view.unbind(self, 0))
+
+    # ---- ops with a signature of their own (the registry's elementwise ones are on the C type) ----
+    masked_fill = _ops.masked_fill
+    clamp = clip = _ops.clamp
+
+    def where(self, condition, other):
+        return _ops.where(condition, self, other)
+
+    to = _ops.to
+
+    def reshape(self, *shape):
+        return _view.reshape(self, _view._sizes(shape))
+
+    view = _view.view
+    flatten = _view.flatten
+    unsqueeze = _view.unsqueeze
+    squeeze = _view.squeeze
+    permute = _view.permute
+    transpose = swapaxes = swapdims = _view.transpose
+    t = _view.t
+    movedim = _view.movedim
+    expand = _view.expand
+    expand_as = _view.expand_as
+    split = _view.split
+    chunk = _view.chunk
+    unbind = _view.unbind
+    narrow = _view.narrow
+    select = _view.select
+    index_select = _view.index_select
+    triu = _view.triu
+    tril = _view.tril
+
+    @property
+    def T(self):
+        return self if self.ndim < 2 else _view.permute(self, range(self.ndim - 1, -1, -1))
+
+    @property
+    def mT(self):
+        return _view.transpose(self, -2, -1)
+
+    def contiguous(self, memory_format=None):
+        return self
+
+    def is_contiguous(self, memory_format=None):
+        return True
+
+    matmul = _mm.matmul
+    mm = _mm.mm
+    bmm = _mm.bmm
+
+    sum = _red.sum
+    mean = _red.mean
+    max = _red.max
+    min = _red.min
+    amax = _red.amax
+    amin = _red.amin
+    argmax = _red.argmax
+    argmin = _red.argmin
+    softmax = _red.softmax
+    log_softmax = _red.log_softmax
+    cumsum = _red.cumsum
+    topk = _red.topk
+
+    # last: these names shadow builtins in the rest of the class body
+    def float(self):
+        return _ops.to(self, _dtype.float32)
+
+    def half(self):
+        return _ops.to(self, _dtype.float16)
+
+    def bfloat16(self):
+        return _ops.to(self, _dtype.bfloat16)
+
+    def int(self):
+        return _ops.to(self, _dtype.int32)
+
+    def long(self):
+        return _ops.to(self, _dtype.int64)
+
+    def bool(self):
+        return _ops.to(self, _dtype.bool)
 
 
 def _format_values(value, dt):

@@ -7,6 +7,7 @@
 
 #include "cpu_backend.h"
 #include "cpu_kernels.h"
+#include "cpu_ops.h"
 #include "dt_pool.h"
 
 static const char *s_copy(void *dst, const int64_t *dst_strides, const void *src, const int64_t *src_strides, int ndim,
@@ -23,7 +24,8 @@ static const void *s_host_view(const void *data) { return data; }
 
 static const char *s_run(const op_def *def, op_kernel *k)
 {
-    return def->cpu ? def->cpu(k) : "the op has no CPU kernel";
+    cpu_op_kernel kernel = cpu_kernel_for(def->id);
+    return kernel ? kernel(k) : "the op has no CPU kernel";
 }
 
 static const char *s_fill(void *dst, dt_dtype dtype, int64_t n, dt_scalar value)

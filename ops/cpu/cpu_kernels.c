@@ -1,5 +1,5 @@
-/* cpu_kernels — the CPU kernels that are no op's: fills, ranges, strided block copies and the
- * elementwise reductions that combine Partial pieces (cpu_kernels.h). */
+/* cpu_kernels — CPU fills, ranges, strided block copies and the in-place reductions that combine
+ * Partial pieces (the 16-bit rounding helpers they share too). */
 #include "cpu_kernels.h"
 
 #include <assert.h>

@@ -1,5 +1,6 @@
-/* cpu_matmul — matrix products (OpenBLAS for float32, plain loops for int64, a weight-streaming
- * kernel for decode's few rows), one attention head, and the embedding gather. */
+/* cpu_matmul — the CPU kernels of the products: batched float32 products through OpenBLAS and
+ * int64 ones by loops, a weight-streaming kernel for decode's few rows, one attention head, the embedding row gather, and the kernels of the
+ * matmul family's ops (OP_MATMUL) that convert pieces into them. */
 #include "cpu_matmul.h"
 
 #include <cblas.h>
@@ -9,7 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_kernels.h"
+#include "cpu_ops.h"
 #include "dt_dtype.h"
+#include "dt_layout.h"
 
 /* ---- OpenBLAS threads ------------------------------------------------------------------------ */
 
@@ -338,3 +342,174 @@ const char *cpu_embedding(void *out, const void *weight, int64_t rows, size_t ro
     }
     return NULL;
 }
+
+/* ---- the kernels of the ops (OP_MATMUL in ops/op_table.h) ----------------------------------- */
+
+static cpu_ctype s_ctype(dt_dtype d) { return dt_dtype_is_float(d) ? CPU_F32 : CPU_I64; }
+
+/* A piece as n elements of the compute type t: the piece itself when it already is, else a
+ * converted scratch copy (*scratch set, to be freed). NULL when out of memory. */
+static const void *s_as(const op_local *in, cpu_ctype t, void **scratch)
+{
+    *scratch = NULL;
+    if ((t == CPU_F32 && in->dtype == DT_FLOAT32) || (t == CPU_I64 && in->dtype == DT_INT64))
+        return in->data;
+    int64_t n = dt_layout_numel(in->ndim, in->shape);
+    void *buf = malloc((size_t)(n ? n : 1) * cpu_ctype_size(t));
+    if (buf)
+        cpu_to_ctype(buf, t, in->data, in->dtype, n);
+    *scratch = buf;
+    return buf;
+}
+
+
+static const char *s_mm(op_kernel *k)
+{
+    const op_local *a = &k->in[0], *b = &k->in[1];
+    op_local *o = &k->out[0];
+    bool linear = k->def->id == OP_ID_linear;
+    op_mm_dims d = op_mm_layout(a->ndim, b->ndim, linear);
+    cpu_mm_desc desc = {.nbatch = d.nbatch, .b_trans = linear};
+    desc.M = d.a_m >= 0 ? a->shape[d.a_m] : 1;
+    desc.K = a->shape[d.a_k];
+    desc.N = d.b_n >= 0 ? b->shape[d.b_n] : 1;
+    if (b->shape[d.b_k] != desc.K || (d.o_m >= 0 && o->shape[d.o_m] != desc.M) ||
+        (d.o_n >= 0 && o->shape[d.o_n] != desc.N) || o->ndim != d.nbatch + (d.a_m >= 0) + (d.b_n >= 0))
+        return "the local pieces of the operands do not fit together";
+    int64_t a_st[DT_MAX_DIMS], b_st[DT_MAX_DIMS];
+    cpu_contiguous_strides(a->ndim, a->shape, 1, a_st);
+    cpu_contiguous_strides(b->ndim, b->shape, 1, b_st);
+    for (int j = 0; j < d.nbatch; j++) {
+        int ja = j - (d.nbatch - d.a_nbatch), jb = j - (d.nbatch - d.b_nbatch);
+        desc.batch[j] = o->shape[j];
+        if ((ja >= 0 && a->shape[ja] != o->shape[j] && a->shape[ja] != 1) ||
+            (jb >= 0 && b->shape[jb] != o->shape[j] && b->shape[jb] != 1))
+            return "the local batch dims of the operands do not fit together";
+        desc.a_stride[j] = ja >= 0 && a->shape[ja] == o->shape[j] ? a_st[ja] : 0;
+        desc.b_stride[j] = jb >= 0 && b->shape[jb] == o->shape[j] ? b_st[jb] : 0;
+    }
+    cpu_ctype t = s_ctype(o->dtype);
+    int64_t n = dt_layout_numel(o->ndim, o->shape);
+    /* decode: a few rows against a 16-bit linear weight, which is streamed once and widened on
+     * the fly instead of converted whole first (that would read it twice and write it once) */
+    int64_t rows = desc.K > 0 ? dt_layout_numel(a->ndim, a->shape) / desc.K : 0;
+    bool skinny = linear && t == CPU_F32 && rows > 0 && rows <= CPU_SKINNY_MAX_M &&
+                  (b->dtype == DT_BFLOAT16 || b->dtype == DT_FLOAT16);
+    void *sa, *sb = NULL, *sbias = NULL, *sc = NULL;
+    const void *pa = s_as(a, t, &sa), *pb = skinny ? b->data : s_as(b, t, &sb);
+    void *pc = o->data;
+    if (!((t == CPU_F32 && o->dtype == DT_FLOAT32) || (t == CPU_I64 && o->dtype == DT_INT64)))
+        pc = sc = malloc((size_t)(n ? n : 1) * cpu_ctype_size(t));
+    const char *why = pa && pb && pc ? NULL : "out of memory on the device";
+    bool bias = !why && k->nin == 3 && k->nctx > 0 && k->ctx[0];
+    if (bias) {
+        const void *pbias = s_as(&k->in[2], t, &sbias);
+        if (pbias)
+            cpu_broadcast(pc, o->ndim, o->shape, pbias, k->in[2].ndim, k->in[2].shape, cpu_ctype_size(t));
+        else
+            why = "out of memory on the device";
+    }
+    if (!why && skinny)
+        cpu_matmul_skinny(rows, desc.N, desc.K, pa, pb, b->dtype, pc, bias);
+    else if (!why)
+        why = cpu_matmul_run(&desc, t, pa, pb, pc, bias);
+    if (!why && sc)
+        cpu_from_ctype(o->data, o->dtype, sc, t, n);
+    free(sa);
+    free(sb);
+    free(sbias);
+    free(sc);
+    return why;
+}
+
+
+static const char *s_embedding(op_kernel *k)
+{
+    const op_local *idx = &k->in[0], *w = &k->in[1];
+    op_local *o = &k->out[0];
+    int64_t n = dt_layout_numel(idx->ndim, idx->shape);
+    if (k->nctx < 2 || w->ndim != 2 || o->shape[o->ndim - 1] != w->shape[1] ||
+        dt_layout_numel(o->ndim, o->shape) != n * w->shape[1])
+        return "the local pieces of the operands do not fit together";
+    return cpu_embedding(o->data, w->data, w->shape[0], (size_t)w->shape[1] * dt_dtype_size(w->dtype), idx->data,
+                         idx->dtype, n, k->ctx[0], k->ctx[1]);
+}
+
+
+static const char *s_sdpa(op_kernel *k)
+{
+    const op_local *q = &k->in[0], *kk = &k->in[1], *v = &k->in[2], *mask = k->nin == 4 ? &k->in[3] : NULL;
+    op_local *o = &k->out[0];
+    int nd = q->ndim;
+    int64_t L = q->shape[nd - 2], E = q->shape[nd - 1], S = kk->shape[nd - 2], Ev = v->shape[nd - 1];
+    int64_t Hq = nd >= 3 ? q->shape[nd - 3] : 1, H = nd >= 3 ? kk->shape[nd - 3] : 1;
+    int64_t group = H ? Hq / H : 1;
+    int64_t nbatch = dt_layout_numel(nd - 2, q->shape); /* every (batch..., head) of the query */
+    if (H * group != Hq || o->ndim != nd || o->shape[nd - 1] != Ev || o->shape[nd - 2] != L ||
+        dt_layout_numel(nd - 2, kk->shape) * group != nbatch)
+        return "the local pieces of the operands do not fit together";
+    bool causal = k->attrs->nints > 0 && k->attrs->ints[0];
+    bool has_scale = k->attrs->nints > 2 && k->attrs->ints[2] && k->attrs->nfloats > 0;
+    float scale = has_scale ? (float)k->attrs->floats[0] : (float)(1.0 / sqrt((double)E));
+    int64_t row0 = k->nctx > 0 ? k->ctx[0] : 0;
+    /* the mask as additive float32, indexed with the attention weights' (local) dims */
+    int64_t wshape[DT_MAX_DIMS], mstride[DT_MAX_DIMS] = {0};
+    memcpy(wshape, q->shape, sizeof wshape);
+    wshape[nd - 1] = S;
+    float *mvals = NULL;
+    if (mask) {
+        int64_t mst[DT_MAX_DIMS];
+        cpu_contiguous_strides(mask->ndim, mask->shape, 1, mst);
+        for (int d = 0; d < nd; d++) {
+            int md = d - (nd - mask->ndim);
+            if (md < 0)
+                continue;
+            if (mask->shape[md] != wshape[d] && mask->shape[md] != 1)
+                return "the local pieces of the mask and the attention weights do not fit together";
+            mstride[d] = mask->shape[md] == wshape[d] ? mst[md] : 0;
+        }
+    }
+    void *sq, *sk, *sv, *so = NULL;
+    const float *pq = s_as(q, CPU_F32, &sq), *pk = s_as(kk, CPU_F32, &sk), *pv = s_as(v, CPU_F32, &sv);
+    int64_t nout = dt_layout_numel(o->ndim, o->shape), nmask = mask ? dt_layout_numel(mask->ndim, mask->shape) : 0;
+    float *po = o->dtype == DT_FLOAT32 ? o->data : (so = malloc((size_t)(nout ? nout : 1) * sizeof(float)));
+    float *scores = malloc((size_t)(L * S > 0 ? L * S : 1) * sizeof(float));
+    if (mask && (mvals = malloc((size_t)(nmask ? nmask : 1) * sizeof(float)))) {
+        if (mask->dtype == DT_BOOL) {
+            const uint8_t *mb = mask->data;
+            for (int64_t i = 0; i < nmask; i++)
+                mvals[i] = mb[i] ? 0.0f : -INFINITY;
+        } else {
+            cpu_to_ctype(mvals, CPU_F32, mask->data, mask->dtype, nmask);
+        }
+    }
+    const char *why = pq && pk && pv && po && scores && (!mask || mvals) ? NULL : "out of memory on the device";
+    int64_t idx[DT_MAX_DIMS] = {0};
+    for (int64_t b = 0; b < nbatch && !why; b++) {
+        int64_t h = nd >= 3 ? idx[nd - 3] : 0, outer = nd >= 3 ? b / (Hq ? Hq : 1) : 0;
+        int64_t kv = outer * H + h / group, moff = 0;
+        for (int d = 0; d < nd - 2; d++)
+            moff += idx[d] * mstride[d];
+        cpu_attention_head(L, S, E, Ev, pq + b * L * E, pk + kv * S * E, pv + kv * S * Ev, mvals ? mvals + moff : NULL,
+                           mstride[nd - 2], mstride[nd - 1], causal, row0, scale, scores, po + b * L * Ev);
+        for (int d = nd - 3; d >= 0; d--) {
+            if (++idx[d] < q->shape[d])
+                break;
+            idx[d] = 0;
+        }
+    }
+    if (!why && so)
+        cpu_from_ctype(o->data, o->dtype, so, CPU_F32, nout);
+    free(sq);
+    free(sk);
+    free(sv);
+    free(so);
+    free(scores);
+    free(mvals);
+    return why;
+}
+
+const cpu_op_kernel cpu_matmul_kernels[OP_ID_LIMIT] = {
+    [OP_ID_matmul] = s_mm, [OP_ID_mm] = s_mm, [OP_ID_bmm] = s_mm, [OP_ID_linear] = s_mm,
+    [OP_ID_embedding] = s_embedding, [OP_ID_scaled_dot_product_attention] = s_sdpa,
+};

@@ -1,10 +1,15 @@
+/* cpu_pointwise — the CPU kernels of the elementwise ops (OP_POINTWISE in ops/op_table.h), and
+ * the dtype conversions every family uses to bring a piece into a compute type and back. */
 #include "cpu_pointwise.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cpu_kernels.h"
+#include "cpu_ops.h"
 #include "dt_dtype.h"
+#include "dt_layout.h"
 
 size_t cpu_ctype_size(cpu_ctype t) { return t == CPU_F32 ? 4 : t == CPU_I64 ? 8 : 1; }
 
@@ -102,15 +107,220 @@ void cpu_broadcast(void *dst, int out_ndim, const int64_t *out_shape, const void
     cpu_copy_block(dst, dst_strides, src, src_strides, out_ndim, out_shape, elem);
 }
 
-#define S_MAP(T, out, a, n, EXPR)                                                                                      \
-    do {                                                                                                               \
-        T *o_ = (T *)(out);                                                                                            \
-        const T *a_ = (const T *)(a);                                                                                  \
-        for (int64_t i = 0; i < (n); i++) {                                                                            \
-            T x = a_[i];                                                                                               \
-            o_[i] = (EXPR);                                                                                            \
+static cpu_ctype s_ctype_of(dt_dtype d) { return d == DT_FLOAT32 ? CPU_F32 : d == DT_INT64 ? CPU_I64 : CPU_U8; }
+
+void cpu_convert(void *dst, dt_dtype to, const void *src, dt_dtype from, int64_t n)
+{
+    if (to == from) {
+        memcpy(dst, src, (size_t)n * dt_dtype_size(to));
+    } else if (to == DT_FLOAT32 || to == DT_INT64 || to == DT_BOOL) {
+        cpu_to_ctype(dst, s_ctype_of(to), src, from, n);
+    } else if (from == DT_FLOAT32 || from == DT_INT64 || from == DT_BOOL) {
+        cpu_from_ctype(dst, to, src, s_ctype_of(from), n);
+    } else {
+        /* 16-bit floats and int32 among themselves: through float32, a block at a time */
+        float buf[1024];
+        size_t to_size = dt_dtype_size(to), from_size = dt_dtype_size(from);
+        for (int64_t i = 0; i < n; i += 1024) {
+            int64_t m = n - i < 1024 ? n - i : 1024;
+            cpu_to_ctype(buf, CPU_F32, (const char *)src + i * (int64_t)from_size, from, m);
+            cpu_from_ctype((char *)dst + i * (int64_t)to_size, to, buf, CPU_F32, m);
+        }
+    }
+}
+
+/* ---- the kernels of the elementwise ops ------------------------------------------------------
+ * An op's value is one expression per compute type, in the lists below. The drivers read the
+ * operands where they lie and write the output in place when their dtypes are the compute type
+ * (float32, int32, int64 or bool: the output's, 16-bit floats computed in float32); only other
+ * dtypes go through converted copies. Operands broadcast by strides: a size-1 dim or a Python
+ * number is read again, never expanded into a copy. */
+
+static const char *const s_oom = "out of memory on the device";
+
+#define S_MAX_IN 3 /* operands of an op (where: condition, a, b) */
+
+/* The dtype an op computes in when its output (or its comparison) has dtype d. */
+static dt_dtype s_compute(dt_dtype d) { return d == DT_FLOAT16 || d == DT_BFLOAT16 ? DT_FLOAT32 : d; }
+
+/* One row: out[i] = f(in[0][i * step[0]], ...) for i < n, each step 0 (the same element again)
+ * or 1. p: the op's float attributes. */
+typedef void (*s_loop)(void *out, const void *const *in, const int64_t *step, int64_t n, const double *p);
+
+/* An op's row loop per compute type (NULL where its dtype rule never computes in it). */
+typedef struct {
+    s_loop f32, i32, i64, u8;
+} s_loops;
+
+static s_loop s_pick(const s_loops *l, dt_dtype cd)
+{
+    switch (cd) {
+    case DT_FLOAT32: return l->f32;
+    case DT_INT32: return l->i32;
+    case DT_INT64: return l->i64;
+    case DT_BOOL: return l->u8;
+    default: return NULL;
+    }
+}
+
+/* An operand in the compute dtype: the piece's own bytes, a converted copy, or a number. */
+typedef struct {
+    const void *data;
+    int ndim;
+    const int64_t *shape;
+    size_t elem;
+} s_operand;
+
+/* One kernel call: its operands, what it allocated, and its first failure. */
+typedef struct {
+    int nin;
+    s_operand in[S_MAX_IN];
+    int ncopies;
+    void *copies[S_MAX_IN];
+    int64_t number; /* storage of a number operand */
+    const char *why;
+} s_call;
+
+static void s_piece(s_call *c, const op_local *piece, dt_dtype cd)
+{
+    s_operand *o = &c->in[c->nin++];
+    *o = (s_operand){piece->data, piece->ndim, piece->shape, dt_dtype_size(cd)};
+    if (piece->dtype == cd || c->why)
+        return;
+    int64_t n = dt_layout_numel(piece->ndim, piece->shape);
+    void *copy = malloc((size_t)(n ? n : 1) * o->elem);
+    if (!copy) {
+        c->why = s_oom;
+        return;
+    }
+    cpu_convert(copy, cd, piece->data, piece->dtype, n);
+    c->copies[c->ncopies++] = copy;
+    o->data = copy;
+}
+
+static void s_number(s_call *c, dt_scalar v, dt_dtype cd)
+{
+    cpu_fill(&c->number, cd, 1, v);
+    c->in[c->nin++] = (s_operand){&c->number, 0, NULL, dt_dtype_size(cd)};
+}
+
+/* Calls loop on every row of the output (ndim, shape, C-contiguous, elements of out_elem bytes),
+ * each operand broadcast into it right-aligned. Size-1 dims are dropped and neighbouring dims
+ * merged where every operand walks them as one, so same-shape operands make a single row. */
+static void s_iterate(void *dst, size_t out_elem, int ndim, const int64_t *shape, const s_call *c, s_loop loop,
+                      const double *p)
+{
+    int nd = 0;
+    int64_t size[DT_MAX_DIMS], stride[S_MAX_IN][DT_MAX_DIMS], own[S_MAX_IN][DT_MAX_DIMS];
+    for (int i = 0; i < c->nin; i++)
+        for (int64_t d = c->in[i].ndim - 1, s = 1; d >= 0; s *= c->in[i].shape[d--])
+            own[i][d] = s;
+    for (int d = 0; d < ndim; d++) {
+        if (shape[d] == 1)
+            continue;
+        int64_t st[S_MAX_IN];
+        bool merge = nd > 0;
+        for (int i = 0; i < c->nin; i++) {
+            int k = d - (ndim - c->in[i].ndim);
+            st[i] = k >= 0 && c->in[i].shape[k] == shape[d] ? own[i][k] : 0;
+            merge = merge && stride[i][nd - 1] == st[i] * shape[d];
+        }
+        if (merge)
+            size[nd - 1] *= shape[d];
+        else
+            size[nd++] = shape[d];
+        for (int i = 0; i < c->nin; i++)
+            stride[i][nd - 1] = st[i];
+    }
+    const void *row[S_MAX_IN];
+    int64_t step[S_MAX_IN], n = nd ? size[nd - 1] : 1, rows = 1, idx[DT_MAX_DIMS] = {0};
+    for (int d = 0; d + 1 < nd; d++)
+        rows *= size[d];
+    for (int i = 0; i < c->nin; i++)
+        step[i] = nd ? stride[i][nd - 1] : 0;
+    for (int64_t r = 0; r < rows; r++) {
+        for (int i = 0; i < c->nin; i++) {
+            int64_t off = 0;
+            for (int d = 0; d + 1 < nd; d++)
+                off += idx[d] * stride[i][d];
+            row[i] = (const char *)c->in[i].data + off * (int64_t)c->in[i].elem;
+        }
+        loop((char *)dst + r * n * (int64_t)out_elem, row, step, n, p);
+        for (int d = nd - 2; d >= 0 && ++idx[d] == size[d]; d--)
+            idx[d] = 0;
+    }
+}
+
+/* Runs loop into the output, computed in dtype rd (converted when the output has another). */
+static const char *s_run(s_call *c, op_local *out, dt_dtype rd, s_loop loop, const double *p)
+{
+    int64_t n = dt_layout_numel(out->ndim, out->shape);
+    void *dst = out->data, *copy = NULL;
+    if (!c->why && !loop)
+        c->why = "no loop for these dtypes (internal error)";
+    if (!c->why && out->dtype != rd && !(dst = copy = malloc((size_t)(n ? n : 1) * dt_dtype_size(rd))))
+        c->why = s_oom;
+    if (!c->why && n > 0) {
+        s_iterate(dst, dt_dtype_size(rd), out->ndim, out->shape, c, loop, p);
+        if (copy)
+            cpu_convert(out->data, out->dtype, copy, rd, n);
+    }
+    free(copy);
+    for (int i = 0; i < c->ncopies; i++)
+        free(c->copies[i]);
+    return c->why;
+}
+
+/* Loops of one operand (x) and of two (x, y) for elements of TYPE into OTYPE; inside, T is TYPE. */
+#define S_LOOP1(fn, TYPE, OTYPE, EXPR)                                                                                 \
+    static void fn(void *out, const void *const *in, const int64_t *step, int64_t n, const double *p)                \
+    {                                                                                                                  \
+        typedef TYPE T;                                                                                                \
+        OTYPE *o = out;                                                                                                \
+        const T *a = in[0];                                                                                            \
+        if (step[0]) {                                                                                                 \
+            for (int64_t i = 0; i < n; i++) {                                                                          \
+                T x = a[i];                                                                                            \
+                o[i] = (OTYPE)(EXPR);                                                                                  \
+            }                                                                                                          \
+            return;                                                                                                    \
         }                                                                                                              \
-    } while (0)
+        T x = a[0];                                                                                                    \
+        OTYPE v = (OTYPE)(EXPR);                                                                                       \
+        for (int64_t i = 0; i < n; i++)                                                                                \
+            o[i] = v;                                                                                                  \
+    }
+
+#define S_LOOP2(fn, TYPE, OTYPE, EXPR)                                                                                 \
+    static void fn(void *out, const void *const *in, const int64_t *step, int64_t n, const double *p)                \
+    {                                                                                                                  \
+        typedef TYPE T;                                                                                                \
+        OTYPE *o = out;                                                                                                \
+        const T *a = in[0], *b = in[1];                                                                                \
+        if (step[0] && step[1]) {                                                                                      \
+            for (int64_t i = 0; i < n; i++) {                                                                          \
+                T x = a[i], y = b[i];                                                                                  \
+                o[i] = (OTYPE)(EXPR);                                                                                  \
+            }                                                                                                          \
+        } else if (step[0]) {                                                                                          \
+            T y = b[0];                                                                                                \
+            for (int64_t i = 0; i < n; i++) {                                                                          \
+                T x = a[i];                                                                                            \
+                o[i] = (OTYPE)(EXPR);                                                                                  \
+            }                                                                                                          \
+        } else if (step[1]) {                                                                                          \
+            T x = a[0];                                                                                                \
+            for (int64_t i = 0; i < n; i++) {                                                                          \
+                T y = b[i];                                                                                            \
+                o[i] = (OTYPE)(EXPR);                                                                                  \
+            }                                                                                                          \
+        } else {                                                                                                       \
+            T x = a[0], y = b[0];                                                                                      \
+            OTYPE v = (OTYPE)(EXPR);                                                                                   \
+            for (int64_t i = 0; i < n; i++)                                                                            \
+                o[i] = v;                                                                                              \
+        }                                                                                                              \
+    }
 
 static float s_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
 
@@ -119,54 +329,11 @@ static float s_gelu_tanh(float x)
     return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
 }
 
-void cpu_unary_run(cpu_unary op, cpu_ctype t, void *out, const void *a, int64_t n)
+/* torch's: linear above the threshold, where log(1 + exp) would round to it anyway */
+static float s_softplus(float x, float beta, float threshold)
 {
-    if (op == CPU_LOGICAL_NOT) {
-        S_MAP(uint8_t, out, a, n, !x);
-        return;
-    }
-    if (op == CPU_COPY) {
-        memcpy(out, a, (size_t)n * cpu_ctype_size(t));
-        return;
-    }
-    if (t == CPU_I64) {
-        switch (op) {
-        case CPU_NEG: S_MAP(int64_t, out, a, n, -x); break;
-        case CPU_ABS: S_MAP(int64_t, out, a, n, x < 0 ? -x : x); break;
-        case CPU_RELU: S_MAP(int64_t, out, a, n, x > 0 ? x : 0); break;
-        default: break; /* float functions of integers are computed in float32 (infer picks it) */
-        }
-        return;
-    }
-    switch (op) {
-    case CPU_NEG: S_MAP(float, out, a, n, -x); break;
-    case CPU_ABS: S_MAP(float, out, a, n, fabsf(x)); break;
-    case CPU_EXP: S_MAP(float, out, a, n, expf(x)); break;
-    case CPU_LOG: S_MAP(float, out, a, n, logf(x)); break;
-    case CPU_SQRT: S_MAP(float, out, a, n, sqrtf(x)); break;
-    case CPU_RSQRT: S_MAP(float, out, a, n, 1.0f / sqrtf(x)); break;
-    case CPU_SIN: S_MAP(float, out, a, n, sinf(x)); break;
-    case CPU_COS: S_MAP(float, out, a, n, cosf(x)); break;
-    case CPU_TANH: S_MAP(float, out, a, n, tanhf(x)); break;
-    case CPU_SIGMOID: S_MAP(float, out, a, n, 1.0f / (1.0f + expf(-x))); break;
-    case CPU_RELU: S_MAP(float, out, a, n, x > 0 ? x : (x == x ? 0.0f : x)); break;
-    case CPU_SILU: S_MAP(float, out, a, n, x / (1.0f + expf(-x))); break;
-    case CPU_GELU: S_MAP(float, out, a, n, s_gelu(x)); break;
-    case CPU_GELU_TANH: S_MAP(float, out, a, n, s_gelu_tanh(x)); break;
-    case CPU_RECIPROCAL: S_MAP(float, out, a, n, 1.0f / x); break;
-    default: break;
-    }
+    return x * beta > threshold ? x : log1pf(expf(x * beta)) / beta;
 }
-
-#define S_ZIP(T, OUT_T, out, a, b, n, EXPR)                                                                            \
-    do {                                                                                                               \
-        OUT_T *o_ = (OUT_T *)(out);                                                                                    \
-        const T *a_ = (const T *)(a), *b_ = (const T *)(b);                                                            \
-        for (int64_t i = 0; i < (n); i++) {                                                                            \
-            T x = a_[i], y = b_[i];                                                                                    \
-            o_[i] = (OUT_T)(EXPR);                                                                                     \
-        }                                                                                                              \
-    } while (0)
 
 /* Integer power by squaring; a negative exponent gives 0 unless the base is 1 or -1 (torch). */
 static int64_t s_ipow(int64_t x, int64_t y)
@@ -183,59 +350,268 @@ static int64_t s_ipow(int64_t x, int64_t y)
     return r;
 }
 
-#define S_COMPARE(T, out, a, b, n, op)                                                                                 \
-    switch (op) {                                                                                                      \
-    case CPU_EQ: S_ZIP(T, uint8_t, out, a, b, n, x == y); break;                                                       \
-    case CPU_NE: S_ZIP(T, uint8_t, out, a, b, n, x != y); break;                                                       \
-    case CPU_LT: S_ZIP(T, uint8_t, out, a, b, n, x < y); break;                                                        \
-    case CPU_LE: S_ZIP(T, uint8_t, out, a, b, n, x <= y); break;                                                       \
-    case CPU_GT: S_ZIP(T, uint8_t, out, a, b, n, x > y); break;                                                        \
-    case CPU_GE: S_ZIP(T, uint8_t, out, a, b, n, x >= y); break;                                                       \
-    case CPU_LOGICAL_AND: S_ZIP(T, uint8_t, out, a, b, n, (x != 0) && (y != 0)); break;                                \
-    case CPU_LOGICAL_OR: S_ZIP(T, uint8_t, out, a, b, n, (x != 0) || (y != 0)); break;                                 \
-    default: break;                                                                                                    \
-    }
+/* ---- the ops: one line each ------------------------------------------------------------------ */
 
-void cpu_binary_run(cpu_binary op, cpu_ctype t, void *out, const void *a, const void *b, int64_t n)
+/* Unary ops of floating values (their dtype rule makes the output floating): name, float32
+ * expression of x (p: the float attributes of the row, in order). */
+#define S_UNARY_FLOAT(X)                                                                                               \
+    X(exp, expf(x))                                                                                                    \
+    X(log, logf(x))                                                                                                    \
+    X(sqrt, sqrtf(x))                                                                                                  \
+    X(rsqrt, 1.0f / sqrtf(x))                                                                                          \
+    X(sin, sinf(x))                                                                                                    \
+    X(cos, cosf(x))                                                                                                    \
+    X(tanh, tanhf(x))                                                                                                  \
+    X(sigmoid, 1.0f / (1.0f + expf(-x)))                                                                               \
+    X(silu, x / (1.0f + expf(-x)))                                                                                     \
+    X(gelu, s_gelu(x))                                                                                                 \
+    X(gelu_tanh, s_gelu_tanh(x))                                                                                       \
+    X(reciprocal, 1.0f / x)                                                                                            \
+    X(erf, erff(x))                                                                                                    \
+    X(softplus, s_softplus(x, (float)p[0], (float)p[1]))
+
+/* Unary ops of numbers: name, float32 expression, integer expression (T: int32_t or int64_t;
+ * integers wrap, computed in uint64_t). */
+#define S_UNARY_NUMBER(X)                                                                                              \
+    X(neg, -x, (T)(0 - (uint64_t)x))                                                                                   \
+    X(abs, fabsf(x), x < 0 ? (T)(0 - (uint64_t)x) : x)                                                                 \
+    X(relu, x > 0 ? x : (x == x ? 0.0f : x), x > 0 ? x : 0)
+
+/* Binary ops of every dtype: name, float32, integer, bool (0/1) expression of x and y. NaN wins
+ * maximum and minimum, as in torch. */
+#define S_BINARY_ANY(X)                                                                                                \
+    X(add, x + y, (T)((uint64_t)x + (uint64_t)y), x | y)                                                               \
+    X(mul, x * y, (T)((uint64_t)x * (uint64_t)y), x & y)                                                               \
+    X(maximum, x != x || y != y ? x + y : x > y ? x : y, x > y ? x : y, x | y)                                         \
+    X(minimum, x != x || y != y ? x + y : x < y ? x : y, x < y ? x : y, x & y)
+
+/* Binary ops of numbers: name, float32, integer expression. */
+#define S_BINARY_NUMBER(X)                                                                                             \
+    X(sub, x - y, (T)((uint64_t)x - (uint64_t)y))                                                                      \
+    X(pow, powf(x, y), (T)s_ipow(x, y))
+
+/* Binary ops of floating values: name, float32 expression (div: integers divide as floats). */
+#define S_BINARY_FLOAT(X) X(div, x / y)
+
+/* Comparisons, of operands of any dtype (compared in their promotion), giving bool. */
+#define S_COMPARE(X) X(eq, x == y) X(ne, x != y) X(lt, x < y) X(le, x <= y) X(gt, x > y) X(ge, x >= y)
+
+/* Logical ops: of the operands' truth values (nonzero), giving bool. */
+#define S_LOGICAL(X) X(logical_and, x && y) X(logical_or, x || y)
+
+/* ---- the drivers ------------------------------------------------------------------------------ */
+
+static const char *s_unary(op_kernel *k, const s_loops *loops)
 {
-    if (op >= CPU_EQ) {
-        if (t == CPU_F32)
-            S_COMPARE(float, out, a, b, n, op)
-        else if (t == CPU_I64)
-            S_COMPARE(int64_t, out, a, b, n, op)
-        else
-            S_COMPARE(uint8_t, out, a, b, n, op)
-        return;
-    }
-    if (t == CPU_F32) {
-        switch (op) {
-        case CPU_ADD: S_ZIP(float, float, out, a, b, n, x + y); break;
-        case CPU_SUB: S_ZIP(float, float, out, a, b, n, x - y); break;
-        case CPU_MUL: S_ZIP(float, float, out, a, b, n, x * y); break;
-        case CPU_DIV: S_ZIP(float, float, out, a, b, n, x / y); break;
-        case CPU_POW: S_ZIP(float, float, out, a, b, n, powf(x, y)); break;
-        /* NaN wins, as in torch */
-        case CPU_MAXIMUM: S_ZIP(float, float, out, a, b, n, x != x || y != y ? x + y : x > y ? x : y); break;
-        case CPU_MINIMUM: S_ZIP(float, float, out, a, b, n, x != x || y != y ? x + y : x < y ? x : y); break;
-        default: break;
-        }
-    } else if (t == CPU_I64) {
-        switch (op) {
-        case CPU_ADD: S_ZIP(int64_t, int64_t, out, a, b, n, (uint64_t)x + (uint64_t)y); break;
-        case CPU_SUB: S_ZIP(int64_t, int64_t, out, a, b, n, (uint64_t)x - (uint64_t)y); break;
-        case CPU_MUL: S_ZIP(int64_t, int64_t, out, a, b, n, (uint64_t)x * (uint64_t)y); break;
-        case CPU_POW: S_ZIP(int64_t, int64_t, out, a, b, n, s_ipow(x, y)); break;
-        case CPU_MAXIMUM: S_ZIP(int64_t, int64_t, out, a, b, n, x > y ? x : y); break;
-        case CPU_MINIMUM: S_ZIP(int64_t, int64_t, out, a, b, n, x < y ? x : y); break;
-        default: break; /* integer division is true division, computed in float32 */
-        }
-    } else {
-        switch (op) {
-        case CPU_ADD:
-        case CPU_MAXIMUM: S_ZIP(uint8_t, uint8_t, out, a, b, n, x || y); break;
-        case CPU_MUL:
-        case CPU_MINIMUM: S_ZIP(uint8_t, uint8_t, out, a, b, n, x && y); break;
-        default: break;
-        }
-    }
+    dt_dtype cd = s_compute(k->out[0].dtype);
+    s_call c = {0};
+    if (k->nin != 1)
+        return "expected one operand (internal error)";
+    s_piece(&c, &k->in[0], cd);
+    return s_run(&c, &k->out[0], cd, s_pick(loops, cd), k->attrs->floats);
 }
+
+/* a op b in cd giving rd, either a number (attrs.scalar; ints[0] = 1: on the left). */
+static const char *s_binary(op_kernel *k, const s_loops *loops, dt_dtype cd, dt_dtype rd)
+{
+    s_call c = {0};
+    bool left = k->attrs->nints > 0 && k->attrs->ints[0];
+    if (k->nin + k->attrs->has_scalar != 2)
+        return "expected two operands (internal error)";
+    if (k->nin == 1 && left)
+        s_number(&c, k->attrs->scalar, cd);
+    s_piece(&c, &k->in[0], cd);
+    if (k->nin == 2)
+        s_piece(&c, &k->in[1], cd);
+    else if (!left)
+        s_number(&c, k->attrs->scalar, cd);
+    return s_run(&c, &k->out[0], rd, s_pick(loops, cd), NULL);
+}
+
+static const char *s_arith(op_kernel *k, const s_loops *loops)
+{
+    dt_dtype cd = s_compute(k->out[0].dtype);
+    return s_binary(k, loops, cd, cd);
+}
+
+/* ctx[0]: the dtype the controller says the operands are compared in */
+static const char *s_compare(op_kernel *k, const s_loops *loops)
+{
+    if (k->nctx < 1 || !dt_dtype_valid((int)k->ctx[0]))
+        return "comparison: missing its dtype (internal error)";
+    return s_binary(k, loops, s_compute((dt_dtype)k->ctx[0]), DT_BOOL);
+}
+
+static const char *s_logical(op_kernel *k, const s_loops *loops) { return s_binary(k, loops, DT_BOOL, DT_BOOL); }
+
+#define S_GEN_UNARY_FLOAT(name, f)                                                                                     \
+    S_LOOP1(s_##name##_f32, float, float, f)                                                                           \
+    static const char *s_k_##name(op_kernel *k)                                                                        \
+    {                                                                                                                  \
+        static const s_loops loops = {.f32 = s_##name##_f32};                                                          \
+        return s_unary(k, &loops);                                                                                     \
+    }
+S_UNARY_FLOAT(S_GEN_UNARY_FLOAT)
+
+#define S_GEN_UNARY_NUMBER(name, f, i)                                                                                 \
+    S_LOOP1(s_##name##_f32, float, float, f)                                                                           \
+    S_LOOP1(s_##name##_i32, int32_t, int32_t, i)                                                                       \
+    S_LOOP1(s_##name##_i64, int64_t, int64_t, i)                                                                       \
+    static const char *s_k_##name(op_kernel *k)                                                                        \
+    {                                                                                                                  \
+        static const s_loops loops = {.f32 = s_##name##_f32, .i32 = s_##name##_i32, .i64 = s_##name##_i64};            \
+        return s_unary(k, &loops);                                                                                     \
+    }
+S_UNARY_NUMBER(S_GEN_UNARY_NUMBER)
+
+S_LOOP1(s_logical_not_u8, uint8_t, uint8_t, !x)
+static const char *s_k_logical_not(op_kernel *k)
+{
+    static const s_loops loops = {.u8 = s_logical_not_u8};
+    return s_unary(k, &loops);
+}
+
+#define S_GEN_BINARY_ANY(name, f, i, b)                                                                                \
+    S_LOOP2(s_##name##_f32, float, float, f)                                                                           \
+    S_LOOP2(s_##name##_i32, int32_t, int32_t, i)                                                                       \
+    S_LOOP2(s_##name##_i64, int64_t, int64_t, i)                                                                       \
+    S_LOOP2(s_##name##_u8, uint8_t, uint8_t, b)                                                                        \
+    static const char *s_k_##name(op_kernel *k)                                                                        \
+    {                                                                                                                  \
+        static const s_loops loops = {s_##name##_f32, s_##name##_i32, s_##name##_i64, s_##name##_u8};                  \
+        return s_arith(k, &loops);                                                                                     \
+    }
+S_BINARY_ANY(S_GEN_BINARY_ANY)
+
+#define S_GEN_BINARY_NUMBER(name, f, i)                                                                                \
+    S_LOOP2(s_##name##_f32, float, float, f)                                                                           \
+    S_LOOP2(s_##name##_i32, int32_t, int32_t, i)                                                                       \
+    S_LOOP2(s_##name##_i64, int64_t, int64_t, i)                                                                       \
+    static const char *s_k_##name(op_kernel *k)                                                                        \
+    {                                                                                                                  \
+        static const s_loops loops = {.f32 = s_##name##_f32, .i32 = s_##name##_i32, .i64 = s_##name##_i64};            \
+        return s_arith(k, &loops);                                                                                     \
+    }
+S_BINARY_NUMBER(S_GEN_BINARY_NUMBER)
+
+#define S_GEN_BINARY_FLOAT(name, f)                                                                                    \
+    S_LOOP2(s_##name##_f32, float, float, f)                                                                           \
+    static const char *s_k_##name(op_kernel *k)                                                                        \
+    {                                                                                                                  \
+        static const s_loops loops = {.f32 = s_##name##_f32};                                                          \
+        return s_arith(k, &loops);                                                                                     \
+    }
+S_BINARY_FLOAT(S_GEN_BINARY_FLOAT)
+
+#define S_GEN_COMPARE(name, e)                                                                                         \
+    S_LOOP2(s_##name##_f32, float, uint8_t, e)                                                                         \
+    S_LOOP2(s_##name##_i32, int32_t, uint8_t, e)                                                                       \
+    S_LOOP2(s_##name##_i64, int64_t, uint8_t, e)                                                                       \
+    S_LOOP2(s_##name##_u8, uint8_t, uint8_t, e)                                                                        \
+    static const char *s_k_##name(op_kernel *k)                                                                        \
+    {                                                                                                                  \
+        static const s_loops loops = {s_##name##_f32, s_##name##_i32, s_##name##_i64, s_##name##_u8};                  \
+        return s_compare(k, &loops);                                                                                   \
+    }
+S_COMPARE(S_GEN_COMPARE)
+
+#define S_GEN_LOGICAL(name, e)                                                                                         \
+    S_LOOP2(s_##name##_u8, uint8_t, uint8_t, e)                                                                        \
+    static const char *s_k_##name(op_kernel *k)                                                                        \
+    {                                                                                                                  \
+        static const s_loops loops = {.u8 = s_##name##_u8};                                                            \
+        return s_logical(k, &loops);                                                                                   \
+    }
+S_LOGICAL(S_GEN_LOGICAL)
+
+/* where(cond, a, b) per element size: out[i] = cond[i] ? a[i] : b[i] (each broadcast). */
+#define S_SELECT(fn, TYPE)                                                                                             \
+    static void fn(void *out, const void *const *in, const int64_t *step, int64_t n, const double *p)                \
+    {                                                                                                                  \
+        TYPE *o = out;                                                                                                 \
+        const uint8_t *m = in[0];                                                                                      \
+        const TYPE *a = in[1], *b = in[2];                                                                             \
+        for (int64_t i = 0; i < n; i++)                                                                                \
+            o[i] = m[i * step[0]] ? a[i * step[1]] : b[i * step[2]];                                                   \
+    }
+S_SELECT(s_select_f32, float)
+S_SELECT(s_select_i32, int32_t)
+S_SELECT(s_select_i64, int64_t)
+S_SELECT(s_select_u8, uint8_t)
+static const s_loops s_select = {s_select_f32, s_select_i32, s_select_i64, s_select_u8};
+
+/* where(cond, a, b), with a number in place of b (ints[0] = 2) or of a (ints[0] = 1). */
+static const char *s_where(op_kernel *k)
+{
+    op_local *out = &k->out[0];
+    dt_dtype cd = s_compute(out->dtype);
+    int at = k->attrs->has_scalar ? (k->attrs->nints > 0 ? (int)k->attrs->ints[0] : 2) : 0;
+    s_call c = {0};
+    if (k->nin != (at ? 2 : 3) || at < 0 || at > 2)
+        return "where: bad operands (internal error)";
+    s_piece(&c, &k->in[0], DT_BOOL);
+    if (at == 1)
+        s_number(&c, k->attrs->scalar, cd);
+    s_piece(&c, &k->in[1], cd);
+    if (at == 2)
+        s_number(&c, k->attrs->scalar, cd);
+    else if (at == 0)
+        s_piece(&c, &k->in[2], cd);
+    return s_run(&c, out, cd, s_pick(&s_select, cd), NULL);
+}
+
+/* masked_fill(x, mask, number) is where(mask, number, x). */
+static const char *s_masked_fill(op_kernel *k)
+{
+    op_local *out = &k->out[0];
+    dt_dtype cd = s_compute(out->dtype);
+    s_call c = {0};
+    if (k->nin != 2 || !k->attrs->has_scalar)
+        return "masked_fill: bad operands (internal error)";
+    s_piece(&c, &k->in[1], DT_BOOL);
+    s_number(&c, k->attrs->scalar, cd);
+    s_piece(&c, &k->in[0], cd);
+    return s_run(&c, out, cd, s_pick(&s_select, cd), NULL);
+}
+
+/* clamp: p = [lower bound or -inf, upper bound or +inf] */
+S_LOOP1(s_clamp_f32, float, float, x < (float)p[0] ? (float)p[0] : x > (float)p[1] ? (float)p[1] : x)
+S_LOOP1(s_clamp_i32, int32_t, int32_t, (double)x < p[0] ? (T)(int64_t)p[0] : (double)x > p[1] ? (T)(int64_t)p[1] : x)
+S_LOOP1(s_clamp_i64, int64_t, int64_t, (double)x < p[0] ? (T)(int64_t)p[0] : (double)x > p[1] ? (T)(int64_t)p[1] : x)
+
+/* clamp(x, min, max): ints[0] bit 0 = has min, bit 1 = has max; floats = [min, max]. */
+static const char *s_clamp(op_kernel *k)
+{
+    static const s_loops loops = {.f32 = s_clamp_f32, .i32 = s_clamp_i32, .i64 = s_clamp_i64};
+    const op_attrs *a = k->attrs;
+    if (k->nin != 1 || a->nints < 1 || a->nfloats < 2)
+        return "clamp: bad operands (internal error)";
+    double bounds[2] = {a->ints[0] & 1 ? a->floats[0] : -INFINITY, a->ints[0] & 2 ? a->floats[1] : INFINITY};
+    dt_dtype cd = s_compute(k->out[0].dtype);
+    s_call c = {0};
+    s_piece(&c, &k->in[0], cd);
+    return s_run(&c, &k->out[0], cd, s_pick(&loops, cd), bounds);
+}
+
+/* to(dtype): a conversion, straight from the piece into the output. */
+static const char *s_to(op_kernel *k)
+{
+    const op_local *in = &k->in[0];
+    op_local *out = &k->out[0];
+    int64_t n = dt_layout_numel(out->ndim, out->shape);
+    if (k->nin != 1 || n != dt_layout_numel(in->ndim, in->shape))
+        return "to: the piece does not match the output (internal error)";
+    cpu_convert(out->data, out->dtype, in->data, in->dtype, n);
+    return NULL;
+}
+
+#define S_ENTRY(name, ...) [OP_ID_##name] = s_k_##name,
+const cpu_op_kernel cpu_pointwise_kernels[OP_ID_LIMIT] = {
+    S_UNARY_FLOAT(S_ENTRY) S_UNARY_NUMBER(S_ENTRY) S_BINARY_ANY(S_ENTRY) S_BINARY_NUMBER(S_ENTRY)
+    S_BINARY_FLOAT(S_ENTRY) S_COMPARE(S_ENTRY) S_LOGICAL(S_ENTRY)
+    [OP_ID_logical_not] = s_k_logical_not,
+    [OP_ID_where] = s_where,
+    [OP_ID_masked_fill] = s_masked_fill,
+    [OP_ID_clamp] = s_clamp,
+    [OP_ID_to] = s_to,
+};

@@ -1,5 +1,5 @@
-/* cpu_random — counter-based random numbers on the CPU: Philox4x32-10 and the uniform and normal
- * values made from its words (cpu_kernels.h gives the exact rules). */
+/* cpu_random — Philox4x32-10 and the counter-based uniform and normal values of the random
+ * factories. */
 #include "cpu_kernels.h"
 
 #include <assert.h>

@@ -1,10 +1,11 @@
-/* cpu_rope — the rotary embedding kernel: one cos/sin table per (batch, position), applied to
- * every head there. */
+/* cpu_rope — the rotary embedding kernel (ops/op_rope.c's op): one cos/sin table per (batch,
+ * position), applied to every head there. */
 #include "cpu_rope.h"
 
 #include <math.h>
 #include <stdlib.h>
 
+#include "cpu_ops.h"
 #include "dt_dtype.h"
 
 static inline float s_get(const void *x, dt_dtype dtype, int64_t i)
@@ -63,3 +64,15 @@ void cpu_rope(void *out, const void *x, dt_dtype dtype, int64_t B, int64_t H, in
     if (table != stack)
         free(table);
 }
+
+static const char *s_rope(op_kernel *k)
+{
+    const op_local *x = &k->in[0], *pos = &k->in[1];
+    cpu_rope(k->out[0].data, x->data, x->dtype, x->shape[0], x->shape[1], x->shape[2], x->shape[3], pos->data,
+             pos->shape[0], k->in[2].data, (float)k->attrs->floats[0]);
+    return NULL;
+}
+
+const cpu_op_kernel cpu_rope_kernels[OP_ID_LIMIT] = {
+    [OP_ID_rope] = s_rope,
+};

@@ -1,12 +1,13 @@
-/* cpu_view — CPU kernels of the view and data-movement family. */
-#include "cpu_view.h"
-
+/* cpu_view — the CPU kernels of the views and data movement (OP_VIEW in ops/op_table.h). Every
+ * kernel writes a fresh C-contiguous output; the op's infer/shard/local hooks settle shapes and
+ * placements on the controller, so a kernel only moves bytes of its local pieces. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cpu_kernels.h"
+#include "cpu_ops.h"
 #include "cpu_pointwise.h"
 #include "dt_dtype.h"
 #include "dt_layout.h"
@@ -17,7 +18,9 @@ static int s_norm_dim(int64_t dim, int ndim)
     return (int)(dim < 0 ? dim + n : dim);
 }
 
-const char *cpu_view_copy(op_kernel *k)
+/* reshape / view / flatten / unsqueeze / squeeze: the local output is the local input in the
+ * same row-major order (the sharding rule guarantees it), so one memcpy. */
+static const char *s_copy(op_kernel *k)
 {
     const op_local *in = &k->in[0];
     op_local *out = &k->out[0];
@@ -29,7 +32,8 @@ const char *cpu_view_copy(op_kernel *k)
     return NULL;
 }
 
-const char *cpu_view_permute(op_kernel *k)
+/* permute: attrs.ints = the permutation (negative dims allowed). */
+static const char *s_permute(op_kernel *k)
 {
     const op_local *in = &k->in[0];
     op_local *out = &k->out[0];
@@ -49,7 +53,8 @@ const char *cpu_view_permute(op_kernel *k)
     return NULL;
 }
 
-const char *cpu_view_expand(op_kernel *k)
+/* expand: size-1 local dims broadcast to the output's local shape (right-aligned). */
+static const char *s_expand(op_kernel *k)
 {
     const op_local *in = &k->in[0];
     op_local *out = &k->out[0];
@@ -66,8 +71,11 @@ const char *cpu_view_expand(op_kernel *k)
 
 static cpu_ctype s_ctype(dt_dtype d) { return dt_dtype_is_float(d) ? CPU_F32 : d == DT_BOOL ? CPU_U8 : CPU_I64; }
 
-const char *cpu_view_cat(op_kernel *k, bool stack)
+/* cat, stack: attrs.ints[0] = dim (negative allowed, of the output); inputs are
+ * converted to the output dtype and laid side by side along dim. */
+static const char *s_cat(op_kernel *k)
 {
+    bool stack = k->def->id == OP_ID_stack;
     op_local *out = &k->out[0];
     size_t elem = dt_dtype_size(out->dtype);
     int dim = s_norm_dim(k->attrs->ints[0], out->ndim);
@@ -111,8 +119,11 @@ const char *cpu_view_cat(op_kernel *k, bool stack)
     return pos == out->shape[dim] ? NULL : "cat: local pieces do not fill the output (internal error)";
 }
 
-const char *cpu_view_slice(op_kernel *k, bool drop)
+/* slice / narrow / select: ctx = {dim, start, step} (normalised); the output takes elements
+ * start, start + step, ... along dim of the local input; select drops the dim. */
+static const char *s_slice(op_kernel *k)
 {
+    bool drop = k->def->id == OP_ID_select;
     const op_local *in = &k->in[0];
     op_local *out = &k->out[0];
     if (k->nctx < 3)
@@ -143,7 +154,9 @@ const char *cpu_view_slice(op_kernel *k, bool drop)
 
 static _Thread_local char s_why[160];
 
-const char *cpu_view_index_select(op_kernel *k)
+/* index_select(x, idx): attrs.ints = {dim, wrap}: idx holds int32/int64 positions along dim
+ * of the local x (which is whole along dim); wrap = 1 accepts negative positions (x[idx]). */
+static const char *s_index_select(op_kernel *k)
 {
     const op_local *x = &k->in[0], *idx = &k->in[1];
     op_local *out = &k->out[0];
@@ -183,8 +196,11 @@ const char *cpu_view_index_select(op_kernel *k)
     return NULL;
 }
 
-const char *cpu_view_tri(op_kernel *k, bool upper)
+/* triu / tril on the last two dims: attrs.ints[0] = diagonal; ctx = {row offset, column
+ * offset} of this piece in the global matrix. */
+static const char *s_tri(op_kernel *k)
 {
+    bool upper = k->def->id == OP_ID_triu;
     const op_local *in = &k->in[0];
     op_local *out = &k->out[0];
     if (k->nctx < 2 || in->ndim < 2 || out->ndim != in->ndim)
@@ -220,3 +236,11 @@ const char *cpu_view_tri(op_kernel *k, bool upper)
         }
     return NULL;
 }
+
+const cpu_op_kernel cpu_view_kernels[OP_ID_LIMIT] = {
+    [OP_ID_reshape] = s_copy,           [OP_ID_flatten] = s_copy,  [OP_ID_unsqueeze] = s_copy,
+    [OP_ID_squeeze] = s_copy,           [OP_ID_permute] = s_permute, [OP_ID_expand] = s_expand,
+    [OP_ID_cat] = s_cat,                [OP_ID_stack] = s_cat,     [OP_ID_slice] = s_slice,
+    [OP_ID_narrow] = s_slice,           [OP_ID_select] = s_slice,  [OP_ID_index_select] = s_index_select,
+    [OP_ID_triu] = s_tri,               [OP_ID_tril] = s_tri,
+};

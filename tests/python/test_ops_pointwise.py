@@ -59,8 +59,14 @@ UNARY = {
     "sqrt": (np.sqrt, POS54), "rsqrt": (lambda a: 1 / np.sqrt(a), POS54), "sin": (np.sin, X54),
     "cos": (np.cos, X54), "tanh": (np.tanh, X54), "sigmoid": (lambda a: 1 / (1 + np.exp(-a)), X54),
     "relu": (lambda a: np.maximum(a, 0), X54), "silu": (lambda a: a / (1 + np.exp(-a)), X54),
-    "reciprocal": (lambda a: 1 / a, POS54),
+    "reciprocal": (lambda a: 1 / a, POS54), "erf": (np.vectorize(math.erf), X54),
 }
+
+
+def np_softplus(a, beta=1.0, threshold=20.0):
+    """torch.nn.functional.softplus in float64: linear where beta * x exceeds the threshold."""
+    a = np.asarray(a, np.float64)
+    return np.where(a * beta > threshold, a, np.log1p(np.exp(a * beta)) / beta)
 
 
 @pytest.mark.parametrize("mesh_name", MESHES)
@@ -86,6 +92,34 @@ def test_gelu_exact_and_tanh(thread):
     close(dtorch.nn.functional.gelu(x, approximate="tanh").numpy(), approx)
     with pytest.raises(ValueError):
         dtorch.nn.functional.gelu(x, approximate="fast")
+
+
+@pytest.mark.parametrize("mesh_name", ["1", "3", "2x2"])
+def test_erf_and_softplus(mode, mesh_name):
+    """Two ops added by the recipe in docs/ADDING-AN-OP.md: a row, a kernel, a test entry."""
+    mesh = MESHES[mesh_name]()
+    wide = np.linspace(-30, 30, 20, dtype=np.float32).reshape(5, 4)  # both sides of the threshold
+    a = wide.astype(np.float64)
+    for pl in placements_for(mesh, 2):
+        x = dtorch.distribute_tensor(wide, mesh, pl)
+        close(dtorch.erf(x).numpy(), np.vectorize(math.erf)(a))
+        close(x.erf().numpy(), np.vectorize(math.erf)(a))
+        F = dtorch.nn.functional
+        close(F.softplus(x).numpy(), np_softplus(a))
+        close(F.softplus(x, beta=2, threshold=5).numpy(), np_softplus(a, 2, 5))
+        close(F.softplus(x, 0.5, 1.0).numpy(), np_softplus(a, 0.5, 1.0))
+        assert F.softplus(x).placements == x.placements == dtorch.erf(x).placements
+    i = dtorch.distribute_tensor(np.arange(-3, 3, dtype=np.int64), mesh)
+    assert dtorch.erf(i).dtype == dtorch.float32, "a float function of integers gives float32"
+    close(dtorch.erf(i).numpy(), [math.erf(v) for v in range(-3, 3)])
+    h = dtorch.distribute_tensor(X54, mesh).to(dtorch.bfloat16)
+    assert dtorch.nn.functional.softplus(h).dtype == dtorch.bfloat16
+    close(dtorch.nn.functional.softplus(h).numpy(), np_softplus(h.numpy()), dtorch.bfloat16)
+    with pytest.raises(TypeError, match="beta must be a number"):
+        dtorch.nn.functional.softplus(x, beta="2")
+    with pytest.raises(TypeError, match="expected a DTensor"):
+        dtorch.erf(wide)
+    assert not hasattr(dtorch, "softplus") and not hasattr(dtorch.DTensor, "softplus"), "torch has neither"
 
 
 @pytest.mark.parametrize("dtype", [dtorch.float16, dtorch.bfloat16])

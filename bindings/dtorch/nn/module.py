@@ -15,7 +15,7 @@ import numpy as np
 from .. import _C, _dtype
 from .._factory import distribute_tensor
 from .._mesh import DeviceMesh
-from .._placement import Replicate, _raw
+from .._placement import Replicate
 from .._tensor import DTensor
 
 _IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
@@ -535,4 +535,4 @@ def distribute_bits(bits, dtype, device_mesh, placements):
     is copied straight out of ``bits`` (strided: a slice of a memory map reads only its pages)."""
     if bits.dtype.itemsize != dtype.itemsize:
         raise TypeError(f"distribute_bits: {bits.dtype} items are not {dtype} items")
-    return _C._distribute(device_mesh, device_mesh._c, bits, dtype._code, _raw(list(placements)))
+    return _C._distribute(bits, device_mesh, list(placements), dtype._code)

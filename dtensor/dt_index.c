@@ -1,0 +1,305 @@
+/* dt_index — the calls that cut a tensor into pieces or pick parts of it with several ops: split,
+ * chunk and unbind, and indexing (ints, slices, None, Ellipsis, an integer DTensor). Each is a
+ * chain of registered ops (narrow, select, slice, reshape, index_select) built here, on the
+ * user's thread, with torch's argument checks and messages.
+ *
+ * Placement policy: cutting a tensor into several pieces along a dim it is sharded on would make
+ * every piece gather its part; the dim is made Replicate once first instead (one all-gather),
+ * unless strict mode is on (then the ops refuse, naming the redistribute they would need). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dt_error.h"
+#include "op_registry.h"
+
+static int s_run(int id, dt_tensor *x, int nints, const int64_t *ints, dt_tensor **out)
+{
+    dt_op_attrs attrs = {.nints = nints};
+    memcpy(attrs.ints, ints, sizeof(int64_t) * (size_t)nints);
+    int rc = dt_op_run(id, 1, &x, &attrs, 1, out);
+    return rc < 0 ? rc : 0;
+}
+
+/* x itself (a new reference), or x with every Shard(dim) made Replicate when it will be cut into
+ * several pieces along dim. */
+static dt_tensor *s_gathered(dt_tensor *x, int dim, int64_t pieces)
+{
+    int mesh_ndim = dt_mesh_ndim(dt_tensor_mesh(x));
+    const dt_placement *pl = dt_tensor_placements(x);
+    dt_placement want[DT_MAX_DIMS];
+    bool sharded = false;
+    for (int m = 0; m < mesh_ndim; m++) {
+        sharded = sharded || (pl[m].kind == DT_SHARD && pl[m].dim == dim);
+        want[m] = pl[m].kind == DT_SHARD && pl[m].dim == dim ? dt_replicate() : pl[m];
+    }
+    if (pieces <= 1 || !sharded || dt_get_strict())
+        return dt_tensor_ref(x);
+    return dt_redistribute(x, NULL, want);
+}
+
+/* Releases the n pieces made so far; returns rc. */
+static int s_undo(dt_tensor **out, int n, int rc)
+{
+    for (int i = 0; i < n; i++)
+        dt_tensor_release(&out[i]);
+    return rc;
+}
+
+static void s_format_sizes(char *buf, size_t size, int n, const int64_t *v)
+{
+    size_t used = (size_t)snprintf(buf, size, "[");
+    for (int i = 0; i < n && used < size; i++)
+        used += (size_t)snprintf(buf + used, size - used, i ? ", %lld" : "%lld", (long long)v[i]);
+    if (used < size)
+        snprintf(buf + used, size - used, "]");
+}
+
+/* The sizes of the pieces: the sections given, or split_size each (the last may be short). */
+static int s_split_sizes(dt_tensor *t, const char *name, int64_t dim, int64_t split_size, int nsections,
+                         const int64_t *sections, int *d, int64_t **sizes)
+{
+    int ndim = dt_tensor_ndim(t);
+    if (ndim == 0)
+        return dt_err(DT_EINDEX, "%s: cannot %s a 0-dim tensor", name, name);
+    if (op_dim(name, dim, ndim, d) != 0)
+        return DT_EINDEX;
+    int64_t size = dt_tensor_shape(t)[*d], n;
+    if (sections) {
+        int64_t total = 0;
+        bool negative = false;
+        for (int i = 0; i < nsections; i++) {
+            total += sections[i];
+            negative = negative || sections[i] < 0;
+        }
+        if (negative || total != size) {
+            char buf[256];
+            s_format_sizes(buf, sizeof buf, nsections, sections);
+            return dt_err(DT_EINVAL, "split_with_sizes expects split_sizes to sum exactly to %lld (input tensor's size "
+                          "at dimension %d), but got split_sizes=%s", (long long)size, *d, buf);
+        }
+        n = nsections;
+    } else if (split_size < 0) {
+        return dt_err(DT_EINVAL, "split expects split_size be non-negative, but got split_size=%lld",
+                      (long long)split_size);
+    } else if (split_size == 0) {
+        if (size != 0)
+            return dt_err(DT_EINVAL, "split_size can only be 0 if dimension size is 0, but got dimension size of %lld",
+                          (long long)size);
+        n = 1;
+    } else {
+        n = size ? (size + split_size - 1) / split_size : 1;
+    }
+    if (n > INT32_MAX || !(*sizes = malloc(sizeof(int64_t) * (size_t)(n ? n : 1))))
+        return dt_err(DT_ENOMEM, "%s: out of memory", name);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t rest = size - i * split_size;
+        (*sizes)[i] = sections ? sections[i] : split_size == 0 ? 0 : rest < split_size ? rest : split_size;
+    }
+    return (int)n;
+}
+
+static int s_split(dt_tensor *t, const char *name, int64_t dim, int64_t split_size, int nsections,
+                   const int64_t *sections, int max_out, dt_tensor **out)
+{
+    int d;
+    int64_t *sizes = NULL;
+    int n = s_split_sizes(t, name, dim, split_size, nsections, sections, &d, &sizes);
+    if (n < 0 || !out) {
+        free(sizes);
+        return n;
+    }
+    if (n > max_out) {
+        free(sizes);
+        return dt_err(DT_EINVAL, "%s: makes %d pieces, room for %d", name, n, max_out);
+    }
+    dt_tensor *x = s_gathered(t, d, n);
+    int rc = x ? 0 : dt_last_error_code();
+    int64_t start = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        rc = s_run(OP_ID_narrow, x, 3, (int64_t[]){d, start, sizes[i]}, &out[i]);
+        if (rc != 0)
+            s_undo(out, i, rc);
+        start += sizes[i];
+    }
+    dt_tensor_release(&x);
+    free(sizes);
+    return rc != 0 ? rc : n;
+}
+
+int dt_split(dt_tensor *t, int64_t dim, int64_t split_size, int nsections, const int64_t *sections, int max_out,
+             dt_tensor **out)
+{
+    return s_split(t, "split", dim, split_size, nsections, sections, max_out, out);
+}
+
+int dt_chunk(dt_tensor *t, int64_t chunks, int64_t dim, int max_out, dt_tensor **out)
+{
+    if (chunks <= 0)
+        return dt_err(DT_EINVAL, "chunk expects `chunks` to be greater than 0, got: %lld", (long long)chunks);
+    int d;
+    if (dt_tensor_ndim(t) == 0)
+        return dt_err(DT_EINDEX, "chunk: cannot chunk a 0-dim tensor");
+    if (op_dim("chunk", dim, dt_tensor_ndim(t), &d) != 0)
+        return DT_EINDEX;
+    int64_t size = dt_tensor_shape(t)[d], step = (size + chunks - 1) / chunks;
+    if (step > 0)
+        return s_split(t, "chunk", d, step, 0, NULL, max_out, out);
+    if (chunks > INT32_MAX)
+        return dt_err(DT_EINVAL, "chunk: too many chunks (%lld)", (long long)chunks);
+    int64_t *zeros = calloc((size_t)chunks, sizeof *zeros); /* an empty dim: chunks empty pieces */
+    if (!zeros)
+        return dt_err(DT_ENOMEM, "chunk: out of memory");
+    int rc = s_split(t, "chunk", d, 0, (int)chunks, zeros, max_out, out);
+    free(zeros);
+    return rc;
+}
+
+int dt_unbind(dt_tensor *t, int64_t dim, int max_out, dt_tensor **out)
+{
+    int d, ndim = dt_tensor_ndim(t);
+    if (ndim == 0)
+        return dt_err(DT_EINDEX, "unbind: Dimension specified as 0 but tensor has no dimensions");
+    if (op_dim("unbind", dim, ndim, &d) != 0)
+        return DT_EINDEX;
+    int64_t n = dt_tensor_shape(t)[d];
+    if (!out)
+        return (int)n;
+    if (n > max_out)
+        return dt_err(DT_EINVAL, "unbind: makes %lld pieces, room for %d", (long long)n, max_out);
+    dt_tensor *x = s_gathered(t, d, n);
+    int rc = x ? 0 : dt_last_error_code();
+    for (int64_t i = 0; i < n && rc == 0; i++)
+        if ((rc = s_run(OP_ID_select, x, 2, (int64_t[]){d, i}, &out[i])) != 0)
+            s_undo(out, (int)i, rc);
+    dt_tensor_release(&x);
+    return rc != 0 ? rc : (int)n;
+}
+
+/* x[idx] with one integer DTensor: index_select along dim 0, negative positions allowed. */
+static dt_tensor *s_index_tensor(dt_tensor *t, dt_tensor *idx)
+{
+    dt_dtype dtype = dt_tensor_dtype(idx);
+    int ndim = dt_tensor_ndim(idx);
+    if ((dtype != DT_INT32 && dtype != DT_INT64) || ndim > 1) {
+        dt_err(DT_ETYPE, "indexing with a DTensor needs a 0-d or 1-D integer DTensor, got %d-D %s", ndim,
+               dt_dtype_name(dtype));
+        return NULL;
+    }
+    if (dt_tensor_ndim(t) == 0) {
+        dt_err(DT_EINDEX, "too many indices for tensor of dimension 0");
+        return NULL;
+    }
+    dt_tensor *in[2] = {t, idx}, *out = NULL, *squeezed = NULL;
+    dt_op_attrs attrs = {.nints = 2, .ints = {0, 1}};
+    if (dt_op_run(OP_ID_index_select, 2, in, &attrs, 1, &out) < 0)
+        return NULL;
+    if (ndim == 1)
+        return out;
+    int rc = s_run(OP_ID_squeeze, out, 1, (int64_t[]){0}, &squeezed);
+    dt_tensor_release(&out);
+    return rc == 0 ? squeezed : NULL;
+}
+
+/* Python's slice.indices for a positive step: [start, stop) within size. */
+static int64_t s_bound(bool given, int64_t v, int64_t otherwise, int64_t size)
+{
+    if (!given)
+        return otherwise;
+    if (v < 0)
+        v += size;
+    return v < 0 ? 0 : v > size ? size : v;
+}
+
+dt_tensor *dt_index(dt_tensor *t, int n, const dt_index_item *items)
+{
+    int ntensors = 0, nellipsis = 0, consumed = 0, ndim = dt_tensor_ndim(t);
+    for (int i = 0; i < n; i++) {
+        ntensors += items[i].kind == DT_INDEX_TENSOR;
+        nellipsis += items[i].kind == DT_INDEX_ELLIPSIS;
+        consumed += items[i].kind == DT_INDEX_INT || items[i].kind == DT_INDEX_SLICE;
+    }
+    if (ntensors > 0 && n != 1) {
+        dt_err(DT_ETYPE, "indexing with a DTensor together with other indices is not supported");
+        return NULL;
+    }
+    if (ntensors > 0)
+        return s_index_tensor(t, items[0].tensor);
+    if (nellipsis > 1) {
+        dt_err(DT_EINDEX, "an index can only have a single ellipsis ('...')");
+        return NULL;
+    }
+    if (consumed > ndim) {
+        dt_err(DT_EINDEX, "too many indices for tensor of dimension %d", ndim);
+        return NULL;
+    }
+    /* one step per dim of t (select, slice or nothing), and the shape of the result */
+    const int64_t *shape = dt_tensor_shape(t);
+    int kind[DT_MAX_DIMS], nfinal = 0, d = 0;
+    int64_t args[DT_MAX_DIMS][4], final[DT_MAX_DIMS * 2];
+    for (int i = 0; i <= n; i++) {
+        /* Ellipsis, or the end without one, stands for the dims no item names */
+        int spread = i == n ? (nellipsis ? 0 : ndim - consumed)
+                            : items[i].kind == DT_INDEX_ELLIPSIS ? ndim - consumed : 0;
+        for (int k = 0; k < spread; k++, d++) {
+            kind[d] = -1;
+            final[nfinal++] = shape[d];
+        }
+        if (i == n || items[i].kind == DT_INDEX_ELLIPSIS)
+            continue;
+        const dt_index_item *it = &items[i];
+        if (it->kind == DT_INDEX_NONE) {
+            if (nfinal >= DT_MAX_DIMS) {
+                dt_err(DT_EINVAL, "indexing: the result would have more than %d dims", DT_MAX_DIMS);
+                return NULL;
+            }
+            final[nfinal++] = 1;
+            continue;
+        }
+        int64_t size = shape[d];
+        if (it->kind == DT_INDEX_INT) {
+            if (it->i < -size || it->i >= size) {
+                dt_err(DT_EINDEX, "index %lld is out of bounds for dimension %d with size %lld", (long long)it->i, d,
+                       (long long)size);
+                return NULL;
+            }
+            kind[d] = OP_ID_select;
+            args[d][0] = d;
+            args[d][1] = it->i < 0 ? it->i + size : it->i;
+        } else {
+            int64_t step = it->has_step ? it->step : 1;
+            if (step <= 0) {
+                dt_err(DT_EINVAL, "step must be greater than zero");
+                return NULL;
+            }
+            int64_t start = s_bound(it->has_start, it->start, 0, size), stop = s_bound(it->has_stop, it->stop, size, size);
+            int64_t length = stop > start ? (stop - start + step - 1) / step : 0;
+            final[nfinal++] = length;
+            bool whole = start == 0 && length == size && (step == 1 || size <= 1);
+            kind[d] = whole ? -1 : OP_ID_slice;
+            memcpy(args[d], (int64_t[]){d, start, stop, step}, sizeof args[d]);
+        }
+        d++;
+    }
+    if (nfinal > DT_MAX_DIMS) {
+        dt_err(DT_EINVAL, "indexing: the result would have more than %d dims", DT_MAX_DIMS);
+        return NULL;
+    }
+    /* last dims first, so that earlier dims keep their numbers */
+    dt_tensor *x = dt_tensor_ref(t);
+    for (int k = ndim - 1; k >= 0 && x; k--) {
+        if (kind[k] < 0)
+            continue;
+        dt_tensor *next = NULL;
+        int rc = s_run(kind[k], x, kind[k] == OP_ID_select ? 2 : 4, args[k], &next);
+        dt_tensor_release(&x);
+        x = rc == 0 ? next : NULL;
+    }
+    if (x && (dt_tensor_ndim(x) != nfinal || memcmp(dt_tensor_shape(x), final, sizeof(int64_t) * (size_t)nfinal))) {
+        dt_tensor *next = NULL;
+        int rc = s_run(OP_ID_reshape, x, nfinal, final, &next);
+        dt_tensor_release(&x);
+        x = rc == 0 ? next : NULL;
+    }
+    return x;
+}

@@ -1,0 +1,23 @@
+/* cpu_ops — the CPU kernel of every op, looked up by its id (ops/op_table.h). Each family's file
+ * (ops/cpu/cpu_<family>.c) fills a table of its ops' kernels; cpu_kernel_for looks in them. */
+#ifndef CPU_OPS_H
+#define CPU_OPS_H
+
+#include "op_registry.h"
+
+/* Runs an op on a device's pieces: NULL, or why it failed (bad data such as an index out of
+ * range, memory). */
+typedef const char *(*cpu_op_kernel)(op_kernel *k);
+
+/* The CPU kernel of op id, or NULL when it has none. */
+cpu_op_kernel cpu_kernel_for(int id);
+
+/* The families' tables, indexed by id (NULL: not the family's). */
+extern const cpu_op_kernel cpu_pointwise_kernels[OP_ID_LIMIT];
+extern const cpu_op_kernel cpu_reduce_kernels[OP_ID_LIMIT];
+extern const cpu_op_kernel cpu_view_kernels[OP_ID_LIMIT];
+extern const cpu_op_kernel cpu_matmul_kernels[OP_ID_LIMIT];
+extern const cpu_op_kernel cpu_rope_kernels[OP_ID_LIMIT];
+extern const cpu_op_kernel cpu_write_kernels[OP_ID_LIMIT];
+
+#endif

@@ -1,0 +1,32 @@
+/* cpu_write — the CPU kernel of the in-place writes (ops/op_write.c): the part of the region that
+ * falls in this device's piece, copied into place. */
+#include <string.h>
+
+#include "cpu_kernels.h"
+#include "cpu_ops.h"
+#include "dt_dtype.h"
+
+static const char *s_slice_assign(op_kernel *k)
+{
+    const op_local *dst = &k->out[0], *src = &k->in[1];
+    int dim = (int)k->attrs->ints[0], ndim = dst->ndim;
+    int64_t start = k->attrs->ints[1], piece0 = k->ctx[0];
+    /* the region [start, start + n) in global positions, clipped to this piece [piece0, piece0 + size) */
+    int64_t lo = start > piece0 ? start : piece0;
+    int64_t hi = start + src->shape[dim] < piece0 + dst->shape[dim] ? start + src->shape[dim] : piece0 + dst->shape[dim];
+    if (hi <= lo)
+        return NULL;
+    size_t elem = dt_dtype_size(dst->dtype);
+    int64_t dst_strides[DT_MAX_DIMS], src_strides[DT_MAX_DIMS], shape[DT_MAX_DIMS];
+    cpu_contiguous_strides(ndim, dst->shape, elem, dst_strides);
+    cpu_contiguous_strides(ndim, src->shape, elem, src_strides);
+    memcpy(shape, src->shape, sizeof shape);
+    shape[dim] = hi - lo;
+    cpu_copy_block((char *)dst->data + (lo - piece0) * dst_strides[dim], dst_strides,
+                   (const char *)src->data + (lo - start) * src_strides[dim], src_strides, ndim, shape, elem);
+    return NULL;
+}
+
+const cpu_op_kernel cpu_write_kernels[OP_ID_LIMIT] = {
+    [OP_ID_slice_assign_] = s_slice_assign,
+};

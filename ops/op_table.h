@@ -1,0 +1,155 @@
+/* op_table — every op DTorch runs, one row each: its name (torch's), its number, and what its
+ * family's rules need to know about it.
+ *
+ * The number (id) is declared here, not taken from the row's position: it is what a COMPUTE
+ * record carries and what kernels are looked up by, so a new op or a new family takes a new
+ * number and renumbers nothing. Ids are unique (a duplicate fails to compile in op_registry.c)
+ * and below OP_ID_LIMIT.
+ *
+ * Each family's file (ops/op_<family>.c) turns its rows into op_defs with its infer and shard
+ * rules; each backend gives every id a kernel (the CPU's: ops/cpu/cpu_<family>.c); the Python
+ * bindings make dtorch.<name>, DTensor.<name> and dtorch.nn.functional.<name> of the elementwise
+ * rows that name where Python has them. docs/ADDING-AN-OP.md walks through adding one. */
+#ifndef OP_TABLE_H
+#define OP_TABLE_H
+
+#define OP_ID_LIMIT 128 /* every id is below it (raise it when the ids get there) */
+
+/* ---- elementwise (ops/op_pointwise.c) ---------------------------------------------------------
+ * kind:    UNARY f(x[, float attributes]); BINARY a op b, one side may be attrs.scalar (ints[0] =
+ *          1: the number is on the left, as in 2 - x); WHERE, MASKED_FILL, CLAMP, TO (see
+ *          op_pointwise.c)
+ * dtype:   SAME the input's (bool refused where it means nothing); FLOATING the input's when
+ *          floating, else float32; PROMOTE torch's promotion; TRUE_DIV promotion, then float32
+ *          if not floating; COMPARE bool, computed in the promotion; LOGICAL bool
+ * Partial: which Partial inputs pass through (NONE, LINEAR, ADD, MUL, DIV: see op_pointwise.c)
+ * Python:  where the bindings put it (DT_PY_FN dtorch.<name>, DT_PY_METHOD DTensor.<name>,
+ *          DT_PY_NN dtorch.nn.functional.<name>; 0: a hand-written wrapper in bindings/dtorch)
+ * floats:  the float attributes of a UNARY op, in order, with their defaults ("" for none) */
+#define OP_POINTWISE(X)                                                                                                \
+    /* name        id  kind         dtype      Partial  Python                                 floats */              \
+    X(neg,          0, UNARY,       SAME,      LINEAR,  DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(abs,          1, UNARY,       SAME,      NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(exp,          2, UNARY,       FLOATING,  NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(log,          3, UNARY,       FLOATING,  NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(sqrt,         4, UNARY,       FLOATING,  NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(rsqrt,        5, UNARY,       FLOATING,  NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(sin,          6, UNARY,       FLOATING,  NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(cos,          7, UNARY,       FLOATING,  NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(tanh,         8, UNARY,       FLOATING,  NONE,    DT_PY_FN | DT_PY_METHOD | DT_PY_NN,    "")                    \
+    X(sigmoid,      9, UNARY,       FLOATING,  NONE,    DT_PY_FN | DT_PY_METHOD | DT_PY_NN,    "")                    \
+    X(relu,        10, UNARY,       SAME,      NONE,    DT_PY_FN | DT_PY_METHOD | DT_PY_NN,    "")                    \
+    X(silu,        11, UNARY,       FLOATING,  NONE,    DT_PY_FN | DT_PY_NN,                   "")                    \
+    X(gelu,        12, UNARY,       FLOATING,  NONE,    0,                                     "")                    \
+    X(gelu_tanh,   13, UNARY,       FLOATING,  NONE,    0,                                     "")                    \
+    X(reciprocal,  14, UNARY,       FLOATING,  NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(logical_not, 15, UNARY,       LOGICAL,   NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(erf,         71, UNARY,       FLOATING,  NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(softplus,    72, UNARY,       FLOATING,  NONE,    DT_PY_NN,                              "beta=1, threshold=20") \
+    X(to,          16, TO,          SAME,      LINEAR,  0,                                     "")                    \
+    X(add,         17, BINARY,      PROMOTE,   ADD,     DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(sub,         18, BINARY,      PROMOTE,   ADD,     DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(mul,         19, BINARY,      PROMOTE,   MUL,     DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(div,         20, BINARY,      TRUE_DIV,  DIV,     DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(pow,         21, BINARY,      PROMOTE,   NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(maximum,     22, BINARY,      PROMOTE,   NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(minimum,     23, BINARY,      PROMOTE,   NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(eq,          24, BINARY,      COMPARE,   NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(ne,          25, BINARY,      COMPARE,   NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(lt,          26, BINARY,      COMPARE,   NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(le,          27, BINARY,      COMPARE,   NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(gt,          28, BINARY,      COMPARE,   NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(ge,          29, BINARY,      COMPARE,   NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(logical_and, 30, BINARY,      LOGICAL,   NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(logical_or,  31, BINARY,      LOGICAL,   NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(where,       32, WHERE,       PROMOTE,   NONE,    0,                                     "")                    \
+    X(masked_fill, 33, MASKED_FILL, SAME,      NONE,    0,                                     "")                    \
+    X(clamp,       34, CLAMP,       SAME,      NONE,    0,                                     "")
+
+/* ---- reductions and normalisation (ops/op_reduce.c): name, id, inputs (-1: any), outputs ------
+ * Attributes (attrs.ints unless said):
+ *   sum, mean             [keepdim, dtype or -1, dims...]   (no dims: every dim)
+ *   amax, amin            [keepdim, -1, dims...]
+ *   max, min              none (every dim)
+ *   max_dim, min_dim      [dim, keepdim]                    -> (values, indices)
+ *   argmax, argmin        [keepdim] or [keepdim, dim]
+ *   softmax, log_softmax, cumsum   [dim, dtype or -1]
+ *   topk                  [k, dim, largest, sorted]         -> (values, indices)
+ *   layer_norm            inputs (x[, weight][, bias]); [has_weight | has_bias << 1, normalized_shape...];
+ *                         floats [eps]
+ *   rms_norm              inputs (x[, weight]); [has_weight, normalized_shape...]; floats [eps], or none
+ *                         for torch's default (float32's epsilon) */
+#define OP_REDUCE(X)                                                                                                   \
+    X(sum,         35,  1, 1)                                                                                          \
+    X(mean,        36,  1, 1)                                                                                          \
+    X(amax,        37,  1, 1)                                                                                          \
+    X(amin,        38,  1, 1)                                                                                          \
+    X(max,         39,  1, 1)                                                                                          \
+    X(min,         40,  1, 1)                                                                                          \
+    X(max_dim,     41,  1, 2)                                                                                          \
+    X(min_dim,     42,  1, 2)                                                                                          \
+    X(argmax,      43,  1, 1)                                                                                          \
+    X(argmin,      44,  1, 1)                                                                                          \
+    X(softmax,     45,  1, 1)                                                                                          \
+    X(log_softmax, 46,  1, 1)                                                                                          \
+    X(cumsum,      47,  1, 1)                                                                                          \
+    X(topk,        48,  1, 2)                                                                                          \
+    X(layer_norm,  49, -1, 1)                                                                                          \
+    X(rms_norm,    50, -1, 1)
+
+/* ---- views and data movement (ops/op_view.c): name, id, inputs (-1: any), rules (infer, shard),
+ * local hook --------------------------------------------------------------------------------------
+ * Attributes (attrs.ints): reshape: the shape (one -1 may be inferred); flatten: start, end;
+ * unsqueeze: dim; squeeze: the dims (none: every size-1 dim); permute: the dims; expand: the sizes
+ * (-1 keeps a size); cat/stack: dim; slice: dim, start, stop, step (Python slice bounds, step > 0);
+ * narrow: dim, start, length; select: dim, index; index_select: dim, wrap (1: negative positions
+ * count from the end, as x[idx]); triu/tril: diagonal. */
+#define OP_VIEW(X)                                                                                                     \
+    X(reshape,      51,  1, s_infer_reshape,      s_shard_reshape,      NULL)                                         \
+    X(flatten,      52,  1, s_infer_reshape,      s_shard_reshape,      NULL)                                         \
+    X(unsqueeze,    53,  1, s_infer_reshape,      s_shard_reshape,      NULL)                                         \
+    X(squeeze,      54,  1, s_infer_reshape,      s_shard_reshape,      NULL)                                         \
+    X(permute,      55,  1, s_infer_permute,      s_shard_permute,      NULL)                                         \
+    X(expand,       56,  1, s_infer_expand,       s_shard_expand,       NULL)                                         \
+    X(cat,          57, -1, s_infer_cat,          s_shard_cat,          NULL)                                         \
+    X(stack,        58, -1, s_infer_cat,          s_shard_cat,          NULL)                                         \
+    X(slice,        59,  1, s_infer_slice,        s_shard_slice,        s_local_slice)                                \
+    X(narrow,       60,  1, s_infer_slice,        s_shard_slice,        s_local_slice)                                \
+    X(select,       61,  1, s_infer_slice,        s_shard_slice,        s_local_slice)                                \
+    X(index_select, 62,  2, s_infer_index_select, s_shard_index_select, NULL)                                         \
+    X(triu,         63,  1, s_infer_tri,          s_shard_same,         s_local_tri)                                  \
+    X(tril,         64,  1, s_infer_tri,          s_shard_same,         s_local_tri)
+
+/* ---- products, embeddings, attention (ops/op_matmul.c): name, id, inputs (-1: any), rules
+ * (infer, shard), local hook ----------------------------------------------------------------------
+ * matmul, mm, bmm: (a, b). linear: (input, weight[, bias]); ctx[0] = add the bias here.
+ * embedding: (indices, weight); ctx = [first weight row here, vocabulary size].
+ * scaled_dot_product_attention: (q, k, v[, mask]); ints = [is_causal, enable_gqa, has_scale],
+ * floats = [scale]; ctx[0] = first query row here. */
+#define OP_MATMUL(X)                                                                                                   \
+    X(matmul,                       65,  2, s_infer_mm,        s_shard_mm,        NULL)                               \
+    X(mm,                           66,  2, s_infer_mm,        s_shard_mm,        NULL)                               \
+    X(bmm,                          67,  2, s_infer_mm,        s_shard_mm,        NULL)                               \
+    X(linear,                       68, -1, s_infer_mm,        s_shard_mm,        s_local_linear)                     \
+    X(embedding,                    69,  2, s_infer_embedding, s_shard_embedding, s_local_embedding)                  \
+    X(scaled_dot_product_attention, 70, -1, s_infer_sdpa,      s_shard_sdpa,      s_local_sdpa)
+
+/* ---- rotary position embedding (ops/op_rope.c): name, id, inputs ----------------------------------
+ * rope: (x (B, H, S, D), positions (B or 1, S) int64, inv_freq (D/2,) float32); floats = [scaling]. */
+#define OP_ROPE(X)                                                                                                     \
+    X(rope,                         73,  3)
+
+/* ---- writes in place (ops/op_write.c): name, id, inputs -------------------------------------------
+ * slice_assign_: (dst, src); ints = [dim, start]: dst[..., start:start + n, ...] = src on dim. */
+#define OP_WRITE(X)                                                                                                    \
+    X(slice_assign_,                74,  2)
+
+/* Every op; a row starts with its name and id whatever its family. */
+#define OP_TABLE(X) OP_POINTWISE(X) OP_REDUCE(X) OP_VIEW(X) OP_MATMUL(X) OP_ROPE(X) OP_WRITE(X)
+
+/* OP_ID_<name>: the id of each op, for the code that runs one op in particular. */
+#define OP_ID_ENUM_(name, id, ...) OP_ID_##name = (id),
+typedef enum { OP_TABLE(OP_ID_ENUM_) } op_id;
+#undef OP_ID_ENUM_
+
+#endif
