@@ -87,9 +87,10 @@ class LlamaConfig:
         params = d.pop("rope_parameters", None)
         if params:
             params = dict(params)
-            d.setdefault("rope_theta", params.pop("rope_theta", 10000.0))
+            if "rope_theta" in params:   # the newer spelling wins where a file has both
+                d["rope_theta"] = params.pop("rope_theta")
             if params.get("rope_type", params.get("type", "default")) != "default":
-                d.setdefault("rope_scaling", params)
+                d["rope_scaling"] = params
         if "dtype" in d:
             d.setdefault("torch_dtype", d.pop("dtype"))
         if d.get("rope_scaling") is not None and d["rope_scaling"].get(
