@@ -101,7 +101,7 @@ class LlamaConfig:
 
     @classmethod
     def from_pretrained(cls, path):
-        file = os.path.join(path, "config.json") if os.path.isdir(path) else path
+        file = path if os.path.isfile(path) else os.path.join(path, "config.json")
         try:
             with open(file) as f:
                 return cls.from_dict(json.load(f))
