@@ -279,21 +279,23 @@ def _rss_kib(pid):
 
 
 def test_each_worker_holds_only_its_slices(tmp_path, process_mode):
-    """A checkpoint of 16 MiB whose large matrices all split over tp=2: each worker process grows
-    by about half of it (its slices), far below the whole."""
+    """A checkpoint of 18 MiB whose large matrices all split over tp=4: each worker process grows by
+    about a quarter of it (its slices). The resident size also counts heap that received messages
+    used and freed (seen up to 0.64 of the whole on a busy 2-core machine), so the bound per worker
+    is 0.75 of the whole: a worker that got whole tensors would grow by more than all of it."""
     cfg = ref.tiny_config(vocab_size=8192, hidden_size=256, intermediate_size=256, num_hidden_layers=1,
                           num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False)
     sd = ref.random_weights(cfg, 7)
     write_checkpoint(tmp_path, cfg, sd)
     total_kib = sum(v.nbytes for v in sd.values()) / 1024
-    m = mesh((2,), ("tp",))
-    dtorch.ones(4, device_mesh=m).numpy()                  # start both workers
+    m = mesh((4,), ("tp",))
+    dtorch.ones(4, device_mesh=m).numpy()                  # start the workers
     pids = worker_pids()
-    before = {d: _rss_kib(pids[d]) for d in (0, 1)}
+    before = {d: _rss_kib(pids[d]) for d in range(4)}
     model = LlamaForCausalLM.from_pretrained(tmp_path, device_mesh=m)
     dtorch.synchronize()
-    grown = {d: _rss_kib(pids[d]) - before[d] for d in (0, 1)}
-    for d in (0, 1):
-        assert 0.35 * total_kib < grown[d] < 0.7 * total_kib, (grown, total_kib)
-    held = sum(int(np.prod(p.shape)) * 4 for t in model.parameters() for p in t.to_local()[:1]) / 1024
-    assert held < 0.55 * total_kib
+    grown = sorted(_rss_kib(pids[d]) - before[d] for d in range(4))
+    assert all(0.2 * total_kib < g < 0.75 * total_kib for g in grown), (grown, total_kib)
+    assert grown[0] < 0.3 * total_kib, (grown, total_kib)
+    held = [sum(int(np.prod(t.to_local()[d].shape)) * 4 for t in model.parameters()) / 1024 for d in range(4)]
+    assert all(0.24 * total_kib < h < 0.26 * total_kib for h in held), (held, total_kib)
