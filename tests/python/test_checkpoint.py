@@ -15,7 +15,6 @@ import pytest
 import dtorch
 import llama_reference as ref
 from conftest import bf16_round, worker_pids
-from dtorch import Replicate, Shard
 from dtorch._safetensors import CheckpointError, SafetensorsFile, _LineBar, _progress, save_file
 from dtorch.models import LlamaConfig, LlamaForCausalLM
 

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import os
+import warnings
 from typing import Optional
 
 import numpy as np
@@ -171,8 +172,7 @@ class LlamaRotaryEmbedding(Module):
             rotate = np.zeros((self.head_dim, self.head_dim), np.float32)   # x @ rotate = cat(-x2, x1)
             rotate[np.arange(half) + half, np.arange(half)] = -1.0
             rotate[np.arange(half), np.arange(half) + half] = 1.0
-            cached = tuple(distribute_tensor(a, mesh).to(dtype) if dtype != _dtype.float32 else
-                           distribute_tensor(a, mesh) for a in (np.cos(emb), np.sin(emb), rotate))
+            cached = tuple(_as_dtype(distribute_tensor(a, mesh), dtype) for a in (np.cos(emb), np.sin(emb), rotate))
             self._tables[key] = cached
         return cached
 
@@ -181,6 +181,10 @@ class LlamaRotaryEmbedding(Module):
         (D, D) matrix that rotates halves."""
         cos, sin, rotate = self._table(x.device_mesh, x.dtype, num_positions)
         return F.embedding(position_ids, cos).unsqueeze(1), F.embedding(position_ids, sin).unsqueeze(1), rotate
+
+
+def _as_dtype(x, dtype):
+    return x if x.dtype == dtype else x.to(dtype)
 
 
 def apply_rotary_pos_emb(x, rope):
@@ -405,7 +409,6 @@ class LlamaForCausalLM(GenerationMixin, Module):
         model.tie_weights()
         unused = [k for k in unused if k not in tied and not k.endswith("rotary_emb.inv_freq")]
         if unused:
-            import warnings
             warnings.warn(f"Some weights of the checkpoint at {path} were not used: {unused}")
         return model.eval()
 
