@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import os
+import warnings
 from typing import Optional
 
 import numpy as np
@@ -87,9 +88,10 @@ class LlamaConfig:
         params = d.pop("rope_parameters", None)
         if params:
             params = dict(params)
-            d.setdefault("rope_theta", params.pop("rope_theta", 10000.0))
+            if "rope_theta" in params:   # the newer spelling wins where a file has both
+                d["rope_theta"] = params.pop("rope_theta")
             if params.get("rope_type", params.get("type", "default")) != "default":
-                d.setdefault("rope_scaling", params)
+                d["rope_scaling"] = params
         if "dtype" in d:
             d.setdefault("torch_dtype", d.pop("dtype"))
         if d.get("rope_scaling") is not None and d["rope_scaling"].get(
@@ -100,7 +102,7 @@ class LlamaConfig:
 
     @classmethod
     def from_pretrained(cls, path):
-        file = os.path.join(path, "config.json") if os.path.isdir(path) else path
+        file = path if os.path.isfile(path) else os.path.join(path, "config.json")
         try:
             with open(file) as f:
                 return cls.from_dict(json.load(f))
@@ -390,7 +392,6 @@ class LlamaForCausalLM(GenerationMixin, Module):
         model.tie_weights()
         unused = [k for k in unused if k not in tied and not k.endswith("rotary_emb.inv_freq")]
         if unused:
-            import warnings
             warnings.warn(f"Some weights of the checkpoint at {path} were not used: {unused}")
         return model.eval()
 

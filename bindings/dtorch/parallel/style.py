@@ -47,7 +47,8 @@ def place(x, root, dim, placement):
     if isinstance(x, (DTensor, MetaTensor)):
         ndim = x.ndim
         want = _normalize(placement, ndim)
-        if x.device_mesh == root and x.device_mesh.ndim == root.ndim:
+        mesh = x.device_mesh
+        if mesh is root or mesh == root:
             current = list(x.placements)
             if _normalize(current[dim], ndim) == want:
                 return x

@@ -1,0 +1,128 @@
+"""Generate with a Llama checkpoint laid out over a mesh of CPU devices.
+
+    python llama.py --model DIR --mesh dp=1,tp=2 --prompt "Once upon a time" --max-new-tokens 32
+
+DIR is an HF model directory (config.json and model.safetensors, or a sharded index). Without
+--model, a random-weight checkpoint of llama2.c's "15M" shape (dim 288, 6 layers, 6 heads, hidden
+768, vocab 32000) is written once to ~/.cache/dtorch/llama-15m-random and used: the tokens are
+noise, the speed is real. With a tokenizer.json in DIR and the `tokenizers` package installed the
+prompt is text; otherwise its UTF-8 bytes become ids 3 + byte (Llama's byte-fallback tokens).
+"""
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+import dtorch
+from dtorch.models import LlamaConfig, LlamaForCausalLM
+
+TINY_15M = dict(vocab_size=32000, hidden_size=288, intermediate_size=768, num_hidden_layers=6, num_attention_heads=6,
+                num_key_value_heads=6, max_position_embeddings=256, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2)
+
+
+def random_checkpoint():
+    """The 15M-shape checkpoint with random weights, written on first use."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    directory = os.path.join(cache, "dtorch", "llama-15m-random")
+    if not os.path.exists(os.path.join(directory, "model.safetensors")):
+        print(f"writing a random-weight 15M checkpoint to {directory}")
+        dtorch.manual_seed(0)
+        LlamaForCausalLM(LlamaConfig(**TINY_15M)).save_pretrained(directory)
+    return directory
+
+
+def parse_mesh(text):
+    """"dp=1,tp=2" -> a cpu mesh with those dim names and sizes."""
+    names, sizes = [], []
+    for part in text.split(","):
+        name, _, size = part.partition("=")
+        if not size.isdigit() or int(size) < 1:
+            raise SystemExit(f"--mesh: expected name=size pairs such as dp=1,tp=2, got {text!r}")
+        names.append(name.strip())
+        sizes.append(int(size))
+    return dtorch.init_device_mesh("cpu", tuple(sizes), mesh_dim_names=names)
+
+
+class Tokens:
+    """Text <-> ids: the directory's tokenizer.json through `tokenizers`, else bytes."""
+
+    def __init__(self, directory, config):
+        self.tokenizer = None
+        path = os.path.join(directory, "tokenizer.json")
+        if os.path.exists(path):
+            try:
+                from tokenizers import Tokenizer
+                self.tokenizer = Tokenizer.from_file(path)
+            except ImportError:
+                print("tokenizer.json found but the `tokenizers` package is not installed: ids only")
+        self.bos, self.vocab = config.bos_token_id, config.vocab_size
+
+    def encode(self, text):
+        if self.tokenizer is not None:
+            ids = self.tokenizer.encode(text).ids
+            return ids if ids and ids[0] == self.bos else [self.bos] + ids
+        return [self.bos] + [(3 + b) % self.vocab for b in text.encode("utf-8")]
+
+    def decode(self, ids):
+        if self.tokenizer is not None:
+            return self.tokenizer.decode(list(ids))
+        return None
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", help="HF model directory (default: a random-weight 15M checkpoint)")
+    parser.add_argument("--mesh", default="dp=1,tp=2", help="mesh dims and sizes, e.g. dp=2,tp=2")
+    parser.add_argument("--prompt", default="Once upon a time")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--do-sample", action="store_true")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
+                        help="compute dtype (default: the checkpoint's)")
+    parser.add_argument("--workers", choices=["thread", "process"], default="thread")
+    args = parser.parse_args()
+
+    dtorch.init(workers=args.workers)
+    directory = args.model or random_checkpoint()
+    mesh = parse_mesh(args.mesh)
+    start = time.perf_counter()
+    model = LlamaForCausalLM.from_pretrained(directory, device_mesh=mesh,
+                                             dtype=getattr(dtorch, args.dtype) if args.dtype else None)
+    dtorch.synchronize()
+    print(f"loaded {directory} in {time.perf_counter() - start:.2f} s on {mesh} ({args.workers} workers), "
+          f"{model.lm_head.weight.dtype}")
+
+    tokens = Tokens(directory, model.config)
+    prompt = np.array([tokens.encode(args.prompt)])
+    print(f"prompt ({prompt.shape[1]} tokens): {prompt[0].tolist()}")
+    steps = model.stream(prompt, args.max_new_tokens, do_sample=args.do_sample, temperature=args.temperature,
+                         top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                         eos_token_id=model.config.eos_token_id if args.model else None)
+    new, stamps = [], []
+    start = time.perf_counter()
+    for step in steps:
+        stamps.append(time.perf_counter())
+        new.append(int(step[0]))
+        print(new[-1], end=" ", flush=True)
+    print()
+    text = tokens.decode(prompt[0].tolist() + new)
+    if text is not None:
+        print(text)
+    if stamps:
+        prefill = stamps[0] - start
+        print(f"prefill: {prompt.shape[1] / prefill:.1f} tokens/s ({prefill * 1e3:.1f} ms for {prompt.shape[1]} "
+              "tokens and the first new one)")
+    if len(stamps) > 1:
+        decode = stamps[-1] - stamps[0]
+        print(f"decode: {(len(stamps) - 1) / decode:.1f} tokens/s ({decode / (len(stamps) - 1) * 1e3:.2f} ms per "
+              "token)")
+    print(f"mesh: {mesh}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,301 @@
+"""Checkpoints: save_pretrained / from_pretrained round trips (one file and a sharded index, on
+meshes whose devices read only their slices), the safetensors bytes checked by hand against the
+format, float32 / float16 / bfloat16 tensors (16-bit models within a stated bound of the numpy
+reference on the same rounded weights), tied embeddings, config.json in both spellings, every bad
+input (missing tensor, shape disagreeing with the config, truncated file, bad header, broken index)
+with an error naming the key and the file, and what each worker process holds after loading."""
+import io
+import json
+import os
+import struct
+
+import numpy as np
+import pytest
+
+import dtorch
+import llama_reference as ref
+from conftest import bf16_round, worker_pids
+from dtorch._safetensors import CheckpointError, SafetensorsFile, _LineBar, _progress, save_file
+from dtorch.models import LlamaConfig, LlamaForCausalLM
+
+TOL = 1e-4
+# 16-bit models: every op rounds its output to the model's dtype (as torch does); against the
+# float64 reference on the same rounded weights the logits stay within these (max error over the
+# largest logit); measured on the tiny config over four seeds: float16 0.9-1.1e-3, bfloat16 4.8-8.4e-3
+BOUND_16 = {"float16": 5e-3, "bfloat16": 2e-2}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def rt():
+    dtorch.shutdown()
+    dtorch.init(workers="thread")
+    yield
+    dtorch.shutdown()
+
+
+def mesh(shape, names):
+    return dtorch.init_device_mesh("cpu", shape, mesh_dim_names=names)
+
+
+def rel(got, want):
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+def write_checkpoint(directory, cfg, sd, dtype="float32"):
+    """An HF directory written without dtorch's model: config.json and model.safetensors."""
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(dict(cfg, torch_dtype=dtype, architectures=["LlamaForCausalLM"], model_type="llama"), f)
+    save_file(sd, os.path.join(directory, "model.safetensors"), {"format": "pt"})
+
+
+def rounded(sd, dtype):
+    if dtype == "float16":
+        return {k: v.astype(np.float16) for k, v in sd.items()}
+    import ml_dtypes
+    return {k: bf16_round(v).astype(ml_dtypes.bfloat16) for k, v in sd.items()}
+
+
+IDS = np.random.default_rng(1).integers(0, 61, (3, 6))
+
+
+@pytest.mark.parametrize("where", [((1,), None), ((2,), ("tp",)), ((2, 2), ("dp", "tp")), ((4,), ("tp",))],
+                         ids=["1", "tp2", "dp2xtp2", "tp4"])
+def test_round_trip(tmp_path, where):
+    cfg = ref.tiny_config()
+    sd = ref.random_weights(cfg, 3)
+    write_checkpoint(tmp_path / "a", cfg, sd)
+    m = mesh(*where)
+    model = LlamaForCausalLM.from_pretrained(tmp_path / "a", device_mesh=m)
+    assert model.model.embed_tokens.weight.dtype == dtorch.float32
+    assert set(model.state_dict()) == set(sd)
+    for key, value in model.state_dict().items():
+        np.testing.assert_array_equal(value.numpy(), sd[key], err_msg=key)
+    assert rel(model(IDS).logits.numpy(), ref.logits(sd, cfg, IDS)) < TOL
+    q = model.model.layers[0].self_attn.q_proj.weight
+    tp = where[0][-1] if where[1] and "tp" in where[1] else 1
+    assert {p.shape for p in q.to_local()} == {(32 // tp, 32)}   # each device holds its slice only
+    model.save_pretrained(tmp_path / "b")
+    assert sorted(os.listdir(tmp_path / "b")) == ["config.json", "model.safetensors"]
+    again = LlamaForCausalLM.from_pretrained(tmp_path / "b")
+    for key, value in again.state_dict().items():
+        np.testing.assert_array_equal(value.numpy(), sd[key], err_msg=key)
+
+
+def test_sharded_index(tmp_path):
+    cfg = ref.tiny_config(tie_word_embeddings=True)
+    model = LlamaForCausalLM(LlamaConfig.from_dict(cfg))
+    model.save_pretrained(tmp_path, max_shard_size="12KB")
+    names = sorted(os.listdir(tmp_path))
+    assert "model.safetensors.index.json" in names and "model.safetensors" not in names
+    shards = [n for n in names if n.endswith(".safetensors")]
+    assert len(shards) > 2 and shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
+    with open(tmp_path / "model.safetensors.index.json") as f:
+        index = json.load(f)
+    assert set(index["weight_map"]) == set(model.state_dict()) - {"lm_head.weight"}   # tied: not written
+    assert index["metadata"]["total_size"] == sum(v.numel() * 4 for k, v in model.state_dict().items()
+                                                  if k != "lm_head.weight")
+    for shard in shards:
+        assert os.path.getsize(tmp_path / shard) < 12_000 + 4 * 61 * 32 + 4096
+    loaded = LlamaForCausalLM.from_pretrained(tmp_path, device_mesh=mesh((2,), ("tp",)))
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+    np.testing.assert_allclose(loaded(IDS).logits.numpy(), model(IDS).logits.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_file_layout_follows_the_format(tmp_path):
+    import ml_dtypes
+    tensors = {"b": np.arange(6, dtype=np.float16).reshape(2, 3), "a": np.ones((3,), np.float32),
+               "c": np.array([1.5, -2.0], ml_dtypes.bfloat16), "d": np.zeros((0, 4), np.float32),
+               "e": np.arange(3, dtype=np.int64)}
+    path = tmp_path / "t.safetensors"
+    save_file(tensors, path, {"format": "pt"})
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    assert n % 8 == 0 and 8 + n <= len(raw)
+    header = json.loads(raw[8:8 + n])
+    assert header.pop("__metadata__") == {"format": "pt"}
+    spans = sorted(tuple(v["data_offsets"]) for v in header.values())
+    assert spans[0][0] == 0 and spans[-1][1] == len(raw) - 8 - n
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))          # contiguous, no holes
+    assert {k: v["dtype"] for k, v in header.items()} == {"a": "F32", "b": "F16", "c": "BF16", "d": "F32", "e": "I64"}
+    for key, v in header.items():
+        begin, end = v["data_offsets"]
+        item = {"F32": 4, "F16": 2, "BF16": 2, "I64": 8}[v["dtype"]]
+        assert begin % item == 0                                         # every tensor starts aligned
+    b0, b1 = header["b"]["data_offsets"]
+    np.testing.assert_array_equal(np.frombuffer(raw[8 + n + b0:8 + n + b1], "<f2").reshape(2, 3), tensors["b"])
+    c0, c1 = header["c"]["data_offsets"]
+    assert np.frombuffer(raw[8 + n + c0:8 + n + c1], "<u2").tolist() == [0x3FC0, 0xC000]
+    f = SafetensorsFile(path)
+    assert f.shape("d") == (0, 4) and f.dtype("c") == dtorch.bfloat16
+    np.testing.assert_array_equal(f.numpy("c"), [1.5, -2.0])
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_16_bit_checkpoints(tmp_path, dtype):
+    cfg = ref.tiny_config()
+    sd = rounded(ref.random_weights(cfg, 4), dtype)
+    write_checkpoint(tmp_path, cfg, sd, dtype)
+    want = ref.logits({k: np.asarray(v, np.float32) for k, v in sd.items()}, cfg, IDS)
+    model = LlamaForCausalLM.from_pretrained(tmp_path, device_mesh=mesh((2,), ("tp",)))
+    assert all(p.dtype == getattr(dtorch, dtype) for p in model.parameters())
+    logits = model(IDS).logits
+    assert logits.dtype == getattr(dtorch, dtype)
+    assert rel(logits.numpy(), want) < BOUND_16[dtype]
+    for key, value in model.state_dict().items():
+        np.testing.assert_array_equal(value.numpy(), np.asarray(sd[key], np.float32), err_msg=key)
+    wide = LlamaForCausalLM.from_pretrained(tmp_path, device_mesh=mesh((2, 2), ("dp", "tp")), dtype=dtorch.float32)
+    assert wide.lm_head.weight.dtype == dtorch.float32
+    assert rel(wide(IDS).logits.numpy(), want) < TOL
+    model.save_pretrained(tmp_path / "again")
+    f = SafetensorsFile(tmp_path / "again" / "model.safetensors")
+    key = "model.layers.0.self_attn.q_proj.weight"
+    assert f.dtype(key) == getattr(dtorch, dtype)
+    np.testing.assert_array_equal(f.numpy(key), np.asarray(sd[key], np.float32))
+    with open(tmp_path / "again" / "config.json") as fh:
+        assert json.load(fh)["torch_dtype"] == dtype
+
+
+def test_newer_config_spelling_from_a_file(tmp_path):
+    cfg = ref.tiny_config(**{"rope_scaling": None})
+    sd = ref.random_weights(cfg, 5)
+    write_checkpoint(tmp_path, cfg, sd)
+    newer = {k: v for k, v in cfg.items() if k not in ("rope_theta", "rope_scaling")}
+    newer.update(dtype="float32", rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                                   "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                   "original_max_position_embeddings": 16})
+    with open(tmp_path / "config.json", "w") as f:
+        json.dump(newer, f)
+    model = LlamaForCausalLM.from_pretrained(tmp_path)
+    want_cfg = dict(cfg, rope_theta=500000.0, rope_scaling=newer["rope_parameters"])
+    assert rel(model(IDS).logits.numpy(), ref.logits(sd, want_cfg, IDS)) < TOL
+
+
+# ---- bad input ---------------------------------------------------------------------------------
+
+@pytest.fixture
+def good(tmp_path):
+    cfg = ref.tiny_config()
+    sd = ref.random_weights(cfg, 6)
+    write_checkpoint(tmp_path, cfg, sd)
+    return tmp_path, cfg, sd
+
+
+def test_missing_tensor(good):
+    path, cfg, sd = good
+    sd.pop("model.layers.1.mlp.up_proj.weight")
+    save_file(sd, path / "model.safetensors")
+    with pytest.raises(CheckpointError, match="'model.layers.1.mlp.up_proj.weight' is missing.*model.safetensors"):
+        LlamaForCausalLM.from_pretrained(path)
+
+
+def test_shape_disagreeing_with_the_config(good):
+    path, cfg, sd = good
+    with open(path / "config.json", "w") as f:
+        json.dump(dict(cfg, intermediate_size=44), f)
+    with pytest.raises(CheckpointError, match=r"model.safetensors: tensor 'model.layers.0.mlp.gate_proj.weight' has "
+                                              r"shape \(40, 32\) but the model \(from its config\) expects \(44, 32\)"):
+        LlamaForCausalLM.from_pretrained(path)
+
+
+def test_truncated_file(good):
+    path, _, _ = good
+    raw = (path / "model.safetensors").read_bytes()
+    (path / "model.safetensors").write_bytes(raw[:-10])
+    with pytest.raises(CheckpointError, match="model.safetensors: tensor '.*': its bytes end at .* the file is truncated"):
+        LlamaForCausalLM.from_pretrained(path)
+    (path / "model.safetensors").write_bytes(raw[:100])
+    with pytest.raises(CheckpointError, match="model.safetensors: bad header: its length .* runs past the end"):
+        LlamaForCausalLM.from_pretrained(path)
+    (path / "model.safetensors").write_bytes(raw[:5])
+    with pytest.raises(CheckpointError, match="not a safetensors file"):
+        LlamaForCausalLM.from_pretrained(path)
+
+
+@pytest.mark.parametrize("header, message", [
+    (b"{not json", "bad header: not JSON"),
+    (b"[1, 2]", "bad header: expected a JSON object"),
+    (b'{"w": {"dtype": "F64", "shape": [1], "data_offsets": [0, 8]}}', "tensor 'w': unsupported dtype 'F64'"),
+    (b'{"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}', "tensor 'w': data_offsets .* hold 4 bytes"),
+    (b'{"w": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}', "tensor 'w': bad shape"),
+    (b'{"w": {"dtype": "F32", "shape": [1]}}', "tensor 'w': bad header entry"),
+])
+def test_bad_header(tmp_path, header, message):
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 8)
+    with pytest.raises(CheckpointError, match=message) as e:
+        SafetensorsFile(path)
+    assert str(path) in str(e.value)
+
+
+def test_broken_index_and_directory(tmp_path):
+    cfg = ref.tiny_config()
+    LlamaForCausalLM(LlamaConfig.from_dict(cfg)).save_pretrained(tmp_path, max_shard_size="20KB")
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    shard = sorted(set(index["weight_map"].values()))[1]
+    index["weight_map"]["model.extra.weight"] = shard
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match=f"{shard}: tensor 'model.extra.weight' is listed in "
+                                              "model.safetensors.index.json but not in the file"):
+        LlamaForCausalLM.from_pretrained(tmp_path)
+    os.remove(tmp_path / shard)
+    with pytest.raises(CheckpointError, match=f"{shard}: listed in model.safetensors.index.json but missing"):
+        LlamaForCausalLM.from_pretrained(tmp_path)
+    (tmp_path / "model.safetensors.index.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="bad index"):
+        LlamaForCausalLM.from_pretrained(tmp_path)
+    os.remove(tmp_path / "model.safetensors.index.json")
+    with pytest.raises(CheckpointError, match="no model.safetensors or model.safetensors.index.json"):
+        LlamaForCausalLM.from_pretrained(tmp_path)
+    with pytest.raises(CheckpointError, match="config.json: cannot read the config"):
+        LlamaForCausalLM.from_pretrained(tmp_path / "nowhere")
+
+
+def test_unused_tensors_warn(good):
+    path, cfg, sd = good
+    sd["model.layers.0.self_attn.rotary_emb.inv_freq"] = np.ones(4, np.float32)   # old files carry it: ignored
+    sd["vision_tower.weight"] = np.ones(2, np.float32)
+    save_file(sd, path / "model.safetensors")
+    with pytest.warns(UserWarning, match=r"not used: \['vision_tower.weight'\]"):
+        LlamaForCausalLM.from_pretrained(path)
+
+
+def test_progress_bar():
+    assert type(_progress(3, "x", False)).__name__ == "_NoBar"
+    stream = io.StringIO()
+    bar = _LineBar(4, "Loading weights", stream)
+    for _ in range(4):
+        bar.update(1)
+    bar.close()
+    assert stream.getvalue().split("\r")[-1] == "Loading weights [" + "#" * 30 + "] 4/4\n"
+
+
+# ---- what each device holds --------------------------------------------------------------------
+
+def _rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def test_each_worker_holds_only_its_slices(tmp_path, process_mode):
+    """A checkpoint of 18 MiB whose large matrices all split over tp=4: each worker process grows by
+    about a quarter of it (its slices). The resident size also counts heap that received messages
+    used and freed (seen up to 0.64 of the whole on a busy 2-core machine), so the bound per worker
+    is 0.9 of the whole, and half of them must be near a quarter: a worker that got whole tensors
+    would grow by more than all of it."""
+    cfg = ref.tiny_config(vocab_size=8192, hidden_size=256, intermediate_size=256, num_hidden_layers=1,
+                          num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False)
+    sd = ref.random_weights(cfg, 7)
+    write_checkpoint(tmp_path, cfg, sd)
+    total_kib = sum(v.nbytes for v in sd.values()) / 1024
+    m = mesh((4,), ("tp",))
+    dtorch.ones(4, device_mesh=m).numpy()                  # start the workers
+    pids = worker_pids()
+    before = {d: _rss_kib(pids[d]) for d in range(4)}
+    model = LlamaForCausalLM.from_pretrained(tmp_path, device_mesh=m)
+    dtorch.synchronize()
+    grown = sorted(_rss_kib(pids[d]) - before[d] for d in range(4))
+    assert all(0.15 * total_kib < g < 0.9 * total_kib for g in grown), (grown, total_kib)
+    assert grown[1] < 0.35 * total_kib, (grown, total_kib)
+    held = [sum(int(np.prod(t.to_local()[d].shape)) * 4 for t in model.parameters()) / 1024 for d in range(4)]
+    assert all(0.24 * total_kib < h < 0.26 * total_kib for h in held), (held, total_kib)
