@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One entry point for a fresh Debian 12 machine (as root) or a developer's checkout:
-#   tools/run.sh demo    install what is missing, build, run examples/demo.py
+#   tools/run.sh demo    install what is missing, build, run examples/llama.py (the main demo)
 #   tools/run.sh test    install what is missing, build, run every C and Python test
 # Idempotent: a second run installs nothing and rebuilds only what changed.
 set -euo pipefail
@@ -84,7 +84,7 @@ run_tests() {
 }
 
 case "${1:-}" in
-    demo) setup; cd "$ROOT/examples" && "$VENV/bin/python" demo.py ;;
+    demo) setup; cd "$ROOT/examples" && "$VENV/bin/python" llama.py ;;
     test) setup test; run_tests ;;
     *) echo "usage: tools/run.sh demo|test" >&2; exit 2 ;;
 esac

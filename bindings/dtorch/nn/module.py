@@ -535,4 +535,6 @@ def distribute_bits(bits, dtype, device_mesh, placements):
     is copied straight out of ``bits`` (strided: a slice of a memory map reads only its pages)."""
     if bits.dtype.itemsize != dtype.itemsize:
         raise TypeError(f"distribute_bits: {bits.dtype} items are not {dtype} items")
-    return _C._distribute(bits, device_mesh, list(placements), dtype._code)
+    # the bits pass under a numpy dtype of their size (a view, no copy); the dtype code says what they are
+    carrier = {1: np.bool_, 2: np.float16, 4: np.float32, 8: np.int64}[bits.dtype.itemsize]
+    return _C._distribute(bits.view(carrier), device_mesh, list(placements), dtype._code)
