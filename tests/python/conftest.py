@@ -27,6 +27,15 @@ def mode(request):
     dtorch.shutdown()
 
 
+@pytest.fixture(scope="module")
+def thread_runtime():
+    """One thread-worker runtime for a whole module (models are slow to build per test); a module
+    asks for it with pytestmark = pytest.mark.usefixtures("thread_runtime")."""
+    _start("thread")
+    yield "thread"
+    dtorch.shutdown()
+
+
 @pytest.fixture
 def process_mode():
     """The runtime with one child process per device (for tests that signal workers)."""

@@ -25,12 +25,7 @@ TOL = 1e-4
 BOUND_16 = {"float16": 5e-3, "bfloat16": 2e-2}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def rt():
-    dtorch.shutdown()
-    dtorch.init(workers="thread")
-    yield
-    dtorch.shutdown()
+pytestmark = pytest.mark.usefixtures("thread_runtime")
 
 
 def mesh(shape, names):

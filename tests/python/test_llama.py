@@ -32,12 +32,7 @@ VARIANTS = {
 TOL = 1e-4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def rt():
-    dtorch.shutdown()
-    dtorch.init(workers="thread")
-    yield
-    dtorch.shutdown()
+pytestmark = pytest.mark.usefixtures("thread_runtime")
 
 
 def mesh_of(name):

@@ -13,12 +13,7 @@ from conftest import mesh_1d
 from dtorch import Replicate, Shard
 
 
-@pytest.fixture(scope="module", autouse=True)
-def rt():
-    dtorch.shutdown()
-    dtorch.init(workers="thread")
-    yield
-    dtorch.shutdown()
+pytestmark = pytest.mark.usefixtures("thread_runtime")
 
 
 rng = np.random.default_rng(7)

@@ -25,12 +25,7 @@ R = Replicate()
 rng = np.random.default_rng(3)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def rt():
-    dtorch.shutdown()
-    dtorch.init(workers="thread")
-    yield
-    dtorch.shutdown()
+pytestmark = pytest.mark.usefixtures("thread_runtime")
 
 
 def close(a, b, tol=1e-5):
