@@ -121,3 +121,12 @@ void dt_layout_format_placements(int n, const dt_placement *pl, char *buf, size_
                                      s_reduce_names[pl[i].reduce_op & 3], sep);
     }
 }
+
+void dt_layout_format_sizes(char *buf, size_t size, int n, const int64_t *v)
+{
+    size_t used = (size_t)snprintf(buf, size, "[");
+    for (int i = 0; i < n && used < size; i++)
+        used += (size_t)snprintf(buf + used, size - used, i ? ", %lld" : "%lld", (long long)v[i]);
+    if (used < size)
+        snprintf(buf + used, size - used, "]");
+}

@@ -47,6 +47,9 @@ int dt_layout_check_placements(const char *op, int mesh_ndim, const dt_placement
 void dt_layout_block(int mesh_ndim, const int64_t *mesh_shape, const int64_t *coord, const dt_placement *pl,
                      int ndim, const int64_t *global_shape, int64_t *local_shape, int64_t *offset);
 
+/* Formats n sizes as "[2, 3, 4]" (shapes and dims in messages). */
+void dt_layout_format_sizes(char *buf, size_t size, int n, const int64_t *v);
+
 /* Formats placements like torch's str: "(Shard(dim=0), Replicate(), Partial(sum))". */
 void dt_layout_format_placements(int n, const dt_placement *pl, char *buf, size_t size);
 

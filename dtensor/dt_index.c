@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "dt_error.h"
+#include "dt_layout.h"
 #include "op_registry.h"
 
 static int s_run(int id, dt_tensor *x, int nints, const int64_t *ints, dt_tensor **out)
@@ -46,15 +47,6 @@ static int s_undo(dt_tensor **out, int n, int rc)
     return rc;
 }
 
-static void s_format_sizes(char *buf, size_t size, int n, const int64_t *v)
-{
-    size_t used = (size_t)snprintf(buf, size, "[");
-    for (int i = 0; i < n && used < size; i++)
-        used += (size_t)snprintf(buf + used, size - used, i ? ", %lld" : "%lld", (long long)v[i]);
-    if (used < size)
-        snprintf(buf + used, size - used, "]");
-}
-
 /* The sizes of the pieces: the sections given, or split_size each (the last may be short). */
 static int s_split_sizes(dt_tensor *t, const char *name, int64_t dim, int64_t split_size, int nsections,
                          const int64_t *sections, int *d, int64_t **sizes)
@@ -74,7 +66,7 @@ static int s_split_sizes(dt_tensor *t, const char *name, int64_t dim, int64_t sp
         }
         if (negative || total != size) {
             char buf[256];
-            s_format_sizes(buf, sizeof buf, nsections, sections);
+            dt_layout_format_sizes(buf, sizeof buf, nsections, sections);
             return dt_err(DT_EINVAL, "split_with_sizes expects split_sizes to sum exactly to %lld (input tensor's size "
                           "at dimension %d), but got split_sizes=%s", (long long)size, *d, buf);
         }

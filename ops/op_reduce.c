@@ -35,15 +35,6 @@ static const char *s_torch_dtype(dt_dtype d)
     return d >= 0 && d < DT_NDTYPES ? names[d] : "?";
 }
 
-static void s_format_shape(char *buf, size_t size, int n, const int64_t *shape)
-{
-    size_t used = (size_t)snprintf(buf, size, "[");
-    for (int i = 0; i < n && used < size; i++)
-        used += (size_t)snprintf(buf + used, size - used, i ? ", %lld" : "%lld", (long long)shape[i]);
-    if (used < size)
-        snprintf(buf + used, size - used, "]");
-}
-
 static int s_popcount_below(uint32_t mask, int d) { return __builtin_popcount(mask & ((1u << d) - 1u)); }
 
 static uint32_t s_all_dims(int ndim) { return ndim ? (1u << ndim) - 1u : 0u; }
@@ -272,12 +263,12 @@ static int s_infer_norm(op_call *c)
                       "least one element, but got normalized_shape = []", name);
     if (nshape > DT_MAX_DIMS)
         return dt_err(DT_EINVAL, "%s: normalized_shape has %d dims, at most %d", name, nshape, DT_MAX_DIMS);
-    s_format_shape(want, sizeof want, nshape, shape);
+    dt_layout_format_sizes(want, sizeof want, nshape, shape);
     bool fits = a->ndim >= nshape;
     for (int i = 0; fits && i < nshape; i++)
         fits = a->shape[a->ndim - nshape + i] == shape[i];
     if (!fits) {
-        s_format_shape(got, sizeof got, a->ndim, a->shape);
+        dt_layout_format_sizes(got, sizeof got, a->ndim, a->shape);
         char star[168];
         snprintf(star, sizeof star, "[*, %s", want + 1);
         return dt_err(DT_EINVAL, "%s: Given normalized_shape=%s, expected input with shape %s, but got input of size%s",
@@ -289,7 +280,7 @@ static int s_infer_norm(op_call *c)
         const op_arg *w = &c->in[i];
         const char *what = i == 1 && (flags & 1) ? "weight" : "bias";
         if (w->ndim != nshape || memcmp(w->shape, shape, sizeof *shape * (size_t)nshape)) {
-            s_format_shape(got, sizeof got, w->ndim, w->shape);
+            dt_layout_format_sizes(got, sizeof got, w->ndim, w->shape);
             return dt_err(DT_EINVAL, "%s: Expected %s to be of same shape as normalized_shape, but got %s of shape %s "
                           "and normalized_shape = %s", name, what, what, got, want);
         }
