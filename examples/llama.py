@@ -122,6 +122,7 @@ def main():
         print(f"decode: {(len(stamps) - 1) / decode:.1f} tokens/s ({decode / (len(stamps) - 1) * 1e3:.2f} ms per "
               "token)")
     print(f"mesh: {mesh}")
+    dtorch.synchronize()
 
 
 if __name__ == "__main__":

@@ -137,6 +137,9 @@ class GenerationMixin:
             if eos:
                 done |= np.isin(tokens, list(eos))
                 if done.all():
+                    # the step queued ahead is not needed; wait for it so that nothing of this
+                    # generation is still in flight when the caller goes on (or shuts down)
+                    _runtime.synchronize()
                     return
 
 
