@@ -68,6 +68,8 @@ void act_peer_close(act_worker *w)
         unlink(endpoint + 6); /* the socket file outlives the socket otherwise */
 }
 
+#define S_PEER_SEND_TIMEOUT_MS 500 /* a send to a peer that has no socket any more gives up after this */
+
 static zsock_t *s_peer_socket(act_worker *w, int64_t device)
 {
     zsock_t *sock = dt_idmap_get(&w->peers, (uint64_t)device + 1);
@@ -77,6 +79,8 @@ static zsock_t *s_peer_socket(act_worker *w, int64_t device)
     s_peer_endpoint(w->endpoint, device, endpoint, sizeof endpoint);
     snprintf(rid, sizeof rid, "w%" PRId64, w->device);
     sock = mb_socket_new(MB_DEALER, endpoint, false, rid);
+    if (sock)
+        zsock_set_sndtimeo(sock, S_PEER_SEND_TIMEOUT_MS);
     if (sock && dt_idmap_put(&w->peers, (uint64_t)device + 1, sock) != 0)
         mb_socket_destroy(&sock);
     return sock;
@@ -132,6 +136,8 @@ bool act_peer_send(act_worker *w, const msgpack_object *rec)
         dt_err(DT_EPROTO, "malformed send record: the region's offset and shape disagree");
         return false;
     }
+    if (dt_idmap_get(&w->dead, (uint64_t)r.to + 1))
+        return true; /* the receiver is gone: nobody waits for the region */
     zsock_t *sock = s_peer_socket(w, r.to);
     if (!sock)
         return true; /* the receiver will wait; nothing better to do than let its peers time out */
@@ -176,7 +182,13 @@ bool act_peer_send(act_worker *w, const msgpack_object *rec)
             frame.free_fn(frame.data, frame.hint);
         return true;
     }
-    mb_send(sock, NULL, 0, &h, (mb_buf){mb_w_release(&body), size, mb_buf_free, NULL}, &frame, nframes);
+    if (mb_send(sock, NULL, 0, &h, (mb_buf){mb_w_release(&body), size, mb_buf_free, NULL}, &frame, nframes) != 0) {
+        /* only a peer without a socket any more makes a send wait (high-water marks are off):
+         * it left or died, so later regions for it are dropped at once */
+        dt_idmap_put(&w->dead, (uint64_t)r.to + 1, w);
+        if (t && w->read_peers)
+            act_storage_release(t->storage); /* the reference the region would have carried */
+    }
     return true;
 }
 

@@ -85,3 +85,28 @@ def test_shutdown_races_shutdown_and_synchronize():
     script = _RACE.format(here=os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "RACE-OK" in proc.stdout, proc.stdout + proc.stderr
+
+
+_EXIT_WITH_REDISTRIBUTES_QUEUED = """
+import sys
+import numpy as np
+import dtorch
+from dtorch import Replicate, Shard
+dtorch.init(workers=sys.argv[1])
+mesh = dtorch.DeviceMesh("cpu", [0, 1])
+x = dtorch.distribute_tensor(np.ones((64, 64), np.float32), mesh, [Shard(1)])
+w = dtorch.distribute_tensor(np.ones((64, 64), np.float32), mesh, [Shard(1)])
+for _ in range(200):
+    y = dtorch.nn.functional.linear(x, w).redistribute(mesh, [Replicate()])
+print("issued")
+"""
+
+
+@pytest.mark.parametrize("workers", ["thread", "process"])
+def test_exit_with_redistributes_still_queued(workers):
+    """A script that ends while transfers are still queued exits: a worker whose peer has already
+    left gives its sends up instead of waiting for that peer forever (it hung at exit once)."""
+    done = subprocess.run([sys.executable, "-c", _EXIT_WITH_REDISTRIBUTES_QUEUED, workers], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "issued"
