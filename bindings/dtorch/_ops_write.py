@@ -68,7 +68,13 @@ def setitem(x, index, value):
         src = full(tuple(shape), value, device_mesh=x.device_mesh, dtype=x.dtype)
     else:
         raise TypeError(f"DTensor.__setitem__: the value must be a DTensor or a number, got {type(value).__name__}")
-    _C._op("slice_assign_", (x, src), (dim, start), None, None)
+    write_slice_(x, dim, start, src)
+
+
+def write_slice_(dst, dim, start, src):
+    """dst[..., start:start + n, ...] = src along dim, in place; src has dst's dtype and mesh and
+    its shape but n on dim (what x[...] = y comes down to, without parsing an index)."""
+    _C._op("slice_assign_", (dst, src), (dim, start), None, None)
 
 
 def rotary_embedding(x, position_ids, inv_freq, scaling=1.0):

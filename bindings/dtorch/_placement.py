@@ -1,4 +1,5 @@
 """Placements: how a DTensor is laid out along each dim of its mesh (as torch's DTensor)."""
+import functools
 
 _SHARD, _REPLICATE, _PARTIAL = 0, 1, 2
 _REDUCE_OPS = ("sum", "avg", "max", "min")
@@ -103,7 +104,10 @@ class Partial(Placement):
         return (_PARTIAL, 0, _REDUCE_OPS.index(self.reduce_op))
 
 
+@functools.lru_cache(maxsize=4096)
 def _from_raw(raw):
+    """Placements from the C handle's raw tuples; cached, since every op's rules and every parallel
+    style ask for them (placements are never changed in place)."""
     return tuple(
         Shard(dim) if kind == _SHARD else Replicate() if kind == _REPLICATE else Partial(_REDUCE_OPS[op])
         for kind, dim, op in raw)

@@ -5,6 +5,7 @@ import numpy as np
 
 from .. import _ops, _runtime
 from .._factory import arange, rand, zeros
+from .._ops_write import write_slice_
 from .._placement import Partial, Replicate, Shard
 
 
@@ -40,8 +41,8 @@ class StaticCache:
         if layer_idx not in self.key_cache:
             self.key_cache[layer_idx] = _slots_like(key_states, self.max_cache_len)
             self.value_cache[layer_idx] = _slots_like(value_states, self.max_cache_len)
-        self.key_cache[layer_idx][:, :, start:end] = key_states
-        self.value_cache[layer_idx][:, :, start:end] = value_states
+        write_slice_(self.key_cache[layer_idx], 2, start, key_states)
+        write_slice_(self.value_cache[layer_idx], 2, start, value_states)
         self._filled = max(self._filled, end)
         return self.key_cache[layer_idx], self.value_cache[layer_idx]
 
