@@ -76,6 +76,19 @@ class DeviceMesh:
             out.append(self._sub(dims, tuple(at.get(d, slice(None)) for d in range(self.ndim))))
         return out
 
+    def unbind(self, mesh_dim_name):
+        """The meshes left when the named dim is removed, one per index along it (as
+        ``torch.unbind`` does to a tensor): a (dp, pp, tp) mesh unbound on "pp" gives pp meshes of
+        shape (dp, tp), the pipeline's stages. Each is a mesh of its own (not a sub-mesh of this one),
+        keeping the other dims' names; unbinding a 1-D mesh gives one-device meshes."""
+        (dim,) = self._dims_of(mesh_dim_name)
+        names = [n for d, n in enumerate(self.mesh_dim_names) if d != dim]
+        out = []
+        for i in range(self.shape[dim]):
+            ids = np.take(self._ids, i, axis=dim)
+            out.append(DeviceMesh(self.device_type, ids, mesh_dim_names=names or None))
+        return out
+
     def _dims_of(self, mesh_dim_names):
         if not self.mesh_dim_names:
             raise RuntimeError("Cannot slice a DeviceMesh without mesh_dim_names!")

