@@ -74,7 +74,7 @@ class Tokens:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", help="HF model directory (default: a random-weight 15M checkpoint)")
-    parser.add_argument("--mesh", default="dp=1,tp=2", help="mesh dims and sizes, e.g. dp=2,tp=2")
+    parser.add_argument("--mesh", default="dp=1,tp=2", help="mesh dims and sizes, e.g. dp=2,tp=2 or pp=2,tp=2,ring=2 (dims: dp, tp, pp, ulysses, ring)")
     parser.add_argument("--prompt", default="Once upon a time")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--do-sample", action="store_true")

@@ -24,10 +24,11 @@ TOL = 1e-4
 # name -> (mesh shape, dim names, config overrides)
 MESHES = {
     "pp2": ((2,), ("pp",), {}),
+    "pp2-4layers": ((2,), ("pp",), dict(num_hidden_layers=4)),
     "pp3-3layers": ((3,), ("pp",), dict(num_hidden_layers=3)),
     "pp3-4layers": ((3,), ("pp",), dict(num_hidden_layers=4)),
     "ulysses2": ((2,), ("ulysses",), dict(num_key_value_heads=4)),
-    "dp2-tp2-pp2": ((2, 2, 2), ("dp", "tp", "pp"), {}),
+    "dp2-tp2-pp2": ((2, 2, 2), ("dp", "tp", "pp"), dict(num_hidden_layers=4)),
     "pp2-tp2-ulysses2": ((2, 2, 2), ("pp", "tp", "ulysses"), dict(num_key_value_heads=4)),
     "tp2-ulysses2": ((2, 2), ("tp", "ulysses"), dict(num_key_value_heads=4)),
 }

@@ -76,8 +76,10 @@ def parallelize_llama(model, device_mesh, *, num_microbatches=None, layers_per_s
             _tensor_parallel(model, stage["tp"], s == 0, s == last, layers[s], kv_style)
         for i in layers[s]:
             _context_parallel(model.model.layers[i].self_attn, stage, sizes)
-        if len(stages) > 1 and paths:
-            PipelineStage(stage)._apply(model.get_submodule(paths[0]))
+        if len(stages) > 1:
+            entry = PipelineStage(stage)
+            for path in paths:
+                entry._apply(model.get_submodule(path))
         if "dp" in names and s == 0:
             batch = {name: Replicate() for name in ("input_ids", "attention_mask", "position_ids")}
             parallelize_module(model, stage["dp"], PrepareModuleInput(

@@ -3,10 +3,10 @@ batch run in micro-batches so that the stages work at the same time.
 
 A stage is ``mesh.unbind("pp")[i]``: the user's mesh with the pipeline dim removed at index i, so
 every stage has the same shape and dim names (dp, tp, ...) and a tensor keeps its placements when
-it moves from one stage to the next. ``PipelineStage`` marks the module where a stage begins: its
+it moves from one stage to the next. ``PipelineStage`` marks the modules of a stage: their
 inputs that live on another mesh (the previous stage's activations, the position ids, the mask) are
-moved onto the stage by a cross-mesh redistribute, worker to worker; the controller only writes
-the records.
+moved onto the stage by a cross-mesh redistribute, worker to worker (the controller only writes
+the records), once per forward for all the stage's modules.
 
 The schedule needs no threads. Every op call returns at once and each device runs its own queue
 in order, so issuing micro-batch 0 through every stage, then micro-batch 1, and so on, is GPipe's
@@ -41,36 +41,51 @@ def stage_layers(num_layers, num_stages, layers_per_stage=None):
     return out
 
 
-def to_mesh(x, mesh):
+def to_mesh(x, mesh, memo=None):
     """x (a DTensor, or a tuple, list or dataclass of them) on ``mesh`` with the same placements: a
-    cross-mesh redistribute when it lives elsewhere; anything else is returned as it is."""
+    cross-mesh redistribute when it lives elsewhere; anything else is returned as it is. ``memo``
+    (a dict) remembers the tensors moved, so one moved again costs nothing."""
     if isinstance(x, DTensor):
         if x.device_mesh == mesh:
             return x
+        if memo is not None and id(x) in memo:
+            return memo[id(x)][1]
         placements = [Replicate() if p.is_partial() else p for p in x.placements]
         if len(placements) != mesh.ndim:
             raise ValueError(f"pipeline: a tensor on {x.device_mesh} cannot move to the stage {mesh}: the meshes "
                              "have different numbers of dims")
-        return x.redistribute(mesh, placements)
+        moved = x.redistribute(mesh, placements)
+        if memo is not None:
+            while len(memo) >= _MEMO:
+                memo.pop(next(iter(memo)))
+            memo[id(x)] = (x, moved)    # x is kept, so its id is not reused while the entry lives
+        return moved
     if isinstance(x, (tuple, list)):
-        return type(x)(to_mesh(v, mesh) for v in x)
+        return type(x)(to_mesh(v, mesh, memo) for v in x)
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return dataclasses.replace(x, **{f.name: to_mesh(getattr(x, f.name), mesh) for f in dataclasses.fields(x)})
+        return dataclasses.replace(x, **{f.name: to_mesh(getattr(x, f.name), mesh, memo)
+                                         for f in dataclasses.fields(x)})
     return x
 
 
+_MEMO = 8   # tensors a stage remembers having moved: those of the forward in flight
+
+
 class PipelineStage(ParallelStyle):
-    """Marks the module where a stage begins (the first layer of the stage, the stage's embedding):
-    before its forward, every DTensor argument on another mesh moves onto ``stage_mesh``."""
+    """Marks the modules of one stage (the embedding, the decoder layers, the final norm and head
+    that live there): before each one's forward, every DTensor argument on another mesh moves onto
+    ``stage_mesh``. The stage's modules share what was moved: the position ids and mask that every
+    layer takes cross once per forward, when the stage's first layer gets them, not once per layer."""
 
     def __init__(self, stage_mesh):
         self.stage_mesh = stage_mesh
+        self._memo = {}
 
     def _apply(self, module, device_mesh=None):
-        mesh = self.stage_mesh
+        mesh, memo = self.stage_mesh, self._memo
 
         def enter_stage(mod, args, kwargs):
-            return to_mesh(tuple(args), mesh), {k: to_mesh(v, mesh) for k, v in kwargs.items()}
+            return to_mesh(tuple(args), mesh, memo), {k: to_mesh(v, mesh, memo) for k, v in kwargs.items()}
 
         module.register_forward_pre_hook(enter_stage, with_kwargs=True)
         return module
