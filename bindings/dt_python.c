@@ -1646,6 +1646,37 @@ static PyObject *s_synchronize(PyObject *mod, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* _device_stats(device_mesh, reset_peak) -> one dict of counters per device, in mesh order */
+static PyObject *s_device_stats(PyObject *mod, PyObject *args)
+{
+    PyObject *py_mesh, *reset;
+    dt_mesh *mesh;
+    if (!PyArg_ParseTuple(args, "OO", &py_mesh, &reset) || s_arg_mesh("device_stats", py_mesh, &mesh) != 0)
+        return NULL;
+    int reset_peak = PyObject_IsTrue(reset);
+    int n = (int)dt_mesh_size(mesh);
+    dt_device_stat *stats = reset_peak < 0 ? NULL : PyMem_Calloc((size_t)n, sizeof *stats);
+    if (!stats)
+        return reset_peak < 0 ? NULL : PyErr_NoMemory();
+    int got = reset_peak ? dt_device_stats_reset_peak(mesh, n, stats) : dt_device_stats(mesh, n, stats);
+    PyObject *list = got < 0 ? s_raise() : PyList_New(got);
+    for (int i = 0; list && i < got; i++) {
+        const dt_device_stat *d = &stats[i];
+        PyObject *entry = Py_BuildValue("{s:L,s:L,s:L,s:L,s:L,s:L,s:L}", "device", (long long)d->device,
+                                        "bytes_in_use", (long long)d->bytes_in_use, "peak_bytes",
+                                        (long long)d->peak_bytes, "peer_messages_sent", (long long)d->peer_messages_sent,
+                                        "peer_bytes_sent", (long long)d->peer_bytes_sent, "peer_messages_received",
+                                        (long long)d->peer_messages_received, "peer_bytes_received",
+                                        (long long)d->peer_bytes_received);
+        if (!entry)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, i, entry);
+    }
+    PyMem_Free(stats);
+    return list;
+}
+
 /* _register(DTensor, TensorFuture, DeviceMesh, Placement, dtype_code): the classes handles are
  * made as and arguments checked against, and dtype_code(x) -> the code of a dtype-like x */
 static PyObject *s_register(PyObject *mod, PyObject *args)
@@ -1684,6 +1715,7 @@ static PyMethodDef s_methods[] = {
     {"is_running", s_is_running, METH_NOARGS, NULL},
     {"manual_seed", s_manual_seed, METH_O, NULL},
     {"synchronize", s_synchronize, METH_NOARGS, NULL},
+    {"_device_stats", s_device_stats, METH_VARARGS, "Every device's counters: _device_stats(mesh, reset_peak)."},
     {"_ops_submitted", s_ops_submitted, METH_NOARGS, "Submissions so far (ops, factories, fetches, redistributes)."},
     {"_register", s_register, METH_VARARGS, NULL},
     {NULL},

@@ -244,6 +244,23 @@ int dt_tensor_local_block(const dt_tensor *t, int64_t mesh_index, int64_t *shape
 dt_future *dt_tensor_fetch(dt_tensor *t);                /* the whole value, Partial reduced */
 dt_future *dt_tensor_fetch_locals(dt_tensor *t);         /* every device's own piece */
 
+/* ---- device statistics -------------------------------------------------------------------- */
+/* What one device's worker has counted since it started. */
+typedef struct {
+    int64_t device;                 /* its id */
+    int64_t bytes_in_use;           /* bytes of the pieces it holds now */
+    int64_t peak_bytes;             /* the most bytes_in_use has been since the last reset */
+    int64_t peer_messages_sent;     /* regions sent to other devices (redistributes, ring attention) */
+    int64_t peer_bytes_sent;        /* ... their bytes */
+    int64_t peer_messages_received; /* regions received from other devices */
+    int64_t peer_bytes_received;    /* ... their bytes */
+} dt_device_stat;
+/* Waits for every device of mesh to run what was sent to it before, then fills up to max entries,
+ * one per device in mesh order. Returns the mesh's size, or a negative error code. */
+int dt_device_stats(dt_mesh *mesh, int max, dt_device_stat *out);
+/* The same; then each device's peak_bytes starts again from its bytes_in_use. */
+int dt_device_stats_reset_peak(dt_mesh *mesh, int max, dt_device_stat *out);
+
 /* ---- futures ------------------------------------------------------------------------------ */
 dt_future *dt_future_ref(dt_future *f);
 void dt_future_release(dt_future **f);
