@@ -20,6 +20,7 @@
  * whole groups); otherwise everything is Replicate. The merge follows its parts' head shard, else
  * Replicate (dim 0 stacks the parts). Outputs are float32; the kernels are
  * ops/cpu/cpu_attention.c. */
+#include <stdio.h>
 #include <string.h>
 
 #include "dt_dtype.h"
@@ -38,10 +39,11 @@ static int s_check_index(const char *op, const char *what, const op_arg *idx, in
     if (idx->dtype != DT_INT64)
         return dt_err(DT_ETYPE, "%s: %s must be int64 positions, got %s", op, what, dt_dtype_name(idx->dtype));
     if (idx->ndim != 2 || (idx->shape[0] != 1 && idx->shape[0] != batch) || idx->shape[1] != n) {
-        char got[96];
+        char got[96], rows[48] = "1";
         dt_layout_format_sizes(got, sizeof got, idx->ndim, idx->shape);
-        return dt_err(DT_EINVAL, "%s: %s must have shape (1 or %lld, %lld), got %s", op, what, (long long)batch,
-                      (long long)n, got);
+        if (batch != 1)
+            snprintf(rows, sizeof rows, "1 or %lld", (long long)batch);
+        return dt_err(DT_EINVAL, "%s: %s must have shape (%s, %lld), got %s", op, what, rows, (long long)n, got);
     }
     return 0;
 }
