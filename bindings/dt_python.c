@@ -1166,6 +1166,29 @@ done:
     return result;
 }
 
+/* _ring_attention(query, key, value, query_index, key_index, mesh_dim, is_causal, scale or None) */
+static PyObject *s_ring_attention(PyObject *mod, PyObject *args)
+{
+    const char *fn = "ring_attention";
+    PyObject *tensors[5], *dim_o, *causal_o, *scale_o;
+    dt_tensor *in[5];
+    int64_t dim;
+    double scale = 0.0;
+    if (!PyArg_ParseTuple(args, "OOOOOOOO", &tensors[0], &tensors[1], &tensors[2], &tensors[3], &tensors[4], &dim_o,
+                          &causal_o, &scale_o))
+        return NULL;
+    for (int i = 0; i < 5; i++)
+        if (s_arg_tensor(fn, i, tensors[i], &in[i]) != 0)
+            return NULL;
+    int causal = PyObject_IsTrue(causal_o);
+    if (causal < 0 || s_arg_int(fn, "mesh_dim", dim_o, &dim) != 0 ||
+        (scale_o != Py_None && s_arg_float(fn, "scale", scale_o, &scale) != 0))
+        return NULL;
+    int mesh_dim = dim >= 0 && dim < DT_MAX_DIMS ? (int)dim : -1; /* the C call names any other as out of range */
+    return s_tensor_wrap(dt_ring_attention(in[0], in[1], in[2], in[3], in[4], mesh_dim, causal, scale_o != Py_None,
+                                           scale), ((s_Tensor *)tensors[0])->mesh);
+}
+
 static PyObject *s_set_strict(PyObject *mod, PyObject *arg)
 {
     int strict = PyObject_IsTrue(arg);
@@ -1706,6 +1729,7 @@ static PyMethodDef s_methods[] = {
     {"_redistribute_plan", s_redistribute_plan, METH_VARARGS, NULL},
     {"_op", (PyCFunction)(void (*)(void))s_op, METH_FASTCALL, NULL},
     {"_cut", s_cut, METH_VARARGS, NULL},
+    {"_ring_attention", s_ring_attention, METH_VARARGS, NULL},
     {"_registry", s_registry, METH_NOARGS,
      "Every op: (name, id, inputs, outputs, signature kind, exports, float attributes, callable or None)."},
     {"set_strict", s_set_strict, METH_O, "Make ops raise instead of redistributing their inputs."},

@@ -225,6 +225,23 @@ typedef struct {
  * integer DTensor alone (index_select along dim 0, negative positions allowed). */
 dt_tensor *dt_index(dt_tensor *t, int n, const dt_index_item *items);
 
+/* Ring attention (context parallelism): softmax(q k^T * scale, with keys hidden by position) v
+ * over a sequence split along mesh dim mesh_dim (the ring) without gathering it. q (B, Hq, Lq, D),
+ * k (B, Hkv, S, D), v (B, Hkv, S, Dv) of one floating dtype (Hkv divides Hq: grouped-query heads);
+ * q_index (B or 1, Lq) and k_index (B or 1, S) int64 positions: key j is visible to query i iff
+ * k_index[j] >= 0 and (!is_causal or k_index[j] <= q_index[i]), so any layout of the sequence
+ * (zig-zag, uneven, padded, -1 for an empty cache slot) is correct. Along the ring k and v are
+ * Shard(2) and k_index Shard(1) (torch.chunk pieces, uneven or empty allowed); q Shard(2) with
+ * q_index Shard(1) is prefill (the key blocks travel around the ring, device to device), q and
+ * q_index Replicate is decode (each device attends to its own block, the partial results are
+ * exchanged and merged). On the other mesh dims each line along mesh_dim is a ring of its own, with
+ * all inputs Replicate, or q, k, v Shard(0) (the indices too where their batch is above 1) or
+ * Shard(1) (heads; the indices Replicate). scale: has_scale ? scale : 1 / sqrt(D). Returns
+ * (B, Hq, Lq, Dv) of q's dtype and placements, or NULL (DT_EINVAL naming the input, its placements
+ * and what is needed). */
+dt_tensor *dt_ring_attention(dt_tensor *q, dt_tensor *k, dt_tensor *v, dt_tensor *q_index, dt_tensor *k_index,
+                             int mesh_dim, bool is_causal, bool has_scale, double scale);
+
 /* Strict mode: an op whose inputs would need a redistribute fails instead, naming the op and
  * the placements. */
 void dt_set_strict(bool strict);

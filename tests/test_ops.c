@@ -1925,6 +1925,67 @@ S_SCENARIO(attention, blocks_and_merge)
     dt_tensor_release(&kib);
 }
 
+/* dt_ring_attention over mesh dim `ring` (the other, on 2x2, splits the heads): prefill with 7 tokens
+ * (uneven: 4 and 3), then decode of one token against the keys as a cache with an empty slot. */
+S_SCENARIO(attention, ring)
+{
+    enum { B = 2, HQ = 4, H = 2, S = 7, E = 4, EV = 3 };
+    double q[B * HQ * S * E], k[B * H * S * E], v[B * H * S * EV], pos[S], want[B * HQ * S * EV], lse[B * HQ * S];
+    double slots[S] = {0, 1, 2, -1, 3, 4, 5}, now[1] = {4};
+    s_fill(q, B * HQ * S * E, 0);
+    s_fill(k, B * H * S * E, 3);
+    s_fill(v, B * H * S * EV, 0);
+    for (int i = 0; i < S; i++)
+        pos[i] = i;
+    dt_placement R = dt_replicate(), S1 = dt_shard(1), S2 = dt_shard(2);
+    for (int ring = 0; ring < e->mn; ring++) {
+        dt_placement seq[2] = {ring ? S1 : S2, ring ? S2 : S1}, idx[2] = {ring ? R : S1, ring ? S1 : R};
+        dt_placement rep[2] = {R, R}, kidx[2] = {ring ? R : S1, ring ? S1 : R};
+        char what[64];
+        snprintf(what, sizeof what, "ring on mesh dim %d", ring);
+        dt_tensor *tk = s_make(e, DT_FLOAT32, 4, (int64_t[]){B, H, S, E}, k, seq);
+        dt_tensor *tv = s_make(e, DT_FLOAT32, 4, (int64_t[]){B, H, S, EV}, v, seq);
+        dt_tensor *tq = s_make(e, DT_FLOAT32, 4, (int64_t[]){B, HQ, S, E}, q, seq);
+        dt_tensor *tpos = s_make(e, DT_INT64, 2, (int64_t[]){1, S}, pos, idx);
+        for (int z = 0; z < B * HQ; z++) {
+            int64_t kv = z / HQ * H + z % HQ / (HQ / H);
+            s_block_ref(q + z * S * E, k + kv * S * E, v + kv * S * EV, pos, pos, S, S, E, EV, true, 0.5,
+                        want + z * S * EV, lse + z * S);
+        }
+        dt_tensor *out = dt_ring_attention(tq, tk, tv, tpos, tpos, ring, true, false, 0.0);
+        s_check(out, DT_FLOAT32, 4, (int64_t[]){B, HQ, S, EV}, want, 1e-5, what);
+        dt_tensor_release(&out);
+        /* decode: each head's first query row alone, Replicate along the ring, at position 4 */
+        double one[B * HQ * E];
+        for (int z = 0; z < B * HQ; z++)
+            memcpy(one + z * E, q + z * S * E, E * sizeof *one);
+        for (int z = 0; z < B * HQ; z++) {
+            int64_t kv = z / HQ * H + z % HQ / (HQ / H);
+            s_block_ref(one + z * E, k + kv * S * E, v + kv * S * EV, now, slots, 1, S, E, EV, true, 0.5,
+                        want + z * EV, lse + z);
+        }
+        dt_placement qpl[2] = {ring ? S1 : R, ring ? R : S1};
+        dt_tensor *tq1 = s_make(e, DT_FLOAT32, 4, (int64_t[]){B, HQ, 1, E}, one, qpl);
+        dt_tensor *tnow = s_make(e, DT_INT64, 2, (int64_t[]){1, 1}, now, rep);
+        dt_tensor *tslots = s_make(e, DT_INT64, 2, (int64_t[]){1, S}, slots, kidx);
+        out = dt_ring_attention(tq1, tk, tv, tnow, tslots, ring, true, true, 0.5);
+        s_check(out, DT_FLOAT32, 4, (int64_t[]){B, HQ, 1, EV}, want, 1e-5, what);
+        dt_tensor_release(&out);
+        /* keys not split along the ring: refused at the call, naming the input */
+        dt_tensor *bad = s_make(e, DT_FLOAT32, 4, (int64_t[]){B, H, S, E}, k, rep);
+        cr_expect_null(dt_ring_attention(tq, bad, tv, tpos, tpos, ring, true, false, 0.0));
+        cr_expect_eq(dt_last_error_code(), DT_EINVAL);
+        cr_expect(strstr(dt_last_error(), "ring_attention: key has placements") != NULL, "%s", dt_last_error());
+        cr_expect_null(dt_ring_attention(tq, tk, tv, tpos, NULL, ring, true, false, 0.0));
+        cr_expect(strstr(dt_last_error(), "key_index is missing") != NULL, "%s", dt_last_error());
+        cr_expect_null(dt_ring_attention(tq, tk, tv, tpos, tpos, 2, true, false, 0.0));
+        cr_expect(strstr(dt_last_error(), "mesh_dim 2 is out of range") != NULL, "%s", dt_last_error());
+        dt_tensor *all[] = {tk, tv, tq, tpos, tq1, tnow, tslots, bad};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            dt_tensor_release(&all[i]);
+    }
+}
+
 /* ---- errors ---------------------------------------------------------------------------------- */
 
 /* dt_op fails with code, names the op in its message and makes nothing. */
