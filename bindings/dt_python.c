@@ -7,6 +7,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -1184,7 +1185,7 @@ static PyObject *s_ring_attention(PyObject *mod, PyObject *args)
     if (causal < 0 || s_arg_int(fn, "mesh_dim", dim_o, &dim) != 0 ||
         (scale_o != Py_None && s_arg_float(fn, "scale", scale_o, &scale) != 0))
         return NULL;
-    int mesh_dim = dim >= 0 && dim < DT_MAX_DIMS ? (int)dim : -1; /* the C call names any other as out of range */
+    int mesh_dim = dim < INT_MIN ? INT_MIN : dim > INT_MAX ? INT_MAX : (int)dim; /* out of range either way */
     return s_tensor_wrap(dt_ring_attention(in[0], in[1], in[2], in[3], in[4], mesh_dim, causal, scale_o != Py_None,
                                            scale), ((s_Tensor *)tensors[0])->mesh);
 }

@@ -206,6 +206,8 @@ def test_bad_placements_and_shapes_raise(mode):
         F.ring_attention(tq, tk, tv, ti, ti, 0.0)
     with pytest.raises(TypeError, match="expected a DTensor at position 1"):
         F.ring_attention(tq, k, tv, ti, ti, 0)
+    with pytest.raises(TypeError, match="expected a DTensor at position 0"):
+        F.ring_attention(q, tk, tv, ti, ti, "cp")
     with pytest.raises(TypeError, match="scale must be a number"):
         F.ring_attention(tq, tk, tv, ti, ti, 0, scale="big")
 

@@ -36,22 +36,24 @@ def ring_attention(query, key, value, query_index, key_index, mesh_dim, is_causa
 
     scale defaults to 1 / sqrt(D). Returns (B, Hq, Lq, Dv) with query's dtype and placements
     (computed in float32)."""
-    mesh = getattr(query, "device_mesh", None)
+    if isinstance(query, _C.DTensor):  # otherwise the call below says what query should be
+        mesh_dim = _mesh_dim(query.device_mesh, mesh_dim)
+    return _C._ring_attention(query, key, value, query_index, key_index, mesh_dim, bool(is_causal), scale)
+
+
+def _mesh_dim(mesh, mesh_dim):
+    """The index of a mesh dim given by name or by int (negative counts from the end)."""
     if isinstance(mesh_dim, str):
-        names = getattr(mesh, "mesh_dim_names", None) or ()
+        names = mesh.mesh_dim_names or ()
         if mesh_dim not in names:
             raise ValueError(f"ring_attention: mesh_dim {mesh_dim!r} is not a dim of the query's mesh "
                              f"(its dim names: {tuple(names)})")
-        mesh_dim = names.index(mesh_dim)
-    elif isinstance(mesh_dim, numbers.Integral) and not isinstance(mesh_dim, bool):
-        ndim = getattr(mesh, "ndim", None)
-        if ndim is not None:
-            if not -ndim <= mesh_dim < ndim:
-                raise ValueError(f"ring_attention: mesh_dim {mesh_dim} is out of range for a mesh of {ndim} dims")
-            mesh_dim = int(mesh_dim) % ndim
-    else:
+        return names.index(mesh_dim)
+    if not isinstance(mesh_dim, numbers.Integral) or isinstance(mesh_dim, bool):
         raise TypeError(f"ring_attention: mesh_dim must be an int or a mesh dim name, got {type(mesh_dim).__name__}")
-    return _C._ring_attention(query, key, value, query_index, key_index, mesh_dim, bool(is_causal), scale)
+    if not -mesh.ndim <= mesh_dim < mesh.ndim:
+        raise ValueError(f"ring_attention: mesh_dim {mesh_dim} is out of range for a mesh of {mesh.ndim} dims")
+    return int(mesh_dim) % mesh.ndim
 
 
 __all__ = sorted(["embedding", "gelu", "layer_norm", "linear", "log_softmax", "ring_attention", "rms_norm",
