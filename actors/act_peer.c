@@ -182,7 +182,12 @@ bool act_peer_send(act_worker *w, const msgpack_object *rec)
             frame.free_fn(frame.data, frame.hint);
         return true;
     }
-    if (mb_send(sock, NULL, 0, &h, (mb_buf){mb_w_release(&body), size, mb_buf_free, NULL}, &frame, nframes) != 0) {
+    if (mb_send(sock, NULL, 0, &h, (mb_buf){mb_w_release(&body), size, mb_buf_free, NULL}, &frame, nframes) == 0) {
+        w->stats[MB_STAT_peer_messages_sent]++;
+        if (t)
+            w->stats[MB_STAT_peer_bytes_sent] +=
+                dt_layout_numel(r.shape.n, r.shape.v) * (int64_t)dt_dtype_size(t->dtype);
+    } else {
         /* only a peer without a socket any more makes a send wait (high-water marks are off):
          * it left or died, so later regions for it are dropped at once */
         dt_idmap_put(&w->dead, (uint64_t)r.to + 1, w);
@@ -258,6 +263,10 @@ static void s_stash(act_worker *w, mb_message *m)
         }
     }
     mb_body_destroy(&r);
+    w->stats[MB_STAT_peer_messages_received]++;
+    if (got->status == 0)
+        w->stats[MB_STAT_peer_bytes_received] +=
+            dt_layout_numel(got->ndim, got->shape) * (int64_t)dt_dtype_size(region.dtype);
     s_recv_free(dt_idmap_take(&w->received, region.transfer));
     if (dt_idmap_put(&w->received, region.transfer, got) != 0)
         s_recv_free(got);

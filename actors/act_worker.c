@@ -80,11 +80,33 @@ void act_wtensor_free(act_wtensor *t)
     free(t);
 }
 
+static size_t s_bytes(const act_wtensor *t)
+{
+    return (size_t)dt_layout_numel(t->ndim, t->shape) * dt_dtype_size(t->dtype);
+}
+
+/* Bytes a table entry holds (a poisoned one none). */
+static int64_t s_held(const act_wtensor *t) { return t && t->storage ? (int64_t)s_bytes(t) : 0; }
+
+/* Frees the tensor id, if the table has it. */
+static void s_drop(act_worker *w, uint64_t id)
+{
+    act_wtensor *t = dt_idmap_take(&w->tensors, id);
+    w->stats[MB_STAT_bytes_in_use] -= s_held(t);
+    act_wtensor_free(t);
+}
+
 void act_wtensor_put(act_worker *w, uint64_t id, act_wtensor *t)
 {
-    act_wtensor_free(dt_idmap_take(&w->tensors, id));
-    if (dt_idmap_put(&w->tensors, id, t) != 0)
+    s_drop(w, id);
+    if (dt_idmap_put(&w->tensors, id, t) != 0) {
         act_wtensor_free(t);
+        return;
+    }
+    int64_t *held = w->stats;
+    held[MB_STAT_bytes_in_use] += s_held(t);
+    if (held[MB_STAT_bytes_in_use] > held[MB_STAT_peak_bytes])
+        held[MB_STAT_peak_bytes] = held[MB_STAT_bytes_in_use];
 }
 
 void act_wtensor_poison(act_worker *w, uint64_t id, const char *message)
@@ -109,11 +131,6 @@ act_wtensor *act_wtensor_lookup(act_worker *w, uint64_t id, const char **why)
         t = NULL;
     }
     return t;
-}
-
-static size_t s_bytes(const act_wtensor *t)
-{
-    return (size_t)dt_layout_numel(t->ndim, t->shape) * dt_dtype_size(t->dtype);
 }
 
 static int s_add_payload(act_worker *w, mb_buf buf)
@@ -168,6 +185,21 @@ static void s_reply_value(act_worker *w, uint64_t fid, int64_t piece, const act_
         }
     }
     mb_encode_value(&w->reply, fid, piece, t ? t->dtype : DT_FLOAT32, t ? t->ndim : 0, t ? t->shape : NULL, frame);
+    w->nreply++;
+}
+
+/* A STATS record's answer: the counters as a VALUE of MB_NSTATS int64. */
+static void s_reply_stats(act_worker *w, uint64_t fid, int64_t piece)
+{
+    int64_t *counters = malloc(sizeof w->stats);
+    if (counters)
+        memcpy(counters, w->stats, sizeof w->stats);
+    int frame = counters ? s_add_payload(w, (mb_buf){counters, sizeof w->stats, mb_buf_free, NULL}) : -1;
+    if (frame < 0) {
+        s_reply_error(w, fid, piece, DT_ENOMEM, "out of memory on the device");
+        return;
+    }
+    mb_encode_value(&w->reply, fid, piece, DT_INT64, 1, (const int64_t[]){MB_NSTATS}, frame);
     w->nreply++;
 }
 
@@ -423,7 +455,7 @@ static bool s_run(act_worker *w, const msgpack_object *rec, mb_message *m)
         mb_free_rec r;
         if (mb_decode_free(rec, &r) != 0)
             return false;
-        act_wtensor_free(dt_idmap_take(&w->tensors, r.id));
+        s_drop(w, r.id);
         return true;
     }
     case MB_OP_FETCH: {
@@ -436,6 +468,15 @@ static bool s_run(act_worker *w, const msgpack_object *rec, mb_message *m)
             s_reply_value(w, r.future, r.piece, t);
         else
             s_reply_error(w, r.future, r.piece, DT_EKERNEL, why);
+        return true;
+    }
+    case MB_OP_STATS: {
+        mb_stats_rec r;
+        if (mb_decode_stats(rec, &r) != 0)
+            return false;
+        s_reply_stats(w, r.future, r.piece);
+        if (r.reset_peak)
+            w->stats[MB_STAT_peak_bytes] = w->stats[MB_STAT_bytes_in_use];
         return true;
     }
     case MB_OP_SEND:

@@ -9,6 +9,7 @@
 
 #include "dt_idmap.h"
 #include "dtorch.h"
+#include "mb_schema.h"
 #include "mb_socket.h"
 #include "mb_writer.h"
 #include "op_backend.h"
@@ -65,6 +66,7 @@ typedef struct {
     act_pending *pending_head, *pending_tail; /* controller messages that came during a wait */
     bool leaving;               /* the controller said bye during a wait */
     uint64_t send_seq, peer_seq;
+    int64_t stats[MB_NSTATS];   /* the counters a STATS record reads (mb_schema.h, MB_STATS) */
     /* the reply to the batch being run */
     mb_writer reply;
     uint32_t nreply;
@@ -81,6 +83,7 @@ act_storage *act_storage_adopt(zmq_msg_t *frame);
 /* size contiguous bytes with one of the backend's copies (to_device, to_host, copy_region). */
 const char *act_copy_bytes(op_copy_fn copy, void *dst, const void *src, size_t size);
 act_wtensor *act_wtensor_lookup(act_worker *w, uint64_t id, const char **why);
+/* Puts t in the tensor table as id (replacing and freeing what was there), counting its bytes. */
 void act_wtensor_put(act_worker *w, uint64_t id, act_wtensor *t);
 void act_wtensor_free(act_wtensor *t);
 /* A tensor that could not be made; ops that use it fail with this message. */

@@ -7,6 +7,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -1166,6 +1167,29 @@ done:
     return result;
 }
 
+/* _ring_attention(query, key, value, query_index, key_index, mesh_dim, is_causal, scale or None) */
+static PyObject *s_ring_attention(PyObject *mod, PyObject *args)
+{
+    const char *fn = "ring_attention";
+    PyObject *tensors[5], *dim_o, *causal_o, *scale_o;
+    dt_tensor *in[5];
+    int64_t dim;
+    double scale = 0.0;
+    if (!PyArg_ParseTuple(args, "OOOOOOOO", &tensors[0], &tensors[1], &tensors[2], &tensors[3], &tensors[4], &dim_o,
+                          &causal_o, &scale_o))
+        return NULL;
+    for (int i = 0; i < 5; i++)
+        if (s_arg_tensor(fn, i, tensors[i], &in[i]) != 0)
+            return NULL;
+    int causal = PyObject_IsTrue(causal_o);
+    if (causal < 0 || s_arg_int(fn, "mesh_dim", dim_o, &dim) != 0 ||
+        (scale_o != Py_None && s_arg_float(fn, "scale", scale_o, &scale) != 0))
+        return NULL;
+    int mesh_dim = dim < INT_MIN ? INT_MIN : dim > INT_MAX ? INT_MAX : (int)dim; /* out of range either way */
+    return s_tensor_wrap(dt_ring_attention(in[0], in[1], in[2], in[3], in[4], mesh_dim, causal, scale_o != Py_None,
+                                           scale), ((s_Tensor *)tensors[0])->mesh);
+}
+
 static PyObject *s_set_strict(PyObject *mod, PyObject *arg)
 {
     int strict = PyObject_IsTrue(arg);
@@ -1646,6 +1670,37 @@ static PyObject *s_synchronize(PyObject *mod, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* _device_stats(device_mesh, reset_peak) -> one dict of counters per device, in mesh order */
+static PyObject *s_device_stats(PyObject *mod, PyObject *args)
+{
+    PyObject *py_mesh, *reset;
+    dt_mesh *mesh;
+    if (!PyArg_ParseTuple(args, "OO", &py_mesh, &reset) || s_arg_mesh("device_stats", py_mesh, &mesh) != 0)
+        return NULL;
+    int reset_peak = PyObject_IsTrue(reset);
+    int n = (int)dt_mesh_size(mesh);
+    dt_device_stat *stats = reset_peak < 0 ? NULL : PyMem_Calloc((size_t)n, sizeof *stats);
+    if (!stats)
+        return reset_peak < 0 ? NULL : PyErr_NoMemory();
+    int got = reset_peak ? dt_device_stats_reset_peak(mesh, n, stats) : dt_device_stats(mesh, n, stats);
+    PyObject *list = got < 0 ? s_raise() : PyList_New(got);
+    for (int i = 0; list && i < got; i++) {
+        const dt_device_stat *d = &stats[i];
+        PyObject *entry = Py_BuildValue("{s:L,s:L,s:L,s:L,s:L,s:L,s:L}", "device", (long long)d->device,
+                                        "bytes_in_use", (long long)d->bytes_in_use, "peak_bytes",
+                                        (long long)d->peak_bytes, "peer_messages_sent", (long long)d->peer_messages_sent,
+                                        "peer_bytes_sent", (long long)d->peer_bytes_sent, "peer_messages_received",
+                                        (long long)d->peer_messages_received, "peer_bytes_received",
+                                        (long long)d->peer_bytes_received);
+        if (!entry)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, i, entry);
+    }
+    PyMem_Free(stats);
+    return list;
+}
+
 /* _register(DTensor, TensorFuture, DeviceMesh, Placement, dtype_code): the classes handles are
  * made as and arguments checked against, and dtype_code(x) -> the code of a dtype-like x */
 static PyObject *s_register(PyObject *mod, PyObject *args)
@@ -1675,6 +1730,7 @@ static PyMethodDef s_methods[] = {
     {"_redistribute_plan", s_redistribute_plan, METH_VARARGS, NULL},
     {"_op", (PyCFunction)(void (*)(void))s_op, METH_FASTCALL, NULL},
     {"_cut", s_cut, METH_VARARGS, NULL},
+    {"_ring_attention", s_ring_attention, METH_VARARGS, NULL},
     {"_registry", s_registry, METH_NOARGS,
      "Every op: (name, id, inputs, outputs, signature kind, exports, float attributes, callable or None)."},
     {"set_strict", s_set_strict, METH_O, "Make ops raise instead of redistributing their inputs."},
@@ -1684,6 +1740,7 @@ static PyMethodDef s_methods[] = {
     {"is_running", s_is_running, METH_NOARGS, NULL},
     {"manual_seed", s_manual_seed, METH_O, NULL},
     {"synchronize", s_synchronize, METH_NOARGS, NULL},
+    {"_device_stats", s_device_stats, METH_VARARGS, "Every device's counters: _device_stats(mesh, reset_peak)."},
     {"_ops_submitted", s_ops_submitted, METH_NOARGS, "Submissions so far (ops, factories, fetches, redistributes)."},
     {"_register", s_register, METH_VARARGS, NULL},
     {NULL},

@@ -10,6 +10,7 @@
 #include "act_runtime.h"
 #include "dt_error.h"
 #include "dt_layout.h"
+#include "dtn_op.h"
 #include "dtn_plan.h"
 #include "dtn_redistribute.h"
 #include "dtn_tensor.h"
@@ -28,7 +29,7 @@ static bool s_same_mesh(const dt_mesh *a, const dt_mesh *b)
                       !memcmp(a->ids, b->ids, (size_t)a->size * sizeof *a->ids));
 }
 
-static int s_check_call(const op_def *def, int n, dt_tensor *const *in, const op_attrs *attrs, op_call *c)
+int dtn_op_call(const op_def *def, int n, dt_tensor *const *in, const op_attrs *attrs, op_call *c)
 {
     if (def->nin >= 0 && n != def->nin)
         return dt_err(DT_EINVAL, "%s: expected %d tensor inputs, got %d", def->name, def->nin, n);
@@ -100,6 +101,16 @@ int dt_op_info_at(int i, dt_op_info *info)
     return 0;
 }
 
+void dtn_op_compute(int64_t device, int op, int nin, const uint64_t *ins, const op_attrs *a, int nctx,
+                    const int64_t *ctx, int nout, const dtn_out *outs)
+{
+    mb_writer *pk = act_runtime_record(device);
+    mb_encode_compute(pk, op, nin, ins, a->nints, a->ints, a->nfloats, a->floats, a->has_scalar ? &a->scalar : NULL,
+                      nctx, ctx, (uint32_t)nout);
+    for (int o = 0; o < nout; o++)
+        mb_encode_out(pk, outs[o].id, outs[o].dtype, outs[o].ndim, outs[o].shape);
+}
+
 int dt_op(const char *name, int n, dt_tensor *const *in, const dt_op_attrs *attrs, int max_out, dt_tensor **out)
 {
     int id = dt_op_id(name);
@@ -112,7 +123,7 @@ int dt_op_run(int id, int n, dt_tensor *const *in, const dt_op_attrs *attrs, int
     if (!def)
         return dt_err(DT_EINVAL, "unknown op id %d", id);
     op_call c;
-    int rc = s_check_call(def, n, in, attrs, &c);
+    int rc = dtn_op_call(def, n, in, attrs, &c);
     if (rc != 0 || (rc = def->infer(&c)) != 0)
         return rc;
     if (c.nout > max_out)
@@ -175,20 +186,18 @@ int dt_op_run(int id, int n, dt_tensor *const *in, const dt_op_attrs *attrs, int
         made[o]->id = act_runtime_new_tensor_id();
         made[o]->epoch = act_runtime_epoch();
     }
-    int index = op_index(def);
-    const op_attrs *a = &c.attrs;
-    int64_t coord[DT_MAX_DIMS], offset[DT_MAX_DIMS], local[DT_MAX_DIMS];
+    int64_t coord[DT_MAX_DIMS], offset[DT_MAX_DIMS], local[OP_MAX_OUTPUTS][DT_MAX_DIMS];
+    dtn_out outs[OP_MAX_OUTPUTS];
     for (int64_t d = 0; d < mesh->size; d++) {
         dt_layout_coord(mesh->ndim, mesh->shape, d, coord);
         int64_t ctx[OP_MAX_CTX];
         int nctx = def->local ? def->local(&c, coord, ctx) : 0;
-        mb_writer *pk = act_runtime_record(mesh->ids[d]);
-        mb_encode_compute(pk, index, n, ids, a->nints, a->ints, a->nfloats, a->floats, a->has_scalar ? &a->scalar : NULL,
-                          nctx, ctx, (uint32_t)c.nout);
         for (int o = 0; o < c.nout; o++) {
-            dt_layout_block(mesh->ndim, mesh->shape, coord, c.out[o].pl, c.out[o].ndim, c.out[o].shape, local, offset);
-            mb_encode_out(pk, made[o]->id, c.out[o].dtype, c.out[o].ndim, local);
+            dt_layout_block(mesh->ndim, mesh->shape, coord, c.out[o].pl, c.out[o].ndim, c.out[o].shape, local[o],
+                            offset);
+            outs[o] = (dtn_out){made[o]->id, c.out[o].dtype, c.out[o].ndim, local[o]};
         }
+        dtn_op_compute(mesh->ids[d], op_index(def), n, ids, &c.attrs, nctx, ctx, c.nout, outs);
     }
     for (int i = 0; i < n; i++)
         if (ids[i] != in[i]->id)

@@ -225,6 +225,23 @@ typedef struct {
  * integer DTensor alone (index_select along dim 0, negative positions allowed). */
 dt_tensor *dt_index(dt_tensor *t, int n, const dt_index_item *items);
 
+/* Ring attention (context parallelism): softmax(q k^T * scale, with keys hidden by position) v
+ * over a sequence split along mesh dim mesh_dim (the ring) without gathering it. q (B, Hq, Lq, D),
+ * k (B, Hkv, S, D), v (B, Hkv, S, Dv) of one floating dtype (Hkv divides Hq: grouped-query heads);
+ * q_index (B or 1, Lq) and k_index (B or 1, S) int64 positions: key j is visible to query i iff
+ * k_index[j] >= 0 and (!is_causal or k_index[j] <= q_index[i]), so any layout of the sequence
+ * (zig-zag, uneven, padded, -1 for an empty cache slot) is correct. Along the ring k and v are
+ * Shard(2) and k_index Shard(1) (torch.chunk pieces, uneven or empty allowed); q Shard(2) with
+ * q_index Shard(1) is prefill (the key blocks travel around the ring, device to device), q and
+ * q_index Replicate is decode (each device attends to its own block, the partial results are
+ * exchanged and merged). On the other mesh dims each line along mesh_dim is a ring of its own, with
+ * all inputs Replicate, or q, k, v Shard(0) (the indices too where their batch is above 1) or
+ * Shard(1) (heads; the indices Replicate). scale: has_scale ? scale : 1 / sqrt(D). Returns
+ * (B, Hq, Lq, Dv) of q's dtype and placements, or NULL (DT_EINVAL naming the input, its placements
+ * and what is needed). */
+dt_tensor *dt_ring_attention(dt_tensor *q, dt_tensor *k, dt_tensor *v, dt_tensor *q_index, dt_tensor *k_index,
+                             int mesh_dim, bool is_causal, bool has_scale, double scale);
+
 /* Strict mode: an op whose inputs would need a redistribute fails instead, naming the op and
  * the placements. */
 void dt_set_strict(bool strict);
@@ -243,6 +260,23 @@ const dt_placement *dt_tensor_placements(const dt_tensor *t); /* dt_mesh_ndim en
 int dt_tensor_local_block(const dt_tensor *t, int64_t mesh_index, int64_t *shape, int64_t *offset);
 dt_future *dt_tensor_fetch(dt_tensor *t);                /* the whole value, Partial reduced */
 dt_future *dt_tensor_fetch_locals(dt_tensor *t);         /* every device's own piece */
+
+/* ---- device statistics -------------------------------------------------------------------- */
+/* What one device's worker has counted since it started. */
+typedef struct {
+    int64_t device;                 /* its id */
+    int64_t bytes_in_use;           /* bytes of the pieces it holds now */
+    int64_t peak_bytes;             /* the most bytes_in_use has been since the last reset */
+    int64_t peer_messages_sent;     /* regions sent to other devices (redistributes, ring attention) */
+    int64_t peer_bytes_sent;        /* ... their bytes */
+    int64_t peer_messages_received; /* regions received from other devices */
+    int64_t peer_bytes_received;    /* ... their bytes */
+} dt_device_stat;
+/* Waits for every device of mesh to run what was sent to it before, then fills up to max entries,
+ * one per device in mesh order. Returns the mesh's size, or a negative error code. */
+int dt_device_stats(dt_mesh *mesh, int max, dt_device_stat *out);
+/* The same; then each device's peak_bytes starts again from its bytes_in_use. */
+int dt_device_stats_reset_peak(dt_mesh *mesh, int max, dt_device_stat *out);
 
 /* ---- futures ------------------------------------------------------------------------------ */
 dt_future *dt_future_ref(dt_future *f);

@@ -33,7 +33,7 @@
 #include "dtorch.h"
 #include "mb_writer.h"
 
-#define MB_PROTOCOL 2        /* the records below; bumped on any change to them */
+#define MB_PROTOCOL 3        /* the records below; bumped on any change to them */
 #define MB_MAX_IDS 32        /* tensor ids in an IDS field (a COMPUTE's inputs) */
 #define MB_MAX_INTS 16       /* integers in an INTS field (dt_op_attrs.ints) */
 #define MB_MAX_FLOATS 4      /* floats in a FLOATS field (dt_op_attrs.floats) */
@@ -84,7 +84,8 @@ typedef struct { uint32_t n; const msgpack_object *items; } mb_list;   /* inside
     X(SYNC, sync, 8)          /* answer once everything before has run -> VALUE without a value */ \
     X(SEND, send, 9)          /* send a region of a piece to a peer (a REGION message) */          \
     X(ASSEMBLE, assemble, 10) /* a new piece from regions of local and received pieces */           \
-    X(COMPUTE, compute, 11)   /* a registered op's kernel (ops/op_registry.h) */
+    X(COMPUTE, compute, 11)   /* a registered op's kernel (ops/op_registry.h) */                   \
+    X(STATS, stats, 12)       /* send the device's counters -> VALUE (MB_STATS) */
 
 #define MB_FIELDS_FREE(F) F(U64, id)
 #define MB_FIELDS_EMPTY(F) F(U64, id) F(DTYPE, dtype) F(SHAPE, shape)
@@ -108,6 +109,22 @@ typedef struct { uint32_t n; const msgpack_object *items; } mb_list;   /* inside
  * ctx: per-device integers of the op's `local` hook; outs: one OUT per output */
 #define MB_FIELDS_COMPUTE(F)                                                                         \
     F(I64, op) F(IDS, ins) F(INTS, ints) F(FLOATS, floats) F(OSCALAR, scalar) F(INTS, ctx) F(OUTS, outs)
+
+/* piece: which of the future's pieces this is; reset_peak: after answering, peak_bytes starts
+ * again from bytes_in_use */
+#define MB_FIELDS_STATS(F) F(U64, future) F(I64, piece) F(BOOL, reset_peak)
+
+/* A STATS record's answer: a VALUE of MB_NSTATS int64 counters (shape [MB_NSTATS]), in this order. */
+#define MB_STATS(X)                                                                                  \
+    X(bytes_in_use)           /* bytes of the pieces the device holds now */                        \
+    X(peak_bytes)             /* the most bytes_in_use has been since the last reset */              \
+    X(peer_messages_sent)     /* regions sent to other devices */                                   \
+    X(peer_bytes_sent)        /* ... and their bytes */                                             \
+    X(peer_messages_received) /* regions received from other devices */                             \
+    X(peer_bytes_received)    /* ... and their bytes */
+
+#define MB_GEN_STAT(name) MB_STAT_##name,
+typedef enum { MB_STATS(MB_GEN_STAT) MB_NSTATS } mb_stat;
 
 /* ---- completions: worker -> controller, [code, fields...] --------------------------------- */
 #define MB_COMPLETION_RECORDS(X)                                                                     \

@@ -144,8 +144,20 @@
 #define OP_WRITE(X)                                                                                                    \
     X(slice_assign_,                74,  2)
 
+/* ---- attention by blocks of keys (ops/op_attention.c): name, id, inputs (-1: any), outputs ---------
+ * attention_block: (q (B, Hq, Lq, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv), q_index (B or 1, Lq) int64,
+ *     k_index (B or 1, S) int64[, o_acc (B, Hq, Lq, Dv) float32, lse_acc (B, Hq, Lq) float32])
+ *     -> (o (B, Hq, Lq, Dv) float32, lse (B, Hq, Lq) float32): this block's attention merged into the
+ *     accumulators; ints = [is_causal], floats = [scale]. Key j is visible to query i iff
+ *     k_index[j] >= 0 and (not causal or k_index[j] <= q_index[i]).
+ * attention_merge: (o_parts (P*B, H, L, Dv) float32, lse_parts (P*B, H, L) float32) -> (o, lse): P
+ *     partial results stacked along dim 0 (as cat gives them) merged into one; ints = [P]. */
+#define OP_ATTENTION(X)                                                                                                \
+    X(attention_block,              75, -1, s_infer_block,     s_shard_block)                                         \
+    X(attention_merge,              76,  2, s_infer_merge,     s_shard_merge)
+
 /* Every op; a row starts with its name and id whatever its family. */
-#define OP_TABLE(X) OP_POINTWISE(X) OP_REDUCE(X) OP_VIEW(X) OP_MATMUL(X) OP_ROPE(X) OP_WRITE(X)
+#define OP_TABLE(X) OP_POINTWISE(X) OP_REDUCE(X) OP_VIEW(X) OP_MATMUL(X) OP_ROPE(X) OP_WRITE(X) OP_ATTENTION(X)
 
 /* OP_ID_<name>: the id of each op, for the code that runs one op in particular. */
 #define OP_ID_ENUM_(name, id, ...) OP_ID_##name = (id),

@@ -449,7 +449,9 @@ static double s_pow(double a, double b, bool integer)
     X(embedding, "matmul::embedding")                                                                                  \
     X(scaled_dot_product_attention, "matmul::attention")                                                   \
     X(rope, "rope::rotate_half_by_position")                                                                  \
-    X(slice_assign_, "write::slice_assign_in_place")
+    X(slice_assign_, "write::slice_assign_in_place")                                                               \
+    X(attention_block, "attention::blocks_and_merge")                                                              \
+    X(attention_merge, "attention::blocks_and_merge")
 
 #define S_ANY false
 #define S_POSITIVE true
@@ -1803,6 +1805,184 @@ S_SCENARIO(matmul, attention)
         cr_expect_null(bad[0]);
         for (int i = 0; i < 3; i++)
             dt_tensor_release(&in[i]);
+    }
+}
+
+/* ---- attention by blocks of keys -------------------------------------------------------------- */
+
+/* One head's partial result over keys S with positions: o (L, Ev) and lse (L), -inf and zeros
+ * for a row that sees no key. */
+static void s_block_ref(const double *q, const double *k, const double *v, const double *q_pos, const double *k_pos,
+                        int64_t L, int64_t S, int64_t E, int64_t Ev, bool causal, double scale, double *o,
+                        double *lse)
+{
+    for (int64_t i = 0; i < L; i++) {
+        double w[16], mx = -INFINITY, sum = 0;
+        for (int64_t j = 0; j < S; j++) {
+            double s = 0;
+            for (int64_t p = 0; p < E; p++)
+                s += q[i * E + p] * k[j * E + p];
+            bool visible = k_pos[j] >= 0 && (!causal || k_pos[j] <= q_pos[i]);
+            w[j] = visible ? s * scale : -INFINITY;
+            mx = fmax(mx, w[j]);
+        }
+        for (int64_t j = 0; j < S; j++)
+            sum += w[j] = mx == -INFINITY ? 0 : exp(w[j] - mx);
+        lse[i] = mx == -INFINITY ? -INFINITY : mx + log(sum);
+        for (int64_t c = 0; c < Ev; c++) {
+            double acc = 0;
+            for (int64_t j = 0; j < S; j++)
+                acc += sum > 0 ? w[j] / sum * v[j * Ev + c] : 0;
+            o[i * Ev + c] = acc;
+        }
+    }
+}
+
+/* The keys [from, from + n) of k (B, H, S, E) as their own array (B, H, n, E). */
+static void s_keys(const double *k, int64_t B, int64_t H, int64_t S, int64_t E, int64_t from, int64_t n, double *out)
+{
+    for (int64_t z = 0; z < B * H; z++)
+        memcpy(out + z * n * E, k + (z * S + from) * E, (size_t)(n * E) * sizeof *k);
+}
+
+S_SCENARIO(attention, blocks_and_merge)
+{
+    /* q (2, 4, 3, 4) over k (2, 2, 6, 4), v (2, 2, 6, 3): grouped-query heads; the keys visited as a
+     * block of 4 then one of 2 must give attention over all 6. Positions: query row (0, 0) at -1
+     * sees nothing; batch 1's first key slot is empty (-1). */
+    enum { B = 2, HQ = 4, H = 2, L = 3, S = 6, SA = 4, SB = 2, E = 4, EV = 3 };
+    double q[B * HQ * L * E], k[B * H * S * E], v[B * H * S * EV];
+    double ka[B * H * SA * E], kb[B * H * SB * E], va[B * H * SA * EV], vb[B * H * SB * EV];
+    double qpos[B * L] = {-1, 2, 5, 1, 3, 4}, kpos[B * S] = {0, 1, 2, 3, 4, 5, -1, 0, 1, 2, 3, 4};
+    double kpa[B * SA], kpb[B * SB], want_o[B * HQ * L * EV], want_lse[B * HQ * L];
+    s_fill(q, B * HQ * L * E, 0);
+    s_fill(k, B * H * S * E, 3);
+    s_fill(v, B * H * S * EV, 0);
+    s_keys(k, B, H, S, E, 0, SA, ka);
+    s_keys(k, B, H, S, E, SA, SB, kb);
+    s_keys(v, B, H, S, EV, 0, SA, va);
+    s_keys(v, B, H, S, EV, SA, SB, vb);
+    s_keys(kpos, B, 1, S, 1, 0, SA, kpa);
+    s_keys(kpos, B, 1, S, 1, SA, SB, kpb);
+    const int64_t sq[4] = {B, HQ, L, E}, so[4] = {B, HQ, L, EV}, sl[3] = {B, HQ, L}, sqi[2] = {B, L};
+    const int64_t ska[4] = {B, H, SA, E}, skb[4] = {B, H, SB, E}, sva[4] = {B, H, SA, EV}, svb[4] = {B, H, SB, EV};
+    dt_placement R[2] = {dt_replicate(), dt_replicate()};
+    s_layout lay[8];
+    int nl = s_layouts(e, 4, -1, lay);
+    dt_tensor *qi = s_make(e, DT_INT64, 2, sqi, qpos, R);
+    dt_tensor *kia = s_make(e, DT_INT64, 2, (int64_t[]){B, SA}, kpa, R);
+    dt_tensor *kib = s_make(e, DT_INT64, 2, (int64_t[]){B, SB}, kpb, R);
+    for (int variant = 0; variant < 2; variant++) {
+        bool causal = variant == 1;
+        double scale = 0.375;
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < HQ; h++) {
+                int64_t z = b * HQ + h, kv = b * H + h / (HQ / H);
+                s_block_ref(q + z * L * E, k + kv * S * E, v + kv * S * EV, qpos + b * L, kpos + b * S, L, S, E, EV,
+                            causal, scale, want_o + z * L * EV, want_lse + z * L);
+            }
+        dt_op_attrs attrs = {.nints = 1, .ints = {causal}, .nfloats = 1, .floats = {scale}};
+        for (int l = 0; l < nl; l++) {
+            char what[64], ln[32];
+            s_layout_name(e, lay[l].pl, ln, sizeof ln);
+            snprintf(what, sizeof what, "causal %d [%s]", causal, ln);
+            const dt_placement *pkv = lay[(l + 1) % nl].pl;
+            dt_tensor *tq = s_make(e, DT_FLOAT32, 4, sq, q, lay[l].pl);
+            dt_tensor *tka = s_make(e, DT_FLOAT32, 4, ska, ka, pkv), *tva = s_make(e, DT_FLOAT32, 4, sva, va, pkv);
+            dt_tensor *tkb = s_make(e, DT_FLOAT32, 4, skb, kb, lay[l].pl);
+            dt_tensor *tvb = s_make(e, DT_FLOAT32, 4, svb, vb, lay[l].pl);
+            dt_tensor *a[2], *bo[2], *acc[2], *merged[2];
+            cr_assert_eq(dt_op("attention_block", 5, (dt_tensor *[]){tq, tka, tva, qi, kia}, &attrs, 2, a), 2, "%s: %s",
+                         what, dt_last_error());
+            cr_assert_eq(dt_op("attention_block", 5, (dt_tensor *[]){tq, tkb, tvb, qi, kib}, &attrs, 2, bo), 2,
+                         "%s: %s", what, dt_last_error());
+            /* the second block merged into the first one's accumulators */
+            cr_assert_eq(dt_op("attention_block", 7, (dt_tensor *[]){tq, tkb, tvb, qi, kib, a[0], a[1]}, &attrs, 2, acc),
+                         2, "%s: %s", what, dt_last_error());
+            s_check(acc[0], DT_FLOAT32, 4, so, want_o, 1e-5, what);
+            s_check(acc[1], DT_FLOAT32, 3, sl, want_lse, 1e-5, what);
+            /* the two partial results stacked along dim 0 and merged */
+            dt_op_attrs cat0 = {.nints = 1, .ints = {0}};
+            dt_tensor *parts[2] = {s_op("cat", 2, (dt_tensor *[]){a[0], bo[0]}, &cat0, what),
+                                   s_op("cat", 2, (dt_tensor *[]){a[1], bo[1]}, &cat0, what)};
+            cr_assert_eq(dt_op("attention_merge", 2, parts, &(dt_op_attrs){.nints = 1, .ints = {2}}, 2, merged), 2,
+                         "%s: %s", what, dt_last_error());
+            s_check(merged[0], DT_FLOAT32, 4, so, want_o, 1e-5, what);
+            s_check(merged[1], DT_FLOAT32, 3, sl, want_lse, 1e-5, what);
+            s_expect_refused("attention_merge", 2, parts, &(dt_op_attrs){.nints = 1, .ints = {3}}, DT_EINVAL, "P = 3");
+            s_expect_refused("attention_block", 5, (dt_tensor *[]){tq, tka, tva, kia, kia}, &attrs, DT_EINVAL,
+                             "query_index must have shape");
+            s_expect_refused("attention_block", 5, (dt_tensor *[]){tq, tka, tva, qi, kia}, &cat0, DT_EINVAL,
+                             "floats [scale]");
+            dt_tensor *all[] = {tq, tka, tva, tkb, tvb, a[0], a[1], bo[0], bo[1], acc[0], acc[1], parts[0], parts[1],
+                                merged[0], merged[1]};
+            for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+                dt_tensor_release(&all[i]);
+        }
+    }
+    dt_tensor_release(&qi);
+    dt_tensor_release(&kia);
+    dt_tensor_release(&kib);
+}
+
+/* dt_ring_attention over mesh dim `ring` (the other, on 2x2, splits the heads): prefill with 7 tokens
+ * (uneven: 4 and 3), then decode of one token against the keys as a cache with an empty slot. */
+S_SCENARIO(attention, ring)
+{
+    enum { B = 2, HQ = 4, H = 2, S = 7, E = 4, EV = 3 };
+    double q[B * HQ * S * E], k[B * H * S * E], v[B * H * S * EV], pos[S], want[B * HQ * S * EV], lse[B * HQ * S];
+    double slots[S] = {0, 1, 2, -1, 3, 4, 5}, now[1] = {4};
+    s_fill(q, B * HQ * S * E, 0);
+    s_fill(k, B * H * S * E, 3);
+    s_fill(v, B * H * S * EV, 0);
+    for (int i = 0; i < S; i++)
+        pos[i] = i;
+    dt_placement R = dt_replicate(), S1 = dt_shard(1), S2 = dt_shard(2);
+    for (int ring = 0; ring < e->mn; ring++) {
+        dt_placement seq[2] = {ring ? S1 : S2, ring ? S2 : S1}, idx[2] = {ring ? R : S1, ring ? S1 : R};
+        dt_placement rep[2] = {R, R}, kidx[2] = {ring ? R : S1, ring ? S1 : R};
+        char what[64];
+        snprintf(what, sizeof what, "ring on mesh dim %d", ring);
+        dt_tensor *tk = s_make(e, DT_FLOAT32, 4, (int64_t[]){B, H, S, E}, k, seq);
+        dt_tensor *tv = s_make(e, DT_FLOAT32, 4, (int64_t[]){B, H, S, EV}, v, seq);
+        dt_tensor *tq = s_make(e, DT_FLOAT32, 4, (int64_t[]){B, HQ, S, E}, q, seq);
+        dt_tensor *tpos = s_make(e, DT_INT64, 2, (int64_t[]){1, S}, pos, idx);
+        for (int z = 0; z < B * HQ; z++) {
+            int64_t kv = z / HQ * H + z % HQ / (HQ / H);
+            s_block_ref(q + z * S * E, k + kv * S * E, v + kv * S * EV, pos, pos, S, S, E, EV, true, 0.5,
+                        want + z * S * EV, lse + z * S);
+        }
+        dt_tensor *out = dt_ring_attention(tq, tk, tv, tpos, tpos, ring, true, false, 0.0);
+        s_check(out, DT_FLOAT32, 4, (int64_t[]){B, HQ, S, EV}, want, 1e-5, what);
+        dt_tensor_release(&out);
+        /* decode: each head's first query row alone, Replicate along the ring, at position 4 */
+        double one[B * HQ * E];
+        for (int z = 0; z < B * HQ; z++)
+            memcpy(one + z * E, q + z * S * E, E * sizeof *one);
+        for (int z = 0; z < B * HQ; z++) {
+            int64_t kv = z / HQ * H + z % HQ / (HQ / H);
+            s_block_ref(one + z * E, k + kv * S * E, v + kv * S * EV, now, slots, 1, S, E, EV, true, 0.5,
+                        want + z * EV, lse + z);
+        }
+        dt_placement qpl[2] = {ring ? S1 : R, ring ? R : S1};
+        dt_tensor *tq1 = s_make(e, DT_FLOAT32, 4, (int64_t[]){B, HQ, 1, E}, one, qpl);
+        dt_tensor *tnow = s_make(e, DT_INT64, 2, (int64_t[]){1, 1}, now, rep);
+        dt_tensor *tslots = s_make(e, DT_INT64, 2, (int64_t[]){1, S}, slots, kidx);
+        out = dt_ring_attention(tq1, tk, tv, tnow, tslots, ring, true, true, 0.5);
+        s_check(out, DT_FLOAT32, 4, (int64_t[]){B, HQ, 1, EV}, want, 1e-5, what);
+        dt_tensor_release(&out);
+        /* keys not split along the ring: refused at the call, naming the input */
+        dt_tensor *bad = s_make(e, DT_FLOAT32, 4, (int64_t[]){B, H, S, E}, k, rep);
+        cr_expect_null(dt_ring_attention(tq, bad, tv, tpos, tpos, ring, true, false, 0.0));
+        cr_expect_eq(dt_last_error_code(), DT_EINVAL);
+        cr_expect(strstr(dt_last_error(), "ring_attention: key has placements") != NULL, "%s", dt_last_error());
+        cr_expect_null(dt_ring_attention(tq, tk, tv, tpos, NULL, ring, true, false, 0.0));
+        cr_expect(strstr(dt_last_error(), "key_index is missing") != NULL, "%s", dt_last_error());
+        cr_expect_null(dt_ring_attention(tq, tk, tv, tpos, tpos, 2, true, false, 0.0));
+        cr_expect(strstr(dt_last_error(), "mesh_dim 2 is out of range") != NULL, "%s", dt_last_error());
+        dt_tensor *all[] = {tk, tv, tq, tpos, tq1, tnow, tslots, bad};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            dt_tensor_release(&all[i]);
     }
 }
 

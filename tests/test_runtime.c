@@ -756,6 +756,42 @@ S_BOTH(futures, synchronize)
     dt_mesh_release(&mesh);
 }
 
+/* ---- device statistics ------------------------------------------------------------------------ */
+
+/* An all-gather of a (4, 4) float32 Shard(0) over 2 devices: each device sends its 32-byte piece
+ * to the other in one message and holds 32 + 64 bytes; freeing the gathered copy brings it back
+ * to 32 and leaves the peak at 96 until it is reset. */
+S_BOTH(stats, counts_pieces_and_peer_traffic)
+{
+    dt_mesh *mesh = s_mesh(1, (int64_t[]){2}, (int64_t[]){3, 5});
+    dt_placement shard0 = dt_shard(0), rep = dt_replicate();
+    dt_tensor *x = dt_zeros(mesh, 2, (int64_t[]){4, 4}, DT_FLOAT32, &shard0);
+    cr_assert_not_null(x, "%s", dt_last_error());
+    dt_device_stat before[2], after[2];
+    cr_assert_eq(dt_device_stats_reset_peak(mesh, 2, before), 2, "%s", dt_last_error());
+    dt_tensor *y = dt_redistribute(x, NULL, &rep);
+    cr_assert_not_null(y, "%s", dt_last_error());
+    cr_assert_eq(dt_device_stats(mesh, 2, after), 2, "%s", dt_last_error());
+    for (int d = 0; d < 2; d++) {
+        cr_expect_eq(after[d].device, d ? 5 : 3, "entries come in mesh order with their device ids");
+        cr_expect_eq(before[d].bytes_in_use, 32);
+        cr_expect_eq(after[d].bytes_in_use, 96, "device %d holds %lld bytes", d, (long long)after[d].bytes_in_use);
+        cr_expect_eq(after[d].peak_bytes, 96);
+        cr_expect_eq(after[d].peer_messages_sent - before[d].peer_messages_sent, 1);
+        cr_expect_eq(after[d].peer_bytes_sent - before[d].peer_bytes_sent, 32);
+        cr_expect_eq(after[d].peer_messages_received - before[d].peer_messages_received, 1);
+        cr_expect_eq(after[d].peer_bytes_received - before[d].peer_bytes_received, 32);
+    }
+    dt_tensor_release(&y);
+    cr_assert_eq(dt_device_stats_reset_peak(mesh, 2, after), 2, "%s", dt_last_error());
+    cr_expect(after[0].bytes_in_use == 32 && after[0].peak_bytes == 96, "the free ran before the stats");
+    cr_assert_eq(dt_device_stats(mesh, 1, after), 2, "room for fewer entries still counts every device");
+    cr_expect_eq(after[0].peak_bytes, 32, "the peak starts again from what is held");
+    cr_expect_eq(dt_device_stats(NULL, 0, NULL), DT_EINVAL);
+    dt_tensor_release(&x);
+    dt_mesh_release(&mesh);
+}
+
 /* ---- a worker process dies ------------------------------------------------------------------ */
 
 /* The pid of this process's dtorch-worker child that serves device, or -1. */

@@ -449,12 +449,14 @@ Test(schema, codes_and_names)
 {
     cr_expect_eq(MB_OP_FREE, 1);
     cr_expect_eq(MB_OP_COMPUTE, 11);
+    cr_expect_eq(MB_OP_STATS, 12);
     cr_expect_eq(MB_C_CREDIT, 1);
     cr_expect_eq(MB_C_ERROR, 3);
     cr_expect_str_eq(mb_op_name(MB_OP_FILL), "fill");
     cr_expect_str_eq(mb_op_name(MB_OP_ASSEMBLE), "assemble");
     cr_expect_str_eq(mb_op_name(0), "?");
-    cr_expect_str_eq(mb_op_name(12), "?");
+    cr_expect_str_eq(mb_op_name(MB_OP_STATS), "stats");
+    cr_expect_str_eq(mb_op_name(13), "?");
 }
 
 Test(schema, record_code)

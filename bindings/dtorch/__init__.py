@@ -11,7 +11,7 @@ from ._factory import arange, distribute_tensor, empty, from_local, full, ones, 
 from ._mesh import DeviceMesh, init_device_mesh
 from ._placement import Partial, Placement, Replicate, Shard
 from ._redistribute import PlanStep, redistribute_many, redistribute_plan
-from ._runtime import init, is_initialized, manual_seed, shutdown, synchronize
+from ._runtime import device_stats, init, is_initialized, manual_seed, shutdown, synchronize
 from ._tensor import DTensor, TensorFuture
 from ._ops import *  # noqa: F401,F403 (the registry's elementwise ops, and the hand-written ones)
 from ._ops_view import (cat, chunk, concat, concatenate, flatten, index_select, movedim, narrow, permute,
@@ -30,7 +30,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DTensor", "DeviceMesh", "Partial", "Placement", "Replicate", "Shard", "TensorFuture",
-    "arange", "bfloat16", "bool", "distribute_tensor", "dtype", "empty", "float16", "float32",
+    "arange", "bfloat16", "bool", "device_stats", "distribute_tensor", "dtype", "empty", "float16", "float32",
     "from_local", "full", "init", "init_device_mesh", "int32", "int64", "is_initialized",
     "manual_seed", "ones", "PlanStep", "rand", "randn", "redistribute_many", "redistribute_plan", "shutdown",
     "synchronize", "zeros",

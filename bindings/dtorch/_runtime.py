@@ -36,6 +36,16 @@ def synchronize():
     _C.synchronize()
 
 
+def device_stats(mesh, reset_peak=False):
+    """What every device of ``mesh`` has counted, once it has run everything sent to it before: a
+    list in mesh order of dicts with ``device`` (its id), ``bytes_in_use`` (bytes of the pieces it
+    holds now), ``peak_bytes`` (the most it has held since the last reset), and
+    ``peer_messages_sent``/``peer_bytes_sent``, ``peer_messages_received``/``peer_bytes_received``
+    (regions exchanged with other devices, since it started). ``reset_peak=True`` starts each
+    peak again from what the device holds, after reading it."""
+    return _C._device_stats(mesh, bool(reset_peak))
+
+
 def manual_seed(seed):
     """Seeds the random factories and restarts their stream."""
     _C.manual_seed(int(seed))

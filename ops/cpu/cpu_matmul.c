@@ -347,21 +347,6 @@ const char *cpu_embedding(void *out, const void *weight, int64_t rows, size_t ro
 
 static cpu_ctype s_ctype(dt_dtype d) { return dt_dtype_is_float(d) ? CPU_F32 : CPU_I64; }
 
-/* A piece as n elements of the compute type t: the piece itself when it already is, else a
- * converted scratch copy (*scratch set, to be freed). NULL when out of memory. */
-static const void *s_as(const op_local *in, cpu_ctype t, void **scratch)
-{
-    *scratch = NULL;
-    if ((t == CPU_F32 && in->dtype == DT_FLOAT32) || (t == CPU_I64 && in->dtype == DT_INT64))
-        return in->data;
-    int64_t n = dt_layout_numel(in->ndim, in->shape);
-    void *buf = malloc((size_t)(n ? n : 1) * cpu_ctype_size(t));
-    if (buf)
-        cpu_to_ctype(buf, t, in->data, in->dtype, n);
-    *scratch = buf;
-    return buf;
-}
-
 
 static const char *s_mm(op_kernel *k)
 {
@@ -396,14 +381,14 @@ static const char *s_mm(op_kernel *k)
     bool skinny = linear && t == CPU_F32 && rows > 0 && rows <= CPU_SKINNY_MAX_M &&
                   (b->dtype == DT_BFLOAT16 || b->dtype == DT_FLOAT16);
     void *sa, *sb = NULL, *sbias = NULL, *sc = NULL;
-    const void *pa = s_as(a, t, &sa), *pb = skinny ? b->data : s_as(b, t, &sb);
+    const void *pa = cpu_piece_as(a, t, &sa), *pb = skinny ? b->data : cpu_piece_as(b, t, &sb);
     void *pc = o->data;
     if (!((t == CPU_F32 && o->dtype == DT_FLOAT32) || (t == CPU_I64 && o->dtype == DT_INT64)))
         pc = sc = malloc((size_t)(n ? n : 1) * cpu_ctype_size(t));
     const char *why = pa && pb && pc ? NULL : "out of memory on the device";
     bool bias = !why && k->nin == 3 && k->nctx > 0 && k->ctx[0];
     if (bias) {
-        const void *pbias = s_as(&k->in[2], t, &sbias);
+        const void *pbias = cpu_piece_as(&k->in[2], t, &sbias);
         if (pbias)
             cpu_broadcast(pc, o->ndim, o->shape, pbias, k->in[2].ndim, k->in[2].shape, cpu_ctype_size(t));
         else
@@ -470,7 +455,8 @@ static const char *s_sdpa(op_kernel *k)
         }
     }
     void *sq, *sk, *sv, *so = NULL;
-    const float *pq = s_as(q, CPU_F32, &sq), *pk = s_as(kk, CPU_F32, &sk), *pv = s_as(v, CPU_F32, &sv);
+    const float *pq = cpu_piece_as(q, CPU_F32, &sq), *pk = cpu_piece_as(kk, CPU_F32, &sk),
+                *pv = cpu_piece_as(v, CPU_F32, &sv);
     int64_t nout = dt_layout_numel(o->ndim, o->shape), nmask = mask ? dt_layout_numel(mask->ndim, mask->shape) : 0;
     float *po = o->dtype == DT_FLOAT32 ? o->data : (so = malloc((size_t)(nout ? nout : 1) * sizeof(float)));
     float *scores = malloc((size_t)(L * S > 0 ? L * S : 1) * sizeof(float));

@@ -59,6 +59,19 @@ void cpu_to_ctype(void *dst, cpu_ctype t, const void *src, dt_dtype dtype, int64
     }
 }
 
+const void *cpu_piece_as(const op_local *in, cpu_ctype t, void **scratch)
+{
+    *scratch = NULL;
+    if ((t == CPU_F32 && in->dtype == DT_FLOAT32) || (t == CPU_I64 && in->dtype == DT_INT64))
+        return in->data;
+    int64_t n = dt_layout_numel(in->ndim, in->shape);
+    void *buf = malloc((size_t)(n ? n : 1) * cpu_ctype_size(t));
+    if (buf)
+        cpu_to_ctype(buf, t, in->data, in->dtype, n);
+    *scratch = buf;
+    return buf;
+}
+
 void cpu_from_ctype(void *dst, dt_dtype dtype, const void *src, cpu_ctype t, int64_t n)
 {
     switch (t) {

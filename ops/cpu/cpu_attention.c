@@ -1,0 +1,179 @@
+/* cpu_attention — the CPU kernels of attention by blocks of keys (OP_ATTENTION in ops/op_table.h):
+ * per head, the scores by one sgemm, a softmax over the keys its positions let each row see, the
+ * weighted values by a second sgemm, then the merge into the accumulators. 16-bit inputs are
+ * converted to float32 scratch first; the outputs are float32. */
+#include "cpu_attention.h"
+
+#include <cblas.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_matmul.h"
+#include "cpu_ops.h"
+
+static inline bool s_visible(int64_t key, int64_t query, bool causal) { return key >= 0 && (!causal || key <= query); }
+
+void cpu_attention_block_head(int64_t L, int64_t S, int64_t D, int64_t Dv, const float *q, const float *k,
+                              const float *v, const int64_t *q_pos, const int64_t *k_pos, bool causal, float scale,
+                              float *scores, float *o, float *lse)
+{
+    if (L == 0)
+        return;
+    cpu_blas_threads();
+    if (S > 0 && D > 0)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)L, (int)S, (int)D, scale, q, (int)D, k, (int)D, 0.0f,
+                    scores, (int)S);
+    else if (S > 0)
+        memset(scores, 0, (size_t)(L * S) * sizeof *scores);
+    for (int64_t i = 0; i < L; i++) {
+        float *row = scores + i * S, top = -INFINITY;
+        for (int64_t j = 0; j < S; j++)
+            if (s_visible(k_pos[j], q_pos[i], causal) && row[j] > top)
+                top = row[j];
+        if (top == -INFINITY) {
+            memset(row, 0, (size_t)S * sizeof *row);
+            lse[i] = -INFINITY;
+            continue;
+        }
+        double sum = 0.0;
+        for (int64_t j = 0; j < S; j++) {
+            row[j] = s_visible(k_pos[j], q_pos[i], causal) ? expf(row[j] - top) : 0.0f;
+            sum += row[j];
+        }
+        lse[i] = top + (float)log(sum);
+        float inv = (float)(1.0 / sum);
+        for (int64_t j = 0; j < S; j++)
+            row[j] *= inv;
+    }
+    if (Dv == 0)
+        return;
+    if (S == 0) {
+        memset(o, 0, (size_t)(L * Dv) * sizeof *o);
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)L, (int)Dv, (int)S, 1.0f, scores, (int)S, v, (int)Dv,
+                0.0f, o, (int)Dv);
+}
+
+void cpu_attention_merge(int64_t n, int64_t Dv, float *o, float *lse, const float *o_b, const float *lse_b)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float a = lse[i], b = lse_b[i], *oi = o + i * Dv;
+        const float *bi = o_b + i * Dv;
+        if (b == -INFINITY)
+            continue;
+        if (a == -INFINITY) {
+            memcpy(oi, bi, (size_t)Dv * sizeof *oi);
+            lse[i] = b;
+            continue;
+        }
+        double hi = a > b ? a : b, lo = a > b ? b : a, merged = hi + log1p(exp(lo - hi));
+        float wa = (float)exp(a - merged), wb = (float)exp(b - merged);
+        for (int64_t d = 0; d < Dv; d++)
+            oi[d] = oi[d] * wa + bi[d] * wb;
+        lse[i] = (float)merged;
+    }
+}
+
+/* ---- the kernels of the ops ------------------------------------------------------------------- */
+
+static bool s_shape_is(const op_local *t, int ndim, const int64_t *shape)
+{
+    return t->ndim == ndim && !memcmp(t->shape, shape, (size_t)ndim * sizeof *shape);
+}
+
+static bool s_index_fits(const op_local *idx, int64_t batch, int64_t n)
+{
+    return idx->ndim == 2 && (idx->shape[0] == 1 || idx->shape[0] == batch) && idx->shape[1] == n;
+}
+
+/* Whether the pieces of attention_block fit together (the controller made them so). */
+static bool s_block_fits(const op_kernel *k)
+{
+    const op_local *q = &k->in[0], *kk = &k->in[1], *v = &k->in[2];
+    if (q->ndim != 4 || kk->ndim != 4 || v->ndim != 4 || k->nout != 2 || k->attrs->nints < 1 || k->attrs->nfloats < 1)
+        return false;
+    int64_t B = q->shape[0], Hq = q->shape[1], L = q->shape[2], H = kk->shape[1], S = kk->shape[2];
+    int64_t o_shape[4] = {B, Hq, L, v->shape[3]};
+    bool fits = kk->shape[0] == B && kk->shape[3] == q->shape[3] && v->shape[0] == B && v->shape[1] == H &&
+                v->shape[2] == S && (H ? Hq % H == 0 : Hq == 0) && s_index_fits(&k->in[3], B, L) &&
+                s_index_fits(&k->in[4], B, S) && s_shape_is(&k->out[0], 4, o_shape) &&
+                s_shape_is(&k->out[1], 3, o_shape) && k->out[0].dtype == DT_FLOAT32 &&
+                k->out[1].dtype == DT_FLOAT32 && L <= INT_MAX && S <= INT_MAX && q->shape[3] <= INT_MAX &&
+                v->shape[3] <= INT_MAX;
+    if (k->nin == 7)
+        fits = fits && s_shape_is(&k->in[5], 4, o_shape) && s_shape_is(&k->in[6], 3, o_shape) &&
+               k->in[5].dtype == DT_FLOAT32 && k->in[6].dtype == DT_FLOAT32;
+    return fits && (k->nin == 5 || k->nin == 7);
+}
+
+static const char *s_block(op_kernel *k)
+{
+    if (!s_block_fits(k))
+        return "the local pieces of the operands do not fit together";
+    const op_local *q = &k->in[0], *kk = &k->in[1], *v = &k->in[2], *qi = &k->in[3], *ki = &k->in[4];
+    int64_t B = q->shape[0], Hq = q->shape[1], L = q->shape[2], D = q->shape[3];
+    int64_t H = kk->shape[1], S = kk->shape[2], Dv = v->shape[3], group = H ? Hq / H : 1;
+    bool causal = k->attrs->ints[0] != 0, acc = k->nin == 7;
+    float scale = (float)k->attrs->floats[0], *o = k->out[0].data, *lse = k->out[1].data;
+    void *sq, *sk, *sv;
+    const float *pq = cpu_piece_as(q, CPU_F32, &sq), *pk = cpu_piece_as(kk, CPU_F32, &sk),
+                *pv = cpu_piece_as(v, CPU_F32, &sv);
+    float *scores = malloc((size_t)(L * S > 0 ? L * S : 1) * sizeof(float));
+    /* with accumulators the block's own result goes to scratch, then merges into them */
+    float *block_o = acc ? malloc((size_t)(L * Dv > 0 ? L * Dv : 1) * sizeof(float)) : NULL;
+    float *block_lse = acc ? malloc((size_t)(L > 0 ? L : 1) * sizeof(float)) : NULL;
+    const char *why = pq && pk && pv && scores && (!acc || (block_o && block_lse)) ? NULL : "out of memory on the device";
+    if (!why && acc) {
+        memcpy(o, k->in[5].data, (size_t)(B * Hq * L * Dv) * sizeof *o);
+        memcpy(lse, k->in[6].data, (size_t)(B * Hq * L) * sizeof *lse);
+    }
+    for (int64_t b = 0; b < B && !why; b++) {
+        const int64_t *q_pos = (const int64_t *)qi->data + (qi->shape[0] == 1 ? 0 : b) * L;
+        const int64_t *k_pos = (const int64_t *)ki->data + (ki->shape[0] == 1 ? 0 : b) * S;
+        for (int64_t h = 0; h < Hq; h++) {
+            int64_t kv = b * H + h / group, row = (b * Hq + h) * L;
+            float *head_o = acc ? block_o : o + row * Dv, *head_lse = acc ? block_lse : lse + row;
+            cpu_attention_block_head(L, S, D, Dv, pq + row * D, pk + kv * S * D, pv + kv * S * Dv, q_pos, k_pos,
+                                     causal, scale, scores, head_o, head_lse);
+            if (acc)
+                cpu_attention_merge(L, Dv, o + row * Dv, lse + row, block_o, block_lse);
+        }
+    }
+    free(sq);
+    free(sk);
+    free(sv);
+    free(scores);
+    free(block_o);
+    free(block_lse);
+    return why;
+}
+
+static const char *s_merge(op_kernel *k)
+{
+    const op_local *parts_o = &k->in[0], *parts_lse = &k->in[1];
+    int64_t P = k->attrs->nints > 0 ? k->attrs->ints[0] : 0;
+    if (P < 1 || parts_o->ndim != 4 || parts_o->shape[0] % P != 0 || k->nout != 2 || parts_o->dtype != DT_FLOAT32 ||
+        parts_lse->dtype != DT_FLOAT32)
+        return "the local pieces of the operands do not fit together";
+    int64_t o_shape[4] = {parts_o->shape[0] / P, parts_o->shape[1], parts_o->shape[2], parts_o->shape[3]};
+    int64_t lse_parts_shape[3] = {parts_o->shape[0], parts_o->shape[1], parts_o->shape[2]};
+    if (!s_shape_is(parts_lse, 3, lse_parts_shape) || !s_shape_is(&k->out[0], 4, o_shape) ||
+        !s_shape_is(&k->out[1], 3, o_shape))
+        return "the local pieces of the operands do not fit together";
+    int64_t rows = o_shape[0] * o_shape[1] * o_shape[2], Dv = o_shape[3];
+    float *o = k->out[0].data, *lse = k->out[1].data;
+    const float *po = parts_o->data, *plse = parts_lse->data;
+    memcpy(o, po, (size_t)(rows * Dv) * sizeof *o);
+    memcpy(lse, plse, (size_t)rows * sizeof *lse);
+    for (int64_t p = 1; p < P; p++)
+        cpu_attention_merge(rows, Dv, o, lse, po + p * rows * Dv, plse + p * rows);
+    return NULL;
+}
+
+const cpu_op_kernel cpu_attention_kernels[OP_ID_LIMIT] = {
+    [OP_ID_attention_block] = s_block,
+    [OP_ID_attention_merge] = s_merge,
+};
