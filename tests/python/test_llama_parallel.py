@@ -31,6 +31,13 @@ MESHES = {
     "dp2-tp2-pp2": ((2, 2, 2), ("dp", "tp", "pp"), dict(num_hidden_layers=4)),
     "pp2-tp2-ulysses2": ((2, 2, 2), ("pp", "tp", "ulysses"), dict(num_key_value_heads=4)),
     "tp2-ulysses2": ((2, 2), ("tp", "ulysses"), dict(num_key_value_heads=4)),
+    "ring2": ((2,), ("ring",), {}),
+    "ring3": ((3,), ("ring",), {}),
+    "ring4": ((4,), ("ring",), {}),
+    "tp2-ring2": ((2, 2), ("tp", "ring"), {}),
+    "ulysses2-ring2": ((2, 2), ("ulysses", "ring"), dict(num_key_value_heads=4)),
+    "pp2-ring2": ((2, 2), ("pp", "ring"), dict(num_hidden_layers=4)),
+    "dp2-pp2-ring2-ulysses2": ((2, 2, 2, 2), ("dp", "pp", "ring", "ulysses"), dict(num_key_value_heads=4)),
 }
 
 
@@ -165,6 +172,32 @@ def test_ulysses_attends_whole_sequences_on_split_heads():
     assert seen == [((2, 4, 9, 8), (Shard(1),), (Shard(1),))]
     h = model.model.embed_tokens(dtorch.distribute_tensor(ids, model.model.embed_tokens.weight.device_mesh))
     assert h.placements == (Replicate(),)   # before the hooks: the sequence is split by the model's input hook
+
+
+@pytest.mark.usefixtures("thread_runtime")
+def test_ring_prefill_is_zigzag_and_decode_reads_slots_in_place():
+    model, sd, cfg = build((2,), ("ring",))
+    seen = []
+    attn = model.model.layers[1].self_attn
+    inner = attn.attention
+
+    def spy(q, k, v, inputs, scale):
+        seen.append((q.shape[2], q.placements, k.shape[2], k.placements, inputs.query_index.numpy()))
+        return inner(q, k, v, inputs, scale)
+
+    attn.attention = spy
+    ids = tokens((2, 8))
+    assert rel(model(ids).logits.numpy(), ref.logits(sd, cfg, ids)) < TOL
+    L, q_pl, S, k_pl, positions = seen.pop()
+    assert (L, S, q_pl, k_pl) == (8, 8, (Shard(2),), (Shard(2),))
+    assert positions.tolist() == [[0, 1, 6, 7, 2, 3, 4, 5]]          # device 0: 0 1 6 7, device 1: 2 3 4 5
+    out = model.generate(ids[:, :5], 3)
+    one, _, _ = build((1,), None)
+    np.testing.assert_array_equal(out, one.generate(ids[:, :5], 3))
+    prefill, decode = seen[0], seen[1:]
+    assert prefill[:4] == (5, (Shard(2),), 8, (Shard(2),))            # the cache's 8 slots split on the ring
+    assert [d[:4] for d in decode] == [(1, (Replicate(),), 8, (Shard(2),))] * 2
+    assert [d[4].tolist() for d in decode] == [[[5]], [[6]]]
 
 
 @pytest.mark.usefixtures("thread_runtime")
