@@ -1,17 +1,19 @@
 """Pipeline and context parallelism on the Llama, each figure beside its reference from the same run.
 
     .venv/bin/python bench/bench_parallel.py [--parts pp,cp,controller] [--shape 110M] [--repeats 3]
-                                             [--pp-batch 8] [--pp-seq 64] [--cp-seq 1024]
+                                             [--pp-batch 32] [--pp-seq 128] [--pp-decode-batch 8]
+                                             [--cp-seq 1024]
 
 It imports the installed ``dtorch`` and the random-weight checkpoints of bench_llama.py (written once
 into ``bench/.cache/``). It prints figures and never asserts on them. Medians of ``--repeats``,
 spread min-max.
 
   * pp: a pp2 mesh (process workers, one per stage) with 1, 2, 4 and 8 micro-batches: prefill of a
-    batch of ``--pp-batch`` sequences of ``--pp-seq`` tokens and greedy decode of that batch
-    (tokens/s), and each stage's busy fraction (its worker process's CPU time over the wall time;
+    batch of ``--pp-batch`` sequences of ``--pp-seq`` tokens and greedy decode of
+    ``--pp-decode-batch`` sequences (tokens/s), and each stage's busy fraction (its worker process's CPU time over the wall time;
     idle workers block, so CPU time is work). Reference: the same pp2 mesh with 1 micro-batch
-    (stages take turns), and one device.
+    (stages take turns), and one device. Each call waits for its logits, so the pipeline fills
+    and drains in every run (its bubble is in the figure).
   * cp: prefill of ``--cp-seq`` tokens on one device, ring2 and ulysses2 (thread workers): tokens/s
     and the peak bytes each device held (dtorch.device_stats).
   * controller: the user thread's CPU time per decode step on dp2 x tp2 x pp2 (8 devices) beside one
@@ -83,29 +85,30 @@ def _load(directory, shape, names, **plan):
 def bench_pp(directory, args):
     dtorch.shutdown()
     dtorch.init(workers="process")
-    B, T, new = args.pp_batch, args.pp_seq, 16
-    ids = np.random.default_rng(0).integers(0, 32000, (B, T))
-    print(f"\n== pp: batch {B} x {T} tokens prefill, {new}-token greedy decode of that batch (process workers)")
+    B, T, Bd, new = args.pp_batch, args.pp_seq, args.pp_decode_batch, 16
+    ids = np.random.default_rng(0).integers(0, 32000, (max(B, Bd), T))
+    print(f"\n== pp: prefill of {B} sequences of {T} tokens, {new}-token greedy decode of {Bd} sequences "
+          "(process workers)")
 
     def prefill(model):
-        model(ids, logits_to_keep=1).logits.numpy()
+        model(ids[:B], logits_to_keep=1).logits.numpy()
 
     def decode(model):
-        for _ in model.stream(ids[:, :8], new):
+        for _ in model.stream(ids[:Bd, :8], new):
             pass
 
     one = _load(directory, (1,), None)
     prefill(one)
     rate, runs = _median(lambda: B * T / _busy(lambda: prefill(one), [0])[0], args.repeats)
     print(f"  one device              prefill {rate:8.1f} tok/s ({_spread(runs)})")
-    rate, runs = _median(lambda: B * new / _busy(lambda: decode(one), [0])[0], args.repeats)
+    rate, runs = _median(lambda: Bd * new / _busy(lambda: decode(one), [0])[0], args.repeats)
     print(f"  one device              decode  {rate:8.1f} tok/s ({_spread(runs)})")
     del one
     base = {}
     for micro in (1, 2, 4, 8):
         model = _load(directory, (2,), ("pp",), num_microbatches=micro)
         prefill(model)
-        for what, fn, count in (("prefill", prefill, B * T), ("decode ", decode, B * new)):
+        for what, fn, count in (("prefill", prefill, B * T), ("decode ", decode, Bd * new)):
             runs = [_busy(lambda: fn(model), [0, 1]) for _ in range(args.repeats)]
             rates = [count / wall for wall, _ in runs]
             rate = statistics.median(rates)
@@ -176,8 +179,9 @@ def main():
     ap.add_argument("--parts", default="pp,cp,controller")
     ap.add_argument("--shape", default="110M")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--pp-batch", type=int, default=8)
-    ap.add_argument("--pp-seq", type=int, default=64)
+    ap.add_argument("--pp-batch", type=int, default=32)
+    ap.add_argument("--pp-seq", type=int, default=128)
+    ap.add_argument("--pp-decode-batch", type=int, default=8)
     ap.add_argument("--cp-seq", type=int, default=1024)
     args = ap.parse_args()
     directory = _checkpoint(args.shape)
