@@ -143,9 +143,11 @@ def test_layers_per_stage_and_microbatches():
 
 
 @pytest.mark.usefixtures("thread_runtime")
-def test_pipeline_sampling_and_padding_match_one_device():
-    model, _, _ = build((2, 2), ("dp", "pp"))
-    one, _, _ = build((1,), None)
+@pytest.mark.parametrize("name", ["dp2-pp2", "ring2", "ring3", "ulysses2", "pp2-ring2"])
+def test_sampling_and_padding_match_one_device(name):
+    shape, names, overrides = {"dp2-pp2": ((2, 2), ("dp", "pp"), {})}.get(name) or MESHES[name]
+    model, _, _ = build(shape, names, overrides)
+    one, _, _ = build((1,), None, overrides)
     ids = tokens((4, 5), seed=7)
     mask = np.ones_like(ids)
     mask[1, :2] = 0

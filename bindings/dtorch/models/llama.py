@@ -257,15 +257,15 @@ class LlamaDecoderLayer(Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
-def _on_mesh_like(value, like, dtype=None):
-    """A host array laid out like ``like`` (same mesh and placements: the batch dim split alike)."""
+def _on_mesh_like(value, like, mesh, dtype=None):
+    """A host array on ``mesh`` with the placements of ``like`` (the batch dim split alike)."""
     if value is None or isinstance(value, DTensor):
         return value
     array = np.asarray(value)
     if dtype is not None:
         array = array.astype(dtype)
     placements = [Replicate() if p.is_partial() else p for p in like.placements]
-    return distribute_tensor(np.ascontiguousarray(array), like.device_mesh, placements)
+    return distribute_tensor(np.ascontiguousarray(array), mesh, placements)
 
 
 def key_mask_from(attention_mask, slots):
@@ -305,12 +305,12 @@ class LlamaModel(Module):
         elif not isinstance(position_ids, DTensor):
             position_ids = np.asarray(position_ids)
             num_positions = max(num_positions, int(position_ids.max(initial=0)) + 1)
-            position_ids = _on_mesh_like(position_ids, input_ids, np.int64)
+            position_ids = _on_mesh_like(position_ids, input_ids, mesh, np.int64)
         rope = self.rotary_emb(h, position_ids, num_positions)
         if attention_mask is not None:
             if not isinstance(attention_mask, DTensor):
                 attention_mask = np.asarray(attention_mask) != 0
-            attention_mask = _on_mesh_like(attention_mask, input_ids)          # (B, K)
+            attention_mask = _on_mesh_like(attention_mask, input_ids, mesh)    # (B, K)
         if any(getattr(layer.self_attn.attention, "by_position", False) for layer in self.layers):
             attn = self._positions(position_ids, attention_mask, cache, start, L)
         else:

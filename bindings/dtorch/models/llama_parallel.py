@@ -30,7 +30,7 @@ from .._placement import Replicate, Shard
 from ..parallel import (ColwiseParallel, PrepareModuleInput, ReplicateHeadsParallel, RowwiseParallel,
                         parallelize_module)
 from ..parallel.context import ContextParallelInput, RingAttention, UlyssesParallel
-from ..parallel.pipeline import PipelineStage, stage_layers
+from ..parallel.pipeline import PipelineStage, forget_moved_per_forward, stage_layers
 from ..parallel.style import place
 
 KNOWN_DIMS = ("dp", "tp", "pp", "ulysses", "ring")
@@ -67,6 +67,7 @@ def parallelize_llama(model, device_mesh, *, num_microbatches=None, layers_per_s
     stages = mesh.unbind("pp") if "pp" in sizes else [mesh]
     layers = stage_layers(config.num_hidden_layers, len(stages), layers_per_stage)
     last = len(stages) - 1
+    entries = []
     for s, stage in enumerate(stages):
         paths = ((["model.embed_tokens"] if s == 0 else []) + [f"model.layers.{i}" for i in layers[s]]
                  + (["model.norm", "lm_head"] if s == last else []))
@@ -78,12 +79,15 @@ def parallelize_llama(model, device_mesh, *, num_microbatches=None, layers_per_s
             _context_parallel(model.model.layers[i].self_attn, stage, sizes)
         if len(stages) > 1:
             entry = PipelineStage(stage)
+            entries.append(entry)
             for path in paths:
                 entry._apply(model.get_submodule(path))
         if "dp" in names and s == 0:
             batch = {name: Replicate() for name in ("input_ids", "attention_mask", "position_ids")}
             parallelize_module(model, stage["dp"], PrepareModuleInput(
                 input_kwarg_layouts=batch, desired_input_kwarg_layouts={name: Shard(0) for name in batch}))
+    if entries:
+        forget_moved_per_forward(model.model, entries)
     if ulysses > 1 or sizes.get("ring", 1) > 1:
         first = stages[0]
         dims = [first.mesh_dim_names.index(n) for n in ("ring", "ulysses") if n in first.mesh_dim_names]

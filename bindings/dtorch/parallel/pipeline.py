@@ -90,8 +90,23 @@ class PipelineStage(ParallelStyle):
         module.register_forward_pre_hook(enter_stage, with_kwargs=True)
         return module
 
+    def forget(self):
+        """Drops what was moved: call it when a forward begins, since a tensor may have been written
+        in place since (a cache's key positions) and must move anew."""
+        self._memo.clear()
+
     def __repr__(self):
         return f"PipelineStage({self.stage_mesh})"
+
+
+def forget_moved_per_forward(module, stages):
+    """Before every forward of ``module`` (the pipeline's decoder), each PipelineStage in ``stages``
+    forgets what it moved in the previous one."""
+    def forget(mod, args):
+        for stage in stages:
+            stage.forget()
+
+    module.register_forward_pre_hook(forget)
 
 
 def microbatch_slices(batch, num_microbatches):
