@@ -1,6 +1,7 @@
 /* act_spawn — the homes of worker actors: a thread in this process, or a child process running
  * the dtorch-worker executable. Only the endpoint differs; the worker code is the same. */
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -30,6 +31,10 @@ static void *s_thread_main(void *arg)
 {
     s_thread_args a = *(s_thread_args *)arg;
     free(arg);
+    /* named after its device (top -H, perf and /proc/self/task/<tid>/comm show it): 15 chars at most */
+    char name[16];
+    snprintf(name, sizeof name, "dtorch-dev%lld", (long long)(a.device % 100000));
+    pthread_setname_np(pthread_self(), name);
     act_worker_run(a.endpoint, a.device, a.device_type, s_should_stop, a.stop);
     return NULL;
 }

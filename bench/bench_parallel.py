@@ -2,16 +2,18 @@
 
     .venv/bin/python bench/bench_parallel.py [--parts pp,cp,controller] [--shape 110M] [--repeats 3]
                                              [--pp-batch 32] [--pp-seq 128] [--pp-decode-batch 8]
+                                             [--pp-modes thread,process]
                                              [--cp-seq 1024]
 
 It imports the installed ``dtorch`` and the random-weight checkpoints of bench_llama.py (written once
 into ``bench/.cache/``). It prints figures and never asserts on them. Medians of ``--repeats``,
 spread min-max.
 
-  * pp: a pp2 mesh (process workers, one per stage) with 1, 2, 4 and 8 micro-batches: prefill of a
-    batch of ``--pp-batch`` sequences of ``--pp-seq`` tokens and greedy decode of
-    ``--pp-decode-batch`` sequences (tokens/s), and each stage's busy fraction (its worker process's CPU time over the wall time;
-    idle workers block, so CPU time is work). Reference: the same pp2 mesh with 1 micro-batch
+  * pp: a pp2 mesh (thread and process workers, ``--pp-modes``) with 1, 2, 4 and 8 micro-batches:
+    prefill of a batch of ``--pp-batch`` sequences of ``--pp-seq`` tokens and greedy decode of
+    ``--pp-decode-batch`` sequences (tokens/s), and each stage's busy fraction (its worker's CPU
+    time over the wall time, from /proc: the process, or the thread named dtorch-dev<id>; idle
+    workers block, so CPU time is work). Reference: the same pp2 mesh with 1 micro-batch
     (stages take turns), and one device. Each call waits for its logits, so the pipeline fills
     and drains in every run (its bubble is in the figure).
   * cp: prefill of ``--cp-seq`` tokens on one device, ring2 and ulysses2 (thread workers): tokens/s
@@ -61,20 +63,39 @@ def _worker_pids():
     return found
 
 
-def _cpu_seconds(pid):
-    with open(f"/proc/{pid}/stat") as f:
+def _worker_threads():
+    """{device: path of its /proc stat} of this process's worker threads (named dtorch-dev<id>)."""
+    found = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        if name.startswith("dtorch-dev"):
+            found[int(name[len("dtorch-dev"):])] = f"/proc/self/task/{tid}/stat"
+    return found
+
+
+def _workers():
+    """{device: its /proc stat path}: worker processes, else worker threads."""
+    return {d: f"/proc/{pid}/stat" for d, pid in _worker_pids().items()} or _worker_threads()
+
+
+def _cpu_seconds(stat):
+    with open(stat) as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _busy(fn, devices):
     """(fn's wall seconds, each device's busy fraction over it)."""
-    pids = _worker_pids()
-    before = [_cpu_seconds(pids[d]) for d in devices]
+    stats = _workers()
+    before = [_cpu_seconds(stats[d]) for d in devices]
     t0 = time.perf_counter()
     fn()
     wall = time.perf_counter() - t0
-    return wall, [(_cpu_seconds(pids[d]) - b) / wall for d, b in zip(devices, before)]
+    return wall, [(_cpu_seconds(stats[d]) - b) / wall for d, b in zip(devices, before)]
 
 
 def _load(directory, shape, names, **plan):
@@ -82,13 +103,13 @@ def _load(directory, shape, names, **plan):
     return LlamaForCausalLM.from_pretrained(directory, device_mesh=mesh, progress=False, **plan)
 
 
-def bench_pp(directory, args):
+def bench_pp(directory, args, mode):
     dtorch.shutdown()
-    dtorch.init(workers="process")
+    dtorch.init(workers=mode)
     B, T, Bd, new = args.pp_batch, args.pp_seq, args.pp_decode_batch, 16
     ids = np.random.default_rng(0).integers(0, 32000, (max(B, Bd), T))
     print(f"\n== pp: prefill of {B} sequences of {T} tokens, {new}-token greedy decode of {Bd} sequences "
-          "(process workers)")
+          f"({mode} workers)")
 
     def prefill(model):
         model(ids[:B], logits_to_keep=1).logits.numpy()
@@ -182,6 +203,7 @@ def main():
     ap.add_argument("--pp-batch", type=int, default=32)
     ap.add_argument("--pp-seq", type=int, default=128)
     ap.add_argument("--pp-decode-batch", type=int, default=8)
+    ap.add_argument("--pp-modes", default="thread,process")
     ap.add_argument("--cp-seq", type=int, default=1024)
     args = ap.parse_args()
     directory = _checkpoint(args.shape)
@@ -189,7 +211,8 @@ def main():
           f"{os.environ.get('DTORCH_BLAS_THREADS', '1')}; medians of {args.repeats}, spread min-max")
     parts = args.parts.split(",")
     if "pp" in parts:
-        bench_pp(directory, args)
+        for mode in args.pp_modes.split(","):
+            bench_pp(directory, args, mode)
     if "cp" in parts:
         bench_cp(directory, args)
     if "controller" in parts:
