@@ -244,3 +244,22 @@ def test_stage_killed_mid_generation(process_mode):
     x = dtorch.distribute_tensor(np.arange(6, dtype=np.float32), other, [Shard(0)])
     np.testing.assert_array_equal((x * 2).numpy(), np.arange(6) * 2)
     np.testing.assert_array_equal(dtorch.ones(3, device_mesh=dtorch.DeviceMesh("cpu", [0])).numpy(), np.ones(3))
+
+
+@pytest.mark.usefixtures("thread_runtime")
+@pytest.mark.parametrize("shape,names", [((2,), ("pp",)), ((2, 2), ("tp", "pp")), ((2, 2), ("pp", "ring"))])
+def test_from_pretrained_tied_on_stages(tmp_path, shape, names):
+    """A tied checkpoint (no lm_head.weight in it) on a pipeline: lm_head's copy on the last stage
+    holds the embedding's values, each device reading only its slices."""
+    cfg = ref.tiny_config(tie_word_embeddings=True)
+    sd = ref.random_weights(cfg, 2)
+    one = LlamaForCausalLM(LlamaConfig.from_dict(cfg))
+    one.load_state_dict(sd, strict=False)
+    one.tie_weights()
+    one.save_pretrained(tmp_path)
+    mesh = dtorch.init_device_mesh("cpu", shape, mesh_dim_names=names)
+    model = LlamaForCausalLM.from_pretrained(tmp_path, device_mesh=mesh, num_microbatches=3)
+    last = mesh.unbind("pp")[-1]
+    assert model.lm_head.weight.device_mesh == last and model.model.embed_tokens.weight.device_mesh != last
+    ids = tokens((3, 9))
+    assert rel(model(ids).logits.numpy(), ref.logits(sd, cfg, ids)) < TOL

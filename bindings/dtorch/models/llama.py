@@ -385,7 +385,7 @@ class LlamaForCausalLM(GenerationMixin, Module):
         where they live on different stages, lm_head holds a copy on its own stage."""
         if self.config.tie_word_embeddings:
             weight, head = self.model.embed_tokens.weight, self.lm_head.weight
-            if head is not None and head.device_mesh != weight.device_mesh and isinstance(weight, DTensor):
+            if head is not None and head.device_mesh != weight.device_mesh:
                 weight = weight.redistribute(head.device_mesh, head.placements)
             self.lm_head.weight = weight
 
