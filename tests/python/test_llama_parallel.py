@@ -221,10 +221,14 @@ def test_parallel_plan_errors():
         on((2,), ("cp",))
 
 
-def test_pipeline_process_workers(process_mode):
-    model, sd, cfg = build((2, 2), ("pp", "tp"))
+@pytest.mark.parametrize("name", ["pp2-tp2", "pp2-ring2", "tp2-ulysses2", "ring3"])
+def test_process_workers(process_mode, name):
+    shape, names, overrides = {"pp2-tp2": ((2, 2), ("pp", "tp"), {})}.get(name) or MESHES[name]
+    model, sd, cfg = build(shape, names, overrides)
     ids = tokens((3, 7))
     assert rel(model(ids).logits.numpy(), ref.logits(sd, cfg, ids)) < TOL
+    one, _, _ = build((1,), None, overrides)
+    np.testing.assert_array_equal(model.generate(ids[:, :5], 4), one.generate(ids[:, :5], 4))
 
 
 def test_stage_killed_mid_generation(process_mode):
