@@ -139,10 +139,13 @@
 #define OP_ROPE(X)                                                                                                     \
     X(rope,                         73,  3)
 
-/* ---- writes in place (ops/op_write.c): name, id, inputs -------------------------------------------
- * slice_assign_: (dst, src); ints = [dim, start]: dst[..., start:start + n, ...] = src on dim. */
+/* ---- writes in place (ops/op_write.c): name, id, inputs, rules (shard, local) ---------------------
+ * slice_assign_: (dst, src); ints = [dim, start]: dst[..., start:start + n, ...] = src on dim.
+ * shard_assign_: (dst, src); ints = [dim, offset]: on every device, src's piece lands at `offset`
+ *                along dim of dst's piece (both split alike on dim: nothing moves). */
 #define OP_WRITE(X)                                                                                                    \
-    X(slice_assign_,                74,  2)
+    X(slice_assign_,                74,  2, s_shard_slice,  s_local_slice)                                            \
+    X(shard_assign_,                77,  2, s_shard_pieces, s_local_pieces)
 
 /* ---- attention by blocks of keys (ops/op_attention.c): name, id, inputs (-1: any), outputs ---------
  * attention_block: (q (B, Hq, Lq, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv), q_index (B or 1, Lq) int64,

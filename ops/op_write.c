@@ -2,6 +2,11 @@
  *
  *   slice_assign_(dst, src; attrs.ints = [dim, start]): dst[..., start:start+n, ...] = src along
  *   dim, with src of dst's shape except n on dim and of dst's dtype (the caller converts).
+ *   shard_assign_(dst, src; attrs.ints = [dim, offset]): a write by pieces. Where dst is split on
+ *   dim, src is split there alike and each device writes its own piece of src at `offset` along
+ *   dim of its piece of dst; elsewhere it is slice_assign_ at `offset`. The value depends on both
+ *   layouts (it is defined by them, as torch's local_map), and no byte crosses devices: a
+ *   sequence-split block of keys goes into a cache laid out per device (the ring's).
  *
  * The output is dst itself (op_def.inplace): same id, shape, dtype and placements, so dst's
  * placements never move (a Partial dst is refused). src follows dst's shards on the other dims
@@ -21,22 +26,25 @@
 
 static int s_infer(op_call *c)
 {
+    const char *name = c->def->name;
     const op_arg *dst = &c->in[0], *src = &c->in[1];
     if (c->attrs.nints != 2)
-        return dt_err(DT_EINVAL, "slice_assign_: expected dim and start");
+        return dt_err(DT_EINVAL, "%s: expected dim and start", name);
     int dim;
-    if (op_dim("slice_assign_", c->attrs.ints[0], dst->ndim, &dim) != 0)
+    if (op_dim(name, c->attrs.ints[0], dst->ndim, &dim) != 0)
         return DT_EINDEX;
     int64_t start = c->attrs.ints[1];
     if (src->dtype != dst->dtype)
-        return dt_err(DT_ETYPE, "slice_assign_: src is %s but dst is %s", dt_dtype_name(src->dtype),
+        return dt_err(DT_ETYPE, "%s: src is %s but dst is %s", name, dt_dtype_name(src->dtype),
                       dt_dtype_name(dst->dtype));
-    bool fits = src->ndim == dst->ndim && start >= 0 && start + src->shape[dim] <= dst->shape[dim];
+    /* shard_assign_'s start is within each piece: the pieces are checked when the layouts are known */
+    int64_t global_start = c->def->id == OP_ID_shard_assign_ ? 0 : start;
+    bool fits = src->ndim == dst->ndim && start >= 0 && global_start + src->shape[dim] <= dst->shape[dim];
     for (int d = 0; fits && d < dst->ndim; d++)
         fits = d == dim || src->shape[d] == dst->shape[d];
     if (!fits)
-        return dt_err(DT_EINVAL, "slice_assign_: a src of %d dims with size %lld on dim %d does not fit at %lld "
-                      "in a dst of %d dims with size %lld there (other sizes must match)", src->ndim,
+        return dt_err(DT_EINVAL, "%s: a src of %d dims with size %lld on dim %d does not fit at %lld "
+                      "in a dst of %d dims with size %lld there (other sizes must match)", name, src->ndim,
                       (long long)(src->ndim > dim ? src->shape[dim] : 0), dim, (long long)start, dst->ndim,
                       (long long)dst->shape[dim]);
     c->attrs.ints[0] = dim;
@@ -45,24 +53,52 @@ static int s_infer(op_call *c)
     return 0;
 }
 
-static int s_shard(op_call *c)
+/* dst keeps its placements; src follows them, except along a mesh dim that splits dim, where it is
+ * `split_src` (Replicate: every device picks its part of the region; Shard(dim): its own piece). */
+static int s_shard_as(op_call *c, dt_placement split_src)
 {
     const op_arg *dst = &c->in[0];
     int dim = (int)c->attrs.ints[0];
     for (int m = 0; m < c->mesh_ndim; m++) {
         dt_placement p = dst->pl[m];
         if (p.kind == DT_PARTIAL)
-            return dt_err(DT_EUNSUPPORTED, "slice_assign_: cannot write into a Partial DTensor in place "
-                          "(redistribute it to Replicate or Shard first)");
+            return dt_err(DT_EUNSUPPORTED, "%s: cannot write into a Partial DTensor in place "
+                          "(redistribute it to Replicate or Shard first)", c->def->name);
         c->want[0][m] = p;
-        c->want[1][m] = p.kind == DT_SHARD && p.dim == dim ? dt_replicate() : p;
+        c->want[1][m] = p.kind == DT_SHARD && p.dim == dim ? split_src : p;
         c->out[0].pl[m] = p;
     }
     return 0;
 }
 
-/* ctx[0]: where this device's piece of dst starts along dim. */
-static int s_local(const op_call *c, const int64_t *coord, int64_t *ctx)
+static int s_shard_slice(op_call *c) { return s_shard_as(c, dt_replicate()); }
+
+/* Every device's piece of src must fit at the offset in its piece of dst: checked here, on the
+ * user's thread, so a bad write fails at the call and not on a device. */
+static int s_shard_pieces(op_call *c)
+{
+    int dim = (int)c->attrs.ints[0];
+    int rc = s_shard_as(c, dt_shard(dim));
+    if (rc != 0)
+        return rc;
+    const op_arg *dst = &c->in[0], *src = &c->in[1];
+    int64_t size = 1, coord[DT_MAX_DIMS], dl[DT_MAX_DIMS], sl[DT_MAX_DIMS], off[DT_MAX_DIMS];
+    for (int m = 0; m < c->mesh_ndim; m++)
+        size *= c->mesh_shape[m];
+    for (int64_t d = 0; d < size; d++) {
+        dt_layout_coord(c->mesh_ndim, c->mesh_shape, d, coord);
+        dt_layout_block(c->mesh_ndim, c->mesh_shape, coord, c->want[0], dst->ndim, dst->shape, dl, off);
+        dt_layout_block(c->mesh_ndim, c->mesh_shape, coord, c->want[1], src->ndim, src->shape, sl, off);
+        if (c->attrs.ints[1] + sl[dim] > dl[dim])
+            return dt_err(DT_EINVAL, "shard_assign_: device %lld of the mesh holds %lld of src's positions on dim %d; "
+                          "they do not fit at %lld in its piece of dst of %lld", (long long)d, (long long)sl[dim],
+                          dim, (long long)c->attrs.ints[1], (long long)dl[dim]);
+    }
+    return 0;
+}
+
+/* ctx[0]: where this device's piece of dst starts along dim (the region's start is global). */
+static int s_local_slice(const op_call *c, const int64_t *coord, int64_t *ctx)
 {
     const op_arg *dst = &c->in[0];
     int64_t local[DT_MAX_DIMS], offset[DT_MAX_DIMS];
@@ -71,8 +107,19 @@ static int s_local(const op_call *c, const int64_t *coord, int64_t *ctx)
     return 1;
 }
 
-#define S_DEF(op, num, inputs)                                                                                     \
+/* ctx[0] = 0: the start is within the piece, so the same kernel writes src's piece there. */
+static int s_local_pieces(const op_call *c, const int64_t *coord, int64_t *ctx)
+{
+    const op_arg *dst = &c->in[0];
+    int dim = (int)c->attrs.ints[0];
+    for (int m = 0; m < c->mesh_ndim; m++)
+        if (dst->pl[m].kind == DT_SHARD && dst->pl[m].dim == dim)
+            return ctx[0] = 0, 1;
+    return s_local_slice(c, coord, ctx);
+}
+
+#define S_DEF(op, num, inputs, shard_fn, local_fn)                                                                 \
     const op_def op_def_##op = {.name = #op, .id = num, .nin = inputs, .nout = 1, .infer = s_infer,                 \
-                                .shard = s_shard, .local = s_local, .inplace = true};
+                                .shard = shard_fn, .local = local_fn, .inplace = true};
 OP_WRITE(S_DEF)
 #undef S_DEF

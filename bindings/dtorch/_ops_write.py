@@ -77,6 +77,13 @@ def write_slice_(dst, dim, start, src):
     _C._op("slice_assign_", (dst, src), (dim, start), None, None)
 
 
+def write_pieces_(dst, dim, offset, src):
+    """In place, by pieces: where dst is split on ``dim``, every device writes its piece of src
+    (split alike on dim) at ``offset`` along dim of its piece of dst, so nothing moves between
+    devices; where it is not, this is write_slice_ at ``offset``. For caches laid out per device."""
+    _C._op("shard_assign_", (dst, src), (dim, offset), None, None)
+
+
 def rotary_embedding(x, position_ids, inv_freq, scaling=1.0):
     """HF Llama's rotary position embedding of x (batch, heads, seq, head_dim), fused: x * cos +
     rotate_half(x) * sin with angles position_ids (batch or 1, seq) * inv_freq (head_dim / 2,)."""

@@ -1,5 +1,6 @@
 /* cpu_write — the CPU kernel of the in-place writes (ops/op_write.c): the part of the region that
- * falls in this device's piece, copied into place. */
+ * falls in this device's piece, copied into place (shard_assign_: the region is src's piece at the
+ * start within the piece; its local hook says the piece starts at 0). */
 #include <string.h>
 
 #include "cpu_kernels.h"
@@ -28,5 +29,5 @@ static const char *s_slice_assign(op_kernel *k)
 }
 
 const cpu_op_kernel cpu_write_kernels[OP_ID_LIMIT] = {
-    [OP_ID_slice_assign_] = s_slice_assign,
+    [OP_ID_slice_assign_] = s_slice_assign, [OP_ID_shard_assign_] = s_slice_assign,
 };
