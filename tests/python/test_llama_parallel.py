@@ -292,3 +292,23 @@ def test_ring_cache_keeps_each_block_on_its_device():
     want = ref.logits(sd, cfg, ids[:, :10])
     for got, t in zip(logits, (7, 8, 9)):
         assert rel(got.numpy(), want[:, t]) < TOL
+
+
+@pytest.mark.usefixtures("thread_runtime")
+def test_activations_hop_worker_to_worker():
+    """pp2: the hidden states (B, L, E) go from stage 0's device to stage 1's as a peer message; the
+    position ids and RoPE's frequencies ride along once (not once per layer)."""
+    model, _, cfg = build((2,), ("pp",), dict(num_hidden_layers=4), num_microbatches=1)
+    mesh = dtorch.DeviceMesh("cpu", [0, 1])
+    ids = tokens((2, 5))
+    model(ids).logits.numpy()
+    before = dtorch.device_stats(mesh)
+    model(ids).logits.numpy()
+    after = dtorch.device_stats(mesh)
+    sent = [a["peer_bytes_sent"] - b["peer_bytes_sent"] for a, b in zip(after, before)]
+    received = [a["peer_messages_received"] - b["peer_messages_received"] for a, b in zip(after, before)]
+    hidden = 2 * 5 * cfg["hidden_size"] * 4
+    positions = 5 * 8                       # (1, 5) int64; plain causal attention: no mask
+    inv_freq = cfg["hidden_size"] // cfg["num_attention_heads"] // 2 * 4   # RoPE's (D/2,) float32
+    assert sent == [hidden + positions + inv_freq, 0]
+    assert received == [0, 3]
