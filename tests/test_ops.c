@@ -450,6 +450,7 @@ static double s_pow(double a, double b, bool integer)
     X(scaled_dot_product_attention, "matmul::attention")                                                   \
     X(rope, "rope::rotate_half_by_position")                                                                  \
     X(slice_assign_, "write::slice_assign_in_place")                                                               \
+    X(shard_assign_, "write::shard_assign_by_pieces")                                                              \
     X(attention_block, "attention::blocks_and_merge")                                                              \
     X(attention_merge, "attention::blocks_and_merge")
 
@@ -1524,6 +1525,45 @@ S_SCENARIO(write, slice_assign_in_place)
         dt_tensor_release(&src);
         dt_tensor_release(&dst);
     }
+}
+
+S_SCENARIO(write, shard_assign_by_pieces)
+{
+    /* dst (2, 10) and src (2, 7) split on dim 1 by the last mesh dim (k devices), the batch by the
+     * first on a 2-D mesh; each device's piece of src lands 1 in from the start of its dst piece.
+     * The reference: torch.chunk pieces by hand, ceil(n / k) long, the trailing ones short. */
+    static const int64_t dshape[2] = {2, 10}, sshape[2] = {2, 7};
+    const int64_t k = dt_mesh_shape(e->mesh)[e->mn - 1], dc = (10 + k - 1) / k, sc = (7 + k - 1) / k;
+    double x[20], y[14], want[20];
+    for (int i = 0; i < 20; i++)
+        x[i] = -i;
+    for (int i = 0; i < 14; i++)
+        y[i] = 500 + i;
+    memcpy(want, x, sizeof want);
+    for (int64_t r = 0; r < k; r++) {
+        int64_t d0 = r * dc < 10 ? r * dc : 10, s0 = r * sc < 7 ? r * sc : 7;
+        int64_t s1 = s0 + sc < 7 ? s0 + sc : 7;
+        for (int row = 0; row < 2; row++)
+            for (int64_t j = s0; j < s1; j++)
+                want[row * 10 + d0 + 1 + (j - s0)] = y[row * 7 + j];
+    }
+    dt_placement S0 = dt_shard(0), S1 = dt_shard(1);
+    dt_placement *pl = e->mn == 1 ? (dt_placement[]){S1} : (dt_placement[]){S0, S1};
+    dt_tensor *dst = s_make(e, DT_INT64, 2, dshape, x, pl);
+    dt_tensor *src = s_make(e, DT_INT64, 2, sshape, y, pl);
+    dt_tensor *in[2] = {dst, src};
+    if (1 + sc > dc) {
+        /* one device's piece does not fit at that offset: refused at the call site */
+        s_expect_refused("shard_assign_", 2, in, &(dt_op_attrs){.nints = 2, .ints = {1, 1}}, DT_EINVAL, "do not fit");
+    } else {
+        dt_tensor *out = s_op("shard_assign_", 2, in, &(dt_op_attrs){.nints = 2, .ints = {1, 1}}, "[pieces]");
+        cr_expect_eq(out, dst, "an in-place op returns its dst");
+        s_check(dst, DT_INT64, 2, dshape, want, 0, "[pieces]");
+        dt_tensor_release(&out);
+    }
+    s_expect_refused("shard_assign_", 2, in, &(dt_op_attrs){.nints = 2, .ints = {1, 9}}, DT_EINVAL, "do not fit");
+    dt_tensor_release(&src);
+    dt_tensor_release(&dst);
 }
 
 /* ---- rotary embedding ----------------------------------------------------------------------- */
