@@ -15,9 +15,10 @@
 
 static inline bool s_visible(int64_t key, int64_t query, bool causal) { return key >= 0 && (!causal || key <= query); }
 
-void cpu_attention_block_head(int64_t L, int64_t S, int64_t D, int64_t Dv, const float *q, const float *k,
-                              const float *v, const int64_t *q_pos, const int64_t *k_pos, bool causal, float scale,
-                              float *scores, float *o, float *lse)
+/* Rows [0, L) of one head against the block (what cpu_attention_block_head does for a run of rows). */
+static void s_block_rows(int64_t L, int64_t S, int64_t D, int64_t Dv, const float *q, const float *k, const float *v,
+                         const int64_t *q_pos, const int64_t *k_pos, bool causal, float scale, float *scores, float *o,
+                         float *lse)
 {
     if (L == 0)
         return;
@@ -55,6 +56,38 @@ void cpu_attention_block_head(int64_t L, int64_t S, int64_t D, int64_t Dv, const
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)L, (int)Dv, (int)S, 1.0f, scores, (int)S, v, (int)Dv,
                 0.0f, o, (int)Dv);
+}
+
+/* Under a causal mask, a query row before every key of the block sees none of it (half the rows
+ * of a foreign block in the ring's zig-zag layout): those rows get o = 0 and lse = -inf without
+ * any arithmetic, and the products run on the runs of rows that see something. */
+void cpu_attention_block_head(int64_t L, int64_t S, int64_t D, int64_t Dv, const float *q, const float *k,
+                              const float *v, const int64_t *q_pos, const int64_t *k_pos, bool causal, float scale,
+                              float *scores, float *o, float *lse)
+{
+    int64_t first = INT64_MAX;  /* the earliest position a key of the block holds */
+    for (int64_t j = 0; j < S; j++)
+        if (k_pos[j] >= 0 && k_pos[j] < first)
+            first = k_pos[j];
+    if (!causal || first == INT64_MAX) {
+        s_block_rows(L, S, D, Dv, q, k, v, q_pos, k_pos, causal, scale, scores, o, lse);
+        return;
+    }
+    for (int64_t i = 0; i < L;) {
+        int64_t end = i;
+        bool sees = q_pos[i] >= first;
+        while (end < L && (q_pos[end] >= first) == sees)
+            end++;
+        if (sees) {
+            s_block_rows(end - i, S, D, Dv, q + i * D, k, v, q_pos + i, k_pos, causal, scale, scores, o + i * Dv,
+                         lse + i);
+        } else {
+            memset(o + i * Dv, 0, (size_t)((end - i) * Dv) * sizeof *o);
+            for (int64_t r = i; r < end; r++)
+                lse[r] = -INFINITY;
+        }
+        i = end;
+    }
 }
 
 void cpu_attention_merge(int64_t n, int64_t Dv, float *o, float *lse, const float *o_b, const float *lse_b)
