@@ -312,3 +312,16 @@ def test_activations_hop_worker_to_worker():
     inv_freq = cfg["hidden_size"] // cfg["num_attention_heads"] // 2 * 4   # RoPE's (D/2,) float32
     assert sent == [hidden + positions + inv_freq, 0]
     assert received == [0, 3]
+
+
+@pytest.mark.usefixtures("thread_runtime")
+@pytest.mark.parametrize("name", ["ring4", "ulysses2-ring2"])
+def test_prompts_shorter_than_the_context_parallel_devices(name):
+    """1..3 prompt tokens on 4 context-parallel devices: the forward stays replicated on them (the
+    cache then keeps slot = position) and generation equals one device's."""
+    shape, names, overrides = MESHES[name]
+    model, _, _ = build(shape, names, overrides)
+    one, _, _ = build((1,), None, overrides)
+    for P in (1, 2, 3):
+        ids = tokens((2, P), seed=P)
+        np.testing.assert_array_equal(model.generate(ids, 5), one.generate(ids, 5))
