@@ -1,8 +1,10 @@
 /* act_peer — workers exchanging regions of their pieces for a redistribute, without the
  * controller in the path.
  *
- * Each worker binds a peer socket next to the controller's endpoint and keeps one DEALER per
- * peer it sends to. A SEND posts one region; an ASSEMBLE builds a new piece from local regions
+ * Each worker binds a peer socket next to the controller's endpoint. A worker process keeps one
+ * DEALER per peer it sends to; a worker thread has one ROUTER connected to every peer it sends to
+ * (inproc pipes hold no file descriptors, so a mesh of n thread workers needs 3n sockets, not n^2:
+ * 512 devices work). A SEND posts one region; an ASSEMBLE builds a new piece from local regions
  * and received ones, waiting for the latter. Worker threads of one process whose backend can
  * copy out of a peer's memory pass a reference to the sender's (immutable) storage and the
  * receiver copies straight out of it: shared memory, no serialization. Otherwise (worker
@@ -61,6 +63,8 @@ void act_peer_close(act_worker *w)
         mb_socket_destroy(&sock);
     }
     dt_idmap_destroy(&w->peers);
+    dt_idmap_destroy(&w->linked);
+    mb_socket_destroy(&w->out);
     mb_socket_destroy(&w->peer);
     char endpoint[300];
     s_peer_endpoint(w->endpoint, w->device, endpoint, sizeof endpoint);
@@ -69,6 +73,38 @@ void act_peer_close(act_worker *w)
 }
 
 #define S_PEER_SEND_TIMEOUT_MS 500 /* a send to a peer that has no socket any more gives up after this */
+
+/* Worker threads: `out`, connected to device's peer socket under the routing id "d<device>" (the
+ * peer sees this worker as "w<device>", as from a DEALER). Unroutable sends fail instead of
+ * vanishing (ZMQ_ROUTER_MANDATORY); an inproc connect is routable at once, even before the peer
+ * binds. NULL + dt_last_error when a socket cannot be had. */
+static zsock_t *s_peer_router(act_worker *w, int64_t device, char *rid, size_t size)
+{
+    snprintf(rid, size, "d%" PRId64, device);
+    if (!w->out) {
+        char own[32];
+        snprintf(own, sizeof own, "w%" PRId64, w->device);
+        if (!(w->out = mb_socket_new(MB_ROUTER, NULL, false, own)))
+            return NULL;
+        int one = 1;
+        zmq_setsockopt(zsock_resolve(w->out), ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+    }
+    if (!dt_idmap_get(&w->linked, (uint64_t)device + 1)) {
+        char endpoint[300];
+        s_peer_endpoint(w->endpoint, device, endpoint, sizeof endpoint);
+        void *handle = zsock_resolve(w->out);
+        if (zmq_setsockopt(handle, ZMQ_CONNECT_ROUTING_ID, rid, strlen(rid)) != 0 ||
+            zmq_connect(handle, endpoint) != 0) {
+            dt_err(DT_ESYS, "cannot connect to %s: %s", endpoint, zmq_strerror(zmq_errno()));
+            return NULL;
+        }
+        if (dt_idmap_put(&w->linked, (uint64_t)device + 1, w) != 0) {
+            dt_err(DT_ENOMEM, "out of memory");
+            return NULL;
+        }
+    }
+    return w->out;
+}
 
 static zsock_t *s_peer_socket(act_worker *w, int64_t device)
 {
@@ -138,9 +174,14 @@ bool act_peer_send(act_worker *w, const msgpack_object *rec)
     }
     if (dt_idmap_get(&w->dead, (uint64_t)r.to + 1))
         return true; /* the receiver is gone: nobody waits for the region */
-    zsock_t *sock = s_peer_socket(w, r.to);
-    if (!sock)
-        return true; /* the receiver will wait; nothing better to do than let its peers time out */
+    char rid[32] = "";
+    zsock_t *sock = w->same_process ? s_peer_router(w, r.to, rid, sizeof rid) : s_peer_socket(w, r.to);
+    if (!sock) {
+        /* said here; the receiver waits until the controller declares a device dead */
+        fprintf(stderr, "dtorch worker %" PRId64 ": cannot reach device %" PRId64 ": %s\n", w->device, r.to,
+                dt_last_error());
+        return true;
+    }
     const char *why = NULL;
     act_wtensor *t = act_wtensor_lookup(w, r.id, &why);
     bool fits = t && t->ndim == r.shape.n;
@@ -182,14 +223,15 @@ bool act_peer_send(act_worker *w, const msgpack_object *rec)
             frame.free_fn(frame.data, frame.hint);
         return true;
     }
-    if (mb_send(sock, NULL, 0, &h, (mb_buf){mb_w_release(&body), size, mb_buf_free, NULL}, &frame, nframes) == 0) {
+    if (mb_send(sock, rid[0] ? rid : NULL, strlen(rid), &h, (mb_buf){mb_w_release(&body), size, mb_buf_free, NULL},
+                &frame, nframes) == 0) {
         w->stats[MB_STAT_peer_messages_sent]++;
         if (t)
             w->stats[MB_STAT_peer_bytes_sent] +=
                 dt_layout_numel(r.shape.n, r.shape.v) * (int64_t)dt_dtype_size(t->dtype);
     } else {
-        /* only a peer without a socket any more makes a send wait (high-water marks are off):
-         * it left or died, so later regions for it are dropped at once */
+        /* only a peer without a socket any more makes a send wait (high-water marks are off) or,
+         * through the ROUTER, fail: it left or died, so later regions for it are dropped at once */
         dt_idmap_put(&w->dead, (uint64_t)r.to + 1, w);
         if (t && w->read_peers)
             act_storage_release(t->storage); /* the reference the region would have carried */

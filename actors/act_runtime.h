@@ -57,6 +57,9 @@ typedef struct {
     bool has_thread;
     pid_t pid;
     atomic_bool stop;              /* thread workers: leave even without a bye */
+    atomic_bool thread_failed;     /* thread workers: it returned with an error (thread_error says which) */
+    bool thread_failure_told;      /* controller thread only: that was turned into a death */
+    char thread_error[256];
     double started_at;
     /* controller thread only */
     act_batch *send_head, *send_tail;

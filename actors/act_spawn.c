@@ -23,6 +23,7 @@ typedef struct {
     char device_type[16];
     int64_t device;
     atomic_bool *stop;
+    act_device *dev;      /* where a failure is said (devices never move) */
 } s_thread_args;
 
 static bool s_should_stop(void *arg) { return atomic_load((atomic_bool *)arg); }
@@ -33,9 +34,14 @@ static void *s_thread_main(void *arg)
     free(arg);
     /* named after its device (top -H, perf and /proc/self/task/<tid>/comm show it): 15 chars at most */
     char name[16];
-    snprintf(name, sizeof name, "dtorch-dev%lld", (long long)(a.device % 100000));
+    snprintf(name, sizeof name, "dtorch-dev%u", (unsigned)(a.device % 100000));
     pthread_setname_np(pthread_self(), name);
-    act_worker_run(a.endpoint, a.device, a.device_type, s_should_stop, a.stop);
+    if (act_worker_run(a.endpoint, a.device, a.device_type, s_should_stop, a.stop) != 0) {
+        /* e.g. no socket to be had: the controller declares the device dead at its next check,
+         * instead of waiting for a hello that will not come */
+        snprintf(a.dev->thread_error, sizeof a.dev->thread_error, "%s", dt_last_error());
+        atomic_store(&a.dev->thread_failed, true);
+    }
     return NULL;
 }
 
@@ -48,6 +54,9 @@ int act_spawn_thread(act_device *dev, const char *endpoint, const char *device_t
     snprintf(a->device_type, sizeof a->device_type, "%s", device_type);
     a->device = dev->id;
     a->stop = &dev->stop;
+    a->dev = dev;
+    atomic_store(&dev->thread_failed, false);
+    dev->thread_failure_told = false;
     if (pthread_create(&dev->thread, NULL, s_thread_main, a) != 0) {
         free(a);
         return dt_err(DT_ESYS, "cannot start a worker thread for device %lld", (long long)dev->id);
@@ -74,6 +83,11 @@ int act_spawn_process(act_device *dev, const char *endpoint, const char *device_
 
 bool act_spawn_reap(act_device *dev, char *reason, size_t size)
 {
+    if (dev->has_thread && !dev->thread_failure_told && atomic_load(&dev->thread_failed)) {
+        dev->thread_failure_told = true;
+        snprintf(reason, size, "its worker thread stopped: %s", dev->thread_error);
+        return true;
+    }
     if (dev->pid <= 0)
         return false;
     int status;

@@ -642,6 +642,7 @@ int act_worker_run(const char *endpoint, int64_t device, const char *device_type
     w.read_peers = w.same_process && backend->copy_from_peer;
     dt_idmap_init(&w.tensors);
     dt_idmap_init(&w.peers);
+    dt_idmap_init(&w.linked);
     dt_idmap_init(&w.received);
     dt_idmap_init(&w.dead);
     int rc = act_peer_open(&w);

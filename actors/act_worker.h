@@ -59,7 +59,9 @@ typedef struct {
     bool read_peers;            /* ... and the backend copies from their memory: regions are read in place */
     zsock_t *sock;              /* DEALER to the controller */
     zsock_t *peer;              /* ROUTER other workers send regions to */
-    dt_idmap peers;             /* device + 1 -> DEALER to that device's peer socket */
+    dt_idmap peers;             /* worker processes: device + 1 -> DEALER to that device's peer socket */
+    zsock_t *out;               /* worker threads: one ROUTER connected to every peer sent to (made lazily) */
+    dt_idmap linked;            /* worker threads: device + 1 -> non-NULL once `out` is connected to it */
     dt_idmap tensors;           /* id -> act_wtensor */
     dt_idmap received;          /* transfer id -> act_recv */
     dt_idmap dead;              /* device + 1 -> non-NULL: devices the controller said died */

@@ -2,8 +2,12 @@
 #include "mb_socket.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "dt_error.h"
 
@@ -11,27 +15,63 @@
  * queued messages to reach their peer. 0 would drop the last message a worker sends before it
  * exits (its BYE); unbounded would hang exit forever when that peer is already dead. */
 #define MB_LINGER_MS 1000
+#define MB_SOCKET_MARGIN 16 /* sockets left to CZMQ and ZeroMQ themselves */
+#define MB_SPARE_FDS 8      /* descriptors that must be free before a socket is made */
 
 static pthread_once_t s_sigonce = PTHREAD_ONCE_INIT;
+static atomic_int s_open;   /* sockets made here and not destroyed yet */
+static pthread_mutex_t s_make_lock = PTHREAD_MUTEX_INITIALIZER;
+static int s_limit;         /* how many ZeroMQ allows this process */
 
-/* CZMQ installs SIGINT/SIGTERM handlers on first use, which would take Ctrl-C from the host
- * program (Python); the runtime reports interrupts through its own wait hooks instead. */
-static void s_disable_czmq_signals(void)
+/* Before the first socket: CZMQ installs SIGINT/SIGTERM handlers on first use, which would take
+ * Ctrl-C from the host program (Python), so they are turned off (the runtime reports interrupts
+ * through its own wait hooks); and ZeroMQ's socket limit (1024 by default: a mesh of 32 thread
+ * workers needed more) is raised to what the process's file limit allows, every socket holding
+ * one descriptor. */
+static void s_first_use(void)
 {
     zsys_handler_set(NULL);
+    struct rlimit files = {0, 0};
+    if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+        files.rlim_cur = files.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &files);
+        getrlimit(RLIMIT_NOFILE, &files);
+    }
+    zsys_set_max_sockets(0); /* 0: as many as ZeroMQ supports; the file limit may say fewer */
+    size_t limit = zsys_socket_limit();
+    if (files.rlim_cur > 0 && files.rlim_cur < limit)
+        limit = (size_t)files.rlim_cur;
+    s_limit = limit > INT_MAX ? INT_MAX : (int)limit;
 }
 
 zsock_t *mb_socket_new(mb_role role, const char *endpoint, bool bind, const char *routing_id)
 {
-    pthread_once(&s_sigonce, s_disable_czmq_signals);
+    pthread_once(&s_sigonce, s_first_use);
     size_t idlen = routing_id ? strlen(routing_id) : 0;
     if (routing_id && (idlen == 0 || idlen > MB_MAX_ROUTING_ID)) {
         dt_err(DT_EINVAL, "routing id must have 1..%d bytes", MB_MAX_ROUTING_ID);
         return NULL;
     }
-    zsock_t *sock = zsock_new(role == MB_ROUTER ? ZMQ_ROUTER : ZMQ_DEALER);
+    /* CZMQ aborts the process when ZeroMQ refuses a socket (too many sockets, or no file descriptor
+     * for its mailbox): refuse first. Under a lock that every socket here is made under: below
+     * ZeroMQ's count, and a few descriptors free (taken and given back at once; closing a ZeroMQ
+     * socket frees its descriptor only later, so a trial socket would not tell) */
+    int type = role == MB_ROUTER ? ZMQ_ROUTER : ZMQ_DEALER;
+    pthread_mutex_lock(&s_make_lock);
+    int spare[MB_SPARE_FDS], got = 0;
+    bool room = atomic_load(&s_open) < s_limit - MB_SOCKET_MARGIN;
+    while (room && got < MB_SPARE_FDS && (spare[got] = dup(STDERR_FILENO)) >= 0)
+        got++;
+    for (int i = 0; i < got; i++)
+        close(spare[i]);
+    zsock_t *sock = room && got == MB_SPARE_FDS ? zsock_new(type) : NULL;
+    if (sock)
+        atomic_fetch_add(&s_open, 1);
+    pthread_mutex_unlock(&s_make_lock);
     if (!sock) {
-        dt_err(DT_ESYS, "cannot create a socket: %s", zmq_strerror(zmq_errno()));
+        dt_err(DT_ESYS, "cannot create a socket: %s (%d open here; the process allows %d: raise the open-file "
+               "limit, ulimit -n)", room ? "no file descriptors left" : "too many sockets", atomic_load(&s_open),
+               s_limit);
         return NULL;
     }
     zsock_set_sndhwm(sock, 0);
@@ -39,11 +79,11 @@ zsock_t *mb_socket_new(mb_role role, const char *endpoint, bool bind, const char
     zsock_set_linger(sock, MB_LINGER_MS);
     if (routing_id)
         zsock_set_identity(sock, routing_id);
-    int rc = bind ? zsock_bind(sock, "%s", endpoint) : zsock_connect(sock, "%s", endpoint);
+    int rc = !endpoint ? 0 : bind ? zsock_bind(sock, "%s", endpoint) : zsock_connect(sock, "%s", endpoint);
     if (rc == -1) {
         dt_err(DT_ESYS, "cannot %s %s: %s", bind ? "bind" : "connect", endpoint,
                zmq_strerror(zmq_errno()));
-        zsock_destroy(&sock);
+        mb_socket_destroy(&sock);
     }
     return sock;
 }
@@ -52,6 +92,8 @@ void mb_buf_free(void *data, void *hint) { free(data); }
 
 void mb_socket_destroy(zsock_t **sock)
 {
+    if (*sock)
+        atomic_fetch_sub(&s_open, 1);
     zsock_destroy(sock);
 }
 

@@ -40,8 +40,9 @@ typedef struct {
     zmq_msg_t *payloads; /* npayloads frames */
 } mb_message;
 
-/* Creates a socket and binds (bind=true) or connects it to endpoint. routing_id: for a DEALER,
- * the identity a ROUTER will see (NULL for none). NULL + dt_last_error on failure. */
+/* Creates a socket and binds (bind=true) or connects it to endpoint (NULL: neither, the caller
+ * connects it). routing_id: the identity the other side sees (NULL for none). NULL +
+ * dt_last_error on failure, also when the process is out of sockets (never an abort). */
 zsock_t *mb_socket_new(mb_role role, const char *endpoint, bool bind, const char *routing_id);
 void mb_socket_destroy(zsock_t **sock);
 
