@@ -3,8 +3,7 @@ transformers' arguments. Sampling runs on the devices over the (vocabulary-shard
 the chosen token ids travel to the controller each step."""
 import numpy as np
 
-from .. import _ops, _runtime
-from .. import _dtype
+from .. import _dtype, _ops, _runtime
 from .._factory import arange, full, rand, zeros
 from .._ops_write import write_pieces_, write_slice_
 from .._placement import Partial, Replicate, Shard
@@ -33,6 +32,7 @@ class StaticCache:
         self._filled = 0
         self._blocks = None     # _SlotBlocks when the slots are laid out per device
         self._writes = None     # (start, the writes of this forward) in that layout
+        self._groups_key, self._groups = None, []   # split(): the micro-batches' rows and caches
 
     def get_seq_length(self, layer_idx=0):
         """Slots written so far."""
@@ -95,14 +95,14 @@ class StaticCache:
         """One cache per group of rows (the micro-batches of a pipeline), made once and kept; the
         groups must be the same on every call."""
         key = tuple((s.start, s.stop) for s in slices)
-        if getattr(self, "_groups_key", None) != key:
-            if getattr(self, "_groups_key", None) is not None:
+        if self._groups_key != key:
+            if self._groups_key is not None:
                 raise ValueError("StaticCache: the batch was split into other micro-batches than before")
             self._groups_key, self._groups = key, [StaticCache(self.max_cache_len) for _ in slices]
         return self._groups
 
     def _sync_groups(self):
-        if getattr(self, "_groups", None):
+        if self._groups:
             self._filled = max(g._filled for g in self._groups)
 
 
@@ -123,7 +123,7 @@ class _SlotBlocks:
     positions reads the slots in any order."""
 
     def __init__(self, mesh, dim, capacity):
-        self.mesh, self.dim = mesh, dim
+        self.dim = dim
         self.n = mesh.shape[dim]
         self.per_device = -(-capacity // self.n)
         self.slots = self.n * self.per_device
@@ -167,7 +167,7 @@ class _SlotBlocks:
         if writes and writes[0] == "pieces":
             write_pieces_(dst, seq_dim, writes[1], x)
             return
-        if self._split_here(x, seq_dim) or any(isinstance(p, Shard) and p.dim == seq_dim for p in x.placements):
+        if any(isinstance(p, Shard) and p.dim == seq_dim for p in x.placements):   # gathered once, not per run
             x = x.redistribute(x.device_mesh, [Replicate() if isinstance(p, Shard) and p.dim == seq_dim else p
                                                for p in _no_partial(x.placements)])
         for slot, a, b in writes:

@@ -22,7 +22,8 @@ import numpy as np
 from .._factory import distribute_tensor
 from .._placement import Replicate, Shard
 from .._tensor import DTensor
-from .style import ParallelStyle, place
+from ..nn.functional import ring_attention
+from .style import ParallelStyle, mesh_dim, place
 
 
 def zigzag_order(length, n):
@@ -66,7 +67,6 @@ class UlyssesParallel(ParallelStyle):
         self.output, self.cp_size = output, cp_size
 
     def _apply(self, module, device_mesh):
-        from .style import mesh_dim
         root, dim = mesh_dim(device_mesh)
         cp = self.cp_size
 
@@ -95,7 +95,6 @@ class RingAttention:
         self.mesh, self.dim = mesh, dim
 
     def __call__(self, q, k, v, inputs, scale):
-        from ..nn.functional import ring_attention
         mesh, dim = self.mesh, self.dim
         prefill = isinstance(q.placements[dim], Shard)
         k, v = _move(k, mesh, dim, Shard(2)), _move(v, mesh, dim, Shard(2))
