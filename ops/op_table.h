@@ -139,13 +139,17 @@
 #define OP_ROPE(X)                                                                                                     \
     X(rope,                         73,  3)
 
-/* ---- writes in place (ops/op_write.c): name, id, inputs, rules (shard, local) ---------------------
+/* ---- writes in place (ops/op_write.c): name, id, inputs, rules (infer, shard, local) -------------
  * slice_assign_: (dst, src); ints = [dim, start]: dst[..., start:start + n, ...] = src on dim.
  * shard_assign_: (dst, src); ints = [dim, offset]: on every device, src's piece lands at `offset`
- *                along dim of dst's piece (both split alike on dim: nothing moves). */
+ *                along dim of dst's piece (both split alike on dim: nothing moves).
+ * index_copy_:   (dst, index (n,) int64, src); ints = [dim]: dst[..., index[i], ...] = src[..., i, ...]
+ *                on dim (torch's index_copy_): the positions are a tensor, so a captured write goes
+ *                where the devices say on every replay. */
 #define OP_WRITE(X)                                                                                                    \
-    X(slice_assign_,                74,  2, s_shard_slice,  s_local_slice)                                            \
-    X(shard_assign_,                77,  2, s_shard_pieces, s_local_pieces)
+    X(slice_assign_,                74,  2, s_infer,       s_shard_slice,  s_local_slice)                              \
+    X(shard_assign_,                77,  2, s_infer,       s_shard_pieces, s_local_pieces)                             \
+    X(index_copy_,                  78,  3, s_infer_index, s_shard_index,  NULL)
 
 /* ---- attention by blocks of keys (ops/op_attention.c): name, id, inputs (-1: any), outputs ---------
  * attention_block: (q (B, Hq, Lq, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv), q_index (B or 1, Lq) int64,

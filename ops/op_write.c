@@ -7,6 +7,9 @@
  *   dim of its piece of dst; elsewhere it is slice_assign_ at `offset`. The value depends on both
  *   layouts (it is defined by them, as torch's local_map), and no byte crosses devices: a
  *   sequence-split block of keys goes into a cache laid out per device (the ring's).
+ *   index_copy_(dst, index, src; attrs.ints = [dim]): dst[..., index[i], ...] = src[..., i, ...],
+ *   torch's index_copy_, with the positions on the devices (a captured decode step writes its
+ *   keys where the step's position says). dst may not be split on dim; index is replicated.
  *
  * The output is dst itself (op_def.inplace): same id, shape, dtype and placements, so dst's
  * placements never move (a Partial dst is refused). src follows dst's shards on the other dims
@@ -118,8 +121,56 @@ static int s_local_pieces(const op_call *c, const int64_t *coord, int64_t *ctx)
     return s_local_slice(c, coord, ctx);
 }
 
-#define S_DEF(op, num, inputs, shard_fn, local_fn)                                                                 \
-    const op_def op_def_##op = {.name = #op, .id = num, .nin = inputs, .nout = 1, .infer = s_infer,                 \
+static int s_infer_index(op_call *c)
+{
+    const char *name = c->def->name;
+    const op_arg *dst = &c->in[0], *index = &c->in[1], *src = &c->in[2];
+    if (c->attrs.nints != 1)
+        return dt_err(DT_EINVAL, "%s: expected dim", name);
+    int dim;
+    if (op_dim(name, c->attrs.ints[0], dst->ndim, &dim) != 0)
+        return DT_EINDEX;
+    if (index->dtype != DT_INT64 || index->ndim > 1)
+        return dt_err(DT_EINVAL, "%s(): index must be a 1-D int64 tensor, got a %d-D %s one", name, index->ndim,
+                      dt_dtype_name(index->dtype));
+    if (src->dtype != dst->dtype)
+        return dt_err(DT_ETYPE, "%s(): self (%s) and source (%s) must have the same dtype", name,
+                      dt_dtype_name(dst->dtype), dt_dtype_name(src->dtype));
+    int64_t n = index->ndim ? index->shape[0] : 1;
+    bool fits = src->ndim == dst->ndim && src->shape[dim] == n;
+    for (int d = 0; fits && d < dst->ndim; d++)
+        fits = d == dim || src->shape[d] == dst->shape[d];
+    if (!fits)
+        return dt_err(DT_EINVAL, "%s(): source must have self's shape except %lld (the number of indices) on dim %d",
+                      name, (long long)n, dim);
+    c->attrs.ints[0] = dim;
+    c->nout = 1;
+    c->out[0] = *dst;
+    return 0;
+}
+
+/* dst keeps its placements (not split on dim: every device writes its rows of the indexed
+ * positions), index is replicated, src follows dst on the other dims. */
+static int s_shard_index(op_call *c)
+{
+    int dim = (int)c->attrs.ints[0];
+    const op_arg *dst = &c->in[0];
+    for (int m = 0; m < c->mesh_ndim; m++)
+        if (dst->pl[m].kind == DT_SHARD && dst->pl[m].dim == dim)
+            return dt_err(DT_EUNSUPPORTED, "%s(): self is split on dim %d, the dim it indexes (write into it with "
+                          "slice assignment, or lay it out otherwise)", c->def->name, dim);
+    int rc = s_shard_as(c, dt_replicate());
+    if (rc != 0)
+        return rc;
+    for (int m = 0; m < c->mesh_ndim; m++) {
+        c->want[2][m] = c->want[1][m];
+        c->want[1][m] = dt_replicate();
+    }
+    return 0;
+}
+
+#define S_DEF(op, num, inputs, infer_fn, shard_fn, local_fn)                                                       \
+    const op_def op_def_##op = {.name = #op, .id = num, .nin = inputs, .nout = 1, .infer = infer_fn,               \
                                 .shard = shard_fn, .local = local_fn, .inplace = true};
 OP_WRITE(S_DEF)
 #undef S_DEF

@@ -451,6 +451,7 @@ static double s_pow(double a, double b, bool integer)
     X(rope, "rope::rotate_half_by_position")                                                                  \
     X(slice_assign_, "write::slice_assign_in_place")                                                               \
     X(shard_assign_, "write::shard_assign_by_pieces")                                                              \
+    X(index_copy_, "write::index_copy_at_positions")                                                               \
     X(attention_block, "attention::blocks_and_merge")                                                              \
     X(attention_merge, "attention::blocks_and_merge")
 
@@ -1562,6 +1563,41 @@ S_SCENARIO(write, shard_assign_by_pieces)
         dt_tensor_release(&out);
     }
     s_expect_refused("shard_assign_", 2, in, &(dt_op_attrs){.nints = 2, .ints = {1, 9}}, DT_EINVAL, "do not fit");
+    dt_tensor_release(&src);
+    dt_tensor_release(&dst);
+}
+
+S_SCENARIO(write, index_copy_at_positions)
+{
+    /* dst (3, 4) split on dim 0 (rows: uneven pieces), src (3, 2) landing in columns 3 and 0 (the
+     * indexed dim 1), written out by hand */
+    static const int64_t dshape[2] = {3, 4}, sshape[2] = {3, 2}, ishape[1] = {2};
+    double x[12], y[6], at[2] = {3, 0}, want[12];
+    for (int i = 0; i < 12; i++)
+        x[i] = i;
+    for (int i = 0; i < 6; i++)
+        y[i] = 100 + i;
+    memcpy(want, x, sizeof want);
+    for (int r = 0; r < 3; r++) {
+        want[r * 4 + 3] = y[r * 2 + 0];
+        want[r * 4 + 0] = y[r * 2 + 1];
+    }
+    dt_placement R = dt_replicate(), S0 = dt_shard(0), S1 = dt_shard(1);
+    dt_placement *pl = e->mn == 1 ? (dt_placement[]){S0} : (dt_placement[]){R, S0};
+    dt_tensor *dst = s_make(e, DT_FLOAT32, 2, dshape, x, pl);
+    dt_tensor *src = s_make(e, DT_FLOAT32, 2, sshape, y, (dt_placement[]){R, R});
+    dt_tensor *index = s_make(e, DT_INT64, 1, ishape, at, (dt_placement[]){R, R});
+    dt_tensor *in[3] = {dst, index, src};
+    dt_tensor *out = s_op("index_copy_", 3, in, &(dt_op_attrs){.nints = 1, .ints = {1}}, "[columns]");
+    cr_expect_eq(out, dst, "an in-place op returns its dst");
+    s_check(dst, DT_FLOAT32, 2, dshape, want, 0, "[columns]");
+    dt_tensor_release(&out);
+    /* split on the dim it indexes: refused at the call site */
+    dt_tensor *split = s_make(e, DT_FLOAT32, 2, dshape, x, e->mn == 1 ? (dt_placement[]){S1} : (dt_placement[]){R, S1});
+    dt_tensor *sin[3] = {split, index, src};
+    s_expect_refused("index_copy_", 3, sin, &(dt_op_attrs){.nints = 1, .ints = {1}}, DT_EUNSUPPORTED, "split on dim 1");
+    dt_tensor_release(&split);
+    dt_tensor_release(&index);
     dt_tensor_release(&src);
     dt_tensor_release(&dst);
 }

@@ -84,6 +84,21 @@ def write_pieces_(dst, dim, offset, src):
     _C._op("shard_assign_", (dst, src), (dim, offset), None, None)
 
 
+def index_copy_(dst, dim, index, source):
+    """torch's ``Tensor.index_copy_``: ``dst[..., index[i], ...] = source[..., i, ...]`` along dim,
+    in place; index a 1-D int64 DTensor. dst may not be split on dim. An index out of range fails
+    on the devices (dst then holds the error)."""
+    if isinstance(index, numbers.Integral):
+        raise TypeError("index_copy_(): index must be a DTensor of int64 positions")
+    _C._op("index_copy_", (dst, index, source), (dim,), None, None)
+    return dst
+
+
+def index_copy(x, dim, index, source):
+    """Out of place: a copy of x with index_copy_ applied."""
+    return index_copy_(x * 1 if x.dtype is not _dtype.bool else x | False, dim, index, source)
+
+
 def rotary_embedding(x, position_ids, inv_freq, scaling=1.0):
     """HF Llama's rotary position embedding of x (batch, heads, seq, head_dim), fused: x * cos +
     rotate_half(x) * sin with angles position_ids (batch or 1, seq) * inv_freq (head_dim / 2,)."""

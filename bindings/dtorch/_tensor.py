@@ -129,6 +129,15 @@ class DTensor(_C.DTensor):
         from ._ops_write import setitem
         setitem(self, index, value)
 
+    def index_copy_(self, dim, index, source):
+        """``self[..., index[i], ...] = source[..., i, ...]`` along dim, in place (torch's)."""
+        from ._ops_write import index_copy_
+        return index_copy_(self, dim, index, source)
+
+    def index_copy(self, dim, index, source):
+        from ._ops_write import index_copy
+        return index_copy(self, dim, index, source)
+
     def item(self):
         n = self.numel()
         if n != 1:

@@ -1,6 +1,7 @@
 /* cpu_write — the CPU kernel of the in-place writes (ops/op_write.c): the part of the region that
  * falls in this device's piece, copied into place (shard_assign_: the region is src's piece at the
  * start within the piece; its local hook says the piece starts at 0). */
+#include <stdio.h>
 #include <string.h>
 
 #include "cpu_kernels.h"
@@ -28,6 +29,34 @@ static const char *s_slice_assign(op_kernel *k)
     return NULL;
 }
 
+/* index_copy_: row i of src (along dim) to row index[i] of dst; the indices are checked first, so
+ * a bad one writes nothing. */
+static const char *s_index_copy(op_kernel *k)
+{
+    static _Thread_local char why[128];
+    const op_local *dst = &k->out[0], *index = &k->in[1], *src = &k->in[2];
+    int dim = (int)k->attrs->ints[0], ndim = dst->ndim;
+    const int64_t *at = index->data;
+    int64_t n = index->ndim ? index->shape[0] : 1, size = dst->shape[dim];
+    for (int64_t i = 0; i < n; i++)
+        if (at[i] < 0 || at[i] >= size) {
+            snprintf(why, sizeof why, "index_copy_(): index %lld is out of bounds for dimension %d with size %lld",
+                     (long long)at[i], dim, (long long)size);
+            return why;
+        }
+    size_t elem = dt_dtype_size(dst->dtype);
+    int64_t dst_strides[DT_MAX_DIMS], src_strides[DT_MAX_DIMS], shape[DT_MAX_DIMS];
+    cpu_contiguous_strides(ndim, dst->shape, elem, dst_strides);
+    cpu_contiguous_strides(ndim, src->shape, elem, src_strides);
+    memcpy(shape, src->shape, sizeof shape);
+    shape[dim] = 1;
+    for (int64_t i = 0; i < n; i++)
+        cpu_copy_block((char *)dst->data + at[i] * dst_strides[dim], dst_strides,
+                       (const char *)src->data + i * src_strides[dim], src_strides, ndim, shape, elem);
+    return NULL;
+}
+
 const cpu_op_kernel cpu_write_kernels[OP_ID_LIMIT] = {
     [OP_ID_slice_assign_] = s_slice_assign, [OP_ID_shard_assign_] = s_slice_assign,
+    [OP_ID_index_copy_] = s_index_copy,
 };

@@ -136,3 +136,62 @@ def test_write_pieces_bad_input(mode):
         write_pieces_(x, 1, 0, dtorch.ones((3, 3), device_mesh=mesh))
     write_pieces_(x, 1, 1, src)                      # the runtime goes on
     assert x.numpy()[0].tolist() == [0, 1, 1, 1, 1, 0, 1, 1, 1, 0]
+
+
+@pytest.mark.parametrize("mesh_name", ["1", "2", "3", "2x2", "2x1x2"])
+def test_index_copy_writes_the_rows_the_index_names(mode, mesh_name):
+    """dst.index_copy_(dim, index, src) as torch: row i of src lands at row index[i] along dim, in
+    place, with dst split on the other dims (uneven pieces) and src laid out in any way."""
+    mesh = MESHES[mesh_name]()
+    rng = np.random.default_rng(1)
+    base = rng.standard_normal((3, 5, 7)).astype(np.float32)
+    for dim in (0, 1, 2):
+        others = [d for d in range(3) if d != dim]
+        for split in others + [None]:
+            placements = [Replicate() if split is None else Shard(split)] + [Replicate()] * (mesh.ndim - 1)
+            x = dtorch.distribute_tensor(base, mesh, placements)
+            before = x.future()
+            index = np.array([base.shape[dim] - 1, 0])
+            shape = list(base.shape)
+            shape[dim] = 2
+            src = rng.standard_normal(shape).astype(np.float32)
+            out = x.index_copy_(dim, dtorch.distribute_tensor(index, mesh),
+                                dtorch.distribute_tensor(src, mesh, [Shard(others[0])] * mesh.ndim))
+            want = base.copy()
+            for i, at in enumerate(index):
+                sl = [slice(None)] * 3
+                sl[dim] = at
+                ssl = [slice(None)] * 3
+                ssl[dim] = i
+                want[tuple(sl)] = src[tuple(ssl)]
+            assert out is x and x.placements == tuple(placements)
+            np.testing.assert_array_equal(x.numpy(), want)
+            np.testing.assert_array_equal(before.result(), base)
+            copy = dtorch.distribute_tensor(base, mesh, placements).index_copy(
+                dim, dtorch.distribute_tensor(index, mesh), dtorch.distribute_tensor(src, mesh))
+            np.testing.assert_array_equal(copy.numpy(), want)
+
+
+def test_index_copy_bad_input(mode):
+    mesh = MESHES["2"]()
+    x = dtorch.zeros(4, 6, device_mesh=mesh, placements=[Shard(1)])
+    i64 = dtorch.distribute_tensor(np.array([1]), mesh)
+    row = dtorch.ones(4, 1, device_mesh=mesh)
+    with pytest.raises(RuntimeError, match="split on dim 1, the dim it indexes"):
+        x.index_copy_(1, i64, row)
+    with pytest.raises(ValueError, match="1-D int64"):
+        x.index_copy_(0, i64.to(dtorch.int32), dtorch.ones(1, 6, device_mesh=mesh))
+    with pytest.raises(TypeError, match="same dtype"):
+        x.index_copy_(0, i64, dtorch.ones(1, 6, device_mesh=mesh, dtype=dtorch.int64))
+    with pytest.raises(ValueError, match="source must have self's shape"):
+        x.index_copy_(0, i64, dtorch.ones(2, 6, device_mesh=mesh))
+    with pytest.raises(IndexError):
+        x.index_copy_(3, i64, row)
+    with pytest.raises(TypeError, match="DTensor of int64"):
+        x.index_copy_(0, 1, dtorch.ones(1, 6, device_mesh=mesh))
+    x.index_copy_(0, dtorch.distribute_tensor(np.array([7]), mesh), dtorch.ones(1, 6, device_mesh=mesh))
+    with pytest.raises(RuntimeError, match="index 7 is out of bounds for dimension 0 with size 4"):
+        x.numpy()
+    y = dtorch.zeros(4, 6, device_mesh=mesh, placements=[Shard(1)])   # the runtime goes on
+    y.index_copy_(0, dtorch.distribute_tensor(np.array([3]), mesh), dtorch.ones(1, 6, device_mesh=mesh))
+    np.testing.assert_array_equal(y.numpy()[3], np.ones(6))
