@@ -502,7 +502,7 @@ bool act_peer_assemble(act_worker *w, const msgpack_object *rec)
     }
     if (why[0]) {
         char msg[DT_ERRMSG_MAX + 64];
-        snprintf(msg, sizeof msg, "redistribute failed on device %" PRId64 ": %s", w->device, why);
+        act_worker_failure(w, msg, sizeof msg, "redistribute", why);
         act_wtensor_free(out);
         act_wtensor_poison(w, r.id, msg);
     } else {

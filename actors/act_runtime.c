@@ -1,5 +1,6 @@
 /* act_runtime — starting and stopping the runtime, and the user thread's side of it: packing
  * op records into per-device outboxes and ringing the controller's doorbell. */
+#include "act_capture.h"
 #include "act_controller.h"
 #include "act_runtime.h"
 #include "act_spawn.h"
@@ -173,6 +174,7 @@ int dt_shutdown(void)
         return 0;
     }
     __atomic_store_n(&rt->stopping, true, __ATOMIC_RELEASE);
+    act_capture_reset();
     uint64_t one = 1;
     if (write(rt->doorbell, &one, sizeof one) < 0) { /* the controller also wakes on its tick */ }
     pthread_mutex_unlock(&rt->lock);
@@ -230,17 +232,26 @@ uint64_t act_runtime_new_future_id(void) { return act_rt.next_future_id++; }
 
 uint64_t act_runtime_new_transfer_id(void) { return act_rt.next_transfer_id++; }
 
-uint64_t act_runtime_epoch(void) { return act_rt.epoch; }
+uint64_t act_runtime_epoch(void) { return act_capture_active() ? act_capture_epoch() : act_rt.epoch; }
+
+bool act_runtime_epoch_live(uint64_t epoch)
+{
+    /* no lock on this per-op path: only the user's thread starts and stops the runtime (and
+     * captures), and ops queued against a runtime that is stopping are dropped by it anyway */
+    if (!__atomic_load_n(&act_rt.running, __ATOMIC_ACQUIRE) || __atomic_load_n(&act_rt.stopping, __ATOMIC_ACQUIRE))
+        return false;
+    return epoch == __atomic_load_n(&act_rt.epoch, __ATOMIC_ACQUIRE) ||
+           (act_capture_made(epoch) && epoch == act_capture_epoch());
+}
 
 int act_runtime_check_live(const char *op, uint64_t epoch)
 {
-    /* no lock on this per-op path: only the user's thread starts and stops the runtime, and ops
-     * queued against a runtime that is stopping are dropped by it anyway */
-    bool live = __atomic_load_n(&act_rt.running, __ATOMIC_ACQUIRE) && !__atomic_load_n(&act_rt.stopping, __ATOMIC_ACQUIRE) &&
-                __atomic_load_n(&act_rt.epoch, __ATOMIC_ACQUIRE) == epoch;
-    if (!live)
-        return dt_err(DT_ESHUTDOWN, "%s: this tensor was made before dtorch.shutdown() and no longer exists", op);
-    return 0;
+    if (act_runtime_epoch_live(epoch))
+        return 0;
+    if (act_capture_made(epoch) && (epoch & 0xffffffffu) == __atomic_load_n(&act_rt.epoch, __ATOMIC_ACQUIRE))
+        return dt_err(DT_EUNSUPPORTED, "%s: this tensor was made inside dtorch.capture() and never held a value; use "
+                      "the tensors a replay returns", op);
+    return dt_err(DT_ESHUTDOWN, "%s: this tensor was made before dtorch.shutdown() and no longer exists", op);
 }
 
 static int s_ensure_device(act_runtime *rt, const char *op, int64_t id, const char *device_type)
@@ -316,6 +327,11 @@ int act_runtime_begin(const char *op, dt_mesh *const *meshes, int nmeshes)
         dt_err(DT_ESHUTDOWN, "%s: the runtime is shutting down", op);
         goto fail;
     }
+    if (act_capture_active() && !act_capture_thread()) {
+        dt_err(DT_EUNSUPPORTED, "%s: another thread is capturing with dtorch.capture(); ops from other threads wait "
+               "until it ends", op);
+        goto fail;
+    }
     for (int m = 0; m < nmeshes; m++) {
         dt_mesh *mesh = meshes[m];
         for (int64_t i = 0; i < mesh->size; i++) {
@@ -383,6 +399,13 @@ static act_batch *s_open_batch(act_runtime *rt, act_device *dev)
 
 mb_writer *act_runtime_record(int64_t device)
 {
+    if (act_capture_active())
+        return act_capture_record(device, 0);
+    return act_runtime_record_now(device);
+}
+
+mb_writer *act_runtime_record_now(int64_t device)
+{
     act_runtime *rt = &act_rt;
     act_device *dev = rt->devices[device];
     act_batch *b = s_open_batch(rt, dev);
@@ -397,6 +420,13 @@ mb_writer *act_runtime_record(int64_t device)
 int act_runtime_payload(int64_t device, mb_buf buf)
 {
     act_runtime *rt = &act_rt;
+    if (act_capture_active()) {
+        /* refused at the call sites; should one slip through, the capture cannot be kept */
+        act_capture_fail("it sends host data to the devices (make such tensors before the capture)");
+        if (buf.free_fn)
+            buf.free_fn(buf.data, buf.hint);
+        return 0;
+    }
     act_device *dev = rt->devices[device];
     act_batch *b = s_open_batch(rt, dev);
     if (b->npayloads == b->cap_payloads) {
@@ -416,6 +446,8 @@ int act_runtime_payload(int64_t device, mb_buf buf)
 
 int act_runtime_track(dt_future *f)
 {
+    if (act_capture_refuse("wait") != 0)
+        return dt_last_error_code();
     f->id = act_runtime_new_future_id();
     if (dt_idmap_put(&act_rt.futures, f->id, f) != 0)
         return dt_err(DT_ENOMEM, "out of memory");
@@ -485,6 +517,12 @@ void act_runtime_free_now(const dt_mesh *mesh, uint64_t id)
         act_device *dev = rt->devices[mesh->ids[i]];
         if (!dev || dev->state == ACT_DEV_DEAD)
             continue;
+        if (act_capture_active()) {
+            mb_writer *pk = act_capture_record(dev->id, id);
+            if (pk)
+                mb_encode_free(pk, id);
+            continue;
+        }
         act_batch *b = s_open_batch(rt, dev);
         mb_encode_free(&b->pk, id);
         b->nrecords++;
@@ -496,7 +534,7 @@ void act_runtime_free(uint64_t epoch, dt_mesh *mesh, uint64_t id)
 {
     act_runtime *rt = &act_rt;
     pthread_mutex_lock(&rt->lock);
-    if (rt->running && !rt->stopping && epoch == rt->epoch)
+    if (act_runtime_epoch_live(epoch))
         act_runtime_free_now(mesh, id);
     pthread_mutex_unlock(&rt->lock);
 }
@@ -513,6 +551,10 @@ int dt_synchronize(void)
         /* the controller may have failed the pending futures already: a new one would never settle */
         pthread_mutex_unlock(&rt->lock);
         return dt_err(DT_ESHUTDOWN, "synchronize: the runtime is shutting down");
+    }
+    if (act_capture_refuse("synchronize") != 0) {
+        pthread_mutex_unlock(&rt->lock);
+        return dt_last_error_code();
     }
     int n = 0;
     for (int64_t i = 0; i < rt->ndevices; i++)

@@ -107,8 +107,11 @@ extern act_runtime act_rt;
  * was started for a mesh of another device type. On success the lock is held until
  * act_runtime_end. */
 int act_runtime_begin(const char *op, dt_mesh *const *meshes, int nmeshes);
-/* The packer of device's outbox; pack exactly one record. */
+/* The packer of device's outbox; pack exactly one record. While the calling thread captures
+ * (act_capture.h), the record goes into the capture instead. */
 mb_writer *act_runtime_record(int64_t device);
+/* The same, straight into the outbox even during a capture (the capture's own records). */
+mb_writer *act_runtime_record_now(int64_t device);
 /* Attaches a payload frame to device's current batch; returns its frame index for the record
  * that follows (pack the record right after, before another payload for the device). */
 int act_runtime_payload(int64_t device, mb_buf buf);
@@ -117,8 +120,13 @@ uint64_t act_runtime_new_tensor_id(void);
 uint64_t act_runtime_new_future_id(void);
 uint64_t act_runtime_new_transfer_id(void);
 uint64_t act_runtime_submitted(void); /* submissions since the process started */
-uint64_t act_runtime_epoch(void);   /* under the lock: the running runtime's epoch */
-/* 0 when a tensor of that epoch is still usable, else DT_ESHUTDOWN naming op. */
+/* Under the lock: the epoch of tensors made now (the running runtime's, tagged inside a capture). */
+uint64_t act_runtime_epoch(void);
+/* Whether a tensor of that epoch can be used now: made by the running runtime, outside a capture
+ * or inside the one running. */
+bool act_runtime_epoch_live(uint64_t epoch);
+/* 0 when a tensor of that epoch is still usable, else DT_ESHUTDOWN naming op (DT_EUNSUPPORTED
+ * for one made inside a capture that has ended: it never held a value). */
 int act_runtime_check_live(const char *op, uint64_t epoch);
 /* Registers a pending future so completions can find it; takes a reference. */
 int act_runtime_track(dt_future *f);

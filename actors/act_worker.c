@@ -88,8 +88,7 @@ static size_t s_bytes(const act_wtensor *t)
 /* Bytes a table entry holds (a poisoned one none). */
 static int64_t s_held(const act_wtensor *t) { return t && t->storage ? (int64_t)s_bytes(t) : 0; }
 
-/* Frees the tensor id, if the table has it. */
-static void s_drop(act_worker *w, uint64_t id)
+void act_wtensor_drop(act_worker *w, uint64_t id)
 {
     act_wtensor *t = dt_idmap_take(&w->tensors, id);
     w->stats[MB_STAT_bytes_in_use] -= s_held(t);
@@ -98,7 +97,7 @@ static void s_drop(act_worker *w, uint64_t id)
 
 void act_wtensor_put(act_worker *w, uint64_t id, act_wtensor *t)
 {
-    s_drop(w, id);
+    act_wtensor_drop(w, id);
     if (dt_idmap_put(&w->tensors, id, t) != 0) {
         act_wtensor_free(t);
         return;
@@ -123,8 +122,9 @@ act_wtensor *act_wtensor_lookup(act_worker *w, uint64_t id, const char **why)
     static _Thread_local char msg[DT_ERRMSG_MAX];
     act_wtensor *t = dt_idmap_get(&w->tensors, id);
     if (!t) {
-        snprintf(msg, sizeof msg, "device %" PRId64 " has no tensor %" PRIu64 " (freed, or never made)", w->device,
-                 id);
+        char where[160];
+        snprintf(msg, sizeof msg, "device %" PRId64 " has no tensor %" PRIu64 " (freed, or never made)%s", w->device,
+                 id, act_replay_where(w, where, sizeof where));
         *why = msg;
     } else if (!t->storage) {
         *why = t->error;
@@ -322,7 +322,7 @@ static void s_make(act_worker *w, int64_t code, const msgpack_object *rec, mb_me
     }
     if (why) {
         char msg[DT_ERRMSG_MAX];
-        snprintf(msg, sizeof msg, "%s failed on device %" PRId64 ": %s", mb_op_name(code), w->device, why);
+        act_worker_failure(w, msg, sizeof msg, mb_op_name(code), why);
         act_wtensor_free(t);
         act_wtensor_poison(w, id, msg);
     } else {
@@ -424,7 +424,7 @@ static bool s_compute(act_worker *w, const msgpack_object *rec)
             continue; /* written in place: it is already in the table */
         if (why) {
             act_wtensor_free(made[o]);
-            snprintf(msg, sizeof msg, "%s failed on device %" PRId64 ": %s", def->name, w->device, why);
+            act_worker_failure(w, msg, sizeof msg, def->name, why);
             act_wtensor_poison(w, out_ids[o], msg);
         } else {
             act_wtensor_put(w, out_ids[o], made[o]);
@@ -433,8 +433,14 @@ static bool s_compute(act_worker *w, const msgpack_object *rec)
     return true;
 }
 
-/* Runs one op record. False for a record it cannot even read (dt_last_error says why). */
-static bool s_run(act_worker *w, const msgpack_object *rec, mb_message *m)
+void act_worker_failure(const act_worker *w, char *msg, size_t size, const char *op, const char *why)
+{
+    char where[160];
+    snprintf(msg, size, "%s failed on device %" PRId64 "%s: %s", op, w->device, act_replay_where(w, where, sizeof where),
+             why);
+}
+
+bool act_worker_run_record(act_worker *w, const msgpack_object *rec, mb_message *m)
 {
     int64_t code;
     if (mb_record_code(rec, &code) != 0)
@@ -455,7 +461,7 @@ static bool s_run(act_worker *w, const msgpack_object *rec, mb_message *m)
         mb_free_rec r;
         if (mb_decode_free(rec, &r) != 0)
             return false;
-        s_drop(w, r.id);
+        act_replay_free(w, r.id);
         return true;
     }
     case MB_OP_FETCH: {
@@ -485,7 +491,25 @@ static bool s_run(act_worker *w, const msgpack_object *rec, mb_message *m)
         return act_peer_assemble(w, rec);
     case MB_OP_COMPUTE:
         return s_compute(w, rec);
+    case MB_OP_DEFINE:
+        if (!m || w->replay) {
+            dt_err(DT_EPROTO, "malformed define record: inside a captured sequence");
+            return false;
+        }
+        return act_replay_define(w, rec, m);
+    case MB_OP_REPLAY:
+        if (w->replay) {
+            dt_err(DT_EPROTO, "malformed replay record: inside a captured sequence");
+            return false;
+        }
+        return act_replay_run(w, rec);
+    case MB_OP_DROP:
+        return act_replay_drop(w, rec);
     default:
+        if (!m && code == MB_OP_LOAD) {
+            dt_err(DT_EPROTO, "malformed load record: inside a captured sequence");
+            return false;
+        }
         s_make(w, code, rec, m);
         return true;
     }
@@ -512,7 +536,7 @@ static int s_run_batch(act_worker *w, mb_message *m)
         msgpack_object rec;
         int rc;
         while ((rc = mb_body_next(&r, &rec)) == 1)
-            if (!s_run(w, &rec, m))
+            if (!act_worker_run_record(w, &rec, m))
                 fprintf(stderr, "dtorch worker %" PRId64 ": dropped a malformed op record: %s\n", w->device,
                         dt_last_error());
         if (rc < 0)
@@ -645,6 +669,8 @@ int act_worker_run(const char *endpoint, int64_t device, const char *device_type
     dt_idmap_init(&w.linked);
     dt_idmap_init(&w.received);
     dt_idmap_init(&w.dead);
+    dt_idmap_init(&w.graphs);
+    dt_idmap_init(&w.pins);
     int rc = act_peer_open(&w);
     if (rc == 0)
         w.sock = mb_socket_new(MB_DEALER, endpoint, false, rid);
@@ -696,6 +722,7 @@ int act_worker_run(const char *endpoint, int64_t device, const char *device_type
         mb_message_close(&p->msg);
         free(p);
     }
+    act_replay_close(&w);
     size_t cursor = 0;
     uint64_t id;
     void *t;

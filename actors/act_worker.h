@@ -46,6 +46,8 @@ typedef struct {
     act_storage *storage;       /* keeps data alive: the peer's storage, or the received frame as this device's memory */
 } act_recv;
 
+typedef struct act_graph act_graph;   /* a kept captured sequence (act_replay.c) */
+
 typedef struct act_pending {
     struct act_pending *next;
     mb_message msg;
@@ -69,6 +71,10 @@ typedef struct {
     bool leaving;               /* the controller said bye during a wait */
     uint64_t send_seq, peer_seq;
     int64_t stats[MB_NSTATS];   /* the counters a STATS record reads (mb_schema.h, MB_STATS) */
+    dt_idmap graphs;            /* graph id -> act_graph: captured sequences kept for replays */
+    dt_idmap pins;              /* tensor id -> pin count: constants of kept sequences (act_replay.c) */
+    const act_graph *replay;    /* the sequence being replayed, NULL outside one */
+    uint32_t replay_at;         /* ... and which of its records runs */
     /* the reply to the batch being run */
     mb_writer reply;
     uint32_t nreply;
@@ -88,8 +94,27 @@ act_wtensor *act_wtensor_lookup(act_worker *w, uint64_t id, const char **why);
 /* Puts t in the tensor table as id (replacing and freeing what was there), counting its bytes. */
 void act_wtensor_put(act_worker *w, uint64_t id, act_wtensor *t);
 void act_wtensor_free(act_wtensor *t);
+/* Frees the tensor id now, if the table has it (a FREE record goes through act_replay_free). */
+void act_wtensor_drop(act_worker *w, uint64_t id);
 /* A tensor that could not be made; ops that use it fail with this message. */
 void act_wtensor_poison(act_worker *w, uint64_t id, const char *message);
+
+/* Runs one op record (m: the message it came in, for payloads; NULL for a replayed one). False
+ * for a record it cannot even read (dt_last_error says why). */
+bool act_worker_run_record(act_worker *w, const msgpack_object *rec, mb_message *m);
+/* "<op> failed on device N[ (op k of captured 'name')]: why" into msg. */
+void act_worker_failure(const act_worker *w, char *msg, size_t size, const char *op, const char *why);
+
+/* act_replay: captured sequences (DEFINE, REPLAY, DROP records). */
+bool act_replay_define(act_worker *w, const msgpack_object *rec, mb_message *m);
+bool act_replay_run(act_worker *w, const msgpack_object *rec);
+bool act_replay_drop(act_worker *w, const msgpack_object *rec);
+void act_replay_forget(act_worker *w, act_graph *g);
+/* A FREE record: the tensor goes now, or when the last sequence that uses it is dropped. */
+void act_replay_free(act_worker *w, uint64_t id);
+/* " (op k of captured 'name')" while a replay runs, else "". */
+const char *act_replay_where(const act_worker *w, char *buf, size_t size);
+void act_replay_close(act_worker *w);
 
 /* act_peer: the worker's side of redistribute. */
 int act_peer_open(act_worker *w);

@@ -17,6 +17,10 @@ Figures, for thread workers and then process workers (``dtorch.init(workers=...)
     a product, beside numpy's ``a @ b``.
   * ``x.numpy()`` of an existing 4-element DTensor: the fetch round trip, median and p90.
   * ``dtorch.full(...).numpy()``: one op plus its fetch, median and p90.
+  * A chain of k ``x + 1.0`` on a 1-element DTensor (k = 10, 100, 1000), called as a Python
+    function (k ops issued one by one) and replayed by ``dtorch.capture`` (one record per device):
+    µs per call on the user's thread (loop alone) and with ``synchronize()``, beside numpy's k
+    adds on a 1-element array.
 """
 import argparse
 import os
@@ -108,6 +112,38 @@ def _dtorch_matmul_loop(n, mesh):
     return t1 - t0, t2 - t0
 
 
+CHAINS = (10, 100, 1000)
+
+
+def _chain(x, k):
+    for _ in range(k):
+        x = x + 1.0
+    return x
+
+
+def _numpy_chain(k, calls):
+    x = np.zeros(1, np.float32)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        _chain(x, k)
+    return time.perf_counter() - t0
+
+
+def _dtorch_chain(k, calls, mesh, replay):
+    """(loop s, loop + synchronize s) for `calls` calls of the k-op chain."""
+    x = dtorch.full((1,), 0.0, device_mesh=mesh)
+    fn = dtorch.capture(lambda t: _chain(t, k)) if replay else (lambda t: _chain(t, k))
+    fn(x).numpy()                      # recorded (and checked) before the timing
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        y = fn(x)
+    t1 = time.perf_counter()
+    dtorch.synchronize()
+    t2 = time.perf_counter()
+    assert float(y.numpy()[0]) == k
+    return t1 - t0, t2 - t0
+
+
 def _percentiles(samples):
     samples = sorted(samples)
     return statistics.median(samples), samples[int(0.9 * (len(samples) - 1))]
@@ -148,11 +184,18 @@ def _mode(workers, args):
     mm_loop_s, mm_total_s = _best(lambda: _dtorch_matmul_loop(args.n, mesh), args.repeats)
     fetch = _fetch_samples(args.fetches, mesh)
     op_fetch = _op_fetch_samples(args.fetches, mesh)
+    chains = {}
+    for k in CHAINS:
+        calls = max(20, args.n // (10 * k))
+        for replay in (False, True):
+            loop, total = _best(lambda: _dtorch_chain(k, calls, mesh, replay), args.repeats)
+            chains[k, replay] = (loop / calls * 1e6, total / calls * 1e6)
     dtorch.shutdown()
     return {"loop_us": loop_s / args.n * 1e6, "total_us": total_s / args.n * 1e6,
             "add_us": add_loop_s / args.n * 1e6, "add_total_us": add_total_s / args.n * 1e6,
             "mm_us": mm_loop_s / args.n * 1e6, "mm_total_us": mm_total_s / args.n * 1e6,
-            "fetch_us": tuple(v * 1e6 for v in fetch), "op_fetch_us": tuple(v * 1e6 for v in op_fetch)}
+            "fetch_us": tuple(v * 1e6 for v in fetch), "op_fetch_us": tuple(v * 1e6 for v in op_fetch),
+            "chains": chains}
 
 
 def main():
@@ -205,6 +248,17 @@ def main():
         print(f"  {'x.numpy() of a 4-element DTensor':46} {mode:8} {r['fetch_us'][0]:9.1f} {r['fetch_us'][1]:9.1f}")
         print(f"  {'full((4,), 1.0).numpy(): op + fetch':46} {mode:8} {r['op_fetch_us'][0]:9.1f} "
               f"{r['op_fetch_us'][1]:9.1f}")
+    print()
+    print("  a chain of k `x + 1.0` (1 element, 2 devices), us per call: issued op by op vs replayed by dtorch.capture")
+    print(f"  {'k':>6} {'workers':8} {'numpy':>9} {'ops: loop':>10} {'+ sync':>9} {'replay: loop':>13} {'+ sync':>9} "
+          f"{'loop ratio':>11}")
+    for k in CHAINS:
+        calls = max(20, args.n // (10 * k))
+        np_call = _best(lambda: _numpy_chain(k, calls), args.repeats) / calls * 1e6
+        for mode, r in results.items():
+            (ops_loop, ops_total), (rep_loop, rep_total) = r["chains"][k, False], r["chains"][k, True]
+            print(f"  {k:6d} {mode:8} {np_call:9.2f} {ops_loop:10.2f} {ops_total:9.2f} {rep_loop:13.2f} "
+                  f"{rep_total:9.2f} {ops_loop / rep_loop:10.1f}x")
 
 
 if __name__ == "__main__":

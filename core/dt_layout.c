@@ -2,6 +2,7 @@
 #include "dt_layout.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #include "dt_error.h"
 
@@ -129,4 +130,20 @@ void dt_layout_format_sizes(char *buf, size_t size, int n, const int64_t *v)
         used += (size_t)snprintf(buf + used, size - used, i ? ", %lld" : "%lld", (long long)v[i]);
     if (used < size)
         snprintf(buf + used, size - used, "]");
+}
+
+bool dt_layout_same_mesh(const dt_mesh *a, const dt_mesh *b)
+{
+    return a == b || (a->ndim == b->ndim && a->size == b->size && !strcmp(a->device_type, b->device_type) &&
+                      !memcmp(a->shape, b->shape, (size_t)a->ndim * sizeof *a->shape) &&
+                      !memcmp(a->ids, b->ids, (size_t)a->size * sizeof *a->ids));
+}
+
+void dt_layout_format_shape(int ndim, const int64_t *shape, char *buf, size_t size)
+{
+    size_t used = (size_t)snprintf(buf, size, "(");
+    for (int d = 0; d < ndim && used < size; d++)
+        used += (size_t)snprintf(buf + used, size - used, d ? ", %lld" : "%lld", (long long)shape[d]);
+    if (used < size)
+        snprintf(buf + used, size - used, ndim == 1 ? ",)" : ")");
 }

@@ -50,6 +50,12 @@ void dt_layout_block(int mesh_ndim, const int64_t *mesh_shape, const int64_t *co
 /* Formats n sizes as "[2, 3, 4]" (shapes and dims in messages). */
 void dt_layout_format_sizes(char *buf, size_t size, int n, const int64_t *v);
 
+/* Whether two meshes are the same devices in the same grid (the same device type too). */
+bool dt_layout_same_mesh(const dt_mesh *a, const dt_mesh *b);
+
+/* Formats a shape as a Python tuple: "(2, 3)", "(4,)", "()". */
+void dt_layout_format_shape(int ndim, const int64_t *shape, char *buf, size_t size);
+
 /* Formats placements like torch's str: "(Shard(dim=0), Replicate(), Partial(sum))". */
 void dt_layout_format_placements(int n, const dt_placement *pl, char *buf, size_t size);
 

@@ -1,6 +1,7 @@
 /* dt_device — what the devices have counted: each worker keeps its counters (mb_schema.h,
  * MB_STATS) and answers a STATS record with them, in order with the records before it. */
 
+#include "act_capture.h"
 #include "act_future.h"
 #include "act_runtime.h"
 #include "dt_error.h"
@@ -24,7 +25,7 @@ static int s_stats(const char *op, dt_mesh *mesh, bool reset_peak, int max, dt_d
         dt_future_release(&f);
         return rc;
     }
-    if ((rc = act_runtime_track(f)) != 0) {
+    if ((rc = act_capture_refuse(op)) != 0 || (rc = act_runtime_track(f)) != 0) {
         act_runtime_end();
         dt_future_release(&f);
         return rc;

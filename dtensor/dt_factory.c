@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "act_capture.h"
 #include "act_runtime.h"
 #include "dt_dtype.h"
 #include "dt_error.h"
@@ -52,6 +53,20 @@ static int s_begin(const char *op, dt_tensor **t)
     }
     (*t)->id = act_runtime_new_tensor_id();
     (*t)->epoch = act_runtime_epoch();
+    return 0;
+}
+
+/* s_begin for a tensor made of host data, which a capture cannot hold (it would be the same
+ * data on every replay: make it before, and pass it in). */
+static int s_begin_load(const char *op, dt_tensor **t)
+{
+    if (s_begin(op, t) != 0)
+        return -1;
+    if (act_capture_refuse(op) != 0) {
+        act_runtime_end();
+        dt_tensor_release(t);
+        return -1;
+    }
     return 0;
 }
 
@@ -258,7 +273,7 @@ dt_tensor *dt_distribute(dt_mesh *mesh, const void *data, int ndim, const int64_
         if (bytes)
             op_backend_host()->copy_region(blocks[key]->data, dst_strides, src, src_strides, ndim, local, elem);
     }
-    if (s_begin("distribute_tensor", &t) != 0)
+    if (s_begin_load("distribute_tensor", &t) != 0)
         goto done;
     for (int64_t i = 0; i < mesh->size; i++) {
         dt_layout_coord(mesh->ndim, mesh->shape, i, coord);
@@ -277,15 +292,6 @@ done:
             s_shared_release(blocks[k]->data, blocks[k]);
     free(blocks);
     return t;
-}
-
-static void s_format_shape(int ndim, const int64_t *shape, char *buf, size_t size)
-{
-    size_t used = (size_t)snprintf(buf, size, "(");
-    for (int d = 0; d < ndim && used < size; d++)
-        used += (size_t)snprintf(buf + used, size - used, d ? ", %lld" : "%lld", (long long)shape[d]);
-    if (used < size)
-        snprintf(buf + used, size - used, ndim == 1 ? ",)" : ")");
 }
 
 dt_tensor *dt_from_local(dt_mesh *mesh, const void *const *pieces, int ndim, const int64_t *local_shapes,
@@ -321,9 +327,9 @@ dt_tensor *dt_from_local(dt_mesh *mesh, const void *const *pieces, int ndim, con
         const int64_t *given = local_shapes + i * ndim;
         if (memcmp(local, given, (size_t)ndim * sizeof *local) != 0) {
             char want[160], got[160], whole[160];
-            s_format_shape(ndim, local, want, sizeof want);
-            s_format_shape(ndim, given, got, sizeof got);
-            s_format_shape(ndim, global, whole, sizeof whole);
+            dt_layout_format_shape(ndim, local, want, sizeof want);
+            dt_layout_format_shape(ndim, given, got, sizeof got);
+            dt_layout_format_shape(ndim, global, whole, sizeof whole);
             dt_err(DT_EINVAL, "from_local: the piece for device %lld has shape %s, but the placements give "
                               "%s for a tensor of shape %s%s", (long long)mesh->ids[i], got, want, whole,
                    shape ? "" : " (pass shape= for uneven pieces)");
@@ -341,7 +347,7 @@ dt_tensor *dt_from_local(dt_mesh *mesh, const void *const *pieces, int ndim, con
         if (bytes)
             memcpy(copies[i]->data, pieces[i], bytes);
     }
-    if (s_begin("from_local", &t) == 0) {
+    if (s_begin_load("from_local", &t) == 0) {
         for (int64_t i = 0; i < mesh->size; i++)
             s_load(t, mesh->ids[i], local_shapes + i * ndim, copies[i]);
         act_runtime_end();

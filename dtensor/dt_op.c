@@ -22,13 +22,6 @@ static bool s_strict;
 void dt_set_strict(bool strict) { s_strict = strict; }
 bool dt_get_strict(void) { return s_strict; }
 
-static bool s_same_mesh(const dt_mesh *a, const dt_mesh *b)
-{
-    return a == b || (a->ndim == b->ndim && a->size == b->size && !strcmp(a->device_type, b->device_type) &&
-                      !memcmp(a->shape, b->shape, (size_t)a->ndim * sizeof *a->shape) &&
-                      !memcmp(a->ids, b->ids, (size_t)a->size * sizeof *a->ids));
-}
-
 int dtn_op_call(const op_def *def, int n, dt_tensor *const *in, const op_attrs *attrs, op_call *c)
 {
     if (def->nin >= 0 && n != def->nin)
@@ -53,7 +46,7 @@ int dtn_op_call(const op_def *def, int n, dt_tensor *const *in, const op_attrs *
     for (int i = 0; i < n; i++) {
         if (!in[i])
             return dt_err(DT_EINVAL, "%s: input %d is missing", def->name, i);
-        if (!s_same_mesh(in[i]->mesh, in[0]->mesh))
+        if (!dt_layout_same_mesh(in[i]->mesh, in[0]->mesh))
             return dt_err(DT_EUNSUPPORTED, "%s: DTensor does not support cross-mesh operation: input %d lives on "
                           "another mesh than input 0 (redistribute it first)", def->name, i);
         int rc = act_runtime_check_live(def->name, in[i]->epoch);

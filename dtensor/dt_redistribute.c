@@ -197,9 +197,8 @@ static int s_redistribute(const char *op, int n, dt_tensor *const *ts, dt_mesh *
         for (int i = 0; i < n; i++) {
             if (out[i] == ts[i])
                 continue;
-            if (ts[i]->epoch != act_runtime_epoch()) {
+            if ((rc = act_runtime_check_live(op, ts[i]->epoch)) != 0) {
                 act_runtime_end();
-                rc = dt_err(DT_ESHUTDOWN, "%s: this tensor was made before dtorch.shutdown() and no longer exists", op);
                 goto fail;
             }
             out[i]->id = act_runtime_new_tensor_id();

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "act_capture.h"
 #include "act_future.h"
 #include "act_runtime.h"
 #include "dt_error.h"
@@ -121,11 +122,9 @@ static dt_future *s_fetch(dt_tensor *t, act_future_kind kind, const char *op)
         dt_future_release(&f);
         return NULL;
     }
-    if (t->epoch != act_runtime_epoch() || act_runtime_track(f) != 0) {
+    if (act_capture_refuse(op) != 0 || act_runtime_check_live(op, t->epoch) != 0 || act_runtime_track(f) != 0) {
         act_runtime_end();
         dt_future_release(&f);
-        if (dt_last_error_code() != DT_ENOMEM)
-            dt_err(DT_ESHUTDOWN, "%s: this tensor was made before dtorch.shutdown() and no longer exists", op);
         return NULL;
     }
     act_runtime_urgent();

@@ -261,6 +261,30 @@ int dt_tensor_local_block(const dt_tensor *t, int64_t mesh_index, int64_t *shape
 dt_future *dt_tensor_fetch(dt_tensor *t);                /* the whole value, Partial reduced */
 dt_future *dt_tensor_fetch_locals(dt_tensor *t);         /* every device's own piece */
 
+/* ---- captured op sequences ---------------------------------------------------------------- */
+/* Between dt_capture_begin and dt_capture_end the calling thread's ops are recorded, not run:
+ * each device keeps its own records, and dt_capture_replay runs them all again by one small
+ * record per device, on new inputs of the same shapes and placements, into fresh outputs.
+ * Tensors made inside hold no value (ops on them after the capture fail); fetches, syncs and
+ * host data are refused inside (DT_EUNSUPPORTED); other threads' ops wait until it ends. Tensors
+ * the recorded ops use that are neither inputs nor made inside are constants: the devices keep
+ * them as long as the capture lives, and in-place writes to them happen on every replay. Random
+ * factories draw new numbers on every replay, as if the ops were issued again. */
+typedef struct dt_capture dt_capture;
+int dt_capture_begin(const char *name, dt_tensor *const *inputs, int ninputs);
+/* outputs: tensors made inside (at most 32, no repeats); on failure the capture is over too. */
+int dt_capture_end(dt_tensor *const *outputs, int noutputs, dt_capture **out);
+void dt_capture_abort(void);                       /* ends a capture, keeping nothing */
+bool dt_capture_made(const dt_tensor *t);         /* made inside a capture (holds no value) */
+/* One run on inputs like the capture's (same mesh, dtype, shape, placements): noutputs new
+ * tensors into outputs. 0, or an error naming the input that differs. */
+int dt_capture_replay(dt_capture *g, dt_tensor *const *inputs, int ninputs, dt_tensor **outputs);
+int dt_capture_ninputs(const dt_capture *g);
+int dt_capture_noutputs(const dt_capture *g);
+uint64_t dt_capture_nrecords(const dt_capture *g); /* op records kept over all devices */
+int dt_capture_ndevices(const dt_capture *g);
+void dt_capture_release(dt_capture **g);           /* the devices forget it */
+
 /* ---- device statistics -------------------------------------------------------------------- */
 /* What one device's worker has counted since it started. */
 typedef struct {

@@ -208,7 +208,8 @@ int mb_body_next(mb_body_reader *r, msgpack_object *out)
     if (rc)
         return rc;
     /* the previous object is documented to die here, so its memory is recycled */
-    msgpack_zone_clear(&r->zone);
+    if (!r->keep)
+        msgpack_zone_clear(&r->zone);
     rc = s_unpack(r->data + r->offset, used, &r->zone, out);
     if (rc)
         return rc;

@@ -53,12 +53,14 @@ int mb_header_decode(const void *data, size_t size, mb_header *out);
  * size and whose nesting is at most MB_MAX_DEPTH; stores its length in *used. 0 or DT_EPROTO. */
 int mb_validate(const void *data, size_t size, size_t *used);
 
-/* Iterates the `count` objects of a body; each object lives until the next call. */
+/* Iterates the `count` objects of a body; each object lives until the next call, or with `keep`
+ * set (after init) until mb_body_destroy. */
 typedef struct {
     const char *data;
     size_t size;
     size_t offset;
     uint32_t remaining;
+    bool keep;
     msgpack_zone zone;
 } mb_body_reader;
 

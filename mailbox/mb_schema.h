@@ -33,7 +33,7 @@
 #include "dtorch.h"
 #include "mb_writer.h"
 
-#define MB_PROTOCOL 3        /* the records below; bumped on any change to them */
+#define MB_PROTOCOL 4        /* the records below; bumped on any change to them */
 #define MB_MAX_IDS 32        /* tensor ids in an IDS field (a COMPUTE's inputs) */
 #define MB_MAX_INTS 16       /* integers in an INTS field (dt_op_attrs.ints) */
 #define MB_MAX_FLOATS 4      /* floats in a FLOATS field (dt_op_attrs.floats) */
@@ -85,7 +85,10 @@ typedef struct { uint32_t n; const msgpack_object *items; } mb_list;   /* inside
     X(SEND, send, 9)          /* send a region of a piece to a peer (a REGION message) */          \
     X(ASSEMBLE, assemble, 10) /* a new piece from regions of local and received pieces */           \
     X(COMPUTE, compute, 11)   /* a registered op's kernel (ops/op_registry.h) */                   \
-    X(STATS, stats, 12)       /* send the device's counters -> VALUE (MB_STATS) */
+    X(STATS, stats, 12)       /* send the device's counters -> VALUE (MB_STATS) */             \
+    X(DEFINE, define, 13)     /* keep a captured sequence of op records for replays */          \
+    X(REPLAY, replay, 14)     /* run a kept sequence again, on new inputs into new ids */        \
+    X(DROP, drop, 15)         /* forget a kept sequence */
 
 #define MB_FIELDS_FREE(F) F(U64, id)
 #define MB_FIELDS_EMPTY(F) F(U64, id) F(DTYPE, dtype) F(SHAPE, shape)
@@ -113,6 +116,22 @@ typedef struct { uint32_t n; const msgpack_object *items; } mb_list;   /* inside
 /* piece: which of the future's pieces this is; reset_peak: after answering, peak_bytes starts
  * again from bytes_in_use */
 #define MB_FIELDS_STATS(F) F(U64, future) F(I64, piece) F(BOOL, reset_peak)
+
+/* A captured sequence (actors/act_replay.c): `count` op records (FREE, EMPTY, FILL, RANDOM,
+ * ARANGE, SEND, ASSEMBLE, COMPUTE) back to back in payload frame `frame`, as they were packed
+ * while the controller captured; `name` says what made them (for errors). Ids the capture made
+ * are [tensor_lo, tensor_hi), its transfers [transfer_lo, transfer_hi), its random streams
+ * [stream_lo, stream_hi); `ins` are the tensors it takes as inputs, `outs` the ones it returns.
+ * Every other tensor id it names is a constant the device keeps until the DROP. */
+#define MB_FIELDS_DEFINE(F)                                                                          \
+    F(U64, graph) F(STR, name) F(U64, tensor_lo) F(U64, tensor_hi) F(U64, transfer_lo) F(U64, transfer_hi) \
+    F(U64, stream_lo) F(U64, stream_hi) F(IDS, ins) F(IDS, outs) F(I64, count) F(I64, frame)
+/* graph's records with input i read from ins[i], each id the capture made at tensor_base +
+ * (id - tensor_lo), its transfers at transfer_base + ..., its random streams at stream_base + ...
+ * of seed */
+#define MB_FIELDS_REPLAY(F)                                                                          \
+    F(U64, graph) F(IDS, ins) F(U64, tensor_base) F(U64, transfer_base) F(U64, seed) F(U64, stream_base)
+#define MB_FIELDS_DROP(F) F(U64, graph)
 
 /* A STATS record's answer: a VALUE of MB_NSTATS int64 counters (shape [MB_NSTATS]), in this order. */
 #define MB_STATS(X)                                                                                  \

@@ -456,7 +456,9 @@ Test(schema, codes_and_names)
     cr_expect_str_eq(mb_op_name(MB_OP_ASSEMBLE), "assemble");
     cr_expect_str_eq(mb_op_name(0), "?");
     cr_expect_str_eq(mb_op_name(MB_OP_STATS), "stats");
-    cr_expect_str_eq(mb_op_name(13), "?");
+    cr_expect_str_eq(mb_op_name(MB_OP_DEFINE), "define");
+    cr_expect_str_eq(mb_op_name(MB_OP_DROP), "drop");
+    cr_expect_str_eq(mb_op_name(16), "?");
 }
 
 Test(schema, record_code)

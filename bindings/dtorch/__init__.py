@@ -6,6 +6,7 @@
     print(f"{x=}")
 """
 from . import _C, _dtype
+from ._capture import CapturedFunction, capture
 from ._dtype import bfloat16, bool, dtype, float16, float32, int32, int64
 from ._factory import arange, distribute_tensor, empty, from_local, full, ones, rand, randn, zeros
 from ._mesh import DeviceMesh, init_device_mesh
@@ -29,8 +30,8 @@ DTorchValueError, DTorchTypeError = _C.DTorchValueError, _C.DTorchTypeError
 __version__ = "0.1.0"
 
 __all__ = [
-    "DTensor", "DeviceMesh", "Partial", "Placement", "Replicate", "Shard", "TensorFuture",
-    "arange", "bfloat16", "bool", "device_stats", "distribute_tensor", "dtype", "empty", "float16", "float32",
+    "CapturedFunction", "DTensor", "DeviceMesh", "Partial", "Placement", "Replicate", "Shard", "TensorFuture",
+    "arange", "capture", "bfloat16", "bool", "device_stats", "distribute_tensor", "dtype", "empty", "float16", "float32",
     "from_local", "full", "init", "init_device_mesh", "int32", "int64", "is_initialized",
     "manual_seed", "ones", "PlanStep", "rand", "randn", "redistribute_many", "redistribute_plan", "shutdown",
     "synchronize", "zeros",
