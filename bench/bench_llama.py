@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_llama.py [--shapes 15M,110M] [--dtypes float32,bfloat16] [--tp 1,2]
                                           [--modes thread,process] [--batches 1,8] [--prefill 128,512]
-                                          [--tokens 32] [--repeats 3]
+                                          [--tokens 32] [--repeats 3] [--capture on,off]
 
 It imports the installed ``dtorch`` (build it first with ``bash tools/run.sh demo``) and writes a
 random-weight HF-format checkpoint of each shape once into ``bench/.cache/`` (llama2.c's shapes:
@@ -14,8 +14,9 @@ For every shape, dtype, tp size and worker mode (a ``(tp,)`` cpu mesh; tp=1 is o
     from the first new token to the last (the prefill is not in it), median of ``--repeats``;
   * prefill tokens/s of one prompt of each ``--prefill`` length (one forward, logits of the last
     position fetched);
-  * the user thread's CPU time per decode step (``time.thread_time``), and DTorch ops per step
-    (``dtorch._C._ops_submitted()`` when the build counts them).
+  * the user thread's CPU time per decode step (``time.thread_time``), and DTorch submissions per
+    step (``dtorch._C._ops_submitted()``), with the decode step captured and replayed (``capture``
+    on: generate's default) and issued op by op (off).
 Beside them, in the same run: the same decode and prefill in numpy (float32 weights, a preallocated
 KV cache, numpy's own OpenBLAS and its threads), from the same checkpoint's weights.
 """
@@ -141,10 +142,10 @@ def _ops_submitted():
     return counter() if counter else None
 
 
-def dtorch_decode(model, B, tokens):
-    """(tokens/s, user-thread µs per step, ops per step) of greedy decode at batch B."""
+def dtorch_decode(model, B, tokens, capture=True):
+    """(tokens/s, user-thread µs per step, submissions per step) of greedy decode at batch B."""
     prompt = np.full((B, PROMPT), 7, np.int64)
-    steps = model.stream(prompt, max_new_tokens=tokens)
+    steps = model.stream(prompt, max_new_tokens=tokens, capture=capture)
     next(steps)                                          # the prefill and the first token
     t0, c0, n0 = time.perf_counter(), time.thread_time(), _ops_submitted()
     made = sum(1 for _ in steps)
@@ -183,6 +184,7 @@ def main():
     ap.add_argument("--prefill", default="128,512")
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--capture", default="on,off")
     args = ap.parse_args()
     split = lambda s: [x for x in s.split(",") if x]
     batches, prefills = [int(b) for b in split(args.batches)], [int(t) for t in split(args.prefill)]
@@ -210,10 +212,12 @@ def main():
                     label = f"dtorch {dtype:8s} tp={tp} {mode:7s}"
                     dtorch_decode(model, 1, 4)                                   # warm the pools
                     for B in batches:
-                        (rate, us, ops), runs = _median(lambda: dtorch_decode(model, B, args.tokens), args.repeats)
-                        extra = f", {ops:.0f} ops/step, {us / ops:.2f} µs/op" if ops else ""
-                        print(f"  {label} decode batch {B}: {rate:8.1f} tok/s ({_spread(runs, 0)}); "
-                              f"user thread {us:.0f} µs/step{extra}")
+                        for capture in split(args.capture):
+                            (rate, us, ops), runs = _median(
+                                lambda: dtorch_decode(model, B, args.tokens, capture == "on"), args.repeats)
+                            extra = f", {ops:.0f} submissions/step" if ops else ""
+                            print(f"  {label} decode batch {B} capture {capture:3s}: {rate:8.1f} tok/s "
+                                  f"({_spread(runs, 0)}); user thread {us:.0f} µs/step ({_spread(runs, 1)}){extra}")
                     for T in prefills:
                         rate, runs = _median(lambda: dtorch_prefill(model, T), args.repeats)
                         print(f"  {label} prefill {T:4d}:   {rate:8.1f} tok/s ({_spread(runs)})")

@@ -4,9 +4,10 @@ the chosen token ids travel to the controller each step."""
 import numpy as np
 
 from .. import _dtype, _ops, _runtime
-from .._factory import arange, full, rand, zeros
+from .._factory import arange, distribute_tensor, full, rand, zeros
 from .._ops_write import write_pieces_, write_slice_
 from .._placement import Partial, Replicate, Shard
+from .._tensor import DTensor
 from ..parallel.pipeline import microbatch_slices
 
 
@@ -48,10 +49,14 @@ class StaticCache:
     def update(self, layer_idx, key_states, value_states, start):
         """Writes keys and values (B, Hkv, L, D) of layer ``layer_idx`` at slots [start, start + L)
         (or where the per-device layout puts them) and returns the layer's whole keys and values
-        (B, Hkv, slots, D).
+        (B, Hkv, slots, D). ``start`` may be the slots themselves, an (L,) int64 DTensor (the
+        forward's ``cache_position``): then the devices write where it says, so a captured step
+        writes the right slots on every replay.
 
         The one place the cache is written: in place, each device into its own slots."""
         L = key_states.shape[2]
+        if isinstance(start, DTensor):
+            return self._update_at(layer_idx, key_states, value_states, start)
         self._check_room(start, L)
         blocks = self._blocks
         if layer_idx not in self.key_cache:
@@ -70,11 +75,26 @@ class StaticCache:
             self._filled = max(self._filled, start + L)
         return self.key_cache[layer_idx], self.value_cache[layer_idx]
 
+    def _update_at(self, layer_idx, key_states, value_states, slots):
+        if self._blocks:
+            raise ValueError("StaticCache: slots given as a tensor (cache_position) need the plain layout; this cache "
+                             "is laid out per device (ring attention)")
+        if layer_idx not in self.key_cache:
+            self.key_cache[layer_idx] = _slots_like(key_states, self.max_cache_len)
+            self.value_cache[layer_idx] = _slots_like(value_states, self.max_cache_len)
+        self.key_cache[layer_idx].index_copy_(2, slots, key_states)
+        self.value_cache[layer_idx].index_copy_(2, slots, value_states)
+        if layer_idx == min(self.key_cache):
+            # counted as if the slots continue the filled ones, as generation gives them
+            self._filled = min(self.max_cache_len, self._filled + key_states.shape[2])
+        return self.key_cache[layer_idx], self.value_cache[layer_idx]
+
     def update_key_index(self, index, start):
         """Writes the positions (B|1, L) of the keys of a forward (before its layers write the keys);
         returns every slot's (B|1, slots): -1 where nothing was written."""
         L = index.shape[1]
-        self._check_room(start, L)
+        if not isinstance(start, DTensor):
+            self._check_room(start, L)
         if self.key_index is not None and self.key_index.shape[0] != index.shape[0]:
             raise ValueError(f"StaticCache: key positions for {index.shape[0]} rows, the cache holds them for "
                              f"{self.key_index.shape[0]} (give position_ids of the same batch on every step)")
@@ -83,13 +103,26 @@ class StaticCache:
             slots = self._blocks.slots if self._blocks else self.max_cache_len
             self.key_index = full((index.shape[0], slots), -1, device_mesh=index.device_mesh,
                                   placements=_no_partial(index.placements), dtype=_dtype.int64)
-        if self._blocks:
+        if isinstance(start, DTensor):
+            if self._blocks:
+                raise ValueError("StaticCache: slots given as a tensor (cache_position) need the plain layout; this "
+                                 "cache is laid out per device (ring attention)")
+            self.key_index.index_copy_(1, start, index)
+        elif self._blocks:
             self._writes = (start, self._blocks.plan(index, 1))
             self._blocks.write(self.key_index, 1, index, self._writes[1])
             self._filled = start + L
         else:
             write_slice_(self.key_index, 1, start, index)
         return self.key_index
+
+    def slots_by_index(self):
+        """Whether the slots can be written at positions held by a tensor (``update`` with a DTensor
+        start): no cache tensor split along the slots (a ring lays them out per device)."""
+        def split_on(x, dim):
+            return x is not None and any(isinstance(p, Shard) and p.dim == dim for p in x.placements)
+        tensors = [(t, 2) for t in list(self.key_cache.values()) + list(self.value_cache.values())]
+        return self._blocks is None and not any(split_on(t, d) for t, d in tensors + [(self.key_index, 1)])
 
     def split(self, slices):
         """One cache per group of rows (the micro-batches of a pipeline), made once and kept; the
@@ -183,7 +216,7 @@ class GenerationMixin:
     position_ids, past_key_values, logits_to_keep) and returns ``.logits``."""
 
     def generate(self, input_ids, max_new_tokens=20, do_sample=False, temperature=1.0, top_k=None, top_p=None,
-                 seed=None, eos_token_id=None, attention_mask=None, streamer=None, pad_token_id=None):
+                 seed=None, eos_token_id=None, attention_mask=None, streamer=None, pad_token_id=None, capture=True):
         """The prompts (B, P) followed by up to max_new_tokens new tokens each, as numpy int64
         (B, P + n). Greedy, or with ``do_sample`` sampled after temperature, top-k and top-p (in
         transformers' order) by the Gumbel-max trick on the devices with dtorch's counter-based
@@ -191,11 +224,14 @@ class GenerationMixin:
         mesh. Rows of different lengths: left padding with ``attention_mask`` (1 token, 0 pad).
         ``eos_token_id`` (an int or a list): a row that made it gets ``pad_token_id`` afterwards
         (default: the config's pad, else the eos), and generation stops when every row has.
-        ``streamer``: ``put(ids)`` gets the prompts, then each step's tokens (B,); ``end()`` at the end."""
+        ``streamer``: ``put(ids)`` gets the prompts, then each step's tokens (B,); ``end()`` at the end.
+        ``capture``: the decode step is recorded once (dtorch.capture) and replayed, one record per
+        device and step, where the cache allows it (not with a cache laid out per device, as ring
+        attention lays it out); the tokens are the same either way."""
         prompt = self._prompt(input_ids)
         steps = self.stream(prompt, max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
                             top_p=top_p, seed=seed, eos_token_id=eos_token_id, attention_mask=attention_mask,
-                            pad_token_id=pad_token_id)
+                            pad_token_id=pad_token_id, capture=capture)
         if streamer is not None:
             streamer.put(prompt)
         out = [prompt]
@@ -217,7 +253,7 @@ class GenerationMixin:
         return self._checked_ids(ids)
 
     def stream(self, input_ids, max_new_tokens=20, do_sample=False, temperature=1.0, top_k=None, top_p=None,
-               seed=None, eos_token_id=None, attention_mask=None, pad_token_id=None):
+               seed=None, eos_token_id=None, attention_mask=None, pad_token_id=None, capture=True):
         """An iterator over the new tokens, one numpy (B,) array per step, as ``generate`` makes them."""
         prompt = self._prompt(input_ids)
         B, P = prompt.shape
@@ -230,13 +266,14 @@ class GenerationMixin:
             pad_token_id = self.config.pad_token_id
         if pad_token_id is None:
             pad_token_id = min(eos) if eos else 0
-        return self._steps(prompt, mask != 0, int(max_new_tokens), warp, seed, eos, int(pad_token_id))
+        return self._steps(prompt, mask != 0, int(max_new_tokens), warp, seed, eos, int(pad_token_id), bool(capture))
 
-    def _steps(self, prompt, real, max_new_tokens, warp, seed, eos, pad):
+    def _steps(self, prompt, real, max_new_tokens, warp, seed, eos, pad, capture=False):
         """The decode loop. The rows run in groups (the micro-batches of a pipeline; one group
         otherwise), each with its own cache and next token: a group's next step is queued as soon
         as its token is chosen, so while the last stage finishes one group the first stage already
-        runs the next one's step."""
+        runs the next one's step. With ``capture`` the step of every group (choose the tokens,
+        then the forward of each) is recorded once and replayed (``_DecodeStep``)."""
         B, P = prompt.shape
         if max_new_tokens <= 0:
             return
@@ -253,18 +290,24 @@ class GenerationMixin:
             # [rows, cache, logits (b, V), next positions (b, 1)]
             groups.append([rows, cache, out.logits[:, -1], positions[rows, -1:] + 1])
         done = np.zeros(B, bool)
+        decode = _DecodeStep(call, warp, groups, B, P, padded) if capture and max_new_tokens > 1 else None
+        if decode is not None and not decode.usable:
+            decode = None
         for step in range(max_new_tokens):
-            noise = warp.noise(B, groups[0][2])      # one draw for the whole batch: the same on any split
-            pending = []
-            for group in groups:
-                rows, cache, logits, position = group
-                token = warp.choose(logits, noise if noise is None or len(groups) == 1 else noise[rows])   # (b,)
-                pending.append(token.future())
-                if step + 1 < max_new_tokens:   # the next step is queued before this one's ids arrive
-                    b = rows.stop - rows.start
-                    out = call(token.view(b, 1), position_ids=position if padded else None, past_key_values=cache,
-                               logits_to_keep=1)
-                    group[2], group[3] = out.logits[:, -1], position + 1
+            if decode is not None and step + 1 < max_new_tokens:
+                pending = [token.future() for token in decode()]
+            else:
+                noise = warp.noise(B, groups[0][2])      # one draw for the whole batch: the same on any split
+                pending = []
+                for group in groups:
+                    rows, cache, logits, position = group
+                    token = warp.choose(logits, noise if noise is None or len(groups) == 1 else noise[rows])   # (b,)
+                    pending.append(token.future())
+                    if step + 1 < max_new_tokens:   # the next step is queued before this one's ids arrive
+                        b = rows.stop - rows.start
+                        out = call(token.view(b, 1), position_ids=position if padded else None,
+                                   past_key_values=cache, logits_to_keep=1)
+                        group[2], group[3] = out.logits[:, -1], position + 1
             tokens = np.concatenate([p.result() for p in pending]).astype(np.int64)
             tokens[done] = pad
             yield tokens
@@ -275,6 +318,49 @@ class GenerationMixin:
                     # generation is still in flight when the caller goes on (or shuts down)
                     _runtime.synchronize()
                     return
+
+
+class _DecodeStep:
+    """One decode step of every group, captured (dtorch.capture) on its first call and replayed
+    after: the sampling noise for the batch, then per group the token chosen from its logits and
+    the forward of that token, which writes the cache at the step's slot. The step's slot
+    (``cache_position``) and, with padding, the positions are DTensors that the step itself moves
+    on, so the replays take nothing from the host. Calling it runs a step and returns each
+    group's tokens; ``groups`` then holds the new logits."""
+
+    def __init__(self, call, warp, groups, batch, prompt_len, padded):
+        self.call, self.warp, self.groups, self.batch, self.padded = call, warp, groups, batch, padded
+        self.usable = all(g[1].slots_by_index() for g in groups)
+        if not self.usable:
+            return
+        for group in groups:                 # what the step keeps between calls is made outside it
+            warp.prepare(group[2])
+        mesh = groups[0][2].device_mesh
+        self.slot = arange(prompt_len, prompt_len + 1, device_mesh=mesh)     # (1,): the cache slot
+        self.positions = tuple(distribute_tensor(np.ascontiguousarray(g[3]), mesh) if padded else None
+                               for g in groups)
+        from .._capture import CapturedFunction
+        self._step = CapturedFunction(self._run)
+        self._step.__qualname__ = "decode step"
+
+    def _run(self, logits, positions, slot):
+        noise = self.warp.noise(self.batch, logits[0])
+        tokens, new_logits, new_positions = [], [], []
+        for (rows, cache, _, _), group_logits, position in zip(self.groups, logits, positions):
+            token = self.warp.choose(group_logits, noise if noise is None or len(self.groups) == 1 else noise[rows])
+            out = self.call(token.view(rows.stop - rows.start, 1), position_ids=position, past_key_values=cache,
+                            logits_to_keep=1, cache_position=slot)
+            tokens.append(token)
+            new_logits.append(out.logits[:, -1])
+            new_positions.append(None if position is None else position + 1)
+        return tokens, new_logits, tuple(new_positions), slot + 1
+
+    def __call__(self):
+        tokens, logits, self.positions, self.slot = self._step(tuple(g[2] for g in self.groups), self.positions,
+                                                               self.slot)
+        for group, group_logits in zip(self.groups, logits):
+            group[2] = group_logits
+        return tokens
 
 
 def _token_set(eos_token_id):
@@ -309,6 +395,11 @@ class _Sampler:
             return None
         return rand((batch, logits.shape[-1]), device_mesh=logits.device_mesh,
                     placements=_no_partial(logits.placements))
+
+    def prepare(self, logits):
+        """Makes what choosing from logits like these keeps between steps (the vocabulary's
+        positions), so that a captured step finds it made."""
+        self._vocab_positions(logits)
 
     def choose(self, logits, noise=None):
         """The next token of each row of logits (b, V); ``noise``: this step's rows of ``noise()``
@@ -346,11 +437,16 @@ class _Sampler:
         """The first index of the largest value along the last dim: a max and a min over the
         (sharded) vocabulary, so only one number per row crosses devices."""
         V = x.shape[-1]
-        split = tuple(Shard(0) if isinstance(p, Shard) and p.dim == x.ndim - 1 else Replicate() for p in x.placements)
-        key = (x.device_mesh, V, split)
-        if key not in self._index:   # vocabulary positions, split as the vocabulary is
-            self._index[key] = arange(V, device_mesh=x.device_mesh, placements=list(split))
         best = x.amax(-1, keepdim=True)                                            # Partial(max) over shards
         if any(p.is_partial() for p in best.placements):
             best = best.redistribute(best.device_mesh, _no_partial(best.placements))   # (B, 1) all-reduced
-        return _ops.where(x == best, self._index[key], V).amin(-1)
+        return _ops.where(x == best, self._vocab_positions(x), V).amin(-1)
+
+    def _vocab_positions(self, x):
+        """arange(V) split as x's vocabulary (last) dim is, made once per layout."""
+        V = x.shape[-1]
+        split = tuple(Shard(0) if isinstance(p, Shard) and p.dim == x.ndim - 1 else Replicate() for p in x.placements)
+        key = (x.device_mesh, V, split)
+        if key not in self._index:
+            self._index[key] = arange(V, device_mesh=x.device_mesh, placements=list(split))
+        return self._index[key]

@@ -26,7 +26,7 @@ from ..nn import functional as F
 from ..nn.layers import GELU, Embedding, Linear, ReLU, RMSNorm, SiLU
 from ..nn.module import Module, default_mesh, meta_device
 from ..nn.containers import ModuleList
-from ..parallel.pipeline import microbatch_slices, rows_of
+from ..parallel.pipeline import microbatch_slices, rows_of, to_mesh
 from .generation import GenerationMixin, StaticCache
 
 _ACTIVATIONS = {"silu": SiLU, "swish": SiLU, "relu": ReLU, "gelu": GELU,
@@ -290,7 +290,11 @@ class LlamaModel(Module):
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, device_mesh=device_mesh, dtype=dtype)
         self.rotary_emb = LlamaRotaryEmbedding(config, device_mesh, dtype)
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None):
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, cache_position=None):
+        """``cache_position`` (L,) int64, HF's: the cache slots the new tokens go to (default: right
+        after the filled ones), and their positions when ``position_ids`` is None. As a DTensor it
+        is used on the devices only, so a captured decode step (dtorch.capture) takes the step's
+        slot as an input."""
         B, L = input_ids.shape                                                 # input_ids: (B, L)
         cache = past_key_values
         start = cache.get_seq_length() if cache is not None else 0
@@ -300,8 +304,18 @@ class LlamaModel(Module):
         h = self.embed_tokens(input_ids)                                       # (B, L, E)
         mesh = h.device_mesh
         num_positions = start + L
+        if cache_position is not None and not isinstance(cache_position, DTensor):
+            cache_position = np.asarray(cache_position, dtype=np.int64)
+            if cache_position.shape != (L,) or (L and (cache_position.min() < 0 or cache_position.max() >= S)):
+                raise ValueError(f"cache_position must give {L} slot(s) in [0, {S}), got {cache_position.tolist()}")
+            cache_position = distribute_tensor(cache_position, mesh)
+        cache_position = to_mesh(cache_position, mesh)                         # a pipeline's first stage
+        if isinstance(position_ids, DTensor):
+            position_ids = to_mesh(position_ids, mesh)
+        slots = start if cache_position is None else cache_position          # where the new keys go
         if position_ids is None:
-            position_ids = arange(start, start + L, device_mesh=mesh).unsqueeze(0)   # (1, L)
+            position_ids = (arange(start, start + L, device_mesh=mesh) if cache_position is None
+                            else cache_position).unsqueeze(0)                  # (1, L)
         elif not isinstance(position_ids, DTensor):
             position_ids = np.asarray(position_ids)
             num_positions = max(num_positions, int(position_ids.max(initial=0)) + 1)
@@ -312,17 +326,18 @@ class LlamaModel(Module):
                 attention_mask = np.asarray(attention_mask) != 0
             attention_mask = _on_mesh_like(attention_mask, input_ids, mesh)    # (B, K)
         if any(getattr(layer.self_attn.attention, "by_position", False) for layer in self.layers):
-            attn = self._positions(position_ids, attention_mask, cache, start, L)
+            attn = self._positions(position_ids, attention_mask, cache, slots, start, L)
         else:
-            attn = AttentionInputs(mask=self._mask(attention_mask, cache, start, L, S, mesh))
+            attn = AttentionInputs(mask=self._mask(attention_mask, cache, slots, L, S, mesh))
         for layer in self.layers:
-            h = layer(h, rope, attn, cache, start)
+            h = layer(h, rope, attn, cache, slots)
         return self.norm(h)                                                    # (B, L, E)
 
     @staticmethod
     def _mask(attention_mask, cache, start, L, S, mesh):
         """The (L, S) causal mask over the key slots, and'ed with the (B, 1, 1, S) mask of the real
-        tokens when there is padding; None (plain causal attention) without cache or padding."""
+        tokens when there is padding; None (plain causal attention) without cache or padding.
+        ``start``: the first new slot, or the new slots (L,) as a DTensor."""
         key_mask = key_mask_from(attention_mask, S) if attention_mask is not None else None   # (B, 1, 1, S)
         if cache is not None:
             if key_mask is not None:
@@ -331,14 +346,15 @@ class LlamaModel(Module):
         if cache is None and key_mask is None:
             return None
         slots = arange(S, device_mesh=mesh)                                    # (S,)
-        queries = arange(start, start + L, device_mesh=mesh).unsqueeze(1)      # (L, 1)
+        queries = (start if isinstance(start, DTensor) else arange(start, start + L, device_mesh=mesh)).unsqueeze(1)
         mask = slots <= queries                                                # (L, S): causal over the slots
         return mask if key_mask is None else mask & key_mask                   # (B, 1, L, S)
 
     @staticmethod
-    def _positions(position_ids, attention_mask, cache, start, L):
+    def _positions(position_ids, attention_mask, cache, slots, start, L):
         """Query and key positions: the new tokens' positions, -1 for padding; with a cache, the
-        keys are every slot's (written here once for all layers)."""
+        keys are every slot's (written here once for all layers, at ``slots``: the first new slot
+        ``start`` or the slots as a DTensor)."""
         key_index = position_ids                                               # (B|1, L)
         if attention_mask is not None:
             K = attention_mask.shape[1]
@@ -348,7 +364,7 @@ class LlamaModel(Module):
             real = attention_mask[:, K - L:]                                   # (B, L): the new tokens
             key_index = _ops.where(real, position_ids, -1)                     # (B, L)
         if cache is not None:
-            key_index = cache.update_key_index(key_index, start)               # (B|1, S)
+            key_index = cache.update_key_index(key_index, slots)               # (B|1, S)
         return AttentionInputs(query_index=position_ids, key_index=key_index)
 
 
@@ -390,7 +406,7 @@ class LlamaForCausalLM(GenerationMixin, Module):
             self.lm_head.weight = weight
 
     def __call__(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False,
-                 logits_to_keep=0):
+                 logits_to_keep=0, cache_position=None):
         if not isinstance(input_ids, DTensor):
             input_ids = self._checked_ids(input_ids)
         if attention_mask is not None and not isinstance(attention_mask, DTensor):
@@ -400,12 +416,13 @@ class LlamaForCausalLM(GenerationMixin, Module):
         kwargs = dict(attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=logits_to_keep)
         groups = microbatch_slices(input_ids.shape[0], self.num_microbatches)
         if len(groups) == 1:
-            return self._call_rows(input_ids, past_key_values=past_key_values, use_cache=use_cache, **kwargs)
+            return self._call_rows(input_ids, past_key_values=past_key_values, use_cache=use_cache,
+                                   cache_position=cache_position, **kwargs)
         if past_key_values is None and use_cache:
             past_key_values = StaticCache(input_ids.shape[1])
         caches = past_key_values.split(groups) if past_key_values is not None else [None] * len(groups)
-        outs = [self._call_rows(**rows_of(dict(kwargs, input_ids=input_ids), g), past_key_values=cache)
-                for g, cache in zip(groups, caches)]
+        outs = [self._call_rows(**rows_of(dict(kwargs, input_ids=input_ids), g), past_key_values=cache,
+                                cache_position=cache_position) for g, cache in zip(groups, caches)]
         if past_key_values is not None:
             past_key_values._sync_groups()
         logits = _ops_view.cat([o.logits for o in outs], dim=0)                 # (B, L, V)
@@ -428,16 +445,17 @@ class LlamaForCausalLM(GenerationMixin, Module):
         return ids.astype(np.int64)
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False,
-                logits_to_keep=0):
+                logits_to_keep=0, cache_position=None):
         """Logits (B, L, V) for input_ids (B, L): host ids (checked against the vocabulary) or a DTensor.
         attention_mask (B, K): 1 for tokens, 0 for (left) padding, over the cache's slots so far
         (K may run to the cache's length). past_key_values: a StaticCache to read and extend;
-        use_cache=True without one makes one just big enough. logits_to_keep=n: only the last n."""
+        use_cache=True without one makes one just big enough. logits_to_keep=n: only the last n.
+        cache_position (L,): the cache slots of the new tokens (LlamaModel.forward)."""
         if not isinstance(input_ids, DTensor):
             input_ids = distribute_tensor(self._checked_ids(input_ids), self.model.embed_tokens.weight.device_mesh)
         if use_cache and past_key_values is None:
             past_key_values = StaticCache(input_ids.shape[1])
-        h = self.model(input_ids, attention_mask, position_ids, past_key_values)   # (B, L, E)
+        h = self.model(input_ids, attention_mask, position_ids, past_key_values, cache_position=cache_position)
         if logits_to_keep:
             h = h[:, -logits_to_keep:, :]
         return CausalLMOutputWithPast(self.lm_head(h), past_key_values)          # logits: (B, L, V)

@@ -135,7 +135,10 @@ class ContextParallelInput(ParallelStyle):
 
         def enter(mod, args, kwargs):
             kwargs = dict(kwargs)
-            names = ("input_ids", "attention_mask", "position_ids", "past_key_values")
+            names = ("input_ids", "attention_mask", "position_ids", "past_key_values", "cache_position")
+            if len(args) > len(names):
+                raise TypeError(f"{type(mod).__name__}.forward: at most {len(names)} positional arguments "
+                                f"({', '.join(names)}), got {len(args)}")
             for name, value in zip(names, args):
                 kwargs[name] = value
             ids = kwargs["input_ids"]
