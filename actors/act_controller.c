@@ -443,6 +443,7 @@ static void s_stop(s_ctl *c)
 
 void *act_controller_main(void *arg)
 {
+    pthread_setname_np(pthread_self(), "dtorch-control"); /* so profiles and debuggers tell it apart */
     s_ctl c = {.rt = arg, .sent = calloc(DT_MAX_DEVICE_ID + 1, sizeof *c.sent)};
     act_runtime *rt = c.rt;
     c.router = rt->router = c.sent ? mb_socket_new(MB_ROUTER, rt->endpoint, true, NULL) : NULL;
