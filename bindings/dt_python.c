@@ -78,9 +78,14 @@ static int s_arg_int(const char *fn, const char *what, PyObject *o, int64_t *v)
         PyErr_Format(PyExc_TypeError, "%s(): %s must be an int, got %s", fn, what, s_type_name(o));
         return -1;
     }
-    long long x = PyLong_AsLongLong(o);
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(o, &overflow);
     if (x == -1 && PyErr_Occurred())
         return -1;
+    if (overflow) {
+        PyErr_Format(s_value_error, "%s(): %s %R is out of range (a 64-bit integer)", fn, what, o);
+        return -1;
+    }
     *v = x;
     return 0;
 }
@@ -128,8 +133,15 @@ static int s_arg_sizes(const char *fn, PyObject *args, int64_t *out)
             PyErr_Format(PyExc_TypeError, "%s(): argument 'size' must be tuple of ints, but found element of type "
                          "%s at pos %zd", fn, s_type_name(s), i);
             rc = -1;
-        } else if ((out[i] = PyLong_AsLongLong(s)) == -1 && PyErr_Occurred()) {
-            rc = -1;
+        } else {
+            int overflow = 0;
+            if ((out[i] = PyLong_AsLongLongAndOverflow(s, &overflow)) == -1 && PyErr_Occurred())
+                rc = -1;
+            else if (overflow) {
+                PyErr_Format(s_value_error, "%s(): size %R at pos %zd is out of range (a tensor holds at most 2**48 "
+                             "elements)", fn, s, i);
+                rc = -1;
+            }
         }
     }
     Py_DECREF(fast);
@@ -1651,7 +1663,22 @@ static PyObject *s_is_running(PyObject *mod, PyObject *unused) { return PyBool_F
 
 static PyObject *s_manual_seed(PyObject *mod, PyObject *arg)
 {
-    unsigned long long seed = PyLong_AsUnsignedLongLongMask(arg);
+    /* torch's range: a negative seed stands for its 64-bit two's complement, nothing wider */
+    int overflow = 0;
+    long long value = PyLong_Check(arg) ? PyLong_AsLongLongAndOverflow(arg, &overflow) : 0;
+    unsigned long long seed = (unsigned long long)value;
+    if (!PyErr_Occurred() && overflow > 0) {
+        seed = PyLong_AsUnsignedLongLong(arg);
+        if (PyErr_Occurred())
+            PyErr_Clear(), overflow = 2;
+        else
+            overflow = 0;
+    }
+    if (!PyErr_Occurred() && (overflow || !PyLong_Check(arg))) {
+        PyErr_Format(PyLong_Check(arg) ? s_value_error : s_type_error,
+                     "manual_seed: the seed must be an integer in [-2**63, 2**64), got %R", arg);
+        return NULL;
+    }
     if (PyErr_Occurred())
         return NULL;
     dt_manual_seed(seed);

@@ -3,6 +3,9 @@
 #include "dt_dtype.h"
 
 #include <math.h>
+#include <stdio.h>
+
+#include "dt_error.h"
 
 static const struct {
     const char *name;
@@ -21,6 +24,35 @@ const char *dt_dtype_name(dt_dtype dtype) { return dt_dtype_valid(dtype) ? s_dty
 size_t dt_dtype_size(dt_dtype dtype) { return dt_dtype_valid(dtype) ? s_dtypes[dtype].size : 0; }
 
 bool dt_dtype_is_float(dt_dtype dtype) { return dt_dtype_valid(dtype) && s_dtypes[dtype].is_float; }
+
+int dt_dtype_check_value(const char *op, dt_dtype dtype, dt_scalar v)
+{
+    double lo, hi;
+    switch (dtype) {
+    case DT_BOOL: return 0;
+    case DT_INT32: lo = -2147483648.0, hi = 2147483647.0; break;
+    case DT_INT64: lo = -9223372036854775808.0, hi = 9223372036854775807.0; break;
+    case DT_FLOAT16: lo = -65504.0, hi = 65504.0; break;
+    case DT_BFLOAT16: lo = -3.3895313892515355e38, hi = 3.3895313892515355e38; break;
+    default: lo = -3.4028234663852886e38, hi = 3.4028234663852886e38; break;
+    }
+    bool fits;
+    if (v.is_int)
+        fits = dtype == DT_INT64 || ((double)v.i >= lo && (double)v.i <= hi);
+    else if (dt_dtype_is_float(dtype))
+        fits = !isfinite(v.f) || (v.f >= lo && v.f <= hi);
+    else /* a float into an integer type truncates: it must be finite and in range after that */
+        fits = isfinite(v.f) && trunc(v.f) >= lo && trunc(v.f) < -lo;
+    if (fits)
+        return 0;
+    char text[64];
+    if (v.is_int)
+        snprintf(text, sizeof text, "%lld", (long long)v.i);
+    else
+        snprintf(text, sizeof text, "%g", v.f);
+    return dt_err(DT_EINVAL, "%s: value %s cannot be converted to type %s without overflow", op, text,
+                  dt_dtype_name(dtype));
+}
 
 float dt_f16_to_f32(uint16_t h)
 {

@@ -9,6 +9,10 @@
 
 bool dt_dtype_valid(int dtype);
 bool dt_dtype_is_float(dt_dtype dtype);
+/* 0 when the number fits dtype (torch's rule: integers in range, floats finite and within the
+ * largest finite value or infinite or NaN for float dtypes; anything for bool), else DT_EINVAL
+ * "<op>: value V cannot be converted to type T without overflow". */
+int dt_dtype_check_value(const char *op, dt_dtype dtype, dt_scalar value);
 
 /* Round-to-nearest-even conversions; NaN stays NaN, overflow goes to infinity. */
 static inline float dt_bf16_to_f32(uint16_t h)

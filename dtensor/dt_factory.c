@@ -106,6 +106,8 @@ static dt_tensor *s_make(const char *op, mb_op_code code, dt_mesh *mesh, int ndi
 dt_tensor *dt_full(dt_mesh *mesh, int ndim, const int64_t *shape, dt_dtype dtype, const dt_placement *placements,
                    dt_scalar value)
 {
+    if (dt_dtype_valid(dtype) && dt_dtype_check_value("full", dtype, value) != 0)
+        return NULL;
     return s_make("full", MB_OP_FILL, mesh, ndim, shape, dtype, placements, value);
 }
 

@@ -116,6 +116,8 @@ static int s_infer(op_call *c)
             return dt_err(DT_ETYPE, "masked_fill: expected mask to be a boolean tensor, got %s",
                           dt_dtype_name(c->in[1].dtype));
         out->dtype = c->in[0].dtype;
+        if (dt_dtype_check_value(name, out->dtype, c->attrs.scalar) != 0)
+            return DT_EINVAL;
         /* the mask broadcasts to the input, never the other way */
         if (out->ndim != c->in[0].ndim || memcmp(out->shape, c->in[0].shape, sizeof(int64_t) * (size_t)out->ndim))
             return dt_err(DT_EINVAL, "masked_fill: the mask must broadcast to the input's shape");
@@ -153,6 +155,9 @@ static int s_infer(op_call *c)
         d = DT_BOOL;
         break;
     case S_PROMOTE:
+        /* torch converts the number to the operation's dtype: one that does not fit is an error */
+        if (c->attrs.has_scalar && dt_dtype_check_value(name, d, c->attrs.scalar) != 0)
+            return DT_EINVAL;
         if (d == DT_BOOL && c->def->id == OP_ID_sub)
             return dt_err(DT_ETYPE, "sub: Subtraction, the `-` operator, with two bool tensors is not supported");
         if (d == DT_BOOL && c->def->id == OP_ID_pow)

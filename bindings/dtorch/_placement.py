@@ -29,6 +29,8 @@ class Shard(Placement):
     def __init__(self, dim=0):
         if not isinstance(dim, int) or isinstance(dim, bool):
             raise TypeError(f"Shard(dim): dim must be an int, got {type(dim).__name__}")
+        if not -2 ** 31 <= dim < 2 ** 31:
+            raise ValueError(f"Shard(dim): dim {dim} is out of range (a tensor has at most 8 dims)")
         self.dim = dim
 
     def is_shard(self, dim=None):

@@ -1,4 +1,6 @@
 """Bad input: a clear exception at the call site, and the runtime keeps working afterwards."""
+import re
+
 import numpy as np
 import pytest
 
@@ -220,4 +222,60 @@ def test_item_and_len_errors(mode):
         dtorch.zeros(2, device_mesh=mesh).item()
     with pytest.raises(TypeError, match="0-d"):
         len(dtorch.full((), 1.0, device_mesh=mesh))
+    _still_works(mesh)
+
+
+@pytest.mark.parametrize("make, dtype, message", [
+    (lambda m: dtorch.full((2, 2), 2 ** 40, dtype=dtorch.int32, device_mesh=m), "int32", "1099511627776"),
+    (lambda m: dtorch.full((2, 2), -2 ** 31 - 1, dtype=dtorch.int32, device_mesh=m), "int32", "-2147483649"),
+    (lambda m: dtorch.full((2,), 1e20, dtype=dtorch.int32, device_mesh=m), "int32", "1e+20"),
+    (lambda m: dtorch.full((2,), float("nan"), dtype=dtorch.int64, device_mesh=m), "int64", "nan"),
+    (lambda m: dtorch.full((2,), 1e6, dtype=dtorch.float16, device_mesh=m), "float16", "1e+06"),
+    (lambda m: dtorch.full((2,), -7e4, dtype=dtorch.float16, device_mesh=m), "float16", "-70000"),
+    (lambda m: dtorch.full((2,), 1e39, dtype=dtorch.float32, device_mesh=m), "float32", "1e+39"),
+    (lambda m: dtorch.full((2,), 3.4e38, dtype=dtorch.bfloat16, device_mesh=m), "bfloat16", "3.4e+38"),
+    (lambda m: dtorch.ones(2, dtype=dtorch.int32, device_mesh=m) + 2 ** 40, "int32", "1099511627776"),
+    (lambda m: dtorch.ones(2, dtype=dtorch.float16, device_mesh=m) * 1e6, "float16", "1e+06"),
+    (lambda m: dtorch.ones(2, dtype=dtorch.int32, device_mesh=m).masked_fill(
+        dtorch.ones(2, dtype=dtorch.bool, device_mesh=m), 2 ** 31), "int32", "2147483648"),
+])
+def test_numbers_that_overflow_the_dtype_are_refused(mode, make, dtype, message):
+    """torch's rule: a number converted to a tensor's dtype must fit (no wrap, no inf)."""
+    mesh = MESHES["2"]()
+    with pytest.raises(ValueError, match=re.escape(f"value {message} cannot be converted to type {dtype} without overflow")):
+        make(mesh)
+    _still_works(mesh)
+
+
+def test_numbers_that_fit_are_kept_exactly(mode):
+    mesh = MESHES["2"]()
+    cases = [(dtorch.full((2,), -2 ** 31, dtype=dtorch.int32, device_mesh=mesh), np.int32(-2 ** 31)),
+             (dtorch.full((2,), 2 ** 31 - 1, dtype=dtorch.int32, device_mesh=mesh), np.int32(2 ** 31 - 1)),
+             (dtorch.full((2,), 2.9, dtype=dtorch.int32, device_mesh=mesh), np.int32(2)),
+             (dtorch.full((2,), 65504.0, dtype=dtorch.float16, device_mesh=mesh), np.float16(65504)),
+             (dtorch.full((2,), float("inf"), dtype=dtorch.float16, device_mesh=mesh), np.float16(np.inf)),
+             (dtorch.full((2,), 2 ** 62, dtype=dtorch.int64, device_mesh=mesh), np.int64(2 ** 62)),
+             (dtorch.ones(2, dtype=dtorch.int32, device_mesh=mesh) + (2 ** 31 - 2), np.int32(2 ** 31 - 1))]
+    for x, want in cases:
+        np.testing.assert_array_equal(x.numpy(), np.full(2, want))
+        assert x.numpy().dtype == want.dtype
+
+
+def test_out_of_range_integers_are_named(mode):
+    mesh = MESHES["2"]()
+    with pytest.raises(ValueError, match=r"Shard\(dim\): dim 1099511627776 is out of range"):
+        Shard(2 ** 40)
+    with pytest.raises(ValueError, match=r"rand\(\): size 9223372036854775808 at pos 0 is out of range"):
+        dtorch.rand((2 ** 63,), device_mesh=mesh)
+    with pytest.raises(ValueError, match=r"manual_seed: the seed must be an integer in \[-2\*\*63, 2\*\*64\)"):
+        dtorch.manual_seed(2 ** 70)
+    with pytest.raises(ValueError, match="manual_seed"):
+        dtorch.manual_seed(-2 ** 63 - 1)
+    with pytest.raises(TypeError, match="clamp"):
+        dtorch.clamp(dtorch.ones(3, device_mesh=mesh), min="a")
+    # the ends of the seed's range are seeds: -1 is 2**64 - 1, as torch takes it
+    dtorch.manual_seed(-1)
+    a = dtorch.rand(5, device_mesh=mesh).numpy()
+    dtorch.manual_seed(2 ** 64 - 1)
+    np.testing.assert_array_equal(dtorch.rand(5, device_mesh=mesh).numpy(), a)
     _still_works(mesh)
