@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -83,6 +84,45 @@ static int s_workers_from_env(dt_workers *out)
     return 0;
 }
 
+static char s_dir[64];   /* the run's private directory for ipc sockets ("" until made) */
+
+static void s_remove_run_dir(void)
+{
+    if (!s_dir[0])
+        return;
+    DIR *d = opendir(s_dir);
+    struct dirent *e;
+    char path[sizeof s_dir + 300];
+    while (d && (e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+            snprintf(path, sizeof path, "%s/%s", s_dir, e->d_name);
+            unlink(path);   /* socket files a killed worker could not remove */
+        }
+    if (d)
+        closedir(d);
+    rmdir(s_dir);
+    s_dir[0] = 0;
+}
+
+/* Makes the run's ipc directory (mode 0700, a random name under $TMPDIR or /tmp) once. */
+static int s_run_dir(void)
+{
+    if (s_dir[0])
+        return 0;
+    const char *tmp = getenv("TMPDIR");
+    if (!tmp || !*tmp || strlen(tmp) > 24)
+        tmp = "/tmp";   /* socket paths must stay short (sun_path) */
+    snprintf(s_dir, sizeof s_dir, "%s/dtorch-XXXXXX", tmp);
+    if (!mkdtemp(s_dir)) {
+        s_dir[0] = 0;
+        return dt_err(DT_ESYS, "dtorch: cannot make a private directory for the workers' sockets in %s", tmp);
+    }
+    static bool registered;
+    if (!registered)
+        registered = atexit(s_remove_run_dir) == 0;
+    return 0;
+}
+
 /* Starts the controller thread; called with the lock held. */
 static int s_start(void)
 {
@@ -91,11 +131,18 @@ static int s_start(void)
     if (rt->doorbell < 0)
         return dt_err(DT_ESYS, "dtorch: cannot create the controller's doorbell");
     rt->epoch++;
-    if (rt->workers == DT_WORKERS_THREAD)
+    if (rt->workers == DT_WORKERS_THREAD) {
         snprintf(rt->endpoint, sizeof rt->endpoint, "inproc://dtorch-controller-%llu", (unsigned long long)rt->epoch);
-    else
-        snprintf(rt->endpoint, sizeof rt->endpoint, "ipc:///tmp/dtorch-%d-%llu.ipc", (int)getpid(),
-                 (unsigned long long)rt->epoch);
+    } else {
+        /* the sockets of worker processes live in a directory of this run that only its user can
+         * enter, under a name nobody can guess: another local user cannot even connect */
+        if (s_run_dir() != 0) {
+            close(rt->doorbell);
+            rt->doorbell = -1;
+            return dt_last_error_code();
+        }
+        snprintf(rt->endpoint, sizeof rt->endpoint, "ipc://%s/control-%llu", s_dir, (unsigned long long)rt->epoch);
+    }
     dt_idmap_init(&rt->futures);
     const char *silent = getenv("DTORCH_SILENT_TIMEOUT");
     rt->silent_s = silent && atof(silent) > 0 ? atof(silent) : ACT_SILENT_S;
@@ -186,6 +233,8 @@ int dt_shutdown(void)
     pthread_mutex_lock(&rt->lock);
     close(rt->doorbell);
     rt->doorbell = -1;
+    if (rt->workers == DT_WORKERS_PROCESS)
+        s_remove_run_dir();   /* every worker is gone: their sockets go too */
     rt->running = false;
     rt->stopping = false;
     s_configured = false;

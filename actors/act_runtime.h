@@ -29,7 +29,7 @@
 #define ACT_HELLO_TIMEOUT_S 20.0       /* a worker that has not said hello by then is dead */
 #define ACT_BYE_TIMEOUT_S 2.0          /* how long shutdown waits for workers to stop before killing them */
 #define ACT_HEARTBEAT_S 0.5            /* a worker process says it is alive this often */
-#define ACT_SILENT_S 10.0              /* a worker process not heard from this long is dead (env DTORCH_SILENT_TIMEOUT) */
+#define ACT_SILENT_S 3.0               /* a worker process not heard from this long is dead (env DTORCH_SILENT_TIMEOUT) */
 
 /* One message's worth of records for one device. */
 typedef struct act_batch {

@@ -2,6 +2,7 @@
 import asyncio
 import os
 import signal
+import stat
 import time
 
 import numpy as np
@@ -140,3 +141,25 @@ def test_silent_worker_is_declared_dead(sigcont_guard, monkeypatch):
         assert np.array_equal(y.numpy(), np.ones(4)), "other devices keep working"
     finally:
         dtorch.shutdown()
+
+
+def test_worker_sockets_live_in_a_private_directory_that_goes_with_the_run(process_mode):
+    """The ipc sockets of worker processes are in a directory only this user can enter, under a
+    random name; a killed worker's socket file does not outlive the run."""
+    mesh = dtorch.DeviceMesh("cpu", [0, 1])
+    x = dtorch.arange(4, device_mesh=mesh, placements=[dtorch.Shard(0)])
+    np.testing.assert_array_equal(x.redistribute(mesh, [dtorch.Replicate()]).numpy(), np.arange(4))
+    pids = worker_pids()
+    argv = open(f"/proc/{pids[0]}/cmdline").read().split("\0")
+    endpoint = argv[argv.index("--connect") + 1]
+    assert endpoint.startswith("ipc://")
+    directory = os.path.dirname(endpoint[len("ipc://"):])
+    assert str(os.getpid()) not in os.path.basename(directory)
+    assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+    assert os.stat(directory).st_uid == os.getuid()
+    assert any("peer" in name for name in os.listdir(directory)), os.listdir(directory)
+    os.kill(pids[1], signal.SIGKILL)
+    with pytest.raises(RuntimeError, match="device 1"):
+        x.redistribute(mesh, [dtorch.Replicate()]).numpy()
+    dtorch.shutdown()
+    assert not os.path.exists(directory)
