@@ -389,6 +389,12 @@ static bool s_compute(act_worker *w, const msgpack_object *rec)
         }
     }
     char msg[DT_ERRMSG_MAX];
+    if (!why && (why = op_check_local(&k))) {
+        act_worker_failure(w, msg, sizeof msg, def->name, why);
+        for (int o = 0; o < k.nout; o++)
+            act_wtensor_poison(w, out_ids[o], msg);
+        return true;
+    }
     if (why) {
         snprintf(msg, sizeof msg, "%s", why); /* the root failure, passed on unchanged */
         for (int o = 0; o < k.nout; o++)
@@ -660,17 +666,8 @@ int act_worker_run(const char *endpoint, int64_t device, const char *device_type
     }
     char rid[32];
     snprintf(rid, sizeof rid, "d%" PRId64, device);
-    act_worker w = {.device = device, .backend = backend};
-    snprintf(w.endpoint, sizeof w.endpoint, "%s", endpoint);
-    w.same_process = strncmp(endpoint, "inproc://", 9) == 0;
-    w.read_peers = w.same_process && backend->copy_from_peer;
-    dt_idmap_init(&w.tensors);
-    dt_idmap_init(&w.peers);
-    dt_idmap_init(&w.linked);
-    dt_idmap_init(&w.received);
-    dt_idmap_init(&w.dead);
-    dt_idmap_init(&w.graphs);
-    dt_idmap_init(&w.pins);
+    act_worker w;
+    act_worker_init(&w, device, backend, endpoint);
     int rc = act_peer_open(&w);
     if (rc == 0)
         w.sock = mb_socket_new(MB_DEALER, endpoint, false, rid);
@@ -716,23 +713,55 @@ int act_worker_run(const char *endpoint, int64_t device, const char *device_type
         pthread_mutex_unlock(&hb.lock);
         pthread_join(hb.thread, NULL);
     }
-    while (w.pending_head) {
-        act_pending *p = w.pending_head;
-        w.pending_head = p->next;
+    act_worker_fini(&w);
+    return rc;
+}
+
+void act_worker_init(act_worker *w, int64_t device, const op_backend *backend, const char *endpoint)
+{
+    *w = (act_worker){.device = device, .backend = backend};
+    snprintf(w->endpoint, sizeof w->endpoint, "%s", endpoint);
+    w->same_process = strncmp(endpoint, "inproc://", 9) == 0;
+    w->read_peers = w->same_process && backend->copy_from_peer;
+    dt_idmap_init(&w->tensors);
+    dt_idmap_init(&w->peers);
+    dt_idmap_init(&w->linked);
+    dt_idmap_init(&w->received);
+    dt_idmap_init(&w->dead);
+    dt_idmap_init(&w->graphs);
+    dt_idmap_init(&w->pins);
+}
+
+void act_worker_drop_reply(act_worker *w)
+{
+    for (int i = 0; i < w->npayloads; i++)
+        if (w->payloads[i].free_fn)
+            w->payloads[i].free_fn(w->payloads[i].data, w->payloads[i].hint);
+    w->npayloads = 0;
+    w->nreply = 0;
+    w->reply.size = 0;
+    w->reply.failed = false;
+}
+
+void act_worker_fini(act_worker *w)
+{
+    while (w->pending_head) {
+        act_pending *p = w->pending_head;
+        w->pending_head = p->next;
         mb_message_close(&p->msg);
         free(p);
     }
-    act_replay_close(&w);
+    act_replay_close(w);
     size_t cursor = 0;
     uint64_t id;
     void *t;
-    while (dt_idmap_next(&w.tensors, &cursor, &id, &t))
+    while (dt_idmap_next(&w->tensors, &cursor, &id, &t))
         act_wtensor_free(t);
-    dt_idmap_destroy(&w.tensors);
-    dt_idmap_destroy(&w.dead);
-    act_peer_close(&w);
-    free(mb_w_release(&w.reply));
-    free(w.payloads);
-    mb_socket_destroy(&w.sock);
-    return rc;
+    dt_idmap_destroy(&w->tensors);
+    dt_idmap_destroy(&w->dead);
+    act_peer_close(w);
+    act_worker_drop_reply(w);
+    free(mb_w_release(&w->reply));
+    free(w->payloads);
+    mb_socket_destroy(&w->sock);
 }

@@ -128,6 +128,12 @@ void act_peer_receive(act_worker *w);
  * the rest waits in the pending queue. Takes m. */
 void act_worker_defer(act_worker *w, mb_message *m);
 
+/* A worker's state with no sockets yet (act_worker_run opens them), and its teardown. */
+void act_worker_init(act_worker *w, int64_t device, const op_backend *backend, const char *endpoint);
+void act_worker_fini(act_worker *w);
+/* Drops the reply being built (its records and payload frames) without sending it. */
+void act_worker_drop_reply(act_worker *w);
+
 /* Runs device's worker with the backend of device_type until the controller says bye or
  * should_stop(arg) turns true: the body of a worker thread and of the dtorch-worker process.
  * DT_EINVAL, before it connects, for a device type this build has no backend for. */

@@ -48,6 +48,8 @@ static int s_grow(dt_idmap *m)
 
 int dt_idmap_put(dt_idmap *m, uint64_t id, void *value)
 {
+    if (id == S_EMPTY || id == S_DELETED)
+        return DT_EINVAL; /* the markers of free slots: ids from a socket may be anything */
     /* keep at most half the slots used so probe chains stay short */
     if ((m->used + 1) * 2 > m->cap && s_grow(m) != 0)
         return DT_ENOMEM;
@@ -74,7 +76,7 @@ int dt_idmap_put(dt_idmap *m, uint64_t id, void *value)
 
 static size_t s_find(const dt_idmap *m, uint64_t id)
 {
-    if (m->cap == 0)
+    if (m->cap == 0 || id == S_EMPTY || id == S_DELETED)
         return SIZE_MAX;
     size_t mask = m->cap - 1;
     for (size_t i = s_hash(id) & mask;; i = (i + 1) & mask) {

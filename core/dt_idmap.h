@@ -16,7 +16,8 @@ typedef struct {
 
 void dt_idmap_init(dt_idmap *m);
 void dt_idmap_destroy(dt_idmap *m);
-/* Inserts or replaces; returns 0 or DT_ENOMEM. id must not be 0 or UINT64_MAX. */
+/* Inserts or replaces; returns 0, DT_ENOMEM, or DT_EINVAL for id 0 or UINT64_MAX (never ids: get
+ * and take find nothing under them). */
 int dt_idmap_put(dt_idmap *m, uint64_t id, void *value);
 void *dt_idmap_get(const dt_idmap *m, uint64_t id);
 /* Removes and returns the value (NULL if absent). */

@@ -339,6 +339,6 @@ static int s_local_compare(const op_call *c, const int64_t *coord, int64_t *ctx)
     const op_def op_def_##op = {.name = #op, .id = num, .nin = S_NIN_##kind, .nout = 1, .infer = s_infer,      \
                                 .shard = s_shard, .local = S_LOCAL_##dtype,                                       \
                                 .py_sig = (exports) ? S_SIG_##kind : DT_SIG_NONE, .py_exports = exports,          \
-                                .py_floats = floats};
+                                .py_floats = floats, .infer_local = true};
 OP_POINTWISE(S_DEF)
 #undef S_DEF

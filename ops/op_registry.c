@@ -2,7 +2,10 @@
  * file defines one op_def per row, named op_def_<name>. */
 #include "op_registry.h"
 
+#include <stdio.h>
 #include <string.h>
+
+#include "dt_error.h"
 
 #define S_DECLARE(name, ...) extern const op_def op_def_##name;
 OP_TABLE(S_DECLARE)
@@ -44,6 +47,45 @@ const op_def *op_nth(int i) { return i >= 0 && i < S_COUNT ? s_ops[i] : NULL; }
 int op_index(const op_def *def) { return def->id; }
 
 const op_def *op_at(int index) { return op_by_id(index); }
+
+const char *op_check_local(const op_kernel *k)
+{
+    static _Thread_local char why[DT_ERRMSG_MAX];
+    const op_def *def = k->def;
+    if ((def->nin >= 0 && k->nin != def->nin) || k->nin < 1 || (def->nout > 0 && k->nout != def->nout)) {
+        snprintf(why, sizeof why, "malformed compute record: %s takes %d inputs and %d outputs, the record names "
+                 "%d and %d", def->name, def->nin, def->nout, k->nin, k->nout);
+        return why;
+    }
+    if (!def->infer_local)
+        return NULL;
+    op_call c;
+    memset(&c, 0, sizeof c);
+    c.def = def;
+    c.nin = k->nin;
+    c.attrs = *k->attrs;
+    for (int i = 0; i < k->nin; i++) {
+        c.in[i].ndim = k->in[i].ndim;
+        c.in[i].dtype = k->in[i].dtype;
+        memcpy(c.in[i].shape, k->in[i].shape, sizeof c.in[i].shape);
+    }
+    c.nout = def->nout;
+    if (def->infer(&c) != 0) {
+        snprintf(why, sizeof why, "malformed compute record: %s", dt_last_error());
+        return why;
+    }
+    for (int o = 0; o < k->nout; o++) {
+        const op_arg *want = &c.out[o];
+        const op_local *got = &k->out[o];
+        if (want->dtype != got->dtype || want->ndim != got->ndim ||
+            memcmp(want->shape, got->shape, (size_t)got->ndim * sizeof *got->shape) != 0) {
+            snprintf(why, sizeof why, "malformed compute record: output %d of %s does not match its inputs' pieces",
+                     o, def->name);
+            return why;
+        }
+    }
+    return NULL;
+}
 
 #define S_FNV_OFFSET 0xcbf29ce484222325ull
 #define S_FNV_PRIME 0x100000001b3ull

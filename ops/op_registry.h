@@ -89,6 +89,9 @@ struct op_def {
     int py_exports;                       /* DT_PY_* bits; 0 with DT_SIG_NONE */
     const char *py_floats;                /* DT_SIG_UNARY: "name=default, ..." of attrs.floats */
     bool inplace;                         /* output 0 is input 0, written in place (ops/op_write.c) */
+    /* infer holds for the local pieces too (elementwise ops): a worker checks a record's local
+     * shapes and dtypes with it before the kernel runs (op_check_local) */
+    bool infer_local;
 };
 
 /* The op with this id, or NULL. */
@@ -101,6 +104,11 @@ const op_def *op_nth(int i);
 /* The number a COMPUTE record carries for an op, and back: its id. */
 int op_index(const op_def *def);
 const op_def *op_at(int index);
+/* A worker's check of a COMPUTE before its kernel runs, since the record came from a socket:
+ * the counts of inputs and outputs the op takes, and for ops whose infer holds locally, the
+ * output shapes and dtypes infer gives for the inputs' pieces. NULL when it may run, else why
+ * not (a thread-local message). */
+const char *op_check_local(const op_kernel *k);
 /* FNV-1a over every op's number, name, nin and nout in registry order: a controller and a worker
  * built from other sources disagree on it, and HELLO carries it so that they find out. */
 uint64_t op_registry_hash(void);

@@ -1,7 +1,9 @@
 /* dtn_layout — placement checks and the local block of every mesh coordinate, against tables
- * computed by hand from torch.chunk semantics (DTENSOR-SEMANTICS 1.2 and 1.3). */
+ * computed by hand from torch.chunk semantics (DTENSOR-SEMANTICS 1.2 and 1.3); and the core's id
+ * map. */
 #include <criterion/criterion.h>
 
+#include "dt_idmap.h"
 #include "dt_layout.h"
 
 /* Local size and offset of rank r when one mesh dim of k devices shards a dim of n. */
@@ -264,4 +266,35 @@ Test(shape, invalid)
     /* numel past 2^48 would overflow byte counts further on */
     int64_t huge[2] = {INT64_C(1) << 30, INT64_C(1) << 30};
     cr_expect_eq(dt_layout_check_shape("t", 2, huge), DT_EINVAL, "too many elements");
+}
+
+/* ---- the id map (core/dt_idmap.c): ids come from sockets, so any value must be safe ---------- */
+
+Test(idmap, marker_ids_are_refused_and_found_nowhere)
+{
+    dt_idmap m;
+    dt_idmap_init(&m);
+    int a = 1, b = 2;
+    cr_assert_eq(dt_idmap_put(&m, 5, &a), 0);
+    cr_expect_eq(dt_idmap_put(&m, 0, &b), DT_EINVAL);
+    cr_expect_eq(dt_idmap_put(&m, UINT64_MAX, &b), DT_EINVAL);
+    cr_expect_null(dt_idmap_get(&m, 0));
+    cr_expect_null(dt_idmap_get(&m, UINT64_MAX));
+    cr_expect_null(dt_idmap_take(&m, 0), "an empty slot is not an entry");
+    cr_expect_null(dt_idmap_take(&m, UINT64_MAX), "a tombstone is not an entry");
+    cr_expect_eq(m.count, 1);
+    cr_expect_eq(dt_idmap_take(&m, 5), &a);
+    cr_expect_null(dt_idmap_take(&m, UINT64_MAX), "nor the tombstone 5 left");
+    cr_expect_eq(m.count, 0);
+    /* churn: many ids made and freed keep the map small and every id findable */
+    for (uint64_t id = 1; id <= 10000; id++) {
+        cr_assert_eq(dt_idmap_put(&m, id, &a), 0);
+        if (id > 3)
+            cr_assert_eq(dt_idmap_take(&m, id - 3), &a);
+    }
+    cr_expect_eq(m.count, 3);
+    cr_expect(m.cap <= 64, "tombstones are dropped, not kept: cap %zu", m.cap);
+    for (uint64_t id = 9998; id <= 10000; id++)
+        cr_expect_eq(dt_idmap_get(&m, id), &a);
+    dt_idmap_destroy(&m);
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One entry point for a fresh Debian 12 machine (as root) or a developer's checkout:
 #   tools/run.sh demo    install what is missing, build, run examples/llama.py (the main demo)
-#   tools/run.sh test    install what is missing, build, run every C and Python test
+#   tools/run.sh test    install what is missing, build, run every C and Python test (and the fuzzers)
+#   tools/run.sh fuzz    the fuzzers alone
 # Idempotent: a second run installs nothing and rebuilds only what changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +14,7 @@ export PATH="$VENV/bin:$PATH"
 
 APT_PACKAGES=(gcc libc6-dev pkg-config ninja-build libzmq3-dev libczmq-dev libmsgpack-dev libcriterion-dev
               libopenblas-dev python3 python3-venv python3-dev)
+TEST_APT_PACKAGES=(clang libclang-rt-14-dev)   # the fuzz targets (libFuzzer, ASan, UBSan)
 PY_BUILD_PACKAGES=(numpy meson-python meson ninja)   # what building and the demo need
 PY_TEST_PACKAGES=(pytest ml_dtypes)                    # what the tests need besides
 
@@ -28,8 +30,9 @@ pip_ensure() {
 
 # setup [test]: Debian packages, the venv, dtorch built and installed into it (and the test tools).
 setup() {
-    local missing=()
-    for p in "${APT_PACKAGES[@]}"; do
+    local missing=() packages=("${APT_PACKAGES[@]}")
+    [ "${1:-}" != test ] || packages+=("${TEST_APT_PACKAGES[@]}")
+    for p in "${packages[@]}"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
     done
     if ((${#missing[@]})); then
@@ -59,6 +62,33 @@ c_build() {
     "$VENV/bin/meson" compile -C "$dir" >/dev/null
 }
 
+# Each fuzz target from the seeds make_corpus writes, for a fixed number of inputs with a fixed
+# seed (the same inputs on every machine; about a minute in all here): any crash, leak or
+# sanitizer report fails, and the input is kept in build-fuzz/findings/. The executions are
+# printed. FUZZ_SCALE multiplies the counts (FUZZ_SCALE=10 for a longer look).
+declare -A FUZZ_RUNS=([envelope]=5000000 [records]=2000000 [worker]=1000000)
+run_fuzz() {
+    local status=0
+    CC=clang c_build build-fuzz -Dbuildtype=debugoptimized -Db_sanitize=address,undefined -Db_lundef=false \
+        -Dfuzz=true -Dtests=false
+    rm -rf build-fuzz/corpus build-fuzz/findings && mkdir -p build-fuzz/findings
+    build-fuzz/tests/fuzz/make_corpus build-fuzz/corpus
+    for target in envelope records worker; do
+        local log=build-fuzz/findings/$target.log
+        if (cd build-fuzz/findings && UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+            ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1 \
+            "$ROOT/build-fuzz/tests/fuzz/fuzz_$target" -seed=1 -runs=$((FUZZ_RUNS[$target] * ${FUZZ_SCALE:-1})) \
+            -rss_limit_mb=2048 \
+            -timeout=20 "$ROOT/build-fuzz/corpus/$target") > "$log" 2>&1; then
+            echo "fuzz_$target: $(grep -o 'Done [0-9]* runs in [0-9]* second(s)' "$log" | tail -1), no finding"
+        else
+            echo "fuzz_$target FAILED:"; grep -E "ERROR|SUMMARY|Test unit written" "$log" | head -10
+            status=1
+        fi
+    done
+    return $status
+}
+
 run_tests() {
     local status=0
     echo "== C tests (Criterion)"
@@ -76,6 +106,8 @@ run_tests() {
         echo "AddressSanitizer reported errors or leaks"
         status=1
     fi
+    echo "== Fuzzing the wire (libFuzzer under ASan and UBSan, fixed seeds and run counts)"
+    run_fuzz || status=1
     echo "== Python tests (pytest), thread and process workers"
     (cd "$ROOT/tests/python" && "$VENV/bin/python" -m pytest -q -p no:cacheprovider \
         --junitxml="$ROOT/build-test/pytest.xml" .) || status=1
@@ -86,5 +118,6 @@ run_tests() {
 case "${1:-}" in
     demo) setup; cd "$ROOT/examples" && "$VENV/bin/python" llama.py ;;
     test) setup test; run_tests ;;
-    *) echo "usage: tools/run.sh demo|test" >&2; exit 2 ;;
+    fuzz) setup test; run_fuzz ;;   # the fuzzing part of test alone
+    *) echo "usage: tools/run.sh demo|test|fuzz" >&2; exit 2 ;;
 esac

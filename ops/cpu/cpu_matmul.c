@@ -251,11 +251,17 @@ static void s_skinny_plain(int64_t M, int64_t N, int64_t K, const float *a, cons
     }
 }
 
+#if defined(__clang__)
+#define S_HAS_F16C() 1 /* clang's __builtin_cpu_supports has no "f16c"; every x86 with AVX2 and FMA has it */
+#else
+#define S_HAS_F16C() __builtin_cpu_supports("f16c")
+#endif
+
 void cpu_matmul_skinny(int64_t M, int64_t N, int64_t K, const float *a, const void *b, dt_dtype b_dtype, float *c,
                        bool accumulate)
 {
 #if defined(__x86_64__)
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && S_HAS_F16C()) {
         if (b_dtype == DT_FLOAT32)
             s_skinny_f32_avx2(M, N, K, a, b, c, accumulate);
         else if (b_dtype == DT_BFLOAT16)
