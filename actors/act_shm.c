@@ -2,9 +2,9 @@
  *
  * A worker process the controller says others can map (an MB_PROCESS about itself) makes every
  * piece of ACT_SHM_MIN bytes or more in a memfd segment (core/dt_shm.h); a piece that came as a
- * frame (a LOAD) moves into one the first time it is lent. A region of such a piece
- * goes to a peer, and a fetched value to the controller, as a handle: the segment's descriptor
- * number and serial, the offset and strides of the bytes, and a hold id. The lender keeps a
+ * frame (a LOAD) moves into one the first time it is lent. A region of such a piece goes to a
+ * peer, and a fetched value to the controller, as a handle: the segment's descriptor number and
+ * serial, the offset and strides of the bytes, and a hold id. The lender keeps a
  * reference to the storage under the hold until the borrower sends a RELEASE of it (or dies), so
  * the bytes stay as they were while they are read: storage is immutable, and a write in place
  * copies storage that anything else holds. The borrower maps the segment read-only through
