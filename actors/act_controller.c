@@ -1,6 +1,8 @@
 /* act_controller — the controller actor: one thread that owns the ROUTER socket every worker
  * talks to. It ships outboxes under a credit window, turns completions into settled futures,
- * and fails the futures of devices whose worker died. */
+ * and fails the futures of devices whose worker died. It tells worker processes which processes
+ * their peers are (so that they can map each other's shared segments) and maps the segments of
+ * values they lend it by handle (act_shm.c). */
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -12,7 +14,10 @@
 #include "act_future.h"
 #include "act_runtime.h"
 #include "act_spawn.h"
+#include "dt_dtype.h"
 #include "dt_error.h"
+#include "dt_layout.h"
+#include "dt_shm.h"
 #include "mb_schema.h"
 #include "op_registry.h"
 
@@ -81,16 +86,44 @@ static void s_fail_futures_of(act_runtime *rt, int64_t device, int code, const c
     free(victims);
 }
 
+/* Sends `to` a message of kind (MB_ABORT, MB_PROCESS, MB_RELEASE) with the one record body holds. */
+static void s_send_one(act_runtime *rt, act_device *to, mb_kind kind, mb_writer *body)
+{
+    if (body->failed) {
+        free(mb_w_release(body));
+        return;
+    }
+    char rid[32];
+    s_routing_id(to->id, rid, sizeof rid);
+    mb_header h = {MB_VERSION, kind, to->send_seq++, MB_SENDER_CONTROLLER, 1};
+    size_t size = body->size;
+    mb_send(rt->router, rid, strlen(rid), &h, (mb_buf){mb_w_release(body), size, mb_buf_free, NULL}, NULL, 0);
+}
+
 /* Tells device `to` that device `dead` died, so that it stops waiting for regions from it. */
 static void s_send_abort(act_runtime *rt, act_device *to, int64_t dead)
 {
-    char rid[32];
-    s_routing_id(to->id, rid, sizeof rid);
     mb_writer body = {0};
     mb_encode_abort(&body, dead);
-    mb_header h = {MB_VERSION, MB_ABORT, to->send_seq++, MB_SENDER_CONTROLLER, 1};
-    size_t size = body.size;
-    mb_send(rt->router, rid, strlen(rid), &h, (mb_buf){mb_w_release(&body), size, mb_buf_free, NULL}, NULL, 0);
+    s_send_one(rt, to, MB_ABORT, &body);
+}
+
+/* Tells `to` that device runs as process pid (0: it lends nothing). */
+static void s_send_process(act_runtime *rt, act_device *to, int64_t device, int64_t pid)
+{
+    mb_writer body = {0};
+    mb_encode_process(&body, device, pid);
+    s_send_one(rt, to, MB_PROCESS, &body);
+}
+
+/* Tells dev that the controller is done with what it lent as hold. */
+static void s_send_release(act_runtime *rt, act_device *dev, uint64_t hold)
+{
+    if (dev->state == ACT_DEV_DEAD)
+        return;
+    mb_writer body = {0};
+    mb_encode_release(&body, hold);
+    s_send_one(rt, dev, MB_RELEASE, &body);
 }
 
 /* Marks dev dead for reason (kept for later calls: "device 3 is dead: <reason>") and fails the
@@ -117,6 +150,7 @@ static void s_device_lost(act_runtime *rt, act_device *dev, const char *reason, 
         act_batch_destroy(b);
     }
     dev->send_head = dev->send_tail = NULL;
+    dt_shm_peer_destroy(&dev->maps); /* its memory goes with it */
     s_fail_futures_of(rt, dev->id, DT_EDEVICE, message);
     /* workers waiting for a region from it in a redistribute must stop waiting */
     for (int64_t i = 0; i < rt->ndevices; i++) {
@@ -195,9 +229,38 @@ static void s_send_ready(s_ctl *c)
     pthread_mutex_unlock(&rt->lock);
 }
 
-/* Settles or updates the future of a VALUE or ERROR; drops ones already settled. DT_EPROTO for a
+/* The bytes of a value dev lent by handle: its segment mapped here (once; the worker is the
+ * process the controller started) and the value's bytes checked against the segment's real size.
+ * NULL, or why the fetch fails. */
+static const char *s_lent_value(act_device *dev, const mb_value_rec *value, const void **data, size_t *size)
+{
+    static char why[DT_ERRMSG_MAX];
+    const char *err = NULL;
+    if (!dev->lends)
+        err = "it was never told it may lend by handle";
+    else if (!dev->maps && !(dev->maps = dt_shm_peer_new(dev->pid)))
+        err = "out of memory";
+    const char *base = NULL;
+    size_t mapped = 0, elem = dt_dtype_size(value->dtype);
+    if (!err)
+        err = dt_shm_peer_map(dev->maps, value->segment, value->serial, &base, &mapped);
+    int64_t strides[DT_MAX_DIMS];
+    dt_layout_strides(value->shape.n, value->shape.v, elem, strides);
+    if (!err)
+        err = dt_shm_region_check(mapped, value->offset, value->shape.n, value->shape.v, strides, elem);
+    if (err) {
+        snprintf(why, sizeof why, "fetch: device %" PRId64 "'s value by handle: %s", dev->id, err);
+        return why;
+    }
+    *data = base + value->offset;
+    *size = (size_t)dt_layout_numel(value->shape.n, value->shape.v) * elem;
+    return NULL;
+}
+
+/* Settles or updates the future of a VALUE or ERROR; drops ones already settled. A value lent by
+ * handle is copied out of dev's segment and given back, whatever becomes of it. DT_EPROTO for a
  * completion that cannot be read. */
-static int s_complete(act_runtime *rt, const msgpack_object *rec, int64_t code, mb_message *m)
+static int s_complete(act_runtime *rt, act_device *dev, const msgpack_object *rec, int64_t code, mb_message *m)
 {
     mb_value_rec value;
     mb_error_rec error;
@@ -216,14 +279,24 @@ static int s_complete(act_runtime *rt, const msgpack_object *rec, int64_t code, 
     pthread_mutex_lock(&rt->lock);
     dt_future *f = dt_idmap_get(&rt->futures, fid);
     pthread_mutex_unlock(&rt->lock);
-    if (!f)
+    bool lent = code == MB_C_VALUE && value.segment >= 0;
+    if (!f) {
+        if (lent)
+            s_send_release(rt, dev, value.hold);
         return 0;
+    }
     if (code == MB_C_VALUE) {
         const void *data = value.frame >= 0 ? zmq_msg_data(&m->payloads[value.frame]) : NULL;
         size_t size = value.frame >= 0 ? zmq_msg_size(&m->payloads[value.frame]) : 0;
         /* a piece number no int holds is no piece of f: -1 makes add_piece fail f for it */
         int piece = value.piece >= 0 && value.piece <= INT32_MAX ? (int)value.piece : -1;
-        act_future_add_piece(f, piece, value.dtype, value.shape.n, value.shape.v, data, size);
+        const char *why = lent ? s_lent_value(dev, &value, &data, &size) : NULL;
+        if (why)
+            act_future_fail(f, DT_EPROTO, why);
+        else
+            act_future_add_piece(f, piece, value.dtype, value.shape.n, value.shape.v, data, size);
+        if (lent)
+            s_send_release(rt, dev, value.hold); /* copied out, or failed: either way done with it */
     } else {
         char text[DT_ERRMSG_MAX];
         snprintf(text, sizeof text, "%.*s", (int)error.message.len, error.message.ptr);
@@ -262,7 +335,7 @@ static void s_handle_completions(act_runtime *rt, act_device *dev, mb_message *m
             }
             dev->in_flight -= (int64_t)credit.records;
         } else if (code == MB_C_VALUE || code == MB_C_ERROR) {
-            if ((rc = s_complete(rt, &rec, code, m)) != 0)
+            if ((rc = s_complete(rt, dev, &rec, code, m)) != 0)
                 break;
         } else {
             rc = dt_err(DT_EPROTO, "unknown completion code %" PRId64, code);
@@ -274,6 +347,24 @@ static void s_handle_completions(act_runtime *rt, act_device *dev, mb_message *m
         char why[DT_ERRMSG_MAX + 32];
         snprintf(why, sizeof why, "protocol error: %s", dt_last_error());
         s_device_died(rt, dev, why);
+    }
+}
+
+/* A worker process said hello as process pid: it may lend by handle when it is the process the
+ * controller started and the controller can read its descriptors (then its peers, processes of
+ * the same user, can too; DTORCH_SHM=0 turns lending off). It hears which processes its ready
+ * peers are, and they hear of it: pid 0 for one that does not lend. */
+static void s_introduce(act_runtime *rt, act_device *dev, int64_t pid)
+{
+    dev->lends = rt->shm && pid == dev->pid && dt_shm_reachable(dev->pid);
+    if (dev->lends)
+        s_send_process(rt, dev, dev->id, dev->pid);
+    for (int64_t i = 0; i < rt->ndevices; i++) {
+        act_device *other = rt->devices[i];
+        if (!other || other == dev || !other->hello || other->state == ACT_DEV_DEAD || other->pid <= 0)
+            continue;
+        s_send_process(rt, other, dev->id, dev->lends ? dev->pid : 0);
+        s_send_process(rt, dev, other->id, other->lends ? other->pid : 0);
     }
 }
 
@@ -312,6 +403,8 @@ static void s_hello(act_runtime *rt, act_device *dev, mb_message *m)
     dev->hello = true;
     dev->state = ACT_DEV_READY;
     pthread_mutex_unlock(&rt->lock);
+    if (dev->pid > 0)
+        s_introduce(rt, dev, hello.pid);
     /* ops queued for it before it started may wait for regions from devices dead since */
     for (int64_t i = 0; i < rt->ndevices; i++) {
         act_device *gone = rt->devices[i];
@@ -433,6 +526,7 @@ static void s_stop(s_ctl *c)
         }
         rt->devices[i] = NULL;
         pthread_mutex_unlock(&rt->lock);
+        dt_shm_peer_destroy(&dev->maps);
         free(dev);
     }
     pthread_mutex_lock(&rt->lock);
@@ -446,6 +540,8 @@ void *act_controller_main(void *arg)
     pthread_setname_np(pthread_self(), "dtorch-control"); /* so profiles and debuggers tell it apart */
     s_ctl c = {.rt = arg, .sent = calloc(DT_MAX_DEVICE_ID + 1, sizeof *c.sent)};
     act_runtime *rt = c.rt;
+    const char *shm = getenv("DTORCH_SHM");
+    rt->shm = !(shm && strcmp(shm, "0") == 0);
     c.router = rt->router = c.sent ? mb_socket_new(MB_ROUTER, rt->endpoint, true, NULL) : NULL;
     pthread_mutex_lock(&rt->lock);
     if (!c.router)

@@ -7,9 +7,10 @@
  * 512 devices work). A SEND posts one region; an ASSEMBLE builds a new piece from local regions
  * and received ones, waiting for the latter. Worker threads of one process whose backend can
  * copy out of a peer's memory pass a reference to the sender's (immutable) storage and the
- * receiver copies straight out of it: shared memory, no serialization. Otherwise (worker
- * processes) the region's bytes travel as a frame in host memory. Every copy and combination
- * goes through the device's backend table.
+ * receiver copies straight out of it: shared memory, no serialization. Worker processes of one
+ * host lend a large region by handle to its place in the sender's shared segment, which the
+ * receiver maps and copies from, then releases (act_shm.c); otherwise the region's bytes travel
+ * as a frame in host memory. Every copy and combination goes through the device's backend table.
  *
  * A wait never blocks forever on a dead peer: the controller broadcasts an ABORT naming a dead
  * device, and an ASSEMBLE that still needs a region from it fails (its output is poisoned). */
@@ -49,6 +50,14 @@ static void s_recv_free(act_recv *r)
     free(r);
 }
 
+/* Frees a region this worker is done with; one lent by handle goes back to its lender. */
+static void s_recv_done(act_worker *w, act_recv *r)
+{
+    if (r && r->lent)
+        act_shm_give_back(w, r);
+    s_recv_free(r);
+}
+
 void act_peer_close(act_worker *w)
 {
     size_t cursor = 0;
@@ -57,6 +66,7 @@ void act_peer_close(act_worker *w)
     while (dt_idmap_next(&w->received, &cursor, &id, &value))
         s_recv_free(value);
     dt_idmap_destroy(&w->received);
+    act_shm_close(w);
     cursor = 0;
     while (dt_idmap_next(&w->peers, &cursor, &id, &value)) {
         zsock_t *sock = value;
@@ -106,7 +116,7 @@ static zsock_t *s_peer_router(act_worker *w, int64_t device, char *rid, size_t s
     return w->out;
 }
 
-static zsock_t *s_peer_socket(act_worker *w, int64_t device)
+zsock_t *act_peer_socket(act_worker *w, int64_t device)
 {
     zsock_t *sock = dt_idmap_get(&w->peers, (uint64_t)device + 1);
     if (sock)
@@ -160,9 +170,10 @@ static const char *s_region_frame(act_worker *w, const act_wtensor *t, const cha
 }
 
 /* SEND: the region to its peer as one REGION message. Thread workers that read each other's
- * memory pass the sender's storage (kept alive for the receiver) and the region's address;
- * others send the region's bytes as the message's frame. A failure is sent too, so that the
- * receiver's ASSEMBLE fails with it instead of waiting. */
+ * memory pass the sender's storage (kept alive for the receiver) and the region's address; a
+ * worker process lends a large region of a piece in shared memory by handle (held until the
+ * receiver's RELEASE); others send the region's bytes as the message's frame. A failure is sent
+ * too, so that the receiver's ASSEMBLE fails with it instead of waiting. */
 bool act_peer_send(act_worker *w, const msgpack_object *rec)
 {
     mb_send_rec r;
@@ -175,7 +186,7 @@ bool act_peer_send(act_worker *w, const msgpack_object *rec)
     if (dt_idmap_get(&w->dead, (uint64_t)r.to + 1))
         return true; /* the receiver is gone: nobody waits for the region */
     char rid[32] = "";
-    zsock_t *sock = w->same_process ? s_peer_router(w, r.to, rid, sizeof rid) : s_peer_socket(w, r.to);
+    zsock_t *sock = w->same_process ? s_peer_router(w, r.to, rid, sizeof rid) : act_peer_socket(w, r.to);
     if (!sock) {
         /* said here; the receiver waits until the controller declares a device dead */
         fprintf(stderr, "dtorch worker %" PRId64 ": cannot reach device %" PRId64 ": %s\n", w->device, r.to,
@@ -196,22 +207,31 @@ bool act_peer_send(act_worker *w, const msgpack_object *rec)
     int nframes = 0;
     int64_t strides[DT_MAX_DIMS];
     const char *start = NULL;
+    act_handle lent = {.segment = -1};
+    size_t bytes = t ? (size_t)dt_layout_numel(r.shape.n, r.shape.v) * dt_dtype_size(t->dtype) : 0;
     if (t) {
         dt_layout_strides(t->ndim, t->shape, dt_dtype_size(t->dtype), strides);
-        start = t->data;
+        size_t at = 0; /* the region's first byte in the piece */
         for (int d = 0; d < r.shape.n; d++)
-            start += r.offset.v[d] * strides[d];
-        if (!w->read_peers && (why = s_region_frame(w, t, start, strides, &r.shape, &frame)))
+            at += (size_t)(r.offset.v[d] * strides[d]);
+        if (!w->read_peers)
+            lent = act_shm_lend(w, t, at, bytes, r.to); /* may move the piece's bytes */
+        start = t->data + at;
+        if (!w->read_peers && lent.segment < 0 && (why = s_region_frame(w, t, start, strides, &r.shape, &frame)))
             t = NULL;
     }
     if (!t) {
-        mb_encode_region(&body, r.transfer, DT_EKERNEL, DT_FLOAT32, r.shape.n, r.shape.v, why, 0, 0, 0, NULL);
+        mb_encode_region(&body, r.transfer, DT_EKERNEL, DT_FLOAT32, r.shape.n, r.shape.v, why, 0, 0, 0, NULL, -1, 0,
+                         0, 0);
     } else if (w->read_peers) {
         atomic_fetch_add(&t->storage->refs, 1);
         mb_encode_region(&body, r.transfer, 0, t->dtype, r.shape.n, r.shape.v, NULL, (uint64_t)(uintptr_t)t->storage,
-                         (uint64_t)(uintptr_t)start, r.shape.n, strides);
+                         (uint64_t)(uintptr_t)start, r.shape.n, strides, -1, 0, 0, 0);
+    } else if (lent.segment >= 0) {
+        mb_encode_region(&body, r.transfer, 0, t->dtype, r.shape.n, r.shape.v, NULL, 0, 0, r.shape.n, strides,
+                         lent.segment, lent.serial, lent.offset, lent.hold);
     } else {
-        mb_encode_region(&body, r.transfer, 0, t->dtype, r.shape.n, r.shape.v, NULL, 0, 0, 0, NULL);
+        mb_encode_region(&body, r.transfer, 0, t->dtype, r.shape.n, r.shape.v, NULL, 0, 0, 0, NULL, -1, 0, 0, 0);
         nframes = 1;
     }
     mb_header h = {MB_VERSION, MB_PEER, w->peer_seq++, (uint32_t)w->device, 1};
@@ -221,20 +241,23 @@ bool act_peer_send(act_worker *w, const msgpack_object *rec)
         free(mb_w_release(&body));
         if (frame.free_fn)
             frame.free_fn(frame.data, frame.hint);
+        act_shm_unlend(w, lent.hold);
         return true;
     }
     if (mb_send(sock, rid[0] ? rid : NULL, strlen(rid), &h, (mb_buf){mb_w_release(&body), size, mb_buf_free, NULL},
                 &frame, nframes) == 0) {
         w->stats[MB_STAT_peer_messages_sent]++;
         if (t)
-            w->stats[MB_STAT_peer_bytes_sent] +=
-                dt_layout_numel(r.shape.n, r.shape.v) * (int64_t)dt_dtype_size(t->dtype);
+            w->stats[MB_STAT_peer_bytes_sent] += (int64_t)bytes;
+        if (lent.segment >= 0)
+            w->stats[MB_STAT_shm_bytes_sent] += (int64_t)bytes;
     } else {
         /* only a peer without a socket any more makes a send wait (high-water marks are off) or,
          * through the ROUTER, fail: it left or died, so later regions for it are dropped at once */
         dt_idmap_put(&w->dead, (uint64_t)r.to + 1, w);
         if (t && w->read_peers)
             act_storage_release(t->storage); /* the reference the region would have carried */
+        act_shm_unlend(w, lent.hold);
     }
     return true;
 }
@@ -248,7 +271,7 @@ static const char *s_frame_storage(act_worker *w, zmq_msg_t *frame, act_storage 
     size_t size = zmq_msg_size(frame);
     if (be->adopt_host && be->adopt_host(data, size) && (*out = act_storage_adopt(frame)))
         return NULL;
-    if (!(*out = act_storage_new(be, size)))
+    if (!(*out = act_storage_piece(w, size)))
         return "out of memory on the device";
     return act_copy_bytes(be->to_device, (*out)->data, data, size);
 }
@@ -269,12 +292,30 @@ static void s_stash(act_worker *w, mb_message *m)
         mb_body_destroy(&r);
         return;
     }
+    got->dtype = region.dtype;
     got->ndim = region.shape.n;
     memcpy(got->shape, region.shape.v, (size_t)region.shape.n * sizeof *region.shape.v);
     got->status = (int)region.status;
+    got->from = m->header.sender;
+    got->copy = w->backend->copy_region;
+    got->in_place = true;
+    /* a handle is given back to its lender whatever becomes of the region */
+    got->lent = region.segment >= 0 && !w->same_process;
+    got->handle = (act_handle){region.segment, region.serial, region.offset, region.hold};
     if (region.status != 0) {
         got->error = region.error.ptr ? strndup(region.error.ptr, region.error.len)
                                       : strdup("a peer could not send its region");
+    } else if (region.segment >= 0) {
+        /* mapped when the ASSEMBLE that needs it runs (act_shm_map_region), which knows its sender */
+        if (w->same_process) {
+            got->status = DT_EPROTO;
+            got->error = strdup("a peer sent a region by handle to a worker thread");
+        } else if (region.strides.n != got->ndim) {
+            got->status = DT_EPROTO;
+            got->error = strdup("a peer sent a region with strides of the wrong rank");
+        } else {
+            memcpy(got->strides, region.strides.v, (size_t)region.strides.n * sizeof *region.strides.v);
+        }
     } else if (region.storage) {
         /* an address is only meaningful, and only trusted, between threads of this process */
         if (!w->read_peers) {
@@ -282,7 +323,7 @@ static void s_stash(act_worker *w, mb_message *m)
             got->error = strdup("a peer sent a region by address to a worker that cannot read it");
         } else {
             got->storage = (act_storage *)(uintptr_t)region.storage;
-            got->in_peer = true;
+            got->copy = w->backend->copy_from_peer;
             got->data = (const char *)(uintptr_t)region.data;
             if (region.strides.n != got->ndim) {
                 got->status = DT_EPROTO;
@@ -309,9 +350,19 @@ static void s_stash(act_worker *w, mb_message *m)
     if (got->status == 0)
         w->stats[MB_STAT_peer_bytes_received] +=
             dt_layout_numel(got->ndim, got->shape) * (int64_t)dt_dtype_size(region.dtype);
-    s_recv_free(dt_idmap_take(&w->received, region.transfer));
+    s_recv_done(w, dt_idmap_take(&w->received, region.transfer));
     if (dt_idmap_put(&w->received, region.transfer, got) != 0)
-        s_recv_free(got);
+        s_recv_done(w, got);
+}
+
+/* The device a peer message says it is from, when its routing id ("w<device>") agrees; else -2. */
+static int64_t s_peer_sender(const mb_message *m)
+{
+    char rid[32];
+    snprintf(rid, sizeof rid, "w%" PRIu32, m->header.sender);
+    return m->routing_id_len == strlen(rid) && memcmp(m->routing_id, rid, m->routing_id_len) == 0
+               ? (int64_t)m->header.sender
+               : -2;
 }
 
 void act_peer_receive(act_worker *w)
@@ -320,7 +371,23 @@ void act_peer_receive(act_worker *w)
     while (mb_recv(w->peer, true, true, &m) == 0) {
         if (m.header.kind == MB_PEER)
             s_stash(w, &m);
+        else if (m.header.kind == MB_RELEASE)
+            act_shm_on_release(w, &m, s_peer_sender(&m));
         mb_message_close(&m);
+    }
+}
+
+void act_peer_wait(act_worker *w)
+{
+    zmq_pollitem_t items[2] = {{zsock_resolve(w->peer), 0, ZMQ_POLLIN, 0}, {zsock_resolve(w->sock), 0, ZMQ_POLLIN, 0}};
+    if (zmq_poll(items, 2, S_WAIT_POLL_MS) < 0)
+        return;
+    if (items[0].revents & ZMQ_POLLIN)
+        act_peer_receive(w);
+    if (items[1].revents & ZMQ_POLLIN) {
+        mb_message m;
+        if (mb_recv(w->sock, false, true, &m) == 0)
+            act_worker_defer(w, &m);
     }
 }
 
@@ -339,17 +406,7 @@ static act_recv *s_await(act_worker *w, uint64_t transfer, int64_t from, char *w
             snprintf(why, size, "the runtime is shutting down");
             return NULL;
         }
-        zmq_pollitem_t items[2] = {{zsock_resolve(w->peer), 0, ZMQ_POLLIN, 0},
-                                   {zsock_resolve(w->sock), 0, ZMQ_POLLIN, 0}};
-        if (zmq_poll(items, 2, S_WAIT_POLL_MS) < 0)
-            continue;
-        if (items[0].revents & ZMQ_POLLIN)
-            act_peer_receive(w);
-        if (items[1].revents & ZMQ_POLLIN) {
-            mb_message m;
-            if (mb_recv(w->sock, false, true, &m) == 0)
-                act_worker_defer(w, &m);
-        }
+        act_peer_wait(w);
     }
 }
 
@@ -365,22 +422,24 @@ static bool s_dense(int ndim, const int64_t *shape, const int64_t *strides, size
     return true;
 }
 
-/* A region's source: where it is, and the copy that reads it (a peer's memory or this device's). */
+/* A region's source: where it is, the copy that reads it (a peer's memory, host memory or this
+ * device's), and whether reduce_into may read it as it is. */
 typedef struct {
     const char *data;
     const int64_t *strides;
     op_copy_fn copy;
+    bool in_place;
 } s_source;
 
 /* Combines a region into place with op, through contiguous scratch copies on the device when the
- * region is not one run of bytes on both sides. */
+ * region is not one run of bytes on both sides (or reduce_into cannot read it in place). */
 static const char *s_reduce_region(const op_backend *be, char *dst, const int64_t *dst_strides, s_source src, int ndim,
                                    const int64_t *shape, dt_dtype dtype, dt_reduce_op op)
 {
     size_t elem = dt_dtype_size(dtype);
     int64_t n = dt_layout_numel(ndim, shape), contiguous[DT_MAX_DIMS];
     dt_layout_strides(ndim, shape, elem, contiguous);
-    if (s_dense(ndim, shape, dst_strides, elem) && s_dense(ndim, shape, src.strides, elem))
+    if (src.in_place && s_dense(ndim, shape, dst_strides, elem) && s_dense(ndim, shape, src.strides, elem))
         return be->reduce_into(dst, src.data, dtype, n, op); /* one pass, the common case */
     size_t bytes = (size_t)n * elem;
     char *a = be->alloc(bytes), *b = be->alloc(bytes);
@@ -422,7 +481,7 @@ bool act_peer_assemble(act_worker *w, const msgpack_object *rec)
     const char *lookup_why = NULL;
     act_wtensor *src = act_wtensor_lookup(w, r.source, &lookup_why); /* none: a device only receives */
     size_t bytes = (size_t)dt_layout_numel(ndim, r.shape.v) * elem;
-    if (out && !(out->storage = act_storage_new(be, bytes)))
+    if (out && !(out->storage = act_storage_piece(w, bytes)))
         snprintf(why, sizeof why, "out of memory on the device");
     else if (out)
         out->data = out->storage->data;
@@ -451,7 +510,7 @@ bool act_peer_assemble(act_worker *w, const msgpack_object *rec)
                 snprintf(why, sizeof why, "%s", err);
             continue;
         }
-        s_source from = {NULL, NULL, be->copy_region};
+        s_source from = {NULL, NULL, be->copy_region, true};
         act_recv *got = NULL;
         if (p.transfer) {
             /* wait even after a failure, so the region does not linger in the stash */
@@ -462,12 +521,15 @@ bool act_peer_assemble(act_worker *w, const msgpack_object *rec)
             else if (got && got->status != 0 && !why[0])
                 snprintf(why, sizeof why, "%s", got->error ? got->error : "a peer failed");
             else if (got) {
-                bool same = got->ndim == ndim;
+                bool same = got->ndim == ndim && got->dtype == r.dtype;
                 for (int d = 0; same && d < ndim; d++)
                     same = got->shape[d] == p.shape.v[d];
+                const char *err = NULL;
                 if (!same && !why[0])
-                    snprintf(why, sizeof why, "a peer sent a region of the wrong shape");
-                from = (s_source){got->data, got->strides, got->in_peer ? be->copy_from_peer : be->copy_region};
+                    snprintf(why, sizeof why, "a peer sent a region of the wrong shape or dtype");
+                else if (got->lent && !why[0] && (err = act_shm_map_region(w, got, p.from, elem)))
+                    snprintf(why, sizeof why, "%s", err);
+                from = (s_source){got->data, got->strides, got->copy, got->in_place};
             }
         } else if (!src) {
             if (!why[0])
@@ -498,7 +560,7 @@ bool act_peer_assemble(act_worker *w, const msgpack_object *rec)
             if (err)
                 snprintf(why, sizeof why, "%s", err);
         }
-        s_recv_free(got);
+        s_recv_done(w, got);
     }
     if (why[0]) {
         char msg[DT_ERRMSG_MAX + 64];

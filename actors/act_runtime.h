@@ -16,6 +16,7 @@
 #include <sys/types.h>
 
 #include "dt_idmap.h"
+#include "dt_shm.h"
 #include "dtorch.h"
 #include "mb_socket.h"
 #include "mb_writer.h"
@@ -68,6 +69,8 @@ typedef struct {
     bool hello;
     bool bye;
     double heard_at;               /* when it last sent anything (heartbeats included) */
+    bool lends;                    /* its worker process was told it may lend by handle (MB_PROCESS) */
+    dt_shm_peer *maps;             /* its segments mapped here: fetched values lent by handle */
 } act_device;
 
 typedef struct {
@@ -97,6 +100,7 @@ typedef struct {
     pthread_t controller;
     zsock_t *router;               /* controller thread only: the socket every worker talks to */
     double silent_s;               /* a process worker not heard from this long is dead */
+    bool shm;                      /* controller thread only: worker processes may lend by handle (DTORCH_SHM=0: never) */
     uint64_t submitted;            /* submissions so far (ops, factories, fetches, redistributes), under lock */
 } act_runtime;
 

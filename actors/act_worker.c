@@ -30,7 +30,9 @@ void act_storage_release(act_storage *st)
 {
     if (!st || atomic_fetch_sub(&st->refs, 1) != 1)
         return;
-    if (st->adopted)
+    if (st->seg)
+        dt_shm_seg_free(st->seg);
+    else if (st->adopted)
         zmq_msg_close(&st->msg);
     else
         st->backend->free(st->data, st->size);
@@ -50,6 +52,12 @@ act_storage *act_storage_new(const op_backend *backend, size_t size)
     st->size = size;
     st->backend = backend;
     return st;
+}
+
+act_storage *act_storage_piece(const act_worker *w, size_t size)
+{
+    act_storage *st = act_shm_storage_new(w, size);
+    return st ? st : act_storage_new(w->backend, size);
 }
 
 act_storage *act_storage_adopt(zmq_msg_t *frame)
@@ -157,7 +165,8 @@ static void s_reply_error(act_worker *w, uint64_t fid, int64_t piece, int code, 
 }
 
 /* The bytes of t as a payload frame: straight from its storage when the host can read device
- * memory in place, else a host copy. -1 (and why) when there is no memory for it. */
+ * memory in place, else a host copy. -1 (and why) when there is no memory for it. (Pieces in
+ * shared memory are lent to the controller by handle instead: s_reply_value.) */
 static int s_piece_frame(act_worker *w, const act_wtensor *t, const char **why)
 {
     size_t size = s_bytes(t);
@@ -173,18 +182,23 @@ static int s_piece_frame(act_worker *w, const act_wtensor *t, const char **why)
     return s_add_payload(w, (mb_buf){host, size, mb_buf_free, NULL});
 }
 
-/* A VALUE completion for piece of future fid: t's bytes, or none (t NULL: a SYNC's answer). */
-static void s_reply_value(act_worker *w, uint64_t fid, int64_t piece, const act_wtensor *t)
+/* A VALUE completion for piece of future fid: t's bytes, lent by handle when they are in shared
+ * memory, else as a frame; or none (t NULL: a SYNC's answer). */
+static void s_reply_value(act_worker *w, uint64_t fid, int64_t piece, act_wtensor *t)
 {
     int frame = -1;
-    if (t) {
+    act_handle lent = {.segment = -1};
+    if (t && (lent = act_shm_lend(w, t, 0, s_bytes(t), -1)).segment >= 0) {
+        w->stats[MB_STAT_shm_bytes_fetched] += (int64_t)s_bytes(t);
+    } else if (t) {
         const char *why = "out of memory on the device";
         if ((frame = s_piece_frame(w, t, &why)) < 0) {
             s_reply_error(w, fid, piece, DT_ENOMEM, why);
             return;
         }
     }
-    mb_encode_value(&w->reply, fid, piece, t ? t->dtype : DT_FLOAT32, t ? t->ndim : 0, t ? t->shape : NULL, frame);
+    mb_encode_value(&w->reply, fid, piece, t ? t->dtype : DT_FLOAT32, t ? t->ndim : 0, t ? t->shape : NULL, frame,
+                    lent.segment, lent.serial, lent.offset, lent.hold);
     w->nreply++;
 }
 
@@ -199,13 +213,13 @@ static void s_reply_stats(act_worker *w, uint64_t fid, int64_t piece)
         s_reply_error(w, fid, piece, DT_ENOMEM, "out of memory on the device");
         return;
     }
-    mb_encode_value(&w->reply, fid, piece, DT_INT64, 1, (const int64_t[]){MB_NSTATS}, frame);
+    mb_encode_value(&w->reply, fid, piece, DT_INT64, 1, (const int64_t[]){MB_NSTATS}, frame, -1, 0, 0, 0);
     w->nreply++;
 }
 
 static const char *s_alloc(const act_worker *w, act_wtensor *t)
 {
-    t->storage = act_storage_new(w->backend, s_bytes(t));
+    t->storage = act_storage_piece(w, s_bytes(t));
     if (!t->storage)
         return "out of memory on the device";
     t->data = t->storage->data;
@@ -339,7 +353,7 @@ static const char *s_own_storage(const act_worker *w, act_wtensor *t)
     if (!st->adopted && atomic_load(&st->refs) == 1 && t->data == st->data)
         return NULL;
     size_t size = (size_t)dt_layout_numel(t->ndim, t->shape) * dt_dtype_size(t->dtype);
-    act_storage *own = act_storage_new(w->backend, size);
+    act_storage *own = act_storage_piece(w, size);
     if (!own)
         return "out of memory on the device";
     const char *why = act_copy_bytes(w->backend->copy_region, own->data, t->data, size);
@@ -564,15 +578,31 @@ static void s_note_abort(act_worker *w, mb_message *m)
     mb_abort_rec dead;
     if (mb_body_init(&r, zmq_msg_data(&m->body), zmq_msg_size(&m->body), m->header.count) != 0)
         return;
-    if (mb_body_next(&r, &rec) == 1 && mb_decode_abort(&rec, &dead) == 0 && dead.device >= 0)
+    if (mb_body_next(&r, &rec) == 1 && mb_decode_abort(&rec, &dead) == 0 && dead.device >= 0 &&
+        dead.device <= DT_MAX_DEVICE_ID) {
         dt_idmap_put(&w->dead, (uint64_t)dead.device + 1, w);
+        act_shm_forget(w, dead.device);
+    }
     mb_body_destroy(&r);
+}
+
+/* A controller message that acts at once, wherever the worker is: true when m was one. */
+static bool s_act_now(act_worker *w, mb_message *m)
+{
+    if (m->header.kind == MB_ABORT)
+        s_note_abort(w, m);
+    else if (m->header.kind == MB_PROCESS)
+        act_shm_on_process(w, m);
+    else if (m->header.kind == MB_RELEASE)
+        act_shm_on_release(w, m, -1);
+    else
+        return false;
+    return true;
 }
 
 void act_worker_defer(act_worker *w, mb_message *m)
 {
-    if (m->header.kind == MB_ABORT) {
-        s_note_abort(w, m);
+    if (s_act_now(w, m)) {
         mb_message_close(m);
         return;
     }
@@ -697,12 +727,12 @@ int act_worker_run(const char *endpoint, int64_t device, const char *device_type
         }
         if (m.header.kind == MB_OPS) {
             rc = s_run_batch(&w, &m);
-        } else if (m.header.kind == MB_ABORT) {
-            s_note_abort(&w, &m);
         } else if (m.header.kind == MB_BYE) {
             mb_message_close(&m);
             s_send(&w, MB_BYE, 0);
             break;
+        } else {
+            s_act_now(&w, &m);
         }
         mb_message_close(&m);
     }
@@ -730,6 +760,8 @@ void act_worker_init(act_worker *w, int64_t device, const op_backend *backend, c
     dt_idmap_init(&w->dead);
     dt_idmap_init(&w->graphs);
     dt_idmap_init(&w->pins);
+    dt_idmap_init(&w->holds);
+    dt_idmap_init(&w->procs);
 }
 
 void act_worker_drop_reply(act_worker *w)

@@ -1,6 +1,7 @@
-/* act_worker — the insides of a device actor, shared by its two halves: act_worker.c (the
- * loop, the tensor table and the local ops) and act_peer.c (exchanging regions with other
- * workers for redistribute). Internal. */
+/* act_worker — the insides of a device actor, shared by its parts: act_worker.c (the loop, the
+ * tensor table and the local ops), act_peer.c (exchanging regions with other workers for
+ * redistribute) and act_shm.c (a worker process's pieces in shared memory, lent by handle to its
+ * peers and the controller). Internal. */
 #ifndef ACT_WORKER_H
 #define ACT_WORKER_H
 
@@ -8,11 +9,14 @@
 #include <stdatomic.h>
 
 #include "dt_idmap.h"
+#include "dt_shm.h"
 #include "dtorch.h"
 #include "mb_schema.h"
 #include "mb_socket.h"
 #include "mb_writer.h"
 #include "op_backend.h"
+
+#define ACT_SHM_MIN (256u << 10) /* worker processes: pieces and regions from this size up are shared by handle */
 
 /* Bytes of a piece. Immutable once made, so it can be sent, shared by replicas and read by
  * peers in place; it lives until the tensor and every message that uses it let go. */
@@ -20,9 +24,10 @@ typedef struct {
     atomic_int refs;
     void *data;
     size_t size;
-    const op_backend *backend;  /* whose memory data is (unless adopted) */
+    const op_backend *backend;  /* whose memory data is (unless adopted or shared) */
     bool adopted;               /* data lives in msg, a received frame */
     zmq_msg_t msg;
+    dt_shm_seg *seg;            /* data is this shared segment's (a worker process that lends), or NULL */
 } act_storage;
 
 typedef struct {
@@ -34,19 +39,45 @@ typedef struct {
     char *error;                /* why it could not be made (poisoned) */
 } act_wtensor;
 
+/* Where a piece's bytes lent by handle are (the segment fields of REGION and VALUE). */
+typedef struct {
+    int64_t segment;            /* the lender's descriptor of its segment; -1: not lent */
+    uint64_t serial;            /* the segment's serial (dt_shm.h) */
+    uint64_t offset;            /* bytes from the segment's start to the first element */
+    uint64_t hold;              /* what the borrower names in its RELEASE */
+} act_handle;
+
 /* A region received from a peer, waiting for the ASSEMBLE that needs it. */
 typedef struct {
     int status;                 /* 0, or the code of the sender's failure */
     char *error;
+    dt_dtype dtype;
     int ndim;
     int64_t shape[DT_MAX_DIMS];
-    const char *data;           /* first element of the region */
+    const char *data;           /* first element of the region (of one lent by handle: once mapped) */
     int64_t strides[DT_MAX_DIMS]; /* byte strides of the region */
-    bool in_peer;               /* data is in a peer's memory (thread workers): read with copy_from_peer */
+    op_copy_fn copy;            /* the backend's copy that reads data: copy_region (this device's memory),
+                                 * copy_from_peer (a peer thread's), to_device (host memory it cannot use) */
+    bool in_place;              /* reduce_into may read data as it is */
     act_storage *storage;       /* keeps data alive: the peer's storage, or the received frame as this device's memory */
+    int64_t from;               /* the sender, as its message said */
+    bool lent;                  /* it came by handle (worker processes): in the sender's segment */
+    act_handle handle;
 } act_recv;
 
 typedef struct act_graph act_graph;   /* a kept captured sequence (act_replay.c) */
+
+/* Storage lent by handle, until the borrower's RELEASE (or death). */
+typedef struct {
+    act_storage *storage;
+    int64_t to;                 /* the borrower: a device, or -1 for the controller */
+} act_hold;
+
+/* What the controller said of another device's process. */
+typedef struct {
+    int pid;                    /* 0: it lends nothing, its regions come as frames */
+    dt_shm_peer *maps;          /* its segments mapped here (made on first use) */
+} act_proc;
 
 typedef struct act_pending {
     struct act_pending *next;
@@ -59,6 +90,11 @@ typedef struct {
     char endpoint[256];         /* the controller's */
     bool same_process;          /* peers are threads of this process (inproc) */
     bool read_peers;            /* ... and the backend copies from their memory: regions are read in place */
+    bool lends;                 /* a worker process whose segments the controller and peers can map: its large
+                                 * pieces live in shared memory and are lent by handle (MB_PROCESS said so) */
+    dt_idmap holds;             /* hold id -> act_hold: storage lent by handle */
+    uint64_t next_hold;
+    dt_idmap procs;             /* device + 1 -> act_proc: the processes of the other devices */
     zsock_t *sock;              /* DEALER to the controller */
     zsock_t *peer;              /* ROUTER other workers send regions to */
     dt_idmap peers;             /* worker processes: device + 1 -> DEALER to that device's peer socket */
@@ -85,6 +121,9 @@ typedef struct {
 void act_storage_release(act_storage *st);
 void act_storage_free_fn(void *data, void *hint);
 act_storage *act_storage_new(const op_backend *backend, size_t size);
+/* The storage of a new piece of size bytes: a shared segment in a worker process that lends (size
+ * at least ACT_SHM_MIN), else the backend's memory. NULL when out of memory. */
+act_storage *act_storage_piece(const act_worker *w, size_t size);
 /* A received frame kept as storage without a copy (the backend accepted it with adopt_host);
  * takes the frame. NULL when out of memory. */
 act_storage *act_storage_adopt(zmq_msg_t *frame);
@@ -122,10 +161,40 @@ void act_peer_close(act_worker *w);
 /* Runs SEND and ASSEMBLE records; false for a record it cannot read. */
 bool act_peer_send(act_worker *w, const msgpack_object *rec);
 bool act_peer_assemble(act_worker *w, const msgpack_object *rec);
-/* Handles one message from a peer (stashes the region it carries). */
+/* Handles every message waiting on the peer socket (stashes regions, takes releases). */
 void act_peer_receive(act_worker *w);
-/* A controller message arrived while not in the main loop: MB_ABORT and MB_BYE act at once,
- * the rest waits in the pending queue. Takes m. */
+/* Waits up to a poll interval for a message from a peer or the controller, and handles it (a
+ * controller message through act_worker_defer): one round of a wait that needs one. */
+void act_peer_wait(act_worker *w);
+/* The DEALER to device's peer socket (worker processes), made on first use; NULL + dt_last_error. */
+zsock_t *act_peer_socket(act_worker *w, int64_t device);
+
+/* act_shm: a worker process's pieces in shared memory. */
+/* A shared segment of size bytes as storage, when w lends and the backend can use it as device
+ * memory; else NULL. */
+act_storage *act_shm_storage_new(const act_worker *w, size_t size);
+/* Lends the bytes of t from byte `at` on to `to` (a device, or -1 for the controller) when they can
+ * go by handle: w lends, bytes >= ACT_SHM_MIN, and the borrower can map w's segments. A piece not
+ * in shared memory yet (a LOAD's adopted frame) moves there first, once. The handle, or segment
+ * -1: send the bytes as a frame. */
+act_handle act_shm_lend(act_worker *w, act_wtensor *t, size_t at, size_t bytes, int64_t to);
+/* Ends a hold at once (what it lent was never sent). */
+void act_shm_unlend(act_worker *w, uint64_t hold);
+/* A region lent by handle becomes readable: the lender's segment mapped (waiting, if need be, to
+ * hear its process from the controller) and the region checked against the segment's real size.
+ * from is the device the ASSEMBLE expects it from, elem the ASSEMBLE's element size. NULL or why. */
+const char *act_shm_map_region(act_worker *w, act_recv *got, int64_t from, size_t elem);
+/* Tells the lender of a region received by handle that it is done with (RELEASE). */
+void act_shm_give_back(act_worker *w, const act_recv *got);
+/* An MB_PROCESS message from the controller, an MB_RELEASE from `from` (a device whose peer
+ * socket it came on, -1: the controller's socket). Take nothing: the caller closes m. */
+void act_shm_on_process(act_worker *w, mb_message *m);
+void act_shm_on_release(act_worker *w, mb_message *m, int64_t from);
+/* device died: ends what was lent to it, unmaps its segments. */
+void act_shm_forget(act_worker *w, int64_t device);
+void act_shm_close(act_worker *w);
+/* A controller message arrived while not in the main loop: MB_ABORT, MB_PROCESS, MB_RELEASE and
+ * MB_BYE act at once, the rest waits in the pending queue. Takes m. */
 void act_worker_defer(act_worker *w, mb_message *m);
 
 /* A worker's state with no sockets yet (act_worker_run opens them), and its teardown. */

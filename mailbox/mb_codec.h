@@ -30,10 +30,12 @@ typedef enum {
     MB_OPS = 2,         /* controller -> worker: op records */
     MB_COMPLETIONS = 3, /* worker -> controller: completion records */
     MB_BYE = 4,         /* controller -> worker: stop; worker -> controller: stopped. No body */
-    MB_PEER = 5,        /* worker -> worker: one REGION record, the region itself as its payload frame */
+    MB_PEER = 5,        /* worker -> worker: one REGION record, the region as its payload frame or a handle */
     MB_ABORT = 6,       /* controller -> worker: one ABORT record */
     MB_HEARTBEAT = 7,   /* worker process -> controller, from its own socket: still alive. No body */
-    MB_KIND_MAX = 7,
+    MB_PROCESS = 8,     /* controller -> worker: one PROCESS record */
+    MB_RELEASE = 9,     /* controller or worker -> the worker that lent by handle: one RELEASE record */
+    MB_KIND_MAX = 9,
 } mb_kind;
 
 typedef struct {

@@ -8,9 +8,9 @@
  *
  * A record is a msgpack array. Op records (the body of an MB_OPS message, controller -> worker)
  * and completions (MB_COMPLETIONS, worker -> controller) start with their code; a message that
- * carries one record (MB_HELLO, MB_ABORT, MB_PEER) has none, its header's kind says which, and
- * nested records (an ASSEMBLE's parts, a COMPUTE's outputs) have none either. MB_BYE and
- * MB_HEARTBEAT messages have no body at all (mb_codec.h).
+ * carries one record (MB_HELLO, MB_ABORT, MB_PEER, MB_PROCESS, MB_RELEASE) has none, its header's
+ * kind says which, and nested records (an ASSEMBLE's parts, a COMPUTE's outputs) have none either.
+ * MB_BYE and MB_HEARTBEAT messages have no body at all (mb_codec.h).
  *
  * Shapes are local: the controller has already worked out each device's piece, a worker never
  * re-infers. Tensor ids, future ids and transfer ids are separate id spaces (act_runtime).
@@ -33,7 +33,7 @@
 #include "dtorch.h"
 #include "mb_writer.h"
 
-#define MB_PROTOCOL 4        /* the records below; bumped on any change to them */
+#define MB_PROTOCOL 5        /* the records below; bumped on any change to them */
 #define MB_MAX_IDS 32        /* tensor ids in an IDS field (a COMPUTE's inputs) */
 #define MB_MAX_INTS 16       /* integers in an INTS field (dt_op_attrs.ints) */
 #define MB_MAX_FLOATS 4      /* floats in a FLOATS field (dt_op_attrs.floats) */
@@ -140,7 +140,10 @@ typedef struct { uint32_t n; const msgpack_object *items; } mb_list;   /* inside
     X(peer_messages_sent)     /* regions sent to other devices */                                   \
     X(peer_bytes_sent)        /* ... and their bytes */                                             \
     X(peer_messages_received) /* regions received from other devices */                             \
-    X(peer_bytes_received)    /* ... and their bytes */
+    X(peer_bytes_received)    /* ... and their bytes */                                             \
+    X(shm_bytes_sent)         /* of peer_bytes_sent: lent by handle (read from this device's segments) */ \
+    X(shm_bytes_received)     /* of peer_bytes_received: read in place from the sender's segments */ \
+    X(shm_bytes_fetched)      /* bytes of fetched values the controller read from this device's segments */
 
 #define MB_GEN_STAT(name) MB_STAT_##name,
 typedef enum { MB_STATS(MB_GEN_STAT) MB_NSTATS } mb_stat;
@@ -152,8 +155,13 @@ typedef enum { MB_STATS(MB_GEN_STAT) MB_NSTATS } mb_stat;
     X(ERROR, error, 3)        /* a fetch that failed */
 
 #define MB_FIELDS_CREDIT(F) F(U64, records)
-/* frame: index of the payload frame with the piece's bytes, -1 for none (SYNC) */
-#define MB_FIELDS_VALUE(F) F(U64, future) F(I64, piece) F(DTYPE, dtype) F(SHAPE, shape) F(I64, frame)
+/* frame: index of the payload frame with the piece's bytes, -1 for none (SYNC, or a piece lent by
+ * handle). segment >= 0: the piece is `offset` bytes into the worker's shared segment of that
+ * descriptor and serial (dt_shm.h), C-contiguous, lent as `hold` until the controller sends a
+ * RELEASE of it; -1: no segment (serial, offset and hold 0) */
+#define MB_FIELDS_VALUE(F)                                                                           \
+    F(U64, future) F(I64, piece) F(DTYPE, dtype) F(SHAPE, shape) F(I64, frame) F(I64, segment) F(U64, serial) \
+    F(U64, offset) F(U64, hold)
 /* status: the dt error code */
 #define MB_FIELDS_ERROR(F) F(U64, future) F(I64, piece) F(I64, status) F(STR, message)
 
@@ -162,18 +170,31 @@ typedef enum { MB_STATS(MB_GEN_STAT) MB_NSTATS } mb_stat;
     X(HELLO, hello)           /* MB_HELLO, worker -> controller: who it is and what it speaks */   \
     X(ABORT, abort)           /* MB_ABORT, controller -> worker: a device died, stop waiting on it */ \
     X(REGION, region)         /* MB_PEER, worker -> worker: one transfer of a redistribute */       \
+    X(PROCESS, process)       /* MB_PROCESS, controller -> worker: the process a device runs as */  \
+    X(RELEASE, release)       /* MB_RELEASE, to the lender: done with what it lent by handle */     \
     X(PART, part)             /* an element of ASSEMBLE's parts */                                  \
     X(OUT, out)               /* an element of COMPUTE's outs */
 
 /* protocol: MB_PROTOCOL; registry: op_registry_hash(); device_type: the backend it runs */
 #define MB_FIELDS_HELLO(F) F(I64, device) F(I64, pid) F(U64, protocol) F(U64, registry) F(STR, device_type)
 #define MB_FIELDS_ABORT(F) F(I64, device)
-/* status 0: the region's bytes are the message's payload frame (process workers), or, between
- * threads of one process, at address `data` (byte strides `strides`) inside the sender's storage
- * `storage`, kept alive for the receiver; otherwise the dt error code and its message */
+/* status 0: the region's bytes are
+ *   the message's payload frame (storage 0, segment -1);
+ *   between threads of one process: at address `data` (byte strides `strides`) inside the sender's
+ *   storage `storage`, kept alive for the receiver;
+ *   between processes of one host: `offset` bytes into the sender's shared segment of descriptor
+ *   `segment` and `serial` (dt_shm.h), byte strides `strides`, lent as `hold` until the receiver
+ *   sends a RELEASE of it;
+ * otherwise the dt error code and its message */
 #define MB_FIELDS_REGION(F)                                                                          \
     F(U64, transfer) F(I64, status) F(DTYPE, dtype) F(SHAPE, shape) F(OSTR, error) F(U64, storage)   \
-    F(U64, data) F(DIMS, strides)
+    F(U64, data) F(DIMS, strides) F(I64, segment) F(U64, serial) F(U64, offset) F(U64, hold)
+/* device runs as process pid of this host, whose segments the receiver may map (by
+ * /proc/<pid>/fd); pid 0: it lends nothing, its regions come as frames. Told about itself, a worker
+ * may lend its pieces by handle; a worker never told so sends frames */
+#define MB_FIELDS_PROCESS(F) F(I64, device) F(I64, pid)
+/* hold: what a REGION or VALUE lent by handle; the lender's storage is free again */
+#define MB_FIELDS_RELEASE(F) F(U64, hold)
 /* the region of shape at src_offset in the source (device `from`: local piece when transfer is 0,
  * else the region received as transfer) lands at dst_offset; divisor: DIV's */
 #define MB_FIELDS_PART(F)                                                                            \

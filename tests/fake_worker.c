@@ -1,7 +1,11 @@
 /* fake_worker — a stand-in for dtorch-worker that connects like it and says a wrong hello, for
- * the tests of the controller's refusal. DTORCH_FAKE_HELLO picks what is wrong: "protocol" (the
- * next protocol version), "registry" (another op registry), "type" (another device type) or
- * "garbage" (a body that is no HELLO record). It then waits to be killed. */
+ * the tests of the controller's refusal, or lends forged handles, for the tests of the controller's
+ * checks. DTORCH_FAKE_HELLO picks what is wrong: "protocol" (the next protocol version),
+ * "registry" (another op registry), "type" (another device type) or "garbage" (a body that is no
+ * HELLO record); it then waits to be killed. "lend-outside" and "lend-foreign" say a true hello and
+ * answer every FETCH with a VALUE by handle: past the end of a true segment of its own, or naming
+ * a descriptor that is no segment (/dev/null); SYNCs are answered as a worker does. */
+#include <fcntl.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -10,9 +14,63 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include "dt_dtype.h"
+#include "dt_layout.h"
+#include "dt_shm.h"
 #include "mb_schema.h"
 #include "mb_socket.h"
 #include "op_registry.h"
+
+/* Answers the controller's batches until it says bye, lending each fetched value by a forged
+ * handle (how: "lend-outside" or "lend-foreign"). */
+static void s_lend_forged(zsock_t *sock, int64_t device, const char *how)
+{
+    dt_shm_seg *seg = dt_shm_seg_new(1);
+    int foreign = open("/dev/null", O_RDONLY);
+    uint64_t seq = 1;
+    mb_message m;
+    while (seg && foreign >= 0 && mb_recv(sock, false, false, &m) == 0) {
+        if (m.header.kind == MB_BYE) {
+            mb_message_close(&m);
+            break;
+        }
+        if (m.header.kind != MB_OPS) {
+            mb_message_close(&m);
+            continue;
+        }
+        mb_writer reply = {0};
+        uint32_t nreply = 1;
+        mb_body_reader r;
+        msgpack_object rec;
+        int64_t code;
+        if (mb_body_init(&r, zmq_msg_data(&m.body), zmq_msg_size(&m.body), m.header.count) == 0) {
+            while (mb_body_next(&r, &rec) == 1 && mb_record_code(&rec, &code) == 0) {
+                mb_fetch_rec fetch;
+                mb_sync_rec sync;
+                if (code == MB_OP_FETCH && mb_decode_fetch(&rec, &fetch) == 0) {
+                    /* the tests fetch 4 float32 */
+                    bool outside = strcmp(how, "lend-outside") == 0;
+                    mb_encode_value(&reply, fetch.future, fetch.piece, DT_FLOAT32, 1, (const int64_t[]){4}, -1,
+                                    outside ? seg->fd : foreign, seg->serial, outside ? seg->size - 8 : 0, 7);
+                    nreply++;
+                } else if (code == MB_OP_SYNC && mb_decode_sync(&rec, &sync) == 0) {
+                    mb_encode_value(&reply, sync.future, sync.piece, DT_FLOAT32, 0, NULL, -1, -1, 0, 0, 0);
+                    nreply++;
+                }
+            }
+            mb_body_destroy(&r);
+        }
+        mb_encode_credit(&reply, m.header.count);
+        mb_message_close(&m);
+        mb_header h = {MB_VERSION, MB_COMPLETIONS, seq++, (uint32_t)device, nreply};
+        size_t size = reply.size;
+        mb_send(sock, NULL, 0, &h, (mb_buf){mb_w_release(&reply), size, mb_buf_free, NULL}, NULL, 0);
+    }
+    if (foreign >= 0)
+        close(foreign);
+    dt_shm_seg_free(seg);
+    dt_shm_trim();
+}
 
 int main(int argc, char **argv)
 {
@@ -51,8 +109,11 @@ int main(int argc, char **argv)
     mb_header h = {MB_VERSION, MB_HELLO, 0, (uint32_t)device, 1};
     size_t size = body.size;
     mb_send(sock, NULL, 0, &h, (mb_buf){mb_w_release(&body), size, mb_buf_free, NULL}, NULL, 0);
-    for (int i = 0; i < 300; i++)
-        usleep(100000);
+    if (strncmp(how, "lend-", 5) == 0)
+        s_lend_forged(sock, device, how);
+    else
+        for (int i = 0; i < 300; i++)
+            usleep(100000);
     mb_socket_destroy(&sock);
     return 0;
 }

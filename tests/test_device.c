@@ -225,6 +225,52 @@ Test(hello, unreadable_hello_refused, .timeout = 30)
     s_refused("garbage", (const char *[]){"hello could not be read", "malformed hello record"}, 2);
 }
 
+/* ---- values lent by handle --------------------------------------------------------------------- */
+
+/* A worker process (fake-dtorch-worker) answers fetches with forged handles: each fetch fails with
+ * the reason, the device stays alive (a SYNC still works), and nothing crashes. shm: whether the
+ * controller lets worker processes lend at all (DTORCH_SHM). */
+static void s_forged_value(const char *how, bool shm, const char *says)
+{
+    const char *fake = getenv("DTORCH_FAKE_WORKER");
+    cr_assert_not_null(fake, "meson test sets DTORCH_FAKE_WORKER");
+    cr_assert_eq(setenv("DTORCH_FAKE_HELLO", how, 1), 0);
+    cr_assert_eq(setenv("DTORCH_SHM", shm ? "1" : "0", 1), 0);
+    cr_assert_eq(dt_init(&(dt_config){DT_WORKERS_PROCESS, fake}), 0, "%s", dt_last_error());
+    dt_mesh *m = s_mesh(0, 1);
+    dt_tensor *t = dt_full(m, 1, (int64_t[]){4}, DT_FLOAT32, NULL, S_FLT(1.0));
+    cr_assert_not_null(t, "%s", dt_last_error());
+    for (int i = 0; i < 2; i++) {
+        dt_future *f = dt_tensor_fetch(t);
+        cr_assert_not_null(f, "%s", dt_last_error());
+        cr_expect_eq(dt_future_wait(f, 10), DT_EPROTO, "%s: %s", how, dt_last_error());
+        const char *why = dt_future_error(f) ? dt_future_error(f) : "";
+        s_expect_in(why, "fetch: device 0's value by handle: ", how);
+        s_expect_in(why, says, how);
+        dt_future_release(&f);
+    }
+    cr_expect_eq(dt_synchronize(), 0, "the device is alive: %s", dt_last_error());
+    dt_tensor_release(&t);
+    dt_mesh_release(&m);
+    cr_expect_eq(dt_shutdown(), 0);
+    unsetenv("DTORCH_SHM");
+}
+
+Test(lend, value_outside_its_segment_fails_the_fetch, .timeout = 30)
+{
+    s_forged_value("lend-outside", true, "a region outside its segment");
+}
+
+Test(lend, value_in_no_segment_fails_the_fetch, .timeout = 30)
+{
+    s_forged_value("lend-foreign", true, "is not its shared segment");
+}
+
+Test(lend, value_from_a_worker_never_told_to_lend_fails_the_fetch, .timeout = 30)
+{
+    s_forged_value("lend-outside", false, "it was never told it may lend by handle");
+}
+
 /* The registry's hash covers what a worker must agree on, and is stable within a build. */
 Test(hello, registry_hash)
 {

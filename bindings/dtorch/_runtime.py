@@ -41,8 +41,11 @@ def device_stats(mesh, reset_peak=False):
     list in mesh order of dicts with ``device`` (its id), ``bytes_in_use`` (bytes of the pieces it
     holds now), ``peak_bytes`` (the most it has held since the last reset), and
     ``peer_messages_sent``/``peer_bytes_sent``, ``peer_messages_received``/``peer_bytes_received``
-    (regions exchanged with other devices, since it started). ``reset_peak=True`` starts each
-    peak again from what the device holds, after reading it."""
+    (regions exchanged with other devices, since it started), ``shm_bytes_sent``/``shm_bytes_received``
+    (the part of those bytes that worker processes read from each other's shared memory) and
+    ``shm_bytes_fetched`` (bytes of fetched values the controller read from the device's shared
+    memory). ``reset_peak=True`` starts each peak again from what the device holds, after reading
+    it."""
     return _C._device_stats(mesh, bool(reset_peak))
 
 
