@@ -21,23 +21,7 @@ import time
 import numpy as np
 
 import dtorch
-
-
-def _worker_pid(device):
-    me = os.getpid()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline") as f:
-                argv = f.read().split("\0")
-        except OSError:
-            continue
-        if ppid == me and "--device" in argv and argv[argv.index("--device") + 1] == str(device):
-            return int(entry)
-    raise RuntimeError(f"no worker process for device {device}")
+from bench_parallel import _worker_pids
 
 
 def _trial(kind, ops):
@@ -49,7 +33,7 @@ def _trial(kind, ops):
     x = dtorch.zeros(64, device_mesh=mesh, placements=[dtorch.Shard(0)])
     y = dtorch.arange(6, device_mesh=other, placements=[dtorch.Shard(0)])
     dtorch.synchronize()
-    pid = _worker_pid(1)
+    pid = _worker_pids()[1]
     for _ in range(ops):
         x = x + 1.0
     pending = x.future()

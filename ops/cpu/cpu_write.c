@@ -8,6 +8,18 @@
 #include "cpu_ops.h"
 #include "dt_dtype.h"
 
+/* The byte strides of dst and src (both contiguous) and src's shape, to copy a block of src into
+ * dst; returns the element size. */
+static size_t s_layout(const op_local *dst, const op_local *src, int64_t *dst_strides, int64_t *src_strides,
+                       int64_t *shape)
+{
+    size_t elem = dt_dtype_size(dst->dtype);
+    cpu_contiguous_strides(dst->ndim, dst->shape, elem, dst_strides);
+    cpu_contiguous_strides(src->ndim, src->shape, elem, src_strides);
+    memcpy(shape, src->shape, DT_MAX_DIMS * sizeof *shape);
+    return elem;
+}
+
 static const char *s_slice_assign(op_kernel *k)
 {
     const op_local *dst = &k->out[0], *src = &k->in[1];
@@ -18,11 +30,8 @@ static const char *s_slice_assign(op_kernel *k)
     int64_t hi = start + src->shape[dim] < piece0 + dst->shape[dim] ? start + src->shape[dim] : piece0 + dst->shape[dim];
     if (hi <= lo)
         return NULL;
-    size_t elem = dt_dtype_size(dst->dtype);
     int64_t dst_strides[DT_MAX_DIMS], src_strides[DT_MAX_DIMS], shape[DT_MAX_DIMS];
-    cpu_contiguous_strides(ndim, dst->shape, elem, dst_strides);
-    cpu_contiguous_strides(ndim, src->shape, elem, src_strides);
-    memcpy(shape, src->shape, sizeof shape);
+    size_t elem = s_layout(dst, src, dst_strides, src_strides, shape);
     shape[dim] = hi - lo;
     cpu_copy_block((char *)dst->data + (lo - piece0) * dst_strides[dim], dst_strides,
                    (const char *)src->data + (lo - start) * src_strides[dim], src_strides, ndim, shape, elem);
@@ -44,11 +53,8 @@ static const char *s_index_copy(op_kernel *k)
                      (long long)at[i], dim, (long long)size);
             return why;
         }
-    size_t elem = dt_dtype_size(dst->dtype);
     int64_t dst_strides[DT_MAX_DIMS], src_strides[DT_MAX_DIMS], shape[DT_MAX_DIMS];
-    cpu_contiguous_strides(ndim, dst->shape, elem, dst_strides);
-    cpu_contiguous_strides(ndim, src->shape, elem, src_strides);
-    memcpy(shape, src->shape, sizeof shape);
+    size_t elem = s_layout(dst, src, dst_strides, src_strides, shape);
     shape[dim] = 1;
     for (int64_t i = 0; i < n; i++)
         cpu_copy_block((char *)dst->data + at[i] * dst_strides[dim], dst_strides,

@@ -74,3 +74,13 @@ def test_cache_position_writes_the_slots_it_names():
         assert float(np.abs(b - want).max() / np.abs(want).max()) < 1e-4
     with pytest.raises(ValueError, match=r"cache_position must give 1 slot\(s\) in \[0, 8\), got \[9\]"):
         model(ids[:, 5:6], past_key_values=slotted, cache_position=[9])
+
+
+@pytest.mark.parametrize("name", ["tp2", "pp2"])
+def test_captured_generation_on_worker_processes(process_mode, name):
+    """The same replays with every device a process of its own (records and regions over ipc and
+    shared memory)."""
+    shape, names, overrides = CAPTURED[name]
+    model, sd, cfg = build(shape, names, overrides)
+    ids = tokens((2, 5), seed=8)
+    np.testing.assert_array_equal(model.generate(ids, 6), greedy_reference(sd, cfg, ids, 6))
