@@ -59,7 +59,10 @@ c_build() {
     if [ ! -f "$dir/build.ninja" ]; then
         "$VENV/bin/meson" setup "$dir" "$@" >/dev/null
     fi
-    "$VENV/bin/meson" compile -C "$dir" >/dev/null
+    if ! "$VENV/bin/meson" compile -C "$dir" >/dev/null; then
+        "$VENV/bin/meson" compile -C "$dir" 2>&1 | grep -E "error|FAILED" | head -20
+        return 1
+    fi
 }
 
 # Each fuzz target from the seeds make_corpus writes, for a fixed number of inputs with a fixed
@@ -69,8 +72,11 @@ c_build() {
 declare -A FUZZ_RUNS=([envelope]=5000000 [records]=2000000 [worker]=1000000)
 run_fuzz() {
     local status=0
-    CC=clang c_build build-fuzz -Dbuildtype=debugoptimized -Db_sanitize=address,undefined -Db_lundef=false \
-        -Dfuzz=true -Dtests=false
+    if ! CC=clang c_build build-fuzz -Dbuildtype=debugoptimized -Db_sanitize=address,undefined -Db_lundef=false \
+        -Dfuzz=true -Dtests=false; then
+        echo "the fuzz targets did not build"
+        return 1
+    fi
     rm -rf build-fuzz/corpus build-fuzz/findings && mkdir -p build-fuzz/findings
     build-fuzz/tests/fuzz/make_corpus build-fuzz/corpus
     for target in envelope records worker; do

@@ -91,7 +91,11 @@ int main(int argc, char **argv)
     mb_encode_replay(&w, 1, 1, (const uint64_t[]){100}, 1000, 1, 0, 0), s_record("replay", &w);
     mb_encode_drop(&w, 1), s_record("drop", &w);
     mb_encode_credit(&w, 3), s_record("credit", &w);
-    mb_encode_value(&w, 9, 0, DT_FLOAT32, 2, S_SHAPE, 0), s_record("value", &w);
+    mb_encode_value(&w, 9, 0, DT_FLOAT32, 2, S_SHAPE, 0, -1, 0, 0, 0), s_record("value", &w);
+    mb_encode_value(&w, 9, 0, DT_FLOAT32, 2, S_SHAPE, -1, 3, 1, 64, 5), s_record("value_lent", &w);
+    mb_encode_region(&w, 4, 0, DT_FLOAT32, 2, S_SHAPE, NULL, 0, 0, 0, NULL, 3, 1, 64, 5), s_record("region", &w);
+    mb_encode_process(&w, 1, 4242), s_record("process", &w);
+    mb_encode_release(&w, 5), s_record("release", &w);
     mb_encode_error(&w, 9, 0, DT_EKERNEL, "why"), s_record("error", &w);
     mb_encode_hello(&w, 0, 42, MB_PROTOCOL, 1, "cpu"), s_record("hello", &w);
     mb_encode_abort(&w, 1), s_record("abort", &w);
