@@ -224,7 +224,11 @@ bool act_peer_send(act_worker *w, const msgpack_object *rec)
         mb_encode_region(&body, r.transfer, DT_EKERNEL, DT_FLOAT32, r.shape.n, r.shape.v, why, 0, 0, 0, NULL, -1, 0,
                          0, 0);
     } else if (w->read_peers) {
+        /* the reference the region carries rides on an empty frame: ZeroMQ lets it go when the
+         * message dies, read or not (a receiver that left at shutdown never reads it) */
         atomic_fetch_add(&t->storage->refs, 1);
+        frame = (mb_buf){t->storage->data, 0, act_storage_free_fn, t->storage};
+        nframes = 1;
         mb_encode_region(&body, r.transfer, 0, t->dtype, r.shape.n, r.shape.v, NULL, (uint64_t)(uintptr_t)t->storage,
                          (uint64_t)(uintptr_t)start, r.shape.n, strides, -1, 0, 0, 0);
     } else if (lent.segment >= 0) {
@@ -254,9 +258,7 @@ bool act_peer_send(act_worker *w, const msgpack_object *rec)
     } else {
         /* only a peer without a socket any more makes a send wait (high-water marks are off) or,
          * through the ROUTER, fail: it left or died, so later regions for it are dropped at once */
-        dt_idmap_put(&w->dead, (uint64_t)r.to + 1, w);
-        if (t && w->read_peers)
-            act_storage_release(t->storage); /* the reference the region would have carried */
+        dt_idmap_put(&w->dead, (uint64_t)r.to + 1, w);   /* (mb_send let the frames go, references too) */
         act_shm_unlend(w, lent.hold);
     }
     return true;
@@ -323,6 +325,7 @@ static void s_stash(act_worker *w, mb_message *m)
             got->error = strdup("a peer sent a region by address to a worker that cannot read it");
         } else {
             got->storage = (act_storage *)(uintptr_t)region.storage;
+            atomic_fetch_add(&got->storage->refs, 1); /* the message's empty frame holds one until it closes */
             got->copy = w->backend->copy_from_peer;
             got->data = (const char *)(uintptr_t)region.data;
             if (region.strides.n != got->ndim) {

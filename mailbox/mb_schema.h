@@ -181,7 +181,8 @@ typedef enum { MB_STATS(MB_GEN_STAT) MB_NSTATS } mb_stat;
 /* status 0: the region's bytes are
  *   the message's payload frame (storage 0, segment -1);
  *   between threads of one process: at address `data` (byte strides `strides`) inside the sender's
- *   storage `storage`, kept alive for the receiver;
+ *   storage `storage`, kept alive by the message's one (empty) payload frame, which lets it go
+ *   when the message dies (the receiver takes a reference of its own first);
  *   between processes of one host: `offset` bytes into the sender's shared segment of descriptor
  *   `segment` and `serial` (dt_shm.h), byte strides `strides`, lent as `hold` until the receiver
  *   sends a RELEASE of it;
