@@ -137,6 +137,8 @@ static void s_device_lost(act_runtime *rt, act_device *dev, const char *reason, 
     }
     dev->state = ACT_DEV_DEAD;
     snprintf(dev->reason, sizeof dev->reason, "%s", reason);
+    if (!rt->stopping)
+        act_runtime_note_failure(dev->id, reason); /* workers that leave at shutdown are no failure */
     for (act_batch *b = dev->out_head, *next; b; b = next) {
         next = b->next;
         act_batch_destroy(b);

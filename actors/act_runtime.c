@@ -588,6 +588,65 @@ void act_runtime_free(uint64_t epoch, dt_mesh *mesh, uint64_t id)
     pthread_mutex_unlock(&rt->lock);
 }
 
+/* ---- device failures, for whoever watches them (dtorch's DeviceMesh.on_failure) -------------- */
+
+#define S_FAILURES 256   /* failures remembered; a watcher further behind skips the oldest */
+
+static struct {
+    int64_t device;
+    char reason[256];
+} s_failures[S_FAILURES];
+static uint64_t s_nfailures;   /* failures so far in this process: number k is s_failures[(k-1) % S_FAILURES] */
+static pthread_cond_t s_failure_cond = PTHREAD_COND_INITIALIZER;
+
+void act_runtime_note_failure(int64_t device, const char *reason)
+{
+    uint64_t k = ++s_nfailures;
+    s_failures[(k - 1) % S_FAILURES].device = device;
+    snprintf(s_failures[(k - 1) % S_FAILURES].reason, sizeof s_failures[0].reason, "%s", reason);
+    pthread_cond_broadcast(&s_failure_cond);
+}
+
+uint64_t dt_device_failures(void)
+{
+    pthread_mutex_lock(&act_rt.lock);
+    uint64_t n = s_nfailures;
+    pthread_mutex_unlock(&act_rt.lock);
+    return n;
+}
+
+uint64_t dt_next_device_failure(uint64_t after, double timeout_s, int64_t *device, char *reason, size_t size)
+{
+    act_runtime *rt = &act_rt;
+    pthread_mutex_lock(&rt->lock);
+    if (s_nfailures <= after && timeout_s > 0) {
+        double until = act_now() + timeout_s;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        double wall = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + timeout_s;
+        ts.tv_sec = (time_t)wall;
+        ts.tv_nsec = (long)((wall - (double)ts.tv_sec) * 1e9);
+        pthread_mutex_unlock(&rt->lock);
+        act_wait_enter();
+        pthread_mutex_lock(&rt->lock);
+        while (s_nfailures <= after && act_now() < until)
+            if (pthread_cond_timedwait(&s_failure_cond, &rt->lock, &ts) != 0)
+                break;
+        pthread_mutex_unlock(&rt->lock);
+        act_wait_leave();
+        pthread_mutex_lock(&rt->lock);
+    }
+    uint64_t k = 0;
+    if (s_nfailures > after) {
+        uint64_t oldest = s_nfailures > S_FAILURES ? s_nfailures - S_FAILURES + 1 : 1;
+        k = after + 1 > oldest ? after + 1 : oldest;
+        *device = s_failures[(k - 1) % S_FAILURES].device;
+        snprintf(reason, size, "%s", s_failures[(k - 1) % S_FAILURES].reason);
+    }
+    pthread_mutex_unlock(&rt->lock);
+    return k;
+}
+
 int dt_synchronize(void)
 {
     act_runtime *rt = &act_rt;

@@ -106,6 +106,9 @@ typedef struct {
 
 extern act_runtime act_rt;
 
+/* Under the lock: notes that device died (for dt_next_device_failure) and wakes its waiters. */
+void act_runtime_note_failure(int64_t device, const char *reason);
+
 /* ---- user-thread side -------------------------------------------------------------------- */
 /* Starts the runtime if needed and the workers of the meshes' devices; fails if one is dead, or
  * was started for a mesh of another device type. On success the lock is held until

@@ -1883,6 +1883,26 @@ static PyObject *s_capture_end(PyObject *mod, PyObject *outputs)
     return (PyObject *)self;
 }
 
+/* _next_failure(after, timeout) -> (number, device, reason) or None: dt_next_device_failure */
+static PyObject *s_next_failure(PyObject *mod, PyObject *args)
+{
+    unsigned long long after;
+    double timeout;
+    if (!PyArg_ParseTuple(args, "Kd", &after, &timeout))
+        return NULL;
+    int64_t device = -1;
+    char reason[256];
+    uint64_t k = dt_next_device_failure(after, timeout, &device, reason, sizeof reason);
+    if (k == 0)
+        Py_RETURN_NONE;
+    return Py_BuildValue("KLs", (unsigned long long)k, (long long)device, reason);
+}
+
+static PyObject *s_failure_count(PyObject *mod, PyObject *unused)
+{
+    return PyLong_FromUnsignedLongLong(dt_device_failures());
+}
+
 static PyObject *s_capture_abort(PyObject *mod, PyObject *unused)
 {
     dt_capture_abort();
@@ -1920,6 +1940,8 @@ static PyMethodDef s_methods[] = {
     {"_device_stats", s_device_stats, METH_VARARGS, "Every device's counters: _device_stats(mesh, reset_peak)."},
     {"_ops_submitted", s_ops_submitted, METH_NOARGS, "Submissions so far (ops, factories, fetches, redistributes)."},
     {"_register", s_register, METH_VARARGS, NULL},
+    {"_next_failure", s_next_failure, METH_VARARGS, "The next device failure after a number, or None."},
+    {"_failure_count", s_failure_count, METH_NOARGS, "The number of the latest device failure (0: none)."},
     {"_capture_begin", s_capture_begin, METH_VARARGS, "Start capturing: _capture_begin(name, inputs)."},
     {"_capture_end", s_capture_end, METH_O, "End the capture: _capture_end(outputs) -> Capture."},
     {"_capture_abort", s_capture_abort, METH_NOARGS, "End the capture, keeping nothing."},

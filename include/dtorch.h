@@ -285,6 +285,14 @@ uint64_t dt_capture_nrecords(const dt_capture *g); /* op records kept over all d
 int dt_capture_ndevices(const dt_capture *g);
 void dt_capture_release(dt_capture **g);           /* the devices forget it */
 
+/* ---- device failures ------------------------------------------------------------------------ */
+/* Failures are numbered from 1 over the process's life, every runtime included. Waits up to
+ * timeout_s (the GIL or the like released through the wait hooks) for the first failure numbered
+ * after `after`, fills its device and reason and returns its number; 0 when none came. A watcher
+ * more than 255 failures behind skips to the oldest one remembered. */
+uint64_t dt_next_device_failure(uint64_t after, double timeout_s, int64_t *device, char *reason, size_t size);
+uint64_t dt_device_failures(void);   /* the number of the latest failure (0: none yet) */
+
 /* ---- device statistics -------------------------------------------------------------------- */
 /* What one device's worker has counted since it started. */
 typedef struct {

@@ -1,4 +1,6 @@
 """DeviceMesh: an N-D array of device ids that DTensors are laid out over."""
+import threading
+
 import numpy as np
 
 from . import _C
@@ -108,6 +110,17 @@ class DeviceMesh:
         sub._root, sub._root_dims = self._get_root_mesh(), tuple(self._root_dims[d] for d in dims)
         return sub
 
+    def on_failure(self, callback):
+        """Calls ``callback(device, reason)`` once for each failure of one of this mesh's devices
+        from now on (a worker that died, was killed or went silent), from a thread of dtorch's own
+        ("dtorch-failures"), so the callback may use dtorch: e.g. build a new mesh on other devices
+        and carry on, while this mesh's DTensors raise errors naming the device. Workers that stop
+        at shutdown are no failure. Returns a handle whose ``remove()`` ends the calls (as torch's
+        hooks)."""
+        if not callable(callback):
+            raise TypeError(f"on_failure: expected a callable, got {type(callback).__name__}")
+        return _watcher.watch(set(int(i) for i in self._ids.ravel()), callback)
+
     def _get_root_mesh(self):
         """The mesh this one was sliced from (itself when it was not)."""
         return self if self._root is None else self._root
@@ -134,3 +147,57 @@ def init_device_mesh(device_type, mesh_shape, *, mesh_dim_names=None):
             raise ValueError(f"init_device_mesh: mesh_shape must hold positive ints, got {mesh_shape!r}")
     ids = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
     return DeviceMesh(device_type, ids, mesh_dim_names=mesh_dim_names)
+
+
+class _FailureWatcher:
+    """The callbacks of DeviceMesh.on_failure and the one thread that calls them: it waits in C
+    (the GIL released) for the next device failure and calls each callback whose mesh holds the
+    device and that was registered before the failure."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._watches = []        # (device ids, callback, first failure number it wants)
+        self._thread = None
+
+    def watch(self, devices, callback):
+        with self._lock:
+            first = _C._failure_count() + 1
+            entry = (devices, callback, first)
+            self._watches.append(entry)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, args=(first - 1,), name="dtorch-failures",
+                                                daemon=True)
+                self._thread.start()
+        return _FailureHandle(self, entry)
+
+    def _remove(self, entry):
+        with self._lock:
+            self._watches = [w for w in self._watches if w is not entry]
+
+    def _run(self, seen):
+        while True:
+            got = _C._next_failure(seen, 0.5)
+            if got is None:
+                continue
+            seen, device, reason = got
+            with self._lock:
+                due = [cb for devices, cb, first in self._watches if device in devices and seen >= first]
+            for callback in due:
+                try:
+                    callback(device, reason)
+                except Exception:   # a callback's error is the callback's: report it, keep watching
+                    import traceback
+                    traceback.print_exc()
+
+
+class _FailureHandle:
+    """What DeviceMesh.on_failure returns: ``remove()`` ends the calls."""
+
+    def __init__(self, watcher, entry):
+        self._watcher, self._entry = watcher, entry
+
+    def remove(self):
+        self._watcher._remove(self._entry)
+
+
+_watcher = _FailureWatcher()

@@ -163,3 +163,52 @@ def test_worker_sockets_live_in_a_private_directory_that_goes_with_the_run(proce
         x.redistribute(mesh, [dtorch.Replicate()]).numpy()
     dtorch.shutdown()
     assert not os.path.exists(directory)
+
+
+def test_on_failure_calls_back_once_for_the_meshes_that_hold_the_device(process_mode):
+    """DeviceMesh.on_failure: a killed worker calls the callbacks of the meshes that hold its device,
+    once each, with the device and why; the others are not called; from the callback a new mesh on
+    other devices computes, while the failed mesh's tensors name the dead device."""
+    import threading
+    mesh, other, overlap = (dtorch.DeviceMesh("cpu", [0, 1]), dtorch.DeviceMesh("cpu", [2, 3]),
+                            dtorch.DeviceMesh("cpu", [1, 2]))
+    x = dtorch.arange(4, device_mesh=mesh, placements=[dtorch.Shard(0)])
+    dtorch.ones(2, device_mesh=other).numpy()
+    dtorch.ones(2, device_mesh=overlap).numpy()
+    calls, done = [], threading.Event()
+
+    def on_mesh(device, reason):
+        fresh = dtorch.DeviceMesh("cpu", [4, 5])       # carry on elsewhere, from the callback itself
+        value = dtorch.arange(6, device_mesh=fresh, placements=[dtorch.Shard(0)]).numpy()
+        calls.append(("mesh", device, reason, value))
+        done.set()
+
+    handles = [mesh.on_failure(on_mesh),
+               other.on_failure(lambda device, reason: calls.append(("other", device, reason, None))),
+               overlap.on_failure(lambda device, reason: calls.append(("overlap", device, reason, None)))]
+    removed = mesh.on_failure(lambda device, reason: calls.append(("removed", device, reason, None)))
+    removed.remove()
+    try:
+        _on_failure_checks(mesh, x, calls, done)
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _on_failure_checks(mesh, x, calls, done):
+    os.kill(worker_pids()[1], signal.SIGKILL)
+    assert done.wait(10), "the callback was not called"
+    time.sleep(0.5)   # any wrong or repeated call has had the time to come
+    names = sorted(c[0] for c in calls)
+    assert names == ["mesh", "overlap"], calls
+    for name, device, reason, value in calls:
+        assert device == 1 and "killed by signal 9" in reason, (name, device, reason)
+    np.testing.assert_array_equal([c for c in calls if c[0] == "mesh"][0][3], np.arange(6))
+    with pytest.raises(RuntimeError, match="device 1"):
+        x.numpy()
+    dtorch.shutdown()
+    dtorch.init(workers="process")
+    np.testing.assert_array_equal(dtorch.arange(4, device_mesh=mesh, placements=[dtorch.Shard(0)]).numpy(),
+                                  np.arange(4))
+    time.sleep(0.3)
+    assert len(calls) == 2, f"neither the shutdown nor the restart calls anything: {calls}"
