@@ -4,6 +4,7 @@ the chosen token ids travel to the controller each step."""
 import numpy as np
 
 from .. import _dtype, _ops, _runtime
+from .._capture import CapturedFunction
 from .._factory import arange, distribute_tensor, full, rand, zeros
 from .._ops_write import write_pieces_, write_slice_
 from .._placement import Partial, Replicate, Shard
@@ -339,7 +340,6 @@ class _DecodeStep:
         self.slot = arange(prompt_len, prompt_len + 1, device_mesh=mesh)     # (1,): the cache slot
         self.positions = tuple(distribute_tensor(np.ascontiguousarray(g[3]), mesh) if padded else None
                                for g in groups)
-        from .._capture import CapturedFunction
         self._step = CapturedFunction(self._run)
         self._step.__qualname__ = "decode step"
 
