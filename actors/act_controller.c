@@ -18,6 +18,7 @@
 #include "dt_error.h"
 #include "dt_layout.h"
 #include "dt_shm.h"
+#include "mb_curve.h"
 #include "mb_schema.h"
 #include "op_registry.h"
 
@@ -98,6 +99,23 @@ static void s_send_one(act_runtime *rt, act_device *to, mb_kind kind, mb_writer 
     mb_header h = {MB_VERSION, kind, to->send_seq++, MB_SENDER_CONTROLLER, 1};
     size_t size = body->size;
     mb_send(rt->router, rid, strlen(rid), &h, (mb_buf){mb_w_release(body), size, mb_buf_free, NULL}, NULL, 0);
+}
+
+/* A message with no body (MB_BYE, MB_HEARTBEAT). */
+static void s_send_empty(act_runtime *rt, act_device *to, mb_kind kind)
+{
+    char rid[32];
+    s_routing_id(to->id, rid, sizeof rid);
+    mb_header h = {MB_VERSION, kind, to->send_seq++, MB_SENDER_CONTROLLER, 0};
+    mb_send(rt->router, rid, strlen(rid), &h, (mb_buf){NULL, 0, NULL, NULL}, NULL, 0);
+}
+
+/* Tells `to` (on another host) where device's peer socket is. */
+static void s_send_endpoint(act_runtime *rt, act_device *to, const act_device *device)
+{
+    mb_writer body = {0};
+    mb_encode_endpoint(&body, device->id, device->peer);
+    s_send_one(rt, to, MB_ENDPOINT, &body);
 }
 
 /* Tells device `to` that device `dead` died, so that it stops waiting for regions from it. */
@@ -370,6 +388,50 @@ static void s_introduce(act_runtime *rt, act_device *dev, int64_t pid)
     }
 }
 
+/* Where a worker's hello says it is: a remote one names its host and a tcp peer socket (read
+ * strictly and written back from its parts), a local one none. Fills why when it is wrong. */
+static void s_hello_home(act_device *dev, const mb_hello_rec *hello, char *why, size_t size)
+{
+    char peer[64] = "";
+    if (hello->peer.len < sizeof peer)
+        snprintf(peer, sizeof peer, "%.*s", (int)hello->peer.len, hello->peer.ptr);
+    if (!dev->remote) {
+        if (hello->peer.len != 0)
+            snprintf(why, size, "device %" PRId64 ": a worker this controller started names a peer socket of its own",
+                     dev->id);
+        return;
+    }
+    mb_tcp_addr addr;
+    if (hello->peer.len >= sizeof peer || mb_tcp_parse(peer, false, &addr) != 0) {
+        snprintf(why, size, "device %" PRId64 ": its worker's peer socket '%.60s' is not tcp://A.B.C.D:PORT", dev->id,
+                 peer);
+        return;
+    }
+    mb_tcp_format(&addr, dev->peer, sizeof dev->peer);
+    size_t n = 0;
+    for (uint32_t i = 0; i < hello->host.len && n + 1 < sizeof dev->host; i++) {
+        char ch = hello->host.ptr[i];
+        dev->host[n++] = ch > ' ' && ch < 127 ? ch : '?'; /* it is only printed */
+    }
+    dev->host[n] = 0;
+    dev->remote_pid = hello->pid;
+}
+
+/* A worker on another host said hello: it hears where its ready peers are, they hear of it, and
+ * it hears the controller beat at once (its first word back). */
+static void s_introduce_remote(act_runtime *rt, act_device *dev)
+{
+    for (int64_t i = 0; i < rt->ndevices; i++) {
+        act_device *other = rt->devices[i];
+        if (!other || other == dev || !other->remote || !other->hello || other->state == ACT_DEV_DEAD)
+            continue;
+        s_send_endpoint(rt, other, dev);
+        s_send_endpoint(rt, dev, other);
+    }
+    dev->beat_at = act_now();
+    s_send_empty(rt, dev, MB_HEARTBEAT);
+}
+
 /* A worker said hello: it serves the device once it speaks this controller's protocol and op
  * registry for the device type asked of it; otherwise it is refused, naming both sides. */
 static void s_hello(act_runtime *rt, act_device *dev, mb_message *m)
@@ -383,6 +445,9 @@ static void s_hello(act_runtime *rt, act_device *dev, mb_message *m)
         snprintf(why, sizeof why, "device %" PRId64 ": its worker's hello could not be read (%s): rebuild "
                  "dtorch-worker from the same sources", dev->id, dt_last_error());
     } else {
+        if (dev->remote && !dev->device_type[0] && hello.device_type.len < sizeof dev->device_type)
+            snprintf(dev->device_type, sizeof dev->device_type, "%.*s", (int)hello.device_type.len,
+                     hello.device_type.ptr); /* no mesh named it yet: it serves what it says */
         uint64_t registry = op_registry_hash();
         if (hello.protocol != MB_PROTOCOL || hello.registry != registry)
             snprintf(why, sizeof why, "device %" PRId64 " speaks protocol %" PRIu64 ", registry 0x%016" PRIx64
@@ -393,6 +458,8 @@ static void s_hello(act_runtime *rt, act_device *dev, mb_message *m)
             snprintf(why, sizeof why, "device %" PRId64 ": its worker serves %.*s device %" PRId64 ", not %s device %" PRId64,
                      dev->id, (int)hello.device_type.len, hello.device_type.ptr, hello.device, dev->device_type,
                      dev->id);
+        else
+            s_hello_home(dev, &hello, why, sizeof why);
     }
     mb_body_destroy(&r);
     if (why[0]) {
@@ -407,6 +474,8 @@ static void s_hello(act_runtime *rt, act_device *dev, mb_message *m)
     pthread_mutex_unlock(&rt->lock);
     if (dev->pid > 0)
         s_introduce(rt, dev, hello.pid);
+    if (dev->remote)
+        s_introduce_remote(rt, dev);
     /* ops queued for it before it started may wait for regions from devices dead since */
     for (int64_t i = 0; i < rt->ndevices; i++) {
         act_device *gone = rt->devices[i];
@@ -431,6 +500,8 @@ static void s_drain(s_ctl *c)
         if (m.routing_id_len > 1 && (m.routing_id[0] == 'd' || heartbeat))
             id = strtoll((const char *)m.routing_id + 1, NULL, 10);
         act_device *dev = s_device(rt, id);
+        if (!dev && rt->listening && !heartbeat && m.header.kind == MB_HELLO && m.header.sender == (uint32_t)id)
+            dev = act_runtime_adopt(id, ""); /* untyped: s_hello takes the type its hello says */
         if (!dev || m.header.sender != (uint32_t)id || dev->state == ACT_DEV_DEAD ||
             heartbeat != (m.header.kind == MB_HEARTBEAT)) {
             mb_message_close(&m);
@@ -463,9 +534,15 @@ static void s_check_workers(act_runtime *rt)
         char reason[200];
         if (act_spawn_reap(dev, reason, sizeof reason))
             s_device_died(rt, dev, reason);
-        else if (!dev->hello && now - dev->started_at > ACT_HELLO_TIMEOUT_S)
+        else if (!dev->hello && !dev->remote && now - dev->started_at > ACT_HELLO_TIMEOUT_S)
             s_device_died(rt, dev, "its worker did not start in time");
-        else if (dev->pid > 0 && dev->hello && now - dev->heard_at > rt->silent_s) {
+        else if (dev->remote && dev->hello && now - dev->heard_at > rt->silent_s) {
+            /* stopped, dead, or cut off: a worker on another host cannot be killed from here; it
+             * leaves by itself once the controller is silent to it (no heartbeats to the dead) */
+            snprintf(reason, sizeof reason, "its worker on host %s (process %lld) has been silent for %.1f s",
+                     dev->host, (long long)dev->remote_pid, now - dev->heard_at);
+            s_device_died(rt, dev, reason);
+        } else if (dev->pid > 0 && dev->hello && now - dev->heard_at > rt->silent_s) {
             /* stopped, hung in the kernel, or unreachable: it no longer even says it is alive */
             snprintf(reason, sizeof reason, "its worker process %d has been silent for %.1f s", (int)dev->pid,
                      now - dev->heard_at);
@@ -475,13 +552,6 @@ static void s_check_workers(act_runtime *rt)
     }
 }
 
-static void s_send_bye(s_ctl *c, act_device *dev)
-{
-    char rid[32];
-    s_routing_id(dev->id, rid, sizeof rid);
-    mb_header h = {MB_VERSION, MB_BYE, dev->send_seq++, MB_SENDER_CONTROLLER, 0};
-    mb_send(c->router, rid, strlen(rid), &h, (mb_buf){NULL, 0, NULL, NULL}, NULL, 0);
-}
 
 /* Says bye to every worker, waits for them to go (killing the ones that do not), fails what is
  * still pending and frees every device. */
@@ -497,7 +567,7 @@ static void s_stop(s_ctl *c)
             if (!dev || dev->state == ACT_DEV_DEAD || dev->bye)
                 continue;
             if (dev->hello && asked && !asked[i]) {
-                s_send_bye(c, dev);
+                s_send_empty(rt, dev, MB_BYE);
                 asked[i] = true;
             }
             waiting = true;
@@ -537,6 +607,42 @@ static void s_stop(s_ctl *c)
     pthread_mutex_unlock(&rt->lock);
 }
 
+/* The socket every worker talks to: local workers' (inproc, or ipc in the run's directory), or,
+ * listening, a tcp one that is a CURVE server admitting the workers' key only (plaintext when the
+ * user said insecure, loudly). */
+static zsock_t *s_open_router(act_runtime *rt)
+{
+    if (!rt->listening)
+        return mb_socket_new(MB_ROUTER, rt->endpoint, true, NULL);
+    mb_curve server = {&rt->keys, NULL};
+    if (!rt->insecure && mb_curve_accept(rt->worker_key) != 0)
+        return NULL;
+    zsock_t *sock = mb_socket_open(MB_ROUTER, rt->endpoint, true, NULL, rt->insecure ? NULL : &server);
+    size_t len = sizeof rt->bound - 1;
+    memset(rt->bound, 0, sizeof rt->bound);
+    if (sock && zmq_getsockopt(zsock_resolve(sock), ZMQ_LAST_ENDPOINT, rt->bound, &len) != 0)
+        snprintf(rt->bound, sizeof rt->bound, "%s", rt->endpoint);
+    if (sock && rt->insecure)
+        fprintf(stderr, "dtorch: WARNING: listening on %s in PLAINTEXT with no authentication (insecure=True): "
+                "anyone who can reach this port can read the tensors and run ops as a worker\n", rt->bound);
+    if (!sock && !rt->insecure)
+        mb_curve_stop();
+    return sock;
+}
+
+/* Listening: tells every remote worker that the controller is alive (they leave when it is silent). */
+static void s_beat(act_runtime *rt)
+{
+    double now = act_now();
+    for (int64_t i = 0; i < rt->ndevices; i++) {
+        act_device *dev = rt->devices[i];
+        if (!dev || !dev->remote || !dev->hello || dev->state == ACT_DEV_DEAD || now - dev->beat_at < ACT_HEARTBEAT_S)
+            continue;
+        dev->beat_at = now;
+        s_send_empty(rt, dev, MB_HEARTBEAT);
+    }
+}
+
 void *act_controller_main(void *arg)
 {
     pthread_setname_np(pthread_self(), "dtorch-control"); /* so profiles and debuggers tell it apart */
@@ -544,7 +650,7 @@ void *act_controller_main(void *arg)
     act_runtime *rt = c.rt;
     const char *shm = getenv("DTORCH_SHM");
     rt->shm = !(shm && strcmp(shm, "0") == 0);
-    c.router = rt->router = c.sent ? mb_socket_new(MB_ROUTER, rt->endpoint, true, NULL) : NULL;
+    c.router = rt->router = c.sent ? s_open_router(rt) : NULL;
     pthread_mutex_lock(&rt->lock);
     if (!c.router)
         rt->start_error = dt_last_error_code() ? dt_last_error_code() : DT_ESYS;
@@ -570,6 +676,8 @@ void *act_controller_main(void *arg)
         s_send_ready(&c);
         if (act_now() >= next_check) {
             s_check_workers(rt);
+            if (rt->listening)
+                s_beat(rt);
             next_check = act_now() + ACT_TICK_MS / 1e3;
         }
         if (__atomic_load_n(&rt->stopping, __ATOMIC_ACQUIRE))
@@ -579,6 +687,8 @@ void *act_controller_main(void *arg)
     free(c.sent);
     mb_socket_destroy(&c.router);
     rt->router = NULL;
+    if (rt->listening && !rt->insecure)
+        mb_curve_stop();
     if (strncmp(rt->endpoint, "ipc://", 6) == 0)
         unlink(rt->endpoint + 6); /* the socket file outlives the socket otherwise */
     return NULL;

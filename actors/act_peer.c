@@ -28,13 +28,56 @@
 
 #define S_WAIT_POLL_MS 500 /* how often a waiting ASSEMBLE looks up from its sockets */
 
+/* Local workers: the peer socket of a device is named after the controller's endpoint (in the
+ * run's private directory, or inproc). */
 static void s_peer_endpoint(const char *base, int64_t device, char *buf, size_t size)
 {
     snprintf(buf, size, "%s-peer-%" PRId64, base, device);
 }
 
+bool act_peer_endpoint(const act_worker *w, int64_t device, char *buf, size_t size)
+{
+    if (!w->remote) {
+        s_peer_endpoint(w->endpoint, device, buf, size);
+        return true;
+    }
+    const char *told = dt_idmap_get(&w->endpoints, (uint64_t)device + 1);
+    if (!told) {
+        dt_err(DT_EDEVICE, "the controller never said where device %" PRId64 "'s peer socket is", device);
+        return false;
+    }
+    snprintf(buf, size, "%s", told);
+    return true;
+}
+
+/* A remote worker binds its peer socket on its own host, on a port the system picks, and says
+ * where in its hello; with keys, it is a CURVE server that admits the run's workers only. */
+static int s_open_remote(act_worker *w)
+{
+    mb_tcp_addr addr;
+    char endpoint[64];
+    snprintf(endpoint, sizeof endpoint, "tcp://%s:*", w->peer_host);
+    if (mb_tcp_parse(endpoint, true, &addr) != 0 || addr.any_addr)
+        return dt_err(DT_EINVAL, "device %" PRId64 ": the peer address '%s' is not an IPv4 address", w->device,
+                      w->peer_host);
+    mb_curve server = {&w->keys, NULL};
+    w->peer = mb_socket_open(MB_ROUTER, endpoint, true, NULL, w->curve ? &server : NULL);
+    if (!w->peer)
+        return dt_last_error_code();
+    char bound[256] = "";
+    size_t len = sizeof bound - 1;
+    if (zmq_getsockopt(zsock_resolve(w->peer), ZMQ_LAST_ENDPOINT, bound, &len) != 0 ||
+        mb_tcp_parse(bound, false, &addr) != 0)
+        return dt_err(DT_ESYS, "device %" PRId64 ": cannot tell where its peer socket is bound ('%s')", w->device,
+                      bound);
+    mb_tcp_format(&addr, w->peer_endpoint, sizeof w->peer_endpoint);
+    return 0;
+}
+
 int act_peer_open(act_worker *w)
 {
+    if (w->remote)
+        return s_open_remote(w);
     char endpoint[300];
     s_peer_endpoint(w->endpoint, w->device, endpoint, sizeof endpoint);
     w->peer = mb_socket_new(MB_ROUTER, endpoint, true, NULL);
@@ -78,7 +121,7 @@ void act_peer_close(act_worker *w)
     mb_socket_destroy(&w->peer);
     char endpoint[300];
     s_peer_endpoint(w->endpoint, w->device, endpoint, sizeof endpoint);
-    if (strncmp(endpoint, "ipc://", 6) == 0)
+    if (!w->remote && strncmp(endpoint, "ipc://", 6) == 0)
         unlink(endpoint + 6); /* the socket file outlives the socket otherwise */
 }
 
@@ -122,9 +165,12 @@ zsock_t *act_peer_socket(act_worker *w, int64_t device)
     if (sock)
         return sock;
     char endpoint[300], rid[32];
-    s_peer_endpoint(w->endpoint, device, endpoint, sizeof endpoint);
+    if (!act_peer_endpoint(w, device, endpoint, sizeof endpoint))
+        return NULL;
     snprintf(rid, sizeof rid, "w%" PRId64, w->device);
-    sock = mb_socket_new(MB_DEALER, endpoint, false, rid);
+    /* every worker of a run holds the same key pair: a peer's server key is its own public one */
+    mb_curve client = {&w->keys, w->keys.public_key};
+    sock = mb_socket_open(MB_DEALER, endpoint, false, rid, w->curve ? &client : NULL);
     if (sock)
         zsock_set_sndtimeo(sock, S_PEER_SEND_TIMEOUT_MS);
     if (sock && dt_idmap_put(&w->peers, (uint64_t)device + 1, sock) != 0)
@@ -407,6 +453,10 @@ static act_recv *s_await(act_worker *w, uint64_t transfer, int64_t from, char *w
         }
         if (w->leaving) {
             snprintf(why, size, "the runtime is shutting down");
+            return NULL;
+        }
+        if (act_worker_orphaned(w)) {
+            snprintf(why, size, "%s", dt_last_error());
             return NULL;
         }
         act_peer_wait(w);

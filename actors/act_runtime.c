@@ -16,6 +16,7 @@
 #include "act_future.h"
 #include "dt_error.h"
 #include "dt_layout.h"
+#include "mb_curve.h"
 #include "mb_schema.h"
 #include "op_backend.h"
 
@@ -123,6 +124,52 @@ static int s_run_dir(void)
     return 0;
 }
 
+/* The table of devices, made once: fixed for the life of the process, the controller reads it
+ * without the lock. */
+static int s_devices_table(void)
+{
+    act_runtime *rt = &act_rt;
+    if (rt->devices)
+        return 0;
+    rt->devices = calloc(DT_MAX_DEVICE_ID + 1, sizeof *rt->devices);
+    rt->dirty = calloc(DT_MAX_DEVICE_ID + 1, sizeof *rt->dirty);
+    if (!rt->devices || !rt->dirty) {
+        free(rt->devices);
+        free(rt->dirty);
+        rt->devices = rt->dirty = NULL;
+        return dt_err(DT_ENOMEM, "out of memory");
+    }
+    return 0;
+}
+
+/* Listening (dt_config.listen): checks the endpoint and takes the keys, before anything starts. */
+static int s_listen_config(const dt_config *config)
+{
+    act_runtime *rt = &act_rt;
+    mb_tcp_addr addr;
+    if (mb_tcp_parse(config->listen, true, &addr) != 0)
+        return dt_err(DT_EINVAL, "init: listen=%s", dt_last_error());
+    rt->insecure = config->insecure;
+    memset(&rt->keys, 0, sizeof rt->keys);
+    rt->worker_key[0] = 0;
+    if (!config->insecure) {
+        if (!config->worker_key)
+            return dt_err(DT_EINVAL, "init: listening on tcp needs worker_key=, the workers' public key (their key "
+                          "pair comes from dtorch-worker --keygen FILE), or insecure=True for plaintext without "
+                          "authentication");
+        mb_keypair workers;
+        if (mb_keys_load(config->worker_key, false, &workers) != 0)
+            return dt_err(DT_EINVAL, "init: worker_key: %s", dt_last_error());
+        snprintf(rt->worker_key, sizeof rt->worker_key, "%s", workers.public_key);
+        int rc = config->key ? mb_keys_load(config->key, true, &rt->keys) : mb_keys_generate(&rt->keys);
+        if (rc != 0)
+            return dt_err(rc, "init: key: %s", dt_last_error());
+    }
+    snprintf(rt->endpoint, sizeof rt->endpoint, "%s", config->listen);
+    rt->listening = true;
+    return 0;
+}
+
 /* Starts the controller thread; called with the lock held. */
 static int s_start(void)
 {
@@ -131,7 +178,9 @@ static int s_start(void)
     if (rt->doorbell < 0)
         return dt_err(DT_ESYS, "dtorch: cannot create the controller's doorbell");
     rt->epoch++;
-    if (rt->workers == DT_WORKERS_THREAD) {
+    if (rt->listening) {
+        /* dt_init checked the endpoint and keys; workers come from wherever they were started */
+    } else if (rt->workers == DT_WORKERS_THREAD) {
         snprintf(rt->endpoint, sizeof rt->endpoint, "inproc://dtorch-controller-%llu", (unsigned long long)rt->epoch);
     } else {
         /* the sockets of worker processes live in a directory of this run that only its user can
@@ -146,6 +195,13 @@ static int s_start(void)
     dt_idmap_init(&rt->futures);
     const char *silent = getenv("DTORCH_SILENT_TIMEOUT");
     rt->silent_s = silent && atof(silent) > 0 ? atof(silent) : ACT_SILENT_S;
+    const char *connect = getenv("DTORCH_CONNECT_TIMEOUT");
+    rt->connect_s = connect && atof(connect) > 0 ? atof(connect) : ACT_CONNECT_S;
+    if (s_devices_table() != 0) {
+        close(rt->doorbell);
+        rt->doorbell = -1;
+        return dt_last_error_code();
+    }
     rt->start_error = 0;
     rt->controller_up = false;
     rt->stopping = false;
@@ -185,13 +241,21 @@ int dt_init(const dt_config *config)
     pthread_mutex_lock(&rt->lock);
     int rc = 0;
     if (rt->running) {
-        if (config && workers != rt->workers)
+        if (config && (config->listen != NULL) != rt->listening)
+            rc = dt_err(DT_EINVAL, "init: the runtime is already running %s; call shutdown() first",
+                        rt->listening ? "and listening for workers" : "with workers of its own");
+        else if (config && workers != rt->workers)
             rc = dt_err(DT_EINVAL, "init: the runtime is already running with %s workers; call shutdown() first",
                         rt->workers == DT_WORKERS_THREAD ? "thread" : "process");
         pthread_mutex_unlock(&rt->lock);
         return rc;
     }
     rt->workers = workers;
+    rt->listening = false;
+    if (config && config->listen && (rc = s_listen_config(config)) != 0) {
+        pthread_mutex_unlock(&rt->lock);
+        return rc;
+    }
     s_configured = config != NULL;
     const char *path = config && config->worker_path ? config->worker_path : getenv("DTORCH_WORKER_PATH");
     snprintf(rt->worker_path, sizeof rt->worker_path, "%s", path && *path ? path : "dtorch-worker");
@@ -237,6 +301,7 @@ int dt_shutdown(void)
         s_remove_run_dir();   /* every worker is gone: their sockets go too */
     rt->running = false;
     rt->stopping = false;
+    rt->listening = false;
     s_configured = false;
     pthread_cond_broadcast(&rt->cond);
     pthread_mutex_unlock(&rt->lock);
@@ -303,20 +368,48 @@ int act_runtime_check_live(const char *op, uint64_t epoch)
     return dt_err(DT_ESHUTDOWN, "%s: this tensor was made before dtorch.shutdown() and no longer exists", op);
 }
 
+/* A new device entry, published (the lock held); its worker is not started. */
+static act_device *s_device_new(act_runtime *rt, int64_t id, const char *device_type)
+{
+    act_device *dev = calloc(1, sizeof *dev);
+    if (!dev) {
+        dt_err(DT_ENOMEM, "out of memory");
+        return NULL;
+    }
+    dev->id = id;
+    snprintf(dev->device_type, sizeof dev->device_type, "%s", device_type);
+    dev->state = ACT_DEV_STARTING;
+    dev->started_at = act_now();
+    dev->remote = rt->listening;
+    atomic_init(&dev->stop, false);
+    /* published before its worker starts, so the worker's hello finds it */
+    __atomic_store_n(&rt->devices[id], dev, __ATOMIC_RELEASE);
+    if (id >= rt->ndevices)
+        __atomic_store_n(&rt->ndevices, id + 1, __ATOMIC_RELEASE);
+    return dev;
+}
+
+act_device *act_runtime_adopt(int64_t id, const char *device_type)
+{
+    act_runtime *rt = &act_rt;
+    if (id < 0 || id > DT_MAX_DEVICE_ID || !rt->devices)
+        return NULL;
+    pthread_mutex_lock(&rt->lock);
+    act_device *dev = rt->devices[id] ? rt->devices[id] : s_device_new(rt, id, device_type);
+    pthread_mutex_unlock(&rt->lock);
+    return dev;
+}
+
 static int s_ensure_device(act_runtime *rt, const char *op, int64_t id, const char *device_type)
 {
-    if (!rt->devices) {
-        /* fixed for the life of the process: the controller reads it without the lock */
-        rt->devices = calloc(DT_MAX_DEVICE_ID + 1, sizeof *rt->devices);
-        rt->dirty = calloc(DT_MAX_DEVICE_ID + 1, sizeof *rt->dirty);
-        if (!rt->devices || !rt->dirty) {
-            free(rt->devices);
-            free(rt->dirty);
-            rt->devices = rt->dirty = NULL;
-            return dt_err(DT_ENOMEM, "out of memory");
-        }
-    }
+    if (s_devices_table() != 0)
+        return dt_last_error_code();
     act_device *dev = rt->devices[id];
+    if (dev && !dev->device_type[0] && dev->state == ACT_DEV_STARTING) {
+        if (op_backend_check(op, device_type) != 0)
+            return dt_last_error_code();
+        snprintf(dev->device_type, sizeof dev->device_type, "%s", device_type); /* waited for, untyped */
+    }
     if (dev) {
         if (strcmp(dev->device_type, device_type) != 0)
             return dt_err(DT_EINVAL, "%s: device %lld is a '%s' device (an earlier mesh made it so) but this mesh says '%s'; "
@@ -326,17 +419,10 @@ static int s_ensure_device(act_runtime *rt, const char *op, int64_t id, const ch
     /* a worker picks its backend by device type: the caller hears of one it lacks, not the worker */
     if (op_backend_check(op, device_type) != 0)
         return dt_last_error_code();
-    if (!(dev = calloc(1, sizeof *dev)))
-        return dt_err(DT_ENOMEM, "out of memory");
-    dev->id = id;
-    snprintf(dev->device_type, sizeof dev->device_type, "%s", device_type);
-    dev->state = ACT_DEV_STARTING;
-    dev->started_at = act_now();
-    atomic_init(&dev->stop, false);
-    /* published before its worker starts, so the worker's hello finds it */
-    __atomic_store_n(&rt->devices[id], dev, __ATOMIC_RELEASE);
-    if (id >= rt->ndevices)
-        __atomic_store_n(&rt->ndevices, id + 1, __ATOMIC_RELEASE);
+    if (!(dev = s_device_new(rt, id, device_type)))
+        return dt_last_error_code();
+    if (rt->listening)
+        return 0; /* its worker comes from elsewhere: act_runtime_begin waits for it */
     int rc = rt->workers == DT_WORKERS_THREAD ? act_spawn_thread(dev, rt->endpoint, dev->device_type)
                                               : act_spawn_process(dev, rt->endpoint, dev->device_type, rt->worker_path);
     if (rc != 0) {
@@ -344,6 +430,111 @@ static int s_ensure_device(act_runtime *rt, const char *op, int64_t id, const ch
         dev->state = ACT_DEV_DEAD;
         snprintf(dev->reason, sizeof dev->reason, "its worker could not start: %s", dt_last_error());
     }
+    return rc;
+}
+
+/* Listening, the lock held: waits (the lock let go meanwhile) until dev's worker has said hello or
+ * died, for up to timeout_s (< 0: forever). */
+static int s_await_worker(act_runtime *rt, const char *op, act_device *dev, double timeout_s)
+{
+    double until = act_now() + timeout_s;
+    uint64_t epoch = rt->epoch;
+    pthread_mutex_unlock(&rt->lock);
+    act_wait_enter();
+    pthread_mutex_lock(&rt->lock);
+    int rc = 0;
+    while (rc == 0 && dev->state == ACT_DEV_STARTING) {
+        if (!rt->running || rt->stopping || rt->epoch != epoch) {
+            rc = dt_err(DT_ESHUTDOWN, "%s: the runtime was shut down while waiting for device %lld's worker", op,
+                        (long long)dev->id);
+            break;
+        }
+        if (timeout_s >= 0 && act_now() >= until) {
+            rc = dt_err(DT_ETIMEDOUT, "%s: no worker has connected for device %lld in %.0f s; start one where it "
+                        "should run: dtorch-worker --connect %s --devices %s:%lld --key ... --server-key ...", op,
+                        (long long)dev->id, timeout_s, rt->bound, dev->device_type, (long long)dev->id);
+            break;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 50 * 1000 * 1000;
+        ts.tv_sec += ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        if (pthread_cond_timedwait(&rt->cond, &rt->lock, &ts) != 0) {
+            pthread_mutex_unlock(&rt->lock);
+            bool interrupted = act_wait_interrupted();
+            pthread_mutex_lock(&rt->lock);
+            if (interrupted)
+                rc = dt_err(DT_EINTR, "%s: interrupted while waiting for device %lld's worker", op, (long long)dev->id);
+        }
+    }
+    pthread_mutex_unlock(&rt->lock);
+    act_wait_leave();
+    pthread_mutex_lock(&rt->lock);
+    return rc;
+}
+
+int dt_wait_workers(const int64_t *ids, int n, double timeout_s)
+{
+    act_runtime *rt = &act_rt;
+    if (n < 0 || (n > 0 && !ids))
+        return dt_err(DT_EINVAL, "wait_for_workers: expected device ids");
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] > DT_MAX_DEVICE_ID)
+            return dt_err(DT_EINVAL, "wait_for_workers: device id %lld is out of range [0, %d]", (long long)ids[i],
+                          DT_MAX_DEVICE_ID);
+    pthread_mutex_lock(&rt->lock);
+    int rc = 0;
+    if (!rt->running || !rt->listening) {
+        pthread_mutex_unlock(&rt->lock);
+        return 0;
+    }
+    double until = act_now() + timeout_s;
+    for (int i = 0; i < n && rc == 0; i++) {
+        act_device *dev = rt->devices[ids[i]];
+        if (!dev && !(dev = s_device_new(rt, ids[i], "")))
+            rc = dt_last_error_code();
+        double left = timeout_s < 0 ? -1 : until - act_now();
+        if (rc == 0 && dev->state == ACT_DEV_STARTING)
+            rc = s_await_worker(rt, "wait_for_workers", dev, left < 0 && timeout_s >= 0 ? 0 : left);
+        if (rc == 0 && dev->state == ACT_DEV_DEAD)
+            rc = dt_err(DT_EDEVICE, "wait_for_workers: device %lld is dead: %s", (long long)dev->id, dev->reason);
+    }
+    pthread_mutex_unlock(&rt->lock);
+    return rc;
+}
+
+int dt_worker_info_get(int64_t id, dt_worker_info *out)
+{
+    act_runtime *rt = &act_rt;
+    memset(out, 0, sizeof *out);
+    if (id < 0 || id > DT_MAX_DEVICE_ID)
+        return dt_err(DT_EINVAL, "device id %lld is out of range [0, %d]", (long long)id, DT_MAX_DEVICE_ID);
+    pthread_mutex_lock(&rt->lock);
+    act_device *dev = rt->devices ? rt->devices[id] : NULL;
+    if (dev) {
+        out->state = dev->state == ACT_DEV_READY ? 1 : dev->state == ACT_DEV_DEAD ? 2 : 0;
+        out->remote = dev->remote;
+        snprintf(out->host, sizeof out->host, "%s", dev->host);
+        out->pid = dev->remote ? dev->remote_pid : dev->pid;
+        if (dev->state == ACT_DEV_DEAD)
+            snprintf(out->reason, sizeof out->reason, "%s", dev->reason);
+    }
+    pthread_mutex_unlock(&rt->lock);
+    return dev ? 0 : dt_err(DT_EINVAL, "device %lld has no worker in this runtime", (long long)id);
+}
+
+int dt_listen_info(char *endpoint, size_t endpoint_size, char *public_key, size_t key_size)
+{
+    act_runtime *rt = &act_rt;
+    pthread_mutex_lock(&rt->lock);
+    int rc = rt->running && rt->listening ? 0 : dt_err(DT_EINVAL, "the runtime is not listening for workers: "
+                                                       "dtorch.init(listen=\"tcp://ADDR:PORT\", ...) first");
+    if (rc == 0) {
+        snprintf(endpoint, endpoint_size, "%s", rt->bound);
+        snprintf(public_key, key_size, "%s", rt->insecure ? "" : rt->keys.public_key);
+    }
+    pthread_mutex_unlock(&rt->lock);
     return rc;
 }
 
@@ -387,6 +578,8 @@ int act_runtime_begin(const char *op, dt_mesh *const *meshes, int nmeshes)
             if (s_ensure_device(rt, op, mesh->ids[i], mesh->device_type) != 0)
                 goto fail;
             act_device *dev = rt->devices[mesh->ids[i]];
+            if (dev->state == ACT_DEV_STARTING && rt->listening && s_await_worker(rt, op, dev, rt->connect_s) != 0)
+                goto fail;
             if (dev->state == ACT_DEV_DEAD) {
                 dt_err(DT_EDEVICE, "%s: device %lld is dead: %s", op, (long long)dev->id, dev->reason);
                 goto fail;

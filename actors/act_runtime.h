@@ -31,6 +31,8 @@
 #define ACT_BYE_TIMEOUT_S 2.0          /* how long shutdown waits for workers to stop before killing them */
 #define ACT_HEARTBEAT_S 0.5            /* a worker process says it is alive this often */
 #define ACT_SILENT_S 3.0               /* a worker process not heard from this long is dead (env DTORCH_SILENT_TIMEOUT) */
+#define ACT_CONNECT_S 60.0             /* listening: an op waits this long for its devices' workers to connect
+                                        * (env DTORCH_CONNECT_TIMEOUT) */
 
 /* One message's worth of records for one device. */
 typedef struct act_batch {
@@ -70,6 +72,12 @@ typedef struct {
     bool bye;
     double heard_at;               /* when it last sent anything (heartbeats included) */
     bool lends;                    /* its worker process was told it may lend by handle (MB_PROCESS) */
+    /* a worker that came to a listening controller (dtorch-worker --devices) */
+    bool remote;                   /* set before its hello; under lock */
+    char host[64];                 /* as its hello said */
+    char peer[64];                 /* its peer socket, "tcp://A.B.C.D:PORT" */
+    int64_t remote_pid;            /* its process on its host (for messages) */
+    double beat_at;                /* when the controller last told it that it is alive */
     dt_shm_peer *maps;             /* its segments mapped here: fetched values lent by handle */
 } act_device;
 
@@ -101,10 +109,21 @@ typedef struct {
     zsock_t *router;               /* controller thread only: the socket every worker talks to */
     double silent_s;               /* a process worker not heard from this long is dead */
     bool shm;                      /* controller thread only: worker processes may lend by handle (DTORCH_SHM=0: never) */
+    /* listening for workers started elsewhere (dt_config.listen): no worker is spawned */
+    bool listening;
+    bool insecure;                 /* ... in plaintext, as the user asked */
+    mb_keypair keys;               /* the controller's key pair (CURVE server) */
+    char worker_key[MB_KEY_CHARS + 1]; /* the one client key it admits */
+    char bound[256];               /* where it listens, the port filled in */
+    double connect_s;              /* how long an op waits for a device's worker to connect */
     uint64_t submitted;            /* submissions so far (ops, factories, fetches, redistributes), under lock */
 } act_runtime;
 
 extern act_runtime act_rt;
+
+/* Controller thread, listening: the device a worker that says hello as id comes to serve (made
+ * now if no mesh named it yet). NULL when the id is out of range or out of memory. */
+act_device *act_runtime_adopt(int64_t id, const char *device_type);
 
 /* Under the lock: notes that device died (for dt_next_device_failure) and wakes its waiters. */
 void act_runtime_note_failure(int64_t device, const char *reason);

@@ -161,6 +161,8 @@ const char *act_shm_map_region(act_worker *w, act_recv *got, int64_t from, size_
                  got->from, from);
         return why;
     }
+    if (w->remote)
+        return "a region lent by handle cannot come from another host";
     act_proc *p;
     while (!(p = dt_idmap_get(&w->procs, (uint64_t)from + 1))) {
         /* the controller names a peer's process before that peer runs anything: it is on its way */

@@ -588,10 +588,56 @@ static void s_note_abort(act_worker *w, mb_message *m)
     mb_body_destroy(&r);
 }
 
+/* MB_ENDPOINT: where a peer on another host listens. Read again here (the controller checked it
+ * too): only an IPv4 tcp endpoint with a port is kept, written back from its parts. */
+static void s_note_endpoint(act_worker *w, mb_message *m)
+{
+    mb_body_reader r;
+    msgpack_object rec;
+    mb_endpoint_rec peer;
+    if (!w->remote || mb_body_init(&r, zmq_msg_data(&m->body), zmq_msg_size(&m->body), m->header.count) != 0)
+        return;
+    char text[64];
+    mb_tcp_addr addr;
+    if (mb_body_next(&r, &rec) == 1 && mb_decode_endpoint(&rec, &peer) == 0 && peer.device >= 0 &&
+        peer.device <= DT_MAX_DEVICE_ID && peer.endpoint.len < sizeof text) {
+        snprintf(text, sizeof text, "%.*s", (int)peer.endpoint.len, peer.endpoint.ptr);
+        char *kept = mb_tcp_parse(text, false, &addr) == 0 ? malloc(sizeof text) : NULL;
+        if (kept) {
+            mb_tcp_format(&addr, kept, sizeof text);
+            free(dt_idmap_take(&w->endpoints, (uint64_t)peer.device + 1));
+            if (dt_idmap_put(&w->endpoints, (uint64_t)peer.device + 1, kept) != 0)
+                free(kept);
+        }
+    }
+    mb_body_destroy(&r);
+}
+
+bool act_worker_orphaned(act_worker *w)
+{
+    if (!w->remote || w->orphaned)
+        return w->orphaned;
+    double quiet = act_now() - w->heard_at;
+    if (quiet <= w->silent_s)
+        return false;
+    w->orphaned = true;
+    if (w->heard_at == w->started_at)
+        dt_err(DT_EDEVICE, "no word from the controller at %s in %.1f s: is it listening there, and are --key and "
+               "--server-key the ones it was given?", w->endpoint, quiet);
+    else
+        dt_err(DT_EDEVICE, "the controller at %s has been silent for %.1f s: leaving", w->endpoint, quiet);
+    return true;
+}
+
 /* A controller message that acts at once, wherever the worker is: true when m was one. */
 static bool s_act_now(act_worker *w, mb_message *m)
 {
-    if (m->header.kind == MB_ABORT)
+    w->heard_at = act_now();
+    if (m->header.kind == MB_HEARTBEAT)
+        ; /* only that it is alive */
+    else if (m->header.kind == MB_ENDPOINT)
+        s_note_endpoint(w, m);
+    else if (m->header.kind == MB_ABORT)
         s_note_abort(w, m);
     else if (m->header.kind == MB_PROCESS)
         act_shm_on_process(w, m);
@@ -637,19 +683,25 @@ static int s_next_message(act_worker *w, mb_message *m, bool (*should_stop)(void
         return 0;
     }
     zmq_pollitem_t items[2] = {{zsock_resolve(w->sock), 0, ZMQ_POLLIN, 0}, {zsock_resolve(w->peer), 0, ZMQ_POLLIN, 0}};
-    if (zmq_poll(items, 2, S_POLL_MS) <= 0)
+    if (zmq_poll(items, 2, S_POLL_MS) <= 0) {
+        if (act_worker_orphaned(w))
+            return DT_EDEVICE;
         return should_stop && should_stop(arg) ? DT_ESHUTDOWN : 1;
+    }
     if (items[1].revents & ZMQ_POLLIN)
         act_peer_receive(w);
     if (!(items[0].revents & ZMQ_POLLIN))
-        return 1;
+        return act_worker_orphaned(w) ? DT_EDEVICE : 1;
     int got = mb_recv(w->sock, false, true, m);
+    if (got == 0)
+        w->heard_at = act_now();
     return got == DT_EPROTO ? 1 : got;
 }
 
 typedef struct {
     char endpoint[256];
     int64_t device;
+    const mb_curve *curve;      /* NULL: plaintext */
     pthread_mutex_t lock;
     pthread_cond_t wake;        /* signalled to stop at once */
     bool stop;
@@ -663,7 +715,9 @@ static void *s_heartbeat_main(void *arg)
     s_heartbeat *hb = arg;
     char rid[32];
     snprintf(rid, sizeof rid, "h%" PRId64, hb->device);
-    zsock_t *sock = mb_socket_new(MB_DEALER, hb->endpoint, false, rid);
+    zsock_t *sock = mb_socket_open(MB_DEALER, hb->endpoint, false, rid, hb->curve);
+    if (sock)
+        zsock_set_sndtimeo(sock, 0); /* one that cannot be queued now (no link yet, or none any more) is dropped */
     pthread_mutex_lock(&hb->lock);
     for (uint64_t seq = 0; sock && !hb->stop; seq++) {
         mb_header h = {MB_VERSION, MB_HEARTBEAT, seq, (uint32_t)hb->device, 0};
@@ -683,36 +737,57 @@ static void *s_heartbeat_main(void *arg)
 /* Who this worker is and what it speaks: the controller refuses a worker built from other sources. */
 static void s_hello(act_worker *w)
 {
-    mb_encode_hello(&w->reply, w->device, (int64_t)getpid(), MB_PROTOCOL, op_registry_hash(), w->backend->name);
+    char host[64] = "";
+    gethostname(host, sizeof host - 1);
+    mb_encode_hello(&w->reply, w->device, (int64_t)getpid(), MB_PROTOCOL, op_registry_hash(), w->backend->name, host,
+                    w->remote ? w->peer_endpoint : "");
 }
 
 int act_worker_run(const char *endpoint, int64_t device, const char *device_type, bool (*should_stop)(void *arg),
                    void *arg)
 {
-    const op_backend *backend = op_backend_find(device_type);
+    act_worker_link link = {.endpoint = endpoint, .device = device, .device_type = device_type};
+    return act_worker_serve(&link, should_stop, arg);
+}
+
+int act_worker_serve(const act_worker_link *link, bool (*should_stop)(void *arg), void *arg)
+{
+    int64_t device = link->device;
+    const op_backend *backend = op_backend_find(link->device_type);
     if (!backend) {
         char names[128];
         op_backend_names(names, sizeof names);
         return dt_err(DT_EINVAL, "device %" PRId64 ": no '%s' device backend in this build (it has %s)", device,
-                      device_type ? device_type : "(null)", names);
+                      link->device_type ? link->device_type : "(null)", names);
     }
     char rid[32];
     snprintf(rid, sizeof rid, "d%" PRId64, device);
     act_worker w;
-    act_worker_init(&w, device, backend, endpoint);
+    act_worker_init(&w, device, backend, link->endpoint);
+    w.remote = link->remote;
+    w.silent_s = link->silent_s > 0 ? link->silent_s : ACT_SILENT_S;
+    snprintf(w.peer_host, sizeof w.peer_host, "%s", link->peer_host ? link->peer_host : "127.0.0.1");
+    if ((w.curve = link->keys != NULL)) {
+        w.keys = *link->keys;
+        snprintf(w.server_key, sizeof w.server_key, "%s", link->server_key ? link->server_key : "");
+    }
+    mb_curve to_controller = {&w.keys, w.server_key};
     int rc = act_peer_open(&w);
     if (rc == 0)
-        w.sock = mb_socket_new(MB_DEALER, endpoint, false, rid);
+        w.sock = mb_socket_open(MB_DEALER, link->endpoint, false, rid, w.curve ? &to_controller : NULL);
     if (rc == 0 && !w.sock)
         rc = dt_last_error_code();
+    if (rc == 0 && w.remote)
+        zsock_set_sndtimeo(w.sock, (int)(w.silent_s * 1000)); /* a link gone that long: the controller is silent too */
     if (rc == 0) {
         s_hello(&w);
         rc = s_send(&w, MB_HELLO, 1);
     }
-    s_heartbeat hb = {.device = device, .lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
+    s_heartbeat hb = {.device = device, .lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER,
+                      .curve = w.curve ? &to_controller : NULL};
     bool beating = false;
     if (rc == 0 && !w.same_process) {
-        snprintf(hb.endpoint, sizeof hb.endpoint, "%s", endpoint);
+        snprintf(hb.endpoint, sizeof hb.endpoint, "%s", link->endpoint);
         pthread_t beat;
         beating = pthread_create(&beat, NULL, s_heartbeat_main, &hb) == 0;
         if (beating)
@@ -754,6 +829,8 @@ void act_worker_init(act_worker *w, int64_t device, const op_backend *backend, c
     *w = (act_worker){.device = device, .backend = backend};
     snprintf(w->endpoint, sizeof w->endpoint, "%s", endpoint);
     w->same_process = strncmp(endpoint, "inproc://", 9) == 0;
+    w->heard_at = w->started_at = act_now();
+    dt_idmap_init(&w->endpoints);
     w->read_peers = w->same_process && backend->copy_from_peer;
     dt_idmap_init(&w->tensors);
     dt_idmap_init(&w->peers);
@@ -794,6 +871,10 @@ void act_worker_fini(act_worker *w)
     dt_idmap_destroy(&w->tensors);
     dt_idmap_destroy(&w->dead);
     act_peer_close(w);
+    cursor = 0;
+    while (dt_idmap_next(&w->endpoints, &cursor, &id, &t))
+        free(t);
+    dt_idmap_destroy(&w->endpoints);
     act_worker_drop_reply(w);
     free(mb_w_release(&w->reply));
     free(w->payloads);

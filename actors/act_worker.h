@@ -84,11 +84,36 @@ typedef struct act_pending {
     mb_message msg;
 } act_pending;
 
+/* How a worker reaches its controller and peers. */
+typedef struct {
+    const char *endpoint;       /* the controller's */
+    int64_t device;
+    const char *device_type;    /* which backend it runs */
+    bool remote;                /* it came to a listening controller (dtorch-worker --connect tcp://...): its
+                                 * peers' sockets are what the controller tells it, and it leaves when the
+                                 * controller goes silent */
+    const mb_keypair *keys;     /* the workers' key pair: CURVE on every link; NULL: plaintext */
+    const char *server_key;     /* ... and the controller's public key */
+    const char *peer_host;      /* remote: the IPv4 address its peer socket binds (where peers reach it) */
+    double silent_s;            /* remote: how long the controller may be silent */
+} act_worker_link;
+
 typedef struct {
     int64_t device;
     const op_backend *backend;  /* the device type's memory and kernels */
     char endpoint[256];         /* the controller's */
     bool same_process;          /* peers are threads of this process (inproc) */
+    bool remote;                /* act_worker_link.remote */
+    mb_keypair keys;            /* CURVE keys of its links (curve set) */
+    char server_key[MB_KEY_CHARS + 1];
+    bool curve;
+    char peer_host[32];         /* remote: the address its peer socket binds */
+    char peer_endpoint[64];     /* remote: where its peer socket is bound (told in its hello) */
+    dt_idmap endpoints;         /* remote: device + 1 -> the peer endpoint the controller told (malloc'd) */
+    double heard_at;            /* remote: when the controller last said anything */
+    double started_at;
+    double silent_s;
+    bool orphaned;              /* remote: the controller has been silent too long: leave */
     bool read_peers;            /* ... and the backend copies from their memory: regions are read in place */
     bool lends;                 /* a worker process whose segments the controller and peers can map: its large
                                  * pieces live in shared memory and are lent by handle (MB_PROCESS said so) */
@@ -208,5 +233,13 @@ void act_worker_drop_reply(act_worker *w);
  * DT_EINVAL, before it connects, for a device type this build has no backend for. */
 int act_worker_run(const char *endpoint, int64_t device, const char *device_type, bool (*should_stop)(void *arg),
                    void *arg);
+/* The same for any link (act_worker_run is a local one, in plaintext). */
+int act_worker_serve(const act_worker_link *link, bool (*should_stop)(void *arg), void *arg);
+/* A remote worker: true (and dt_last_error says so) once the controller has been silent too long;
+ * called where the worker waits. */
+bool act_worker_orphaned(act_worker *w);
+/* The endpoint of device's peer socket: derived from the controller's (local workers) or as the
+ * controller told it (remote). false + dt_last_error when it is not known. */
+bool act_peer_endpoint(const act_worker *w, int64_t device, char *buf, size_t size);
 
 #endif

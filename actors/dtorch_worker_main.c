@@ -1,18 +1,34 @@
-/* dtorch-worker — a device actor in its own process:
- *     dtorch-worker --connect ENDPOINT --device ID [--device-type TYPE] [--parent PID]
- * It connects to the controller at ENDPOINT (ipc:// or tcp://), serves device ID with the device
- * backend of TYPE (default cpu; one this build lacks is refused) until told bye, and leaves on
- * its own when the parent process PID is gone. */
+/* dtorch-worker — device actors in a process of their own.
+ *
+ * Started by the controller on its own host (process workers):
+ *     dtorch-worker --connect ipc://DIR/control-N --device ID [--device-type TYPE] [--parent PID]
+ * Started on any host by the site's launcher, for a controller that listens (dtorch.init(listen=...)):
+ *     dtorch-worker --connect tcp://HOST:PORT --devices TYPE:IDS --key FILE --server-key KEY
+ *                   [--peer-address IP] [--silent-timeout S] [--insecure]
+ *   IDS are global device ids ("0-3", "4,5,8-11"), one thread each; --key is the workers' key pair
+ *   (FILE and FILE_secret), --server-key the controller's public key (its 40 characters or a key
+ *   file); --insecure runs tcp in plaintext, with no authentication. The workers leave when the
+ *   controller says bye or has been silent for S seconds (DTORCH_SILENT_TIMEOUT, default 3).
+ * Making the workers' key pair:
+ *     dtorch-worker --keygen FILE          (writes FILE and FILE_secret, mode 0600)
+ */
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "act_runtime.h"
 #include "act_worker.h"
 #include "dt_error.h"
+#include "mb_curve.h"
+
+#define S_MAX_DEVICES 1024 /* devices one process serves */
 
 static pid_t s_parent;
 
@@ -21,16 +37,171 @@ static bool s_orphaned(void *arg) { return s_parent > 0 && getppid() != s_parent
 static int s_usage(const char *why)
 {
     fprintf(stderr,
-            "dtorch-worker: %s\nusage: dtorch-worker --connect ENDPOINT --device ID [--device-type TYPE] [--parent PID]\n",
+            "dtorch-worker: %s\n"
+            "usage: dtorch-worker --connect ENDPOINT --device ID [--device-type TYPE] [--parent PID]\n"
+            "       dtorch-worker --connect tcp://HOST:PORT --devices TYPE:IDS --key FILE --server-key KEY\n"
+            "                     [--peer-address IP] [--silent-timeout S] [--insecure]\n"
+            "       dtorch-worker --keygen FILE\n",
             why);
     return 2;
 }
 
+/* "cpu:0-3,8" -> type "cpu", ids 0 1 2 3 8. */
+static int s_parse_devices(const char *text, char *type, size_t type_size, int64_t *ids, int *n)
+{
+    const char *colon = strchr(text, ':');
+    if (!colon || colon == text || (size_t)(colon - text) >= type_size)
+        return -1;
+    snprintf(type, type_size, "%.*s", (int)(colon - text), text);
+    *n = 0;
+    const char *p = colon + 1;
+    while (*p) {
+        char *end;
+        long long a = strtoll(p, &end, 10), b = a;
+        if (end == p || a < 0 || a > DT_MAX_DEVICE_ID)
+            return -1;
+        p = end;
+        if (*p == '-') {
+            b = strtoll(p + 1, &end, 10);
+            if (end == p + 1 || b < a || b > DT_MAX_DEVICE_ID)
+                return -1;
+            p = end;
+        }
+        for (long long d = a; d <= b; d++) {
+            if (*n >= S_MAX_DEVICES)
+                return -1;
+            ids[(*n)++] = d;
+        }
+        if (*p == ',')
+            p++;
+        else if (*p)
+            return -1;
+    }
+    return *n > 0 ? 0 : -1;
+}
+
+/* The address of this host that the controller's host is reached from: where peers will reach
+ * this one too (a connected UDP socket sends nothing; it only picks the route). */
+static int s_peer_address(const char *endpoint, char *out, size_t size)
+{
+    const char *host = endpoint + 6, *colon = strrchr(host, ':');
+    if (!colon || colon == host)
+        return dt_err(DT_EINVAL, "'%s' is not tcp://HOST:PORT", endpoint);
+    char name[256];
+    snprintf(name, sizeof name, "%.*s", (int)(colon - host), host);
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM}, *found = NULL;
+    if (getaddrinfo(name, colon + 1, &hints, &found) != 0 || !found)
+        return dt_err(DT_EINVAL, "cannot resolve the controller's host '%s' to an IPv4 address", name);
+    int fd = socket(AF_INET, SOCK_DGRAM, 0);
+    struct sockaddr_in self;
+    socklen_t len = sizeof self;
+    int rc = fd >= 0 && connect(fd, found->ai_addr, found->ai_addrlen) == 0 &&
+                     getsockname(fd, (struct sockaddr *)&self, &len) == 0
+                 ? 0 : -1;
+    if (fd >= 0)
+        close(fd);
+    freeaddrinfo(found);
+    if (rc != 0 || !inet_ntop(AF_INET, &self.sin_addr, out, (socklen_t)size))
+        return dt_err(DT_ESYS, "cannot find this host's address towards %s: pass --peer-address", name);
+    return 0;
+}
+
+typedef struct {
+    act_worker_link link;
+    pthread_t thread;
+    int rc;
+    char error[DT_ERRMSG_MAX];
+} s_device;
+
+static void *s_device_main(void *arg)
+{
+    s_device *d = arg;
+    char name[16];
+    snprintf(name, sizeof name, "dtorch-dev%u", (unsigned)(d->link.device % 100000));
+    pthread_setname_np(pthread_self(), name);
+    d->rc = act_worker_serve(&d->link, NULL, NULL);
+    if (d->rc != 0)
+        snprintf(d->error, sizeof d->error, "%s", dt_last_error());
+    return NULL;
+}
+
+/* Serves the devices of a listening controller, one thread each, until every one has left. */
+static int s_serve_remote(const char *endpoint, const char *devices, const char *key, const char *server_key,
+                          const char *peer_address, double silent_s, bool insecure)
+{
+    char type[16];
+    static int64_t ids[S_MAX_DEVICES];
+    int n;
+    if (s_parse_devices(devices, type, sizeof type, ids, &n) != 0)
+        return s_usage("--devices takes TYPE:IDS, e.g. cpu:0-3 or cpu:4,5 (at most 1024 ids)");
+    static mb_keypair keys;
+    char server[MB_KEY_CHARS + 1] = "";
+    if (!insecure) {
+        mb_keypair controller;
+        if (!key || !server_key)
+            return s_usage("a tcp controller needs --key (the workers' key pair) and --server-key (the controller's "
+                           "public key); --insecure runs without them, unauthenticated and in plaintext");
+        if (mb_keys_load(key, true, &keys) != 0 || mb_keys_load(server_key, false, &controller) != 0) {
+            fprintf(stderr, "dtorch-worker: %s\n", dt_last_error());
+            return 2;
+        }
+        snprintf(server, sizeof server, "%s", controller.public_key);
+        /* this process's peer sockets admit the run's workers, who hold the same pair */
+        if (mb_curve_accept(keys.public_key) != 0) {
+            fprintf(stderr, "dtorch-worker: %s\n", dt_last_error());
+            return 1;
+        }
+    } else {
+        fprintf(stderr, "dtorch-worker: WARNING: --insecure: the links to %s and to other workers are neither "
+                "authenticated nor encrypted\n", endpoint);
+    }
+    char address[INET_ADDRSTRLEN] = "";
+    if (peer_address)
+        snprintf(address, sizeof address, "%s", peer_address);
+    else if (s_peer_address(endpoint, address, sizeof address) != 0) {
+        fprintf(stderr, "dtorch-worker: %s\n", dt_last_error());
+        return 2;
+    }
+    s_device *ds = calloc((size_t)n, sizeof *ds);
+    if (!ds)
+        return 1;
+    for (int i = 0; i < n; i++) {
+        ds[i].link = (act_worker_link){.endpoint = endpoint, .device = ids[i], .device_type = type, .remote = true,
+                                       .keys = insecure ? NULL : &keys, .server_key = server,
+                                       .peer_host = address, .silent_s = silent_s};
+        if (pthread_create(&ds[i].thread, NULL, s_device_main, &ds[i]) != 0) {
+            ds[i].rc = -1;
+            snprintf(ds[i].error, sizeof ds[i].error, "cannot start its thread");
+            ds[i].thread = 0;
+        }
+    }
+    int status = 0;
+    for (int i = 0; i < n; i++) {
+        if (ds[i].thread)
+            pthread_join(ds[i].thread, NULL);
+        if (ds[i].rc != 0) {
+            fprintf(stderr, "dtorch-worker %lld: %s\n", (long long)ids[i], ds[i].error);
+            status = 1;
+        }
+    }
+    free(ds);
+    mb_curve_stop();
+    return status;
+}
+
 int main(int argc, char **argv)
 {
-    const char *endpoint = NULL, *device_type = "cpu";
+    const char *endpoint = NULL, *device_type = "cpu", *devices = NULL, *key = NULL, *server_key = NULL;
+    const char *peer_address = NULL, *keygen = NULL;
     long long device = -1;
+    bool insecure = false;
+    const char *env = getenv("DTORCH_SILENT_TIMEOUT");
+    double silent_s = env && atof(env) > 0 ? atof(env) : ACT_SILENT_S;
     for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--insecure") == 0) {
+            insecure = true;
+            continue;
+        }
         const char *value = i + 1 < argc ? argv[i + 1] : NULL;
         if (!value)
             return s_usage("missing value after an option");
@@ -43,14 +214,42 @@ int main(int argc, char **argv)
             device_type = value;
         else if (strcmp(argv[i], "--parent") == 0)
             s_parent = (pid_t)strtol(value, &end, 10);
+        else if (strcmp(argv[i], "--devices") == 0)
+            devices = value;
+        else if (strcmp(argv[i], "--key") == 0)
+            key = value;
+        else if (strcmp(argv[i], "--server-key") == 0)
+            server_key = value;
+        else if (strcmp(argv[i], "--peer-address") == 0)
+            peer_address = value;
+        else if (strcmp(argv[i], "--silent-timeout") == 0) {
+            silent_s = strtod(value, &end);
+            if (*end || !(silent_s > 0))
+                return s_usage("--silent-timeout takes seconds > 0");
+        } else if (strcmp(argv[i], "--keygen") == 0)
+            keygen = value;
         else
             return s_usage("unknown option");
         i++;
     }
-    if (!endpoint || device < 0 || device > DT_MAX_DEVICE_ID)
-        return s_usage("--connect and a valid --device are required");
+    if (keygen) {
+        mb_keypair keys;
+        if (mb_keys_generate(&keys) != 0 || mb_keys_save(&keys, keygen) != 0) {
+            fprintf(stderr, "dtorch-worker: %s\n", dt_last_error());
+            return 1;
+        }
+        printf("%s\n", keys.public_key);
+        return 0;
+    }
     /* Ctrl-C in the user's terminal is for the controller to act on, not for its workers */
     signal(SIGINT, SIG_IGN);
+    if (devices) {
+        if (!endpoint || strncmp(endpoint, "tcp://", 6) != 0)
+            return s_usage("--devices serves a listening controller: --connect tcp://HOST:PORT");
+        return s_serve_remote(endpoint, devices, key, server_key, peer_address, silent_s, insecure);
+    }
+    if (!endpoint || device < 0 || device > DT_MAX_DEVICE_ID)
+        return s_usage("--connect and a valid --device are required");
     if (s_parent > 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() != s_parent)

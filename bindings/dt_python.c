@@ -1643,14 +1643,66 @@ static PyObject *s_redistribute_plan(PyObject *mod, PyObject *args)
 
 static PyObject *s_init(PyObject *mod, PyObject *args)
 {
-    int workers;
-    const char *path = NULL;
-    if (!PyArg_ParseTuple(args, "iz", &workers, &path))
+    int workers, insecure = 0;
+    const char *path = NULL, *listen = NULL, *key = NULL, *worker_key = NULL;
+    if (!PyArg_ParseTuple(args, "iz|zzzp", &workers, &path, &listen, &key, &worker_key, &insecure))
         return NULL;
-    dt_config config = {(dt_workers)workers, path};
+    dt_config config = {(dt_workers)workers, path, listen, key, worker_key, insecure != 0};
     if (dt_init(&config) != 0)
         return s_raise();
     Py_RETURN_NONE;
+}
+
+/* (endpoint, controller's public key) of a listening runtime. */
+static PyObject *s_listen_info(PyObject *mod, PyObject *unused)
+{
+    char endpoint[256], key[64];
+    if (dt_listen_info(endpoint, sizeof endpoint, key, sizeof key) != 0)
+        return s_raise();
+    return Py_BuildValue("ss", endpoint, key);
+}
+
+/* wait_workers(ids, timeout): the GIL is let go while it waits. */
+static PyObject *s_wait_workers(PyObject *mod, PyObject *args)
+{
+    PyObject *seq;
+    double timeout;
+    if (!PyArg_ParseTuple(args, "Od", &seq, &timeout))
+        return NULL;
+    PyObject *fast = PySequence_Fast(seq, "wait_for_workers: devices must be a sequence of ints");
+    if (!fast)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    int64_t *ids = PyMem_Malloc((size_t)(n ? n : 1) * sizeof *ids);
+    for (Py_ssize_t i = 0; ids && i < n; i++) {
+        ids[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
+        if (ids[i] == -1 && PyErr_Occurred()) {
+            PyMem_Free(ids);
+            Py_DECREF(fast);
+            return NULL;
+        }
+    }
+    Py_DECREF(fast);
+    if (!ids)
+        return PyErr_NoMemory();
+    int rc = dt_wait_workers(ids, (int)n, timeout);
+    PyMem_Free(ids);
+    if (rc != 0)
+        return s_raise();
+    Py_RETURN_NONE;
+}
+
+/* worker_info(id) -> (state, remote, host, pid, reason) */
+static PyObject *s_worker_info(PyObject *mod, PyObject *args)
+{
+    long long id;
+    if (!PyArg_ParseTuple(args, "L", &id))
+        return NULL;
+    dt_worker_info info;
+    if (dt_worker_info_get(id, &info) != 0)
+        return s_raise();
+    return Py_BuildValue("iOsLs", info.state, info.remote ? Py_True : Py_False, info.host, (long long)info.pid,
+                         info.reason);
 }
 
 static PyObject *s_shutdown(PyObject *mod, PyObject *unused)
@@ -1932,7 +1984,11 @@ static PyMethodDef s_methods[] = {
      "Every op: (name, id, inputs, outputs, signature kind, exports, float attributes, callable or None)."},
     {"set_strict", s_set_strict, METH_O, "Make ops raise instead of redistributing their inputs."},
     {"get_strict", s_get_strict, METH_NOARGS, NULL},
-    {"init", s_init, METH_VARARGS, "Start the runtime: init(workers, worker_path)."},
+    {"init", s_init, METH_VARARGS,
+     "Start the runtime: init(workers, worker_path[, listen, key, worker_key, insecure])."},
+    {"listen_info", s_listen_info, METH_NOARGS, "(endpoint, public key) of a listening runtime."},
+    {"wait_workers", s_wait_workers, METH_VARARGS, "wait_workers(ids, timeout): until their workers connected."},
+    {"worker_info", s_worker_info, METH_VARARGS, "worker_info(id) -> (state, remote, host, pid, reason)."},
     {"shutdown", s_shutdown, METH_NOARGS, "Stop the runtime and every device actor."},
     {"is_running", s_is_running, METH_NOARGS, NULL},
     {"manual_seed", s_manual_seed, METH_O, NULL},

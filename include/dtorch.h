@@ -77,6 +77,13 @@ typedef enum { DT_WORKERS_THREAD = 0, DT_WORKERS_PROCESS = 1 } dt_workers;
 typedef struct {
     dt_workers workers;      /* where device actors live */
     const char *worker_path; /* dtorch-worker executable for process workers (NULL: env/PATH) */
+    /* Listening instead (NULL: not): "tcp://ADDR:PORT" (ADDR a numeric IPv4 address, 0.0.0.0 or *;
+     * PORT * for any). No worker is spawned: `dtorch-worker --connect ... --devices TYPE:IDS` serves
+     * the devices, from any host. */
+    const char *listen;
+    const char *key;         /* the controller's key pair file (dtorch-worker --keygen); NULL: a fresh one */
+    const char *worker_key;  /* the workers' public key (40 Z85 characters or a key file): the only one admitted */
+    bool insecure;           /* plaintext tcp, no authentication: anyone who reaches the port is a worker */
 } dt_config;
 
 typedef struct dt_mesh dt_mesh;
@@ -87,6 +94,22 @@ typedef struct dt_future dt_future;
 int dt_init(const dt_config *config);   /* NULL: DTORCH_WORKERS env, else threads; started lazily otherwise */
 int dt_shutdown(void);                  /* stops every actor; tensors made before become unusable */
 bool dt_is_running(void);
+/* A listening runtime: where it listens (the port filled in) and the controller's public key
+ * ("" when insecure), for the workers' --connect and --server-key. DT_EINVAL when not listening. */
+int dt_listen_info(char *endpoint, size_t endpoint_size, char *public_key, size_t key_size);
+/* Waits up to timeout_s (< 0: forever) until the workers of the n devices have connected (DT_ETIMEDOUT
+ * naming one that has not; DT_EDEVICE for one that died). Listening runtimes only; others start
+ * their workers themselves and return at once. */
+int dt_wait_workers(const int64_t *ids, int n, double timeout_s);
+typedef struct {
+    int state;               /* 0: no worker yet, 1: serving, 2: dead */
+    bool remote;
+    char host[64];           /* "" until its worker said hello */
+    int64_t pid;             /* its worker's process (on host); 0 for a thread */
+    char reason[512];        /* dead: why */
+} dt_worker_info;
+/* What the runtime knows of device id's worker: DT_EINVAL if none was ever asked for. */
+int dt_worker_info_get(int64_t id, dt_worker_info *out);
 dt_workers dt_current_workers(void);    /* mode of the running (or next) runtime */
 const char *dt_last_error(void);        /* message of this thread's last failure */
 int dt_last_error_code(void);

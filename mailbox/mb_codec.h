@@ -32,10 +32,12 @@ typedef enum {
     MB_BYE = 4,         /* controller -> worker: stop; worker -> controller: stopped. No body */
     MB_PEER = 5,        /* worker -> worker: one REGION record, the region as its payload frame or a handle */
     MB_ABORT = 6,       /* controller -> worker: one ABORT record */
-    MB_HEARTBEAT = 7,   /* worker process -> controller, from its own socket: still alive. No body */
+    MB_HEARTBEAT = 7,   /* worker process -> controller, from its own socket: still alive; controller ->
+                         * worker on another host: the controller still is. No body */
     MB_PROCESS = 8,     /* controller -> worker: one PROCESS record */
     MB_RELEASE = 9,     /* controller or worker -> the worker that lent by handle: one RELEASE record */
-    MB_KIND_MAX = 9,
+    MB_ENDPOINT = 10,   /* controller -> worker on another host: one ENDPOINT record */
+    MB_KIND_MAX = 10,
 } mb_kind;
 
 typedef struct {

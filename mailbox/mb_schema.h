@@ -33,7 +33,7 @@
 #include "dtorch.h"
 #include "mb_writer.h"
 
-#define MB_PROTOCOL 5        /* the records below; bumped on any change to them */
+#define MB_PROTOCOL 6        /* the records below; bumped on any change to them */
 #define MB_MAX_IDS 32        /* tensor ids in an IDS field (a COMPUTE's inputs) */
 #define MB_MAX_INTS 16       /* integers in an INTS field (dt_op_attrs.ints) */
 #define MB_MAX_FLOATS 4      /* floats in a FLOATS field (dt_op_attrs.floats) */
@@ -172,11 +172,15 @@ typedef enum { MB_STATS(MB_GEN_STAT) MB_NSTATS } mb_stat;
     X(REGION, region)         /* MB_PEER, worker -> worker: one transfer of a redistribute */       \
     X(PROCESS, process)       /* MB_PROCESS, controller -> worker: the process a device runs as */  \
     X(RELEASE, release)       /* MB_RELEASE, to the lender: done with what it lent by handle */     \
+    X(ENDPOINT, endpoint)     /* MB_ENDPOINT, controller -> worker on another host: a peer's socket */ \
     X(PART, part)             /* an element of ASSEMBLE's parts */                                  \
     X(OUT, out)               /* an element of COMPUTE's outs */
 
-/* protocol: MB_PROTOCOL; registry: op_registry_hash(); device_type: the backend it runs */
-#define MB_FIELDS_HELLO(F) F(I64, device) F(I64, pid) F(U64, protocol) F(U64, registry) F(STR, device_type)
+/* protocol: MB_PROTOCOL; registry: op_registry_hash(); device_type: the backend it runs; host: its
+ * host's name (for messages); peer: where other workers reach it, "tcp://A.B.C.D:PORT" for a worker
+ * that connected over tcp, "" for one the controller started (its peer socket is the run's) */
+#define MB_FIELDS_HELLO(F)                                                                           \
+    F(I64, device) F(I64, pid) F(U64, protocol) F(U64, registry) F(STR, device_type) F(STR, host) F(STR, peer)
 #define MB_FIELDS_ABORT(F) F(I64, device)
 /* status 0: the region's bytes are
  *   the message's payload frame (storage 0, segment -1);
@@ -194,6 +198,8 @@ typedef enum { MB_STATS(MB_GEN_STAT) MB_NSTATS } mb_stat;
  * /proc/<pid>/fd); pid 0: it lends nothing, its regions come as frames. Told about itself, a worker
  * may lend its pieces by handle; a worker never told so sends frames */
 #define MB_FIELDS_PROCESS(F) F(I64, device) F(I64, pid)
+/* device's peer socket is at endpoint ("tcp://A.B.C.D:PORT", read again by the worker) */
+#define MB_FIELDS_ENDPOINT(F) F(I64, device) F(STR, endpoint)
 /* hold: what a REGION or VALUE lent by handle; the lender's storage is free again */
 #define MB_FIELDS_RELEASE(F) F(U64, hold)
 /* the region of shape at src_offset in the source (device `from`: local piece when transfer is 0,

@@ -46,7 +46,14 @@ static void s_first_use(void)
 
 zsock_t *mb_socket_new(mb_role role, const char *endpoint, bool bind, const char *routing_id)
 {
-    pthread_once(&s_sigonce, s_first_use);
+    return mb_socket_open(role, endpoint, bind, routing_id, NULL);
+}
+
+void mb_socket_init(void) { pthread_once(&s_sigonce, s_first_use); }
+
+zsock_t *mb_socket_open(mb_role role, const char *endpoint, bool bind, const char *routing_id, const mb_curve *curve)
+{
+    mb_socket_init();
     size_t idlen = routing_id ? strlen(routing_id) : 0;
     if (routing_id && (idlen == 0 || idlen > MB_MAX_ROUTING_ID)) {
         dt_err(DT_EINVAL, "routing id must have 1..%d bytes", MB_MAX_ROUTING_ID);
@@ -79,6 +86,10 @@ zsock_t *mb_socket_new(mb_role role, const char *endpoint, bool bind, const char
     zsock_set_linger(sock, MB_LINGER_MS);
     if (routing_id)
         zsock_set_identity(sock, routing_id);
+    if (curve && mb_curve_apply(sock, curve) != 0) {
+        mb_socket_destroy(&sock);
+        return NULL;
+    }
     int rc = !endpoint ? 0 : bind ? zsock_bind(sock, "%s", endpoint) : zsock_connect(sock, "%s", endpoint);
     if (rc == -1) {
         dt_err(DT_ESYS, "cannot %s %s: %s", bind ? "bind" : "connect", endpoint,

@@ -13,6 +13,7 @@
 #include <stddef.h>
 
 #include "mb_codec.h"
+#include "mb_curve.h"
 
 typedef enum { MB_ROUTER, MB_DEALER } mb_role;
 
@@ -43,7 +44,11 @@ typedef struct {
 /* Creates a socket and binds (bind=true) or connects it to endpoint (NULL: neither, the caller
  * connects it). routing_id: the identity the other side sees (NULL for none). NULL +
  * dt_last_error on failure, also when the process is out of sockets (never an abort). */
+/* What must come before this process's first ZeroMQ socket, anyone's (done by mb_socket_new). */
+void mb_socket_init(void);
 zsock_t *mb_socket_new(mb_role role, const char *endpoint, bool bind, const char *routing_id);
+/* The same with CURVE on the link (curve NULL: none), set before it binds or connects. */
+zsock_t *mb_socket_open(mb_role role, const char *endpoint, bool bind, const char *routing_id, const mb_curve *curve);
 void mb_socket_destroy(zsock_t **sock);
 
 /* Sends [routing_id] header body payloads... as one message. Takes ownership of body and

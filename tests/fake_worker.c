@@ -104,7 +104,7 @@ int main(int argc, char **argv)
         mb_w_array(&body, 1);
         mb_w_str(&body, "hello", 5);
     } else {
-        mb_encode_hello(&body, device, (int64_t)getpid(), protocol, registry, type);
+        mb_encode_hello(&body, device, (int64_t)getpid(), protocol, registry, type, "localhost", "");
     }
     mb_header h = {MB_VERSION, MB_HELLO, 0, (uint32_t)device, 1};
     size_t size = body.size;

@@ -12,7 +12,8 @@ from ._factory import arange, distribute_tensor, empty, from_local, full, ones, 
 from ._mesh import DeviceMesh, init_device_mesh
 from ._placement import Partial, Placement, Replicate, Shard
 from ._redistribute import PlanStep, redistribute_many, redistribute_plan
-from ._runtime import device_stats, init, is_initialized, manual_seed, shutdown, synchronize
+from ._runtime import (WorkerInfo, controller_public_key, device_stats, generate_keypair, init, is_initialized,
+                       listen_address, manual_seed, shutdown, synchronize, wait_for_workers, worker_info)
 from ._tensor import DTensor, TensorFuture
 from ._ops import *  # noqa: F401,F403 (the registry's elementwise ops, and the hand-written ones)
 from ._ops_view import (cat, chunk, concat, concatenate, flatten, index_select, movedim, narrow, permute,

@@ -1,6 +1,9 @@
 """Starting and stopping the runtime: the controller actor and the device actors."""
 import atexit
+import operator
 import os
+import subprocess
+from typing import NamedTuple
 
 from . import _C
 
@@ -10,15 +13,81 @@ if os.access(_WORKER, os.X_OK) and not os.environ.get("DTORCH_WORKER_PATH"):
     os.environ["DTORCH_WORKER_PATH"] = _WORKER
 
 
-def init(workers=None):
+def init(workers=None, *, listen=None, key=None, worker_key=None, insecure=False):
     """Starts the runtime now. ``workers``: "thread" (device actors are threads of this process,
     the default) or "process" (each device actor is a child process); None reads
-    DTORCH_WORKERS. Ops start it lazily otherwise."""
+    DTORCH_WORKERS. Ops start it lazily otherwise.
+
+    ``listen="tcp://ADDR:PORT"`` (ADDR a numeric IPv4 address or 0.0.0.0, PORT ``*`` for any)
+    starts no worker: the controller listens there, and ``dtorch-worker --connect tcp://HOST:PORT
+    --devices cpu:IDS --key FILE --server-key KEY`` started on any host serves the device ids it
+    names (see docs/LAUNCH.md). The links use CURVE: ``worker_key`` is the workers' public key (40
+    characters, or the key file ``generate_keypair`` wrote; the workers hold its secret) and the
+    only one admitted; ``key`` a key pair file for the controller, None for a fresh one per run
+    (``controller_public_key()`` is what workers pass as --server-key). ``insecure=True`` listens in
+    plaintext with no authentication, for a network nobody else can reach."""
+    if listen is None and (key is not None or worker_key is not None or insecure):
+        raise ValueError("init: key, worker_key and insecure go with listen=")
     if workers is None:
         workers = os.environ.get("DTORCH_WORKERS") or "thread"
     if workers not in ("thread", "process"):
         raise ValueError(f"init: workers must be 'thread' or 'process', got {workers!r}")
-    _C.init(0 if workers == "thread" else 1, os.environ.get("DTORCH_WORKER_PATH"))
+    for name, value in (("listen", listen), ("key", key), ("worker_key", worker_key)):
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise TypeError(f"init: {name} must be a str, got {type(value).__name__}")
+    _C.init(0 if workers == "thread" else 1, os.environ.get("DTORCH_WORKER_PATH"),
+            None if listen is None else os.fspath(listen), None if key is None else os.fspath(key),
+            None if worker_key is None else os.fspath(worker_key), bool(insecure))
+
+
+class WorkerInfo(NamedTuple):
+    """What the runtime knows of one device's worker."""
+    device: int
+    state: str      # "waiting" (no worker yet), "serving" or "dead"
+    remote: bool    # it came to a listening controller
+    host: str       # as its worker said ("" before it did)
+    pid: int        # its worker's process on that host (0 for a thread of this one)
+    reason: str     # why it died ("" otherwise)
+
+
+_STATES = ("waiting", "serving", "dead")
+
+
+def worker_info(device):
+    """The ``WorkerInfo`` of ``device`` (an id a mesh named, or one waited for)."""
+    state, remote, host, pid, reason = _C.worker_info(operator.index(device))
+    return WorkerInfo(int(device), _STATES[state], remote, host, pid, reason)
+
+
+def listen_address():
+    """Where a listening runtime listens, the port filled in (``tcp://ADDR:PORT``)."""
+    return _C.listen_info()[0]
+
+
+def controller_public_key():
+    """The controller's public CURVE key: what workers pass as ``--server-key`` ("" when insecure)."""
+    return _C.listen_info()[1]
+
+
+def wait_for_workers(devices, timeout=60.0):
+    """Waits until the workers of ``devices`` (ids, or a count n for 0..n-1) have connected to this
+    listening runtime; returns their ``WorkerInfo``. TimeoutError naming a device that has none
+    after ``timeout`` seconds (None: forever). Ops wait the same way by themselves (up to
+    DTORCH_CONNECT_TIMEOUT, 60 s)."""
+    ids = list(range(operator.index(devices))) if not isinstance(devices, (list, tuple, range)) else \
+        [operator.index(d) for d in devices]
+    _C.wait_workers(ids, -1.0 if timeout is None else float(timeout))
+    return [worker_info(d) for d in ids]
+
+
+def generate_keypair(path):
+    """Writes a new CURVE key pair, ``path`` (the public key) and ``path_secret`` (both halves, mode
+    0600), as ``dtorch-worker --keygen`` does; returns the public key."""
+    worker = os.environ.get("DTORCH_WORKER_PATH") or "dtorch-worker"
+    done = subprocess.run([worker, "--keygen", os.fspath(path)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise OSError(f"generate_keypair: {done.stderr.strip() or 'dtorch-worker --keygen failed'}")
+    return done.stdout.strip()
 
 
 def shutdown():

@@ -97,7 +97,8 @@ int main(int argc, char **argv)
     mb_encode_process(&w, 1, 4242), s_record("process", &w);
     mb_encode_release(&w, 5), s_record("release", &w);
     mb_encode_error(&w, 9, 0, DT_EKERNEL, "why"), s_record("error", &w);
-    mb_encode_hello(&w, 0, 42, MB_PROTOCOL, 1, "cpu"), s_record("hello", &w);
+    mb_encode_hello(&w, 0, 42, MB_PROTOCOL, 1, "cpu", "node1", "tcp://10.0.0.2:40001"), s_record("hello", &w);
+    mb_encode_endpoint(&w, 3, "tcp://10.0.0.3:40002"), s_record("endpoint", &w);
     mb_encode_abort(&w, 1), s_record("abort", &w);
 
     /* an envelope: [header length][header][body of two records] */
