@@ -142,13 +142,21 @@ static int s_devices_table(void)
     return 0;
 }
 
+/* The last error again, after prefix (its text copied first: it is where the new one goes). */
+static int s_rethrow(int code, const char *prefix)
+{
+    char why[DT_ERRMSG_MAX];
+    snprintf(why, sizeof why, "%s", dt_last_error());
+    return dt_err(code, "%s%s", prefix, why);
+}
+
 /* Listening (dt_config.listen): checks the endpoint and takes the keys, before anything starts. */
 static int s_listen_config(const dt_config *config)
 {
     act_runtime *rt = &act_rt;
     mb_tcp_addr addr;
     if (mb_tcp_parse(config->listen, true, &addr) != 0)
-        return dt_err(DT_EINVAL, "init: listen=%s", dt_last_error());
+        return s_rethrow(DT_EINVAL, "init: listen=");
     rt->insecure = config->insecure;
     memset(&rt->keys, 0, sizeof rt->keys);
     rt->worker_key[0] = 0;
@@ -159,11 +167,11 @@ static int s_listen_config(const dt_config *config)
                           "authentication");
         mb_keypair workers;
         if (mb_keys_load(config->worker_key, false, &workers) != 0)
-            return dt_err(DT_EINVAL, "init: worker_key: %s", dt_last_error());
+            return s_rethrow(DT_EINVAL, "init: worker_key: ");
         snprintf(rt->worker_key, sizeof rt->worker_key, "%s", workers.public_key);
         int rc = config->key ? mb_keys_load(config->key, true, &rt->keys) : mb_keys_generate(&rt->keys);
         if (rc != 0)
-            return dt_err(rc, "init: key: %s", dt_last_error());
+            return s_rethrow(rc, "init: key: ");
     }
     snprintf(rt->endpoint, sizeof rt->endpoint, "%s", config->listen);
     rt->listening = true;
@@ -517,6 +525,7 @@ int dt_worker_info_get(int64_t id, dt_worker_info *out)
         out->remote = dev->remote;
         snprintf(out->host, sizeof out->host, "%s", dev->host);
         out->pid = dev->remote ? dev->remote_pid : dev->pid;
+        snprintf(out->peer, sizeof out->peer, "%s", dev->peer);
         if (dev->state == ACT_DEV_DEAD)
             snprintf(out->reason, sizeof out->reason, "%s", dev->reason);
     }

@@ -1692,7 +1692,7 @@ static PyObject *s_wait_workers(PyObject *mod, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* worker_info(id) -> (state, remote, host, pid, reason) */
+/* worker_info(id) -> (state, remote, host, pid, peer, reason) */
 static PyObject *s_worker_info(PyObject *mod, PyObject *args)
 {
     long long id;
@@ -1701,8 +1701,8 @@ static PyObject *s_worker_info(PyObject *mod, PyObject *args)
     dt_worker_info info;
     if (dt_worker_info_get(id, &info) != 0)
         return s_raise();
-    return Py_BuildValue("iOsLs", info.state, info.remote ? Py_True : Py_False, info.host, (long long)info.pid,
-                         info.reason);
+    return Py_BuildValue("iOsLss", info.state, info.remote ? Py_True : Py_False, info.host, (long long)info.pid,
+                         info.peer, info.reason);
 }
 
 static PyObject *s_shutdown(PyObject *mod, PyObject *unused)
@@ -1988,7 +1988,7 @@ static PyMethodDef s_methods[] = {
      "Start the runtime: init(workers, worker_path[, listen, key, worker_key, insecure])."},
     {"listen_info", s_listen_info, METH_NOARGS, "(endpoint, public key) of a listening runtime."},
     {"wait_workers", s_wait_workers, METH_VARARGS, "wait_workers(ids, timeout): until their workers connected."},
-    {"worker_info", s_worker_info, METH_VARARGS, "worker_info(id) -> (state, remote, host, pid, reason)."},
+    {"worker_info", s_worker_info, METH_VARARGS, "worker_info(id) -> (state, remote, host, pid, peer, reason)."},
     {"shutdown", s_shutdown, METH_NOARGS, "Stop the runtime and every device actor."},
     {"is_running", s_is_running, METH_NOARGS, NULL},
     {"manual_seed", s_manual_seed, METH_O, NULL},

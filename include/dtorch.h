@@ -106,6 +106,7 @@ typedef struct {
     bool remote;
     char host[64];           /* "" until its worker said hello */
     int64_t pid;             /* its worker's process (on host); 0 for a thread */
+    char peer[64];           /* remote: where other workers reach it ("tcp://A.B.C.D:PORT") */
     char reason[512];        /* dead: why */
 } dt_worker_info;
 /* What the runtime knows of device id's worker: DT_EINVAL if none was ever asked for. */

@@ -47,6 +47,7 @@ class WorkerInfo(NamedTuple):
     remote: bool    # it came to a listening controller
     host: str       # as its worker said ("" before it did)
     pid: int        # its worker's process on that host (0 for a thread of this one)
+    peer: str       # remote: where other workers reach it ("tcp://A.B.C.D:PORT")
     reason: str     # why it died ("" otherwise)
 
 
@@ -55,8 +56,8 @@ _STATES = ("waiting", "serving", "dead")
 
 def worker_info(device):
     """The ``WorkerInfo`` of ``device`` (an id a mesh named, or one waited for)."""
-    state, remote, host, pid, reason = _C.worker_info(operator.index(device))
-    return WorkerInfo(int(device), _STATES[state], remote, host, pid, reason)
+    state, remote, host, pid, peer, reason = _C.worker_info(operator.index(device))
+    return WorkerInfo(int(device), _STATES[state], remote, host, pid, peer, reason)
 
 
 def listen_address():
