@@ -113,6 +113,8 @@ void act_peer_close(act_worker *w)
     cursor = 0;
     while (dt_idmap_next(&w->peers, &cursor, &id, &value)) {
         zsock_t *sock = value;
+        if (w->orphaned)
+            zsock_set_linger(sock, 0); /* the run is over: what is still queued goes nowhere */
         mb_socket_destroy(&sock);
     }
     dt_idmap_destroy(&w->peers);

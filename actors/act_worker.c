@@ -716,8 +716,10 @@ static void *s_heartbeat_main(void *arg)
     char rid[32];
     snprintf(rid, sizeof rid, "h%" PRId64, hb->device);
     zsock_t *sock = mb_socket_open(MB_DEALER, hb->endpoint, false, rid, hb->curve);
-    if (sock)
+    if (sock) {
         zsock_set_sndtimeo(sock, 0); /* one that cannot be queued now (no link yet, or none any more) is dropped */
+        zsock_set_linger(sock, 0);   /* and none is worth waiting for at exit */
+    }
     pthread_mutex_lock(&hb->lock);
     for (uint64_t seq = 0; sock && !hb->stop; seq++) {
         mb_header h = {MB_VERSION, MB_HEARTBEAT, seq, (uint32_t)hb->device, 0};
@@ -878,5 +880,7 @@ void act_worker_fini(act_worker *w)
     act_worker_drop_reply(w);
     free(mb_w_release(&w->reply));
     free(w->payloads);
+    if (w->sock && w->orphaned)
+        zsock_set_linger(w->sock, 0); /* nobody is left to read what it still queues */
     mb_socket_destroy(&w->sock);
 }

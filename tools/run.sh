@@ -14,7 +14,8 @@ export PATH="$VENV/bin:$PATH"
 
 APT_PACKAGES=(gcc libc6-dev pkg-config ninja-build libzmq3-dev libczmq-dev libmsgpack-dev libcriterion-dev
               libopenblas-dev python3 python3-venv python3-dev)
-TEST_APT_PACKAGES=(clang libclang-rt-14-dev)   # the fuzz targets (libFuzzer, ASan, UBSan)
+TEST_APT_PACKAGES=(clang libclang-rt-14-dev   # the fuzz targets (libFuzzer, ASan, UBSan)
+                   iproute2)                  # hosts of their own for the tests of remote workers (ip netns)
 PY_BUILD_PACKAGES=(numpy meson-python meson ninja)   # what building and the demo need
 PY_TEST_PACKAGES=(pytest ml_dtypes)                    # what the tests need besides
 
