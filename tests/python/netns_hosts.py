@@ -7,11 +7,14 @@ before removing it). It needs root and iproute2.
 """
 import os
 import re
+import shutil
 import subprocess
+
+IP = shutil.which("ip") or "/usr/sbin/ip"   # /usr/sbin may not be on a minimal PATH
 
 
 def _ip(*args, check=True):
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
+    return subprocess.run([IP, *args], capture_output=True, text=True, check=check)
 
 
 class Hosts:
@@ -32,19 +35,19 @@ class Hosts:
                 _ip("netns", "add", name)
                 _ip("link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", name)
                 _ip("link", "set", link, "master", self.bridge, "up")
-                self.run_in(name, "ip", "addr", "add", f"{addr}/24", "dev", "eth0")
-                self.run_in(name, "ip", "link", "set", "eth0", "up")
-                self.run_in(name, "ip", "link", "set", "lo", "up")
+                self.run_in(name, IP, "addr", "add", f"{addr}/24", "dev", "eth0")
+                self.run_in(name, IP, "link", "set", "eth0", "up")
+                self.run_in(name, IP, "link", "set", "lo", "up")
         except BaseException:
             self.remove()
             raise
 
     def prefix(self, k):
         """What runs a command on host k."""
-        return ["ip", "netns", "exec", self.names[k]]
+        return [IP, "netns", "exec", self.names[k]]
 
     def run_in(self, name, *argv):
-        subprocess.run(["ip", "netns", "exec", name, *argv], capture_output=True, text=True, check=True)
+        subprocess.run([IP, "netns", "exec", name, *argv], capture_output=True, text=True, check=True)
 
     def cut(self, k):
         """Takes host k off the network (its link to the bridge goes down)."""
