@@ -618,10 +618,11 @@ bool act_worker_orphaned(act_worker *w)
     if (!w->remote || w->orphaned)
         return w->orphaned;
     double quiet = act_now() - w->heard_at;
-    if (quiet <= w->silent_s)
-        return false;
+    bool heard = w->heard_at != w->started_at;
+    if (quiet <= (heard ? w->silent_s : w->connect_s))
+        return false; /* a worker may be started before its controller listens: it waits longer for a first word */
     w->orphaned = true;
-    if (w->heard_at == w->started_at)
+    if (!heard)
         dt_err(DT_EDEVICE, "no word from the controller at %s in %.1f s: is it listening there, and are --key and "
                "--server-key the ones it was given?", w->endpoint, quiet);
     else
@@ -768,6 +769,7 @@ int act_worker_serve(const act_worker_link *link, bool (*should_stop)(void *arg)
     act_worker_init(&w, device, backend, link->endpoint);
     w.remote = link->remote;
     w.silent_s = link->silent_s > 0 ? link->silent_s : ACT_SILENT_S;
+    w.connect_s = link->connect_s > 0 ? link->connect_s : ACT_CONNECT_S;
     snprintf(w.peer_host, sizeof w.peer_host, "%s", link->peer_host ? link->peer_host : "127.0.0.1");
     if ((w.curve = link->keys != NULL)) {
         w.keys = *link->keys;

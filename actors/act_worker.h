@@ -96,6 +96,7 @@ typedef struct {
     const char *server_key;     /* ... and the controller's public key */
     const char *peer_host;      /* remote: the IPv4 address its peer socket binds (where peers reach it) */
     double silent_s;            /* remote: how long the controller may be silent */
+    double connect_s;           /* remote: how long to wait for the controller's first word */
 } act_worker_link;
 
 typedef struct {
@@ -112,7 +113,7 @@ typedef struct {
     dt_idmap endpoints;         /* remote: device + 1 -> the peer endpoint the controller told (malloc'd) */
     double heard_at;            /* remote: when the controller last said anything */
     double started_at;
-    double silent_s;
+    double silent_s, connect_s;
     bool orphaned;              /* remote: the controller has been silent too long: leave */
     bool read_peers;            /* ... and the backend copies from their memory: regions are read in place */
     bool lends;                 /* a worker process whose segments the controller and peers can map: its large

@@ -4,11 +4,13 @@
  *     dtorch-worker --connect ipc://DIR/control-N --device ID [--device-type TYPE] [--parent PID]
  * Started on any host by the site's launcher, for a controller that listens (dtorch.init(listen=...)):
  *     dtorch-worker --connect tcp://HOST:PORT --devices TYPE:IDS --key FILE --server-key KEY
- *                   [--peer-address IP] [--silent-timeout S] [--insecure]
+ *                   [--peer-address IP] [--silent-timeout S] [--connect-timeout S] [--insecure]
  *   IDS are global device ids ("0-3", "4,5,8-11"), one thread each; --key is the workers' key pair
  *   (FILE and FILE_secret), --server-key the controller's public key (its 40 characters or a key
  *   file); --insecure runs tcp in plaintext, with no authentication. The workers leave when the
- *   controller says bye or has been silent for S seconds (DTORCH_SILENT_TIMEOUT, default 3).
+ *   controller says bye or has been silent for S seconds (DTORCH_SILENT_TIMEOUT, default 3), or
+ *   has not said a first word in --connect-timeout seconds (DTORCH_CONNECT_TIMEOUT, default 60: a
+ *   worker may be started before its controller listens).
  * Making the workers' key pair:
  *     dtorch-worker --keygen FILE          (writes FILE and FILE_secret, mode 0600)
  */
@@ -40,7 +42,7 @@ static int s_usage(const char *why)
             "dtorch-worker: %s\n"
             "usage: dtorch-worker --connect ENDPOINT --device ID [--device-type TYPE] [--parent PID]\n"
             "       dtorch-worker --connect tcp://HOST:PORT --devices TYPE:IDS --key FILE --server-key KEY\n"
-            "                     [--peer-address IP] [--silent-timeout S] [--insecure]\n"
+            "                     [--peer-address IP] [--silent-timeout S] [--connect-timeout S] [--insecure]\n"
             "       dtorch-worker --keygen FILE\n",
             why);
     return 2;
@@ -127,7 +129,7 @@ static void *s_device_main(void *arg)
 
 /* Serves the devices of a listening controller, one thread each, until every one has left. */
 static int s_serve_remote(const char *endpoint, const char *devices, const char *key, const char *server_key,
-                          const char *peer_address, double silent_s, bool insecure)
+                          const char *peer_address, double silent_s, double connect_s, bool insecure)
 {
     char type[16];
     static int64_t ids[S_MAX_DEVICES];
@@ -168,7 +170,7 @@ static int s_serve_remote(const char *endpoint, const char *devices, const char 
     for (int i = 0; i < n; i++) {
         ds[i].link = (act_worker_link){.endpoint = endpoint, .device = ids[i], .device_type = type, .remote = true,
                                        .keys = insecure ? NULL : &keys, .server_key = server,
-                                       .peer_host = address, .silent_s = silent_s};
+                                       .peer_host = address, .silent_s = silent_s, .connect_s = connect_s};
         if (pthread_create(&ds[i].thread, NULL, s_device_main, &ds[i]) != 0) {
             ds[i].rc = -1;
             snprintf(ds[i].error, sizeof ds[i].error, "cannot start its thread");
@@ -197,6 +199,8 @@ int main(int argc, char **argv)
     bool insecure = false;
     const char *env = getenv("DTORCH_SILENT_TIMEOUT");
     double silent_s = env && atof(env) > 0 ? atof(env) : ACT_SILENT_S;
+    env = getenv("DTORCH_CONNECT_TIMEOUT");
+    double connect_s = env && atof(env) > 0 ? atof(env) : ACT_CONNECT_S;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--insecure") == 0) {
             insecure = true;
@@ -226,6 +230,10 @@ int main(int argc, char **argv)
             silent_s = strtod(value, &end);
             if (*end || !(silent_s > 0))
                 return s_usage("--silent-timeout takes seconds > 0");
+        } else if (strcmp(argv[i], "--connect-timeout") == 0) {
+            connect_s = strtod(value, &end);
+            if (*end || !(connect_s > 0))
+                return s_usage("--connect-timeout takes seconds > 0");
         } else if (strcmp(argv[i], "--keygen") == 0)
             keygen = value;
         else
@@ -246,7 +254,7 @@ int main(int argc, char **argv)
     if (devices) {
         if (!endpoint || strncmp(endpoint, "tcp://", 6) != 0)
             return s_usage("--devices serves a listening controller: --connect tcp://HOST:PORT");
-        return s_serve_remote(endpoint, devices, key, server_key, peer_address, silent_s, insecure);
+        return s_serve_remote(endpoint, devices, key, server_key, peer_address, silent_s, connect_s, insecure);
     }
     if (!endpoint || device < 0 || device > DT_MAX_DEVICE_ID)
         return s_usage("--connect and a valid --device are required");

@@ -54,10 +54,14 @@ def worker_commands(hosts, devices_per_host, connect, key, server_key, device_ty
 def _parser():
     p = argparse.ArgumentParser(
         prog="python -m dtorch.launch",
+        usage="%(prog)s --hosts H1,H2,... --devices-per-host N --connect tcp://HOST:PORT --key FILE "
+              "--server-key KEY [--device-type TYPE] [--worker PATH] [--ssh COMMAND] [--dry-run] "
+              "[-- WORKER_ARG...]",
         description="Starts dtorch-worker on every host over ssh, in parallel, for a controller started with "
                     "dtorch.init(listen=...). Host k of --hosts serves the device ids k*n .. k*n+n-1 "
-                    "(n = --devices-per-host). Nothing is copied: the workers' key pair (FILE_secret, mode 0600) "
-                    "must already be on each host at the --key path, and dtorch-worker at the --worker path. "
+                    "(n = --devices-per-host). Nothing is copied: the workers' key pair (FILE_secret, readable by "
+                    "its owner only) must already be on each host at the --key path, and dtorch-worker at the "
+                    "--worker path. "
                     "ssh must log in without asking anything (keys or an agent; -o BatchMode=yes). Every line "
                     "the workers write is printed prefixed with [host]; the launcher exits when every ssh has, "
                     "with status 1 when any failed. Ctrl-C or SIGTERM terminates every ssh; a worker whose ssh "

@@ -103,10 +103,10 @@ def fake(tmp_path):
 def test_runs_every_host(fake, tmp_path):
     ssh, worker = fake
     key = str(tmp_path / "my keys" / "worker.key")
-    done = _launch("--hosts", "h0,h1", "--devices-per-host", "2", "--connect", CONNECT, "--key", key,
+    done = _launch("--hosts", "h0,h1", "--devices-per-host", "3", "--connect", CONNECT, "--key", key,
                    "--server-key", SERVER_KEY, "--ssh", ssh, "--worker", worker)
     assert done.returncode == 0, done.stdout + done.stderr
-    for host, devices in (("h0", "cpu:0-1"), ("h1", "cpu:2-3")):
+    for host, devices in (("h0", "cpu:0-2"), ("h1", "cpu:3-5")):
         lines = [l[len(host) + 3:] for l in done.stdout.splitlines() if l.startswith(f"[{host}] ")]
         assert lines == [f"arg:{a}" for a in ("--connect", CONNECT, "--devices", devices, "--key", key,
                                               "--server-key", SERVER_KEY)]

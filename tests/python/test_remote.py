@@ -114,7 +114,8 @@ def test_a_worker_with_a_wrong_key_is_refused_while_others_compute(cluster):
     x = dtorch.distribute_tensor(a, mesh, [dtorch.Shard(0)])
     for _ in range(200):
         x = x * 0.5 + 1
-    stranger = start_worker(cluster["endpoint"], "cpu:5", cluster["bad"], cluster["server_key"])
+    stranger = start_worker(cluster["endpoint"], "cpu:5", cluster["bad"], cluster["server_key"],
+                            extra=["--connect-timeout", "3"])
     rc, took, err = wait_exit(stranger, 30)
     assert rc == 1 and "no word from the controller" in err, err
     with pytest.raises(ValueError, match="no worker in this runtime"):
@@ -213,3 +214,28 @@ def test_shutdown_says_bye_and_the_workers_leave(cluster):
     for p in cluster["procs"]:
         rc, took, err = wait_exit(p, 10)
         assert rc == 0, err
+
+
+def test_a_worker_started_before_its_controller_waits_for_it(tmp_path, keys):
+    """Launchers may start workers first: a worker waits for a first word up to --connect-timeout,
+    so a controller with a key pair of its own (key=) that listens later still gets it."""
+    ctl_key = str(tmp_path / "controller.key")
+    ctl_public = dtorch.generate_keypair(ctl_key)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    endpoint = f"tcp://127.0.0.1:{port}"
+    dtorch.shutdown()
+    procs = [start_worker(endpoint, "cpu:0-1", keys["good"], ctl_key)]   # a public key file works too
+    try:
+        time.sleep(1.5)
+        dtorch.init(listen=endpoint, key=ctl_key, worker_key=keys["good_public"])
+        assert dtorch.controller_public_key() == ctl_public and dtorch.listen_address() == endpoint
+        infos = dtorch.wait_for_workers([0, 1], timeout=30)
+        assert [i.state for i in infos] == ["serving", "serving"]
+        mesh = dtorch.DeviceMesh("cpu", [0, 1])
+        np.testing.assert_array_equal(dtorch.arange(4, device_mesh=mesh, placements=[dtorch.Shard(0)]).numpy(),
+                                      np.arange(4))
+    finally:
+        dtorch.shutdown()
+        stop_all(procs)
