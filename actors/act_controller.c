@@ -523,6 +523,30 @@ static void s_drain(s_ctl *c)
     }
 }
 
+/* Worker threads: one with work in flight whose beats (act_worker_beat, between kernels) and CPU
+ * time have both stood still for the silent bound, and which is not waiting for a CPU either, is
+ * stuck in a kernel that will not return (a long kernel uses CPU; a wait for a peer beats; a
+ * thread starved on a loaded machine is runnable). */
+static bool s_thread_stuck(act_runtime *rt, act_device *dev, double now)
+{
+    uint64_t beats = atomic_load_explicit(&dev->beats, memory_order_relaxed);
+    double cpu = act_spawn_thread_cpu(dev);
+    if (beats != dev->seen_beats || dev->in_flight == 0 || cpu < 0 || dev->seen_cpu < 0 ||
+        cpu - dev->seen_cpu > 0.005) {
+        dev->seen_beats = beats;
+        dev->seen_cpu = cpu;
+        dev->progress_at = now;
+        return false;
+    }
+    if (now - dev->progress_at <= rt->silent_s)
+        return false;
+    if (act_spawn_thread_runnable(dev)) {
+        dev->progress_at = now; /* only starved of CPU */
+        return false;
+    }
+    return true;
+}
+
 /* Process workers: notices the ones that ended; any worker: the ones that never said hello. */
 static void s_check_workers(act_runtime *rt)
 {
@@ -534,6 +558,13 @@ static void s_check_workers(act_runtime *rt)
         char reason[200];
         if (act_spawn_reap(dev, reason, sizeof reason))
             s_device_died(rt, dev, reason);
+        else if (dev->has_thread && dev->hello && s_thread_stuck(rt, dev, now)) {
+            snprintf(reason, sizeof reason, "its worker thread has made no progress for %.1f s (inside an op, using "
+                     "no CPU); a thread cannot be stopped, so it is abandoned (process workers can be killed)",
+                     now - dev->progress_at);
+            dev->abandoned = true;
+            s_device_died(rt, dev, reason);
+        }
         else if (!dev->hello && !dev->remote && now - dev->started_at > ACT_HELLO_TIMEOUT_S)
             s_device_died(rt, dev, "its worker did not start in time");
         else if (dev->remote && dev->hello && now - dev->heard_at > rt->silent_s) {
@@ -586,7 +617,7 @@ static void s_stop(s_ctl *c)
         if (!dev)
             continue;
         atomic_store(&dev->stop, true);
-        act_spawn_stop(dev, dev->bye ? ACT_BYE_TIMEOUT_S : 0.1);
+        bool gone = act_spawn_stop(dev, dev->bye ? ACT_BYE_TIMEOUT_S : 0.1);
         for (act_batch *b = dev->send_head, *next; b; b = next) {
             next = b->next;
             act_batch_destroy(b);
@@ -599,7 +630,8 @@ static void s_stop(s_ctl *c)
         rt->devices[i] = NULL;
         pthread_mutex_unlock(&rt->lock);
         dt_shm_peer_destroy(&dev->maps);
-        free(dev);
+        if (gone)
+            free(dev); /* an abandoned thread still stuck keeps its device (its stop flag) for good */
     }
     pthread_mutex_lock(&rt->lock);
     rt->ndirty = 0;

@@ -430,6 +430,7 @@ void act_peer_receive(act_worker *w)
 
 void act_peer_wait(act_worker *w)
 {
+    act_worker_beat(w); /* waiting for a peer is not being stuck */
     zmq_pollitem_t items[2] = {{zsock_resolve(w->peer), 0, ZMQ_POLLIN, 0}, {zsock_resolve(w->sock), 0, ZMQ_POLLIN, 0}};
     if (zmq_poll(items, 2, S_WAIT_POLL_MS) < 0)
         return;

@@ -61,6 +61,13 @@ typedef struct {
     pid_t pid;
     atomic_bool stop;              /* thread workers: leave even without a bye */
     atomic_bool thread_failed;     /* thread workers: it returned with an error (thread_error says which) */
+    atomic_uint_fast64_t beats;    /* thread workers: bumped by the thread wherever it is not inside a kernel */
+    uint64_t seen_beats;           /* controller thread only: beats, and the thread's CPU seconds, when it */
+    double seen_cpu;               /* last showed progress ... */
+    double progress_at;            /* ... at this time */
+    bool abandoned;                /* its thread made no progress for the silent bound: left running */
+    atomic_bool thread_running;    /* its thread has not returned yet */
+    atomic_int thread_tid;         /* its thread's id (0 until it runs) */
     bool thread_failure_told;      /* controller thread only: that was turned into a death */
     char thread_error[256];
     double started_at;

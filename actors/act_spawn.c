@@ -23,6 +23,7 @@ typedef struct {
     char device_type[16];
     int64_t device;
     atomic_bool *stop;
+    atomic_uint_fast64_t *beats;
     act_device *dev;      /* where a failure is said (devices never move) */
 } s_thread_args;
 
@@ -36,12 +37,16 @@ static void *s_thread_main(void *arg)
     char name[16];
     snprintf(name, sizeof name, "dtorch-dev%u", (unsigned)(a.device % 100000));
     pthread_setname_np(pthread_self(), name);
-    if (act_worker_run(a.endpoint, a.device, a.device_type, s_should_stop, a.stop) != 0) {
+    atomic_store(&a.dev->thread_tid, (int)gettid());
+    act_worker_link link = {.endpoint = a.endpoint, .device = a.device, .device_type = a.device_type,
+                            .beats = a.beats};
+    if (act_worker_serve(&link, s_should_stop, a.stop) != 0) {
         /* e.g. no socket to be had: the controller declares the device dead at its next check,
          * instead of waiting for a hello that will not come */
         snprintf(a.dev->thread_error, sizeof a.dev->thread_error, "%s", dt_last_error());
         atomic_store(&a.dev->thread_failed, true);
     }
+    atomic_store(&a.dev->thread_running, false);
     return NULL;
 }
 
@@ -54,8 +59,15 @@ int act_spawn_thread(act_device *dev, const char *endpoint, const char *device_t
     snprintf(a->device_type, sizeof a->device_type, "%s", device_type);
     a->device = dev->id;
     a->stop = &dev->stop;
+    a->beats = &dev->beats;
+    atomic_store(&dev->beats, 0);
+    dev->seen_beats = 0;
+    dev->progress_at = act_now();
+    dev->seen_cpu = -1;
+    dev->abandoned = false;
     a->dev = dev;
     atomic_store(&dev->thread_failed, false);
+    atomic_store(&dev->thread_running, true);
     dev->thread_failure_told = false;
     if (pthread_create(&dev->thread, NULL, s_thread_main, a) != 0) {
         free(a);
@@ -106,23 +118,89 @@ bool act_spawn_reap(act_device *dev, char *reason, size_t size)
     return true;
 }
 
-void act_spawn_stop(act_device *dev, double grace_s)
+/* Abandoned threads let go while still stuck (their devices are never freed). */
+#define S_MAX_STUCK 256
+static act_device *s_stuck[S_MAX_STUCK];
+static atomic_int s_nstuck;
+
+/* At exit, with a thread still stuck in a kernel: ZeroMQ's teardown would close sockets that
+ * thread owns, under it, and crash; the process ends at once instead, with its exit status (all
+ * of Python's own finalization has run by then). */
+static void s_exit_past_stuck(int status, void *arg)
 {
+    int n = atomic_load(&s_nstuck);
+    for (int i = 0; i < n && i < S_MAX_STUCK; i++)
+        if (atomic_load(&s_stuck[i]->thread_running)) {
+            fflush(NULL);
+            _exit(status);
+        }
+}
+
+static void s_note_stuck(act_device *dev)
+{
+    static bool registered; /* only the controller thread gets here */
+    int k = atomic_fetch_add(&s_nstuck, 1);
+    if (k < S_MAX_STUCK)
+        s_stuck[k] = dev;
+    if (!registered)
+        registered = on_exit(s_exit_past_stuck, NULL) == 0; /* after ZeroMQ's own: it runs first */
+}
+
+bool act_spawn_stop(act_device *dev, double grace_s)
+{
+    if (dev->has_thread && dev->abandoned) {
+        /* stuck in a kernel: it may still come back (it then sees stop and leaves), or never */
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += 200 * 1000 * 1000;
+        until.tv_sec += until.tv_nsec / 1000000000L;
+        until.tv_nsec %= 1000000000L;
+        if (pthread_timedjoin_np(dev->thread, NULL, &until) != 0) {
+            pthread_detach(dev->thread);
+            dev->has_thread = false;
+            s_note_stuck(dev);
+            return false;
+        }
+        dev->has_thread = false;
+    }
     if (dev->has_thread) {
         pthread_join(dev->thread, NULL);
         dev->has_thread = false;
     }
     if (dev->pid <= 0)
-        return;
+        return true;
     double deadline = act_now() + grace_s;
     while (act_now() < deadline) {
         if (waitpid(dev->pid, NULL, WNOHANG) == dev->pid) {
             dev->pid = 0;
-            return;
+            return true;
         }
         nanosleep(&(struct timespec){0, 5000000}, NULL);
     }
     kill(dev->pid, SIGKILL);
     waitpid(dev->pid, NULL, 0);
     dev->pid = 0;
+    return true;
+}
+
+bool act_spawn_thread_runnable(const act_device *dev)
+{
+    char path[64], stat[512];
+    snprintf(path, sizeof path, "/proc/self/task/%d/stat", atomic_load(&dev->thread_tid));
+    FILE *f = atomic_load(&dev->thread_tid) > 0 ? fopen(path, "r") : NULL;
+    size_t n = f ? fread(stat, 1, sizeof stat - 1, f) : 0;
+    if (f)
+        fclose(f);
+    stat[n] = 0;
+    const char *after = strrchr(stat, ')'); /* "tid (name) S ...": the name may hold anything */
+    return after && after[1] == ' ' && after[2] == 'R';
+}
+
+double act_spawn_thread_cpu(const act_device *dev)
+{
+    clockid_t clock;
+    struct timespec ts;
+    if (!dev->has_thread || pthread_getcpuclockid(dev->thread, &clock) != 0 || clock_gettime(clock, &ts) != 0)
+        return -1;
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }

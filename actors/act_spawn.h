@@ -12,7 +12,12 @@ int act_spawn_thread(act_device *dev, const char *endpoint, const char *device_t
 int act_spawn_process(act_device *dev, const char *endpoint, const char *device_type, const char *worker_path);
 /* Process workers: true (and why, in reason) once the process has ended. */
 bool act_spawn_reap(act_device *dev, char *reason, size_t size);
-/* Ends the worker's home: joins the thread, or waits up to grace_s for the process, then kills it. */
-void act_spawn_stop(act_device *dev, double grace_s);
+/* Ends the worker's home: joins the thread, or waits up to grace_s for the process, then kills it.
+ * false when an abandoned thread is still stuck: it is let go, and dev must outlive it (never freed). */
+bool act_spawn_stop(act_device *dev, double grace_s);
+/* Worker threads: whether the thread is running or waiting for a CPU (not blocked, not stopped). */
+bool act_spawn_thread_runnable(const act_device *dev);
+/* Worker threads: the CPU seconds the thread has used, -1 if unknown. */
+double act_spawn_thread_cpu(const act_device *dev);
 
 #endif

@@ -674,6 +674,7 @@ void act_worker_defer(act_worker *w, mb_message *m)
 /* The next controller message: one deferred during a wait, or a new one. 0, 1 (none yet), <0. */
 static int s_next_message(act_worker *w, mb_message *m, bool (*should_stop)(void *arg), void *arg)
 {
+    act_worker_beat(w);
     if (w->pending_head) {
         act_pending *p = w->pending_head;
         w->pending_head = p->next;
@@ -753,6 +754,12 @@ int act_worker_run(const char *endpoint, int64_t device, const char *device_type
     return act_worker_serve(&link, should_stop, arg);
 }
 
+void act_worker_beat(act_worker *w)
+{
+    if (w->beats)
+        atomic_fetch_add_explicit(w->beats, 1, memory_order_relaxed);
+}
+
 int act_worker_serve(const act_worker_link *link, bool (*should_stop)(void *arg), void *arg)
 {
     int64_t device = link->device;
@@ -770,6 +777,7 @@ int act_worker_serve(const act_worker_link *link, bool (*should_stop)(void *arg)
     w.remote = link->remote;
     w.silent_s = link->silent_s > 0 ? link->silent_s : ACT_SILENT_S;
     w.connect_s = link->connect_s > 0 ? link->connect_s : ACT_CONNECT_S;
+    w.beats = link->beats;
     snprintf(w.peer_host, sizeof w.peer_host, "%s", link->peer_host ? link->peer_host : "127.0.0.1");
     if ((w.curve = link->keys != NULL)) {
         w.keys = *link->keys;

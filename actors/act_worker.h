@@ -97,6 +97,7 @@ typedef struct {
     const char *peer_host;      /* remote: the IPv4 address its peer socket binds (where peers reach it) */
     double silent_s;            /* remote: how long the controller may be silent */
     double connect_s;           /* remote: how long to wait for the controller's first word */
+    atomic_uint_fast64_t *beats; /* bumped wherever the worker is not inside a kernel (worker threads) */
 } act_worker_link;
 
 typedef struct {
@@ -115,6 +116,7 @@ typedef struct {
     double started_at;
     double silent_s, connect_s;
     bool orphaned;              /* remote: the controller has been silent too long: leave */
+    atomic_uint_fast64_t *beats; /* act_worker_link.beats, or NULL */
     bool read_peers;            /* ... and the backend copies from their memory: regions are read in place */
     bool lends;                 /* a worker process whose segments the controller and peers can map: its large
                                  * pieces live in shared memory and are lent by handle (MB_PROCESS said so) */
@@ -236,6 +238,9 @@ int act_worker_run(const char *endpoint, int64_t device, const char *device_type
                    void *arg);
 /* The same for any link (act_worker_run is a local one, in plaintext). */
 int act_worker_serve(const act_worker_link *link, bool (*should_stop)(void *arg), void *arg);
+/* Says the worker is between kernels: the controller takes a worker thread whose beats and CPU
+ * time both stand still while it has work for stuck. */
+void act_worker_beat(act_worker *w);
 /* A remote worker: true (and dt_last_error says so) once the controller has been silent too long;
  * called where the worker waits. */
 bool act_worker_orphaned(act_worker *w);
