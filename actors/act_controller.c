@@ -573,6 +573,9 @@ static void s_check_workers(act_runtime *rt)
             snprintf(reason, sizeof reason, "its worker on host %s (process %lld) has been silent for %.1f s",
                      dev->host, (long long)dev->remote_pid, now - dev->heard_at);
             s_device_died(rt, dev, reason);
+        } else if (dev->pid > 0 && dev->hello && now - dev->heard_at > rt->silent_s &&
+                   act_spawn_process_runnable(dev)) {
+            dev->heard_at = now; /* not silent: starved of CPU on a loaded host (its heartbeat waits to run) */
         } else if (dev->pid > 0 && dev->hello && now - dev->heard_at > rt->silent_s) {
             /* stopped, hung in the kernel, or unreachable: it no longer even says it is alive */
             snprintf(reason, sizeof reason, "its worker process %d has been silent for %.1f s", (int)dev->pid,

@@ -1,5 +1,6 @@
 /* act_spawn — the homes of worker actors: a thread in this process, or a child process running
  * the dtorch-worker executable. Only the endpoint differs; the worker code is the same. */
+#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -183,17 +184,42 @@ bool act_spawn_stop(act_device *dev, double grace_s)
     return true;
 }
 
-bool act_spawn_thread_runnable(const act_device *dev)
+/* Whether the task of a /proc stat file is running or waiting for a CPU. */
+static bool s_stat_runnable(const char *path)
 {
-    char path[64], stat[512];
-    snprintf(path, sizeof path, "/proc/self/task/%d/stat", atomic_load(&dev->thread_tid));
-    FILE *f = atomic_load(&dev->thread_tid) > 0 ? fopen(path, "r") : NULL;
+    char stat[512];
+    FILE *f = fopen(path, "r");
     size_t n = f ? fread(stat, 1, sizeof stat - 1, f) : 0;
     if (f)
         fclose(f);
     stat[n] = 0;
     const char *after = strrchr(stat, ')'); /* "tid (name) S ...": the name may hold anything */
     return after && after[1] == ' ' && after[2] == 'R';
+}
+
+bool act_spawn_thread_runnable(const act_device *dev)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/task/%d/stat", atomic_load(&dev->thread_tid));
+    return atomic_load(&dev->thread_tid) > 0 && s_stat_runnable(path);
+}
+
+bool act_spawn_process_runnable(const act_device *dev)
+{
+    char path[300];
+    snprintf(path, sizeof path, "/proc/%d/task", (int)dev->pid);
+    DIR *d = dev->pid > 0 ? opendir(path) : NULL;
+    bool runnable = false;
+    struct dirent *e;
+    while (d && !runnable && (e = readdir(d))) {
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof path, "/proc/%d/task/%.20s/stat", (int)dev->pid, e->d_name);
+        runnable = s_stat_runnable(path);
+    }
+    if (d)
+        closedir(d);
+    return runnable;
 }
 
 double act_spawn_thread_cpu(const act_device *dev)

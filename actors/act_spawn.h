@@ -17,6 +17,8 @@ bool act_spawn_reap(act_device *dev, char *reason, size_t size);
 bool act_spawn_stop(act_device *dev, double grace_s);
 /* Worker threads: whether the thread is running or waiting for a CPU (not blocked, not stopped). */
 bool act_spawn_thread_runnable(const act_device *dev);
+/* Process workers: whether a thread of the process is running or waiting for a CPU. */
+bool act_spawn_process_runnable(const act_device *dev);
 /* Worker threads: the CPU seconds the thread has used, -1 if unknown. */
 double act_spawn_thread_cpu(const act_device *dev);
 

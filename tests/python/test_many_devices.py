@@ -1,5 +1,5 @@
-"""Meshes of many devices: 32 and 512 thread workers, 32 worker processes, and a process that runs
-out of file descriptors gets a Python exception, never an abort, and keeps working."""
+"""Meshes of many devices: 32 and 512 thread workers, 32 and 512 worker processes, and a process
+that runs out of file descriptors gets a Python exception, never an abort, and keeps working."""
 import resource
 import subprocess
 import sys
@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import dtorch
+from conftest import worker_pids
 from dtorch import Replicate, Shard
 
 
@@ -31,6 +32,21 @@ def test_512_thread_devices():
     values = np.arange(1024, dtype=np.float32)
     gathered = dtorch.distribute_tensor(values, mesh, [Shard(0)]).redistribute(mesh, [Replicate()]).to_local()
     assert len(gathered) == 512 and all((piece == values).all() for piece in gathered)
+
+
+def test_512_process_devices(process_mode):
+    """512 worker processes on this host: a reduction over all of them, a pair of them exchanging
+    pieces, and a shutdown that leaves none behind."""
+    mesh = dtorch.DeviceMesh("cpu", list(range(512)))
+    assert dtorch.ones((512,), device_mesh=mesh, placements=[Shard(0)]).sum().item() == 512.0
+    pids = worker_pids()
+    assert sorted(pids) == list(range(512)) and len(set(pids.values())) == 512
+    pair = dtorch.DeviceMesh("cpu", [0, 511])
+    values = np.arange(10, dtype=np.float32)
+    gathered = dtorch.distribute_tensor(values, pair, [Shard(0)]).redistribute(pair, [Replicate()]).to_local()
+    assert all((piece == values).all() for piece in gathered)
+    dtorch.shutdown()
+    assert worker_pids() == {}
 
 
 def test_out_of_file_descriptors_is_an_exception():
