@@ -279,3 +279,38 @@ def test_out_of_range_integers_are_named(mode):
     dtorch.manual_seed(2 ** 64 - 1)
     np.testing.assert_array_equal(dtorch.rand(5, device_mesh=mesh).numpy(), a)
     _still_works(mesh)
+
+
+def _x(mesh):
+    return dtorch.ones((4, 4), device_mesh=mesh, placements=[Shard(0)])
+
+
+# (what, call on a (4, 4) Shard(0) tensor x over a 2-device mesh m, exception, message)
+BAD_CALLS = [
+    ("worker_info(-1)", lambda x, m: dtorch.worker_info(-1), ValueError, "device id -1 is out of range"),
+    ("worker_info(2**40)", lambda x, m: dtorch.worker_info(2 ** 40), ValueError, "out of range [0, 65535]"),
+    ("wait_for_workers(['a'])", lambda x, m: dtorch.wait_for_workers(["a"]), TypeError, "integer"),
+    ("init(workers='gpu')", lambda x, m: dtorch.init(workers="gpu"), ValueError, "'thread' or 'process'"),
+    ("reshape to 15 elements", lambda x, m: x.reshape(5, 3), ValueError, "invalid for input of size 16"),
+    ("permute(0, 0)", lambda x, m: x.permute(0, 0), ValueError, "duplicate dims"),
+    ("sum(dim=5)", lambda x, m: x.sum(dim=5), IndexError, "Dimension out of range"),
+    ("cat of other widths", lambda x, m: dtorch.cat([x, dtorch.ones((4, 5), device_mesh=m, placements=[Shard(0)])]),
+     ValueError, "Sizes of tensors must match except in dimension 0"),
+    ("transpose(0, 2)", lambda x, m: x.transpose(0, 2), IndexError, "Dimension out of range"),
+    ("matmul (4, 4) @ (5, 2)", lambda x, m: x @ dtorch.ones((5, 2), device_mesh=m, placements=[Replicate()]),
+     ValueError, "cannot be multiplied"),
+    ("softmax(dim=3)", lambda x, m: x.softmax(dim=3), IndexError, "Dimension out of range"),
+    ("embedding with float indices", lambda x, m: dtorch.nn.functional.embedding(x, x), TypeError, "'indices'"),
+    ("narrow past the end", lambda x, m: x.narrow(0, 3, 5), ValueError, "exceeds dimension size"),
+    ("x[10]", lambda x, m: x[10], IndexError, "index 10 is out of bounds"),
+    ("capture(5)", lambda x, m: dtorch.capture(5), TypeError, "expected a function"),
+    ("view(-1, -1)", lambda x, m: x.view(-1, -1), ValueError, "only one dimension can be inferred"),
+]
+
+
+@pytest.mark.parametrize("what, call, error, message", BAD_CALLS, ids=[c[0] for c in BAD_CALLS])
+def test_more_bad_calls_are_named(mode, what, call, error, message):
+    mesh = MESHES["2"]()
+    with pytest.raises(error, match=re.escape(message)):
+        call(_x(mesh), mesh)
+    _still_works(mesh)
