@@ -15,6 +15,7 @@ from ._redistribute import PlanStep, redistribute_many, redistribute_plan
 from ._runtime import (WorkerInfo, controller_public_key, device_stats, generate_keypair, init, is_initialized,
                        listen_address, manual_seed, shutdown, synchronize, wait_for_workers, worker_info)
 from ._tensor import DTensor, TensorFuture
+from ._wait import ALL_COMPLETED, FIRST_COMPLETED, FIRST_EXCEPTION, wait
 from ._ops import *  # noqa: F401,F403 (the registry's elementwise ops, and the hand-written ones)
 from ._ops_view import (cat, chunk, concat, concatenate, flatten, index_select, movedim, narrow, permute,
                         reshape, select, split, squeeze, stack, swapaxes, swapdims, t, transpose, tril, triu, unbind,

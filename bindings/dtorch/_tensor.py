@@ -39,6 +39,14 @@ class TensorFuture(_C.TensorFuture):
         code, message = err
         return _EXCEPTIONS.get(code, RuntimeError)(message)
 
+    def add_done_callback(self, fn):
+        """Calls ``fn(future)`` once the future settles (at once if it has), as
+        concurrent.futures does; it runs on a runtime thread, so it should be quick and must not
+        wait on other futures. An exception it raises is printed, not raised."""
+        if not callable(fn):
+            raise TypeError(f"add_done_callback: expected a callable, got {type(fn).__name__}")
+        self._add_done_callback(lambda: fn(self))
+
     def __await__(self):
         if not self.done():
             loop = asyncio.get_running_loop()
