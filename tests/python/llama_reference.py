@@ -50,6 +50,13 @@ def _silu(x):
 def logits(weights, cfg, ids, attention_mask=None, position_ids=None):
     """Logits (B, L, V) in float64. ``weights``: the HF state dict as numpy arrays; ``cfg``: a dict
     of config.json fields. Query rows whose every key is padding give zeros (they are padding)."""
+    x = hidden_states(weights, cfg, ids, attention_mask, position_ids)
+    head = weights["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else weights["lm_head.weight"]
+    return x @ np.asarray(head, np.float64).T
+
+
+def hidden_states(weights, cfg, ids, attention_mask=None, position_ids=None):
+    """The last hidden states (B, L, E) after the final norm, in float64 (what lm_head reads)."""
     w = {k: np.asarray(v, np.float64) for k, v in weights.items()}
     ids = np.asarray(ids)
     B, L = ids.shape
@@ -89,9 +96,7 @@ def logits(weights, cfg, ids, attention_mask=None, position_ids=None):
         x = x + proj("self_attn.o_proj", o)
         h = _rms(x, w[p + "post_attention_layernorm.weight"], eps)
         x = x + proj("mlp.down_proj", _silu(proj("mlp.gate_proj", h)) * proj("mlp.up_proj", h))
-    x = _rms(x, w["model.norm.weight"], eps)
-    head = w["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else w["lm_head.weight"]
-    return x @ head.T
+    return _rms(x, w["model.norm.weight"], eps)
 
 
 def random_weights(cfg, seed=0, dtype=np.float32):
