@@ -17,7 +17,7 @@ APT_PACKAGES=(gcc libc6-dev pkg-config ninja-build libzmq3-dev libczmq-dev libms
 TEST_APT_PACKAGES=(clang libclang-rt-14-dev   # the fuzz targets (libFuzzer, ASan, UBSan)
                    iproute2)                  # hosts of their own for the tests of remote workers (ip netns)
 PY_BUILD_PACKAGES=(numpy meson-python meson ninja)   # what building and the demo need
-PY_TEST_PACKAGES=(pytest ml_dtypes)                    # what the tests need besides
+PY_TEST_PACKAGES=(pytest ml_dtypes aiohttp)            # what the tests need besides (aiohttp: examples/serve.py)
 
 # Installs what pip lacks in the venv: $1 is a Python import check, the rest the packages.
 pip_ensure() {
@@ -47,7 +47,7 @@ setup() {
         python3 -m venv "$VENV"
     fi
     pip_ensure "import numpy, mesonpy" "${PY_BUILD_PACKAGES[@]}"
-    [ "${1:-}" != test ] || pip_ensure "import pytest, ml_dtypes" "${PY_TEST_PACKAGES[@]}"
+    [ "${1:-}" != test ] || pip_ensure "import pytest, ml_dtypes, aiohttp" "${PY_TEST_PACKAGES[@]}"
     echo "== building and installing dtorch into $VENV"
     # A build folder of its own that stays between runs: a second run recompiles only what changed.
     "$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation --force-reinstall \

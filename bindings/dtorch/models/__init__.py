@@ -4,4 +4,5 @@ from .llama import CausalLMOutputWithPast, LlamaConfig, LlamaForCausalLM, LlamaM
 from .llama_parallel import parallelize_llama
 
 __all__ = ["CausalLMOutputWithPast", "GenerationMixin", "LlamaConfig", "LlamaForCausalLM", "LlamaModel",
-           "StaticCache", "parallelize_llama"]
+           "StaticCache", "parallelize_llama", "ContinuousBatcher", "Request"]
+from .serving import ContinuousBatcher, Request

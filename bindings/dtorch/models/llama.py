@@ -299,7 +299,7 @@ class LlamaModel(Module):
         cache = past_key_values
         start = cache.get_seq_length() if cache is not None else 0
         S = cache.max_cache_len if cache is not None else L
-        if start + L > S:
+        if start + L > S and cache_position is None:   # slots given are checked below (host) or the caller's
             raise ValueError(f"the cache holds {S} positions: {start} are filled, {L} more do not fit")
         h = self.embed_tokens(input_ids)                                       # (B, L, E)
         mesh = h.device_mesh
@@ -325,13 +325,29 @@ class LlamaModel(Module):
             if not isinstance(attention_mask, DTensor):
                 attention_mask = np.asarray(attention_mask) != 0
             attention_mask = _on_mesh_like(attention_mask, input_ids, mesh)    # (B, K)
-        if any(getattr(layer.self_attn.attention, "by_position", False) for layer in self.layers):
+        by_position = any(getattr(layer.self_attn.attention, "by_position", False) for layer in self.layers)
+        if attention_mask is not None and attention_mask.ndim == 4:
+            attn = self._whole_mask(attention_mask, L, S, by_position)
+        elif by_position:
             attn = self._positions(position_ids, attention_mask, cache, slots, start, L)
         else:
             attn = AttentionInputs(mask=self._mask(attention_mask, cache, slots, L, S, mesh))
         for layer in self.layers:
             h = layer(h, rope, attn, cache, slots)
         return self.norm(h)                                                    # (B, L, E)
+
+    @staticmethod
+    def _whole_mask(mask, L, S, by_position):
+        """A 4-D attention_mask (B|1, 1, L, S), as transformers takes one: the whole mask, true where a
+        query may attend a key slot, with no causal mask of its own (a caller that places tokens in
+        the slots itself, such as continuous batching over a ring of slots, says which are whose)."""
+        if by_position:
+            raise ValueError("a 4-D attention_mask needs attention over slots; this model attends by positions "
+                             "(ring attention)")
+        if mask.ndim != 4 or mask.shape[1] != 1 or mask.shape[2] != L or mask.shape[3] != S:
+            raise ValueError(f"a 4-D attention_mask must be (batch, 1, {L}, {S}) for {L} new token(s) over {S} key "
+                             f"slots, got {tuple(mask.shape)}")
+        return AttentionInputs(mask=mask if mask.dtype == _dtype.bool else mask != 0)
 
     @staticmethod
     def _mask(attention_mask, cache, start, L, S, mesh):

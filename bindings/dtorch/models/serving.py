@@ -1,0 +1,190 @@
+"""Continuous batching: the requests of many clients share one model's decode steps.
+
+A ``ContinuousBatcher`` keeps ``max_batch`` rows, each serving one request at a time, over one
+StaticCache whose ``max_len`` slots are used as a ring. Every step feeds each busy row one token,
+its request's next prompt token or the token it made last, at that row's own position, and writes
+every row's keys at the same slot, ``step % max_len``: a row's tokens therefore sit in the slots of
+the steps it was fed on, and the step's 4-D attention mask lets each row see only those. So a
+request that arrives while others decode takes a free row at the next step (its prompt goes in a
+token per step, beside the others' decoding), a finished one frees its row at once, and no step
+ever moves keys. The step has one shape whatever the rows hold, so it is captured once
+(dtorch.capture) and replayed: one small record per device and step.
+
+Decoding is greedy (the argmax is taken on the devices); the tokens are those of ``generate`` for
+the same prompt alone.
+"""
+import collections
+import itertools
+import threading
+
+import numpy as np
+
+from .. import _dtype
+from .._capture import capture as _capture
+from .._factory import distribute_tensor
+from .._placement import Replicate
+from .generation import StaticCache
+
+
+class Request:
+    """One prompt being served: ``tokens`` grows by a token per step once the prompt is in;
+    ``finish_reason`` is "stop" (an end token) or "length" once it is done."""
+
+    _ids = itertools.count()
+
+    def __init__(self, prompt, max_new_tokens, eos, on_token):
+        self.id = next(Request._ids)
+        self.prompt = list(prompt)
+        self.max_new_tokens = max_new_tokens
+        self.eos = eos
+        self.on_token = on_token
+        self.tokens = []
+        self.finish_reason = None
+        self.fed = 0            # tokens of it in the cache so far
+        self.start = None       # the step it was first fed on
+        self._done = threading.Event()
+
+    @property
+    def done(self):
+        return self.finish_reason is not None
+
+    def wait(self, timeout=None):
+        """Waits until it is done; returns its tokens."""
+        self._done.wait(timeout)
+        return self.tokens
+
+
+class ContinuousBatcher:
+    """Serves ``model`` (a LlamaForCausalLM on its mesh) to many requests at once. ``submit``
+    from any thread; ``step`` (or ``run_until_idle``) from the one that drives the model."""
+
+    def __init__(self, model, max_batch=16, max_len=None, capture=True):
+        config = model.config
+        self.model, self.B = model, int(max_batch)
+        self.M = int(max_len or config.max_position_embeddings)
+        if self.B < 1 or self.M < 2:
+            raise ValueError(f"ContinuousBatcher: max_batch must be >= 1 and max_len >= 2, got {max_batch}, {max_len}")
+        self.eos = set(np.atleast_1d(config.eos_token_id).tolist()) if config.eos_token_id is not None else set()
+        self.mesh = model.model.embed_tokens.weight.device_mesh
+        self.cache = StaticCache(self.M)
+        self.rows = [None] * self.B
+        self.waiting = collections.deque()
+        self.lock = threading.Lock()
+        self.work = threading.Condition(self.lock)
+        self.steps = 0
+        # one plain step first: it makes the cache's tensors (all rows idle, each seeing its own slot)
+        self._forward(*self._inputs([None] * self.B, 0))
+        self._step = _capture(self._forward, *self._inputs([None] * self.B, 1)) if capture else self._forward
+
+    # ---- the client's side -------------------------------------------------------------------
+
+    def submit(self, prompt, max_new_tokens=16, eos_token_id=None, on_token=None):
+        """Queues a prompt (token ids) for up to max_new_tokens new tokens; returns its Request.
+        ``on_token(request, token)`` runs on the driving thread for each new token (and once more
+        with None when it is done). ``eos_token_id``: the config's end token(s) by default."""
+        prompt = [int(t) for t in np.asarray(prompt, dtype=np.int64).ravel()]
+        vocab = self.model.config.vocab_size
+        if not prompt:
+            raise ValueError("submit: the prompt is empty")
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise ValueError(f"submit: token ids must be in [0, {vocab}), got {min(prompt)}..{max(prompt)}")
+        if max_new_tokens < 1 or len(prompt) + max_new_tokens > self.M + 1:
+            raise ValueError(f"submit: a prompt of {len(prompt)} tokens and {max_new_tokens} new ones do not fit the "
+                             f"{self.M} slots a request may use")
+        eos = self.eos if eos_token_id is None else set(np.atleast_1d(eos_token_id).tolist())
+        request = Request(prompt, int(max_new_tokens), eos, on_token)
+        with self.work:
+            self.waiting.append(request)
+            self.work.notify_all()
+        return request
+
+    def busy(self):
+        with self.lock:
+            return bool(self.waiting) or any(r is not None for r in self.rows)
+
+    # ---- the driver's side -------------------------------------------------------------------
+
+    def launch(self):
+        """Admits waiting requests into free rows and issues one step; returns its pending tokens
+        (B,) (a TensorFuture), or None when no row is busy. ``land`` takes them."""
+        with self.lock:
+            for b in range(self.B):
+                if self.rows[b] is None and self.waiting:
+                    request = self.waiting.popleft()
+                    request.start = self.steps
+                    self.rows[b] = request
+            rows = list(self.rows)
+        if all(r is None for r in rows):
+            return None
+        ids, pos, mask, slot = self._inputs(rows, self.steps)
+        pending = self._step(ids, pos, mask, slot).future()
+        self._launched = rows
+        return pending
+
+    def land(self, pending):
+        """The tokens of a launched step: each row that was fed its last prompt token or a made one
+        gets a new token; finished requests leave their rows."""
+        made = np.asarray(pending.result()).ravel()
+        rows, self._launched = self._launched, None
+        finished = []
+        for b, request in enumerate(rows):
+            if request is None:
+                continue
+            request.fed += 1
+            if request.fed < len(request.prompt):
+                continue                                   # still reading its prompt
+            token = int(made[b])
+            request.tokens.append(token)
+            if request.on_token:
+                request.on_token(request, token)
+            if token in request.eos:
+                request.finish_reason = "stop"
+            elif len(request.tokens) >= request.max_new_tokens:
+                request.finish_reason = "length"
+            if request.done:
+                finished.append((b, request))
+        with self.lock:
+            for b, request in finished:
+                self.rows[b] = None
+        for _, request in finished:
+            if request.on_token:
+                request.on_token(request, None)
+            request._done.set()
+        self.steps += 1
+
+    def step(self):
+        """One step: launch and land. False when there was nothing to do."""
+        pending = self.launch()
+        if pending is None:
+            return False
+        self.land(pending)
+        return True
+
+    def run_until_idle(self):
+        while self.step():
+            pass
+
+    # ---- the step ----------------------------------------------------------------------------
+
+    def _inputs(self, rows, step):
+        """The step's inputs on the model's mesh: each row's token (B, 1) and position (B, 1), the
+        4-D mask (B, 1, 1, M) of the slots it may see, and the slot written (1,)."""
+        slot = step % self.M
+        ids = np.zeros((self.B, 1), np.int64)
+        pos = np.zeros((self.B, 1), np.int64)
+        mask = np.zeros((self.B, 1, 1, self.M), bool)
+        for b, request in enumerate(rows):
+            if request is None:
+                mask[b, 0, 0, slot] = True                 # an idle row sees only its own slot
+                continue
+            n = request.fed                                # tokens before this one
+            ids[b, 0] = request.prompt[n] if n < len(request.prompt) else request.tokens[-1]
+            pos[b, 0] = n
+            mask[b, 0, 0, (request.start + np.arange(n + 1)) % self.M] = True
+        rep = [Replicate()] * self.mesh.ndim
+        put = lambda a: distribute_tensor(a, self.mesh, rep)
+        return put(ids), put(pos), put(mask), put(np.array([slot], np.int64))
+
+    def _forward(self, ids, pos, mask, slot):
+        out = self.model(ids, attention_mask=mask, position_ids=pos, past_key_values=self.cache, cache_position=slot)
+        return out.logits[:, -1, :].argmax(dim=-1).to(_dtype.int64)       # (B,)
