@@ -524,7 +524,7 @@ static void s_drain(s_ctl *c)
 }
 
 /* Worker threads: one with work in flight whose beats (act_worker_beat, between kernels) and CPU
- * time have both stood still for the silent bound, and which is not waiting for a CPU either, is
+ * time have both stood still for the stuck bound, and which is not waiting for a CPU either, is
  * stuck in a kernel that will not return (a long kernel uses CPU; a wait for a peer beats; a
  * thread starved on a loaded machine is runnable). */
 static bool s_thread_stuck(act_runtime *rt, act_device *dev, double now)
@@ -538,7 +538,7 @@ static bool s_thread_stuck(act_runtime *rt, act_device *dev, double now)
         dev->progress_at = now;
         return false;
     }
-    if (now - dev->progress_at <= rt->silent_s)
+    if (now - dev->progress_at <= rt->stuck_s)
         return false;
     if (act_spawn_thread_runnable(dev)) {
         dev->progress_at = now; /* only starved of CPU */

@@ -135,6 +135,7 @@ void act_peer_close(act_worker *w)
  * binds. NULL + dt_last_error when a socket cannot be had. */
 static zsock_t *s_peer_router(act_worker *w, int64_t device, char *rid, size_t size)
 {
+    act_worker_beat(w); /* a socket or a link to make: ZeroMQ's locks may keep it waiting, which is not stuck */
     snprintf(rid, size, "d%" PRId64, device);
     if (!w->out) {
         char own[32];
@@ -166,6 +167,7 @@ zsock_t *act_peer_socket(act_worker *w, int64_t device)
     zsock_t *sock = dt_idmap_get(&w->peers, (uint64_t)device + 1);
     if (sock)
         return sock;
+    act_worker_beat(w);
     char endpoint[300], rid[32];
     if (!act_peer_endpoint(w, device, endpoint, sizeof endpoint))
         return NULL;

@@ -203,6 +203,8 @@ static int s_start(void)
     dt_idmap_init(&rt->futures);
     const char *silent = getenv("DTORCH_SILENT_TIMEOUT");
     rt->silent_s = silent && atof(silent) > 0 ? atof(silent) : ACT_SILENT_S;
+    const char *stuck = getenv("DTORCH_STUCK_TIMEOUT");
+    rt->stuck_s = stuck && atof(stuck) > 0 ? atof(stuck) : ACT_STUCK_S;
     const char *connect = getenv("DTORCH_CONNECT_TIMEOUT");
     rt->connect_s = connect && atof(connect) > 0 ? atof(connect) : ACT_CONNECT_S;
     if (s_devices_table() != 0) {

@@ -31,6 +31,10 @@
 #define ACT_BYE_TIMEOUT_S 2.0          /* how long shutdown waits for workers to stop before killing them */
 #define ACT_HEARTBEAT_S 0.5            /* a worker process says it is alive this often */
 #define ACT_SILENT_S 3.0               /* a worker process not heard from this long is dead (env DTORCH_SILENT_TIMEOUT) */
+#define ACT_STUCK_S 10.0               /* a worker thread with work that neither beats, uses CPU nor is runnable
+                                        * this long is stuck in a kernel (env DTORCH_STUCK_TIMEOUT): longer
+                                        * than a process's silence, since a thread waiting on a lock looks the
+                                        * same from outside and 512 threads making links wait seconds for one */
 #define ACT_CONNECT_S 60.0             /* listening: an op waits this long for its devices' workers to connect
                                         * (env DTORCH_CONNECT_TIMEOUT) */
 
@@ -115,6 +119,7 @@ typedef struct {
     pthread_t controller;
     zsock_t *router;               /* controller thread only: the socket every worker talks to */
     double silent_s;               /* a process worker not heard from this long is dead */
+    double stuck_s;                /* a worker thread making no progress this long is stuck */
     bool shm;                      /* controller thread only: worker processes may lend by handle (DTORCH_SHM=0: never) */
     /* listening for workers started elsewhere (dt_config.listen): no worker is spawned */
     bool listening;
