@@ -210,6 +210,7 @@ static void s_send_batch(s_ctl *c, act_device *dev, act_batch *b)
     b->npayloads = 0; /* mb_send owns them now */
     dev->in_flight += b->nrecords;
     c->sent[dev->id] += b->nrecords;
+    act_trace_batch(dev->id, b->nrecords);
     act_batch_destroy(b);
     if (rc != 0)
         s_device_died(c->rt, dev, dt_last_error());

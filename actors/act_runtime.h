@@ -133,6 +133,10 @@ typedef struct {
 
 extern act_runtime act_rt;
 
+/* The controller keeps a row [device, records, CLOCK_MONOTONIC ns] per batch it sends while on. */
+void act_trace_host(bool on);
+void act_trace_batch(int64_t device, int64_t records);
+
 /* Controller thread, listening: the device a worker that says hello as id comes to serve (made
  * now if no mesh named it yet). NULL when the id is out of range or out of memory. */
 act_device *act_runtime_adopt(int64_t id, const char *device_type);

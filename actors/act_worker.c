@@ -462,11 +462,88 @@ void act_worker_failure(const act_worker *w, char *msg, size_t size, const char 
              why);
 }
 
+static int64_t s_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* TRACE: start, stop, or send the events (an int64 (n, MB_TRACE_FIELDS) value). */
+static bool s_trace(act_worker *w, const msgpack_object *rec)
+{
+    mb_trace_rec r;
+    if (mb_decode_trace(rec, &r) != 0)
+        return false;
+    size_t rows = r.action == MB_TRACE_SEND ? w->ntrace : 1;
+    size_t bytes = rows * (r.action == MB_TRACE_SEND ? MB_TRACE_FIELDS : 1) * sizeof(int64_t);
+    int64_t *v = malloc(bytes ? bytes : 1);
+    if (!v) {
+        s_reply_error(w, r.future, r.piece, DT_ENOMEM, "out of memory on the device");
+        return true;
+    }
+    if (r.action == MB_TRACE_START) {
+        w->ntrace = 0;
+        w->tracing = true;
+        v[0] = 0;
+    } else if (r.action == MB_TRACE_STOP) {
+        w->tracing = false;
+        v[0] = (int64_t)w->ntrace;
+    } else if (r.action == MB_TRACE_SEND) {
+        memcpy(v, w->trace, bytes);
+        w->ntrace = 0;
+    } else {
+        free(v);
+        s_reply_error(w, r.future, r.piece, DT_EINVAL, "unknown trace action");
+        return true;
+    }
+    int frame = s_add_payload(w, (mb_buf){v, bytes, mb_buf_free, NULL});
+    if (frame < 0) {
+        s_reply_error(w, r.future, r.piece, DT_ENOMEM, "out of memory on the device");
+        return true;
+    }
+    if (r.action == MB_TRACE_SEND)
+        mb_encode_value(&w->reply, r.future, r.piece, DT_INT64, 2, (const int64_t[]){(int64_t)rows, MB_TRACE_FIELDS},
+                        frame, -1, 0, 0, 0);
+    else
+        mb_encode_value(&w->reply, r.future, r.piece, DT_INT64, 1, (const int64_t[]){1}, frame, -1, 0, 0, 0);
+    w->nreply++;
+    return true;
+}
+
+static bool s_run_record(act_worker *w, const msgpack_object *rec, mb_message *m, int64_t code);
+
 bool act_worker_run_record(act_worker *w, const msgpack_object *rec, mb_message *m)
 {
     int64_t code;
     if (mb_record_code(rec, &code) != 0)
         return false;
+    if (!w->tracing || code == MB_OP_TRACE)
+        return code == MB_OP_TRACE ? s_trace(w, rec) : s_run_record(w, rec, m, code);
+    int64_t begin = s_now_ns();
+    bool ok = s_run_record(w, rec, m, code);
+    if (w->ntrace == w->cap_trace && w->cap_trace < ACT_TRACE_MAX) {
+        size_t cap = w->cap_trace ? 2 * w->cap_trace : 4096;
+        int64_t *grown = realloc(w->trace, cap * MB_TRACE_FIELDS * sizeof *grown);
+        if (grown) {
+            w->trace = grown;
+            w->cap_trace = cap;
+        }
+    }
+    if (w->ntrace < w->cap_trace) {
+        int64_t *e = w->trace + w->ntrace++ * MB_TRACE_FIELDS, op = -1;
+        if (code == MB_OP_COMPUTE && rec->via.array.size > 1 && rec->via.array.ptr[1].type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+            op = (int64_t)rec->via.array.ptr[1].via.u64;
+        e[MB_TRACE_CODE] = code;
+        e[MB_TRACE_OP] = op;
+        e[MB_TRACE_BEGIN] = begin;
+        e[MB_TRACE_END] = s_now_ns();
+    }
+    return ok;
+}
+
+static bool s_run_record(act_worker *w, const msgpack_object *rec, mb_message *m, int64_t code)
+{
     switch (code) {
     case MB_OP_SYNC: {
         mb_sync_rec r;
@@ -890,6 +967,7 @@ void act_worker_fini(act_worker *w)
     act_worker_drop_reply(w);
     free(mb_w_release(&w->reply));
     free(w->payloads);
+    free(w->trace);
     if (w->sock && w->orphaned)
         zsock_set_linger(w->sock, 0); /* nobody is left to read what it still queues */
     mb_socket_destroy(&w->sock);

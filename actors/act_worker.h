@@ -16,6 +16,7 @@
 #include "mb_writer.h"
 #include "op_backend.h"
 
+#define ACT_TRACE_MAX (1u << 20) /* events a device keeps while tracing (32 MiB); later ones are dropped */
 #define ACT_SHM_MIN (256u << 10) /* worker processes: pieces and regions from this size up are shared by handle */
 
 /* Bytes of a piece. Immutable once made, so it can be sent, shared by replicas and read by
@@ -135,6 +136,9 @@ typedef struct {
     bool leaving;               /* the controller said bye during a wait */
     uint64_t send_seq, peer_seq;
     int64_t stats[MB_NSTATS];   /* the counters a STATS record reads (mb_schema.h, MB_STATS) */
+    bool tracing;               /* TRACE started: every record run is kept as an event */
+    int64_t *trace;             /* (ntrace, MB_TRACE_FIELDS) events; at most ACT_TRACE_MAX, the rest dropped */
+    size_t ntrace, cap_trace;
     dt_idmap graphs;            /* graph id -> act_graph: captured sequences kept for replays */
     dt_idmap pins;              /* tensor id -> pin count: constants of kept sequences (act_replay.c) */
     const act_graph *replay;    /* the sequence being replayed, NULL outside one */

@@ -1781,6 +1781,103 @@ static PyObject *s_device_stats(PyObject *mod, PyObject *args)
     return list;
 }
 
+/* _trace_start(mesh); _trace_stop(mesh) -> [events kept per device]; _trace_events(mesh, counts) ->
+ * [bytes of counts[i] rows of DT_TRACE_FIELDS int64]; _trace_host() -> bytes of [device, records,
+ * ns] rows: dtorch.profiler's timelines */
+static PyObject *s_trace_start(PyObject *mod, PyObject *py_mesh)
+{
+    dt_mesh *mesh;
+    if (s_arg_mesh("profiler", py_mesh, &mesh) != 0)
+        return NULL;
+    if (dt_trace_start(mesh) != 0)
+        return s_raise();
+    Py_RETURN_NONE;
+}
+
+static PyObject *s_trace_stop(PyObject *mod, PyObject *py_mesh)
+{
+    dt_mesh *mesh;
+    if (s_arg_mesh("profiler", py_mesh, &mesh) != 0)
+        return NULL;
+    int64_t n = dt_mesh_size(mesh);
+    int64_t *counts = PyMem_Calloc((size_t)n, sizeof *counts);
+    if (!counts)
+        return PyErr_NoMemory();
+    PyObject *list = dt_trace_stop(mesh, counts) != 0 ? s_raise() : PyList_New(n);
+    for (int64_t i = 0; list && i < n; i++)
+        PyList_SET_ITEM(list, i, PyLong_FromLongLong(counts[i]));
+    PyMem_Free(counts);
+    return list;
+}
+
+static PyObject *s_trace_events(PyObject *mod, PyObject *args)
+{
+    PyObject *py_mesh, *py_counts;
+    dt_mesh *mesh;
+    if (!PyArg_ParseTuple(args, "OO", &py_mesh, &py_counts) || s_arg_mesh("profiler", py_mesh, &mesh) != 0)
+        return NULL;
+    int64_t n = dt_mesh_size(mesh);
+    if (!PyList_Check(py_counts) || PyList_GET_SIZE(py_counts) != n)
+        return PyErr_Format(PyExc_ValueError, "profiler: expected %lld counts", (long long)n);
+    int64_t *counts = PyMem_Calloc((size_t)n, sizeof *counts);
+    PyObject **bufs = PyMem_Calloc((size_t)n, sizeof *bufs);
+    int64_t **rows = PyMem_Calloc((size_t)n, sizeof *rows);
+    PyObject *list = counts && bufs && rows ? PyList_New(n) : PyErr_NoMemory();
+    for (int64_t i = 0; list && i < n; i++) {
+        counts[i] = PyLong_AsLongLong(PyList_GET_ITEM(py_counts, i));
+        if (counts[i] < 0 || PyErr_Occurred()) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "profiler: a count is negative");
+            Py_CLEAR(list);
+            break;
+        }
+        bufs[i] = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(counts[i] * DT_TRACE_FIELDS * 8));
+        if (!bufs[i]) {
+            Py_CLEAR(list);
+            break;
+        }
+        rows[i] = (int64_t *)PyBytes_AS_STRING(bufs[i]);
+        Py_INCREF(bufs[i]);
+        PyList_SET_ITEM(list, i, bufs[i]);
+    }
+    if (list && dt_trace_events(mesh, counts, rows) != 0) {
+        s_raise();
+        Py_CLEAR(list);
+    }
+    for (int64_t i = 0; bufs && i < n; i++)
+        Py_XDECREF(bufs[i]);
+    PyMem_Free(counts);
+    PyMem_Free(bufs);
+    PyMem_Free(rows);
+    return list;
+}
+
+static PyObject *s_started_devices(PyObject *mod, PyObject *unused)
+{
+    int n = dt_started_devices(NULL, 0);
+    int64_t *ids = PyMem_Calloc((size_t)(n ? n : 1), sizeof *ids);
+    if (!ids)
+        return PyErr_NoMemory();
+    int got = dt_started_devices(ids, n);
+    PyObject *list = PyList_New(got < n ? got : n);
+    for (int i = 0; list && i < (got < n ? got : n); i++)
+        PyList_SET_ITEM(list, i, PyLong_FromLongLong(ids[i]));
+    PyMem_Free(ids);
+    return list;
+}
+
+static PyObject *s_trace_host(PyObject *mod, PyObject *unused)
+{
+    int64_t n = dt_trace_host(NULL, 0);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(n * 3 * 8));
+    if (out) {
+        int64_t got = dt_trace_host((int64_t *)PyBytes_AS_STRING(out), n);
+        if (got < n)
+            n = got;
+    }
+    return out;
+}
+
 /* _register(DTensor, TensorFuture, DeviceMesh, Placement, dtype_code): the classes handles are
  * made as and arguments checked against, and dtype_code(x) -> the code of a dtype-like x */
 static PyObject *s_register(PyObject *mod, PyObject *args)
@@ -1987,6 +2084,11 @@ static PyMethodDef s_methods[] = {
     {"init", s_init, METH_VARARGS,
      "Start the runtime: init(workers, worker_path[, listen, key, worker_key, insecure])."},
     {"listen_info", s_listen_info, METH_NOARGS, "(endpoint, public key) of a listening runtime."},
+    {"_trace_start", s_trace_start, METH_O, "Every device of the mesh records its timeline."},
+    {"_trace_stop", s_trace_stop, METH_O, "They stop: [events kept per device]."},
+    {"_trace_events", s_trace_events, METH_VARARGS, "_trace_events(mesh, counts) -> [bytes per device]."},
+    {"_trace_host", s_trace_host, METH_NOARGS, "The controller's batches while tracing, as bytes."},
+    {"_started_devices", s_started_devices, METH_NOARGS, "Ids of the devices whose workers serve now."},
     {"wait_workers", s_wait_workers, METH_VARARGS, "wait_workers(ids, timeout): until their workers connected."},
     {"worker_info", s_worker_info, METH_VARARGS, "worker_info(id) -> (state, remote, host, pid, peer, reason)."},
     {"shutdown", s_shutdown, METH_NOARGS, "Stop the runtime and every device actor."},

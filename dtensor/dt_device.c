@@ -8,6 +8,9 @@
 #include "dt_layout.h"
 #include "mb_schema.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 static int s_stats(const char *op, dt_mesh *mesh, bool reset_peak, int max, dt_device_stat *out)
 {
     if (!mesh || max < 0 || (max > 0 && !out))
@@ -56,4 +59,78 @@ int dt_device_stats(dt_mesh *mesh, int max, dt_device_stat *out)
 int dt_device_stats_reset_peak(dt_mesh *mesh, int max, dt_device_stat *out)
 {
     return s_stats("device_stats", mesh, true, max, out);
+}
+
+/* ---- timelines (dtorch.profiler) ------------------------------------------------------------ */
+
+/* One TRACE record per device of mesh, waited for: piece i of shape (rows[i], fields), or (1,) for
+ * rows NULL, copied into out[i]. */
+static int s_trace(const char *op, dt_mesh *mesh, int64_t action, const int64_t *rows, int64_t *const *out)
+{
+    if (!mesh || !out)
+        return dt_err(DT_EINVAL, "%s: expected a mesh and room for its entries", op);
+    dt_future *f = act_future_new(ACT_FETCH_LOCALS, (int)mesh->size);
+    if (!f)
+        return dt_err(DT_ENOMEM, "%s: out of memory", op);
+    f->dtype = DT_INT64;
+    f->ndim = rows ? 2 : 1;
+    for (int i = 0; i < f->npieces; i++) {
+        f->pieces[i] = (act_piece){.device = mesh->ids[i], .mesh_index = i, .shape = {rows ? rows[i] : 1}};
+        f->pieces[i].shape[1] = rows ? MB_TRACE_FIELDS : 0;
+    }
+    int rc = act_runtime_begin(op, &mesh, 1);
+    if (rc != 0) {
+        dt_future_release(&f);
+        return rc;
+    }
+    if ((rc = act_capture_refuse(op)) != 0 || (rc = act_runtime_track(f)) != 0) {
+        act_runtime_end();
+        dt_future_release(&f);
+        return rc;
+    }
+    act_runtime_urgent();
+    for (int i = 0; i < f->npieces; i++)
+        mb_encode_trace(act_runtime_record(mesh->ids[i]), f->id, i, action);
+    act_runtime_end();
+    if ((rc = dt_future_wait(f, -1)) == 0)
+        for (int i = 0; i < f->npieces; i++)
+            memcpy(out[i], dt_future_data(f, i), (size_t)(rows ? rows[i] * MB_TRACE_FIELDS : 1) * sizeof(int64_t));
+    dt_future_release(&f);
+    return rc;
+}
+
+int dt_trace_start(dt_mesh *mesh)
+{
+    int64_t *ignored = calloc(mesh ? (size_t)mesh->size : 1, sizeof *ignored);
+    int64_t **out = calloc(mesh ? (size_t)mesh->size : 1, sizeof *out);
+    if (!ignored || !out) {
+        free(ignored);
+        free(out);
+        return dt_err(DT_ENOMEM, "profiler: out of memory");
+    }
+    for (int64_t i = 0; mesh && i < mesh->size; i++)
+        out[i] = &ignored[i];
+    act_trace_host(true);
+    int rc = s_trace("profiler", mesh, MB_TRACE_START, NULL, out);
+    free(ignored);
+    free(out);
+    return rc;
+}
+
+int dt_trace_stop(dt_mesh *mesh, int64_t *counts)
+{
+    int64_t **out = calloc(mesh ? (size_t)mesh->size : 1, sizeof *out);
+    if (!out)
+        return dt_err(DT_ENOMEM, "profiler: out of memory");
+    for (int64_t i = 0; mesh && i < mesh->size; i++)
+        out[i] = &counts[i];
+    int rc = s_trace("profiler", mesh, MB_TRACE_STOP, NULL, out);
+    act_trace_host(false);
+    free(out);
+    return rc;
+}
+
+int dt_trace_events(dt_mesh *mesh, const int64_t *counts, int64_t *const *events)
+{
+    return s_trace("profiler", mesh, MB_TRACE_SEND, counts, events);
 }

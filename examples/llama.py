@@ -9,6 +9,7 @@ noise, the speed is real. With a tokenizer.json in DIR and the `tokenizers` pack
 prompt is text; otherwise its UTF-8 bytes become ids 3 + byte (Llama's byte-fallback tokens).
 """
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -85,6 +86,7 @@ def main():
     parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
                         help="compute dtype (default: the checkpoint's)")
     parser.add_argument("--workers", choices=["thread", "process"], default="thread")
+    parser.add_argument("--trace", metavar="FILE", help="write the generation's device timelines (Chrome trace JSON)")
     args = parser.parse_args()
 
     dtorch.init(workers=args.workers)
@@ -104,12 +106,16 @@ def main():
                          top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                          eos_token_id=model.config.eos_token_id if args.model else None)
     new, stamps = [], []
+    profiler = dtorch.profiler.profile(mesh) if args.trace else contextlib.nullcontext()
     start = time.perf_counter()
-    for step in steps:
-        stamps.append(time.perf_counter())
-        new.append(int(step[0]))
-        print(new[-1], end=" ", flush=True)
+    with profiler:
+        for step in steps:
+            stamps.append(time.perf_counter())
+            new.append(int(step[0]))
+            print(new[-1], end=" ", flush=True)
     print()
+    if args.trace:
+        print(f"device timelines: {profiler.export_chrome_trace(args.trace)} (chrome://tracing or ui.perfetto.dev)")
     text = tokens.decode(prompt[0].tolist() + new)
     if text is not None:
         print(text)

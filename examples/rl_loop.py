@@ -20,6 +20,7 @@ update k+1 from rollout k (one step off-policy): the two groups overlap, and the
 the end shows it. Without it, each rollout waits for the previous update (on-policy).
 """
 import argparse
+import contextlib
 import time
 
 import numpy as np
@@ -150,10 +151,16 @@ def main():
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--lr", type=float, default=50.0)
     ap.add_argument("--target", type=int, default=None, help="rewarded token ids are below this")
+    ap.add_argument("--trace", metavar="FILE", help="write both groups' device timelines (Chrome trace JSON)")
     args = ap.parse_args()
     ids = lambda text: tuple(int(d) for d in text.split(","))
-    history = run(args.steps, args.off_policy, ids(args.rollout_mesh), ids(args.update_mesh), args.shape, args.batch,
-                  new_tokens=args.new_tokens, lr=args.lr, target=args.target)
+    devices = ids(args.rollout_mesh) + ids(args.update_mesh)
+    profiler = dtorch.profiler.profile(*devices) if args.trace else contextlib.nullcontext()
+    with profiler:
+        history = run(args.steps, args.off_policy, ids(args.rollout_mesh), ids(args.update_mesh), args.shape,
+                      args.batch, new_tokens=args.new_tokens, lr=args.lr, target=args.target)
+    if args.trace:
+        print(f"device timelines: {profiler.export_chrome_trace(args.trace)}")
     print(f"timeline ({'one step off-policy' if args.off_policy else 'on-policy'}):")
     print(timeline(history))
     rewards = [e["reward"] for e in history]

@@ -33,10 +33,15 @@
 #include "dtorch.h"
 #include "mb_writer.h"
 
-#define MB_PROTOCOL 6        /* the records below; bumped on any change to them */
+#define MB_PROTOCOL 7        /* the records below; bumped on any change to them */
 #define MB_MAX_IDS 32        /* tensor ids in an IDS field (a COMPUTE's inputs) */
 #define MB_MAX_INTS 16       /* integers in an INTS field (dt_op_attrs.ints) */
 #define MB_MAX_FLOATS 4      /* floats in a FLOATS field (dt_op_attrs.floats) */
+
+/* TRACE actions, and an event's fields: the record's code, its op (a COMPUTE's op number, else
+ * -1), and when it began and ended (CLOCK_MONOTONIC, ns) */
+enum { MB_TRACE_START = 0, MB_TRACE_STOP = 1, MB_TRACE_SEND = 2 };
+enum { MB_TRACE_CODE, MB_TRACE_OP, MB_TRACE_BEGIN, MB_TRACE_END, MB_TRACE_FIELDS };
 
 /* How an ASSEMBLE part lands in the new piece. */
 typedef enum {
@@ -88,7 +93,8 @@ typedef struct { uint32_t n; const msgpack_object *items; } mb_list;   /* inside
     X(STATS, stats, 12)       /* send the device's counters -> VALUE (MB_STATS) */             \
     X(DEFINE, define, 13)     /* keep a captured sequence of op records for replays */          \
     X(REPLAY, replay, 14)     /* run a kept sequence again, on new inputs into new ids */        \
-    X(DROP, drop, 15)         /* forget a kept sequence */
+    X(DROP, drop, 15)         /* forget a kept sequence */                                       \
+    X(TRACE, trace, 16)       /* the device's timeline of records: start, stop, send -> VALUE */
 
 #define MB_FIELDS_FREE(F) F(U64, id)
 #define MB_FIELDS_EMPTY(F) F(U64, id) F(DTYPE, dtype) F(SHAPE, shape)
@@ -116,6 +122,10 @@ typedef struct { uint32_t n; const msgpack_object *items; } mb_list;   /* inside
 /* piece: which of the future's pieces this is; reset_peak: after answering, peak_bytes starts
  * again from bytes_in_use */
 #define MB_FIELDS_STATS(F) F(U64, future) F(I64, piece) F(BOOL, reset_peak)
+/* action MB_TRACE_START: forget what was recorded and record every record run from now on ->
+ * VALUE int64 (1,) 0; MB_TRACE_STOP: stop -> VALUE int64 (1,) the events kept; MB_TRACE_SEND: the
+ * events -> VALUE int64 (n, MB_TRACE_FIELDS), forgotten then */
+#define MB_FIELDS_TRACE(F) F(U64, future) F(I64, piece) F(I64, action)
 
 /* A captured sequence (actors/act_replay.c): `count` op records (FREE, EMPTY, FILL, RANDOM,
  * ARANGE, SEND, ASSEMBLE, COMPUTE) back to back in payload frame `frame`, as they were packed

@@ -461,7 +461,9 @@ Test(schema, codes_and_names)
     cr_expect_str_eq(mb_op_name(MB_OP_STATS), "stats");
     cr_expect_str_eq(mb_op_name(MB_OP_DEFINE), "define");
     cr_expect_str_eq(mb_op_name(MB_OP_DROP), "drop");
-    cr_expect_str_eq(mb_op_name(16), "?");
+    cr_expect_str_eq(mb_op_name(MB_OP_TRACE), "trace");
+    cr_expect_eq(MB_OP_TRACE, 16);
+    cr_expect_str_eq(mb_op_name(17), "?");
 }
 
 Test(schema, record_code)

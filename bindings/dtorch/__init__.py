@@ -23,7 +23,7 @@ from ._ops_view import (cat, chunk, concat, concatenate, flatten, index_select, 
 from ._ops_matmul import bmm, embedding, linear, matmul, mm, scaled_dot_product_attention
 from ._ops_reduce import (amax, amin, argmax, argmin, cumsum, layer_norm, log_softmax, max, mean, min, rms_norm,
                           softmax, sum, topk)
-from . import nn, parallel, models
+from . import nn, parallel, models, profiler
 
 _C._register(DTensor, TensorFuture, DeviceMesh, Placement, _dtype._code_of)
 set_strict, get_strict = _C.set_strict, _C.get_strict

@@ -86,6 +86,7 @@ int main(int argc, char **argv)
     s_record("assemble", &w);
     s_compute(&w, "add", 1, 2, 3), s_record("compute", &w);
     mb_encode_stats(&w, 9, 0, true), s_record("stats", &w);
+    mb_encode_trace(&w, 9, 0, MB_TRACE_START), s_record("trace", &w);
     mb_encode_define(&w, 1, "step", 10, 20, 1, 1, 0, 0, 1, (const uint64_t[]){5}, 1, (const uint64_t[]){11}, 2, 0);
     s_record("define", &w);
     mb_encode_replay(&w, 1, 1, (const uint64_t[]){100}, 1000, 1, 0, 0), s_record("replay", &w);

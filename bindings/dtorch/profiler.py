@@ -1,0 +1,98 @@
+"""dtorch.profiler: what every device ran and when, as a Chrome / Perfetto trace.
+
+    with dtorch.profiler.profile() as prof:
+        ...                                   # ops, fetches, redistributes, generation
+    prof.export_chrome_trace("trace.json")    # open in chrome://tracing or ui.perfetto.dev
+
+While the block runs, each device's worker timestamps every op record it runs (a kernel, a send or
+an assembly of a redistribute, a fetch, a captured sequence's replay and the records inside it) on
+the worker's side, and the controller timestamps every batch of records it sends to a device. The
+times are CLOCK_MONOTONIC of each worker's host: devices on other hosts have clocks of their own.
+"""
+import json
+import time
+
+import numpy as np
+
+from . import _C
+from ._mesh import DeviceMesh
+from ._ops import ids as _op_ids
+
+# record codes of mailbox/mb_schema.h
+_RECORDS = {1: "free", 2: "empty", 3: "fill", 4: "random", 5: "arange", 6: "load", 7: "fetch", 8: "sync", 9: "send",
+            10: "assemble", 11: "compute", 12: "stats", 13: "define", 14: "replay", 15: "drop", 16: "trace"}
+_KINDS = {"send": "transfer", "assemble": "transfer", "load": "transfer", "fetch": "transfer", "compute": "kernel",
+          "replay": "replay"}
+
+
+class profile:
+    """Records the timelines of ``devices`` (device ids or DeviceMeshes; default: every device
+    whose worker serves when the block starts). After the block: ``events()``, and
+    ``export_chrome_trace(path)``."""
+
+    def __init__(self, *devices):
+        self._wanted = devices
+        self._mesh = None
+        self._events = []
+        self._host = []
+
+    def __enter__(self):
+        ids = []
+        for d in self._wanted:
+            ids += np.asarray(d.mesh).ravel().tolist() if isinstance(d, DeviceMesh) else [int(d)]
+        if not self._wanted:
+            ids = _C._started_devices()
+        ids = list(dict.fromkeys(ids))
+        if not ids:
+            raise RuntimeError("profiler: no device to profile: give device ids or meshes, or use a mesh first")
+        self._mesh = DeviceMesh("cpu", ids)
+        self._start = time.monotonic_ns()
+        _C._trace_start(self._mesh)
+        return self
+
+    def __exit__(self, *exc):
+        counts = _C._trace_stop(self._mesh)
+        raw = _C._trace_events(self._mesh, counts)
+        names = {v: k for k, v in _op_ids.items()}
+        ids = np.asarray(self._mesh.mesh).ravel().tolist()
+        self._events = []
+        for device, buf in zip(ids, raw):
+            for code, op, begin, end in np.frombuffer(buf, np.int64).reshape(-1, 4).tolist():
+                record = _RECORDS.get(code, f"record {code}")
+                name = names.get(op, f"op {op}") if record == "compute" else record
+                self._events.append({"device": device, "name": name, "record": record, "begin_ns": begin,
+                                     "end_ns": end})
+        self._host = [{"device": d, "records": n, "ns": t}
+                      for d, n, t in np.frombuffer(_C._trace_host(), np.int64).reshape(-1, 3).tolist()]
+        return False
+
+    def events(self):
+        """Every device event: dicts of device, name (the op, or the record's kind), record,
+        begin_ns and end_ns (CLOCK_MONOTONIC of the device's host), in each device's order."""
+        return list(self._events)
+
+    def controller_events(self):
+        """The controller's batches: dicts of device, records and ns (when it sent them)."""
+        return list(self._host)
+
+    def export_chrome_trace(self, path):
+        """Writes the trace-event JSON: one process per device (its events as complete events)
+        and one for the controller (its batches as instant events), times in µs from the start."""
+        t0 = self._start
+        out = [{"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": "controller"}}]
+        for device in dict.fromkeys(e["device"] for e in self._events):
+            out.append({"ph": "M", "name": "process_name", "pid": device + 1, "tid": 0,
+                        "args": {"name": f"device {device}"}})
+            out.append({"ph": "M", "name": "process_sort_index", "pid": device + 1, "tid": 0,
+                        "args": {"sort_index": device + 1}})
+        for e in self._events:
+            out.append({"ph": "X", "name": e["name"], "cat": _KINDS.get(e["record"], "other"), "pid": e["device"] + 1,
+                        "tid": 0, "ts": (e["begin_ns"] - t0) / 1e3, "dur": (e["end_ns"] - e["begin_ns"]) / 1e3,
+                        "args": {"record": e["record"]}})
+        for h in self._host:
+            out.append({"ph": "i", "s": "t", "name": f"send {h['records']} records to device {h['device']}",
+                        "cat": "controller", "pid": 0, "tid": 0, "ts": (h["ns"] - t0) / 1e3,
+                        "args": {"device": h["device"], "records": h["records"]}})
+        with open(path, "w") as f:
+            json.dump({"traceEvents": out, "displayTimeUnit": "ms"}, f)
+        return path
