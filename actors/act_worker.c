@@ -16,6 +16,7 @@
 #include "dt_dtype.h"
 #include "dt_error.h"
 #include "dt_layout.h"
+#include "dt_pool.h"
 #include "mb_schema.h"
 #include "op_backend.h"
 #include "op_registry.h"
@@ -205,6 +206,7 @@ static void s_reply_value(act_worker *w, uint64_t fid, int64_t piece, act_wtenso
 /* A STATS record's answer: the counters as a VALUE of MB_NSTATS int64. */
 static void s_reply_stats(act_worker *w, uint64_t fid, int64_t piece)
 {
+    w->stats[MB_STAT_pooled_bytes] = (int64_t)dt_pool_kept();
     int64_t *counters = malloc(sizeof w->stats);
     if (counters)
         memcpy(counters, w->stats, sizeof w->stats);

@@ -72,3 +72,11 @@ void dt_pool_trim(void)
     s_kept_bytes = 0;
     pthread_mutex_unlock(&s_lock);
 }
+
+size_t dt_pool_kept(void)
+{
+    pthread_mutex_lock(&s_lock);
+    size_t kept = s_kept_bytes;
+    pthread_mutex_unlock(&s_lock);
+    return kept;
+}

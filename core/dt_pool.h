@@ -11,6 +11,8 @@
 
 void *dt_pool_alloc(size_t size);
 void dt_pool_free(void *data, size_t size);
+/* Bytes of freed buffers kept for reuse now (this process's, every device of it together). */
+size_t dt_pool_kept(void);
 /* Gives every kept buffer back to the system. */
 void dt_pool_trim(void);
 

@@ -330,6 +330,7 @@ typedef struct {
     int64_t shm_bytes_sent;         /* of peer_bytes_sent: lent by handle to peers (worker processes' shared memory) */
     int64_t shm_bytes_received;     /* of peer_bytes_received: read in place from a peer's shared memory */
     int64_t shm_bytes_fetched;      /* bytes of fetched values the controller read from its shared memory */
+    int64_t pooled_bytes;           /* freed buffers kept for reuse by its process's pool (worker threads share one) */
 } dt_device_stat;
 /* Waits for every device of mesh to run what was sent to it before, then fills up to max entries,
  * one per device in mesh order. Returns the mesh's size, or a negative error code. */

@@ -13,7 +13,7 @@ from ._mesh import DeviceMesh, init_device_mesh
 from ._placement import Partial, Placement, Replicate, Shard
 from ._redistribute import PlanStep, redistribute_many, redistribute_plan
 from ._runtime import (WorkerInfo, controller_public_key, device_stats, generate_keypair, init, is_initialized,
-                       listen_address, manual_seed, shutdown, synchronize, wait_for_workers, worker_info)
+                       listen_address, manual_seed, memory_stats, shutdown, synchronize, wait_for_workers, worker_info)
 from ._tensor import DTensor, TensorFuture
 from ._wait import ALL_COMPLETED, FIRST_COMPLETED, FIRST_EXCEPTION, wait
 from ._ops import *  # noqa: F401,F403 (the registry's elementwise ops, and the hand-written ones)

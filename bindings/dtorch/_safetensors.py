@@ -333,7 +333,7 @@ class _LineBar:
         self.stream.flush()
 
 
-def _progress(total, label, enabled=None):
+def _progress(total, label, enabled=None, unit="tensor"):
     """tqdm when it is installed, else a plain one-line bar on a terminal, else nothing.
     ``enabled``: True or False forces the choice; None shows a bar when stderr is a terminal."""
     if enabled is None:
@@ -344,4 +344,4 @@ def _progress(total, label, enabled=None):
         from tqdm.auto import tqdm
     except ImportError:
         return _LineBar(total, label, sys.stderr)
-    return tqdm(total=total, desc=label, unit="tensor")
+    return tqdm(total=total, desc=label, unit=unit)

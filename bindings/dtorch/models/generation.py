@@ -8,6 +8,7 @@ from .._capture import CapturedFunction
 from .._factory import arange, distribute_tensor, full, rand, zeros
 from .._ops_write import write_pieces_, write_slice_
 from .._placement import Partial, Replicate, Shard
+from .._safetensors import _progress
 from .._tensor import DTensor
 from ..parallel.pipeline import microbatch_slices
 
@@ -217,7 +218,8 @@ class GenerationMixin:
     position_ids, past_key_values, logits_to_keep) and returns ``.logits``."""
 
     def generate(self, input_ids, max_new_tokens=20, do_sample=False, temperature=1.0, top_k=None, top_p=None,
-                 seed=None, eos_token_id=None, attention_mask=None, streamer=None, pad_token_id=None, capture=True):
+                 seed=None, eos_token_id=None, attention_mask=None, streamer=None, pad_token_id=None, capture=True,
+                 progress=None):
         """The prompts (B, P) followed by up to max_new_tokens new tokens each, as numpy int64
         (B, P + n). Greedy, or with ``do_sample`` sampled after temperature, top-k and top-p (in
         transformers' order) by the Gumbel-max trick on the devices with dtorch's counter-based
@@ -228,7 +230,8 @@ class GenerationMixin:
         ``streamer``: ``put(ids)`` gets the prompts, then each step's tokens (B,); ``end()`` at the end.
         ``capture``: the decode step is recorded once (dtorch.capture) and replayed, one record per
         device and step, where the cache allows it (not with a cache laid out per device, as ring
-        attention lays it out); the tokens are the same either way."""
+        attention lays it out); the tokens are the same either way. ``progress``: a bar over the new
+        tokens on stderr (tqdm when it is installed); None shows it when stderr is a terminal."""
         prompt = self._prompt(input_ids)
         steps = self.stream(prompt, max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
                             top_p=top_p, seed=seed, eos_token_id=eos_token_id, attention_mask=attention_mask,
@@ -236,10 +239,13 @@ class GenerationMixin:
         if streamer is not None:
             streamer.put(prompt)
         out = [prompt]
+        bar = _progress(max_new_tokens, "Generating", progress, unit="token")
         for tokens in steps:
             out.append(tokens[:, None])
+            bar.update(1)
             if streamer is not None:
                 streamer.put(tokens)
+        bar.close()
         if streamer is not None:
             streamer.end()
         return np.concatenate(out, axis=1)
