@@ -13,8 +13,9 @@ work, all groups' steps in flight together, while aiohttp answers HTTP on the ev
 
 A text prompt becomes ids through the checkpoint's tokenizer.json with the `tokenizers` package,
 else its UTF-8 bytes as Llama's byte-fallback ids (3 + byte) after BOS; the reply's text is decoded
-the same way, and `token_ids` (an addition to OpenAI's fields) lists the new ids. Decoding is greedy:
-a request with a temperature other than 0 is refused (400). `stream: true` sends server-sent events,
+the same way, and `token_ids` (an addition to OpenAI's fields) lists the new ids. `temperature` 0
+(the default here) decodes greedily, a positive one samples; top_p, top_k and n are refused (400).
+`stream: true` sends server-sent events,
 one per token, then `data: [DONE]`. Without --model, two random-weight checkpoints (llama2.c's 15M
 shape and a smaller one) are written once and served as "15M" and "tiny".
 """
@@ -108,8 +109,14 @@ def make_app(served, driver):
             return _error(404, f"model {name!r} is not served here (models: {', '.join(served)})", "not_found_error")
         s = served[name]
         prompt, max_tokens = body.get("prompt", ""), body.get("max_tokens", 16)
-        if body.get("temperature", 0) not in (0, 0.0, None):
-            return _error(400, "only greedy decoding is served: temperature must be 0")
+        temperature = body.get("temperature", 0)
+        if temperature is None:
+            temperature = 0
+        if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or temperature < 0:
+            return _error(400, "temperature must be a number >= 0 (0: greedy)")
+        for name_, default in (("top_p", 1), ("top_k", -1), ("n", 1), ("best_of", 1)):
+            if body.get(name_, default) not in (default, None) and not (name_ == "top_k" and body[name_] == 0):
+                return _error(400, f"{name_} is not served here (only temperature sampling and greedy decoding)")
         if isinstance(prompt, str):
             ids = s.tokens.encode(prompt)
         elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
@@ -121,7 +128,7 @@ def make_app(served, driver):
         loop = asyncio.get_running_loop()
         queue = asyncio.Queue()
         try:
-            req = s.batcher.submit(ids, max_tokens,
+            req = s.batcher.submit(ids, max_tokens, temperature=temperature,
                                    on_token=lambda r, t: loop.call_soon_threadsafe(queue.put_nowait, t))
         except ValueError as e:
             return _error(400, str(e))

@@ -116,7 +116,8 @@ def test_streaming_sends_each_token_then_done(server):
     ({"model": "a", "prompt": [1, 99]}, 400, "token ids must be in [0, 61)"),
     ({"model": "a", "prompt": [1], "max_tokens": 0}, 400, "max_tokens must be"),
     ({"model": "a", "prompt": [1] * 20, "max_tokens": 10}, 400, "do not fit"),
-    ({"model": "a", "prompt": [1], "temperature": 0.7}, 400, "greedy"),
+    ({"model": "a", "prompt": [1], "temperature": -1}, 400, "temperature must be"),
+    ({"model": "a", "prompt": [1], "top_p": 0.5}, 400, "top_p is not served"),
     (b"{not json", 400, "not JSON"),
 ])
 def test_bad_requests_get_a_clear_error(server, body, status, message):
@@ -146,3 +147,27 @@ def test_batcher_matches_generate_as_rows_come_and_go(mode, ids):
         batcher.submit([1] * 8, 4)
     with pytest.raises(ValueError, match="empty"):
         batcher.submit([], 4)
+
+
+def test_sampled_rows_beside_greedy_ones(mode):
+    """Rows sampled at a temperature share steps with greedy rows without changing them; a tiny
+    temperature samples the argmax, a large one other tokens too."""
+    cfg = ref.tiny_config()
+    mesh = dtorch.DeviceMesh("cpu", [0, 1], mesh_dim_names=("tp",))
+    model = LlamaForCausalLM(LlamaConfig.from_dict(cfg), device_mesh=mesh)
+    parallelize_llama(model, mesh)
+    model.load_state_dict(ref.random_weights(cfg, 6))
+    batcher = ContinuousBatcher(model, max_batch=4, max_len=32)
+    prompt = [5, 17, 29]
+    greedy = model.generate(np.array([prompt]), max_new_tokens=20)[0, 3:].tolist()
+    hot = [batcher.submit(prompt, 20, eos_token_id=[], temperature=100.0) for _ in range(2)]
+    cold = batcher.submit(prompt, 20, eos_token_id=[], temperature=1e-6)
+    plain = batcher.submit(prompt, 20, eos_token_id=[])
+    batcher.run_until_idle()
+    assert plain.tokens == greedy and cold.tokens == greedy
+    for r in hot:
+        assert len(r.tokens) == 20 and all(0 <= t < cfg["vocab_size"] for t in r.tokens)
+        assert sum(a != b for a, b in zip(r.tokens, greedy)) >= 5     # at T=100 over 61 tokens: nearly uniform
+    assert hot[0].tokens != hot[1].tokens                             # each row draws its own noise
+    with pytest.raises(ValueError, match="temperature"):
+        batcher.submit(prompt, 2, temperature=-0.5)

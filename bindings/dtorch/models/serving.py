@@ -10,8 +10,9 @@ token per step, beside the others' decoding), a finished one frees its row at on
 ever moves keys. The step has one shape whatever the rows hold, so it is captured once
 (dtorch.capture) and replayed: one small record per device and step.
 
-Decoding is greedy (the argmax is taken on the devices); the tokens are those of ``generate`` for
-the same prompt alone.
+Each request is decoded greedily (its tokens are those of ``generate`` for the same prompt alone)
+or sampled at its own temperature, by the Gumbel-max trick on the devices: the argmax of
+logits / temperature plus Gumbel noise drawn by dtorch's counter-based random numbers.
 """
 import collections
 import itertools
@@ -21,7 +22,7 @@ import numpy as np
 
 from .. import _dtype
 from .._capture import capture as _capture
-from .._factory import distribute_tensor
+from .._factory import distribute_tensor, rand
 from .._placement import Replicate
 from .generation import StaticCache
 
@@ -32,8 +33,9 @@ class Request:
 
     _ids = itertools.count()
 
-    def __init__(self, prompt, max_new_tokens, eos, on_token):
+    def __init__(self, prompt, max_new_tokens, eos, on_token, temperature=0.0):
         self.id = next(Request._ids)
+        self.temperature = temperature
         self.prompt = list(prompt)
         self.max_new_tokens = max_new_tokens
         self.eos = eos
@@ -72,16 +74,22 @@ class ContinuousBatcher:
         self.lock = threading.Lock()
         self.work = threading.Condition(self.lock)
         self.steps = 0
-        # one plain step first: it makes the cache's tensors (all rows idle, each seeing its own slot)
-        self._forward(*self._inputs([None] * self.B, 0))
-        self._step = _capture(self._forward, *self._inputs([None] * self.B, 1)) if capture else self._forward
+        # one plain step first: it makes the cache's tensors (all rows idle, each seeing its own slot);
+        # then the step captured twice: greedy rows only, and with noise for rows that sample
+        idle = self._inputs([None] * self.B, 0)
+        self._greedy(*idle[:4])
+        self._steps = {False: _capture(self._greedy, *idle[:4]) if capture else self._greedy,
+                       True: _capture(self._forward, *idle) if capture else self._forward}
 
     # ---- the client's side -------------------------------------------------------------------
 
-    def submit(self, prompt, max_new_tokens=16, eos_token_id=None, on_token=None):
+    def submit(self, prompt, max_new_tokens=16, eos_token_id=None, on_token=None, temperature=0.0):
         """Queues a prompt (token ids) for up to max_new_tokens new tokens; returns its Request.
         ``on_token(request, token)`` runs on the driving thread for each new token (and once more
-        with None when it is done). ``eos_token_id``: the config's end token(s) by default."""
+        with None when it is done). ``eos_token_id``: the config's end token(s) by default.
+        ``temperature``: 0 decodes greedily, a positive one samples."""
+        if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not temperature >= 0:
+            raise ValueError(f"submit: temperature must be a number >= 0, got {temperature!r}")
         prompt = [int(t) for t in np.asarray(prompt, dtype=np.int64).ravel()]
         vocab = self.model.config.vocab_size
         if not prompt:
@@ -92,7 +100,7 @@ class ContinuousBatcher:
             raise ValueError(f"submit: a prompt of {len(prompt)} tokens and {max_new_tokens} new ones do not fit the "
                              f"{self.M} slots a request may use")
         eos = self.eos if eos_token_id is None else set(np.atleast_1d(eos_token_id).tolist())
-        request = Request(prompt, int(max_new_tokens), eos, on_token)
+        request = Request(prompt, int(max_new_tokens), eos, on_token, float(temperature))
         with self.work:
             self.waiting.append(request)
             self.work.notify_all()
@@ -116,8 +124,9 @@ class ContinuousBatcher:
             rows = list(self.rows)
         if all(r is None for r in rows):
             return None
-        ids, pos, mask, slot = self._inputs(rows, self.steps)
-        pending = self._step(ids, pos, mask, slot).future()
+        inputs = self._inputs(rows, self.steps)
+        sampling = any(r is not None and r.temperature > 0 for r in rows)
+        pending = self._steps[sampling](*(inputs if sampling else inputs[:4])).future()
         self._launched = rows
         return pending
 
@@ -168,11 +177,14 @@ class ContinuousBatcher:
 
     def _inputs(self, rows, step):
         """The step's inputs on the model's mesh: each row's token (B, 1) and position (B, 1), the
-        4-D mask (B, 1, 1, M) of the slots it may see, and the slot written (1,)."""
+        4-D mask (B, 1, 1, M) of the slots it may see, the slot written (1,), and how each row
+        chooses: its logits' scale (1 / temperature, 1 for greedy) and its noise's (0 for greedy)."""
         slot = step % self.M
         ids = np.zeros((self.B, 1), np.int64)
         pos = np.zeros((self.B, 1), np.int64)
         mask = np.zeros((self.B, 1, 1, self.M), bool)
+        scale = np.ones((self.B, 1), np.float32)
+        noise = np.zeros((self.B, 1), np.float32)
         for b, request in enumerate(rows):
             if request is None:
                 mask[b, 0, 0, slot] = True                 # an idle row sees only its own slot
@@ -181,10 +193,22 @@ class ContinuousBatcher:
             ids[b, 0] = request.prompt[n] if n < len(request.prompt) else request.tokens[-1]
             pos[b, 0] = n
             mask[b, 0, 0, (request.start + np.arange(n + 1)) % self.M] = True
+            if request.temperature > 0:
+                scale[b, 0], noise[b, 0] = 1.0 / request.temperature, 1.0
         rep = [Replicate()] * self.mesh.ndim
         put = lambda a: distribute_tensor(a, self.mesh, rep)
-        return put(ids), put(pos), put(mask), put(np.array([slot], np.int64))
+        return (put(ids), put(pos), put(mask), put(np.array([slot], np.int64)), put(scale), put(noise))
 
-    def _forward(self, ids, pos, mask, slot):
+    def _logits(self, ids, pos, mask, slot):
         out = self.model(ids, attention_mask=mask, position_ids=pos, past_key_values=self.cache, cache_position=slot)
-        return out.logits[:, -1, :].argmax(dim=-1).to(_dtype.int64)       # (B,)
+        return out.logits[:, -1, :]                                             # (B, V)
+
+    def _greedy(self, ids, pos, mask, slot):
+        return self._logits(ids, pos, mask, slot).argmax(dim=-1).to(_dtype.int64)
+
+    def _forward(self, ids, pos, mask, slot, scale, noise):
+        logits = self._logits(ids, pos, mask, slot)
+        u = rand(logits.shape, device_mesh=logits.device_mesh,
+                 placements=[Replicate() if p.is_partial() else p for p in logits.placements])
+        gumbel = -(-(u * (1 - 2e-7) + 1e-7).log()).log()                       # finite: u is kept off 0 and 1
+        return (logits * scale + gumbel * noise).argmax(dim=-1).to(_dtype.int64)   # (B,)
