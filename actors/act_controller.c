@@ -183,8 +183,13 @@ static void s_device_lost(act_runtime *rt, act_device *dev, const char *reason, 
 
 static void s_device_died(act_runtime *rt, act_device *dev, const char *reason)
 {
-    char message[DT_ERRMSG_MAX + 64];
-    snprintf(message, sizeof message, "device %" PRId64 " died: %s", dev->id, reason);
+    char message[DT_ERRMSG_MAX + 160], last[96] = "";
+    pthread_mutex_lock(&rt->lock);
+    const op_def *op = dev->last_op >= 0 ? op_at(dev->last_op) : NULL;
+    pthread_mutex_unlock(&rt->lock);
+    if (op)
+        snprintf(last, sizeof last, " (the last op sent to it: %s)", op->name);
+    snprintf(message, sizeof message, "device %" PRId64 " died: %s%s", dev->id, reason, last);
     s_device_lost(rt, dev, reason, message);
 }
 

@@ -391,6 +391,7 @@ static act_device *s_device_new(act_runtime *rt, int64_t id, const char *device_
     dev->state = ACT_DEV_STARTING;
     dev->started_at = act_now();
     dev->remote = rt->listening;
+    dev->last_op = -1;
     atomic_init(&dev->stop, false);
     /* published before its worker starts, so the worker's hello finds it */
     __atomic_store_n(&rt->devices[id], dev, __ATOMIC_RELEASE);

@@ -89,6 +89,7 @@ typedef struct {
     char peer[64];                 /* its peer socket, "tcp://A.B.C.D:PORT" */
     int64_t remote_pid;            /* its process on its host (for messages) */
     double beat_at;                /* when the controller last told it that it is alive */
+    int last_op;                   /* the op number of the last COMPUTE queued for it (-1: none), under lock */
     dt_shm_peer *maps;             /* its segments mapped here: fetched values lent by handle */
 } act_device;
 
@@ -136,6 +137,10 @@ extern act_runtime act_rt;
 /* The controller keeps a row [device, records, CLOCK_MONOTONIC ns] per batch it sends while on. */
 void act_trace_host(bool on);
 void act_trace_batch(int64_t device, int64_t records);
+
+/* Under the lock (between act_runtime_begin and _end): a COMPUTE of op number op is queued for
+ * device; a death's message names the last one. */
+static inline void act_runtime_note_op(int64_t device, int op) { act_rt.devices[device]->last_op = op; }
 
 /* Controller thread, listening: the device a worker that says hello as id comes to serve (made
  * now if no mesh named it yet). NULL when the id is out of range or out of memory. */

@@ -98,6 +98,7 @@ void dtn_op_compute(int64_t device, int op, int nin, const uint64_t *ins, const 
                     const int64_t *ctx, int nout, const dtn_out *outs)
 {
     mb_writer *pk = act_runtime_record(device);
+    act_runtime_note_op(device, op);
     mb_encode_compute(pk, op, nin, ins, a->nints, a->ints, a->nfloats, a->floats, a->has_scalar ? &a->scalar : NULL,
                       nctx, ctx, (uint32_t)nout);
     for (int o = 0; o < nout; o++)

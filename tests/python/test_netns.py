@@ -127,7 +127,7 @@ def test_a_silent_host_fails_its_devices_within_the_bound(hosts, cluster, how):
         hosts.cut(1)
     pending = _pending_fetch(mesh)   # what it waits for cannot be done now
     with pytest.raises(RuntimeError, match=r"device [23] died: its worker on host \S+ \(process \d+\) has been "
-                                           r"silent for \d\.\d s"):
+                                           r"silent for \d\.\d s \(the last op sent to it: add\)"):
         pending.result(timeout=30)
     took = time.monotonic() - t0
     assert took < BOUND_S
