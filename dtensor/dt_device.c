@@ -11,29 +11,43 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A future of one int64 piece per device of mesh, (rows[i], cols) each (rows NULL: (cols,)),
+ * tracked, with the mesh's outboxes open for its records: the lock is held until act_runtime_end.
+ * NULL (and why) when it cannot be had. */
+static dt_future *s_open(const char *op, dt_mesh *mesh, const int64_t *rows, int64_t cols)
+{
+    dt_future *f = act_future_new(ACT_FETCH_LOCALS, (int)mesh->size);
+    if (!f) {
+        dt_err(DT_ENOMEM, "%s: out of memory", op);
+        return NULL;
+    }
+    f->dtype = DT_INT64;
+    f->ndim = rows ? 2 : 1;
+    f->shape[0] = cols;
+    for (int i = 0; i < f->npieces; i++) {
+        f->pieces[i] = (act_piece){.device = mesh->ids[i], .mesh_index = i, .shape = {rows ? rows[i] : cols, cols}};
+        if (!rows)
+            f->pieces[i].shape[1] = 0;
+    }
+    int rc = act_runtime_begin(op, &mesh, 1);
+    if (rc == 0 && ((rc = act_capture_refuse(op)) != 0 || (rc = act_runtime_track(f)) != 0))
+        act_runtime_end();
+    if (rc != 0) {
+        dt_future_release(&f);
+        return NULL;
+    }
+    act_runtime_urgent();
+    return f;
+}
+
 static int s_stats(const char *op, dt_mesh *mesh, bool reset_peak, int max, dt_device_stat *out)
 {
     if (!mesh || max < 0 || (max > 0 && !out))
         return dt_err(DT_EINVAL, "%s: expected a mesh and room for its entries", op);
-    dt_future *f = act_future_new(ACT_FETCH_LOCALS, (int)mesh->size);
+    dt_future *f = s_open(op, mesh, NULL, MB_NSTATS);
     if (!f)
-        return dt_err(DT_ENOMEM, "%s: out of memory", op);
-    f->dtype = DT_INT64;
-    f->ndim = 1;
-    f->shape[0] = MB_NSTATS;
-    for (int i = 0; i < f->npieces; i++)
-        f->pieces[i] = (act_piece){.device = mesh->ids[i], .mesh_index = i, .shape = {MB_NSTATS}};
-    int rc = act_runtime_begin(op, &mesh, 1);
-    if (rc != 0) {
-        dt_future_release(&f);
-        return rc;
-    }
-    if ((rc = act_capture_refuse(op)) != 0 || (rc = act_runtime_track(f)) != 0) {
-        act_runtime_end();
-        dt_future_release(&f);
-        return rc;
-    }
-    act_runtime_urgent();
+        return dt_last_error_code();
+    int rc;
     for (int i = 0; i < f->npieces; i++)
         mb_encode_stats(act_runtime_record(mesh->ids[i]), f->id, i, reset_peak);
     act_runtime_end();
@@ -69,26 +83,10 @@ static int s_trace(const char *op, dt_mesh *mesh, int64_t action, const int64_t 
 {
     if (!mesh || !out)
         return dt_err(DT_EINVAL, "%s: expected a mesh and room for its entries", op);
-    dt_future *f = act_future_new(ACT_FETCH_LOCALS, (int)mesh->size);
+    dt_future *f = s_open(op, mesh, rows, rows ? MB_TRACE_FIELDS : 1);
     if (!f)
-        return dt_err(DT_ENOMEM, "%s: out of memory", op);
-    f->dtype = DT_INT64;
-    f->ndim = rows ? 2 : 1;
-    for (int i = 0; i < f->npieces; i++) {
-        f->pieces[i] = (act_piece){.device = mesh->ids[i], .mesh_index = i, .shape = {rows ? rows[i] : 1}};
-        f->pieces[i].shape[1] = rows ? MB_TRACE_FIELDS : 0;
-    }
-    int rc = act_runtime_begin(op, &mesh, 1);
-    if (rc != 0) {
-        dt_future_release(&f);
-        return rc;
-    }
-    if ((rc = act_capture_refuse(op)) != 0 || (rc = act_runtime_track(f)) != 0) {
-        act_runtime_end();
-        dt_future_release(&f);
-        return rc;
-    }
-    act_runtime_urgent();
+        return dt_last_error_code();
+    int rc;
     for (int i = 0; i < f->npieces; i++)
         mb_encode_trace(act_runtime_record(mesh->ids[i]), f->id, i, action);
     act_runtime_end();
