@@ -536,7 +536,8 @@ static void s_drain(s_ctl *c)
 static bool s_thread_stuck(act_runtime *rt, act_device *dev, double now)
 {
     uint64_t beats = atomic_load_explicit(&dev->beats, memory_order_relaxed);
-    double cpu = act_spawn_thread_cpu(dev);
+    /* idle or beating: its CPU clock is not read (one system call per device and tick saved) */
+    double cpu = beats != dev->seen_beats || dev->in_flight == 0 ? -1 : act_spawn_thread_cpu(dev);
     if (beats != dev->seen_beats || dev->in_flight == 0 || cpu < 0 || dev->seen_cpu < 0 ||
         cpu - dev->seen_cpu > 0.005) {
         dev->seen_beats = beats;

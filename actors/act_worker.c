@@ -534,8 +534,9 @@ bool act_worker_run_record(act_worker *w, const msgpack_object *rec, mb_message 
     }
     if (w->ntrace < w->cap_trace) {
         int64_t *e = w->trace + w->ntrace++ * MB_TRACE_FIELDS, op = -1;
-        if (code == MB_OP_COMPUTE && rec->via.array.size > 1 && rec->via.array.ptr[1].type == MSGPACK_OBJECT_POSITIVE_INTEGER)
-            op = (int64_t)rec->via.array.ptr[1].via.u64;
+        const msgpack_object_array *fields = &rec->via.array;
+        if (code == MB_OP_COMPUTE && fields->size > 1 && fields->ptr[1].type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+            op = (int64_t)fields->ptr[1].via.u64;   /* a COMPUTE's op number comes first */
         e[MB_TRACE_CODE] = code;
         e[MB_TRACE_OP] = op;
         e[MB_TRACE_BEGIN] = begin;
