@@ -45,13 +45,15 @@ def build(config, mesh):
     return model
 
 
-def sync(src, dst, keys=None):
+def sync(src, dst, keys=None, progress=False):
     """Gives dst (a model on another group) src's values of keys (default: all), in dst's own
-    placements, by one redistribute_many: the pieces go worker to worker. Returns the bytes moved."""
+    placements, by one redistribute_many: the pieces go worker to worker. Returns the bytes moved.
+    ``progress``: wait for them with a bar (redistribute_many's)."""
     mine, theirs = src.state_dict(), dst.state_dict()
     keys = list(theirs) if keys is None else list(keys)
     target = theirs[keys[0]].device_mesh
-    moved = dtorch.redistribute_many([mine[k] for k in keys], target, [theirs[k].placements for k in keys])
+    moved = dtorch.redistribute_many([mine[k] for k in keys], target, [theirs[k].placements for k in keys],
+                                     progress=progress)
     dst.load_state_dict(dict(zip(keys, moved)), strict=False)
     return sum(t.numel() * t.dtype.itemsize for t in moved)
 
@@ -94,7 +96,7 @@ def run(steps=6, off_policy=False, rollout_ids=(0, 1), update_ids=(2,), shape="t
     dtorch.manual_seed(seed)
     policy = build(config, dtorch.DeviceMesh("cpu", list(rollout_ids)))
     learner = build(config, dtorch.DeviceMesh("cpu", list(update_ids)))
-    sync(policy, learner)                                                  # one start for both groups
+    sync(policy, learner, progress=None)                                   # one start for both groups (a bar)
     prompts = np.random.default_rng(seed).integers(3, config.vocab_size, (batch, prompt_len))
     history, version, pending, t_start = [], 0, None, time.monotonic()
     for step in range(steps):

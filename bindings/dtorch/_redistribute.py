@@ -10,10 +10,21 @@ PlanStep.__doc__ = ("One step of a redistribute: kind names the collective it am
                     "elements how many elements cross between devices.")
 
 
-def redistribute_many(tensors, device_mesh=None, placements=None):
+def redistribute_many(tensors, device_mesh=None, placements=None, progress=False):
     """Redistributes every tensor in one call (e.g. a model's weights to another actor group):
-    their transfers travel together. ``placements`` is one sequence for all, or one per tensor."""
-    return _C._redistribute_many(list(tensors), device_mesh, None if placements is None else list(placements))
+    their transfers travel together. ``placements`` is one sequence for all, or one per tensor.
+    Returns at once; ``progress=True`` (or None: when stderr is a terminal) instead waits until
+    every tensor has landed, with a bar on stderr that moves as each does (tqdm when installed)."""
+    moved = _C._redistribute_many(list(tensors), device_mesh, None if placements is None else list(placements))
+    if progress is not False and moved:
+        from ._runtime import device_stats
+        from ._safetensors import _progress
+        bar = _progress(len(moved), "Moving tensors", progress)
+        for t in moved:
+            device_stats(t.device_mesh)   # answered once its devices have run what came before: t has landed
+            bar.update(1)
+        bar.close()
+    return moved
 
 
 def redistribute_plan(tensor, device_mesh=None, placements=None):

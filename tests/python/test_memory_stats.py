@@ -49,3 +49,18 @@ def test_generation_draws_a_bar_when_asked(mode, capfd):
     err = capfd.readouterr().err
     assert "Generating" in err and ("4/4" in err)
     np.testing.assert_array_equal(quiet, shown)
+
+
+def test_redistribute_many_waits_with_a_bar_when_asked(mode, capfd):
+    src, dst = dtorch.DeviceMesh("cpu", [0, 1]), dtorch.DeviceMesh("cpu", [2, 3, 4])
+    arrays = [np.arange(n * 6, dtype=np.float32).reshape(n, 6) for n in (4, 7, 9)]
+    tensors = [dtorch.distribute_tensor(a, src, [Shard(0)]) for a in arrays]
+    moved = dtorch.redistribute_many(tensors, dst, [Shard(1)], progress=True)
+    err = capfd.readouterr().err
+    assert "Moving tensors" in err and "3/3" in err
+    for a, t in zip(arrays, moved):
+        assert t.device_mesh == dst and t.placements == (Shard(1),)
+        np.testing.assert_array_equal(t.numpy(), a)
+    quiet = dtorch.redistribute_many(tensors, dst, [Shard(0)])
+    assert capfd.readouterr().err == ""
+    np.testing.assert_array_equal(quiet[2].numpy(), arrays[2])
