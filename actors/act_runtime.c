@@ -5,6 +5,7 @@
 #include "act_runtime.h"
 #include "act_spawn.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -505,9 +506,9 @@ int dt_wait_workers(const int64_t *ids, int n, double timeout_s)
         act_device *dev = rt->devices[ids[i]];
         if (!dev && !(dev = s_device_new(rt, ids[i], "")))
             rc = dt_last_error_code();
-        double left = timeout_s < 0 ? -1 : until - act_now();
+        double left = timeout_s < 0 ? -1 : fmax(0, until - act_now());   /* what is left of the timeout */
         if (rc == 0 && dev->state == ACT_DEV_STARTING)
-            rc = s_await_worker(rt, "wait_for_workers", dev, left < 0 && timeout_s >= 0 ? 0 : left);
+            rc = s_await_worker(rt, "wait_for_workers", dev, left);
         if (rc == 0 && dev->state == ACT_DEV_DEAD)
             rc = dt_err(DT_EDEVICE, "wait_for_workers: device %lld is dead: %s", (long long)dev->id, dev->reason);
     }

@@ -520,8 +520,10 @@ bool act_worker_run_record(act_worker *w, const msgpack_object *rec, mb_message 
     int64_t code;
     if (mb_record_code(rec, &code) != 0)
         return false;
-    if (!w->tracing || code == MB_OP_TRACE)
-        return code == MB_OP_TRACE ? s_trace(w, rec) : s_run_record(w, rec, m, code);
+    if (code == MB_OP_TRACE)
+        return s_trace(w, rec);
+    if (!w->tracing)
+        return s_run_record(w, rec, m, code);
     int64_t begin = s_now_ns();
     bool ok = s_run_record(w, rec, m, code);
     if (w->ntrace == w->cap_trace && w->cap_trace < ACT_TRACE_MAX) {

@@ -34,6 +34,10 @@ import numpy as np
 import dtorch
 from bench_parallel import _worker_pids
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
+from netns_hosts import Hosts  # noqa: E402  (the tests' hosts of their own and worker starter)
+from remote_tools import start_worker, stop_all, wait_exit  # noqa: E402
+
 
 def _trial(kind, ops):
     """(outcome, seconds until the pending fetch failed, the other mesh was right); outcome is
@@ -137,10 +141,6 @@ def _orphan_trial(hosts, keys):
 
 
 def _remote(args):
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
-    global start_worker, stop_all, wait_exit
-    from netns_hosts import Hosts
-    from remote_tools import start_worker, stop_all, wait_exit
     hosts = Hosts(2)
     try:
         keys = os.path.join(tempfile.mkdtemp(), "worker.key")

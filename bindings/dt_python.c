@@ -1783,7 +1783,7 @@ static PyObject *s_device_stats(PyObject *mod, PyObject *args)
 }
 
 /* _trace_start(mesh); _trace_stop(mesh) -> [events kept per device]; _trace_events(mesh, counts) ->
- * [bytes of counts[i] rows of DT_TRACE_FIELDS int64]; _trace_host() -> bytes of [device, records,
+ * bytes of every device's counts[i] rows of DT_TRACE_FIELDS int64; _trace_host() -> bytes of [device, records,
  * ns] rows: dtorch.profiler's timelines */
 static PyObject *s_trace_start(PyObject *mod, PyObject *py_mesh)
 {
@@ -1817,40 +1817,37 @@ static PyObject *s_trace_events(PyObject *mod, PyObject *args)
     dt_mesh *mesh;
     if (!PyArg_ParseTuple(args, "OO", &py_mesh, &py_counts) || s_arg_mesh("profiler", py_mesh, &mesh) != 0)
         return NULL;
-    int64_t n = dt_mesh_size(mesh);
+    int64_t n = dt_mesh_size(mesh), total = 0;
     if (!PyList_Check(py_counts) || PyList_GET_SIZE(py_counts) != n)
         return PyErr_Format(PyExc_ValueError, "profiler: expected %lld counts", (long long)n);
     int64_t *counts = PyMem_Calloc((size_t)n, sizeof *counts);
-    PyObject **bufs = PyMem_Calloc((size_t)n, sizeof *bufs);
-    int64_t **rows = PyMem_Calloc((size_t)n, sizeof *rows);
-    PyObject *list = counts && bufs && rows ? PyList_New(n) : PyErr_NoMemory();
-    for (int64_t i = 0; list && i < n; i++) {
+    if (!counts)
+        return PyErr_NoMemory();
+    for (int64_t i = 0; i < n; i++) {
         counts[i] = PyLong_AsLongLong(PyList_GET_ITEM(py_counts, i));
-        if (counts[i] < 0 || PyErr_Occurred()) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_ValueError, "profiler: a count is negative");
-            Py_CLEAR(list);
-            break;
+        if (counts[i] < 0 && !PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "profiler: a count is negative");
+        if (PyErr_Occurred()) {
+            PyMem_Free(counts);
+            return NULL;
         }
-        bufs[i] = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(counts[i] * DT_TRACE_FIELDS * 8));
-        if (!bufs[i]) {
-            Py_CLEAR(list);
-            break;
-        }
-        rows[i] = (int64_t *)PyBytes_AS_STRING(bufs[i]);
-        Py_INCREF(bufs[i]);
-        PyList_SET_ITEM(list, i, bufs[i]);
+        total += counts[i];
     }
-    if (list && dt_trace_events(mesh, counts, rows) != 0) {
+    /* every device's rows, one device after another */
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(total * DT_TRACE_FIELDS * 8));
+    if (out && dt_trace_events(mesh, counts, (int64_t *)PyBytes_AS_STRING(out)) != 0) {
         s_raise();
-        Py_CLEAR(list);
+        Py_CLEAR(out);
     }
-    for (int64_t i = 0; bufs && i < n; i++)
-        Py_XDECREF(bufs[i]);
     PyMem_Free(counts);
-    PyMem_Free(bufs);
-    PyMem_Free(rows);
-    return list;
+    return out;
+}
+
+/* _record_name(code): what a trace event's record was ("compute", "send", ...) */
+static PyObject *s_record_name(PyObject *mod, PyObject *code)
+{
+    long long c = PyLong_AsLongLong(code);
+    return c == -1 && PyErr_Occurred() ? NULL : PyUnicode_FromString(dt_record_name(c));
 }
 
 static PyObject *s_started_devices(PyObject *mod, PyObject *unused)
@@ -2087,7 +2084,8 @@ static PyMethodDef s_methods[] = {
     {"listen_info", s_listen_info, METH_NOARGS, "(endpoint, public key) of a listening runtime."},
     {"_trace_start", s_trace_start, METH_O, "Every device of the mesh records its timeline."},
     {"_trace_stop", s_trace_stop, METH_O, "They stop: [events kept per device]."},
-    {"_trace_events", s_trace_events, METH_VARARGS, "_trace_events(mesh, counts) -> [bytes per device]."},
+    {"_trace_events", s_trace_events, METH_VARARGS, "_trace_events(mesh, counts) -> bytes: every device's rows."},
+    {"_record_name", s_record_name, METH_O, "The name of an op record's code."},
     {"_trace_host", s_trace_host, METH_NOARGS, "The controller's batches while tracing, as bytes."},
     {"_started_devices", s_started_devices, METH_NOARGS, "Ids of the devices whose workers serve now."},
     {"wait_workers", s_wait_workers, METH_VARARGS, "wait_workers(ids, timeout): until their workers connected."},

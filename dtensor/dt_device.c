@@ -8,7 +8,6 @@
 #include "dt_layout.h"
 #include "mb_schema.h"
 
-#include <stdlib.h>
 #include <string.h>
 
 /* A future of one int64 piece per device of mesh, (rows[i], cols) each (rows NULL: (cols,)),
@@ -78,57 +77,43 @@ int dt_device_stats_reset_peak(dt_mesh *mesh, int max, dt_device_stat *out)
 /* ---- timelines (dtorch.profiler) ------------------------------------------------------------ */
 
 /* One TRACE record per device of mesh, waited for: piece i of shape (rows[i], fields), or (1,) for
- * rows NULL, copied into out[i]. */
-static int s_trace(const char *op, dt_mesh *mesh, int64_t action, const int64_t *rows, int64_t *const *out)
+ * rows NULL; the pieces are copied one after another into out (NULL: not kept). */
+static int s_trace(const char *op, dt_mesh *mesh, int64_t action, const int64_t *rows, int64_t *out)
 {
-    if (!mesh || !out)
-        return dt_err(DT_EINVAL, "%s: expected a mesh and room for its entries", op);
+    if (!mesh)
+        return dt_err(DT_EINVAL, "%s: expected a mesh", op);
     dt_future *f = s_open(op, mesh, rows, rows ? MB_TRACE_FIELDS : 1);
     if (!f)
         return dt_last_error_code();
-    int rc;
     for (int i = 0; i < f->npieces; i++)
         mb_encode_trace(act_runtime_record(mesh->ids[i]), f->id, i, action);
     act_runtime_end();
-    if ((rc = dt_future_wait(f, -1)) == 0)
-        for (int i = 0; i < f->npieces; i++)
-            memcpy(out[i], dt_future_data(f, i), (size_t)(rows ? rows[i] * MB_TRACE_FIELDS : 1) * sizeof(int64_t));
+    int rc = dt_future_wait(f, -1);
+    for (int i = 0; rc == 0 && out && i < f->npieces; i++) {
+        size_t n = (size_t)(rows ? rows[i] * MB_TRACE_FIELDS : 1);
+        memcpy(out, dt_future_data(f, i), n * sizeof *out);
+        out += n;
+    }
     dt_future_release(&f);
     return rc;
 }
 
 int dt_trace_start(dt_mesh *mesh)
 {
-    int64_t *ignored = calloc(mesh ? (size_t)mesh->size : 1, sizeof *ignored);
-    int64_t **out = calloc(mesh ? (size_t)mesh->size : 1, sizeof *out);
-    if (!ignored || !out) {
-        free(ignored);
-        free(out);
-        return dt_err(DT_ENOMEM, "profiler: out of memory");
-    }
-    for (int64_t i = 0; mesh && i < mesh->size; i++)
-        out[i] = &ignored[i];
     act_trace_host(true);
-    int rc = s_trace("profiler", mesh, MB_TRACE_START, NULL, out);
-    free(ignored);
-    free(out);
-    return rc;
+    return s_trace("profiler", mesh, MB_TRACE_START, NULL, NULL);
 }
 
 int dt_trace_stop(dt_mesh *mesh, int64_t *counts)
 {
-    int64_t **out = calloc(mesh ? (size_t)mesh->size : 1, sizeof *out);
-    if (!out)
-        return dt_err(DT_ENOMEM, "profiler: out of memory");
-    for (int64_t i = 0; mesh && i < mesh->size; i++)
-        out[i] = &counts[i];
-    int rc = s_trace("profiler", mesh, MB_TRACE_STOP, NULL, out);
+    int rc = s_trace("profiler", mesh, MB_TRACE_STOP, NULL, counts);
     act_trace_host(false);
-    free(out);
     return rc;
 }
 
-int dt_trace_events(dt_mesh *mesh, const int64_t *counts, int64_t *const *events)
+int dt_trace_events(dt_mesh *mesh, const int64_t *counts, int64_t *events)
 {
     return s_trace("profiler", mesh, MB_TRACE_SEND, counts, events);
 }
+
+const char *dt_record_name(int64_t code) { return mb_op_name(code); }

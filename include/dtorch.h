@@ -340,14 +340,16 @@ int dt_device_stats_reset_peak(dt_mesh *mesh, int max, dt_device_stat *out);
 
 /* Timelines (dtorch.profiler). dt_trace_start: every device of mesh records each op record it runs
  * from now on (and the controller each batch it sends); dt_trace_stop: they stop, and counts[i] is
- * how many events device i kept; dt_trace_events: events[i] gets device i's counts[i] rows of
- * DT_TRACE_FIELDS int64: the record's code, its op (a COMPUTE's op number, else -1), its start and
+ * how many events device i kept; dt_trace_events: events gets each device's counts[i] rows of
+ * DT_TRACE_FIELDS int64, device after device: the record's code, its op (a COMPUTE's op number, else -1), its start and
  * end (CLOCK_MONOTONIC ns on the device's host). dt_trace_host: the controller's batches while it
  * traced, rows of [device, records, CLOCK_MONOTONIC ns], up to max; returns how many there are. */
 #define DT_TRACE_FIELDS 4
 int dt_trace_start(dt_mesh *mesh);
 int dt_trace_stop(dt_mesh *mesh, int64_t *counts);
-int dt_trace_events(dt_mesh *mesh, const int64_t *counts, int64_t *const *events);
+int dt_trace_events(dt_mesh *mesh, const int64_t *counts, int64_t *events);
+/* The name of an op record's code ("compute", "send", ...; "?" for none): what a trace event ran. */
+const char *dt_record_name(int64_t code);
 int64_t dt_trace_host(int64_t *rows, int64_t max);
 /* The ids of the devices whose workers serve now (up to max, in order); returns how many there are. */
 int dt_started_devices(int64_t *ids, int max);

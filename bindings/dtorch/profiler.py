@@ -18,9 +18,6 @@ from . import _C
 from ._mesh import DeviceMesh
 from ._ops import ids as _op_ids
 
-# record codes of mailbox/mb_schema.h
-_RECORDS = {1: "free", 2: "empty", 3: "fill", 4: "random", 5: "arange", 6: "load", 7: "fetch", 8: "sync", 9: "send",
-            10: "assemble", 11: "compute", 12: "stats", 13: "define", 14: "replay", 15: "drop", 16: "trace"}
 _KINDS = {"send": "transfer", "assemble": "transfer", "load": "transfer", "fetch": "transfer", "compute": "kernel",
           "replay": "replay"}
 
@@ -52,16 +49,16 @@ class profile:
 
     def __exit__(self, *exc):
         counts = _C._trace_stop(self._mesh)
-        raw = _C._trace_events(self._mesh, counts)
+        rows = np.frombuffer(_C._trace_events(self._mesh, counts), np.int64).reshape(-1, 4).tolist()
         names = {v: k for k, v in _op_ids.items()}
-        ids = np.asarray(self._mesh.mesh).ravel().tolist()
+        devices = np.repeat(np.asarray(self._mesh.mesh).ravel(), counts).tolist()
+        records = {code: _C._record_name(code) for code in {row[0] for row in rows}}
         self._events = []
-        for device, buf in zip(ids, raw):
-            for code, op, begin, end in np.frombuffer(buf, np.int64).reshape(-1, 4).tolist():
-                record = _RECORDS.get(code, f"record {code}")
-                name = names.get(op, f"op {op}") if record == "compute" else record
-                self._events.append({"device": device, "name": name, "record": record, "begin_ns": begin,
-                                     "end_ns": end})
+        for device, (code, op, begin, end) in zip(devices, rows):
+            record = records[code]
+            name = names.get(op, f"op {op}") if record == "compute" else record
+            self._events.append({"device": device, "name": name, "record": record, "begin_ns": begin,
+                                 "end_ns": end})
         self._host = [{"device": d, "records": n, "ns": t}
                       for d, n, t in np.frombuffer(_C._trace_host(), np.int64).reshape(-1, 3).tolist()]
         return False

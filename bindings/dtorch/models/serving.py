@@ -72,7 +72,6 @@ class ContinuousBatcher:
         self.rows = [None] * self.B
         self.waiting = collections.deque()
         self.lock = threading.Lock()
-        self.work = threading.Condition(self.lock)
         self.steps = 0
         # one plain step first: it makes the cache's tensors (all rows idle, each seeing its own slot);
         # then the step captured twice: greedy rows only, and with noise for rows that sample
@@ -101,9 +100,8 @@ class ContinuousBatcher:
                              f"{self.M} slots a request may use")
         eos = self.eos if eos_token_id is None else set(np.atleast_1d(eos_token_id).tolist())
         request = Request(prompt, int(max_new_tokens), eos, on_token, float(temperature))
-        with self.work:
+        with self.lock:
             self.waiting.append(request)
-            self.work.notify_all()
         return request
 
     def busy(self):
