@@ -3,7 +3,8 @@
 The format: an 8-byte little-endian header length N, N bytes of JSON ({name: {"dtype", "shape",
 "data_offsets": [begin, end]}, optionally "__metadata__"}), then the tensors' raw bytes, offsets
 counted from the end of the header. A model directory holds one ``model.safetensors`` or several
-shards listed by ``model.safetensors.index.json`` ({"weight_map": {name: file}}).
+shards listed by ``model.safetensors.index.json`` ({"weight_map": {name: file}}); diffusers names
+the same files ``diffusion_pytorch_model.*`` (``weights_name=``).
 
 Reading memory-maps each file and hands every parameter a numpy view of its bytes (bfloat16 as
 uint16: numpy has none); ``distribute_tensor`` (or ``distribute_bits``) copies each device's piece
@@ -22,6 +23,7 @@ from . import _dtype
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+DIFFUSERS_WEIGHTS = "diffusion_pytorch_model"  # diffusers' weights_name: its files' common stem
 _MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit
 
 # safetensors dtype -> (dtorch dtype, numpy dtype of the stored items)
@@ -118,16 +120,17 @@ class SafetensorsFile:
 class Checkpoint:
     """The tensors of a model directory (or of one .safetensors file), by name."""
 
-    def __init__(self, path):
+    def __init__(self, path, weights_name="model"):
         path = os.fspath(path)
+        single_file, index_file = f"{weights_name}.safetensors", f"{weights_name}.safetensors.index.json"
         if os.path.isfile(path):
             files = {os.path.basename(path): path}
             self._where = None
             self.directory = os.path.dirname(path)
         else:
             self.directory = path
-            index = os.path.join(path, INDEX_FILE)
-            single = os.path.join(path, SINGLE_FILE)
+            index = os.path.join(path, index_file)
+            single = os.path.join(path, single_file)
             if os.path.exists(index):
                 try:
                     with open(index) as f:
@@ -139,20 +142,20 @@ class Checkpoint:
                 self._where = dict(weight_map)
                 files = {name: os.path.join(path, name) for name in sorted(set(weight_map.values()))}
             elif os.path.exists(single):
-                files, self._where = {SINGLE_FILE: single}, None
+                files, self._where = {single_file: single}, None
             else:
-                raise CheckpointError(f"{path}: no {SINGLE_FILE} or {INDEX_FILE} there")
+                raise CheckpointError(f"{path}: no {single_file} or {index_file} there")
         self.files = {}
         for name, file in files.items():
             if not os.path.exists(file):
-                raise CheckpointError(f"{file}: listed in {INDEX_FILE} but missing")
+                raise CheckpointError(f"{file}: listed in {index_file} but missing")
             self.files[name] = SafetensorsFile(file)
         if self._where is None:
             (only,) = self.files
             self._where = {key: only for key in self.files[only].entries}
         for key, name in self._where.items():
             if key not in self.files[name].entries:
-                raise CheckpointError(f"{self.files[name].path}: tensor {key!r} is listed in {INDEX_FILE} but not "
+                raise CheckpointError(f"{self.files[name].path}: tensor {key!r} is listed in {index_file} but not "
                                       "in the file")
 
     def keys(self):
@@ -270,10 +273,12 @@ def parse_size(size):
     return int(text)
 
 
-def save_checkpoint(tensors, directory, max_shard_size="5GB"):
+def save_checkpoint(tensors, directory, max_shard_size="5GB", weights_name="model"):
     """Writes ``tensors`` into ``directory`` as model.safetensors, or as shards
     model-0000i-of-0000n.safetensors with model.safetensors.index.json when they pass
-    ``max_shard_size`` (each shard holds whole tensors, in name order, as transformers does)."""
+    ``max_shard_size`` (each shard holds whole tensors, in name order, as transformers does);
+    ``weights_name`` replaces the stem "model" (diffusers: "diffusion_pytorch_model")."""
+    single_file, index_file = f"{weights_name}.safetensors", f"{weights_name}.safetensors.index.json"
     limit = parse_size(max_shard_size)
     host = {name: value for name, value in tensors.items()}
     sizes = {name: int(np.prod(v.shape, dtype=np.int64)) * v.dtype.itemsize for name, v in host.items()}
@@ -286,18 +291,18 @@ def save_checkpoint(tensors, directory, max_shard_size="5GB"):
         used += sizes[name]
     shards.append(current)
     os.makedirs(directory, exist_ok=True)
-    for stale in (SINGLE_FILE, INDEX_FILE):
+    for stale in (single_file, index_file):
         if os.path.exists(os.path.join(directory, stale)):
             os.remove(os.path.join(directory, stale))
     if len(shards) == 1:
-        save_file(shards[0], os.path.join(directory, SINGLE_FILE), {"format": "pt"})
+        save_file(shards[0], os.path.join(directory, single_file), {"format": "pt"})
         return
     weight_map = {}
     for i, shard in enumerate(shards):
-        name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        name = f"{weights_name}-{i + 1:05d}-of-{len(shards):05d}.safetensors"
         save_file(shard, os.path.join(directory, name), {"format": "pt"})
         weight_map.update({key: name for key in shard})
-    with open(os.path.join(directory, INDEX_FILE), "w") as f:
+    with open(os.path.join(directory, index_file), "w") as f:
         json.dump({"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map}, f, indent=2)
 
 
