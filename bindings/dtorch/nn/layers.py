@@ -150,6 +150,22 @@ class GELU(Module):
         return f"approximate={self.approximate!r}"
 
 
+class Dropout(Module):
+    """Dropout at inference: the identity (DTorch runs no training); ``p`` is kept for the repr."""
+
+    def __init__(self, p=0.5, inplace=False, device_mesh=None, dtype=None):
+        super().__init__()
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+        self.p = p
+
+    def forward(self, input):
+        return input
+
+    def extra_repr(self):
+        return f"p={self.p}, inplace=False"
+
+
 class Identity(Module):
     def __init__(self, *args, device_mesh=None, dtype=None, **kwargs):
         super().__init__()
