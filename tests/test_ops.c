@@ -2062,6 +2062,61 @@ S_SCENARIO(attention, ring)
     }
 }
 
+/* dt_ring_attention_joint: a joint block of 3 keys (Replicate along the ring, like the text tokens
+ * of a diffusion transformer) seen once by every query besides the 7 ring keys split 4 and 3,
+ * non-causal; prefill and decode against the reference over the concatenated keys. */
+S_SCENARIO(attention, ring_joint)
+{
+    enum { B = 2, HQ = 4, H = 2, S = 7, SJ = 3, ST = SJ + S, E = 4, EV = 3 };
+    double q[B * HQ * S * E], k[B * H * S * E], v[B * H * S * EV], jk[B * H * SJ * E], jv[B * H * SJ * EV];
+    double kk[ST * E], vv[ST * EV], pos[ST] = {0}, want[B * HQ * S * EV], lse[B * HQ * S];
+    s_fill(q, B * HQ * S * E, 0);
+    s_fill(k, B * H * S * E, 3);
+    s_fill(v, B * H * S * EV, 0);
+    s_fill(jk, B * H * SJ * E, 5);
+    s_fill(jv, B * H * SJ * EV, 7);
+    dt_placement R = dt_replicate(), S1 = dt_shard(1), S2 = dt_shard(2);
+    for (int ring = 0; ring < e->mn; ring++) {
+        dt_placement seq[2] = {ring ? S1 : S2, ring ? S2 : S1}, idx[2] = {ring ? R : S1, ring ? S1 : R};
+        dt_placement whole[2] = {ring ? S1 : R, ring ? R : S1}, rep[2] = {R, R};
+        char what[64];
+        snprintf(what, sizeof what, "joint ring on mesh dim %d", ring);
+        dt_tensor *tk = s_make(e, DT_FLOAT32, 4, (int64_t[]){B, H, S, E}, k, seq);
+        dt_tensor *tv = s_make(e, DT_FLOAT32, 4, (int64_t[]){B, H, S, EV}, v, seq);
+        dt_tensor *tq = s_make(e, DT_FLOAT32, 4, (int64_t[]){B, HQ, S, E}, q, seq);
+        dt_tensor *tjk = s_make(e, DT_FLOAT32, 4, (int64_t[]){B, H, SJ, E}, jk, whole);
+        dt_tensor *tjv = s_make(e, DT_FLOAT32, 4, (int64_t[]){B, H, SJ, EV}, jv, whole);
+        dt_tensor *tpos = s_make(e, DT_INT64, 2, (int64_t[]){1, S}, pos, idx);
+        dt_tensor *tjpos = s_make(e, DT_INT64, 2, (int64_t[]){1, SJ}, pos, rep);
+        for (int z = 0; z < B * HQ; z++) {
+            int64_t kv = z / HQ * H + z % HQ / (HQ / H);
+            memcpy(kk, jk + kv * SJ * E, SJ * E * sizeof *kk);
+            memcpy(kk + SJ * E, k + kv * S * E, S * E * sizeof *kk);
+            memcpy(vv, jv + kv * SJ * EV, SJ * EV * sizeof *vv);
+            memcpy(vv + SJ * EV, v + kv * S * EV, S * EV * sizeof *vv);
+            s_block_ref(q + z * S * E, kk, vv, pos, pos, S, ST, E, EV, false, 0.5, want + z * S * EV, lse + z * S);
+        }
+        dt_tensor *out = dt_ring_attention_joint(tq, tk, tv, tpos, tpos, tjk, tjv, tjpos, ring, false, false, 0.0);
+        s_check(out, DT_FLOAT32, 4, (int64_t[]){B, HQ, S, EV}, want, 1e-5, what);
+        dt_tensor_release(&out);
+        /* decode: the same queries whole along the ring (each device attends to its own block, the
+         * joint block counted once in the merge) */
+        dt_tensor *tqr = s_make(e, DT_FLOAT32, 4, (int64_t[]){B, HQ, S, E}, q, whole);
+        dt_tensor *tqpos = s_make(e, DT_INT64, 2, (int64_t[]){1, S}, pos, rep);
+        out = dt_ring_attention_joint(tqr, tk, tv, tqpos, tpos, tjk, tjv, tjpos, ring, false, false, 0.0);
+        s_check(out, DT_FLOAT32, 4, (int64_t[]){B, HQ, S, EV}, want, 1e-5, what);
+        dt_tensor_release(&out);
+        /* a joint block split along the ring, or one given in part: refused at the call */
+        cr_expect_null(dt_ring_attention_joint(tq, tk, tv, tpos, tpos, tk, tv, tpos, ring, false, false, 0.0));
+        cr_expect(strstr(dt_last_error(), "ring_attention: joint_key has placements") != NULL, "%s", dt_last_error());
+        cr_expect_null(dt_ring_attention_joint(tq, tk, tv, tpos, tpos, tjk, NULL, tjpos, ring, false, false, 0.0));
+        cr_expect(strstr(dt_last_error(), "together") != NULL, "%s", dt_last_error());
+        dt_tensor *all[] = {tk, tv, tq, tjk, tjv, tpos, tjpos, tqr, tqpos};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            dt_tensor_release(&all[i]);
+    }
+}
+
 /* ---- errors ---------------------------------------------------------------------------------- */
 
 /* dt_op fails with code, names the op in its message and makes nothing. */

@@ -12,7 +12,8 @@ from .._ops_reduce import layer_norm, nn_log_softmax as log_softmax, nn_softmax 
 globals().update(_ops.nn_functions)
 
 
-def ring_attention(query, key, value, query_index, key_index, mesh_dim, is_causal=True, scale=None):
+def ring_attention(query, key, value, query_index, key_index, mesh_dim, is_causal=True, scale=None,
+                   joint_key=None, joint_value=None, joint_index=None):
     """Ring attention (context parallelism): softmax(query @ key^T * scale, keys hidden by position)
     @ value over a sequence split along the mesh dim ``mesh_dim`` (an int or a mesh dim name), the
     ring, without gathering it on any device.
@@ -34,11 +35,17 @@ def ring_attention(query, key, value, query_index, key_index, mesh_dim, is_causa
     1) or Shard(1) (heads; the indices Replicate). Anything else raises ValueError naming the input,
     its placements and what is needed.
 
+    joint_key (B, Hkv, Sj, D), joint_value (B, Hkv, Sj, Dv) and joint_index (B or 1, Sj), given
+    together, are a joint block that every query attends to once besides the ring's keys: Replicate
+    along the ring, placed like key on the other dims. It never travels (a diffusion transformer's
+    text tokens beside its image tokens split over the ring).
+
     scale defaults to 1 / sqrt(D). Returns (B, Hq, Lq, Dv) with query's dtype and placements
     (computed in float32)."""
     if isinstance(query, _C.DTensor):  # otherwise the call below says what query should be
         mesh_dim = _mesh_dim(query.device_mesh, mesh_dim)
-    return _C._ring_attention(query, key, value, query_index, key_index, mesh_dim, bool(is_causal), scale)
+    return _C._ring_attention(query, key, value, query_index, key_index, mesh_dim, bool(is_causal), scale,
+                              joint_key, joint_value, joint_index)
 
 
 def _mesh_dim(mesh, mesh_dim):
