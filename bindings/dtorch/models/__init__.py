@@ -6,3 +6,6 @@ from .llama_parallel import parallelize_llama
 __all__ = ["CausalLMOutputWithPast", "GenerationMixin", "LlamaConfig", "LlamaForCausalLM", "LlamaModel",
            "StaticCache", "parallelize_llama", "ContinuousBatcher", "Request"]
 from .serving import ContinuousBatcher, Request
+from .transformer_flux import FluxTransformer2DModel
+
+__all__ += ["FluxTransformer2DModel"]
