@@ -164,7 +164,7 @@
     X(attention_merge,              76,  2, s_infer_merge,     s_shard_merge)
 
 /* ---- images: convolution, group normalisation, resampling, padding (ops/op_image.c): name, id,
- * inputs (-1: any), rules (infer, shard) --------------------------------------------------------------------------------
+ * inputs (-1: any), rules (infer, shard) ----------------------------------------------------------
  * conv2d:      (input (N, C, H, W), weight (O, C / groups, kH, kW)[, bias (O,)]); ints = [stride_h,
  *              stride_w, pad_top, pad_bottom, pad_left, pad_right, dilation_h, dilation_w, groups]
  *              (padding on each side: torch's padding="same" with an even kernel pads one more at
@@ -183,7 +183,8 @@
     X(pad,                          82,  1, s_infer_pad,         s_shard_pad)
 
 /* Every op; a row starts with its name and id whatever its family. */
-#define OP_TABLE(X) OP_POINTWISE(X) OP_REDUCE(X) OP_VIEW(X) OP_MATMUL(X) OP_ROPE(X) OP_WRITE(X) OP_ATTENTION(X) OP_IMAGE(X)
+#define OP_TABLE(X)                                                                                                    \
+    OP_POINTWISE(X) OP_REDUCE(X) OP_VIEW(X) OP_MATMUL(X) OP_ROPE(X) OP_WRITE(X) OP_ATTENTION(X) OP_IMAGE(X)
 
 /* OP_ID_<name>: the id of each op, for the code that runs one op in particular. */
 #define OP_ID_ENUM_(name, id, ...) OP_ID_##name = (id),

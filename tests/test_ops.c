@@ -2086,7 +2086,8 @@ static void s_conv_ref(const double *x, const int64_t *xs, const double *w, cons
 {
     int64_t N = xs[0], C = xs[1], H = xs[2], W = xs[3], O = ws[0], kH = ws[2], kW = ws[3], G = p[8];
     int64_t Cg = C / G, Og = O / G;
-    int64_t OH = (H + p[2] + p[3] - p[6] * (kH - 1) - 1) / p[0] + 1, OW = (W + p[4] + p[5] - p[7] * (kW - 1) - 1) / p[1] + 1;
+    int64_t OH = (H + p[2] + p[3] - p[6] * (kH - 1) - 1) / p[0] + 1;
+    int64_t OW = (W + p[4] + p[5] - p[7] * (kW - 1) - 1) / p[1] + 1;
     os[0] = N, os[1] = O, os[2] = OH, os[3] = OW;
     for (int64_t n = 0; n < N; n++)
         for (int64_t o = 0; o < O; o++)
@@ -2109,7 +2110,8 @@ static void s_conv_ref(const double *x, const int64_t *xs, const double *w, cons
 S_SCENARIO(image, conv2d)
 {
     /* 3x3 padded by 1; stride 2 with uneven padding, dilation 2 and 2 groups; 1x1 (no im2col) */
-    static const int64_t params[3][9] = {{1, 1, 1, 1, 1, 1, 1, 1, 1}, {2, 1, 0, 1, 1, 0, 2, 1, 2}, {1, 1, 0, 0, 0, 0, 1, 1, 1}};
+    static const int64_t params[3][9] = {
+        {1, 1, 1, 1, 1, 1, 1, 1, 1}, {2, 1, 0, 1, 1, 0, 2, 1, 2}, {1, 1, 0, 0, 0, 0, 1, 1, 1}};
     static const int64_t kern[3][2] = {{3, 3}, {2, 3}, {1, 1}};
     static double x[3 * 4 * 6 * 5], w[6 * 4 * 3 * 3], b[6], want[3 * 6 * 6 * 5];
     s_fill(x, 360, 0);
