@@ -1,12 +1,13 @@
 """Neural-network functions with torch.nn.functional's names and signatures. The elementwise ones
-are the registry's rows that say so (ops/op_table.h); the others are written in dtorch/_ops*.py,
-and ring_attention here."""
+are the registry's rows that say so (ops/op_table.h); the others are written in dtorch/_ops*.py
+(the image ops conv2d, group_norm, interpolate and pad in _ops_image.py), and ring_attention here."""
 import numbers
 
 from .. import _C, _ops
 from .._ops import gelu
 from .._ops_matmul import embedding, linear, scaled_dot_product_attention
 from .._ops_write import rotary_embedding
+from .._ops_image import conv2d, group_norm, interpolate, pad
 from .._ops_reduce import layer_norm, nn_log_softmax as log_softmax, nn_softmax as softmax, rms_norm
 
 globals().update(_ops.nn_functions)
@@ -63,5 +64,6 @@ def _mesh_dim(mesh, mesh_dim):
     return int(mesh_dim) % mesh.ndim
 
 
-__all__ = sorted(["embedding", "gelu", "layer_norm", "linear", "log_softmax", "ring_attention", "rms_norm",
+__all__ = sorted(["conv2d", "embedding", "gelu", "group_norm", "interpolate", "layer_norm", "linear", "log_softmax",
+                  "pad", "ring_attention", "rms_norm",
                   "rotary_embedding", "scaled_dot_product_attention", "softmax"] + list(_ops.nn_functions))
