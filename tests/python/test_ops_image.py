@@ -174,10 +174,9 @@ def test_conv2d_dtypes_and_unbatched(mode):
     _close(got.numpy(), ref[0], "unbatched")
 
 
-def test_conv2d_large_image_chunks_im2col(mode):
-    """Columns past 64 MiB go by chunks of output rows: 256 channels x 3x3 x 128 x 64."""
-    if mode == "process":
-        pytest.skip("the kernel is the same in both worker modes")
+def test_conv2d_large_image_chunks_im2col(thread_runtime):
+    """Columns past 64 MiB go by chunks of output rows: 256 channels x 3x3 x 128 x 64 (the kernel is
+    the same in both worker modes: thread workers only)."""
     rng = np.random.default_rng(4)
     mesh = MESHES["1"]()
     x = rng.standard_normal((1, 256, 130, 64)).astype(np.float32)
