@@ -1179,27 +1179,29 @@ done:
     return result;
 }
 
-/* _ring_attention(query, key, value, query_index, key_index, mesh_dim, is_causal, scale or None) */
+/* _ring_attention(query, key, value, query_index, key_index, mesh_dim, is_causal, scale or None[,
+ * joint_key, joint_value, joint_index: all None or all tensors]) */
 static PyObject *s_ring_attention(PyObject *mod, PyObject *args)
 {
     const char *fn = "ring_attention";
-    PyObject *tensors[5], *dim_o, *causal_o, *scale_o;
-    dt_tensor *in[5];
+    PyObject *tensors[8] = {NULL}, *dim_o, *causal_o, *scale_o;
+    dt_tensor *in[8] = {NULL};
     int64_t dim;
     double scale = 0.0;
-    if (!PyArg_ParseTuple(args, "OOOOOOOO", &tensors[0], &tensors[1], &tensors[2], &tensors[3], &tensors[4], &dim_o,
-                          &causal_o, &scale_o))
+    if (!PyArg_ParseTuple(args, "OOOOOOOO|OOO", &tensors[0], &tensors[1], &tensors[2], &tensors[3], &tensors[4],
+                          &dim_o, &causal_o, &scale_o, &tensors[5], &tensors[6], &tensors[7]))
         return NULL;
-    for (int i = 0; i < 5; i++)
-        if (s_arg_tensor(fn, i, tensors[i], &in[i]) != 0)
+    for (int i = 0; i < 8; i++)
+        if (tensors[i] && (i < 5 || tensors[i] != Py_None) && s_arg_tensor(fn, i, tensors[i], &in[i]) != 0)
             return NULL;
     int causal = PyObject_IsTrue(causal_o);
     if (causal < 0 || s_arg_int(fn, "mesh_dim", dim_o, &dim) != 0 ||
         (scale_o != Py_None && s_arg_float(fn, "scale", scale_o, &scale) != 0))
         return NULL;
     int mesh_dim = dim < INT_MIN ? INT_MIN : dim > INT_MAX ? INT_MAX : (int)dim; /* out of range either way */
-    return s_tensor_wrap(dt_ring_attention(in[0], in[1], in[2], in[3], in[4], mesh_dim, causal, scale_o != Py_None,
-                                           scale), ((s_Tensor *)tensors[0])->mesh);
+    return s_tensor_wrap(dt_ring_attention_joint(in[0], in[1], in[2], in[3], in[4], in[5], in[6], in[7], mesh_dim,
+                                                 causal, scale_o != Py_None, scale),
+                         ((s_Tensor *)tensors[0])->mesh);
 }
 
 static PyObject *s_set_strict(PyObject *mod, PyObject *arg)

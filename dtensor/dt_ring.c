@@ -20,7 +20,12 @@
  * value split alike on batch or heads. Visibility comes from the positions (q_index, k_index), so
  * any layout of the sequence is correct. Per step, every device's SENDs are queued before any
  * device's ASSEMBLE (dt_redistribute.c's rule): a device never waits for a block it has still to
- * send, and no cycle of waits can form. */
+ * send, and no cycle of waits can form.
+ *
+ * A joint block (joint_key, joint_value, joint_index: Replicate along the ring, e.g. the text tokens
+ * of a diffusion transformer, whole on every device) is attended to once per query: in prefill every
+ * device merges it into its accumulators before its own block; in decode the device at ring
+ * position 0 does, and the merge across the ring counts it once. It never travels. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,9 +38,10 @@
 #include "mb_schema.h"
 #include "op_registry.h"
 
-enum { S_Q, S_K, S_V, S_QI, S_KI, S_NIN };
+enum { S_Q, S_K, S_V, S_QI, S_KI, S_NIN, S_JK = S_NIN, S_JV, S_JI, S_NALL };
 
-static const char *const s_input_names[S_NIN] = {"query", "key", "value", "query_index", "key_index"};
+static const char *const s_input_names[S_NALL] = {"query",     "key",       "value",       "query_index",
+                                                  "key_index", "joint_key", "joint_value", "joint_index"};
 static const int s_block_inputs[3] = {S_K, S_V, S_KI}; /* what travels around the ring */
 
 typedef struct {
@@ -45,7 +51,8 @@ typedef struct {
     int64_t n;            /* devices along the ring's mesh dim */
     int64_t stride;       /* flat mesh index distance between ring neighbours */
     bool decode;          /* query Replicate along the ring */
-    uint64_t ins[S_NIN];  /* the inputs' ids */
+    bool joint;           /* a joint block is given */
+    uint64_t ins[S_NALL]; /* the inputs' ids */
     dt_tensor *out;
 } s_ring;
 
@@ -139,6 +146,18 @@ static uint64_t s_o_id(const s_ring *g, bool last, uint64_t fresh)
     return last && g->out->dtype == DT_FLOAT32 ? g->out->id : fresh;
 }
 
+/* Device d attends to the joint block: fresh accumulators o, lse (ids from `fresh`). */
+static void s_attend_joint(const s_ring *g, int64_t d, const uint64_t *fresh, uint64_t *o, uint64_t *lse)
+{
+    int64_t shape[DT_MAX_DIMS];
+    s_out_shape(g, d, shape);
+    uint64_t ins[5] = {g->ins[S_Q], g->ins[S_JK], g->ins[S_JV], g->ins[S_QI], g->ins[S_JI]};
+    dtn_out outs[2] = {{fresh[0], DT_FLOAT32, 4, shape}, {fresh[1], DT_FLOAT32, 3, shape}};
+    dtn_op_compute(s_id(g, d), OP_ID_attention_block, 5, ins, &g->c.attrs, 0, NULL, 2, outs);
+    *o = fresh[0];
+    *lse = fresh[1];
+}
+
 /* ---- prefill: the blocks travel ------------------------------------------------------------------ */
 
 typedef struct {
@@ -170,12 +189,16 @@ static int s_prefill(const s_ring *g)
     s_held *held = calloc((size_t)size, sizeof *held);
     if (!held)
         return dt_err(DT_ENOMEM, "ring_attention: out of memory");
+    uint64_t joint[2];
+    s_new_ids(2, joint);
     for (int64_t d = 0; d < size; d++) {
         for (int t = 0; t < 3; t++)
             held[d].block[t] = g->ins[s_block_inputs[t]];
         for (int64_t s = n - 1; s > 0 && !held[d].last; s--)
             if (s_block(g, d, s, shapes))
                 held[d].last = s;
+        if (g->joint)
+            s_attend_joint(g, d, joint, &held[d].o, &held[d].lse);
     }
     for (int64_t s = 0; s < n; s++) {
         /* the block goes on to the next device before it is worked on, so the two overlap */
@@ -226,12 +249,22 @@ static uint64_t s_exchange_index(const s_ring *g, int64_t from, int64_t p, int t
 static int s_decode(const s_ring *g)
 {
     int64_t size = g->mesh->size, n = g->n, shape[DT_MAX_DIMS];
-    uint64_t part[2], stacked[2], merged[2];
+    uint64_t part[2], stacked[2], merged[2], joint[2];
     s_new_ids(2, part);
+    s_new_ids(2, joint);
     for (int64_t d = 0; d < size; d++) {
         s_out_shape(g, d, shape);
         dtn_out outs[2] = {{s_o_id(g, n == 1, part[0]), DT_FLOAT32, 4, shape}, {part[1], DT_FLOAT32, 3, shape}};
-        dtn_op_compute(s_id(g, d), OP_ID_attention_block, S_NIN, g->ins, &g->c.attrs, 0, NULL, 2, outs);
+        uint64_t ins[7];
+        memcpy(ins, g->ins, S_NIN * sizeof ins[0]);
+        bool with_joint = g->joint && s_position(g, d) == 0; /* counted once in the merge */
+        if (with_joint)
+            s_attend_joint(g, d, joint, &ins[5], &ins[6]);
+        dtn_op_compute(s_id(g, d), OP_ID_attention_block, with_joint ? 7 : S_NIN, ins, &g->c.attrs, 0, NULL, 2, outs);
+        if (with_joint) {
+            s_free(s_id(g, d), joint[0]);
+            s_free(s_id(g, d), joint[1]);
+        }
     }
     if (n == 1) {
         for (int64_t d = 0; d < size; d++)
@@ -282,6 +315,59 @@ static int s_decode(const s_ring *g)
 
 /* Fills g from the inputs: shapes and dtypes by attention_block's own checks, placements by its
  * rule on the other mesh dims and the ring's on mesh_dim. */
+/* Whether input i of call c has the placements c wants; if not, the error that says so. */
+static int s_placed(const op_call *c, int i, const char *name, int mesh_dim)
+{
+    if (op_same_placements(c->in[i].pl, c->want[i], c->mesh_ndim))
+        return 0;
+    char have[256], want[256];
+    dt_layout_format_placements(c->mesh_ndim, c->in[i].pl, have, sizeof have);
+    dt_layout_format_placements(c->mesh_ndim, c->want[i], want, sizeof want);
+    return dt_err(DT_EINVAL, "ring_attention: %s has placements %s but needs %s. Along the ring (mesh dim %d) "
+                  "key and value are Shard(2) and key_index Shard(1), with query Shard(2) and query_index "
+                  "Shard(1) (prefill) or both Replicate (decode), and a joint block Replicate; on every other mesh "
+                  "dim query, key and value (and the joint block) are all Replicate, all Shard(0) (batch) or all "
+                  "Shard(1) (heads, in whole groups of query heads), with the indices Shard(0) where query, key and "
+                  "value are and their batch is above 1, otherwise Replicate", name, have, want, mesh_dim);
+}
+
+/* The joint block (in[S_JK..S_JI]) checked against the query as attention_block checks any block,
+ * and Replicate along the ring. */
+static int s_check_joint(s_ring *g, dt_tensor *const *in, int mesh_dim)
+{
+    int given = (in[S_JK] != NULL) + (in[S_JV] != NULL) + (in[S_JI] != NULL);
+    if (given == 0)
+        return 0;
+    if (given != 3)
+        return dt_err(DT_EINVAL, "ring_attention: give joint_key, joint_value and joint_index together");
+    enum { J_Q, J_K, J_V, J_QI, J_KI, J_N };
+    dt_tensor *joint[J_N] = {in[S_Q], in[S_JK], in[S_JV], in[S_QI], in[S_JI]};
+    static const int names[J_N] = {S_Q, S_JK, S_JV, S_QI, S_JI};
+    op_call c;
+    int rc = dtn_op_call(&g->def, J_N, joint, &g->c.attrs, &c);
+    if (rc != 0 || (rc = g->def.infer(&c)) != 0)
+        return rc;
+    if (c.in[J_K].shape[2] == 0)
+        return dt_err(DT_EINVAL, "ring_attention: the joint block has no keys (give none instead)");
+    /* the query's side as the ring has it; the block as the rule wants it for that query, whole
+     * along the ring */
+    memcpy(c.in[J_Q].pl, g->c.want[S_Q], sizeof c.in[J_Q].pl);
+    memcpy(c.in[J_QI].pl, g->c.want[S_QI], sizeof c.in[J_QI].pl);
+    if ((rc = g->def.shard(&c)) != 0)
+        return rc;
+    for (int t = J_K; t < J_N; t++) {
+        if (t == J_QI)
+            continue;
+        c.want[t][mesh_dim] = dt_replicate();
+        if ((rc = s_placed(&c, t, s_input_names[names[t]], mesh_dim)) != 0)
+            return rc;
+    }
+    g->joint = true;
+    for (int i = S_JK; i < S_NALL; i++)
+        g->ins[i] = in[i]->id;
+    return 0;
+}
+
 static int s_check(s_ring *g, dt_tensor *const *in, int mesh_dim, bool is_causal, bool has_scale, double scale)
 {
     for (int i = 0; i < S_NIN; i++)
@@ -307,19 +393,9 @@ static int s_check(s_ring *g, dt_tensor *const *in, int mesh_dim, bool is_causal
     c->want[S_QI][mesh_dim] = g->decode ? dt_replicate() : dt_shard(1);
     c->want[S_K][mesh_dim] = c->want[S_V][mesh_dim] = dt_shard(2);
     c->want[S_KI][mesh_dim] = dt_shard(1);
-    for (int i = 0; i < S_NIN; i++) {
-        if (op_same_placements(c->in[i].pl, c->want[i], c->mesh_ndim))
-            continue;
-        char have[256], want[256];
-        dt_layout_format_placements(c->mesh_ndim, c->in[i].pl, have, sizeof have);
-        dt_layout_format_placements(c->mesh_ndim, c->want[i], want, sizeof want);
-        return dt_err(DT_EINVAL, "ring_attention: %s has placements %s but needs %s. Along the ring (mesh dim %d) "
-                      "key and value are Shard(2) and key_index Shard(1), with query Shard(2) and query_index "
-                      "Shard(1) (prefill) or both Replicate (decode); on every other mesh dim query, key and value are "
-                      "all Replicate, all Shard(0) (batch) or all Shard(1) (heads, in whole groups of query heads), "
-                      "with the indices Shard(0) where query, key and value are and their batch is above 1, "
-                      "otherwise Replicate", s_input_names[i], have, want, mesh_dim);
-    }
+    for (int i = 0; i < S_NIN; i++)
+        if ((rc = s_placed(c, i, s_input_names[i], mesh_dim)) != 0)
+            return rc;
     g->mesh = in[S_Q]->mesh;
     g->n = g->mesh->shape[mesh_dim];
     g->stride = 1;
@@ -327,11 +403,19 @@ static int s_check(s_ring *g, dt_tensor *const *in, int mesh_dim, bool is_causal
         g->stride *= g->mesh->shape[m];
     for (int i = 0; i < S_NIN; i++)
         g->ins[i] = in[i]->id;
-    return 0;
+    g->joint = false;
+    return s_check_joint(g, in, mesh_dim);
 }
 
 dt_tensor *dt_ring_attention(dt_tensor *q, dt_tensor *k, dt_tensor *v, dt_tensor *q_index, dt_tensor *k_index,
                              int mesh_dim, bool is_causal, bool has_scale, double scale)
+{
+    return dt_ring_attention_joint(q, k, v, q_index, k_index, NULL, NULL, NULL, mesh_dim, is_causal, has_scale, scale);
+}
+
+dt_tensor *dt_ring_attention_joint(dt_tensor *q, dt_tensor *k, dt_tensor *v, dt_tensor *q_index, dt_tensor *k_index,
+                                   dt_tensor *joint_key, dt_tensor *joint_value, dt_tensor *joint_index, int mesh_dim,
+                                   bool is_causal, bool has_scale, double scale)
 {
     s_ring *g = malloc(sizeof *g);
     dt_tensor *out = g ? dtn_tensor_alloc() : NULL;
@@ -340,7 +424,7 @@ dt_tensor *dt_ring_attention(dt_tensor *q, dt_tensor *k, dt_tensor *v, dt_tensor
         dt_err(DT_ENOMEM, "ring_attention: out of memory");
         return NULL;
     }
-    dt_tensor *in[S_NIN] = {q, k, v, q_index, k_index};
+    dt_tensor *in[S_NALL] = {q, k, v, q_index, k_index, joint_key, joint_value, joint_index};
     if (s_check(g, in, mesh_dim, is_causal, has_scale, scale) != 0) {
         dtn_tensor_free(out);
         free(g);

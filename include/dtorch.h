@@ -265,6 +265,15 @@ dt_tensor *dt_index(dt_tensor *t, int n, const dt_index_item *items);
  * and what is needed). */
 dt_tensor *dt_ring_attention(dt_tensor *q, dt_tensor *k, dt_tensor *v, dt_tensor *q_index, dt_tensor *k_index,
                              int mesh_dim, bool is_causal, bool has_scale, double scale);
+/* The same with a joint block every query attends to once besides the ring's keys: joint_key
+ * (B, Hkv, Sj, D), joint_value (B, Hkv, Sj, Dv), joint_index (B or 1, Sj) positions, Replicate along
+ * the ring and placed as attention_block's rule wants a block for the query elsewhere (e.g. a
+ * diffusion transformer's text tokens next to its image tokens split over the ring). It never
+ * travels: in prefill each device merges it into its accumulators, in decode the device at ring
+ * position 0 does. NULL, NULL, NULL: dt_ring_attention. */
+dt_tensor *dt_ring_attention_joint(dt_tensor *q, dt_tensor *k, dt_tensor *v, dt_tensor *q_index, dt_tensor *k_index,
+                                   dt_tensor *joint_key, dt_tensor *joint_value, dt_tensor *joint_index, int mesh_dim,
+                                   bool is_causal, bool has_scale, double scale);
 
 /* Strict mode: an op whose inputs would need a redistribute fails instead, naming the op and
  * the placements. */

@@ -163,8 +163,28 @@
     X(attention_block,              75, -1, s_infer_block,     s_shard_block)                                         \
     X(attention_merge,              76,  2, s_infer_merge,     s_shard_merge)
 
+/* ---- images: convolution, group normalisation, resampling, padding (ops/op_image.c): name, id,
+ * inputs (-1: any), rules (infer, shard) ----------------------------------------------------------
+ * conv2d:      (input (N, C, H, W), weight (O, C / groups, kH, kW)[, bias (O,)]); ints = [stride_h,
+ *              stride_w, pad_top, pad_bottom, pad_left, pad_right, dilation_h, dilation_w, groups]
+ *              (padding on each side: torch's padding="same" with an even kernel pads one more at
+ *              the bottom and right)
+ * group_norm:  (input (N, C, *)[, weight (C,)][, bias (C,)]); ints = [num_groups, has_weight |
+ *              has_bias << 1]; floats = [eps]
+ * interpolate: (input (N, C, L) or (N, C, H, W)); ints = [mode (0 nearest, 1 linear/bilinear,
+ *              2 nearest-exact), align_corners, output sizes (one per spatial dim)...]; floats =
+ *              [scale factor per spatial dim] (0: none given, the scale is input / output size)
+ * pad:         (input); ints = [mode (0 constant, 1 reflect, 2 replicate), (left, right) per dim
+ *              from the last...]; floats = [value] (constant) */
+#define OP_IMAGE(X)                                                                                                    \
+    X(conv2d,                       79, -1, s_infer_conv,        s_shard_conv)                                        \
+    X(group_norm,                   80, -1, s_infer_group_norm,  s_shard_group_norm)                                  \
+    X(interpolate,                  81,  1, s_infer_interpolate, s_shard_interpolate)                                 \
+    X(pad,                          82,  1, s_infer_pad,         s_shard_pad)
+
 /* Every op; a row starts with its name and id whatever its family. */
-#define OP_TABLE(X) OP_POINTWISE(X) OP_REDUCE(X) OP_VIEW(X) OP_MATMUL(X) OP_ROPE(X) OP_WRITE(X) OP_ATTENTION(X)
+#define OP_TABLE(X)                                                                                                    \
+    OP_POINTWISE(X) OP_REDUCE(X) OP_VIEW(X) OP_MATMUL(X) OP_ROPE(X) OP_WRITE(X) OP_ATTENTION(X) OP_IMAGE(X)
 
 /* OP_ID_<name>: the id of each op, for the code that runs one op in particular. */
 #define OP_ID_ENUM_(name, id, ...) OP_ID_##name = (id),

@@ -453,7 +453,11 @@ static double s_pow(double a, double b, bool integer)
     X(shard_assign_, "write::shard_assign_by_pieces")                                                              \
     X(index_copy_, "write::index_copy_at_positions")                                                               \
     X(attention_block, "attention::blocks_and_merge")                                                              \
-    X(attention_merge, "attention::blocks_and_merge")
+    X(attention_merge, "attention::blocks_and_merge")                                                              \
+    X(conv2d, "image::conv2d")                                                                                         \
+    X(group_norm, "image::group_norm")                                                                                 \
+    X(interpolate, "image::interpolate")                                                                               \
+    X(pad, "image::pad")
 
 #define S_ANY false
 #define S_POSITIVE true
@@ -2060,6 +2064,437 @@ S_SCENARIO(attention, ring)
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
             dt_tensor_release(&all[i]);
     }
+}
+
+/* dt_ring_attention_joint: a joint block of 3 keys (Replicate along the ring, like the text tokens
+ * of a diffusion transformer) seen once by every query besides the 7 ring keys split 4 and 3,
+ * non-causal; prefill and decode against the reference over the concatenated keys. */
+S_SCENARIO(attention, ring_joint)
+{
+    enum { B = 2, HQ = 4, H = 2, S = 7, SJ = 3, ST = SJ + S, E = 4, EV = 3 };
+    double q[B * HQ * S * E], k[B * H * S * E], v[B * H * S * EV], jk[B * H * SJ * E], jv[B * H * SJ * EV];
+    double kk[ST * E], vv[ST * EV], pos[ST] = {0}, want[B * HQ * S * EV], lse[B * HQ * S];
+    s_fill(q, B * HQ * S * E, 0);
+    s_fill(k, B * H * S * E, 3);
+    s_fill(v, B * H * S * EV, 0);
+    s_fill(jk, B * H * SJ * E, 5);
+    s_fill(jv, B * H * SJ * EV, 7);
+    dt_placement R = dt_replicate(), S1 = dt_shard(1), S2 = dt_shard(2);
+    for (int ring = 0; ring < e->mn; ring++) {
+        dt_placement seq[2] = {ring ? S1 : S2, ring ? S2 : S1}, idx[2] = {ring ? R : S1, ring ? S1 : R};
+        dt_placement whole[2] = {ring ? S1 : R, ring ? R : S1}, rep[2] = {R, R};
+        char what[64];
+        snprintf(what, sizeof what, "joint ring on mesh dim %d", ring);
+        dt_tensor *tk = s_make(e, DT_FLOAT32, 4, (int64_t[]){B, H, S, E}, k, seq);
+        dt_tensor *tv = s_make(e, DT_FLOAT32, 4, (int64_t[]){B, H, S, EV}, v, seq);
+        dt_tensor *tq = s_make(e, DT_FLOAT32, 4, (int64_t[]){B, HQ, S, E}, q, seq);
+        dt_tensor *tjk = s_make(e, DT_FLOAT32, 4, (int64_t[]){B, H, SJ, E}, jk, whole);
+        dt_tensor *tjv = s_make(e, DT_FLOAT32, 4, (int64_t[]){B, H, SJ, EV}, jv, whole);
+        dt_tensor *tpos = s_make(e, DT_INT64, 2, (int64_t[]){1, S}, pos, idx);
+        dt_tensor *tjpos = s_make(e, DT_INT64, 2, (int64_t[]){1, SJ}, pos, rep);
+        for (int z = 0; z < B * HQ; z++) {
+            int64_t kv = z / HQ * H + z % HQ / (HQ / H);
+            memcpy(kk, jk + kv * SJ * E, SJ * E * sizeof *kk);
+            memcpy(kk + SJ * E, k + kv * S * E, S * E * sizeof *kk);
+            memcpy(vv, jv + kv * SJ * EV, SJ * EV * sizeof *vv);
+            memcpy(vv + SJ * EV, v + kv * S * EV, S * EV * sizeof *vv);
+            s_block_ref(q + z * S * E, kk, vv, pos, pos, S, ST, E, EV, false, 0.5, want + z * S * EV, lse + z * S);
+        }
+        dt_tensor *out = dt_ring_attention_joint(tq, tk, tv, tpos, tpos, tjk, tjv, tjpos, ring, false, false, 0.0);
+        s_check(out, DT_FLOAT32, 4, (int64_t[]){B, HQ, S, EV}, want, 1e-5, what);
+        dt_tensor_release(&out);
+        /* decode: the same queries whole along the ring (each device attends to its own block, the
+         * joint block counted once in the merge) */
+        dt_tensor *tqr = s_make(e, DT_FLOAT32, 4, (int64_t[]){B, HQ, S, E}, q, whole);
+        dt_tensor *tqpos = s_make(e, DT_INT64, 2, (int64_t[]){1, S}, pos, rep);
+        out = dt_ring_attention_joint(tqr, tk, tv, tqpos, tpos, tjk, tjv, tjpos, ring, false, false, 0.0);
+        s_check(out, DT_FLOAT32, 4, (int64_t[]){B, HQ, S, EV}, want, 1e-5, what);
+        dt_tensor_release(&out);
+        /* a joint block split along the ring, or one given in part: refused at the call */
+        cr_expect_null(dt_ring_attention_joint(tq, tk, tv, tpos, tpos, tk, tv, tpos, ring, false, false, 0.0));
+        cr_expect(strstr(dt_last_error(), "ring_attention: joint_key has placements") != NULL, "%s", dt_last_error());
+        cr_expect_null(dt_ring_attention_joint(tq, tk, tv, tpos, tpos, tjk, NULL, tjpos, ring, false, false, 0.0));
+        cr_expect(strstr(dt_last_error(), "together") != NULL, "%s", dt_last_error());
+        dt_tensor *all[] = {tk, tv, tq, tjk, tjv, tpos, tjpos, tqr, tqpos};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            dt_tensor_release(&all[i]);
+    }
+}
+
+/* ---- images ---------------------------------------------------------------------------------- */
+
+/* Whether t has placements pl on every mesh dim. */
+static void s_expect_placements(const s_env *e, dt_tensor *t, const dt_placement *pl, const char *what)
+{
+    char got[32], want[32];
+    const dt_placement *have = dt_tensor_placements(t);
+    s_layout_name(e, have, got, sizeof got);
+    s_layout_name(e, pl, want, sizeof want);
+    cr_expect_str_eq(got, want, "%s: placements [%s], want [%s]", what, got, want);
+}
+
+/* out (N, O, OH, OW) = conv2d of x (N, C, H, W) with w (O, C / g, kH, kW) and bias b (or NULL), p =
+ * [stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right, dil_h, dil_w, groups]: the sum over
+ * kernel taps, written out directly. */
+static void s_conv_ref(const double *x, const int64_t *xs, const double *w, const int64_t *ws, const double *b,
+                       const int64_t *p, double *out, int64_t *os)
+{
+    int64_t N = xs[0], C = xs[1], H = xs[2], W = xs[3], O = ws[0], kH = ws[2], kW = ws[3], G = p[8];
+    int64_t Cg = C / G, Og = O / G;
+    int64_t OH = (H + p[2] + p[3] - p[6] * (kH - 1) - 1) / p[0] + 1;
+    int64_t OW = (W + p[4] + p[5] - p[7] * (kW - 1) - 1) / p[1] + 1;
+    os[0] = N, os[1] = O, os[2] = OH, os[3] = OW;
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t o = 0; o < O; o++)
+            for (int64_t i = 0; i < OH; i++)
+                for (int64_t j = 0; j < OW; j++) {
+                    double s = b ? b[o] : 0;
+                    for (int64_t c = 0; c < Cg; c++)
+                        for (int64_t ki = 0; ki < kH; ki++)
+                            for (int64_t kj = 0; kj < kW; kj++) {
+                                int64_t ih = i * p[0] - p[2] + ki * p[6], iw = j * p[1] - p[4] + kj * p[7];
+                                if (ih < 0 || ih >= H || iw < 0 || iw >= W)
+                                    continue;
+                                int64_t ch = o / Og * Cg + c;
+                                s += x[((n * C + ch) * H + ih) * W + iw] * w[((o * Cg + c) * kH + ki) * kW + kj];
+                            }
+                    out[((n * O + o) * OH + i) * OW + j] = s;
+                }
+}
+
+S_SCENARIO(image, conv2d)
+{
+    /* 3x3 padded by 1; stride 2 with uneven padding, dilation 2 and 2 groups; 1x1 (no im2col) */
+    static const int64_t params[3][9] = {
+        {1, 1, 1, 1, 1, 1, 1, 1, 1}, {2, 1, 0, 1, 1, 0, 2, 1, 2}, {1, 1, 0, 0, 0, 0, 1, 1, 1}};
+    static const int64_t kern[3][2] = {{3, 3}, {2, 3}, {1, 1}};
+    static double x[3 * 4 * 6 * 5], w[6 * 4 * 3 * 3], b[6], want[3 * 6 * 6 * 5];
+    s_fill(x, 360, 0);
+    s_fill(w, 216, 3);
+    for (int i = 0; i < 6; i++)
+        b[i] = (double)(i - 2) * 0.25;
+    dt_placement R = dt_replicate(), S0 = dt_shard(0), S1 = dt_shard(1);
+    s_layout lx[8], lw[8], lb[8];
+    int nx = s_layouts(e, 4, DT_REDUCE_SUM, lx), nw = s_layouts(e, 4, -1, lw), nb = s_layouts(e, 1, -1, lb);
+    for (int batch = 0; batch < 2; batch++) {
+        /* N = 3: uneven batch shards; N = 1: an empty one */
+        int64_t xs[4] = {batch ? 1 : 3, 4, 6, 5};
+        for (int l = 0; l < nx; l++) {
+            dt_tensor *tx = s_make(e, DT_FLOAT32, 4, xs, x, lx[l].pl);
+            for (int q = 0; q < 3; q++) {
+                if (e->small && q != l % 3)
+                    continue;
+                int64_t ws[4] = {6, 4 / params[q][8], kern[q][0], kern[q][1]}, os[4];
+                dt_tensor *tw = s_make(e, DT_FLOAT32, 4, ws, w, lw[(l + q) % nw].pl);
+                dt_tensor *tb = s_make(e, DT_FLOAT32, 1, (int64_t[]){6}, b, lb[(l + q) % nb].pl);
+                dt_op_attrs attrs = {.nints = 9};
+                memcpy(attrs.ints, params[q], sizeof params[q]);
+                char what[96], ln[32], lnw[32];
+                s_layout_name(e, lx[l].pl, ln, sizeof ln);
+                s_layout_name(e, lw[(l + q) % nw].pl, lnw, sizeof lnw);
+                snprintf(what, sizeof what, "N=%lld params %d x [%s] w [%s]", (long long)xs[0], q, ln, lnw);
+                s_conv_ref(x, xs, w, ws, b, params[q], want, os);
+                s_expect("conv2d", 3, (dt_tensor *[]){tx, tw, tb}, &attrs, DT_FLOAT32, 4, os, want, S_TOL, what);
+                s_conv_ref(x, xs, w, ws, NULL, params[q], want, os);
+                s_expect("conv2d", 2, (dt_tensor *[]){tx, tw}, &attrs, DT_FLOAT32, 4, os, want, S_TOL, what);
+                dt_tensor_release(&tw);
+                dt_tensor_release(&tb);
+            }
+            dt_tensor_release(&tx);
+        }
+    }
+    /* the placements chosen: a batch shard stays, a weight split by output channels splits the
+     * output's channels, a Partial input without bias stays Partial */
+    int64_t xs[4] = {3, 4, 6, 5}, ws[4] = {6, 4, 3, 3}, os[4];
+    dt_op_attrs attrs = {.nints = 9};
+    memcpy(attrs.ints, params[0], sizeof params[0]);
+    dt_placement pr[2] = {R, R}, ps0[2] = {S0, R}, pw0[2] = {R, S0}, pp[2] = {dt_partial(DT_REDUCE_SUM), R};
+    dt_tensor *xr = s_make(e, DT_FLOAT32, 4, xs, x, pr), *xb = s_make(e, DT_FLOAT32, 4, xs, x, ps0);
+    dt_tensor *xp = s_make(e, DT_FLOAT32, 4, xs, x, pp);
+    dt_tensor *wr = s_make(e, DT_FLOAT32, 4, ws, w, pr), *wo = s_make(e, DT_FLOAT32, 4, ws, w, e->mn == 1 ? ps0 : pw0);
+    dt_tensor *bo = s_make(e, DT_FLOAT32, 1, (int64_t[]){6}, b, e->mn == 1 ? ps0 : pw0);
+    s_conv_ref(x, xs, w, ws, NULL, params[0], want, os);
+    dt_tensor *t = s_op("conv2d", 2, (dt_tensor *[]){xb, wr}, &attrs, "batch");
+    s_expect_placements(e, t, ps0, "conv2d of a batch shard");
+    s_check(t, DT_FLOAT32, 4, os, want, S_TOL, "conv2d of a batch shard");
+    dt_tensor_release(&t);
+    t = s_op("conv2d", 2, (dt_tensor *[]){xp, wr}, &attrs, "partial");
+    s_expect_placements(e, t, pp, "conv2d of a Partial input");
+    s_check(t, DT_FLOAT32, 4, os, want, S_TOL, "conv2d of a Partial input");
+    dt_tensor_release(&t);
+    s_conv_ref(x, xs, w, ws, b, params[0], want, os);
+    t = s_op("conv2d", 3, (dt_tensor *[]){xr, wo, bo}, &attrs, "channels");
+    s_expect_placements(e, t, e->mn == 1 ? (dt_placement[]){S1} : (dt_placement[]){R, S1}, "conv2d by channels");
+    s_check(t, DT_FLOAT32, 4, os, want, S_TOL, "conv2d by channels");
+    dt_tensor_release(&t);
+    t = s_op("conv2d", 3, (dt_tensor *[]){xp, wr, bo}, &attrs, "partial with bias");
+    s_expect_placements(e, t, pr, "conv2d of a Partial input with a bias");
+    s_check(t, DT_FLOAT32, 4, os, want, S_TOL, "conv2d of a Partial input with a bias");
+    dt_tensor_release(&t);
+    /* 16-bit inputs compute in float32: a float16 input of exact values gives the float32 result
+     * rounded once */
+    dt_tensor *h[3] = {s_op("to", 1, &xr, &(dt_op_attrs){.nints = 1, .ints = {DT_FLOAT16}}, "to"),
+                       s_op("to", 1, &wr, &(dt_op_attrs){.nints = 1, .ints = {DT_FLOAT16}}, "to"), NULL};
+    dt_tensor *hy = s_op("conv2d", 2, h, &attrs, "float16");
+    dt_tensor *hy32 = s_op("to", 1, &hy, &(dt_op_attrs){.nints = 1, .ints = {DT_FLOAT32}}, "to");
+    s_conv_ref(x, xs, w, ws, NULL, params[0], want, os);
+    s_check(hy32, DT_FLOAT32, 4, os, want, 1e-3, "conv2d in float16");
+    /* refused at the call: channels that do not match, a kernel larger than the padded input */
+    dt_tensor *w3 = s_make(e, DT_FLOAT32, 4, (int64_t[]){6, 3, 3, 3}, w, pr);
+    s_expect_refused("conv2d", 2, (dt_tensor *[]){xr, w3}, &attrs, DT_EINVAL, "to have 3 channels, but got 4");
+    dt_op_attrs big = attrs;
+    big.ints[6] = big.ints[7] = 4;
+    s_expect_refused("conv2d", 2, (dt_tensor *[]){xr, wr}, &big, DT_EINVAL, "Kernel size can't be greater");
+    s_expect_refused("conv2d", 2, (dt_tensor *[]){xr, h[1]}, &attrs, DT_ETYPE, "should be the same");
+    dt_tensor *all[] = {xr, xb, xp, wr, wo, bo, h[0], h[1], hy, hy32, w3};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        dt_tensor_release(&all[i]);
+}
+
+/* y = group_norm(x (N, C, S) in G groups) times w plus b (NULL: none), in double. */
+static void s_group_norm_ref(const double *x, int64_t N, int64_t C, int64_t S, int64_t G, const double *w,
+                             const double *b, double eps, double *y)
+{
+    int64_t n = C / G * S;
+    for (int64_t i = 0; i < N * G; i++) {
+        const double *xg = x + i * n;
+        double mean = 0, var = 0;
+        for (int64_t j = 0; j < n; j++)
+            mean += xg[j] / (double)n;
+        for (int64_t j = 0; j < n; j++)
+            var += (xg[j] - mean) * (xg[j] - mean) / (double)n;
+        for (int64_t j = 0; j < n; j++) {
+            int64_t c = (i % G) * (C / G) + j / S;
+            y[i * n + j] = (xg[j] - mean) / sqrt(var + eps) * (w ? w[c] : 1) + (b ? b[c] : 0);
+        }
+    }
+}
+
+S_SCENARIO(image, group_norm)
+{
+    static double x[3 * 6 * 2 * 5], want[180], w[6], b[6];
+    s_fill(x, 180, 0);
+    for (int i = 0; i < 6; i++) {
+        w[i] = 0.5 + (double)(i % 4) * 0.25;
+        b[i] = (double)(i % 3 - 1) * 0.125;
+    }
+    s_layout lx[8], l1[8];
+    int nx = s_layouts(e, 4, DT_REDUCE_SUM, lx), n1 = s_layouts(e, 1, -1, l1);
+    for (int batch = 0; batch < 2; batch++) {
+        int64_t xs[4] = {batch ? 1 : 3, 6, 2, 5};
+        for (int l = 0; l < nx; l++) {
+            char what[96], ln[32];
+            s_layout_name(e, lx[l].pl, ln, sizeof ln);
+            snprintf(what, sizeof what, "N=%lld [%s]", (long long)xs[0], ln);
+            dt_tensor *t = s_make(e, DT_FLOAT32, 4, xs, x, lx[l].pl);
+            dt_tensor *tw = s_make(e, DT_FLOAT32, 1, (int64_t[]){6}, w, l1[l % n1].pl);
+            dt_tensor *tb = s_make(e, DT_FLOAT32, 1, (int64_t[]){6}, b, l1[(l + 1) % n1].pl);
+            s_group_norm_ref(x, xs[0], 6, 10, 3, w, b, 1e-5, want);
+            s_expect("group_norm", 3, (dt_tensor *[]){t, tw, tb},
+                     &(dt_op_attrs){.nints = 2, .ints = {3, 3}, .nfloats = 1, .floats = {1e-5}}, DT_FLOAT32, 4, xs,
+                     want, 1e-4, what);
+            s_group_norm_ref(x, xs[0], 6, 10, 2, NULL, b, 1e-3, want);
+            s_expect("group_norm", 2, (dt_tensor *[]){t, tb},
+                     &(dt_op_attrs){.nints = 2, .ints = {2, 2}, .nfloats = 1, .floats = {1e-3}}, DT_FLOAT32, 4, xs,
+                     want, 1e-4, what);
+            s_group_norm_ref(x, xs[0], 6, 10, 6, w, NULL, 1e-5, want);
+            s_expect("group_norm", 2, (dt_tensor *[]){t, tw},
+                     &(dt_op_attrs){.nints = 2, .ints = {6, 1}, .nfloats = 1, .floats = {1e-5}}, DT_FLOAT32, 4, xs,
+                     want, 1e-4, what);
+            s_group_norm_ref(x, xs[0], 6, 10, 1, NULL, NULL, 1e-5, want);
+            dt_tensor *y = s_op("group_norm", 1, &t,
+                                &(dt_op_attrs){.nints = 2, .ints = {1, 0}, .nfloats = 1, .floats = {1e-5}}, what);
+            s_check(y, DT_FLOAT32, 4, xs, want, 1e-4, what);
+            if (lx[l].pl[0].kind == DT_SHARD && lx[l].pl[0].dim == 0)
+                cr_expect(dt_tensor_placements(y)[0].kind == DT_SHARD, "%s: the batch shard stays", what);
+            dt_tensor_release(&y);
+            s_expect_refused("group_norm", 1, &t, &(dt_op_attrs){.nints = 2, .ints = {4, 0}, .nfloats = 1},
+                             DT_EINVAL, "divisible by num_groups");
+            s_expect_refused("group_norm", 2, (dt_tensor *[]){t, t},
+                             &(dt_op_attrs){.nints = 2, .ints = {3, 1}, .nfloats = 1}, DT_EINVAL, "weight");
+            dt_tensor_release(&t);
+            dt_tensor_release(&tw);
+            dt_tensor_release(&tb);
+        }
+    }
+}
+
+/* One axis of torch's upsampling: the float32 source position of output o (mode 0 nearest, 1
+ * linear, 2 nearest-exact), split into two taps and the second's weight. */
+static void s_axis_ref(int64_t in, int64_t out, int mode, bool align, double factor, int64_t o, int64_t *i0,
+                       int64_t *i1, double *l1)
+{
+    float scale = mode == 1 && align ? (out > 1 ? (float)(in - 1) / (float)(out - 1) : 0.0f)
+                  : factor > 0       ? (float)(1.0 / factor)
+                                     : (float)in / (float)out;
+    *l1 = 0;
+    if (mode == 0 || mode == 2) {
+        float src = mode == 0 ? scale * (float)o : scale * ((float)o + 0.5f);
+        *i0 = *i1 = (int64_t)floorf(src) < in - 1 ? (int64_t)floorf(src) : in - 1;
+        return;
+    }
+    if (in == out) {
+        *i0 = *i1 = o;
+        return;
+    }
+    float src = align ? scale * (float)o : scale * ((float)o + 0.5f) - 0.5f;
+    if (src < 0)
+        src = 0;
+    int64_t h = (int64_t)floorf(src) < in - 1 ? (int64_t)floorf(src) : in - 1;
+    *i0 = h;
+    *i1 = h < in - 1 ? h + 1 : h;
+    *l1 = (double)(src - (float)h);
+}
+
+S_SCENARIO(image, interpolate)
+{
+    /* (mode, align_corners, OH, OW, scale_h, scale_w) on x (2, 3, 4, 5) */
+    static const double cases[][6] = {{0, 0, 7, 3, 0, 0}, {0, 0, 8, 10, 2, 2}, {0, 0, 6, 7, 1.5, 1.5},
+                                      {1, 0, 6, 7, 0, 0}, {1, 1, 3, 8, 0, 0},   {1, 0, 8, 10, 2, 2},
+                                      {1, 0, 4, 9, 0, 0}, {2, 0, 6, 3, 0, 0},   {1, 1, 1, 1, 0, 0}};
+    static const int ncases = sizeof cases / sizeof cases[0];
+    static double x[120], want[2 * 3 * 8 * 10];
+    s_fill(x, 120, 0);
+    int64_t xs[4] = {2, 3, 4, 5};
+    s_layout lx[8];
+    int nx = s_layouts(e, 4, DT_REDUCE_SUM, lx);
+    for (int l = 0; l < nx; l++) {
+        dt_tensor *t = s_make(e, DT_FLOAT32, 4, xs, x, lx[l].pl);
+        for (int q = 0; q < ncases; q++) {
+            const double *c = cases[q];
+            int mode = (int)c[0];
+            int64_t os[4] = {2, 3, (int64_t)c[2], (int64_t)c[3]};
+            for (int64_t p = 0; p < 6; p++)
+                for (int64_t i = 0; i < os[2]; i++)
+                    for (int64_t j = 0; j < os[3]; j++) {
+                        int64_t h0, h1, w0, w1;
+                        double lh, lw;
+                        s_axis_ref(4, os[2], mode, c[1] != 0, c[4], i, &h0, &h1, &lh);
+                        s_axis_ref(5, os[3], mode, c[1] != 0, c[5], j, &w0, &w1, &lw);
+                        const double *xp = x + p * 20;
+                        want[(p * os[2] + i) * os[3] + j] =
+                            (1 - lh) * ((1 - lw) * xp[h0 * 5 + w0] + lw * xp[h0 * 5 + w1]) +
+                            lh * ((1 - lw) * xp[h1 * 5 + w0] + lw * xp[h1 * 5 + w1]);
+                    }
+            char what[96], ln[32];
+            s_layout_name(e, lx[l].pl, ln, sizeof ln);
+            snprintf(what, sizeof what, "case %d [%s]", q, ln);
+            dt_op_attrs attrs = {.nints = 4, .ints = {mode, (int64_t)c[1], os[2], os[3]}, .nfloats = 2,
+                                 .floats = {c[4], c[5]}};
+            s_expect("interpolate", 1, &t, &attrs, DT_FLOAT32, 4, os, want, mode == 1 ? S_TOL : 0, what);
+        }
+        /* 3-D: (N, C, L) linear and nearest on the last dim */
+        dt_placement p3[2] = {lx[l].pl[0], lx[l].pl[1]};
+        for (int m = 0; m < 2; m++)
+            if (p3[m].kind == DT_SHARD && p3[m].dim == 3)
+                p3[m] = dt_shard(2);
+        dt_tensor *t3 = s_make(e, DT_FLOAT32, 3, (int64_t[]){2, 3, 20}, x, p3);
+        for (int mode = 0; mode < 2; mode++) {
+            for (int64_t p = 0; p < 6; p++)
+                for (int64_t j = 0; j < 9; j++) {
+                    int64_t w0, w1;
+                    double lw;
+                    s_axis_ref(20, 9, mode, false, 0, j, &w0, &w1, &lw);
+                    want[p * 9 + j] = (1 - lw) * x[p * 20 + w0] + lw * x[p * 20 + w1];
+                }
+            s_expect("interpolate", 1, &t3, &(dt_op_attrs){.nints = 3, .ints = {mode, 0, 9}, .nfloats = 1},
+                     DT_FLOAT32, 3, (int64_t[]){2, 3, 9}, want, S_TOL, "3-D");
+        }
+        s_expect_refused("interpolate", 1, &t, &(dt_op_attrs){.nints = 4, .ints = {0, 1, 2, 2}, .nfloats = 2},
+                         DT_EINVAL, "align_corners");
+        s_expect_refused("interpolate", 1, &t, &(dt_op_attrs){.nints = 4, .ints = {1, 0, 0, 2}, .nfloats = 2},
+                         DT_EINVAL, "greater than 0");
+        dt_tensor_release(&t);
+        dt_tensor_release(&t3);
+    }
+}
+
+/* out = x (shape) padded by pads ((left, right) from the last dim) in mode (0 constant value, 1
+ * reflect, 2 replicate), in double. */
+static void s_pad_ref(const double *x, int nd, const int64_t *shape, int npairs, const int64_t *pads, int mode,
+                      double value, double *out, int64_t *os)
+{
+    int64_t left[DT_MAX_DIMS] = {0}, idx[DT_MAX_DIMS], src[DT_MAX_DIMS];
+    for (int d = 0; d < nd; d++)
+        os[d] = shape[d];
+    for (int i = 0; i < npairs; i++) {
+        left[nd - 1 - i] = pads[2 * i];
+        os[nd - 1 - i] += pads[2 * i] + pads[2 * i + 1];
+    }
+    for (int64_t i = 0; i < s_numel(nd, os); i++) {
+        s_unravel(nd, os, i, idx);
+        bool inside = true;
+        for (int d = 0; d < nd; d++) {
+            int64_t s = idx[d] - left[d], n = shape[d];
+            if (mode == 1)
+                s = s < 0 ? -s : s >= n ? 2 * (n - 1) - s : s;
+            else if (mode == 2)
+                s = s < 0 ? 0 : s >= n ? n - 1 : s;
+            inside = inside && s >= 0 && s < n;
+            src[d] = s;
+        }
+        out[i] = inside ? x[s_ravel(nd, shape, src)] : value;
+    }
+}
+
+S_SCENARIO(image, pad)
+{
+    /* (mode, pairs, pads...) on x (3, 4, 5) */
+    static const int64_t cases[][8] = {{0, 1, 1, 2},          {0, 2, 1, 2, -1, 1},       {0, 3, 0, 0, 1, 1, 2, 0},
+                                       {0, 1, -2, -1},        {1, 1, 2, 1},              {1, 2, 1, 1, 3, 2},
+                                       {2, 2, 2, 3, 1, 0},    {2, 1, 0, 4}};
+    static const int ncases = sizeof cases / sizeof cases[0];
+    static double x[60], want[8 * 6 * 10];
+    s_fill(x, 60, 2);
+    int64_t xs[3] = {3, 4, 5}, os[3];
+    s_layout lx[8];
+    int nx = s_layouts(e, 3, DT_REDUCE_SUM, lx);
+    for (int l = 0; l < nx; l++) {
+        dt_tensor *tf = s_make(e, DT_FLOAT32, 3, xs, x, lx[l].pl), *ti = s_make(e, DT_INT64, 3, xs, x, lx[l].pl);
+        for (int q = 0; q < ncases; q++) {
+            const int64_t *c = cases[q];
+            int npairs = (int)c[1];
+            double value = c[0] == 0 ? 1.5 : 0;
+            dt_op_attrs attrs = {.nints = 1 + 2 * npairs, .ints = {c[0]}, .nfloats = 1, .floats = {value}};
+            memcpy(attrs.ints + 1, c + 2, sizeof *c * (size_t)(2 * npairs));
+            char what[96], ln[32];
+            s_layout_name(e, lx[l].pl, ln, sizeof ln);
+            snprintf(what, sizeof what, "case %d [%s]", q, ln);
+            s_pad_ref(x, 3, xs, npairs, c + 2, (int)c[0], value, want, os);
+            s_expect("pad", 1, &tf, &attrs, DT_FLOAT32, 3, os, want, 0, what);
+            /* int64: the value truncates, as torch's fill of an integer tensor does */
+            s_pad_ref(x, 3, xs, npairs, c + 2, (int)c[0], 1, want, os);
+            s_expect("pad", 1, &ti, &attrs, DT_INT64, 3, os, want, 0, what);
+        }
+        dt_tensor_release(&tf);
+        dt_tensor_release(&ti);
+    }
+    /* placements: a shard of a dim not padded stays; constant 0 keeps a Partial(sum), 1.5 reduces it */
+    dt_placement R = dt_replicate(), S0 = dt_shard(0), P = dt_partial(DT_REDUCE_SUM);
+    dt_tensor *ts = s_make(e, DT_FLOAT32, 3, xs, x, (dt_placement[]){S0, S0});
+    dt_tensor *tp = s_make(e, DT_FLOAT32, 3, xs, x, (dt_placement[]){P, R});
+    dt_op_attrs zero = {.nints = 3, .ints = {0, 1, 1}, .nfloats = 1};
+    dt_tensor *y = s_op("pad", 1, &ts, &zero, "pad");
+    s_expect_placements(e, y, (dt_placement[]){S0, S0}, "pad of a batch shard");
+    dt_tensor_release(&y);
+    y = s_op("pad", 1, &tp, &zero, "pad");
+    s_expect_placements(e, y, (dt_placement[]){P, R}, "pad of a Partial with 0");
+    s_pad_ref(x, 3, xs, 1, (int64_t[]){1, 1}, 0, 0, want, os);
+    s_check(y, DT_FLOAT32, 3, os, want, 0, "pad of a Partial with 0");
+    dt_tensor_release(&y);
+    zero.floats[0] = 1.5;
+    y = s_op("pad", 1, &tp, &zero, "pad");
+    s_expect_placements(e, y, (dt_placement[]){R, R}, "pad of a Partial with 1.5");
+    dt_tensor_release(&y);
+    s_expect_refused("pad", 1, &ts, &(dt_op_attrs){.nints = 3, .ints = {1, 5, 0}}, DT_EINVAL, "less than");
+    s_expect_refused("pad", 1, &ts, &(dt_op_attrs){.nints = 2, .ints = {0, 1}, .nfloats = 1}, DT_EINVAL,
+                     "divisible by 2");
+    s_expect_refused("pad", 1, &ts, &(dt_op_attrs){.nints = 3, .ints = {0, -3, -3}, .nfloats = 1}, DT_EINVAL,
+                     "negative output size");
+    s_expect_refused("pad", 1, &ts, &(dt_op_attrs){.nints = 7, .ints = {1, 1, 1, 1, 1, 1, 1}}, DT_EUNSUPPORTED,
+                     "reflect");
+    dt_tensor_release(&ts);
+    dt_tensor_release(&tp);
 }
 
 /* ---- errors ---------------------------------------------------------------------------------- */

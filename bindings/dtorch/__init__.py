@@ -21,6 +21,7 @@ from ._ops_view import (cat, chunk, concat, concatenate, flatten, index_select, 
                         reshape, select, split, squeeze, stack, swapaxes, swapdims, t, transpose, tril, triu, unbind,
                         unsqueeze)
 from ._ops_matmul import bmm, embedding, linear, matmul, mm, scaled_dot_product_attention
+from ._ops_image import conv2d, group_norm
 from ._ops_reduce import (amax, amin, argmax, argmin, cumsum, layer_norm, log_softmax, max, mean, min, rms_norm,
                           softmax, sum, topk)
 from . import nn, parallel, models, profiler

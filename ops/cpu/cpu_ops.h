@@ -26,5 +26,6 @@ extern const cpu_op_kernel cpu_matmul_kernels[OP_ID_LIMIT];
 extern const cpu_op_kernel cpu_rope_kernels[OP_ID_LIMIT];
 extern const cpu_op_kernel cpu_write_kernels[OP_ID_LIMIT];
 extern const cpu_op_kernel cpu_attention_kernels[OP_ID_LIMIT];
+extern const cpu_op_kernel cpu_image_kernels[OP_ID_LIMIT];
 
 #endif

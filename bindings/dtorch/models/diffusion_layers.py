@@ -230,11 +230,13 @@ class FeedForward(Module):
 def apply_rotary_emb(x, cos, sin):
     """x (B, H, L, D) rotated by angle pairs, the pairs interleaved as FLUX lays them out
     ((x0, x1) -> (x0 cos - x1 sin, x1 cos + x0 sin)); cos, sin (1, 1, L, D), each angle repeated
-    twice, laid out like x's tokens."""
+    twice, laid out like x's tokens. Computed in the tables' dtype (float32), returned in x's, as
+    diffusers does."""
     pairs = x.reshape(*x.shape[:-1], x.shape[-1] // 2, 2)
     real, imag = pairs[..., 0], pairs[..., 1]
     rotated = stack([-imag, real], dim=-1).flatten(3)
-    return x * cos + rotated * sin
+    out = x * cos + rotated * sin
+    return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
 # ---- attention --------------------------------------------------------------------------------------------------

@@ -14,8 +14,10 @@ Between attentions everything is per token, so the image stream stays split end 
 gathered once, at the output. An absent name means size 1; an unknown name, or a ulysses size that
 does not divide the heads, is a ValueError naming it.
 """
+import numpy as np
+
 from .. import _dtype
-from .._factory import zeros
+from .._factory import distribute_tensor, zeros
 from .._placement import Replicate, Shard
 from ..nn import functional as F
 from .._ops_view import cat
@@ -87,6 +89,16 @@ class DiffusionParallel:
     def gather(self, x):
         """Image tokens (B, L, C) whole on the context-parallel dims again (the batch stays split)."""
         return self._to(x, self._placements(None))
+
+    def rotary(self, table, image):
+        """A host rotary table (L, D) as (1, 1, L, D) on the mesh, laid out like the (B, H, L, D)
+        queries of its tokens: split on the sequence over ulysses and ring for the image tokens
+        (``image``), whole for the text; whole on dp either way."""
+        placements = [Replicate()] * self.mesh.ndim
+        for d in (self.ulysses, self.ring):
+            if d is not None and image:
+                placements[d] = Shard(2)
+        return distribute_tensor(np.ascontiguousarray(table)[None, None], self.mesh, placements)
 
     # ---- attention ----------------------------------------------------------------------------------
 

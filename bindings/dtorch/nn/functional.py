@@ -1,18 +1,20 @@
 """Neural-network functions with torch.nn.functional's names and signatures. The elementwise ones
-are the registry's rows that say so (ops/op_table.h); the others are written in dtorch/_ops*.py,
-and ring_attention here."""
+are the registry's rows that say so (ops/op_table.h); the others are written in dtorch/_ops*.py
+(the image ops conv2d, group_norm, interpolate and pad in _ops_image.py), and ring_attention here."""
 import numbers
 
 from .. import _C, _ops
 from .._ops import gelu
 from .._ops_matmul import embedding, linear, scaled_dot_product_attention
 from .._ops_write import rotary_embedding
+from .._ops_image import conv2d, group_norm, interpolate, pad
 from .._ops_reduce import layer_norm, nn_log_softmax as log_softmax, nn_softmax as softmax, rms_norm
 
 globals().update(_ops.nn_functions)
 
 
-def ring_attention(query, key, value, query_index, key_index, mesh_dim, is_causal=True, scale=None):
+def ring_attention(query, key, value, query_index, key_index, mesh_dim, is_causal=True, scale=None,
+                   joint_key=None, joint_value=None, joint_index=None):
     """Ring attention (context parallelism): softmax(query @ key^T * scale, keys hidden by position)
     @ value over a sequence split along the mesh dim ``mesh_dim`` (an int or a mesh dim name), the
     ring, without gathering it on any device.
@@ -34,11 +36,17 @@ def ring_attention(query, key, value, query_index, key_index, mesh_dim, is_causa
     1) or Shard(1) (heads; the indices Replicate). Anything else raises ValueError naming the input,
     its placements and what is needed.
 
+    joint_key (B, Hkv, Sj, D), joint_value (B, Hkv, Sj, Dv) and joint_index (B or 1, Sj), given
+    together, are a joint block that every query attends to once besides the ring's keys: Replicate
+    along the ring, placed like key on the other dims. It never travels (a diffusion transformer's
+    text tokens beside its image tokens split over the ring).
+
     scale defaults to 1 / sqrt(D). Returns (B, Hq, Lq, Dv) with query's dtype and placements
     (computed in float32)."""
     if isinstance(query, _C.DTensor):  # otherwise the call below says what query should be
         mesh_dim = _mesh_dim(query.device_mesh, mesh_dim)
-    return _C._ring_attention(query, key, value, query_index, key_index, mesh_dim, bool(is_causal), scale)
+    return _C._ring_attention(query, key, value, query_index, key_index, mesh_dim, bool(is_causal), scale,
+                              joint_key, joint_value, joint_index)
 
 
 def _mesh_dim(mesh, mesh_dim):
@@ -56,5 +64,6 @@ def _mesh_dim(mesh, mesh_dim):
     return int(mesh_dim) % mesh.ndim
 
 
-__all__ = sorted(["embedding", "gelu", "layer_norm", "linear", "log_softmax", "ring_attention", "rms_norm",
+__all__ = sorted(["conv2d", "embedding", "gelu", "group_norm", "interpolate", "layer_norm", "linear", "log_softmax",
+                  "pad", "ring_attention", "rms_norm",
                   "rotary_embedding", "scaled_dot_product_attention", "softmax"] + list(_ops.nn_functions))

@@ -1,0 +1,231 @@
+"""FLUX.1 (Black Forest Labs 2024): a rectified-flow transformer over packed image latents and T5
+text tokens, in diffusers' format. Double-stream blocks give image and text tokens their own
+weights and one joint attention; single-stream blocks share one set of weights over both, with
+attention and an MLP side by side; 3-axis rotary embeddings from the token ids.
+
+Module tree, parameter names and semantics are diffusers' ``transformer_flux.py``, so
+``state_dict()`` keys equal a checkpoint's. Unlike diffusers, the single-stream blocks keep the text
+and image tokens as two tensors (everything there is per token but attention, which takes the text
+as its context), so the image stream stays split on the sequence from ``x_embedder`` to the output
+and the text stays whole: the layout is DiffusionParallel's (dp, ulysses, ring). Shapes in
+comments: B batch, N image tokens, T text tokens, C inner dim (heads * head_dim), D head_dim.
+"""
+import numpy as np
+
+from .. import _dtype
+from .._factory import distribute_tensor
+from .._ops_view import cat
+from .._tensor import DTensor
+from ..nn.containers import ModuleList
+from ..nn.layers import GELU, LayerNorm, Linear
+from ..nn.module import Module
+from .diffusion_layers import (AdaLayerNormContinuous, AdaLayerNormZero, AdaLayerNormZeroSingle, Attention,
+                               CombinedTimestepGuidanceTextProjEmbeddings, CombinedTimestepTextProjEmbeddings,
+                               FeedForward, modulate, on_mesh)
+from .diffusion_parallel import DiffusionParallel
+from .modeling_diffusers import DiffusersModel, Transformer2DModelOutput
+
+_FLOAT16_MAX = 65504.0
+
+
+def rotary_table(axes_dim, ids, theta=10000):
+    """FLUX's rotary (cos, sin) (L, sum(axes_dim)) float32 of ids (L, len(axes_dim)): for each axis
+    the angles position * theta^(-2i/dim) in float64, each repeated twice (interleaved pairs), the
+    axes side by side, as diffusers' FluxPosEmbed computes them."""
+    pos = np.asarray(ids).astype(np.float32).astype(np.float64)
+    cos, sin = [], []
+    for axis, dim in enumerate(axes_dim):
+        freqs = 1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float64)[: dim // 2] / dim)
+        angles = np.outer(pos[:, axis], freqs)
+        cos.append(np.repeat(np.cos(angles), 2, axis=1))
+        sin.append(np.repeat(np.sin(angles), 2, axis=1))
+    return np.concatenate(cos, -1).astype(np.float32), np.concatenate(sin, -1).astype(np.float32)
+
+
+class FluxPosEmbed(Module):
+    """No weights: the rotary tables of the token ids, computed on the host."""
+
+    def __init__(self, theta, axes_dim):
+        super().__init__()
+        self.theta, self.axes_dim = theta, tuple(axes_dim)
+
+    def forward(self, ids):
+        return rotary_table(self.axes_dim, ids, self.theta)
+
+
+def _clip_float16(x):
+    return x.clamp(-_FLOAT16_MAX, _FLOAT16_MAX) if x.dtype == _dtype.float16 else x
+
+
+class FluxTransformerBlock(Module):
+    """Double-stream block: per-stream adaptive norms, one joint attention (text first in the
+    sequence), per-stream gated feed-forwards."""
+
+    def __init__(self, dim, num_attention_heads, attention_head_dim, qk_norm="rms_norm", eps=1e-6, device_mesh=None,
+                 dtype=None):
+        super().__init__()
+        kw = dict(device_mesh=device_mesh, dtype=dtype)
+        self.norm1 = AdaLayerNormZero(dim, **kw)
+        self.norm1_context = AdaLayerNormZero(dim, **kw)
+        self.attn = Attention(query_dim=dim, added_kv_proj_dim=dim, dim_head=attention_head_dim,
+                              heads=num_attention_heads, out_dim=dim, context_pre_only=False, bias=True,
+                              qk_norm=qk_norm, eps=eps, **kw)
+        self.norm2 = LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        self.ff = FeedForward(dim=dim, dim_out=dim, activation_fn="gelu-approximate", **kw)
+        self.norm2_context = LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        self.ff_context = FeedForward(dim=dim, dim_out=dim, activation_fn="gelu-approximate", **kw)
+
+    def forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None):
+        """Image (B, N, C) and text (B, T, C) tokens, temb (B, C) -> (text, image) as diffusers orders them."""
+        norm_hidden_states, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.norm1(hidden_states, temb)
+        norm_encoder_hidden_states, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = self.norm1_context(
+            encoder_hidden_states, temb)
+        attn_output, context_attn_output = self.attn(norm_hidden_states, norm_encoder_hidden_states,
+                                                     image_rotary_emb=image_rotary_emb, context_first=True)
+
+        hidden_states = hidden_states + gate_msa.unsqueeze(1) * attn_output
+        ff_output = self.ff(modulate(self.norm2(hidden_states), scale_mlp, shift_mlp))
+        hidden_states = hidden_states + gate_mlp.unsqueeze(1) * ff_output
+
+        encoder_hidden_states = encoder_hidden_states + c_gate_msa.unsqueeze(1) * context_attn_output
+        context_ff_output = self.ff_context(modulate(self.norm2_context(encoder_hidden_states), c_scale_mlp,
+                                                     c_shift_mlp))
+        encoder_hidden_states = encoder_hidden_states + c_gate_mlp.unsqueeze(1) * context_ff_output
+        return _clip_float16(encoder_hidden_states), hidden_states
+
+
+class FluxSingleTransformerBlock(Module):
+    """Single-stream block: one adaptive norm, then attention and an MLP side by side, their outputs
+    concatenated on the channels into one gated projection; the same weights for text and image."""
+
+    def __init__(self, dim, num_attention_heads, attention_head_dim, mlp_ratio=4.0, device_mesh=None, dtype=None):
+        super().__init__()
+        kw = dict(device_mesh=device_mesh, dtype=dtype)
+        self.mlp_hidden_dim = int(dim * mlp_ratio)
+        self.norm = AdaLayerNormZeroSingle(dim, **kw)
+        self.proj_mlp = Linear(dim, self.mlp_hidden_dim, **kw)
+        self.act_mlp = GELU(approximate="tanh")
+        self.proj_out = Linear(dim + self.mlp_hidden_dim, dim, **kw)
+        self.attn = Attention(query_dim=dim, dim_head=attention_head_dim, heads=num_attention_heads, out_dim=dim,
+                              bias=True, qk_norm="rms_norm", eps=1e-6, pre_only=True, **kw)
+
+    def forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None):
+        """Image (B, N, C) and text (B, T, C) tokens, temb (B, C) -> (text, image); diffusers runs
+        this on their concatenation [text, image], which is the same per token."""
+        # the norm's modulation once for both streams (AdaLayerNormZeroSingle's forward, split)
+        shift_msa, scale_msa, gate = self.norm.linear(self.norm.silu(temb)).chunk(3, dim=1)
+        norm_hidden_states = modulate(self.norm.norm(hidden_states), scale_msa, shift_msa)
+        norm_encoder_hidden_states = modulate(self.norm.norm(encoder_hidden_states), scale_msa, shift_msa)
+        attn_output, context_attn_output = self.attn(norm_hidden_states, norm_encoder_hidden_states,
+                                                     image_rotary_emb=image_rotary_emb, context_first=True)
+        gate = gate.unsqueeze(1)
+        out = []
+        for x, norm_x, attn_x in ((encoder_hidden_states, norm_encoder_hidden_states, context_attn_output),
+                                  (hidden_states, norm_hidden_states, attn_output)):
+            mlp_x = self.act_mlp(self.proj_mlp(norm_x))
+            out.append(_clip_float16(x + gate * self.proj_out(cat([attn_x, mlp_x], dim=2))))
+        return out[0], out[1]
+
+
+class FluxTransformer2DModel(DiffusersModel):
+    """FLUX.1's transformer (dev with ``guidance_embeds=True``, schnell without). ``forward`` takes
+    the packed latents (B, N, in_channels), the T5 tokens (B, T, joint_attention_dim), CLIP's pooled
+    embedding (B, pooled_projection_dim), the timestep (B,) in [0, 1] and the ids (N, 3), (T, 3)."""
+
+    config_defaults = dict(patch_size=1, in_channels=64, out_channels=None, num_layers=19, num_single_layers=38,
+                           attention_head_dim=128, num_attention_heads=24, joint_attention_dim=4096,
+                           pooled_projection_dim=768, guidance_embeds=False, axes_dims_rope=(16, 56, 56))
+
+    def __init__(self, config, device_mesh=None, dtype=None):
+        super().__init__()
+        self.config = config
+        if sum(config.axes_dims_rope) != config.attention_head_dim or any(d % 2 for d in config.axes_dims_rope):
+            raise ValueError(f"FluxTransformer2DModel: axes_dims_rope {tuple(config.axes_dims_rope)} must be even "
+                             f"and add up to attention_head_dim {config.attention_head_dim}")
+        kw = dict(device_mesh=device_mesh, dtype=dtype)
+        self.out_channels = config.out_channels or config.in_channels
+        self.inner_dim = config.num_attention_heads * config.attention_head_dim
+        heads = dict(num_attention_heads=config.num_attention_heads, attention_head_dim=config.attention_head_dim)
+
+        self.pos_embed = FluxPosEmbed(theta=10000, axes_dim=config.axes_dims_rope)
+        embeddings = (CombinedTimestepGuidanceTextProjEmbeddings if config.guidance_embeds
+                      else CombinedTimestepTextProjEmbeddings)
+        self.time_text_embed = embeddings(embedding_dim=self.inner_dim,
+                                          pooled_projection_dim=config.pooled_projection_dim, **kw)
+        self.context_embedder = Linear(config.joint_attention_dim, self.inner_dim, **kw)
+        self.x_embedder = Linear(config.in_channels, self.inner_dim, **kw)
+        self.transformer_blocks = ModuleList(
+            [FluxTransformerBlock(self.inner_dim, **heads, **kw) for _ in range(config.num_layers)])
+        self.single_transformer_blocks = ModuleList(
+            [FluxSingleTransformerBlock(self.inner_dim, **heads, **kw) for _ in range(config.num_single_layers)])
+        self.norm_out = AdaLayerNormContinuous(self.inner_dim, self.inner_dim, elementwise_affine=False, eps=1e-6,
+                                               **kw)
+        self.proj_out = Linear(self.inner_dim, config.patch_size * config.patch_size * self.out_channels, **kw)
+        self.parallel = None
+        self._rotary = {}
+
+    def parallelize(self, device_mesh):
+        """The layout over ``device_mesh``'s dims dp, ulysses and ring; weights stay replicated."""
+        self.parallel = DiffusionParallel(device_mesh, self.config.num_attention_heads, type(self).__name__)
+        for module in self.modules():
+            if isinstance(module, Attention):
+                module.parallel = self.parallel
+        self._rotary = {}
+        return self
+
+    def forward(self, hidden_states, encoder_hidden_states=None, pooled_projections=None, timestep=None,
+                img_ids=None, txt_ids=None, guidance=None, return_dict=True):
+        """The prediction (B, N, patch_size**2 * out_channels), laid out as the batch (split over dp,
+        whole elsewhere). Inputs are DTensors on the model's mesh or host arrays; ``timestep`` and
+        ``guidance`` are scaled by 1000 before their embeddings, as diffusers does."""
+        if (guidance is not None) != bool(self.config.guidance_embeds):
+            raise ValueError(f"FluxTransformer2DModel: guidance_embeds is {self.config.guidance_embeds}: "
+                             f"{'give' if self.config.guidance_embeds else 'give no'} guidance")
+        parallel = self.parallel
+        hidden_states = self.x_embedder(parallel.image(self._on_mesh(hidden_states)))   # (B, N, C)
+        dtype = hidden_states.dtype
+        timestep = on_mesh(timestep, parallel, dtype) * 1000.0
+        pooled_projections = parallel.batch(self._on_mesh(pooled_projections))
+        if guidance is None:
+            temb = self.time_text_embed(timestep, pooled_projections, parallel)             # (B, C)
+        else:
+            guidance = on_mesh(guidance, parallel, dtype) * 1000.0
+            temb = self.time_text_embed(timestep, guidance, pooled_projections, parallel)
+        encoder_hidden_states = self.context_embedder(parallel.batch(self._on_mesh(encoder_hidden_states)))
+
+        image_rotary_emb = (self._rotary_emb(img_ids, hidden_states.shape[1], "img_ids", True),
+                            self._rotary_emb(txt_ids, encoder_hidden_states.shape[1], "txt_ids", False))
+        for block in self.transformer_blocks:
+            encoder_hidden_states, hidden_states = block(hidden_states, encoder_hidden_states, temb, image_rotary_emb)
+        for block in self.single_transformer_blocks:
+            encoder_hidden_states, hidden_states = block(hidden_states, encoder_hidden_states, temb, image_rotary_emb)
+
+        output = parallel.gather(self.proj_out(self.norm_out(hidden_states, temb)))
+        if not return_dict:
+            return (output,)
+        return Transformer2DModelOutput(sample=output)
+
+    def _on_mesh(self, x):
+        """A DTensor as it is; a host array on the mesh in the weights' dtype (numpy has no bfloat16)."""
+        if isinstance(x, DTensor):
+            return x
+        x = distribute_tensor(np.ascontiguousarray(x, dtype=np.float32), self.parallel.mesh)
+        dtype = self.x_embedder.weight.dtype
+        return x if x.dtype == dtype else x.to(dtype)
+
+    def _rotary_emb(self, ids, length, name, image):
+        """(cos, sin) (1, 1, L, D) of ``ids`` (L, 3), laid out like the tokens: made once per ids (a
+        denoising loop passes the same ones every step)."""
+        ids = ids.numpy() if isinstance(ids, DTensor) else np.asarray(ids)
+        if ids.ndim == 3:  # diffusers' older (1, L, 3) spelling
+            ids = ids[0]
+        axes = len(self.config.axes_dims_rope)
+        if ids.shape != (length, axes):
+            raise ValueError(f"FluxTransformer2DModel: {name} must be ({length}, {axes}) for {length} tokens, "
+                             f"got {tuple(ids.shape)}")
+        key = (image, ids.dtype.str, ids.shape, ids.tobytes())
+        if key not in self._rotary:
+            if len(self._rotary) >= 8:  # another resolution or prompt length: forget the old tables
+                self._rotary.clear()
+            self._rotary[key] = tuple(self.parallel.rotary(t, image) for t in self.pos_embed(ids))
+        return self._rotary[key]

@@ -1,0 +1,213 @@
+"""Stable Diffusion 3's transformer (MMDiT), diffusers' SD3Transformer2DModel: its config, module tree
+and parameter names, so a diffusers checkpoint loads as it is.
+
+Image latents (B, C, H, W) are cut into patches and embedded (plus a 2-D sin-cos position table
+cropped to the image); the text tokens are projected to the same width; a conditioning vector
+comes from the timestep and the pooled text embedding. Each joint block modulates both streams by
+that vector (adaptive layer norm: shift, scale and gate per sub-layer), lets image and text tokens
+attend to each other in one softmax, and runs an MLP per stream; the last block keeps only the
+image stream. A final modulated norm and a projection give each patch's prediction, which is put
+back together as an image.
+
+Parallelism by the mesh's dim names (DiffusionParallel): ``dp`` splits the batch (the guidance
+pair), ``ulysses`` and ``ring`` the image tokens."""
+import numpy as np
+
+from .._factory import distribute_tensor
+from .._tensor import DTensor
+from ..nn import functional as F
+from ..nn.containers import ModuleList
+from ..nn.layers import Conv2d, LayerNorm, Linear
+from ..nn.module import MetaTensor, Module
+from .diffusion_layers import (AdaLayerNormContinuous, AdaLayerNormZero, Attention,
+                               CombinedTimestepTextProjEmbeddings, FeedForward, modulate)
+from .diffusion_parallel import DiffusionParallel
+from .modeling_diffusers import DiffusersModel, Transformer2DModelOutput
+
+
+def sincos_1d(embed_dim, positions):
+    """[sin, cos] of positions * 1 / 10000^(2i / embed_dim), (len(positions), embed_dim), float64."""
+    omega = 1.0 / 10000 ** (np.arange(embed_dim // 2, dtype=np.float64) / (embed_dim / 2.0))
+    angles = np.outer(np.asarray(positions, dtype=np.float64).reshape(-1), omega)
+    return np.concatenate([np.sin(angles), np.cos(angles)], axis=1)
+
+
+def sincos_2d(embed_dim, grid_size, base_size, interpolation_scale=1.0):
+    """The (grid_size^2, embed_dim) position table of a square grid, row-major over (h, w): the first
+    half of the channels encode the column, the second half the row, as diffusers lays them out."""
+    coords = np.arange(grid_size, dtype=np.float64) / (grid_size / base_size) / interpolation_scale
+    col, row = np.meshgrid(coords, coords, indexing="xy")
+    return np.concatenate([sincos_1d(embed_dim // 2, col), sincos_1d(embed_dim // 2, row)], axis=1)
+
+
+class PatchEmbed(Module):
+    """Latents (B, C, H, W) -> patch tokens (B, H/p * W/p, embed_dim) plus the position table
+    cropped around the image's centre (``pos_embed``: (1, max^2, embed_dim), in the checkpoint)."""
+
+    def __init__(self, height=224, width=224, patch_size=16, in_channels=3, embed_dim=768, pos_embed_max_size=None,
+                 interpolation_scale=1, device_mesh=None, dtype=None):
+        super().__init__()
+        if pos_embed_max_size is None:
+            raise NotImplementedError("PatchEmbed: only SD3's cropped position table (pos_embed_max_size) is supported")
+        self.patch_size, self.embed_dim = patch_size, embed_dim
+        self.pos_embed_max_size = pos_embed_max_size
+        self.proj = Conv2d(in_channels, embed_dim, kernel_size=patch_size, stride=patch_size, bias=True,
+                           device_mesh=device_mesh, dtype=dtype)
+        shape = (1, pos_embed_max_size ** 2, embed_dim)
+        table = sincos_2d(embed_dim, pos_embed_max_size, height // patch_size, interpolation_scale)
+        if isinstance(self.proj.weight, MetaTensor):
+            self.register_buffer("pos_embed", MetaTensor(shape, self.proj.weight.dtype, self.proj.weight.device_mesh))
+        else:
+            pos = distribute_tensor(table.astype(np.float32)[None], self.proj.weight.device_mesh)
+            self.register_buffer("pos_embed", pos.to(self.proj.weight.dtype))
+
+    def cropped_pos_embed(self, height, width):
+        """The table for an image of height x width patches, taken from the centre of the grid."""
+        size = self.pos_embed_max_size
+        if height > size or width > size:
+            raise ValueError(f"PatchEmbed: the image is {height} x {width} patches, larger than the position table's "
+                             f"{size} x {size} (pos_embed_max_size)")
+        top, left = (size - height) // 2, (size - width) // 2
+        grid = self.pos_embed.reshape(1, size, size, self.embed_dim)
+        return grid[:, top:top + height, left:left + width, :].reshape(1, height * width, self.embed_dim)
+
+    def forward(self, latent):
+        B, C, H, W = latent.shape
+        p = self.patch_size
+        if H % p or W % p:
+            raise ValueError(f"PatchEmbed: the latent's height and width ({H}, {W}) must be multiples of the patch "
+                             f"size {p}")
+        tokens = self.proj(latent).flatten(2).transpose(1, 2)                  # (B, H/p * W/p, embed_dim)
+        return tokens + self.cropped_pos_embed(H // p, W // p)
+
+
+class JointTransformerBlock(Module):
+    """One MMDiT block: both streams modulated, joint attention, an MLP per stream (the text
+    stream's output only where the block is not the last: ``context_pre_only``)."""
+
+    def __init__(self, dim, num_attention_heads, attention_head_dim, context_pre_only=False, qk_norm=None,
+                 use_dual_attention=False, device_mesh=None, dtype=None):
+        super().__init__()
+        if use_dual_attention:
+            raise NotImplementedError("SD3Transformer2DModel: dual attention layers (SD3.5 medium) are not supported")
+        kw = dict(device_mesh=device_mesh, dtype=dtype)
+        self.context_pre_only = context_pre_only
+        self.norm1 = AdaLayerNormZero(dim, **kw)
+        if context_pre_only:
+            self.norm1_context = AdaLayerNormContinuous(dim, dim, elementwise_affine=False, eps=1e-6, **kw)
+        else:
+            self.norm1_context = AdaLayerNormZero(dim, **kw)
+        self.attn = Attention(query_dim=dim, heads=num_attention_heads, dim_head=attention_head_dim,
+                              added_kv_proj_dim=dim, out_dim=dim, context_pre_only=context_pre_only, bias=True,
+                              qk_norm=qk_norm, eps=1e-6, **kw)
+        self.norm2 = LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        self.ff = FeedForward(dim, dim_out=dim, activation_fn="gelu-approximate", **kw)
+        if not context_pre_only:
+            self.norm2_context = LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+            self.ff_context = FeedForward(dim, dim_out=dim, activation_fn="gelu-approximate", **kw)
+
+    def forward(self, hidden_states, encoder_hidden_states, temb):
+        norm_hidden, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.norm1(hidden_states, emb=temb)
+        if self.context_pre_only:
+            norm_context = self.norm1_context(encoder_hidden_states, temb)
+        else:
+            norm_context, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = self.norm1_context(encoder_hidden_states,
+                                                                                                emb=temb)
+        attn_output, context_attn_output = self.attn(norm_hidden, encoder_hidden_states=norm_context)
+
+        hidden_states = hidden_states + gate_msa.unsqueeze(1) * attn_output
+        ff_output = self.ff(modulate(self.norm2(hidden_states), scale_mlp, shift_mlp))
+        hidden_states = hidden_states + gate_mlp.unsqueeze(1) * ff_output
+
+        if self.context_pre_only:
+            return None, hidden_states
+        encoder_hidden_states = encoder_hidden_states + c_gate_msa.unsqueeze(1) * context_attn_output
+        context_ff_output = self.ff_context(modulate(self.norm2_context(encoder_hidden_states), c_scale_mlp,
+                                                     c_shift_mlp))
+        encoder_hidden_states = encoder_hidden_states + c_gate_mlp.unsqueeze(1) * context_ff_output
+        return encoder_hidden_states, hidden_states
+
+
+class SD3Transformer2DModel(DiffusersModel):
+    """diffusers' SD3Transformer2DModel. ``forward(hidden_states (B, C, H, W), encoder_hidden_states
+    (B, T, joint_attention_dim), pooled_projections (B, pooled_projection_dim), timestep (B,))``
+    returns ``Transformer2DModelOutput(sample=(B, out_channels, H, W))``."""
+
+    config_defaults = dict(sample_size=128, patch_size=2, in_channels=16, num_layers=18, attention_head_dim=64,
+                           num_attention_heads=18, joint_attention_dim=4096, caption_projection_dim=1152,
+                           pooled_projection_dim=2048, out_channels=16, pos_embed_max_size=96,
+                           dual_attention_layers=(), qk_norm=None)
+
+    def __init__(self, config, device_mesh=None, dtype=None):
+        super().__init__()
+        self.config = config
+        kw = dict(device_mesh=device_mesh, dtype=dtype)
+        self.out_channels = config.out_channels if config.out_channels is not None else config.in_channels
+        self.inner_dim = config.num_attention_heads * config.attention_head_dim
+        if config.caption_projection_dim != self.inner_dim:
+            raise ValueError(f"SD3Transformer2DModel: caption_projection_dim ({config.caption_projection_dim}) must "
+                             f"equal num_attention_heads * attention_head_dim ({self.inner_dim})")
+        self.pos_embed = PatchEmbed(height=config.sample_size, width=config.sample_size, patch_size=config.patch_size,
+                                    in_channels=config.in_channels, embed_dim=self.inner_dim,
+                                    pos_embed_max_size=config.pos_embed_max_size, **kw)
+        self.time_text_embed = CombinedTimestepTextProjEmbeddings(self.inner_dim, config.pooled_projection_dim, **kw)
+        self.context_embedder = Linear(config.joint_attention_dim, config.caption_projection_dim, **kw)
+        dual = tuple(config.dual_attention_layers or ())
+        self.transformer_blocks = ModuleList([
+            JointTransformerBlock(self.inner_dim, config.num_attention_heads, config.attention_head_dim,
+                                  context_pre_only=i == config.num_layers - 1, qk_norm=config.qk_norm,
+                                  use_dual_attention=i in dual, **kw)
+            for i in range(config.num_layers)])
+        self.norm_out = AdaLayerNormContinuous(self.inner_dim, self.inner_dim, elementwise_affine=False, eps=1e-6, **kw)
+        self.proj_out = Linear(self.inner_dim, config.patch_size ** 2 * self.out_channels, bias=True, **kw)
+        self.parallel = None
+
+    def parallelize(self, device_mesh):
+        """Lays the model out over ``device_mesh`` by its dim names (dp, ulysses, ring): the weights
+        stay replicated, the activations are split as DiffusionParallel says."""
+        self.parallel = DiffusionParallel(device_mesh, self.config.num_attention_heads, type(self).__name__)
+        for block in self.transformer_blocks:
+            block.attn.parallel = self.parallel
+        return self
+
+    def forward(self, hidden_states, encoder_hidden_states=None, pooled_projections=None, timestep=None,
+                block_controlnet_hidden_states=None, joint_attention_kwargs=None, return_dict=True,
+                skip_layers=None):
+        if block_controlnet_hidden_states is not None or skip_layers is not None:
+            raise NotImplementedError("SD3Transformer2DModel: controlnet residuals and skip_layers are not supported")
+        if encoder_hidden_states is None or pooled_projections is None or timestep is None:
+            raise TypeError("SD3Transformer2DModel.forward needs encoder_hidden_states, pooled_projections and "
+                            "timestep")
+        parallel = self.parallel
+        latent = self._on_mesh(hidden_states, "hidden_states", 4)
+        B, _, height, width = latent.shape
+        p = self.config.patch_size
+
+        hidden_states = parallel.image(self.pos_embed(parallel.batch(latent)))  # (B, L, inner): L split on cp dims
+        temb = self.time_text_embed(timestep, parallel.batch(self._on_mesh(pooled_projections, "pooled_projections",
+                                                                          2)), parallel)
+        encoder_hidden_states = self.context_embedder(parallel.batch(self._on_mesh(encoder_hidden_states,
+                                                                                   "encoder_hidden_states", 3)))
+        for block in self.transformer_blocks:
+            encoder_hidden_states, hidden_states = block(hidden_states, encoder_hidden_states, temb)
+        hidden_states = self.proj_out(self.norm_out(hidden_states, temb))
+
+        # the patches back together: (B, h*w, p*p*c) -> (B, c, h*p, w*p)
+        h, w = height // p, width // p
+        patches = parallel.gather(hidden_states).reshape(B, h, w, p, p, self.out_channels)
+        output = patches.permute(0, 5, 1, 3, 2, 4).reshape(B, self.out_channels, h * p, w * p)
+        if not return_dict:
+            return (output,)
+        return Transformer2DModelOutput(sample=output)
+
+    def _on_mesh(self, x, name, ndim):
+        """An input as a DTensor on the model's mesh (a host array is distributed)."""
+        if not isinstance(x, DTensor):
+            x = distribute_tensor(np.ascontiguousarray(x, dtype=np.float32), self.parallel.mesh)
+        if x.ndim != ndim:
+            raise ValueError(f"SD3Transformer2DModel: {name} must have {ndim} dims, got shape {tuple(x.shape)}")
+        if x.device_mesh != self.parallel.mesh:
+            raise ValueError(f"SD3Transformer2DModel: {name} lives on {x.device_mesh}, not on the model's mesh "
+                             f"{self.parallel.mesh}")
+        dtype = self.proj_out.weight.dtype
+        return x if x.dtype == dtype else x.to(dtype)

@@ -1,0 +1,442 @@
+/* cpu_image — the CPU kernels of the image ops (ops/op_image.c): conv2d by im2col and OpenBLAS'
+ * sgemm (one product per group, by chunks of output rows), group_norm, interpolate and pad. The
+ * math runs in float32; 16-bit pieces are converted an image (or a piece) at a time. */
+#include "cpu_image.h"
+
+#include <cblas.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_matmul.h"
+#include "cpu_ops.h"
+#include "dt_dtype.h"
+#include "dt_layout.h"
+
+static const char s_oom[] = "out of memory";
+
+static int64_t s_min(int64_t a, int64_t b) { return a < b ? a : b; }
+static int64_t s_max(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* ---- conv2d ----------------------------------------------------------------------------------- */
+
+static bool s_direct(const cpu_conv2d_desc *d)
+{
+    return d->kH == 1 && d->kW == 1 && d->stride[0] == 1 && d->stride[1] == 1 && d->pad_top == 0 &&
+           d->pad_left == 0 && d->OH == d->H && d->OW == d->W;
+}
+
+/* Output rows per chunk: as many as keep the column buffer within CPU_CONV2D_COL_MAX. */
+static int64_t s_chunk_rows(const cpu_conv2d_desc *d)
+{
+    int64_t K = d->C / d->groups * d->kH * d->kW, per_row = K * d->OW;
+    int64_t rows = per_row > 0 ? CPU_CONV2D_COL_MAX / per_row : d->OH;
+    return s_max(1, s_min(rows, d->OH));
+}
+
+int64_t cpu_conv2d_col_size(const cpu_conv2d_desc *d)
+{
+    if (s_direct(d))
+        return 0;
+    return d->C / d->groups * d->kH * d->kW * s_chunk_rows(d) * d->OW;
+}
+
+/* The columns of output rows [oh0, oh0 + rows) of channels [c0, c0 + Cg) of x: row (c, ki, kj)
+ * holds, for each output position, the input element the kernel tap (ki, kj) meets there (0 in
+ * the padding). */
+static void s_im2col(const cpu_conv2d_desc *d, const float *x, int64_t c0, int64_t Cg, int64_t oh0, int64_t rows,
+                     float *col)
+{
+    int64_t sh = d->stride[0], sw = d->stride[1], dh = d->dilation[0], dw = d->dilation[1];
+    int64_t H = d->H, W = d->W, OW = d->OW, width = rows * OW;
+    for (int64_t c = 0; c < Cg; c++) {
+        const float *plane = x + (c0 + c) * H * W;
+        for (int64_t ki = 0; ki < d->kH; ki++) {
+            for (int64_t kj = 0; kj < d->kW; kj++) {
+                float *dst = col + ((c * d->kH + ki) * d->kW + kj) * width;
+                /* output columns [lo, hi) read inside the row: iw = ow * sw + off in [0, W) */
+                int64_t off = kj * dw - d->pad_left;
+                int64_t lo = off >= 0 ? 0 : (-off + sw - 1) / sw;
+                int64_t hi = W - 1 - off < 0 ? 0 : (W - 1 - off) / sw + 1;
+                hi = s_min(hi, OW);
+                lo = s_min(lo, hi);
+                for (int64_t r = 0; r < rows; r++) {
+                    float *seg = dst + r * OW;
+                    int64_t ih = (oh0 + r) * sh - d->pad_top + ki * dh;
+                    if (ih < 0 || ih >= H) {
+                        memset(seg, 0, (size_t)OW * sizeof *seg);
+                        continue;
+                    }
+                    const float *src = plane + ih * W + off;
+                    if (lo > 0)
+                        memset(seg, 0, (size_t)lo * sizeof *seg);
+                    if (sw == 1) {
+                        memcpy(seg + lo, src + lo, (size_t)(hi - lo) * sizeof *seg);
+                    } else {
+                        for (int64_t ow = lo; ow < hi; ow++)
+                            seg[ow] = src[ow * sw];
+                    }
+                    if (hi < OW)
+                        memset(seg + hi, 0, (size_t)(OW - hi) * sizeof *seg);
+                }
+            }
+        }
+    }
+}
+
+const char *cpu_conv2d(const cpu_conv2d_desc *d, const float *x, const float *w, const float *bias, float *out,
+                       float *col)
+{
+    int64_t G = d->groups, Cg = d->C / G, Og = d->O / G, K = Cg * d->kH * d->kW, plane = d->OH * d->OW;
+    if (d->O == 0 || plane == 0)
+        return NULL;
+    if (K == 0) {
+        memset(out, 0, (size_t)(d->O * plane) * sizeof *out);
+    } else {
+        if (plane > INT_MAX || K > INT_MAX || Og > INT_MAX || d->H * d->W > INT_MAX)
+            return "conv2d: a size exceeds the BLAS integer range";
+        cpu_blas_threads();
+        bool direct = s_direct(d);
+        int64_t step = direct ? d->OH : s_chunk_rows(d);
+        for (int64_t g = 0; g < G; g++) {
+            const float *wg = w + g * Og * K;
+            float *og = out + g * Og * plane;
+            for (int64_t oh0 = 0; oh0 < d->OH; oh0 += step) {
+                int64_t rows = s_min(step, d->OH - oh0), n = rows * d->OW;
+                const float *b = x + g * Cg * d->H * d->W;
+                if (!direct) {
+                    s_im2col(d, x, g * Cg, Cg, oh0, rows, col);
+                    b = col;
+                }
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)Og, (int)n, (int)K, 1.0f, wg, (int)K, b,
+                            (int)n, 0.0f, og + oh0 * d->OW, (int)plane);
+            }
+        }
+    }
+    if (bias)
+        for (int64_t o = 0; o < d->O; o++) {
+            float *row = out + o * plane, v = bias[o];
+            for (int64_t i = 0; i < plane; i++)
+                row[i] += v;
+        }
+    return NULL;
+}
+
+/* conv2d (input, weight[, bias]); ints [stride_h, stride_w, pad_top, pad_bottom, pad_left,
+ * pad_right, dilation_h, dilation_w, groups]. The weight piece may hold some of the output
+ * channels (groups = 1): the output piece has as many. */
+static const char *s_conv2d(op_kernel *k)
+{
+    const op_local *x = &k->in[0], *w = &k->in[1], *b = k->nin == 3 ? &k->in[2] : NULL, *y = &k->out[0];
+    const int64_t *a = k->attrs->ints;
+    if (k->attrs->nints != 9 || x->ndim != 4 || w->ndim != 4 || y->ndim != 4)
+        return "conv2d: malformed arguments (internal error)";
+    cpu_conv2d_desc d = {.C = x->shape[1], .H = x->shape[2], .W = x->shape[3], .O = w->shape[0], .kH = w->shape[2],
+                         .kW = w->shape[3], .OH = y->shape[2], .OW = y->shape[3], .stride = {a[0], a[1]},
+                         .pad_top = a[2], .pad_left = a[4], .dilation = {a[6], a[7]}, .groups = a[8]};
+    int64_t N = x->shape[0];
+    if (d.groups < 1 || d.C != w->shape[1] * d.groups || d.O % d.groups != 0 || y->shape[0] != N ||
+        y->shape[1] != d.O || (b && (b->ndim != 1 || b->shape[0] != d.O)))
+        return "conv2d: the pieces do not fit together (internal error)";
+    int64_t in_n = d.C * d.H * d.W, out_n = d.O * d.OH * d.OW;
+    if (N == 0 || out_n == 0)
+        return NULL;
+    bool f32 = x->dtype == DT_FLOAT32;
+    void *sw = NULL, *sb = NULL;
+    const float *pw = cpu_piece_as(w, CPU_F32, &sw), *pb = b ? cpu_piece_as(b, CPU_F32, &sb) : NULL;
+    int64_t ncol = cpu_conv2d_col_size(&d);
+    float *col = ncol ? malloc((size_t)ncol * sizeof *col) : NULL;
+    float *xs = f32 ? NULL : malloc((size_t)(in_n ? in_n : 1) * sizeof *xs);
+    float *ys = f32 ? NULL : malloc((size_t)out_n * sizeof *ys);
+    const char *why = !pw || (b && !pb) || (ncol && !col) || (!f32 && (!xs || !ys)) ? s_oom : NULL;
+    for (int64_t n = 0; n < N && !why; n++) {
+        const float *xn = f32 ? (const float *)x->data + n * in_n : xs;
+        float *yn = f32 ? (float *)y->data + n * out_n : ys;
+        if (!f32)
+            cpu_to_ctype(xs, CPU_F32, (const char *)x->data + n * in_n * (int64_t)dt_dtype_size(x->dtype), x->dtype,
+                         in_n);
+        why = cpu_conv2d(&d, xn, pw, pb, yn, col);
+        if (!why && !f32)
+            cpu_from_ctype((char *)y->data + n * out_n * (int64_t)dt_dtype_size(y->dtype), y->dtype, ys, CPU_F32,
+                           out_n);
+    }
+    free(sw);
+    free(sb);
+    free(col);
+    free(xs);
+    free(ys);
+    return why;
+}
+
+/* ---- group_norm ------------------------------------------------------------------------------- */
+
+void cpu_group_norm(float *y, const float *x, int64_t C, int64_t S, int64_t G, const float *weight, const float *bias,
+                    float eps)
+{
+    int64_t Cg = C / G, n = Cg * S;
+    for (int64_t g = 0; g < G; g++) {
+        const float *xg = x + g * n;
+        float *yg = y + g * n;
+        double sum = 0, sq = 0;
+        for (int64_t i = 0; i < n; i++)
+            sum += xg[i];
+        double mean = n ? sum / (double)n : 0;
+        for (int64_t i = 0; i < n; i++) {
+            double t = xg[i] - mean;
+            sq += t * t;
+        }
+        double rstd = 1.0 / sqrt((n ? sq / (double)n : 0) + (double)eps);
+        for (int64_t c = 0; c < Cg; c++) {
+            int64_t ch = g * Cg + c;
+            double scale = rstd * (weight ? weight[ch] : 1.0f);
+            float a = (float)scale, s = (float)((bias ? bias[ch] : 0.0f) - mean * scale);
+            const float *xc = xg + c * S;
+            float *yc = yg + c * S;
+            for (int64_t i = 0; i < S; i++)
+                yc[i] = xc[i] * a + s;
+        }
+    }
+}
+
+/* group_norm (input[, weight][, bias]); ints [num_groups, has_weight | has_bias << 1]; floats [eps] */
+static const char *s_group_norm(op_kernel *k)
+{
+    const op_local *x = &k->in[0], *y = &k->out[0];
+    int64_t G = k->attrs->ints[0], flags = k->attrs->ints[1];
+    if (x->ndim < 2 || G < 1 || x->shape[1] % G != 0 || k->nin != 1 + __builtin_popcount((unsigned)flags))
+        return "group_norm: malformed arguments (internal error)";
+    int64_t N = x->shape[0], C = x->shape[1], S = dt_layout_numel(x->ndim - 2, x->shape + 2), per = C * S;
+    if (N == 0 || per == 0)
+        return NULL;
+    const op_local *w = flags & 1 ? &k->in[1] : NULL, *b = flags & 2 ? &k->in[flags & 1 ? 2 : 1] : NULL;
+    void *sw = NULL, *sb = NULL;
+    const float *pw = w ? cpu_piece_as(w, CPU_F32, &sw) : NULL, *pb = b ? cpu_piece_as(b, CPU_F32, &sb) : NULL;
+    bool f32 = x->dtype == DT_FLOAT32;
+    float *buf = f32 ? NULL : malloc((size_t)per * sizeof *buf);
+    const char *why = (w && !pw) || (b && !pb) || (!f32 && !buf) ? s_oom : NULL;
+    size_t esize = dt_dtype_size(x->dtype);
+    for (int64_t n = 0; n < N && !why; n++) {
+        if (f32) {
+            cpu_group_norm((float *)y->data + n * per, (const float *)x->data + n * per, C, S, G, pw, pb,
+                           (float)k->attrs->floats[0]);
+            continue;
+        }
+        cpu_to_ctype(buf, CPU_F32, (const char *)x->data + n * per * (int64_t)esize, x->dtype, per);
+        cpu_group_norm(buf, buf, C, S, G, pw, pb, (float)k->attrs->floats[0]);
+        cpu_from_ctype((char *)y->data + n * per * (int64_t)esize, y->dtype, buf, CPU_F32, per);
+    }
+    free(sw);
+    free(sb);
+    free(buf);
+    return why;
+}
+
+/* ---- interpolate ------------------------------------------------------------------------------ */
+
+void cpu_resample_axis(int64_t in, int64_t out, int mode, int align_corners, double scale_factor, int64_t *i0,
+                       int64_t *i1, float *l1)
+{
+    float scale;
+    if (mode == 1 && align_corners)
+        scale = out > 1 ? (float)(in - 1) / (float)(out - 1) : 0.0f;
+    else
+        scale = scale_factor > 0 ? (float)(1.0 / scale_factor) : (float)in / (float)out;
+    for (int64_t o = 0; o < out; o++) {
+        if (mode != 1) {
+            float src = mode == 0 ? scale * (float)o : scale * ((float)o + 0.5f);
+            i0[o] = i1[o] = s_min((int64_t)floorf(src), in - 1);
+            l1[o] = 0.0f;
+            continue;
+        }
+        if (in == out) {
+            i0[o] = i1[o] = o;
+            l1[o] = 0.0f;
+            continue;
+        }
+        float src = align_corners ? scale * (float)o : scale * ((float)o + 0.5f) - 0.5f;
+        if (!align_corners && src < 0)
+            src = 0;
+        int64_t h = s_min((int64_t)floorf(src), in - 1);
+        float lam = src - (float)h;
+        i0[o] = h;
+        i1[o] = h + (h < in - 1);
+        l1[o] = lam < 0 ? 0.0f : lam > 1 ? 1.0f : lam;
+    }
+}
+
+void cpu_resample(float *out, const float *x, int64_t P, int64_t IH, int64_t IW, int64_t OH, int64_t OW,
+                  const int64_t *h0, const int64_t *h1, const float *lh, const int64_t *w0, const int64_t *w1,
+                  const float *lw, int nearest)
+{
+    for (int64_t p = 0; p < P; p++) {
+        const float *xp = x + p * IH * IW;
+        float *op = out + p * OH * OW;
+        for (int64_t oh = 0; oh < OH; oh++) {
+            const float *r0 = xp + h0[oh] * IW, *r1 = xp + h1[oh] * IW;
+            float *o = op + oh * OW;
+            if (nearest) {
+                for (int64_t ow = 0; ow < OW; ow++)
+                    o[ow] = r0[w0[ow]];
+                continue;
+            }
+            float b = lh[oh], a = 1.0f - b;
+            for (int64_t ow = 0; ow < OW; ow++) {
+                float d = lw[ow], c = 1.0f - d;
+                o[ow] = a * (c * r0[w0[ow]] + d * r0[w1[ow]]) + b * (c * r1[w0[ow]] + d * r1[w1[ow]]);
+            }
+        }
+    }
+}
+
+/* interpolate (input (N, C, L) or (N, C, H, W)); ints [mode, align_corners, output sizes...];
+ * floats [scale factors...] (0: none) */
+static const char *s_interpolate(op_kernel *k)
+{
+    const op_local *x = &k->in[0], *y = &k->out[0];
+    int ns = x->ndim - 2;
+    if ((ns != 1 && ns != 2) || k->attrs->nints != 2 + ns || k->attrs->nfloats != ns || y->ndim != x->ndim)
+        return "interpolate: malformed arguments (internal error)";
+    int mode = (int)k->attrs->ints[0], align = (int)k->attrs->ints[1];
+    int64_t P = x->shape[0] * x->shape[1];
+    int64_t IH = ns == 2 ? x->shape[2] : 1, IW = x->shape[x->ndim - 1];
+    int64_t OH = ns == 2 ? y->shape[2] : 1, OW = y->shape[y->ndim - 1];
+    if (P == 0 || OH == 0 || OW == 0)
+        return NULL;
+    int64_t *idx = malloc((size_t)(2 * (OH + OW)) * sizeof *idx);
+    float *lam = malloc((size_t)(OH + OW) * sizeof *lam);
+    void *sx = NULL;
+    const float *px = cpu_piece_as(x, CPU_F32, &sx);
+    bool f32 = y->dtype == DT_FLOAT32;
+    int64_t on = P * OH * OW;
+    float *buf = f32 ? y->data : malloc((size_t)on * sizeof *buf);
+    const char *why = idx && lam && px && buf ? NULL : s_oom;
+    if (!why) {
+        int64_t *h0 = idx, *h1 = idx + OH, *w0 = idx + 2 * OH, *w1 = idx + 2 * OH + OW;
+        if (ns == 2)
+            cpu_resample_axis(IH, OH, mode, align, k->attrs->floats[0], h0, h1, lam);
+        else
+            h0[0] = h1[0] = 0, lam[0] = 0.0f;
+        cpu_resample_axis(IW, OW, mode, align, k->attrs->floats[ns - 1], w0, w1, lam + OH);
+        cpu_resample(buf, px, P, IH, IW, OH, OW, h0, h1, lam, w0, w1, lam + OH, mode != 1);
+        if (!f32)
+            cpu_from_ctype(y->data, y->dtype, buf, CPU_F32, on);
+    }
+    if (!f32)
+        free(buf);
+    free(sx);
+    free(idx);
+    free(lam);
+    return why;
+}
+
+/* ---- pad -------------------------------------------------------------------------------------- */
+
+/* The source index of padded position i of a dim of n elements, or -1 (the fill value). */
+static inline int64_t s_source(int64_t i, int64_t n, int mode)
+{
+    if (i >= 0 && i < n)
+        return i;
+    if (mode == 0 || n == 0)
+        return -1;
+    if (mode == 2)
+        return i < 0 ? 0 : n - 1;
+    return i < 0 ? -i : 2 * (n - 1) - i;
+}
+
+static void s_fill(void *dst, size_t elem, const void *fill, int64_t n)
+{
+    switch (elem) {
+    case 1: memset(dst, *(const uint8_t *)fill, (size_t)n); break;
+    case 2: for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = *(const uint16_t *)fill; break;
+    case 4: for (int64_t i = 0; i < n; i++) ((uint32_t *)dst)[i] = *(const uint32_t *)fill; break;
+    default: for (int64_t i = 0; i < n; i++) ((uint64_t *)dst)[i] = *(const uint64_t *)fill; break;
+    }
+}
+
+void cpu_pad(void *out, const void *x, size_t elem, int ndim, const int64_t *in_shape, const int64_t *out_shape,
+             const int64_t *left, int mode, const void *fill)
+{
+    if (dt_layout_numel(ndim, out_shape) == 0)
+        return;
+    /* rows along the last dim (a 0-d tensor is one row of one element) */
+    int64_t Li = ndim ? in_shape[ndim - 1] : 1, Lo = ndim ? out_shape[ndim - 1] : 1, l = ndim ? left[ndim - 1] : 0;
+    int lead = ndim ? ndim - 1 : 0;
+    int64_t stride[DT_MAX_DIMS], idx[DT_MAX_DIMS] = {0}, rows = dt_layout_numel(lead, out_shape);
+    /* the strides of the input's leading dims, in rows */
+    int64_t rs = 1;
+    for (int d = lead - 1; d >= 0; d--) {
+        stride[d] = rs;
+        rs *= in_shape[d];
+    }
+    /* the output positions [mid_lo, mid_hi) of a row that read the input's row in order */
+    int64_t mid_lo = s_min(s_max(l, 0), Lo), mid_hi = s_max(mid_lo, s_min(Lo, l + Li));
+    char *o = out;
+    const char *in = x;
+    for (int64_t r = 0; r < rows; r++, o += Lo * (int64_t)elem) {
+        int64_t src = 0;
+        for (int d = 0; d < lead && src >= 0; d++) {
+            int64_t s = s_source(idx[d] - left[d], in_shape[d], mode);
+            src = s < 0 ? -1 : src + s * stride[d];
+        }
+        if (src < 0) {
+            s_fill(o, elem, fill, Lo);
+        } else {
+            const char *row = in + src * Li * (int64_t)elem;
+            for (int64_t i = 0; i < mid_lo; i++) {
+                int64_t s = s_source(i - l, Li, mode);
+                if (s < 0)
+                    s_fill(o + i * (int64_t)elem, elem, fill, 1);
+                else
+                    memcpy(o + i * (int64_t)elem, row + s * (int64_t)elem, elem);
+            }
+            memcpy(o + mid_lo * (int64_t)elem, row + (mid_lo - l) * (int64_t)elem, (size_t)(mid_hi - mid_lo) * elem);
+            for (int64_t i = mid_hi; i < Lo; i++) {
+                int64_t s = s_source(i - l, Li, mode);
+                if (s < 0)
+                    s_fill(o + i * (int64_t)elem, elem, fill, 1);
+                else
+                    memcpy(o + i * (int64_t)elem, row + s * (int64_t)elem, elem);
+            }
+        }
+        for (int d = lead - 1; d >= 0; d--) {
+            if (++idx[d] < out_shape[d])
+                break;
+            idx[d] = 0;
+        }
+    }
+}
+
+/* pad (input); ints [mode, (left, right) per dim from the last...]; floats [value] */
+static const char *s_pad(op_kernel *k)
+{
+    const op_local *x = &k->in[0], *y = &k->out[0];
+    int mode = (int)k->attrs->ints[0], npairs = (k->attrs->nints - 1) / 2;
+    if (npairs > x->ndim || y->ndim != x->ndim || x->dtype != y->dtype)
+        return "pad: malformed arguments (internal error)";
+    int64_t left[DT_MAX_DIMS] = {0};
+    for (int i = 0; i < npairs; i++)
+        left[x->ndim - 1 - i] = k->attrs->ints[1 + 2 * i];
+    for (int d = 0; d < x->ndim; d++)
+        if (y->shape[d] != x->shape[d] && d < x->ndim - npairs)
+            return "pad: the pieces do not fit together (internal error)";
+    uint64_t fill = 0;
+    double v = mode == 0 && k->attrs->nfloats > 0 ? k->attrs->floats[0] : 0.0;
+    switch (x->dtype) {
+    case DT_FLOAT32: { float f = (float)v; memcpy(&fill, &f, sizeof f); break; }
+    case DT_FLOAT16: { uint16_t h = dt_f32_to_f16((float)v); memcpy(&fill, &h, sizeof h); break; }
+    case DT_BFLOAT16: { uint16_t h = dt_f32_to_bf16((float)v); memcpy(&fill, &h, sizeof h); break; }
+    case DT_INT32: { int32_t i = isfinite(v) ? (int32_t)v : 0; memcpy(&fill, &i, sizeof i); break; }
+    case DT_INT64: { int64_t i = isfinite(v) ? (int64_t)v : 0; memcpy(&fill, &i, sizeof i); break; }
+    default: { uint8_t b = v != 0; memcpy(&fill, &b, sizeof b); break; }
+    }
+    cpu_pad(y->data, x->data, dt_dtype_size(x->dtype), x->ndim, x->shape, y->shape, left, mode, &fill);
+    return NULL;
+}
+
+const cpu_op_kernel cpu_image_kernels[OP_ID_LIMIT] = {
+    [OP_ID_conv2d] = s_conv2d,
+    [OP_ID_group_norm] = s_group_norm,
+    [OP_ID_interpolate] = s_interpolate,
+    [OP_ID_pad] = s_pad,
+};

@@ -1,0 +1,124 @@
+"""SD3Transformer2DModel against the numpy reference (sd3_reference.py) on every layout its mesh
+dim names give, with uneven sequence pieces; its checkpoints; its errors."""
+import numpy as np
+import pytest
+
+import dtorch
+from dtorch.models import SD3Transformer2DModel
+from dtorch.models.transformer_sd3 import sincos_2d
+
+import sd3_reference
+
+pytestmark = pytest.mark.usefixtures("thread_runtime")
+
+CONFIG = dict(sample_size=8, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=2,
+              joint_attention_dim=12, caption_projection_dim=16, pooled_projection_dim=10, out_channels=4,
+              pos_embed_max_size=8)
+
+MESHES = [((1,), None), ((2,), ("dp",)), ((2,), ("ulysses",)), ((2,), ("ring",)), ((3,), ("ring",)),
+          ((2, 2), ("ulysses", "ring")), ((2, 2, 2), ("dp", "ulysses", "ring"))]
+
+
+def _mesh(shape, names):
+    return dtorch.DeviceMesh("cpu", np.arange(int(np.prod(shape))).reshape(shape).tolist(), mesh_dim_names=names)
+
+
+def _inputs(B, H=6, W=10, T=5, seed=0):
+    """A latent of 3 x 5 patches (15 image tokens: uneven on 2, 3 and 4 devices) and 5 text tokens."""
+    rng = np.random.default_rng(seed)
+    return dict(hidden_states=rng.standard_normal((B, 4, H, W)).astype(np.float32),
+                encoder_hidden_states=rng.standard_normal((B, T, 12)).astype(np.float32),
+                pooled_projections=rng.standard_normal((B, 10)).astype(np.float32),
+                timestep=np.array([999.0, 3.5, 500.0][:B], dtype=np.float32))
+
+
+def _state(model):
+    return {k: v.numpy() for k, v in model.state_dict().items()}
+
+
+@pytest.fixture(scope="module", params=[None, "rms_norm"])
+def single(request):
+    dtorch.manual_seed(5)
+    model = SD3Transformer2DModel.from_config(CONFIG, qk_norm=request.param)
+    return model, _state(model)
+
+
+def _reference(sd, model, inputs):
+    return sd3_reference.transformer(sd, dict(model.config), inputs["hidden_states"], inputs["encoder_hidden_states"],
+                                     inputs["pooled_projections"], inputs["timestep"])
+
+
+def test_module_tree_and_position_table(single):
+    model, sd = single
+    keys = set(sd)
+    for key in ("pos_embed.proj.weight", "pos_embed.pos_embed", "time_text_embed.timestep_embedder.linear_1.weight",
+                "time_text_embed.text_embedder.linear_2.bias", "context_embedder.weight",
+                "transformer_blocks.0.norm1.linear.weight", "transformer_blocks.0.norm1_context.linear.weight",
+                "transformer_blocks.0.attn.add_q_proj.weight", "transformer_blocks.0.attn.to_add_out.weight",
+                "transformer_blocks.0.ff_context.net.2.weight", "transformer_blocks.1.attn.to_out.0.weight",
+                "norm_out.linear.weight", "proj_out.bias"):
+        assert key in keys, key
+    # the last block keeps no text stream
+    assert "transformer_blocks.1.attn.to_add_out.weight" not in keys
+    assert "transformer_blocks.1.ff_context.net.0.proj.weight" not in keys
+    assert sd["transformer_blocks.1.norm1_context.linear.weight"].shape == (32, 16)
+    if model.config.qk_norm:
+        assert "transformer_blocks.0.attn.norm_added_k.weight" in keys
+    table = sd3_reference.pos_table(16, 8, 8 // 2)
+    np.testing.assert_allclose(sd["pos_embed.pos_embed"][0], table, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(sincos_2d(16, 8, 4), table, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape,names", MESHES)
+def test_forward_matches_numpy(single, shape, names):
+    model, sd = single
+    mesh = _mesh(shape, names)
+    on_mesh = SD3Transformer2DModel.from_config(CONFIG, device_mesh=mesh, qk_norm=model.config.qk_norm)
+    on_mesh.load_state_dict({k: dtorch.distribute_tensor(v, mesh) for k, v in sd.items()})
+    for B in (2, 1):  # batch 1 on dp: an empty piece
+        inputs = _inputs(B)
+        out = on_mesh(**inputs).sample
+        assert tuple(out.shape) == (B, 4, 6, 10)
+        want = _reference(sd, on_mesh, inputs)
+        np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_return_tuple_and_dtensor_inputs(single):
+    model, sd = single
+    inputs = _inputs(2, seed=3)
+    mesh = model.parallel.mesh
+    as_tensors = {k: dtorch.distribute_tensor(v, mesh) for k, v in inputs.items()}
+    (out,) = model(**as_tensors, return_dict=False)
+    np.testing.assert_allclose(out.numpy(), model(**inputs).sample.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_save_and_load(tmp_path, single):
+    model, sd = single
+    model.save_pretrained(tmp_path / "sd3", max_shard_size="20KB")
+    assert (tmp_path / "sd3" / "diffusion_pytorch_model.safetensors.index.json").exists()
+    mesh = _mesh((2, 2), ("dp", "ring"))
+    loaded = SD3Transformer2DModel.from_pretrained(tmp_path / "sd3", device_mesh=mesh)
+    assert set(loaded.state_dict()) == set(sd)
+    inputs = _inputs(2)
+    np.testing.assert_allclose(loaded(**inputs).sample.numpy(), model(**inputs).sample.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_bad_input(single):
+    model, _ = single
+    inputs = _inputs(2)
+    with pytest.raises(ValueError, match="multiples of the patch size"):
+        model(**dict(inputs, hidden_states=inputs["hidden_states"][:, :, :5]))
+    with pytest.raises(ValueError, match="larger than the position table"):
+        model(**dict(inputs, hidden_states=np.zeros((2, 4, 18, 2), np.float32)))
+    with pytest.raises(ValueError, match="encoder_hidden_states must have 3 dims"):
+        model(**dict(inputs, encoder_hidden_states=inputs["encoder_hidden_states"][0]))
+    with pytest.raises(TypeError, match="needs encoder_hidden_states"):
+        model(inputs["hidden_states"])
+    with pytest.raises(ValueError, match="unknown mesh dim name 'tp'"):
+        SD3Transformer2DModel.from_config(CONFIG, device_mesh=_mesh((2,), ("tp",)))
+    with pytest.raises(ValueError, match="ulysses size 4 does not divide the 2 attention heads"):
+        SD3Transformer2DModel.from_config(CONFIG, device_mesh=_mesh((4,), ("ulysses",)))
+    with pytest.raises(TypeError, match="unknown config argument 'num_heads'"):
+        SD3Transformer2DModel.from_config(CONFIG, num_heads=3)
+    with pytest.raises(NotImplementedError, match="dual attention"):
+        SD3Transformer2DModel.from_config(CONFIG, dual_attention_layers=(0,))
