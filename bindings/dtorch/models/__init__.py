@@ -1,13 +1,15 @@
 """dtorch.models: models with HF transformers' and diffusers' module trees, parameter names and
 checkpoints."""
+from .autoencoder_kl import AutoencoderKL, DiagonalGaussianDistribution
 from .generation import GenerationMixin, StaticCache
 from .llama import CausalLMOutputWithPast, LlamaConfig, LlamaForCausalLM, LlamaModel
 from .llama_parallel import parallelize_llama
-from .modeling_diffusers import DecoderOutput, Transformer2DModelOutput
+from .modeling_diffusers import AutoencoderKLOutput, DecoderOutput, Transformer2DModelOutput
 from .serving import ContinuousBatcher, Request
 from .transformer_flux import FluxTransformer2DModel
 from .transformer_sd3 import SD3Transformer2DModel
 
-__all__ = ["CausalLMOutputWithPast", "ContinuousBatcher", "DecoderOutput", "FluxTransformer2DModel", "GenerationMixin",
-           "LlamaConfig", "LlamaForCausalLM", "LlamaModel", "Request", "SD3Transformer2DModel", "StaticCache",
+__all__ = ["AutoencoderKL", "AutoencoderKLOutput", "CausalLMOutputWithPast", "ContinuousBatcher", "DecoderOutput",
+           "DiagonalGaussianDistribution", "FluxTransformer2DModel", "GenerationMixin", "LlamaConfig",
+           "LlamaForCausalLM", "LlamaModel", "Request", "SD3Transformer2DModel", "StaticCache",
            "Transformer2DModelOutput", "parallelize_llama"]

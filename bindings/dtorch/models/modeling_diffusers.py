@@ -39,6 +39,12 @@ class DecoderOutput:
     sample: object
 
 
+@dataclasses.dataclass
+class AutoencoderKLOutput:
+    """The VAE encoder's posterior: a DiagonalGaussianDistribution over the latents."""
+    latent_dist: object
+
+
 def read_config(path, subfolder=None):
     """The dict of ``config.json`` in directory ``path`` (or ``path/subfolder``), or of the file."""
     directory = os.path.join(path, subfolder) if subfolder else path
