@@ -5,7 +5,7 @@
 
 DIR is a diffusers pipeline directory (transformer/, vae/, scheduler/; the text encoders are not
 used). Without --model, a small random-weight SD3-shaped pipeline (4 joint blocks of 4 heads, a
-2-level VAE) is written once to ~/.cache/dtorch/sd3-tiny-random and used: the image is noise, the
+4-level VAE: 8x down, as SD3's) is written once to ~/.cache/dtorch/sd3-tiny-random and used: the image is noise, the
 speed and the parallelism are real. DTorch runs no text encoder: --prompt-embeds names an .npz with
 prompt_embeds (1, T, joint_attention_dim) and pooled_prompt_embeds (1, pooled_projection_dim)
 (negative_* optional); without it, seeded random embeddings stand in. The mesh's dims: dp (the
@@ -28,8 +28,8 @@ from llama import parse_mesh
 TINY_TRANSFORMER = dict(sample_size=32, patch_size=2, in_channels=16, num_layers=4, attention_head_dim=32,
                         num_attention_heads=4, joint_attention_dim=256, caption_projection_dim=128,
                         pooled_projection_dim=128, out_channels=16, pos_embed_max_size=48, qk_norm="rms_norm")
-TINY_VAE = dict(in_channels=3, out_channels=3, latent_channels=16, block_out_channels=(32, 64),
-                down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+TINY_VAE = dict(in_channels=3, out_channels=3, latent_channels=16, block_out_channels=(16, 32, 64, 64),
+                down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
                 layers_per_block=1, norm_num_groups=8, scaling_factor=1.5305, shift_factor=0.0609,
                 use_quant_conv=False, use_post_quant_conv=False)
 

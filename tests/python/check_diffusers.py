@@ -1,6 +1,7 @@
 """dtorch's diffusion models, scheduler and SD3 pipeline against diffusers itself. Not part of the
-default run (its name does not start with test_): it needs torch and diffusers, which DTorch does
-not. Run it from tests/python with an interpreter where both are installed:
+default run (its name does not start with test_): it needs torch, diffusers and (for diffusers'
+pipeline class) transformers, which DTorch does not. Run it from tests/python with an interpreter
+where they and dtorch are installed:
 
     python -m pytest -q check_diffusers.py
 
