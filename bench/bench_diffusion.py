@@ -7,7 +7,8 @@ The model: 4 joint blocks of 8 heads x 32 (width 256), 32 text tokens, random we
 step is one forward of the guidance pair (batch 2: the unconditional and the conditional rows) on
 a latent of tokens x 4 patches. Each layout runs the same step: one device; dp2 (the pair split);
 ulysses2 and ring2 (the image tokens split); beside the numpy reference of the tests
-(tests/python/sd3_reference.py) in float32, timed in the same run. Figures are medians of
+(tests/python/sd3_reference.py) in float32 with one BLAS thread (as one device has), timed in the
+same run. Figures are medians of
 ``--repeats`` steps after one warm-up, with the spread, and the peak bytes each device held above
 what it held before the step (dtorch.device_stats), for ring2 against one device.
 """
@@ -17,10 +18,11 @@ import statistics
 import sys
 import time
 
-import numpy as np
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # numpy's BLAS on one core, as one device's
+import numpy as np  # noqa: E402
 
-import dtorch
-from dtorch.models import SD3Transformer2DModel
+import dtorch  # noqa: E402
+from dtorch.models import SD3Transformer2DModel  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
 import diffusion_reference  # noqa: E402
@@ -67,7 +69,7 @@ def main():
                                       inputs["pooled_projections"], inputs["timestep"])
             times.append(time.perf_counter() - start)
         numpy_ms = _median(times)[0] * 1e3
-        print(f"  {'numpy float32':12s} {numpy_ms:8.1f} ms  ({min(times) * 1e3:.1f}-{max(times) * 1e3:.1f})")
+        print(f"  {'numpy, 1 thread':12s} {numpy_ms:8.1f} ms  ({min(times) * 1e3:.1f}-{max(times) * 1e3:.1f})")
         single_peak = None
         for label, shape, names in LAYOUTS:
             mesh = dtorch.DeviceMesh("cpu", np.arange(int(np.prod(shape))).reshape(shape).tolist(),

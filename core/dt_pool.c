@@ -6,7 +6,7 @@
 #include <sys/mman.h>
 
 #define S_HUGE (2u << 20)
-#define S_SLOTS 64
+#define S_SLOTS 128
 
 static pthread_mutex_t s_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct {
@@ -15,12 +15,21 @@ static struct {
 } s_kept[S_SLOTS];
 static size_t s_kept_bytes;
 
-/* Rounded so that buffers of nearly the same size are interchangeable. */
-static size_t s_round(size_t size) { return (size + S_HUGE - 1) / S_HUGE * S_HUGE; }
+/* Rounded so that buffers of nearly the same size are interchangeable: large ones to whole huge
+ * pages, medium ones to the next power of two. */
+static size_t s_round(size_t size)
+{
+    if (size >= DT_POOL_LARGE)
+        return (size + S_HUGE - 1) / S_HUGE * S_HUGE;
+    size_t rounded = DT_POOL_MEDIUM;
+    while (rounded < size)
+        rounded *= 2;
+    return rounded;
+}
 
 void *dt_pool_alloc(size_t size)
 {
-    if (size < DT_POOL_LARGE)
+    if (size < DT_POOL_MEDIUM)
         return malloc(size ? size : 1);
     size = s_round(size);
     pthread_mutex_lock(&s_lock);
@@ -33,6 +42,8 @@ void *dt_pool_alloc(size_t size)
             return data;
         }
     pthread_mutex_unlock(&s_lock);
+    if (size < DT_POOL_LARGE)
+        return malloc(size);
     void *data = NULL;
     if (posix_memalign(&data, S_HUGE, size) != 0)
         return NULL;
@@ -44,7 +55,7 @@ void dt_pool_free(void *data, size_t size)
 {
     if (!data)
         return;
-    if (size < DT_POOL_LARGE) {
+    if (size < DT_POOL_MEDIUM) {
         free(data);
         return;
     }

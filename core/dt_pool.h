@@ -1,12 +1,16 @@
 /* dt_pool — memory for tensor pieces. Large buffers come 2 MiB-aligned with transparent huge
- * pages asked for, and freed ones are kept for reuse: a fresh page costs a fault on first touch
- * (~12 us per 4 KiB here), which otherwise dominates copying into new outputs. Thread-safe. */
+ * pages asked for, medium ones in power-of-two sizes, and freed ones of both are kept for reuse:
+ * a fresh page costs a fault on first touch (~12 us per 4 KiB here), which otherwise dominates
+ * copying into new outputs (malloc hands medium buffers back to the system and faults them in
+ * again: 7% of a diffusion step's time went to clearing pages). Small buffers are malloc's.
+ * Thread-safe. */
 #ifndef DT_POOL_H
 #define DT_POOL_H
 
 #include <stddef.h>
 
-#define DT_POOL_LARGE (1u << 20)        /* buffers from this size up are pooled */
+#define DT_POOL_MEDIUM (64u << 10)      /* buffers from this size up are pooled ... */
+#define DT_POOL_LARGE (1u << 20)        /* ... and from this size up huge-page aligned */
 #define DT_POOL_KEEP (512ull << 20)     /* most bytes kept for reuse */
 
 void *dt_pool_alloc(size_t size);

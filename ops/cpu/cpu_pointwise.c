@@ -337,9 +337,11 @@ static const char *s_run(s_call *c, op_local *out, dt_dtype rd, s_loop loop, con
 
 static float s_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
 
+/* 0.5 x (1 + tanh(u)) written as x / (1 + exp(-2u)): the same function, one expf instead of tanhf
+ * (which costs an expm1f and a division: three times the time in a diffusion model's MLP) */
 static float s_gelu_tanh(float x)
 {
-    return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+    return x / (1.0f + expf(-1.5957691216057308f * (x + 0.044715f * x * x * x)));
 }
 
 /* torch's: linear above the threshold, where log(1 + exp) would round to it anyway */
