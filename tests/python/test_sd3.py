@@ -83,6 +83,33 @@ def test_forward_matches_numpy(single, shape, names):
         np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("shape,names", MESHES)
+@pytest.mark.parametrize("last", [False, True])
+def test_one_joint_block_matches_numpy(single, shape, names, last):
+    """One JointTransformerBlock alone (and the last, pre-only one), its streams laid out as the model
+    lays them: image tokens split on the sequence, text tokens whole, the batch on dp."""
+    model, sd = single
+    index = 1 if last else 0
+    prefix = f"transformer_blocks.{index}."
+    mesh = _mesh(shape, names)
+    on_mesh = SD3Transformer2DModel.from_config(CONFIG, device_mesh=mesh, qk_norm=model.config.qk_norm)
+    on_mesh.load_state_dict({k: dtorch.distribute_tensor(v, mesh) for k, v in sd.items()})
+    block, parallel = on_mesh.transformer_blocks[index], on_mesh.parallel
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 15, 16)).astype(np.float32)
+    c = rng.standard_normal((2, 5, 16)).astype(np.float32)
+    temb = rng.standard_normal((2, 16)).astype(np.float32)
+    place = lambda a, how: how(dtorch.distribute_tensor(a, mesh))
+    context, hidden = block(place(x, parallel.image), place(c, parallel.batch), place(temb, parallel.batch))
+    want_context, want_hidden = sd3_reference.joint_block(sd, prefix[:-1], x, c, temb, 2, model.config.qk_norm, last)
+    assert list(hidden.placements) == list(parallel.image(dtorch.distribute_tensor(x, mesh)).placements)
+    np.testing.assert_allclose(hidden.numpy(), want_hidden, rtol=1e-4, atol=1e-5)
+    if last:
+        assert context is None
+    else:
+        np.testing.assert_allclose(context.numpy(), want_context, rtol=1e-4, atol=1e-5)
+
+
 def test_return_tuple_and_dtensor_inputs(single):
     model, sd = single
     inputs = _inputs(2, seed=3)
