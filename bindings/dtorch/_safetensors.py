@@ -180,6 +180,12 @@ class Checkpoint:
             counts[dt] = counts.get(dt, 0) + 1
         return counts
 
+    def floating_dtype(self):
+        """The floating dtype most of its floating tensors have (float32 when it has none): the
+        dtype a model loaded with ``dtype=None`` keeps."""
+        counts = {dt: n for dt, n in self.dtypes().items() if dt.is_floating_point}
+        return max(counts, key=counts.get) if counts else _dtype.float32
+
 
 def load_checkpoint(module, checkpoint, *, skip=(), progress=None):
     """Gives every parameter and persistent buffer of ``module`` its tensor from ``checkpoint`` (a

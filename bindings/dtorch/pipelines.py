@@ -121,6 +121,26 @@ class DiffusionPipeline:
             raise ValueError(f"{type(self).__name__}: {name} must have {ndim} dims, got shape {tuple(x.shape)}")
         return x
 
+    @staticmethod
+    def _check_size(height, width, multiple):
+        if height % multiple or width % multiple:
+            raise ValueError(f"height and width must be multiples of {multiple}, got {height} x {width}")
+
+    def _prompts(self, prompt_embeds, pooled_prompt_embeds, num_images_per_prompt):
+        """The prompt's embeddings on the transformer's mesh, each row repeated per image."""
+        prompt_embeds = self._host(prompt_embeds, "prompt_embeds", 3)
+        pooled_prompt_embeds = self._host(pooled_prompt_embeds, "pooled_prompt_embeds", 2)
+        if num_images_per_prompt > 1:
+            prompt_embeds = _repeat_rows(prompt_embeds, num_images_per_prompt)
+            pooled_prompt_embeds = _repeat_rows(pooled_prompt_embeds, num_images_per_prompt)
+        return prompt_embeds, pooled_prompt_embeds
+
+    def _with_negative(self, prompt_embeds, pooled_prompt_embeds, negative, negative_pooled):
+        """The guidance batch: the negative rows, then the positive ones."""
+        negative = self._host(negative, "negative_prompt_embeds", 3)
+        negative_pooled = self._host(negative_pooled, "negative_pooled_prompt_embeds", 2)
+        return cat([negative, prompt_embeds], dim=0), cat([negative_pooled, pooled_prompt_embeds], dim=0)
+
     def decode(self, latents, output_type):
         """Latents -> image: undo the VAE's scaling and shift, decode on the VAE's mesh, post-process."""
         config = self.vae.config
@@ -149,25 +169,18 @@ class StableDiffusion3Pipeline(DiffusionPipeline):
         config = transformer.config
         height = height or config.sample_size * self.vae_scale_factor
         width = width or config.sample_size * self.vae_scale_factor
-        multiple = self.vae_scale_factor * config.patch_size
-        if height % multiple or width % multiple:
-            raise ValueError(f"height and width must be multiples of {multiple}, got {height} x {width}")
-        prompt_embeds = self._host(prompt_embeds, "prompt_embeds", 3)
-        pooled_prompt_embeds = self._host(pooled_prompt_embeds, "pooled_prompt_embeds", 2)
-        if num_images_per_prompt > 1:
-            prompt_embeds = _repeat_rows(prompt_embeds, num_images_per_prompt)
-            pooled_prompt_embeds = _repeat_rows(pooled_prompt_embeds, num_images_per_prompt)
+        self._check_size(height, width, self.vae_scale_factor * config.patch_size)
+        prompt_embeds, pooled_prompt_embeds = self._prompts(prompt_embeds, pooled_prompt_embeds, num_images_per_prompt)
         batch = prompt_embeds.shape[0]
         guidance = guidance_scale > 1
-        if guidance:
-            negative = negative_prompt_embeds if negative_prompt_embeds is not None else np.zeros(prompt_embeds.shape,
-                                                                                                  np.float32)
-            negative_pooled = (negative_pooled_prompt_embeds if negative_pooled_prompt_embeds is not None
-                               else np.zeros(pooled_prompt_embeds.shape, np.float32))
-            negative = self._host(negative, "negative_prompt_embeds", 3)
-            negative_pooled = self._host(negative_pooled, "negative_pooled_prompt_embeds", 2)
-            prompt_embeds = cat([negative, prompt_embeds], dim=0)
-            pooled_prompt_embeds = cat([negative_pooled, pooled_prompt_embeds], dim=0)
+        if guidance:  # an empty negative prompt's embeddings are zeros for SD3
+            if negative_prompt_embeds is None:
+                negative_prompt_embeds = np.zeros(prompt_embeds.shape, np.float32)
+            if negative_pooled_prompt_embeds is None:
+                negative_pooled_prompt_embeds = np.zeros(pooled_prompt_embeds.shape, np.float32)
+            prompt_embeds, pooled_prompt_embeds = self._with_negative(prompt_embeds, pooled_prompt_embeds,
+                                                                      negative_prompt_embeds,
+                                                                      negative_pooled_prompt_embeds)
 
         shape = (batch, config.in_channels, height // self.vae_scale_factor, width // self.vae_scale_factor)
         latents = self._latents(shape, latents, seed)
@@ -219,20 +232,14 @@ class FluxPipeline(DiffusionPipeline):
         height = height or 1024
         width = width or 1024
         multiple = self.vae_scale_factor * 2
-        if height % multiple or width % multiple:
-            raise ValueError(f"height and width must be multiples of {multiple}, got {height} x {width}")
-        prompt_embeds = self._host(prompt_embeds, "prompt_embeds", 3)
-        pooled_prompt_embeds = self._host(pooled_prompt_embeds, "pooled_prompt_embeds", 2)
-        if num_images_per_prompt > 1:
-            prompt_embeds = _repeat_rows(prompt_embeds, num_images_per_prompt)
-            pooled_prompt_embeds = _repeat_rows(pooled_prompt_embeds, num_images_per_prompt)
+        self._check_size(height, width, multiple)
+        prompt_embeds, pooled_prompt_embeds = self._prompts(prompt_embeds, pooled_prompt_embeds, num_images_per_prompt)
         batch = prompt_embeds.shape[0]
         true_cfg = true_cfg_scale > 1 and negative_prompt_embeds is not None
         if true_cfg:
-            negative = self._host(negative_prompt_embeds, "negative_prompt_embeds", 3)
-            negative_pooled = self._host(negative_pooled_prompt_embeds, "negative_pooled_prompt_embeds", 2)
-            prompt_embeds = cat([negative, prompt_embeds], dim=0)
-            pooled_prompt_embeds = cat([negative_pooled, pooled_prompt_embeds], dim=0)
+            prompt_embeds, pooled_prompt_embeds = self._with_negative(prompt_embeds, pooled_prompt_embeds,
+                                                                      negative_prompt_embeds,
+                                                                      negative_pooled_prompt_embeds)
 
         h, w = height // multiple, width // multiple                 # tokens per column and row
         channels = config.in_channels // 4

@@ -21,22 +21,9 @@ from .._factory import distribute_tensor, zeros
 from .._placement import Replicate, Shard
 from ..nn import functional as F
 from .._ops_view import cat
+from ..parallel.style import named_dim_sizes
 
 KNOWN_DIMS = ("dp", "ulysses", "ring")
-
-
-def diffusion_mesh_sizes(device_mesh, who):
-    """{dim name: size} of ``device_mesh`` for a diffusion model; unnamed dims must be size 1."""
-    names = device_mesh.mesh_dim_names
-    if names is None:
-        if all(s == 1 for s in device_mesh.shape):
-            return {}
-        raise ValueError(f"{who}: name the dims of the mesh (mesh_dim_names from {KNOWN_DIMS}), e.g. "
-                         f"DeviceMesh('cpu', [[0, 1], [2, 3]], mesh_dim_names=('dp', 'ulysses'))")
-    for name in names:
-        if name not in KNOWN_DIMS:
-            raise ValueError(f"{who}: unknown mesh dim name {name!r} (known: {', '.join(KNOWN_DIMS)})")
-    return dict(zip(names, device_mesh.shape))
 
 
 class DiffusionParallel:
@@ -47,7 +34,7 @@ class DiffusionParallel:
     def __init__(self, device_mesh, num_heads, who):
         self.mesh = device_mesh
         self.who = who
-        self.sizes = diffusion_mesh_sizes(device_mesh, who)
+        self.sizes = named_dim_sizes(device_mesh, KNOWN_DIMS, who)
         names = list(device_mesh.mesh_dim_names or ())
         self.dp = names.index("dp") if "dp" in names else None
         self.ulysses = names.index("ulysses") if "ulysses" in names else None

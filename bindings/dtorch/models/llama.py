@@ -489,8 +489,7 @@ class LlamaForCausalLM(GenerationMixin, Module):
         config = LlamaConfig.from_pretrained(path)
         checkpoint = Checkpoint(path)
         if dtype is None:
-            counts = {dt: n for dt, n in checkpoint.dtypes().items() if dt.is_floating_point}
-            dtype = max(counts, key=counts.get) if counts else _dtype.float32
+            dtype = checkpoint.floating_dtype()
         mesh = device_mesh if device_mesh is not None else default_mesh()
         with meta_device():
             model = cls(config, device_mesh=mesh, dtype=_dtype._resolve(dtype))

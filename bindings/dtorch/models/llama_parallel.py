@@ -31,25 +31,16 @@ from ..parallel import (ColwiseParallel, PrepareModuleInput, ReplicateHeadsParal
                         parallelize_module)
 from ..parallel.context import ContextParallelInput, RingAttention, UlyssesParallel
 from ..parallel.pipeline import PipelineStage, forget_moved_per_forward, stage_layers
-from ..parallel.style import place
+from ..parallel.style import named_dim_sizes, place
 
 KNOWN_DIMS = ("dp", "tp", "pp", "ulysses", "ring")
 
 
 def mesh_sizes(device_mesh):
     """{dim name: size} of a mesh for the Llama plan; unknown names are ValueErrors naming them."""
-    names = device_mesh.mesh_dim_names
-    if names is None:
-        if device_mesh.ndim == 1:
-            return {"tp": device_mesh.size()}
-        if all(s == 1 for s in device_mesh.shape):
-            return {}
-        raise ValueError(f"parallelize_llama: name the dims of the {device_mesh.ndim}-D mesh (mesh_dim_names from "
-                         f"{KNOWN_DIMS})")
-    for name in names:
-        if name not in KNOWN_DIMS:
-            raise ValueError(f"parallelize_llama: unknown mesh dim name {name!r} (known: {', '.join(KNOWN_DIMS)})")
-    return dict(zip(names, device_mesh.shape))
+    if device_mesh.mesh_dim_names is None and device_mesh.ndim == 1:
+        return {"tp": device_mesh.size()}
+    return named_dim_sizes(device_mesh, KNOWN_DIMS, "parallelize_llama")
 
 
 def parallelize_llama(model, device_mesh, *, num_microbatches=None, layers_per_stage=None):

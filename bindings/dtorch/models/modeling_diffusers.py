@@ -106,8 +106,7 @@ class DiffusersModel(Module):
         config = cls.make_config(read_config(directory))
         checkpoint = Checkpoint(directory, weights_name=DIFFUSERS_WEIGHTS)
         if dtype is None:
-            counts = {dt: n for dt, n in checkpoint.dtypes().items() if dt.is_floating_point}
-            dtype = max(counts, key=counts.get) if counts else _dtype.float32
+            dtype = checkpoint.floating_dtype()
         mesh = device_mesh if device_mesh is not None else default_mesh()
         with meta_device():
             model = cls(config, device_mesh=mesh, dtype=_dtype._resolve(dtype))

@@ -37,6 +37,20 @@ def mesh_dim(device_mesh):
     return device_mesh._get_root_mesh(), device_mesh._root_dims[0]
 
 
+def named_dim_sizes(device_mesh, known, who):
+    """{dim name: size} of ``device_mesh`` for a plan that knows the dim names ``known``; an unnamed
+    mesh must be all ones, and an unknown name is a ValueError naming it (``who`` says whose)."""
+    names = device_mesh.mesh_dim_names
+    if names is None:
+        if all(s == 1 for s in device_mesh.shape):
+            return {}
+        raise ValueError(f"{who}: name the dims of the {device_mesh.ndim}-D mesh (mesh_dim_names from {known})")
+    for name in names:
+        if name not in known:
+            raise ValueError(f"{who}: unknown mesh dim name {name!r} (known: {', '.join(known)})")
+    return dict(zip(names, device_mesh.shape))
+
+
 def _normalize(p, ndim):
     return Shard(p.dim % ndim) if isinstance(p, Shard) and ndim and p.dim < 0 else p
 
