@@ -657,8 +657,15 @@ static PyGetSetDef s_Tensor_getset[] = {
     {NULL},
 };
 
+static PyObject *s_Tensor_reshape(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+static PyObject *s_Tensor_view(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+
 static PyMethodDef s_Tensor_methods[] = {
     {"future", (PyCFunction)s_Tensor_future, METH_NOARGS, "A TensorFuture of the whole value."},
+    {"reshape", (PyCFunction)(void (*)(void))s_Tensor_reshape, METH_FASTCALL,
+     "reshape(*shape): the same elements in another shape (one size may be -1), given as ints or one sequence."},
+    {"view", (PyCFunction)(void (*)(void))s_Tensor_view, METH_FASTCALL,
+     "view(*shape): reshape (pieces are never shared, so a view is a reshape)."},
     {"_locals_future", (PyCFunction)s_Tensor_locals_future, METH_NOARGS, "A TensorFuture of every piece."},
     {NULL},
 };
@@ -733,10 +740,10 @@ static PyObject *s_binary(int id, PyObject *a, PyObject *b)
 
 /* the ids of the ops behind Python's operators, looked up at import */
 enum { S_ADD, S_SUB, S_MUL, S_DIV, S_POW, S_NEG, S_ABS, S_EQ, S_NE, S_LT, S_LE, S_GT, S_GE, S_AND, S_OR, S_NOT,
-       S_MATMUL, S_NOPS };
+       S_MATMUL, S_RESHAPE, S_NOPS };
 static const char *const s_operator_ops[S_NOPS] = {"add", "sub", "mul", "div", "pow", "neg", "abs", "eq", "ne",
                                                    "lt", "le", "gt", "ge", "logical_and", "logical_or",
-                                                   "logical_not", "matmul"};
+                                                   "logical_not", "matmul", "reshape"};
 static int s_operator_ids[S_NOPS];
 
 static PyObject *s_operator(int op, PyObject *a, PyObject *b)
@@ -769,6 +776,62 @@ static PyObject *s_nb_pow(PyObject *a, PyObject *b, PyObject *mod)
     if (mod != Py_None)
         Py_RETURN_NOTIMPLEMENTED;
     return s_operator(S_POW, a, b);
+}
+
+/* x.reshape(*shape) and x.view(*shape) in C: they are a decode step's commonest calls, and the
+ * Python wrapper's argument handling cost more than the op itself. The shape is ints or one
+ * sequence of them (a tuple, a list, any iterable), as torch takes it. */
+static PyObject *s_reshape(const char *fn, PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *seq = NULL, *const *items = args;
+    Py_ssize_t n = nargs;
+    if (nargs == 1 && !PyIndex_Check(args[0])) {
+        if (PyObject_TypeCheck(args[0], &s_TensorType) || PyUnicode_Check(args[0]))
+            return PyErr_Format(PyExc_TypeError, "%s(): argument 'shape' must be tuple of ints, not %s", fn,
+                                s_type_name(args[0]));
+        if (!(seq = PySequence_Fast(args[0], ""))) {
+            PyErr_Clear();
+            return PyErr_Format(PyExc_TypeError, "%s(): argument 'shape' must be tuple of ints, not %s", fn,
+                                s_type_name(args[0]));
+        }
+        items = PySequence_Fast_ITEMS(seq);
+        n = PySequence_Fast_GET_SIZE(seq);
+    }
+    dt_op_attrs attrs = {0};
+    PyObject *result = NULL;
+    if (n > (Py_ssize_t)(sizeof attrs.ints / sizeof attrs.ints[0])) {
+        PyErr_Format(PyExc_ValueError, "%s(): a shape of %zd dims is more than DTorch tensors have", fn, n);
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (s_is_bool(items[i]) || !PyIndex_Check(items[i])) {
+            PyErr_Format(PyExc_TypeError, "%s(): argument 'shape' must be tuple of ints, but found element of type %s "
+                         "at pos %zd", fn, s_type_name(items[i]), i);
+            goto done;
+        }
+        Py_ssize_t v = PyNumber_AsSsize_t(items[i], PyExc_OverflowError);
+        if (v == -1 && PyErr_Occurred())
+            goto done;
+        attrs.ints[attrs.nints++] = v;
+    }
+    dt_tensor *in[1] = {((s_Tensor *)self)->t};
+    result = s_run(s_operator_ids[S_RESHAPE], 1, in, &attrs, ((s_Tensor *)self)->mesh);
+done:
+    Py_XDECREF(seq);
+    return result;
+}
+
+static PyObject *s_Tensor_reshape(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return s_reshape("reshape", self, args, nargs);
+}
+
+static PyObject *s_Tensor_view(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs == 1 && !PyIndex_Check(args[0]) && (PyType_Check(args[0]) || PyObject_HasAttrString(args[0], "itemsize")))
+        return PyErr_Format(PyExc_TypeError, "view: reinterpreting the bytes as another dtype is not supported; use "
+                            ".to(dtype)");
+    return s_reshape("view", self, args, nargs);
 }
 
 /* a @ b: two DTensors (numbers and arrays are not ours) */

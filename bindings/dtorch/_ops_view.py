@@ -8,7 +8,7 @@ import numbers
 
 import numpy as np
 
-from . import _C, _dtype
+from . import _C
 from ._ops import ids
 
 _MAX_INPUTS = 32  # tensors one op call takes (OP_MAX_INPUTS)
@@ -39,14 +39,9 @@ def _dim(name, dim, ndim):
 # ---- reshape-like ----------------------------------------------------------------------------
 
 def reshape(input, shape):
-    """input with another shape of the same number of elements (one size may be -1)."""
-    return _op("reshape", input, _sizes((shape,)))
-
-
-def view(self, *shape):
-    if len(shape) == 1 and isinstance(shape[0], (_dtype.dtype, np.dtype, type)):
-        raise TypeError("view: reinterpreting the bytes as another dtype is not supported; use .to(dtype)")
-    return _op("reshape", self, _sizes(shape))
+    """input with another shape of the same number of elements (one size may be -1); the method
+    (DTensor.reshape, DTensor.view) is the C type's own."""
+    return input.reshape(shape) if isinstance(input, _C.DTensor) else _op("reshape", input, _sizes((shape,)))
 
 
 def flatten(input, start_dim=0, end_dim=-1):

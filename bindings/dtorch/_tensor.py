@@ -178,10 +178,7 @@ class DTensor(_C.DTensor):
 
     to = _ops.to
 
-    def reshape(self, *shape):
-        return _view.reshape(self, _view._sizes(shape))
-
-    view = _view.view
+    # reshape and view are the C type's own methods (the per-op path)
     flatten = _view.flatten
     unsqueeze = _view.unsqueeze
     squeeze = _view.squeeze
