@@ -127,8 +127,7 @@ static void s_detach(void)
         return;
     cudaStreamSynchronize(s_ctx.compute);
     cudaStreamSynchronize(s_ctx.comm);
-    if (s_ctx.blas)
-        cublasDestroy(s_ctx.blas);
+    cuda_blas_release(&s_ctx);
     cudaEventDestroy(s_ctx.computed);
     cudaStreamDestroy(s_ctx.comm);
     cudaStreamDestroy(s_ctx.compute);

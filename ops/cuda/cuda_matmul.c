@@ -4,7 +4,9 @@
  * float16 and bfloat16 are read and written as such and accumulate in float32 on the tensor
  * cores, rounded once, as the CPU's kernels round once. A bias is broadcast into C first and the
  * product added to it (beta 1). Integer products have no CUDA kernel yet. */
+#include <dlfcn.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 
 #include "cuda_kernels.h"
@@ -12,12 +14,50 @@
 #include "dt_dtype.h"
 #include "dt_layout.h"
 
+/* ---- cuBLAS, loaded at the first product -----------------------------------------------------
+ * Linking libcublas (and the libcublasLt it needs) costs every process that loads them about
+ * 95 MB of private memory at start, GPU or not: 512 worker processes of a cpu mesh ran the machine
+ * out of memory. So the library is opened by the first product that needs it, in that process
+ * only (by its soname, else where the build found it). */
+static struct {
+    __typeof__(cublasCreate_v2) *create;
+    __typeof__(cublasDestroy_v2) *destroy;
+    __typeof__(cublasSetStream_v2) *set_stream;
+    __typeof__(cublasGemmStridedBatchedEx) *gemm;
+    __typeof__(cublasGetStatusString) *status_string;
+    char why[320]; /* why it could not be loaded */
+} s_cublas;
+
+static pthread_once_t s_cublas_once = PTHREAD_ONCE_INIT;
+
+#define S_STR_(x) #x
+#define S_STR(x) S_STR_(x)
+
+static void s_cublas_load(void)
+{
+    const char *names[] = {"libcublas.so." S_STR(CUBLAS_VER_MAJOR), DTORCH_CUBLAS_PATH};
+    void *lib = NULL;
+    for (int i = 0; i < 2 && !lib; i++)
+        lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        snprintf(s_cublas.why, sizeof s_cublas.why, "cannot load cuBLAS: %s", dlerror());
+        return;
+    }
+    *(void **)&s_cublas.create = dlsym(lib, "cublasCreate_v2");
+    *(void **)&s_cublas.destroy = dlsym(lib, "cublasDestroy_v2");
+    *(void **)&s_cublas.set_stream = dlsym(lib, "cublasSetStream_v2");
+    *(void **)&s_cublas.gemm = dlsym(lib, "cublasGemmStridedBatchedEx");
+    *(void **)&s_cublas.status_string = dlsym(lib, "cublasGetStatusString");
+    if (!s_cublas.create || !s_cublas.destroy || !s_cublas.set_stream || !s_cublas.gemm || !s_cublas.status_string)
+        snprintf(s_cublas.why, sizeof s_cublas.why, "cuBLAS lacks a function DTorch calls: %s", dlerror());
+}
+
 static const char *s_blas(cublasStatus_t st, const char *what)
 {
     static _Thread_local char msg[160];
     if (st == CUBLAS_STATUS_SUCCESS)
         return NULL;
-    snprintf(msg, sizeof msg, "%s: %s", what, cublasGetStatusString(st));
+    snprintf(msg, sizeof msg, "%s: %s", what, s_cublas.status_string(st));
     return msg;
 }
 
@@ -26,14 +66,22 @@ static const char *s_handle(cuda_ctx *c)
 {
     if (c->blas)
         return NULL;
-    const char *why = s_blas(cublasCreate(&c->blas), "cublasCreate");
-    if (!why && (why = s_blas(cublasSetStream(c->blas, c->compute), "cublasSetStream"))) {
-        cublasDestroy(c->blas);
-        c->blas = NULL;
-    }
+    pthread_once(&s_cublas_once, s_cublas_load);
+    if (s_cublas.why[0])
+        return s_cublas.why;
+    const char *why = s_blas(s_cublas.create(&c->blas), "cublasCreate");
+    if (!why && (why = s_blas(s_cublas.set_stream(c->blas, c->compute), "cublasSetStream")))
+        s_cublas.destroy(c->blas);
     if (why)
         c->blas = NULL;
     return why;
+}
+
+void cuda_blas_release(cuda_ctx *c)
+{
+    if (c->blas)
+        s_cublas.destroy(c->blas);
+    c->blas = NULL;
 }
 
 const char *cuda_k_mm(op_kernel *k)
@@ -113,7 +161,7 @@ const char *cuda_k_mm(op_kernel *k)
         }
         const char *pa = (const char *)a->data + ao * (int64_t)elem, *pb = (const char *)b->data + bo * (int64_t)elem;
         char *pc = (char *)o->data + q * count * M * N * (int64_t)elem;
-        why = s_blas(cublasGemmStridedBatchedEx(c->blas, linear ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, (int)N, (int)M,
+        why = s_blas(s_cublas.gemm(c->blas, linear ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, (int)N, (int)M,
                                                 (int)K, &one, pb, type, linear ? (int)K : (int)N, sb, pa, type, (int)K,
                                                 sa, &beta, pc, type, (int)N, M * N, (int)count, CUBLAS_COMPUTE_32F,
                                                 CUBLAS_GEMM_DEFAULT),

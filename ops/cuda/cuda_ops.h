@@ -47,6 +47,9 @@ typedef struct {
  * device: the reason). */
 cuda_ctx *cuda_ctx_get(const char **why);
 
+/* Destroys the context's cuBLAS handle, if the context made one (cuda_matmul.c). */
+void cuda_blas_release(cuda_ctx *c);
+
 /* NULL for cudaSuccess, else "<what>: <CUDA's message>" (a thread-local message). */
 const char *cuda_check(cudaError_t e, const char *what);
 
