@@ -324,7 +324,7 @@ static const char *s_frame_storage(act_worker *w, zmq_msg_t *frame, act_storage 
     if (be->adopt_host && be->adopt_host(data, size) && (*out = act_storage_adopt(frame)))
         return NULL;
     if (!(*out = act_storage_piece(w, size)))
-        return "out of memory on the device";
+        return act_worker_no_memory(w);
     return act_copy_bytes(be->to_device, (*out)->data, data, size);
 }
 
@@ -540,7 +540,7 @@ bool act_peer_assemble(act_worker *w, const msgpack_object *rec)
     act_wtensor *src = act_wtensor_lookup(w, r.source, &lookup_why); /* none: a device only receives */
     size_t bytes = (size_t)dt_layout_numel(ndim, r.shape.v) * elem;
     if (out && !(out->storage = act_storage_piece(w, bytes)))
-        snprintf(why, sizeof why, "out of memory on the device");
+        snprintf(why, sizeof why, "%s", act_worker_no_memory(w));
     else if (out)
         out->data = out->storage->data;
     int64_t out_strides[DT_MAX_DIMS], src_strides[DT_MAX_DIMS];

@@ -219,11 +219,16 @@ static void s_reply_stats(act_worker *w, uint64_t fid, int64_t piece)
     w->nreply++;
 }
 
+const char *act_worker_no_memory(const act_worker *w)
+{
+    return w->unusable[0] ? w->unusable : "out of memory on the device";
+}
+
 static const char *s_alloc(const act_worker *w, act_wtensor *t)
 {
     t->storage = act_storage_piece(w, s_bytes(t));
     if (!t->storage)
-        return "out of memory on the device";
+        return act_worker_no_memory(w);
     t->data = t->storage->data;
     return NULL;
 }
@@ -357,7 +362,7 @@ static const char *s_own_storage(const act_worker *w, act_wtensor *t)
     size_t size = (size_t)dt_layout_numel(t->ndim, t->shape) * dt_dtype_size(t->dtype);
     act_storage *own = act_storage_piece(w, size);
     if (!own)
-        return "out of memory on the device";
+        return act_worker_no_memory(w);
     const char *why = act_copy_bytes(w->backend->copy_region, own->data, t->data, size);
     if (why) {
         act_storage_release(own);
@@ -856,6 +861,11 @@ int act_worker_serve(const act_worker_link *link, bool (*should_stop)(void *arg)
     snprintf(rid, sizeof rid, "d%" PRId64, device);
     act_worker w;
     act_worker_init(&w, device, backend, link->endpoint);
+    /* the device is bound on the thread that runs every record; a device that cannot be used
+     * still serves, failing what touches it with the reason (and never hanging the controller) */
+    const char *unusable = backend->attach ? backend->attach(device) : NULL;
+    if (unusable)
+        snprintf(w.unusable, sizeof w.unusable, "%s", unusable);
     w.remote = link->remote;
     w.silent_s = link->silent_s > 0 ? link->silent_s : ACT_SILENT_S;
     w.connect_s = link->connect_s > 0 ? link->connect_s : ACT_CONNECT_S;
@@ -915,6 +925,8 @@ int act_worker_serve(const act_worker_link *link, bool (*should_stop)(void *arg)
         pthread_join(hb.thread, NULL);
     }
     act_worker_fini(&w);
+    if (backend->detach)
+        backend->detach();
     return rc;
 }
 

@@ -104,6 +104,7 @@ typedef struct {
 typedef struct {
     int64_t device;
     const op_backend *backend;  /* the device type's memory and kernels */
+    char unusable[256];         /* why the backend's attach could not bind the device ("": it did) */
     char endpoint[256];         /* the controller's */
     bool same_process;          /* peers are threads of this process (inproc) */
     bool remote;                /* act_worker_link.remote */
@@ -149,6 +150,10 @@ typedef struct {
     int npayloads, cap_payloads;
     mb_buf *payloads;
 } act_worker;
+
+/* What a failed allocation of device memory says: why the device is unusable when attach said so,
+ * else "out of memory on the device". */
+const char *act_worker_no_memory(const act_worker *w);
 
 void act_storage_release(act_storage *st);
 void act_storage_free_fn(void *data, void *hint);

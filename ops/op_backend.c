@@ -7,9 +7,15 @@
 
 #include "cpu_backend.h"
 #include "dt_error.h"
+#ifdef DTORCH_HAVE_CUDA
+#include "cuda_backend.h"
+#endif
 
 static const op_backend *const s_backends[] = {
     &cpu_backend,
+#ifdef DTORCH_HAVE_CUDA
+    &cuda_backend,
+#endif
 };
 
 #define S_NBACKENDS (int)(sizeof s_backends / sizeof s_backends[0])

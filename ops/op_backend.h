@@ -28,6 +28,16 @@ typedef const char *(*op_copy_fn)(void *dst, const int64_t *dst_strides, const v
 typedef struct {
     const char *name;  /* the DeviceMesh device type it serves ("cpu") */
 
+    /* ---- the actor's device ---- */
+    /* optional: binds the calling thread to device device_id before it uses any other slot; a
+     * worker calls it once, on its own thread, when it starts (several workers may share one
+     * physical device). Every other slot then works on that thread's device. NULL, or why the
+     * device cannot be used (then every slot that touches the device fails with that reason). */
+    const char *(*attach)(int64_t device_id);
+    /* optional: gives back what attach took, on the same thread, after the worker's last piece
+     * is freed */
+    void (*detach)(void);
+
     /* ---- memory ---- */
     /* device memory for a piece of size bytes; NULL when there is none left */
     void *(*alloc)(size_t size);
@@ -79,7 +89,8 @@ typedef struct {
     const char *(*synchronize)(void);
 } op_backend;
 
-/* The backend of a device type, or NULL when this build has none for it. */
+/* The backend of a device type, or NULL when this build has none for it ("cuda" only in a build
+ * with the CUDA backend: meson's -Dcuda option). */
 const op_backend *op_backend_find(const char *device_type);
 /* The backend of the controller's own memory (host memory): the CPU one, in every build. */
 const op_backend *op_backend_host(void);

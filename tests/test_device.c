@@ -43,13 +43,24 @@ Test(backend, lookup)
     cr_expect_str_eq(cpu->name, "cpu");
     cr_expect_eq(op_backend_host(), cpu, "the host backend is the CPU one");
     cr_expect_null(op_backend_find("tpu"));
-    cr_expect_null(op_backend_find("cuda"), "no CUDA backend in this build");
     cr_expect_null(op_backend_find(NULL));
     cr_expect_eq(op_backend_check("here", "cpu"), 0);
     cr_expect_eq(op_backend_check("here", "tpu"), DT_EINVAL);
     s_expect_in(dt_last_error(), "unknown device type 'tpu'", "tpu");
+#ifdef DTORCH_HAVE_CUDA
+    const op_backend *cuda = op_backend_find("cuda");
+    cr_assert_not_null(cuda, "a CUDA build has the CUDA backend");
+    cr_expect_str_eq(cuda->name, "cuda");
+    cr_expect_eq(op_backend_check("here", "cuda"), 0);
+    cr_expect(cuda->attach && cuda->alloc && cuda->free && cuda->to_device && cuda->to_host && cuda->copy_region &&
+              cuda->run && cuda->fill && cuda->random && cuda->arange && cuda->reduce_into && cuda->scale_div &&
+              cuda->synchronize);
+    cr_expect(!cuda->adopt_host && !cuda->host_view, "device memory is not host memory");
+#else
+    cr_expect_null(op_backend_find("cuda"), "no CUDA backend in this build");
     cr_expect_eq(op_backend_check("here", "cuda"), DT_EDEVICE);
     s_expect_in(dt_last_error(), "'cuda' device backend is not available", "cuda");
+#endif
     /* the slots every backend must have */
     cr_expect(cpu->alloc && cpu->free && cpu->to_device && cpu->to_host && cpu->copy_region && cpu->run && cpu->fill &&
               cpu->random && cpu->arange && cpu->reduce_into && cpu->scale_div);
@@ -109,7 +120,8 @@ Test(device_type, process_worker_refuses_unknown)
 
 static void s_with_type(dt_mesh *m, const char *type) { snprintf(m->device_type, sizeof m->device_type, "%s", type); }
 
-/* No mesh of another type can be made in this build, so the tests relabel one. */
+/* A mesh of an unknown type cannot be made, so the tests relabel one (and, in a build without the
+ * CUDA backend, one of a known type that the build lacks). */
 static void s_unknown_type_at_call_site(dt_workers mode)
 {
     cr_assert_eq(dt_init(&(dt_config){mode, getenv("DTORCH_WORKER_PATH")}), 0, "%s", dt_last_error());
@@ -118,10 +130,12 @@ static void s_unknown_type_at_call_site(dt_workers mode)
     cr_expect_null(dt_zeros(m, 1, (int64_t[]){4}, DT_FLOAT32, NULL));
     cr_expect_eq(dt_last_error_code(), DT_EINVAL);
     s_expect_in(dt_last_error(), "unknown device type 'tpu'", "zeros on tpu");
+#ifndef DTORCH_HAVE_CUDA
     s_with_type(m, "cuda");
     cr_expect_null(dt_zeros(m, 1, (int64_t[]){4}, DT_FLOAT32, NULL));
     cr_expect_eq(dt_last_error_code(), DT_EDEVICE);
     s_expect_in(dt_last_error(), "'cuda' device backend is not available", "zeros on cuda");
+#endif
     /* nothing was started for them: the same ids serve a cpu mesh */
     s_with_type(m, "cpu");
     dt_tensor *t = dt_ones(m, 1, (int64_t[]){4}, DT_FLOAT32, NULL);

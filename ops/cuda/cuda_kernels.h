@@ -1,0 +1,74 @@
+/* cuda_kernels — the CUDA device kernels behind the backend's slots (ops/cuda/cuda_backend.c), each
+ * launched on a stream by a C-callable function: fills, counter-based random numbers, ranges,
+ * strided copies, dtype conversions, the combinations of Partial pieces (cuda_kernels.cu) and the
+ * elementwise ops in their compute types (cuda_pointwise_kernels.cu).
+ *
+ * Every function returns the launch's error (cudaSuccess once queued); a kernel's own failure shows
+ * at the stream's next synchronisation. The arithmetic is the CPU kernels' (ops/cpu/cpu_kernels.h,
+ * cpu_pointwise.c), written again for the device; ops/cuda/cuda_dtype.h holds the 16-bit float
+ * conversions both sides share bit for bit. */
+#ifndef CUDA_KERNELS_H
+#define CUDA_KERNELS_H
+
+#include <cuda_runtime_api.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "dtorch.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* dst[0..n) = the element whose elem bytes (1, 2, 4 or 8) are the low bytes of bits. */
+cudaError_t cuda_fill(void *dst, size_t elem, int64_t n, uint64_t bits, cudaStream_t s);
+
+/* An ndim block of shape elements of elem bytes between two strided layouts (byte strides) on
+ * the device; ndim 0 copies one element. */
+cudaError_t cuda_copy_strided(void *dst, const int64_t *dst_strides, const void *src, const int64_t *src_strides,
+                              int ndim, const int64_t *shape, size_t elem, cudaStream_t s);
+
+/* dst (n elements of to) = src (n elements of from), converted as cpu_convert does. */
+cudaError_t cuda_convert(void *dst, dt_dtype to, const void *src, dt_dtype from, int64_t n, cudaStream_t s);
+
+/* cpu_arange: dst[i] = a + (first + i) * d in double for float dtypes, ia + (first + i) * id wrapping
+ * in 64 bits for integer ones (the start and step already converted both ways). */
+cudaError_t cuda_arange(void *dst, dt_dtype dtype, int64_t n, int64_t first, double a, double d, uint64_t ia,
+                        uint64_t id, cudaStream_t s);
+
+/* cpu_random: the C-contiguous block shape at offset of the (seed, stream) tensor of global_shape. */
+cudaError_t cuda_random(void *dst, dt_dtype dtype, int ndim, const int64_t *shape, const int64_t *offset,
+                        const int64_t *global_shape, uint64_t seed, uint64_t stream, bool normal, cudaStream_t s);
+
+/* cpu_reduce_into and cpu_scale_div. */
+cudaError_t cuda_reduce_into(void *acc, const void *src, dt_dtype dtype, int64_t n, dt_reduce_op op, cudaStream_t s);
+cudaError_t cuda_scale_div(void *acc, dt_dtype dtype, int64_t n, int64_t divisor, cudaStream_t s);
+
+/* ---- elementwise ops (cuda_pointwise_kernels.cu) ----------------------------------------------
+ * One launch computes out[i] = f(operands at i) over a C-contiguous output of n elements, every
+ * operand already in the compute type cd: float32, int32, int64 or bool (comparisons and logical
+ * ops write bool). The output's dims are size[0..nd) (merged where every operand walks them as
+ * one); an operand's element offset is the dot product of the output index with its strides (0:
+ * broadcast). An operand with no data is a number: the low bytes of number[i]. */
+#define CUDA_EW_MAX_IN 3
+
+typedef struct {
+    int nd;
+    int64_t size[DT_MAX_DIMS];
+    int nin;
+    const void *in[CUDA_EW_MAX_IN];
+    int64_t stride[CUDA_EW_MAX_IN][DT_MAX_DIMS];
+    uint64_t number[CUDA_EW_MAX_IN];
+    double p[4];                           /* the op's float attributes (clamp: its bounds) */
+    void *out;
+    int64_t n;
+} cuda_ew_args;
+
+/* Op id (ops/op_table.h) in cd; cudaErrorNotSupported when the op has no loop in cd. */
+cudaError_t cuda_pointwise(int op, dt_dtype cd, const cuda_ew_args *a, cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

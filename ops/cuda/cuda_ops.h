@@ -1,0 +1,60 @@
+/* cuda_ops — which ops have a CUDA kernel (CUDA_OPS: every other op fails with "<op>: no CUDA
+ * kernel yet"), and what the kernels share: the calling actor's device context and scratch memory
+ * on its compute stream. */
+#ifndef CUDA_OPS_H
+#define CUDA_OPS_H
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "op_registry.h"
+
+/* Every op with a CUDA kernel: its name (ops/op_table.h) and its kernel. */
+#define CUDA_OPS(X)                                                                                                    \
+    /* elementwise (cuda_pointwise.c; kernels in cuda_pointwise_kernels.cu) */                                        \
+    X(neg, cuda_k_unary) X(abs, cuda_k_unary) X(exp, cuda_k_unary) X(log, cuda_k_unary) X(sqrt, cuda_k_unary)          \
+    X(rsqrt, cuda_k_unary) X(sin, cuda_k_unary) X(cos, cuda_k_unary) X(tanh, cuda_k_unary) X(sigmoid, cuda_k_unary)    \
+    X(relu, cuda_k_unary) X(silu, cuda_k_unary) X(gelu, cuda_k_unary) X(gelu_tanh, cuda_k_unary)                       \
+    X(reciprocal, cuda_k_unary) X(logical_not, cuda_k_unary) X(erf, cuda_k_unary) X(softplus, cuda_k_unary)            \
+    X(add, cuda_k_arith) X(sub, cuda_k_arith) X(mul, cuda_k_arith) X(div, cuda_k_arith) X(pow, cuda_k_arith)           \
+    X(maximum, cuda_k_arith) X(minimum, cuda_k_arith)                                                                  \
+    X(eq, cuda_k_compare) X(ne, cuda_k_compare) X(lt, cuda_k_compare) X(le, cuda_k_compare) X(gt, cuda_k_compare)      \
+    X(ge, cuda_k_compare)                                                                                              \
+    X(logical_and, cuda_k_logical) X(logical_or, cuda_k_logical)                                                       \
+    X(where, cuda_k_where) X(masked_fill, cuda_k_masked_fill) X(clamp, cuda_k_clamp) X(to, cuda_k_to)                  \
+    /* products through cuBLAS (cuda_matmul.c), floating dtypes */                                                     \
+    X(matmul, cuda_k_mm) X(mm, cuda_k_mm) X(bmm, cuda_k_mm) X(linear, cuda_k_mm)
+
+typedef const char *(*cuda_op_kernel)(op_kernel *k);
+
+/* The CUDA kernel of op id, or NULL when it has none. */
+cuda_op_kernel cuda_kernel_for(int id);
+
+#define CUDA_DECLARE_(name, fn) const char *fn(op_kernel *k);
+CUDA_OPS(CUDA_DECLARE_)
+#undef CUDA_DECLARE_
+
+/* An actor's device: what attach made for the thread that runs its records. */
+typedef struct {
+    int ordinal;                  /* the GPU */
+    cudaStream_t compute;         /* kernels, products, copies between pieces, allocations */
+    cudaStream_t comm;            /* copies to and from host memory (later: NCCL's collectives) */
+    cudaEvent_t computed;         /* recorded on compute before comm works on the same memory */
+    cublasHandle_t blas;          /* made at the first product, bound to compute */
+} cuda_ctx;
+
+/* The calling thread's context, or NULL with *why set (attach did not run, or could not bind a
+ * device: the reason). */
+cuda_ctx *cuda_ctx_get(const char **why);
+
+/* Destroys the context's cuBLAS handle, if the context made one (cuda_matmul.c). */
+void cuda_blas_release(cuda_ctx *c);
+
+/* NULL for cudaSuccess, else "<what>: <CUDA's message>" (a thread-local message). */
+const char *cuda_check(cudaError_t e, const char *what);
+
+/* Device memory ordered on the context's compute stream, for a kernel's converted copies. */
+const char *cuda_scratch(cuda_ctx *c, size_t bytes, void **out);
+void cuda_scratch_free(cuda_ctx *c, void *p);
+
+#endif

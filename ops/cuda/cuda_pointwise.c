@@ -1,0 +1,226 @@
+/* cuda_pointwise — the drivers of the elementwise ops on the GPU: cpu_pointwise.c's, on device
+ * memory. Operands are read in place when their dtype is the compute type (float32, int32, int64 or
+ * bool; 16-bit floats compute in float32) and broadcast by strides; others, and an output of
+ * another dtype, go through converted copies on the compute stream. */
+#include <math.h>
+#include <string.h>
+
+#include "cpu_kernels.h"
+#include "cuda_kernels.h"
+#include "cuda_ops.h"
+#include "dt_dtype.h"
+#include "dt_layout.h"
+
+/* One kernel call: its operands, the copies it made, and its first failure. */
+typedef struct {
+    cuda_ctx *ctx;
+    cuda_ew_args a;
+    int ndim[CUDA_EW_MAX_IN];
+    const int64_t *shape[CUDA_EW_MAX_IN];
+    int ncopies;
+    void *copies[CUDA_EW_MAX_IN + 1];
+    const char *why;
+} s_call;
+
+static dt_dtype s_compute(dt_dtype d) { return d == DT_FLOAT16 || d == DT_BFLOAT16 ? DT_FLOAT32 : d; }
+
+static const char *s_begin(s_call *c)
+{
+    memset(c, 0, sizeof *c);
+    c->ctx = cuda_ctx_get(&c->why);
+    return c->why;
+}
+
+static void s_piece(s_call *c, const op_local *piece, dt_dtype cd)
+{
+    int i = c->a.nin++;
+    c->a.in[i] = piece->data;
+    c->ndim[i] = piece->ndim;
+    c->shape[i] = piece->shape;
+    if (piece->dtype == cd || c->why)
+        return;
+    int64_t n = dt_layout_numel(piece->ndim, piece->shape);
+    void *copy;
+    if ((c->why = cuda_scratch(c->ctx, (size_t)n * dt_dtype_size(cd), &copy)))
+        return;
+    c->copies[c->ncopies++] = copy;
+    c->a.in[i] = copy;
+    c->why = cuda_check(cuda_convert(copy, cd, piece->data, piece->dtype, n, c->ctx->compute), "conversion");
+}
+
+static void s_number(s_call *c, dt_scalar v, dt_dtype cd)
+{
+    int i = c->a.nin++;
+    cpu_fill(&c->a.number[i], cd, 1, v); /* the CPU's conversion of the number */
+    c->a.in[i] = NULL;
+    c->ndim[i] = 0;
+    c->shape[i] = NULL;
+}
+
+/* The output's dims with size-1 dims dropped and neighbours merged where every operand walks them
+ * as one (cpu_pointwise.c's s_iterate), and each operand's element strides over them. */
+static void s_layout(s_call *c, int ndim, const int64_t *shape)
+{
+    cuda_ew_args *a = &c->a;
+    int64_t own[CUDA_EW_MAX_IN][DT_MAX_DIMS];
+    for (int i = 0; i < a->nin; i++)
+        for (int64_t d = c->ndim[i] - 1, s = 1; d >= 0; s *= c->shape[i][d--])
+            own[i][d] = s;
+    a->nd = 0;
+    for (int d = 0; d < ndim; d++) {
+        if (shape[d] == 1)
+            continue;
+        int64_t st[CUDA_EW_MAX_IN];
+        bool merge = a->nd > 0;
+        for (int i = 0; i < a->nin; i++) {
+            int k = d - (ndim - c->ndim[i]);
+            st[i] = k >= 0 && c->shape[i][k] == shape[d] ? own[i][k] : 0;
+            merge = merge && a->stride[i][a->nd - 1] == st[i] * shape[d];
+        }
+        if (merge)
+            a->size[a->nd - 1] *= shape[d];
+        else
+            a->size[a->nd++] = shape[d];
+        for (int i = 0; i < a->nin; i++)
+            a->stride[i][a->nd - 1] = st[i];
+    }
+}
+
+/* Runs op in cd into the output, whose values are computed in rd (converted when it has another dtype). */
+static const char *s_run(s_call *c, op_local *out, int op, dt_dtype cd, dt_dtype rd, const double *p)
+{
+    int64_t n = dt_layout_numel(out->ndim, out->shape);
+    void *dst = out->data;
+    if (!c->why && n > 0 && out->dtype != rd && !(c->why = cuda_scratch(c->ctx, (size_t)n * dt_dtype_size(rd), &dst)))
+        c->copies[c->ncopies++] = dst;
+    if (!c->why && n > 0) {
+        s_layout(c, out->ndim, out->shape);
+        c->a.out = dst;
+        c->a.n = n;
+        if (p)
+            memcpy(c->a.p, p, sizeof c->a.p);
+        cudaError_t e = cuda_pointwise(op, cd, &c->a, c->ctx->compute);
+        c->why = e == cudaErrorNotSupported ? "no loop for these dtypes (internal error)"
+                                            : cuda_check(e, "elementwise kernel");
+        if (!c->why && dst != out->data)
+            c->why = cuda_check(cuda_convert(out->data, out->dtype, dst, rd, n, c->ctx->compute), "conversion");
+    }
+    for (int i = 0; i < c->ncopies; i++)
+        cuda_scratch_free(c->ctx, c->copies[i]);
+    return c->why;
+}
+
+const char *cuda_k_unary(op_kernel *k)
+{
+    s_call c;
+    if (s_begin(&c))
+        return c.why;
+    if (k->nin != 1)
+        return "expected one operand (internal error)";
+    dt_dtype cd = s_compute(k->out[0].dtype);
+    s_piece(&c, &k->in[0], cd);
+    return s_run(&c, &k->out[0], k->def->id, cd, cd, k->attrs->nfloats ? k->attrs->floats : NULL);
+}
+
+/* a op b in cd giving rd, either a number (attrs.scalar; ints[0] = 1: on the left). */
+static const char *s_binary(op_kernel *k, dt_dtype cd, dt_dtype rd)
+{
+    s_call c;
+    if (s_begin(&c))
+        return c.why;
+    bool left = k->attrs->nints > 0 && k->attrs->ints[0];
+    if (k->nin + k->attrs->has_scalar != 2)
+        return "expected two operands (internal error)";
+    if (k->nin == 1 && left)
+        s_number(&c, k->attrs->scalar, cd);
+    s_piece(&c, &k->in[0], cd);
+    if (k->nin == 2)
+        s_piece(&c, &k->in[1], cd);
+    else if (!left)
+        s_number(&c, k->attrs->scalar, cd);
+    return s_run(&c, &k->out[0], k->def->id, cd, rd, NULL);
+}
+
+const char *cuda_k_arith(op_kernel *k)
+{
+    dt_dtype cd = s_compute(k->out[0].dtype);
+    return s_binary(k, cd, cd);
+}
+
+/* ctx[0]: the dtype the controller says the operands are compared in */
+const char *cuda_k_compare(op_kernel *k)
+{
+    if (k->nctx < 1 || !dt_dtype_valid((int)k->ctx[0]))
+        return "comparison: missing its dtype (internal error)";
+    return s_binary(k, s_compute((dt_dtype)k->ctx[0]), DT_BOOL);
+}
+
+const char *cuda_k_logical(op_kernel *k) { return s_binary(k, DT_BOOL, DT_BOOL); }
+
+/* where(cond, a, b), with a number in place of b (ints[0] = 2) or of a (ints[0] = 1). */
+const char *cuda_k_where(op_kernel *k)
+{
+    s_call c;
+    if (s_begin(&c))
+        return c.why;
+    op_local *out = &k->out[0];
+    dt_dtype cd = s_compute(out->dtype);
+    int at = k->attrs->has_scalar ? (k->attrs->nints > 0 ? (int)k->attrs->ints[0] : 2) : 0;
+    if (k->nin != (at ? 2 : 3) || at < 0 || at > 2)
+        return "where: bad operands (internal error)";
+    s_piece(&c, &k->in[0], DT_BOOL);
+    if (at == 1)
+        s_number(&c, k->attrs->scalar, cd);
+    s_piece(&c, &k->in[1], cd);
+    if (at == 2)
+        s_number(&c, k->attrs->scalar, cd);
+    else if (at == 0)
+        s_piece(&c, &k->in[2], cd);
+    return s_run(&c, out, OP_ID_where, cd, cd, NULL);
+}
+
+/* masked_fill(x, mask, number) is where(mask, number, x). */
+const char *cuda_k_masked_fill(op_kernel *k)
+{
+    s_call c;
+    if (s_begin(&c))
+        return c.why;
+    op_local *out = &k->out[0];
+    dt_dtype cd = s_compute(out->dtype);
+    if (k->nin != 2 || !k->attrs->has_scalar)
+        return "masked_fill: bad operands (internal error)";
+    s_piece(&c, &k->in[1], DT_BOOL);
+    s_number(&c, k->attrs->scalar, cd);
+    s_piece(&c, &k->in[0], cd);
+    return s_run(&c, out, OP_ID_where, cd, cd, NULL);
+}
+
+/* clamp(x, min, max): ints[0] bit 0 = has min, bit 1 = has max; floats = [min, max]. */
+const char *cuda_k_clamp(op_kernel *k)
+{
+    const op_attrs *a = k->attrs;
+    if (k->nin != 1 || a->nints < 1 || a->nfloats < 2)
+        return "clamp: bad operands (internal error)";
+    s_call c;
+    if (s_begin(&c))
+        return c.why;
+    double bounds[4] = {a->ints[0] & 1 ? a->floats[0] : -INFINITY, a->ints[0] & 2 ? a->floats[1] : INFINITY};
+    dt_dtype cd = s_compute(k->out[0].dtype);
+    s_piece(&c, &k->in[0], cd);
+    return s_run(&c, &k->out[0], OP_ID_clamp, cd, cd, bounds);
+}
+
+/* to(dtype): a conversion, straight from the piece into the output. */
+const char *cuda_k_to(op_kernel *k)
+{
+    const char *why;
+    cuda_ctx *ctx = cuda_ctx_get(&why);
+    if (!ctx)
+        return why;
+    const op_local *in = &k->in[0];
+    op_local *out = &k->out[0];
+    int64_t n = dt_layout_numel(out->ndim, out->shape);
+    if (k->nin != 1 || n != dt_layout_numel(in->ndim, in->shape))
+        return "to: the piece does not match the output (internal error)";
+    return cuda_check(cuda_convert(out->data, out->dtype, in->data, in->dtype, n, ctx->compute), "conversion");
+}

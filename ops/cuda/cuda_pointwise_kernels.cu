@@ -1,0 +1,301 @@
+/* cuda_pointwise_kernels — the elementwise ops (OP_POINTWISE in ops/op_table.h) on the GPU, in
+ * their compute types: one expression per op and type, the CPU's (ops/cpu/cpu_pointwise.c), applied
+ * by one kernel per (op, type) over a broadcast, strided set of operands (cuda_kernels.h). The
+ * float32 functions are CUDA's (expf, logf, ...: within a few ulps of glibc's, not bit for bit);
+ * integer, bool and selection ops give the CPU's bits. */
+#include "cuda_kernels.h"
+#include "op_table.h"
+
+#define S_THREADS 256
+
+/* The element at linear output index i of operand k: its bytes, or the number. */
+template <class T> __device__ __forceinline__ T s_operand(const cuda_ew_args &a, int k, int64_t i)
+{
+    if (!a.in[k]) {
+        T v;
+        memcpy(&v, &a.number[k], sizeof v);
+        return v;
+    }
+    int64_t off = 0;
+    if (a.nd == 1) {
+        off = i * a.stride[k][0];
+    } else {
+        for (int d = a.nd - 1; d >= 0; d--) {
+            int64_t size = a.size[d];
+            off += (i % size) * a.stride[k][d];
+            i /= size;
+        }
+    }
+    return ((const T *)a.in[k])[off];
+}
+
+template <class T, class O, class F> __global__ void s_unary(cuda_ew_args a, F f)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < a.n; i += (int64_t)gridDim.x * blockDim.x)
+        ((O *)a.out)[i] = (O)f(s_operand<T>(a, 0, i), a.p);
+}
+
+template <class T, class O, class F> __global__ void s_binary(cuda_ew_args a, F f)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < a.n; i += (int64_t)gridDim.x * blockDim.x)
+        ((O *)a.out)[i] = (O)f(s_operand<T>(a, 0, i), s_operand<T>(a, 1, i));
+}
+
+template <class T> __global__ void s_select(cuda_ew_args a)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < a.n; i += (int64_t)gridDim.x * blockDim.x)
+        ((T *)a.out)[i] = s_operand<uint8_t>(a, 0, i) ? s_operand<T>(a, 1, i) : s_operand<T>(a, 2, i);
+}
+
+static unsigned s_blocks(int64_t n)
+{
+    int64_t b = (n + S_THREADS - 1) / S_THREADS;
+    return (unsigned)(b < 1 ? 1 : b > 65536 ? 65536 : b);
+}
+
+template <class T, class O, class F> static cudaError_t s_launch1(const cuda_ew_args *a, cudaStream_t s, F f)
+{
+    s_unary<T, O, F><<<s_blocks(a->n), S_THREADS, 0, s>>>(*a, f);
+    return cudaGetLastError();
+}
+
+template <class T, class O, class F> static cudaError_t s_launch2(const cuda_ew_args *a, cudaStream_t s, F f)
+{
+    s_binary<T, O, F><<<s_blocks(a->n), S_THREADS, 0, s>>>(*a, f);
+    return cudaGetLastError();
+}
+
+/* ---- the ops' expressions (cpu_pointwise.c's lists) ----------------------------------------- */
+
+__device__ __forceinline__ float s_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+
+__device__ __forceinline__ float s_gelu_tanh(float x)
+{
+    return x / (1.0f + expf(-1.5957691216057308f * (x + 0.044715f * x * x * x)));
+}
+
+__device__ __forceinline__ float s_softplus(float x, float beta, float threshold)
+{
+    return x * beta > threshold ? x : log1pf(expf(x * beta)) / beta;
+}
+
+__device__ __forceinline__ int64_t s_ipow(int64_t x, int64_t y)
+{
+    if (y < 0)
+        return x == 1 ? 1 : x == -1 ? (y % 2 ? -1 : 1) : 0;
+    int64_t r = 1;
+    while (y) {
+        if (y & 1)
+            r *= x;
+        x *= x;
+        y >>= 1;
+    }
+    return r;
+}
+
+/* Unary ops of floating values: name, float32 expression of x (p: the float attributes). */
+#define S_UNARY_FLOAT(X)                                                                                               \
+    X(exp, expf(x))                                                                                                    \
+    X(log, logf(x))                                                                                                    \
+    X(sqrt, sqrtf(x))                                                                                                  \
+    X(rsqrt, 1.0f / sqrtf(x))                                                                                          \
+    X(sin, sinf(x))                                                                                                    \
+    X(cos, cosf(x))                                                                                                    \
+    X(tanh, tanhf(x))                                                                                                  \
+    X(sigmoid, 1.0f / (1.0f + expf(-x)))                                                                               \
+    X(silu, x / (1.0f + expf(-x)))                                                                                     \
+    X(gelu, s_gelu(x))                                                                                                 \
+    X(gelu_tanh, s_gelu_tanh(x))                                                                                       \
+    X(reciprocal, 1.0f / x)                                                                                            \
+    X(erf, erff(x))                                                                                                    \
+    X(softplus, s_softplus(x, (float)p[0], (float)p[1]))
+
+/* Unary ops of numbers: name, float32 expression, integer expression (T: int32_t or int64_t). */
+#define S_UNARY_NUMBER(X)                                                                                              \
+    X(neg, -x, (T)(0 - (uint64_t)x))                                                                                   \
+    X(abs, fabsf(x), x < 0 ? (T)(0 - (uint64_t)x) : x)                                                                 \
+    X(relu, x > 0 ? x : (x == x ? 0.0f : x), x > 0 ? x : 0)
+
+/* Binary ops of every dtype: name, float32, integer, bool expression of x and y. */
+#define S_BINARY_ANY(X)                                                                                                \
+    X(add, x + y, (T)((uint64_t)x + (uint64_t)y), x | y)                                                               \
+    X(mul, x * y, (T)((uint64_t)x * (uint64_t)y), x & y)                                                               \
+    X(maximum, x != x || y != y ? x + y : x > y ? x : y, x > y ? x : y, x | y)                                         \
+    X(minimum, x != x || y != y ? x + y : x < y ? x : y, x < y ? x : y, x & y)
+
+/* Binary ops of numbers: name, float32, integer expression. */
+#define S_BINARY_NUMBER(X)                                                                                             \
+    X(sub, x - y, (T)((uint64_t)x - (uint64_t)y))                                                                      \
+    X(pow, powf(x, y), (T)s_ipow(x, y))
+
+#define S_BINARY_FLOAT(X) X(div, x / y)
+
+#define S_COMPARE(X) X(eq, x == y) X(ne, x != y) X(lt, x < y) X(le, x <= y) X(gt, x > y) X(ge, x >= y)
+
+#define S_LOGICAL(X) X(logical_and, x && y) X(logical_or, x || y)
+
+/* ---- one functor per op and kind, and its launch per compute type --------------------------- */
+
+#define S_F1(name, f)                                                                                                  \
+    struct s_##name##_f {                                                                                              \
+        __device__ float operator()(float x, const double *p) const { return (f); }                                    \
+    };
+S_UNARY_FLOAT(S_F1)
+
+#define S_N1(name, f, i)                                                                                               \
+    struct s_##name##_f {                                                                                              \
+        __device__ float operator()(float x, const double *p) const { return (f); }                                    \
+    };                                                                                                                 \
+    struct s_##name##_i {                                                                                              \
+        template <class T> __device__ T operator()(T x, const double *p) const { return (i); }                         \
+    };
+S_UNARY_NUMBER(S_N1)
+
+struct s_logical_not_b {
+    __device__ uint8_t operator()(uint8_t x, const double *p) const { return !x; }
+};
+
+#define S_A2(name, f, i, b)                                                                                            \
+    struct s_##name##_f {                                                                                              \
+        __device__ float operator()(float x, float y) const { return (f); }                                            \
+    };                                                                                                                 \
+    struct s_##name##_i {                                                                                              \
+        template <class T> __device__ T operator()(T x, T y) const { return (i); }                                     \
+    };                                                                                                                 \
+    struct s_##name##_b {                                                                                              \
+        __device__ uint8_t operator()(uint8_t x, uint8_t y) const { return (b); }                                      \
+    };
+S_BINARY_ANY(S_A2)
+
+#define S_N2(name, f, i)                                                                                               \
+    struct s_##name##_f {                                                                                              \
+        __device__ float operator()(float x, float y) const { return (f); }                                            \
+    };                                                                                                                 \
+    struct s_##name##_i {                                                                                              \
+        template <class T> __device__ T operator()(T x, T y) const { return (i); }                                     \
+    };
+S_BINARY_NUMBER(S_N2)
+
+#define S_D2(name, f)                                                                                                  \
+    struct s_##name##_f {                                                                                              \
+        __device__ float operator()(float x, float y) const { return (f); }                                            \
+    };
+S_BINARY_FLOAT(S_D2)
+
+#define S_C2(name, e)                                                                                                  \
+    struct s_##name##_c {                                                                                              \
+        template <class T> __device__ uint8_t operator()(T x, T y) const { return (e); }                               \
+    };
+S_COMPARE(S_C2)
+S_LOGICAL(S_C2)
+
+/* clamp: p = [lower bound or -inf, upper bound or +inf] */
+struct s_clamp_f {
+    __device__ float operator()(float x, const double *p) const
+    {
+        return x < (float)p[0] ? (float)p[0] : x > (float)p[1] ? (float)p[1] : x;
+    }
+};
+struct s_clamp_i {
+    template <class T> __device__ T operator()(T x, const double *p) const
+    {
+        return (double)x < p[0] ? (T)(int64_t)p[0] : (double)x > p[1] ? (T)(int64_t)p[1] : x;
+    }
+};
+
+template <class T> static cudaError_t s_launch_select(const cuda_ew_args *a, cudaStream_t s)
+{
+    s_select<T><<<s_blocks(a->n), S_THREADS, 0, s>>>(*a);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t cuda_pointwise(int op, dt_dtype cd, const cuda_ew_args *a, cudaStream_t s)
+{
+    if (a->n <= 0)
+        return cudaSuccess;
+    bool f = cd == DT_FLOAT32, i32 = cd == DT_INT32, i64 = cd == DT_INT64, b = cd == DT_BOOL;
+    switch (op) {
+#define S_CASE_F1(name, e)                                                                                             \
+    case OP_ID_##name:                                                                                                 \
+        if (f)                                                                                                         \
+            return s_launch1<float, float>(a, s, s_##name##_f());                                                      \
+        break;
+        S_UNARY_FLOAT(S_CASE_F1)
+#define S_CASE_N1(name, e, i)                                                                                          \
+    case OP_ID_##name:                                                                                                 \
+        if (f)                                                                                                         \
+            return s_launch1<float, float>(a, s, s_##name##_f());                                                      \
+        if (i32)                                                                                                       \
+            return s_launch1<int32_t, int32_t>(a, s, s_##name##_i());                                                  \
+        if (i64)                                                                                                       \
+            return s_launch1<int64_t, int64_t>(a, s, s_##name##_i());                                                  \
+        break;
+        S_UNARY_NUMBER(S_CASE_N1)
+    case OP_ID_clamp:
+        if (f)
+            return s_launch1<float, float>(a, s, s_clamp_f());
+        if (i32)
+            return s_launch1<int32_t, int32_t>(a, s, s_clamp_i());
+        if (i64)
+            return s_launch1<int64_t, int64_t>(a, s, s_clamp_i());
+        break;
+    case OP_ID_logical_not:
+        if (b)
+            return s_launch1<uint8_t, uint8_t>(a, s, s_logical_not_b());
+        break;
+#define S_CASE_A2(name, e, i, bb)                                                                                      \
+    case OP_ID_##name:                                                                                                 \
+        if (f)                                                                                                         \
+            return s_launch2<float, float>(a, s, s_##name##_f());                                                      \
+        if (i32)                                                                                                       \
+            return s_launch2<int32_t, int32_t>(a, s, s_##name##_i());                                                  \
+        if (i64)                                                                                                       \
+            return s_launch2<int64_t, int64_t>(a, s, s_##name##_i());                                                  \
+        if (b)                                                                                                         \
+            return s_launch2<uint8_t, uint8_t>(a, s, s_##name##_b());                                                  \
+        break;
+        S_BINARY_ANY(S_CASE_A2)
+#define S_CASE_N2(name, e, i)                                                                                          \
+    case OP_ID_##name:                                                                                                 \
+        if (f)                                                                                                         \
+            return s_launch2<float, float>(a, s, s_##name##_f());                                                      \
+        if (i32)                                                                                                       \
+            return s_launch2<int32_t, int32_t>(a, s, s_##name##_i());                                                  \
+        if (i64)                                                                                                       \
+            return s_launch2<int64_t, int64_t>(a, s, s_##name##_i());                                                  \
+        break;
+        S_BINARY_NUMBER(S_CASE_N2)
+#define S_CASE_D2(name, e)                                                                                             \
+    case OP_ID_##name:                                                                                                 \
+        if (f)                                                                                                         \
+            return s_launch2<float, float>(a, s, s_##name##_f());                                                      \
+        break;
+        S_BINARY_FLOAT(S_CASE_D2)
+#define S_CASE_C2(name, e)                                                                                             \
+    case OP_ID_##name:                                                                                                 \
+        if (f)                                                                                                         \
+            return s_launch2<float, uint8_t>(a, s, s_##name##_c());                                                    \
+        if (i32)                                                                                                       \
+            return s_launch2<int32_t, uint8_t>(a, s, s_##name##_c());                                                  \
+        if (i64)                                                                                                       \
+            return s_launch2<int64_t, uint8_t>(a, s, s_##name##_c());                                                  \
+        if (b)                                                                                                         \
+            return s_launch2<uint8_t, uint8_t>(a, s, s_##name##_c());                                                  \
+        break;
+        S_COMPARE(S_CASE_C2)
+        S_LOGICAL(S_CASE_C2)
+    case OP_ID_where:
+    case OP_ID_masked_fill:
+        if (f)
+            return s_launch_select<float>(a, s);
+        if (i32)
+            return s_launch_select<int32_t>(a, s);
+        if (i64)
+            return s_launch_select<int64_t>(a, s);
+        if (b)
+            return s_launch_select<uint8_t>(a, s);
+        break;
+    default: break;
+    }
+    return cudaErrorNotSupported;
+}

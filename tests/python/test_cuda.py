@@ -1,0 +1,71 @@
+"""The CUDA backend from Python: elementwise ops and products on cuda meshes against numpy, with
+thread and process workers. Where a cuda mesh cannot run an op (a build without the CUDA backend,
+or no usable GPU: then every op fails with "no CUDA device: <reason>") the value tests skip and
+say why; test_without_a_device_ops_say_why checks that reason instead of skipping."""
+import numpy as np
+import pytest
+
+import dtorch
+from dtorch import Replicate, Shard
+
+
+def _why_cuda_cannot_run():
+    """None when a cuda mesh runs ops here, else why not."""
+    try:
+        mesh = dtorch.DeviceMesh("cuda", [0])
+        dtorch.ones(2, device_mesh=mesh).numpy()
+    except Exception as e:  # a build without the backend, or no device
+        return str(e)
+    return None
+
+
+def _cuda_mesh(ids):
+    why = _why_cuda_cannot_run()
+    if why is not None:
+        pytest.skip(f"a cuda mesh cannot run an op here: {why}")
+    return dtorch.DeviceMesh("cuda", ids)
+
+
+def test_without_a_device_ops_say_why(mode):
+    try:
+        mesh = dtorch.DeviceMesh("cuda", [0])
+    except RuntimeError as e:
+        assert "not available in this build" in str(e), e
+        pytest.skip(f"no CUDA backend in this build: {e}")
+    x = dtorch.arange(6, device_mesh=mesh, dtype=dtorch.float32)
+    try:
+        got = (x * 2).numpy()
+    except RuntimeError as e:
+        assert "no CUDA device" in str(e), e  # the worker's reason, not a crash or a hang
+    else:
+        np.testing.assert_array_equal(got, np.arange(6, dtype=np.float32) * 2)
+
+
+@pytest.mark.parametrize("ids", [[0], [0, 1]])
+def test_elementwise(mode, ids):
+    mesh = _cuda_mesh(ids)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((6, 7)).astype(np.float32)
+    b = rng.standard_normal((7,)).astype(np.float32)
+    x = dtorch.distribute_tensor(a, mesh, [Shard(0)])
+    y = dtorch.distribute_tensor(b, mesh, [Replicate()])
+    np.testing.assert_array_equal((x * y + 1).numpy(), a * b + np.float32(1))  # exactly rounded on both
+    np.testing.assert_allclose(dtorch.tanh(x).numpy(), np.tanh(a), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal((x > y).numpy(), a > b)
+    h = x.to(dtorch.float16)
+    np.testing.assert_array_equal((h + h).numpy(), a.astype(np.float16) * 2)
+
+
+@pytest.mark.parametrize("dtype,tol", [(dtorch.float32, 1e-5), (dtorch.float16, 2e-3), (dtorch.bfloat16, 2e-2)])
+def test_matmul(mode, dtype, tol):
+    mesh = _cuda_mesh([0, 1])
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((2, 9, 64)).astype(np.float32)
+    b = rng.standard_normal((64, 5)).astype(np.float32)
+    x = dtorch.distribute_tensor(a, mesh, [Shard(0)]).to(dtype)
+    y = dtorch.distribute_tensor(b, mesh, [Replicate()]).to(dtype)
+    # the reference from the values the 16-bit inputs really hold
+    ref = x.to(dtorch.float32).numpy().astype(np.float64) @ y.to(dtorch.float32).numpy().astype(np.float64)
+    got = (x @ y).to(dtorch.float32).numpy()
+    assert got.shape == (2, 9, 5)
+    np.testing.assert_allclose(got, ref, rtol=tol, atol=tol * 8)

@@ -1,0 +1,510 @@
+/* The CUDA backend against the CPU backend (built only with CUDA). Without a GPU (no driver, or
+ * none found) every differential test prints why and skips: the one place where skipping is the
+ * right outcome; the end-to-end tests then check that ops on a cuda mesh fail with that reason
+ * instead of crashing or hanging. With a GPU, every slot of the table and every op in CUDA_OPS runs
+ * on random inputs and is compared with the CPU backend's result: bit for bit for integers,
+ * bools, copies, fills, ranges, uniform random numbers and the exactly rounded float ops, within a
+ * tolerance per dtype for CUDA's float functions and cuBLAS's products. */
+#include <criterion/criterion.h>
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_kernels.h"
+#include "cuda_ops.h"
+#include "dt_dtype.h"
+#include "dt_layout.h"
+#include "dtorch.h"
+#include "op_backend.h"
+#include "op_registry.h"
+
+#define S_INT(v) ((dt_scalar){.is_int = true, .i = (v)})
+#define S_FLT(v) ((dt_scalar){.is_int = false, .f = (v)})
+
+static const dt_dtype s_dtypes[] = {DT_FLOAT32, DT_FLOAT16, DT_BFLOAT16, DT_INT32, DT_INT64, DT_BOOL};
+#define S_NDTYPES 6
+
+/* Why there is no usable GPU here, or NULL when there is one. */
+static const char *s_no_device(void)
+{
+    static char why[200];
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e == cudaSuccess && count > 0)
+        return NULL;
+    snprintf(why, sizeof why, "no CUDA device: %s", e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+    return why;
+}
+
+/* The CUDA table attached to device 0 on this test's thread, or a skip. */
+static const op_backend *s_cuda(void)
+{
+    const char *why = s_no_device();
+    if (why) {
+        printf("test_cuda: %s: skipped\n", why);
+        cr_skip_test("%s", why);
+    }
+    const op_backend *be = op_backend_find("cuda");
+    cr_assert_not_null(be);
+    const char *unusable = be->attach(0);
+    cr_assert_null(unusable, "%s", unusable);
+    return be;
+}
+
+/* ---- random host data ------------------------------------------------------------------------- */
+
+static uint64_t s_state = 0x9E3779B97F4A7C15ull;
+
+static double s_uniform(void)
+{
+    s_state = s_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)(s_state >> 11) * 0x1p-53;
+}
+
+/* n random elements of dtype: floats in [-3, 3), integers in [-5, 5], bools half true. */
+static void *s_random_host(dt_dtype dtype, int64_t n)
+{
+    size_t elem = dt_dtype_size(dtype);
+    char *p = malloc((size_t)(n ? n : 1) * elem);
+    for (int64_t i = 0; i < n; i++) {
+        double u = s_uniform();
+        switch (dtype) {
+        case DT_FLOAT32: ((float *)p)[i] = (float)(6 * u - 3); break;
+        case DT_FLOAT16: ((uint16_t *)p)[i] = dt_f32_to_f16((float)(6 * u - 3)); break;
+        case DT_BFLOAT16: ((uint16_t *)p)[i] = dt_f32_to_bf16((float)(6 * u - 3)); break;
+        case DT_INT32: ((int32_t *)p)[i] = (int32_t)(u * 11) - 5; break;
+        case DT_INT64: ((int64_t *)p)[i] = (int64_t)(u * 11) - 5; break;
+        default: ((uint8_t *)p)[i] = u < 0.5; break;
+        }
+    }
+    return p;
+}
+
+static double s_value(const void *p, dt_dtype dtype, int64_t i)
+{
+    switch (dtype) {
+    case DT_FLOAT32: return ((const float *)p)[i];
+    case DT_FLOAT16: return dt_f16_to_f32(((const uint16_t *)p)[i]);
+    case DT_BFLOAT16: return dt_bf16_to_f32(((const uint16_t *)p)[i]);
+    case DT_INT32: return ((const int32_t *)p)[i];
+    case DT_INT64: return (double)((const int64_t *)p)[i];
+    default: return ((const uint8_t *)p)[i];
+    }
+}
+
+/* ---- device helpers --------------------------------------------------------------------------- */
+
+static void *s_upload(const op_backend *be, const void *host, size_t bytes)
+{
+    void *d = be->alloc(bytes);
+    cr_assert_not_null(d);
+    const char *why = be->to_device(d, (const int64_t[]){1}, host, (const int64_t[]){1}, 1,
+                                    (const int64_t[]){(int64_t)bytes}, 1);
+    cr_assert_null(why, "%s", why);
+    return d;
+}
+
+static void *s_download(const op_backend *be, const void *dev, size_t bytes)
+{
+    void *host = malloc(bytes ? bytes : 1);
+    const char *why = be->synchronize();
+    cr_assert_null(why, "%s", why);
+    why = be->to_host(host, (const int64_t[]){1}, dev, (const int64_t[]){1}, 1, (const int64_t[]){(int64_t)bytes}, 1);
+    cr_assert_null(why, "%s", why);
+    return host;
+}
+
+/* Element-by-element agreement of n elements of dtype: exact (NaN with NaN, whatever its bits) or
+ * within atol + rtol |cpu|. */
+static void s_expect_close(const char *what, dt_dtype dtype, const void *cpu, const void *gpu, int64_t n, bool exact,
+                           double rtol, double atol)
+{
+    int bad = 0;
+    for (int64_t i = 0; i < n && bad < 5; i++) {
+        double c = s_value(cpu, dtype, i), g = s_value(gpu, dtype, i);
+        bool ok = (isnan(c) && isnan(g)) || c == g || (!exact && fabs(c - g) <= atol + rtol * fabs(c));
+        if (!ok) {
+            cr_expect(false, "%s (%s): element %lld: CPU %.9g, CUDA %.9g", what, dt_dtype_name(dtype), (long long)i, c,
+                      g);
+            bad++;
+        }
+    }
+}
+
+/* Tolerances for CUDA's float functions against glibc's (a few ulps in float32; the 16-bit
+ * dtypes round the same float32 value, so at most one of their ulps apart). */
+static void s_tolerance(dt_dtype dtype, double *rtol, double *atol)
+{
+    *rtol = dtype == DT_FLOAT16 ? 2e-3 : dtype == DT_BFLOAT16 ? 1.6e-2 : 2e-5;
+    *atol = dtype == DT_FLOAT16 ? 2e-3 : dtype == DT_BFLOAT16 ? 1.6e-2 : 2e-6;
+}
+
+/* ---- ops through both backends' run ----------------------------------------------------------- */
+
+typedef struct {
+    int nin;
+    dt_dtype dtype[3];
+    int ndim[3];
+    int64_t shape[3][DT_MAX_DIMS];
+    op_attrs attrs;
+} s_case;
+
+/* Ops computed with exactly rounded arithmetic, or none: the CPU's bits (NaN aside). */
+static bool s_exact(const char *op)
+{
+    static const char *const exact[] = {"neg", "abs", "relu", "sqrt", "rsqrt", "reciprocal", "logical_not", "add",
+                                        "sub", "mul", "div", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge",
+                                        "logical_and", "logical_or", "where", "masked_fill", "clamp", "to", NULL};
+    for (int i = 0; exact[i]; i++)
+        if (strcmp(exact[i], op) == 0)
+            return true;
+    return false;
+}
+
+/* Runs op on both backends when its infer accepts the case; false when it refuses it. */
+static bool s_check_op(const op_backend *cuda, const char *name, const s_case *sc, bool exact, double rscale)
+{
+    const op_backend *cpu = op_backend_find("cpu");
+    const op_def *def = op_find(name);
+    cr_assert_not_null(def, "%s", name);
+    op_call call = {.def = def, .nin = sc->nin, .attrs = sc->attrs};
+    for (int i = 0; i < sc->nin; i++) {
+        call.in[i].ndim = sc->ndim[i];
+        call.in[i].dtype = sc->dtype[i];
+        memcpy(call.in[i].shape, sc->shape[i], sizeof sc->shape[i]);
+    }
+    if (def->infer(&call) != 0)
+        return false;
+    op_kernel kc = {.def = def, .attrs = &call.attrs, .nin = sc->nin, .nout = def->nout};
+    if (def->local)
+        kc.nctx = def->local(&call, NULL, kc.ctx);
+    op_kernel kg = kc;
+    kg.attrs = &call.attrs;
+    void *host_in[3], *dev_in[3];
+    for (int i = 0; i < sc->nin; i++) {
+        int64_t n = dt_layout_numel(sc->ndim[i], sc->shape[i]);
+        size_t bytes = (size_t)n * dt_dtype_size(sc->dtype[i]);
+        host_in[i] = s_random_host(sc->dtype[i], n);
+        dev_in[i] = s_upload(cuda, host_in[i], bytes);
+        kc.in[i] = (op_local){sc->dtype[i], sc->ndim[i], {0}, host_in[i]};
+        memcpy(kc.in[i].shape, sc->shape[i], sizeof sc->shape[i]);
+        kg.in[i] = kc.in[i];
+        kg.in[i].data = dev_in[i];
+    }
+    op_arg *o = &call.out[0];
+    int64_t n = dt_layout_numel(o->ndim, o->shape);
+    size_t bytes = (size_t)n * dt_dtype_size(o->dtype);
+    kc.out[0] = (op_local){o->dtype, o->ndim, {0}, malloc(bytes ? bytes : 1)};
+    memcpy(kc.out[0].shape, o->shape, sizeof o->shape);
+    kg.out[0] = kc.out[0];
+    kg.out[0].data = cuda->alloc(bytes);
+    const char *cpu_why = cpu->run(def, &kc);
+    const char *gpu_why = cuda->run(def, &kg);
+    cr_expect_null(cpu_why, "%s on the CPU: %s", name, cpu_why);
+    cr_expect_null(gpu_why, "%s on CUDA: %s", name, gpu_why);
+    if (!cpu_why && !gpu_why) {
+        void *got = s_download(cuda, kg.out[0].data, bytes);
+        double rtol, atol;
+        s_tolerance(o->dtype, &rtol, &atol);
+        char what[96];
+        snprintf(what, sizeof what, "%s of %s", name, dt_dtype_name(sc->dtype[0]));
+        s_expect_close(what, o->dtype, kc.out[0].data, got, n, exact, rtol * rscale, atol * rscale);
+        free(got);
+    }
+    for (int i = 0; i < sc->nin; i++) {
+        free(host_in[i]);
+        cuda->free(dev_in[i], 0);
+    }
+    free(kc.out[0].data);
+    cuda->free(kg.out[0].data, bytes);
+    return true;
+}
+
+static s_case s_shapes(int nin, const dt_dtype *dtypes, const int *ndim, const int64_t (*shapes)[DT_MAX_DIMS])
+{
+    s_case c = {.nin = nin};
+    for (int i = 0; i < nin; i++) {
+        c.dtype[i] = dtypes[i];
+        c.ndim[i] = ndim[i];
+        memcpy(c.shape[i], shapes[i], sizeof c.shape[i]);
+    }
+    return c;
+}
+
+/* The elementwise rows of CUDA_OPS. */
+static const char *const s_unary_ops[] = {"neg", "abs", "exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid",
+                                          "relu", "silu", "gelu", "gelu_tanh", "reciprocal", "logical_not", "erf",
+                                          "softplus", NULL};
+static const char *const s_binary_ops[] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt",
+                                           "le", "gt", "ge", "logical_and", "logical_or", NULL};
+
+Test(cuda_ops, unary)
+{
+    const op_backend *cuda = s_cuda();
+    for (int o = 0; s_unary_ops[o]; o++)
+        for (int d = 0; d < S_NDTYPES; d++) {
+            s_case c = s_shapes(1, &s_dtypes[d], (int[]){3}, (const int64_t[][DT_MAX_DIMS]){{3, 4, 37}});
+            s_check_op(cuda, s_unary_ops[o], &c, s_exact(s_unary_ops[o]), 1);
+        }
+}
+
+Test(cuda_ops, binary_broadcast)
+{
+    const op_backend *cuda = s_cuda();
+    /* same dtypes, then mixed ones (promoted, converted on the device) */
+    const dt_dtype pairs[][2] = {{DT_FLOAT32, DT_FLOAT32}, {DT_FLOAT16, DT_FLOAT16}, {DT_BFLOAT16, DT_BFLOAT16},
+                                 {DT_INT32, DT_INT32},     {DT_INT64, DT_INT64},     {DT_BOOL, DT_BOOL},
+                                 {DT_FLOAT16, DT_FLOAT32}, {DT_INT32, DT_FLOAT32},   {DT_BOOL, DT_INT64},
+                                 {DT_BFLOAT16, DT_FLOAT16}, {DT_INT64, DT_INT32}};
+    for (int o = 0; s_binary_ops[o]; o++)
+        for (size_t p = 0; p < sizeof pairs / sizeof pairs[0]; p++) {
+            /* broadcast both ways, and one run of same-shape operands */
+            s_case c = s_shapes(2, pairs[p], (int[]){3, 2}, (const int64_t[][DT_MAX_DIMS]){{3, 1, 33}, {4, 33}});
+            s_check_op(cuda, s_binary_ops[o], &c, s_exact(s_binary_ops[o]), 1);
+            c = s_shapes(2, pairs[p], (int[]){2, 2}, (const int64_t[][DT_MAX_DIMS]){{5, 70}, {5, 70}});
+            s_check_op(cuda, s_binary_ops[o], &c, s_exact(s_binary_ops[o]), 1);
+        }
+}
+
+Test(cuda_ops, binary_with_a_number)
+{
+    const op_backend *cuda = s_cuda();
+    const dt_scalar numbers[] = {S_INT(2), S_FLT(-1.5)};
+    for (int o = 0; s_binary_ops[o]; o++)
+        for (int d = 0; d < S_NDTYPES; d++)
+            for (int v = 0; v < 2; v++)
+                for (int left = 0; left < 2; left++) {
+                    s_case c = s_shapes(1, &s_dtypes[d], (int[]){2}, (const int64_t[][DT_MAX_DIMS]){{6, 11}});
+                    c.attrs.has_scalar = true;
+                    c.attrs.scalar = numbers[v];
+                    c.attrs.nints = 1;
+                    c.attrs.ints[0] = left;
+                    s_check_op(cuda, s_binary_ops[o], &c, s_exact(s_binary_ops[o]), 1);
+                }
+}
+
+Test(cuda_ops, where_masked_fill_clamp_to)
+{
+    const op_backend *cuda = s_cuda();
+    for (int d = 0; d < S_NDTYPES; d++) {
+        dt_dtype t = s_dtypes[d];
+        s_case c = s_shapes(3, (dt_dtype[]){DT_BOOL, t, t}, (int[]){3, 2, 3},
+                            (const int64_t[][DT_MAX_DIMS]){{3, 1, 9}, {4, 9}, {3, 4, 1}});
+        cr_expect(s_check_op(cuda, "where", &c, true, 1), "where of %s", dt_dtype_name(t));
+        c = s_shapes(2, (dt_dtype[]){DT_BOOL, t}, (int[]){3, 2}, (const int64_t[][DT_MAX_DIMS]){{3, 1, 9}, {4, 9}});
+        c.attrs.has_scalar = true;
+        c.attrs.scalar = S_INT(1);
+        c.attrs.nints = 1;
+        c.attrs.ints[0] = 2;
+        s_check_op(cuda, "where", &c, true, 1);
+        c = s_shapes(2, (dt_dtype[]){t, DT_BOOL}, (int[]){3, 2}, (const int64_t[][DT_MAX_DIMS]){{3, 4, 9}, {4, 1}});
+        c.attrs.has_scalar = true;
+        c.attrs.scalar = S_INT(0);
+        s_check_op(cuda, "masked_fill", &c, true, 1);
+        for (int bounds = 1; bounds <= 3; bounds++) {
+            c = s_shapes(1, &t, (int[]){2}, (const int64_t[][DT_MAX_DIMS]){{7, 13}});
+            c.attrs.nints = 2;
+            c.attrs.ints[0] = bounds;
+            c.attrs.ints[1] = 0;
+            c.attrs.nfloats = 2;
+            c.attrs.floats[0] = -2;
+            c.attrs.floats[1] = 1;
+            s_check_op(cuda, "clamp", &c, true, 1);
+        }
+        for (int e = 0; e < S_NDTYPES; e++) {
+            c = s_shapes(1, &t, (int[]){2}, (const int64_t[][DT_MAX_DIMS]){{7, 13}});
+            c.attrs.nints = 1;
+            c.attrs.ints[0] = s_dtypes[e];
+            cr_expect(s_check_op(cuda, "to", &c, true, 1), "to %s", dt_dtype_name(s_dtypes[e]));
+        }
+    }
+}
+
+Test(cuda_ops, products)
+{
+    const op_backend *cuda = s_cuda();
+    const dt_dtype floats[] = {DT_FLOAT32, DT_FLOAT16, DT_BFLOAT16};
+    for (int d = 0; d < 3; d++) {
+        dt_dtype t = floats[d];
+        dt_dtype two[] = {t, t}, three[] = {t, t, t};
+        /* K = 64: the tolerance grows with the sum's length (order of accumulation) */
+        s_case c = s_shapes(2, two, (int[]){2, 2}, (const int64_t[][DT_MAX_DIMS]){{17, 64}, {64, 9}});
+        cr_expect(s_check_op(cuda, "mm", &c, false, 8));
+        c = s_shapes(2, two, (int[]){3, 3}, (const int64_t[][DT_MAX_DIMS]){{3, 5, 64}, {3, 64, 4}});
+        cr_expect(s_check_op(cuda, "bmm", &c, false, 8));
+        c = s_shapes(2, two, (int[]){4, 3}, (const int64_t[][DT_MAX_DIMS]){{2, 1, 5, 64}, {3, 64, 4}});
+        cr_expect(s_check_op(cuda, "matmul", &c, false, 8), "matmul broadcasting batch dims");
+        c = s_shapes(2, two, (int[]){1, 2}, (const int64_t[][DT_MAX_DIMS]){{64}, {64, 6}});
+        cr_expect(s_check_op(cuda, "matmul", &c, false, 8), "vector @ matrix");
+        c = s_shapes(2, two, (int[]){3, 1}, (const int64_t[][DT_MAX_DIMS]){{2, 5, 64}, {64}});
+        cr_expect(s_check_op(cuda, "matmul", &c, false, 8), "batch @ vector");
+        c = s_shapes(3, three, (int[]){3, 2, 1}, (const int64_t[][DT_MAX_DIMS]){{2, 5, 64}, {8, 64}, {8}});
+        cr_expect(s_check_op(cuda, "linear", &c, false, 8), "linear with a bias");
+        c = s_shapes(2, two, (int[]){2, 2}, (const int64_t[][DT_MAX_DIMS]){{3, 64}, {8, 64}});
+        cr_expect(s_check_op(cuda, "linear", &c, false, 8), "linear");
+        c = s_shapes(2, two, (int[]){2, 2}, (const int64_t[][DT_MAX_DIMS]){{3, 0}, {0, 4}});
+        cr_expect(s_check_op(cuda, "mm", &c, true, 1), "an empty sum is 0");
+    }
+}
+
+Test(cuda_ops, ops_without_a_kernel_fail_by_name)
+{
+    const op_backend *cuda = s_cuda();
+    op_kernel k = {.def = op_find("sum")};
+    const char *why = cuda->run(k.def, &k);
+    cr_assert_not_null(why);
+    cr_expect(strstr(why, "sum: no CUDA kernel yet"), "%s", why);
+    cr_expect_null(cuda_kernel_for(OP_ID_softmax));
+    cr_expect_not_null(cuda_kernel_for(OP_ID_add));
+}
+
+/* ---- the other slots ------------------------------------------------------------------------- */
+
+Test(cuda_slots, fill_arange_random)
+{
+    const op_backend *cuda = s_cuda(), *cpu = op_backend_find("cpu");
+    const int64_t n = 1000;
+    const dt_scalar values[] = {S_FLT(1.0 / 3.0), S_INT(-7), S_FLT(1e10), S_FLT(NAN), S_INT(1)};
+    for (int d = 0; d < S_NDTYPES; d++) {
+        dt_dtype t = s_dtypes[d];
+        size_t bytes = (size_t)n * dt_dtype_size(t);
+        void *want = malloc(bytes), *dev = cuda->alloc(bytes);
+        for (int v = 0; v < 5; v++) {
+            if (!dt_dtype_is_float(t) && !values[v].is_int)
+                continue;
+            cpu->fill(want, t, n, values[v]);
+            cr_assert_null(cuda->fill(dev, t, n, values[v]));
+            void *got = s_download(cuda, dev, bytes);
+            cr_expect(memcmp(want, got, bytes) == 0, "fill of %s, value %d", dt_dtype_name(t), v);
+            free(got);
+        }
+        if (t != DT_BOOL) {
+            cpu->arange(want, t, n, 17, S_FLT(-0.1), S_FLT(0.3));
+            cr_assert_null(cuda->arange(dev, t, n, 17, S_FLT(-0.1), S_FLT(0.3)));
+            void *got = s_download(cuda, dev, bytes);
+            cr_expect(memcmp(want, got, bytes) == 0, "arange of %s", dt_dtype_name(t));
+            free(got);
+        }
+        if (dt_dtype_is_float(t)) {
+            /* a block at an offset of a larger tensor: the same numbers as the CPU's, bit for bit
+             * for uniform ones; normal ones go through CUDA's double log and cos, within an ulp */
+            const int64_t shape[] = {10, 100}, offset[] = {3, 7}, global[] = {40, 300};
+            for (int normal = 0; normal < 2; normal++) {
+                cpu->random(want, t, 2, shape, offset, global, 1234, 5, normal);
+                cr_assert_null(cuda->random(dev, t, 2, shape, offset, global, 1234, 5, normal));
+                void *got = s_download(cuda, dev, bytes);
+                if (normal)
+                    s_expect_close("randn", t, want, got, n, false, t == DT_FLOAT32 ? 2e-7 : t == DT_FLOAT16 ? 1e-3 : 8e-3,
+                                   1e-7);
+                else
+                    cr_expect(memcmp(want, got, bytes) == 0, "rand of %s", dt_dtype_name(t));
+                free(got);
+            }
+        }
+        free(want);
+        cuda->free(dev, bytes);
+    }
+}
+
+Test(cuda_slots, reduce_into_and_scale_div)
+{
+    const op_backend *cuda = s_cuda(), *cpu = op_backend_find("cpu");
+    const int64_t n = 777;
+    for (int d = 0; d < S_NDTYPES; d++)
+        for (int op = DT_REDUCE_SUM; op <= DT_REDUCE_MIN; op++) {
+            dt_dtype t = s_dtypes[d];
+            size_t bytes = (size_t)n * dt_dtype_size(t);
+            void *acc = s_random_host(t, n), *src = s_random_host(t, n);
+            void *dacc = s_upload(cuda, acc, bytes), *dsrc = s_upload(cuda, src, bytes);
+            cpu->reduce_into(acc, src, t, n, (dt_reduce_op)op);
+            cr_assert_null(cuda->reduce_into(dacc, dsrc, t, n, (dt_reduce_op)op));
+            cpu->scale_div(acc, t, n, 3);
+            cr_assert_null(cuda->scale_div(dacc, t, n, 3));
+            void *got = s_download(cuda, dacc, bytes);
+            cr_expect(memcmp(acc, got, bytes) == 0, "reduce %d then divide, %s", op, dt_dtype_name(t));
+            free(got);
+            free(acc);
+            free(src);
+            cuda->free(dacc, bytes);
+            cuda->free(dsrc, bytes);
+        }
+}
+
+/* A strided region (a 3x5 block of a 6x8 layout, every second column of it) through each copy slot. */
+Test(cuda_slots, strided_copies)
+{
+    const op_backend *cuda = s_cuda();
+    const size_t elems[] = {1, 2, 4, 8, 3};
+    for (size_t e = 0; e < sizeof elems / sizeof elems[0]; e++) {
+        size_t elem = elems[e];
+        size_t bytes = 6 * 8 * elem;
+        unsigned char *host = malloc(bytes), *back = calloc(1, bytes), *want = calloc(1, bytes);
+        for (size_t i = 0; i < bytes; i++)
+            host[i] = (unsigned char)(i * 37 + 11);
+        const int64_t shape[] = {3, 5};
+        const int64_t dense[] = {(int64_t)(5 * elem), (int64_t)elem};
+        const int64_t src[] = {(int64_t)(8 * elem), (int64_t)elem}; /* rows of the 6x8 layout */
+        const int64_t dst[] = {(int64_t)(16 * elem), (int64_t)(2 * elem)}; /* every other row and column */
+        const char *at = (const char *)host + (1 * 8 + 2) * elem;
+        /* host strided -> device strided -> device strided -> host dense */
+        void *d1 = cuda->alloc(bytes), *d2 = cuda->alloc(bytes);
+        cr_assert_null(cuda->to_device(d1, dst, at, src, 2, shape, elem));
+        cr_assert_null(cuda->copy_region(d2, dense, d1, dst, 2, shape, elem));
+        cr_assert_null(cuda->synchronize());
+        cr_assert_null(cuda->to_host(back, dense, d2, dense, 2, shape, elem));
+        cpu_copy_block(want, dense, at, src, 2, shape, elem);
+        cr_expect(memcmp(back, want, 15 * elem) == 0, "elements of %zu bytes", elem);
+        /* and back out into a strided host layout */
+        memset(back, 0, bytes);
+        memset(want, 0, bytes);
+        cr_assert_null(cuda->to_host(back, dst, d1, dst, 2, shape, elem));
+        cpu_copy_block(want, dst, at, src, 2, shape, elem);
+        cr_expect(memcmp(back, want, bytes) == 0, "to a strided host layout, %zu bytes", elem);
+        cuda->free(d1, bytes);
+        cuda->free(d2, bytes);
+        free(host);
+        free(back);
+        free(want);
+    }
+}
+
+/* ---- through the runtime: a cuda mesh ---------------------------------------------------------- */
+
+static void s_mesh_ops(dt_workers mode)
+{
+    cr_assert_eq(dt_init(&(dt_config){mode, getenv("DTORCH_WORKER_PATH")}), 0, "%s", dt_last_error());
+    dt_mesh *m = dt_mesh_new("cuda", 1, (int64_t[]){2}, (int64_t[]){0, 1}, NULL);
+    cr_assert_not_null(m, "%s", dt_last_error());
+    dt_placement shard = {.kind = DT_SHARD, .dim = 0};
+    dt_tensor *x = dt_arange(m, S_INT(0), S_INT(10), S_INT(1), DT_FLOAT32, &shard);
+    cr_assert_not_null(x, "%s", dt_last_error());
+    dt_tensor *y = NULL;
+    dt_op_attrs attrs = {.has_scalar = true, .scalar = S_FLT(0.5)};
+    cr_assert_eq(dt_op("mul", 1, &x, &attrs, 1, &y), 1, "%s", dt_last_error());
+    dt_future *f = dt_tensor_fetch(y);
+    cr_assert_not_null(f, "%s", dt_last_error());
+    const char *no_device = s_no_device();
+    int rc = dt_future_wait(f, 30);
+    if (no_device) {
+        /* the workers serve, and every op fails with the reason */
+        cr_expect_neq(rc, 0);
+        const char *why = dt_future_error(f);
+        cr_expect(why && strstr(why, "no CUDA device"), "%s", why ? why : "(no error)");
+        printf("test_cuda: without a device, ops on a cuda mesh fail with: %s\n", why ? why : "(none)");
+    } else {
+        cr_assert_eq(rc, 0, "%s", dt_future_error(f));
+        const float *v = dt_future_data(f, 0);
+        for (int i = 0; i < 10; i++)
+            cr_expect_eq(v[i], 0.5f * (float)i);
+    }
+    dt_future_release(&f);
+    dt_tensor_release(&y);
+    dt_tensor_release(&x);
+    dt_mesh_release(&m);
+    cr_expect_eq(dt_shutdown(), 0);
+}
+
+Test(cuda_mesh, thread_workers, .timeout = 60) { s_mesh_ops(DT_WORKERS_THREAD); }
+Test(cuda_mesh, process_workers, .timeout = 60) { s_mesh_ops(DT_WORKERS_PROCESS); }
