@@ -53,8 +53,11 @@ setup() {
     [ "${1:-}" != test ] || pip_ensure "import pytest, ml_dtypes, aiohttp" "${PY_TEST_PACKAGES[@]}"
     echo "== building and installing dtorch into $VENV"
     # A build folder of its own that stays between runs: a second run recompiles only what changed.
+    # The demo runs on CPU devices: its build leaves the CUDA backend out (nvcc would take half a
+    # minute of a first run); the tests build it wherever the toolkit is.
+    local cuda=auto; [ "${1:-}" = test ] || cuda=disabled
     "$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation --force-reinstall \
-        --no-deps --config-settings=build-dir="$ROOT/build-py" "$ROOT"
+        --no-deps --config-settings=build-dir="$ROOT/build-py" --config-settings=setup-args=-Dcuda=$cuda "$ROOT"
 }
 
 # A meson build directory of the C runtime with its tests; extra args go to meson setup.
