@@ -10,6 +10,7 @@
 #include "cpu_ops.h"
 #include "dt_dtype.h"
 #include "dt_layout.h"
+#include "op_pointwise_math.h"
 
 size_t cpu_ctype_size(cpu_ctype t) { return t == CPU_F32 ? 4 : t == CPU_I64 ? 8 : 1; }
 
@@ -335,84 +336,7 @@ static const char *s_run(s_call *c, op_local *out, dt_dtype rd, s_loop loop, con
         }                                                                                                              \
     }
 
-static float s_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
-
-/* 0.5 x (1 + tanh(u)) written as x / (1 + exp(-2u)): the same function, one expf instead of tanhf
- * (which costs an expm1f and a division: three times the time in a diffusion model's MLP) */
-static float s_gelu_tanh(float x)
-{
-    return x / (1.0f + expf(-1.5957691216057308f * (x + 0.044715f * x * x * x)));
-}
-
-/* torch's: linear above the threshold, where log(1 + exp) would round to it anyway */
-static float s_softplus(float x, float beta, float threshold)
-{
-    return x * beta > threshold ? x : log1pf(expf(x * beta)) / beta;
-}
-
-/* Integer power by squaring; a negative exponent gives 0 unless the base is 1 or -1 (torch). */
-static int64_t s_ipow(int64_t x, int64_t y)
-{
-    if (y < 0)
-        return x == 1 ? 1 : x == -1 ? (y % 2 ? -1 : 1) : 0;
-    int64_t r = 1;
-    while (y) {
-        if (y & 1)
-            r *= x;
-        x *= x;
-        y >>= 1;
-    }
-    return r;
-}
-
-/* ---- the ops: one line each ------------------------------------------------------------------ */
-
-/* Unary ops of floating values (their dtype rule makes the output floating): name, float32
- * expression of x (p: the float attributes of the row, in order). */
-#define S_UNARY_FLOAT(X)                                                                                               \
-    X(exp, expf(x))                                                                                                    \
-    X(log, logf(x))                                                                                                    \
-    X(sqrt, sqrtf(x))                                                                                                  \
-    X(rsqrt, 1.0f / sqrtf(x))                                                                                          \
-    X(sin, sinf(x))                                                                                                    \
-    X(cos, cosf(x))                                                                                                    \
-    X(tanh, tanhf(x))                                                                                                  \
-    X(sigmoid, 1.0f / (1.0f + expf(-x)))                                                                               \
-    X(silu, x / (1.0f + expf(-x)))                                                                                     \
-    X(gelu, s_gelu(x))                                                                                                 \
-    X(gelu_tanh, s_gelu_tanh(x))                                                                                       \
-    X(reciprocal, 1.0f / x)                                                                                            \
-    X(erf, erff(x))                                                                                                    \
-    X(softplus, s_softplus(x, (float)p[0], (float)p[1]))
-
-/* Unary ops of numbers: name, float32 expression, integer expression (T: int32_t or int64_t;
- * integers wrap, computed in uint64_t). */
-#define S_UNARY_NUMBER(X)                                                                                              \
-    X(neg, -x, (T)(0 - (uint64_t)x))                                                                                   \
-    X(abs, fabsf(x), x < 0 ? (T)(0 - (uint64_t)x) : x)                                                                 \
-    X(relu, x > 0 ? x : (x == x ? 0.0f : x), x > 0 ? x : 0)
-
-/* Binary ops of every dtype: name, float32, integer, bool (0/1) expression of x and y. NaN wins
- * maximum and minimum, as in torch. */
-#define S_BINARY_ANY(X)                                                                                                \
-    X(add, x + y, (T)((uint64_t)x + (uint64_t)y), x | y)                                                               \
-    X(mul, x * y, (T)((uint64_t)x * (uint64_t)y), x & y)                                                               \
-    X(maximum, x != x || y != y ? x + y : x > y ? x : y, x > y ? x : y, x | y)                                         \
-    X(minimum, x != x || y != y ? x + y : x < y ? x : y, x < y ? x : y, x & y)
-
-/* Binary ops of numbers: name, float32, integer expression. */
-#define S_BINARY_NUMBER(X)                                                                                             \
-    X(sub, x - y, (T)((uint64_t)x - (uint64_t)y))                                                                      \
-    X(pow, powf(x, y), (T)s_ipow(x, y))
-
-/* Binary ops of floating values: name, float32 expression (div: integers divide as floats). */
-#define S_BINARY_FLOAT(X) X(div, x / y)
-
-/* Comparisons, of operands of any dtype (compared in their promotion), giving bool. */
-#define S_COMPARE(X) X(eq, x == y) X(ne, x != y) X(lt, x < y) X(le, x <= y) X(gt, x > y) X(ge, x >= y)
-
-/* Logical ops: of the operands' truth values (nonzero), giving bool. */
-#define S_LOGICAL(X) X(logical_and, x && y) X(logical_or, x || y)
+/* the ops' expressions: ops/op_pointwise_math.h */
 
 /* ---- the drivers ------------------------------------------------------------------------------ */
 
@@ -466,7 +390,7 @@ static const char *s_logical(op_kernel *k, const s_loops *loops) { return s_bina
         static const s_loops loops = {.f32 = s_##name##_f32};                                                          \
         return s_unary(k, &loops);                                                                                     \
     }
-S_UNARY_FLOAT(S_GEN_UNARY_FLOAT)
+OP_EW_UNARY_FLOAT(S_GEN_UNARY_FLOAT)
 
 #define S_GEN_UNARY_NUMBER(name, f, i)                                                                                 \
     S_LOOP1(s_##name##_f32, float, float, f)                                                                           \
@@ -477,7 +401,7 @@ S_UNARY_FLOAT(S_GEN_UNARY_FLOAT)
         static const s_loops loops = {.f32 = s_##name##_f32, .i32 = s_##name##_i32, .i64 = s_##name##_i64};            \
         return s_unary(k, &loops);                                                                                     \
     }
-S_UNARY_NUMBER(S_GEN_UNARY_NUMBER)
+OP_EW_UNARY_NUMBER(S_GEN_UNARY_NUMBER)
 
 S_LOOP1(s_logical_not_u8, uint8_t, uint8_t, !x)
 static const char *s_k_logical_not(op_kernel *k)
@@ -496,7 +420,7 @@ static const char *s_k_logical_not(op_kernel *k)
         static const s_loops loops = {s_##name##_f32, s_##name##_i32, s_##name##_i64, s_##name##_u8};                  \
         return s_arith(k, &loops);                                                                                     \
     }
-S_BINARY_ANY(S_GEN_BINARY_ANY)
+OP_EW_BINARY_ANY(S_GEN_BINARY_ANY)
 
 #define S_GEN_BINARY_NUMBER(name, f, i)                                                                                \
     S_LOOP2(s_##name##_f32, float, float, f)                                                                           \
@@ -507,7 +431,7 @@ S_BINARY_ANY(S_GEN_BINARY_ANY)
         static const s_loops loops = {.f32 = s_##name##_f32, .i32 = s_##name##_i32, .i64 = s_##name##_i64};            \
         return s_arith(k, &loops);                                                                                     \
     }
-S_BINARY_NUMBER(S_GEN_BINARY_NUMBER)
+OP_EW_BINARY_NUMBER(S_GEN_BINARY_NUMBER)
 
 #define S_GEN_BINARY_FLOAT(name, f)                                                                                    \
     S_LOOP2(s_##name##_f32, float, float, f)                                                                           \
@@ -516,7 +440,7 @@ S_BINARY_NUMBER(S_GEN_BINARY_NUMBER)
         static const s_loops loops = {.f32 = s_##name##_f32};                                                          \
         return s_arith(k, &loops);                                                                                     \
     }
-S_BINARY_FLOAT(S_GEN_BINARY_FLOAT)
+OP_EW_BINARY_FLOAT(S_GEN_BINARY_FLOAT)
 
 #define S_GEN_COMPARE(name, e)                                                                                         \
     S_LOOP2(s_##name##_f32, float, uint8_t, e)                                                                         \
@@ -528,7 +452,7 @@ S_BINARY_FLOAT(S_GEN_BINARY_FLOAT)
         static const s_loops loops = {s_##name##_f32, s_##name##_i32, s_##name##_i64, s_##name##_u8};                  \
         return s_compare(k, &loops);                                                                                   \
     }
-S_COMPARE(S_GEN_COMPARE)
+OP_EW_COMPARE(S_GEN_COMPARE)
 
 #define S_GEN_LOGICAL(name, e)                                                                                         \
     S_LOOP2(s_##name##_u8, uint8_t, uint8_t, e)                                                                        \
@@ -537,7 +461,7 @@ S_COMPARE(S_GEN_COMPARE)
         static const s_loops loops = {.u8 = s_##name##_u8};                                                            \
         return s_logical(k, &loops);                                                                                   \
     }
-S_LOGICAL(S_GEN_LOGICAL)
+OP_EW_LOGICAL(S_GEN_LOGICAL)
 
 /* where(cond, a, b) per element size: out[i] = cond[i] ? a[i] : b[i] (each broadcast). */
 #define S_SELECT(fn, TYPE)                                                                                             \
@@ -622,8 +546,8 @@ static const char *s_to(op_kernel *k)
 
 #define S_ENTRY(name, ...) [OP_ID_##name] = s_k_##name,
 const cpu_op_kernel cpu_pointwise_kernels[OP_ID_LIMIT] = {
-    S_UNARY_FLOAT(S_ENTRY) S_UNARY_NUMBER(S_ENTRY) S_BINARY_ANY(S_ENTRY) S_BINARY_NUMBER(S_ENTRY)
-    S_BINARY_FLOAT(S_ENTRY) S_COMPARE(S_ENTRY) S_LOGICAL(S_ENTRY)
+    OP_EW_UNARY_FLOAT(S_ENTRY) OP_EW_UNARY_NUMBER(S_ENTRY) OP_EW_BINARY_ANY(S_ENTRY) OP_EW_BINARY_NUMBER(S_ENTRY)
+    OP_EW_BINARY_FLOAT(S_ENTRY) OP_EW_COMPARE(S_ENTRY) OP_EW_LOGICAL(S_ENTRY)
     [OP_ID_logical_not] = s_k_logical_not,
     [OP_ID_where] = s_where,
     [OP_ID_masked_fill] = s_masked_fill,

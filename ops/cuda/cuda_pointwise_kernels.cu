@@ -1,10 +1,11 @@
 /* cuda_pointwise_kernels — the elementwise ops (OP_POINTWISE in ops/op_table.h) on the GPU, in
- * their compute types: one expression per op and type, the CPU's (ops/cpu/cpu_pointwise.c), applied
+ * their compute types: one expression per op and type, the CPU's (ops/op_pointwise_math.h), applied
  * by one kernel per (op, type) over a broadcast, strided set of operands (cuda_kernels.h). The
  * float32 functions are CUDA's (expf, logf, ...: within a few ulps of glibc's, not bit for bit);
  * integer, bool and selection ops give the CPU's bits. */
 #include "cuda_kernels.h"
 #include "op_table.h"
+#include "op_pointwise_math.h"
 
 #define S_THREADS 256
 
@@ -65,74 +66,7 @@ template <class T, class O, class F> static cudaError_t s_launch2(const cuda_ew_
     return cudaGetLastError();
 }
 
-/* ---- the ops' expressions (cpu_pointwise.c's lists) ----------------------------------------- */
-
-__device__ __forceinline__ float s_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
-
-__device__ __forceinline__ float s_gelu_tanh(float x)
-{
-    return x / (1.0f + expf(-1.5957691216057308f * (x + 0.044715f * x * x * x)));
-}
-
-__device__ __forceinline__ float s_softplus(float x, float beta, float threshold)
-{
-    return x * beta > threshold ? x : log1pf(expf(x * beta)) / beta;
-}
-
-__device__ __forceinline__ int64_t s_ipow(int64_t x, int64_t y)
-{
-    if (y < 0)
-        return x == 1 ? 1 : x == -1 ? (y % 2 ? -1 : 1) : 0;
-    int64_t r = 1;
-    while (y) {
-        if (y & 1)
-            r *= x;
-        x *= x;
-        y >>= 1;
-    }
-    return r;
-}
-
-/* Unary ops of floating values: name, float32 expression of x (p: the float attributes). */
-#define S_UNARY_FLOAT(X)                                                                                               \
-    X(exp, expf(x))                                                                                                    \
-    X(log, logf(x))                                                                                                    \
-    X(sqrt, sqrtf(x))                                                                                                  \
-    X(rsqrt, 1.0f / sqrtf(x))                                                                                          \
-    X(sin, sinf(x))                                                                                                    \
-    X(cos, cosf(x))                                                                                                    \
-    X(tanh, tanhf(x))                                                                                                  \
-    X(sigmoid, 1.0f / (1.0f + expf(-x)))                                                                               \
-    X(silu, x / (1.0f + expf(-x)))                                                                                     \
-    X(gelu, s_gelu(x))                                                                                                 \
-    X(gelu_tanh, s_gelu_tanh(x))                                                                                       \
-    X(reciprocal, 1.0f / x)                                                                                            \
-    X(erf, erff(x))                                                                                                    \
-    X(softplus, s_softplus(x, (float)p[0], (float)p[1]))
-
-/* Unary ops of numbers: name, float32 expression, integer expression (T: int32_t or int64_t). */
-#define S_UNARY_NUMBER(X)                                                                                              \
-    X(neg, -x, (T)(0 - (uint64_t)x))                                                                                   \
-    X(abs, fabsf(x), x < 0 ? (T)(0 - (uint64_t)x) : x)                                                                 \
-    X(relu, x > 0 ? x : (x == x ? 0.0f : x), x > 0 ? x : 0)
-
-/* Binary ops of every dtype: name, float32, integer, bool expression of x and y. */
-#define S_BINARY_ANY(X)                                                                                                \
-    X(add, x + y, (T)((uint64_t)x + (uint64_t)y), x | y)                                                               \
-    X(mul, x * y, (T)((uint64_t)x * (uint64_t)y), x & y)                                                               \
-    X(maximum, x != x || y != y ? x + y : x > y ? x : y, x > y ? x : y, x | y)                                         \
-    X(minimum, x != x || y != y ? x + y : x < y ? x : y, x < y ? x : y, x & y)
-
-/* Binary ops of numbers: name, float32, integer expression. */
-#define S_BINARY_NUMBER(X)                                                                                             \
-    X(sub, x - y, (T)((uint64_t)x - (uint64_t)y))                                                                      \
-    X(pow, powf(x, y), (T)s_ipow(x, y))
-
-#define S_BINARY_FLOAT(X) X(div, x / y)
-
-#define S_COMPARE(X) X(eq, x == y) X(ne, x != y) X(lt, x < y) X(le, x <= y) X(gt, x > y) X(ge, x >= y)
-
-#define S_LOGICAL(X) X(logical_and, x && y) X(logical_or, x || y)
+/* ---- the ops' expressions: ops/op_pointwise_math.h, the CPU's too ---------------------------- */
 
 /* ---- one functor per op and kind, and its launch per compute type --------------------------- */
 
@@ -140,7 +74,7 @@ __device__ __forceinline__ int64_t s_ipow(int64_t x, int64_t y)
     struct s_##name##_f {                                                                                              \
         __device__ float operator()(float x, const double *p) const { return (f); }                                    \
     };
-S_UNARY_FLOAT(S_F1)
+OP_EW_UNARY_FLOAT(S_F1)
 
 #define S_N1(name, f, i)                                                                                               \
     struct s_##name##_f {                                                                                              \
@@ -149,7 +83,7 @@ S_UNARY_FLOAT(S_F1)
     struct s_##name##_i {                                                                                              \
         template <class T> __device__ T operator()(T x, const double *p) const { return (i); }                         \
     };
-S_UNARY_NUMBER(S_N1)
+OP_EW_UNARY_NUMBER(S_N1)
 
 struct s_logical_not_b {
     __device__ uint8_t operator()(uint8_t x, const double *p) const { return !x; }
@@ -165,7 +99,7 @@ struct s_logical_not_b {
     struct s_##name##_b {                                                                                              \
         __device__ uint8_t operator()(uint8_t x, uint8_t y) const { return (b); }                                      \
     };
-S_BINARY_ANY(S_A2)
+OP_EW_BINARY_ANY(S_A2)
 
 #define S_N2(name, f, i)                                                                                               \
     struct s_##name##_f {                                                                                              \
@@ -174,20 +108,20 @@ S_BINARY_ANY(S_A2)
     struct s_##name##_i {                                                                                              \
         template <class T> __device__ T operator()(T x, T y) const { return (i); }                                     \
     };
-S_BINARY_NUMBER(S_N2)
+OP_EW_BINARY_NUMBER(S_N2)
 
 #define S_D2(name, f)                                                                                                  \
     struct s_##name##_f {                                                                                              \
         __device__ float operator()(float x, float y) const { return (f); }                                            \
     };
-S_BINARY_FLOAT(S_D2)
+OP_EW_BINARY_FLOAT(S_D2)
 
 #define S_C2(name, e)                                                                                                  \
     struct s_##name##_c {                                                                                              \
         template <class T> __device__ uint8_t operator()(T x, T y) const { return (e); }                               \
     };
-S_COMPARE(S_C2)
-S_LOGICAL(S_C2)
+OP_EW_COMPARE(S_C2)
+OP_EW_LOGICAL(S_C2)
 
 /* clamp: p = [lower bound or -inf, upper bound or +inf] */
 struct s_clamp_f {
@@ -220,7 +154,7 @@ extern "C" cudaError_t cuda_pointwise(int op, dt_dtype cd, const cuda_ew_args *a
         if (f)                                                                                                         \
             return s_launch1<float, float>(a, s, s_##name##_f());                                                      \
         break;
-        S_UNARY_FLOAT(S_CASE_F1)
+        OP_EW_UNARY_FLOAT(S_CASE_F1)
 #define S_CASE_N1(name, e, i)                                                                                          \
     case OP_ID_##name:                                                                                                 \
         if (f)                                                                                                         \
@@ -230,7 +164,7 @@ extern "C" cudaError_t cuda_pointwise(int op, dt_dtype cd, const cuda_ew_args *a
         if (i64)                                                                                                       \
             return s_launch1<int64_t, int64_t>(a, s, s_##name##_i());                                                  \
         break;
-        S_UNARY_NUMBER(S_CASE_N1)
+        OP_EW_UNARY_NUMBER(S_CASE_N1)
     case OP_ID_clamp:
         if (f)
             return s_launch1<float, float>(a, s, s_clamp_f());
@@ -254,7 +188,7 @@ extern "C" cudaError_t cuda_pointwise(int op, dt_dtype cd, const cuda_ew_args *a
         if (b)                                                                                                         \
             return s_launch2<uint8_t, uint8_t>(a, s, s_##name##_b());                                                  \
         break;
-        S_BINARY_ANY(S_CASE_A2)
+        OP_EW_BINARY_ANY(S_CASE_A2)
 #define S_CASE_N2(name, e, i)                                                                                          \
     case OP_ID_##name:                                                                                                 \
         if (f)                                                                                                         \
@@ -264,13 +198,13 @@ extern "C" cudaError_t cuda_pointwise(int op, dt_dtype cd, const cuda_ew_args *a
         if (i64)                                                                                                       \
             return s_launch2<int64_t, int64_t>(a, s, s_##name##_i());                                                  \
         break;
-        S_BINARY_NUMBER(S_CASE_N2)
+        OP_EW_BINARY_NUMBER(S_CASE_N2)
 #define S_CASE_D2(name, e)                                                                                             \
     case OP_ID_##name:                                                                                                 \
         if (f)                                                                                                         \
             return s_launch2<float, float>(a, s, s_##name##_f());                                                      \
         break;
-        S_BINARY_FLOAT(S_CASE_D2)
+        OP_EW_BINARY_FLOAT(S_CASE_D2)
 #define S_CASE_C2(name, e)                                                                                             \
     case OP_ID_##name:                                                                                                 \
         if (f)                                                                                                         \
@@ -282,8 +216,8 @@ extern "C" cudaError_t cuda_pointwise(int op, dt_dtype cd, const cuda_ew_args *a
         if (b)                                                                                                         \
             return s_launch2<uint8_t, uint8_t>(a, s, s_##name##_c());                                                  \
         break;
-        S_COMPARE(S_CASE_C2)
-        S_LOGICAL(S_CASE_C2)
+        OP_EW_COMPARE(S_CASE_C2)
+        OP_EW_LOGICAL(S_CASE_C2)
     case OP_ID_where:
     case OP_ID_masked_fill:
         if (f)
