@@ -706,9 +706,9 @@ void *act_controller_main(void *arg)
     }
 
     zmq_pollitem_t items[2] = {{zsock_resolve(c.router), 0, ZMQ_POLLIN, 0}, {NULL, rt->doorbell, ZMQ_POLLIN, 0}};
-    double next_check = act_now() + ACT_TICK_MS / 1e3;
+    double next_check = act_now() + ACT_TICK_MS / 1e3, spin_until = 0;
     for (;;) {
-        zmq_poll(items, 2, ACT_TICK_MS);
+        act_poll(items, 2, ACT_TICK_MS, &spin_until);
         if (items[1].revents & ZMQ_POLLIN) {
             uint64_t n;
             if (read(rt->doorbell, &n, sizeof n) < 0) { /* EAGAIN: another wake-up drained it */ }

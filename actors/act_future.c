@@ -1,5 +1,5 @@
 /* act_future — TensorFuture: a value that devices are producing. One outcome, exactly once:
- * ready (value) or failed (code + message); waiting never spins and can be interrupted. */
+ * ready (value) or failed (code + message); a wait spins briefly, then sleeps, and can be interrupted. */
 #include <errno.h>
 #include <math.h>
 #include <sched.h>
@@ -16,7 +16,7 @@
 #include "op_backend.h"
 
 #define S_WAIT_SLICE_S 0.05 /* how often a long wait looks at the interrupt hook */
-#define S_SPIN_S 100e-6     /* how long a wait spins before it sleeps */
+#define S_SPIN_S 300e-6     /* how long a wait spins before it sleeps */
 
 dt_future *act_future_new(act_future_kind kind, int npieces)
 {

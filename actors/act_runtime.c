@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <dirent.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -43,6 +44,18 @@ double act_now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int act_poll(zmq_pollitem_t *items, int n, long timeout_ms, double *spin_until)
+{
+    int rc;
+    while ((rc = zmq_poll(items, n, 0)) == 0 && act_now() < *spin_until)
+        sched_yield();
+    if (rc == 0)
+        rc = zmq_poll(items, n, timeout_ms);
+    if (rc > 0)
+        *spin_until = act_now() + ACT_SPIN_S;
+    return rc;
 }
 
 void dt_set_wait_hooks(void (*enter)(void), void (*leave)(void), bool (*interrupt)(void))

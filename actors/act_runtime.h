@@ -27,6 +27,7 @@
 #define ACT_TICK_MS 20                 /* controller wakes at least this often: worker processes, unrung outboxes */
 #define ACT_RING_RECORDS 64            /* records queued since the last doorbell that make the user thread ring */
 #define ACT_RING_DELAY_S 0.001         /* ... or the time since the last doorbell that does */
+#define ACT_SPIN_S 300e-6              /* the controller and workers poll without sleeping this long after their last event */
 #define ACT_HELLO_TIMEOUT_S 20.0       /* a worker that has not said hello by then is dead */
 #define ACT_BYE_TIMEOUT_S 2.0          /* how long shutdown waits for workers to stop before killing them */
 #define ACT_HEARTBEAT_S 0.5            /* a worker process says it is alive this often */
@@ -196,5 +197,10 @@ void act_wait_leave(void);
 bool act_wait_interrupted(void);
 
 double act_now(void);               /* monotonic seconds */
+/* zmq_poll that first polls without blocking, yielding the core between looks, while the clock is
+ * before *spin_until, and blocks for timeout_ms only after that; when it finds events it moves
+ * *spin_until ACT_SPIN_S past now. A reply that comes within that long costs no wake-up: on these
+ * machines a thread's wake-up is tens of microseconds, a round trip's whole budget. */
+int act_poll(zmq_pollitem_t *items, int n, long timeout_ms, double *spin_until);
 
 #endif

@@ -772,7 +772,7 @@ static int s_next_message(act_worker *w, mb_message *m, bool (*should_stop)(void
         return 0;
     }
     zmq_pollitem_t items[2] = {{zsock_resolve(w->sock), 0, ZMQ_POLLIN, 0}, {zsock_resolve(w->peer), 0, ZMQ_POLLIN, 0}};
-    if (zmq_poll(items, 2, S_POLL_MS) <= 0) {
+    if (act_poll(items, 2, S_POLL_MS, &w->spin_until) <= 0) {
         if (act_worker_orphaned(w))
             return DT_EDEVICE;
         return should_stop && should_stop(arg) ? DT_ESHUTDOWN : 1;

@@ -115,6 +115,7 @@ typedef struct {
     char peer_endpoint[64];     /* remote: where its peer socket is bound (told in its hello) */
     dt_idmap endpoints;         /* remote: device + 1 -> the peer endpoint the controller told (malloc'd) */
     double heard_at;            /* remote: when the controller last said anything */
+    double spin_until;          /* polls without sleeping until then (act_poll) */
     double started_at;
     double silent_s, connect_s;
     bool orphaned;              /* remote: the controller has been silent too long: leave */
