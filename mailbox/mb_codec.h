@@ -56,6 +56,9 @@ int mb_header_decode(const void *data, size_t size, mb_header *out);
 /* Checks that data begins with one well-formed msgpack object whose declared lengths fit in
  * size and whose nesting is at most MB_MAX_DEPTH; stores its length in *used. 0 or DT_EPROTO. */
 int mb_validate(const void *data, size_t size, size_t *used);
+/* Validates as mb_validate does and decodes the object into *out as msgpack_unpack would: arrays
+ * and maps allocated in zone, strings and bins pointing into data (which must outlive *out). */
+int mb_decode_object(const void *data, size_t size, msgpack_zone *zone, msgpack_object *out, size_t *used);
 
 /* Iterates the `count` objects of a body; each object lives until the next call, or with `keep`
  * set (after init) until mb_body_destroy. */

@@ -350,6 +350,102 @@ Test(body, random_garbage)
     }
 }
 
+/* One random object of every msgpack format the decoder accepts (the signed formats also with
+ * non-negative values, which msgpack-c decodes as positive integers), nested to depth 3. */
+static void s_pack_random(msgpack_sbuffer *sb, msgpack_packer *pk, int depth)
+{
+    unsigned char raw[9];
+    int kind = rand() % (depth < 3 ? 14 : 12);
+    switch (kind) {
+    case 0: msgpack_pack_nil(pk); break;
+    case 1: rand() % 2 ? msgpack_pack_true(pk) : msgpack_pack_false(pk); break;
+    case 2: msgpack_pack_uint64(pk, (uint64_t)rand() << (rand() % 40)); break;
+    case 3: msgpack_pack_int64(pk, -(int64_t)((uint64_t)rand() << (rand() % 32)) - 1); break;
+    case 4: { /* int 8/16/32/64 with any bits, written by hand */
+        int width = 1 << (rand() % 4);
+        raw[0] = (unsigned char)(0xd0 + __builtin_ctz((unsigned)width));
+        for (int i = 1; i <= width; i++)
+            raw[i] = (unsigned char)rand();
+        msgpack_sbuffer_write(sb, (const char *)raw, (size_t)width + 1);
+        break;
+    }
+    case 5: msgpack_pack_float(pk, (float)rand() / 7.0f - 1000.0f); break;
+    case 6: msgpack_pack_double(pk, (double)rand() / 3.0 - 1e6); break;
+    case 7:
+    case 8: {
+        char text[300];
+        size_t n = (size_t)(rand() % (kind == 7 ? 40 : 300));
+        for (size_t i = 0; i < n; i++)
+            text[i] = (char)('a' + rand() % 26);
+        if (kind == 7)
+            msgpack_pack_str_with_body(pk, text, n);
+        else
+            msgpack_pack_bin_with_body(pk, text, n);
+        break;
+    }
+    case 9: msgpack_pack_int(pk, rand() % 256 - 128); break;
+    case 10: msgpack_pack_uint16(pk, (uint16_t)rand()); break;
+    case 11: msgpack_pack_int32(pk, rand() - RAND_MAX / 2); break;
+    case 12: {
+        int n = rand() % (rand() % 8 ? 6 : 40);
+        msgpack_pack_array(pk, (size_t)n);
+        for (int i = 0; i < n; i++)
+            s_pack_random(sb, pk, depth + 1);
+        break;
+    }
+    default: {
+        int n = rand() % (rand() % 8 ? 4 : 20);
+        msgpack_pack_map(pk, (size_t)n);
+        for (int i = 0; i < 2 * n; i++)
+            s_pack_random(sb, pk, depth + 1);
+        break;
+    }
+    }
+}
+
+/* The decoder against msgpack-c's own unpacker: the same objects from well-formed bytes, and from
+ * damaged bytes either a refusal or the same objects. */
+Test(body, decodes_as_msgpack_c_does)
+{
+    srand(4242);
+    int damaged_accepted = 0;
+    for (int iter = 0; iter < 4000; iter++) {
+        msgpack_sbuffer sb;
+        msgpack_sbuffer_init(&sb);
+        msgpack_packer pk;
+        msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+        s_pack_random(&sb, &pk, 0);
+        bool damage = iter % 2;
+        if (damage && sb.size > 0)
+            for (int k = 0; k < 1 + rand() % 3; k++)
+                sb.data[rand() % sb.size] = (char)rand();
+        msgpack_zone ours, theirs;
+        cr_assert(msgpack_zone_init(&ours, 1024) && msgpack_zone_init(&theirs, 1024));
+        msgpack_object a, b;
+        size_t used = 0, off = 0;
+        int rc = mb_decode_object(sb.data, sb.size, &ours, &a, &used);
+        if (!damage)
+            cr_assert_eq(rc, 0, "iteration %d: %s", iter, dt_last_error());
+        if (rc == 0) {
+            cr_assert_eq(msgpack_unpack(sb.data, used, &off, &theirs, &b), MSGPACK_UNPACK_SUCCESS, "iteration %d", iter);
+            cr_assert_eq(off, used, "iteration %d", iter);
+            cr_assert(msgpack_object_equal(a, b), "iteration %d: not the object msgpack-c decodes", iter);
+            size_t vused;
+            cr_assert_eq(mb_validate(sb.data, sb.size, &vused), 0);
+            cr_assert_eq(vused, used);
+            damaged_accepted += damage;
+        } else {
+            cr_assert_eq(rc, DT_EPROTO, "iteration %d", iter);
+            size_t vused;
+            cr_assert_eq(mb_validate(sb.data, sb.size, &vused), DT_EPROTO);
+        }
+        msgpack_zone_destroy(&ours);
+        msgpack_zone_destroy(&theirs);
+        msgpack_sbuffer_destroy(&sb);
+    }
+    cr_assert_gt(damaged_accepted, 100, "damaged objects that still decode are compared too");
+}
+
 /* ---- typed access -------------------------------------------------------------------- */
 
 Test(get, type_checks)
