@@ -67,6 +67,42 @@ typedef struct {
 /* Op id (ops/op_table.h) in cd; cudaErrorNotSupported when the op has no loop in cd. */
 cudaError_t cuda_pointwise(int op, dt_dtype cd, const cuda_ew_args *a, cudaStream_t s);
 
+/* ---- reductions, softmax, norms (cuda_reduce_kernels.cu) ------------------------------------
+ * The kernels read a piece in its compute type (float32 from float32, float16 or bfloat16; int64
+ * from int32, int64 or bool: cuda_load_f32, cuda_load_i64) and write outputs of that kind, with
+ * the CPU's conversions (ops/cpu/cpu_reduce.c computes in the same types). */
+
+/* What a reduction folds: each output element o (C-contiguous, n_out of them) folds the n_fold
+ * input elements at offset(o over the kept dims) + offset(r over the folded dims), r = 0..n_fold-1
+ * in row-major order over the folded dims (element offsets; cuda_layout.h). */
+typedef struct {
+    int nkeep, nfold;
+    int64_t keep_size[DT_MAX_DIMS], keep_stride[DT_MAX_DIMS];
+    int64_t fold_size[DT_MAX_DIMS], fold_stride[DT_MAX_DIMS];
+    int64_t n_out, n_fold;
+    const void *in;
+    dt_dtype in_dtype;
+    void *out;        /* the values, out_dtype (NULL: argmax/argmin keep only positions) */
+    dt_dtype out_dtype;
+    int64_t *index;   /* argmax/argmin: r of the extreme (the first on ties; a NaN beats any number) */
+    int64_t divisor;  /* sum: each value divided by it in double (mean); 0: none */
+} cuda_fold_args;
+
+typedef enum { CUDA_FOLD_SUM, CUDA_FOLD_MAX, CUDA_FOLD_MIN, CUDA_FOLD_ARGMAX, CUDA_FOLD_ARGMIN } cuda_fold_op;
+
+/* op in float32 (floating) or int64 (wrapping sums); a float max/min is NaN where a NaN was folded. */
+cudaError_t cuda_fold(cuda_fold_op op, bool floating, const cuda_fold_args *a, cudaStream_t s);
+
+/* softmax (log: log_softmax) along n of (outer, n, inner), float32 inside (cpu_softmax_run). */
+cudaError_t cuda_softmax(bool log, const void *in, dt_dtype in_dtype, void *out, dt_dtype out_dtype, int64_t outer,
+                         int64_t n, int64_t inner, cudaStream_t s);
+
+/* layer_norm (rms: rms_norm) of rows of d elements, float32 inside (cpu_norm_run); weight and
+ * bias (d elements, NULL: none) of floating dtypes. */
+cudaError_t cuda_norm(bool rms, const void *in, dt_dtype in_dtype, void *out, dt_dtype out_dtype, int64_t rows,
+                      int64_t d, const void *weight, dt_dtype weight_dtype, const void *bias, dt_dtype bias_dtype,
+                      float eps, cudaStream_t s);
+
 #ifdef __cplusplus
 }
 #endif

@@ -23,7 +23,12 @@
     X(logical_and, cuda_k_logical) X(logical_or, cuda_k_logical)                                                       \
     X(where, cuda_k_where) X(masked_fill, cuda_k_masked_fill) X(clamp, cuda_k_clamp) X(to, cuda_k_to)                  \
     /* products through cuBLAS (cuda_matmul.c), floating dtypes */                                                     \
-    X(matmul, cuda_k_mm) X(mm, cuda_k_mm) X(bmm, cuda_k_mm) X(linear, cuda_k_mm)
+    X(matmul, cuda_k_mm) X(mm, cuda_k_mm) X(bmm, cuda_k_mm) X(linear, cuda_k_mm)                                       \
+    /* reductions, softmax, norms (cuda_reduce.c; kernels in cuda_reduce_kernels.cu) */                                \
+    X(sum, cuda_k_reduce) X(mean, cuda_k_reduce) X(amax, cuda_k_reduce) X(amin, cuda_k_reduce)                         \
+    X(max, cuda_k_reduce) X(min, cuda_k_reduce)                                                                        \
+    X(max_dim, cuda_k_arg) X(min_dim, cuda_k_arg) X(argmax, cuda_k_arg) X(argmin, cuda_k_arg)                          \
+    X(softmax, cuda_k_softmax) X(log_softmax, cuda_k_softmax) X(layer_norm, cuda_k_norm) X(rms_norm, cuda_k_norm)
 
 typedef const char *(*cuda_op_kernel)(op_kernel *k);
 
