@@ -581,6 +581,143 @@ Test(cuda_ops, norms)
                 }
 }
 
+/* ---- views and data movement: the CPU's bytes ------------------------------------------------ */
+
+/* op on one input of shape (ndim, shape) and each dtype, with attrs.ints v */
+static void s_check_view(const op_backend *cuda, const char *op, int ndim, const int64_t *shape, int nints,
+                         const int64_t *v)
+{
+    for (int d = 0; d < S_NDTYPES; d++) {
+        int64_t sh[1][DT_MAX_DIMS] = {{0}};
+        memcpy(sh[0], shape, (size_t)ndim * sizeof *shape);
+        s_case c = s_shapes(1, &s_dtypes[d], &ndim, sh);
+        s_set_ints(&c, nints, v);
+        cr_expect(s_check_op(cuda, op, &c, true, 1), "%s of %s", op, dt_dtype_name(s_dtypes[d]));
+    }
+}
+
+Test(cuda_ops, views)
+{
+    const op_backend *cuda = s_cuda();
+    s_check_view(cuda, "reshape", 2, (int64_t[]){4, 6}, 2, (int64_t[]){3, -1});
+    s_check_view(cuda, "reshape", 2, (int64_t[]){0, 6}, 2, (int64_t[]){3, 0});
+    s_check_view(cuda, "flatten", 3, (int64_t[]){2, 3, 4}, 2, (int64_t[]){0, 1});
+    s_check_view(cuda, "unsqueeze", 2, (int64_t[]){3, 4}, 1, (int64_t[]){1});
+    s_check_view(cuda, "squeeze", 3, (int64_t[]){3, 1, 4}, 0, NULL);
+    s_check_view(cuda, "permute", 3, (int64_t[]){2, 3, 4}, 3, (int64_t[]){2, 0, 1});
+    s_check_view(cuda, "permute", 3, (int64_t[]){2, 3, 4}, 3, (int64_t[]){-1, 1, 0});
+    s_check_view(cuda, "permute", 3, (int64_t[]){0, 3, 4}, 3, (int64_t[]){1, 2, 0});
+    s_check_view(cuda, "expand", 3, (int64_t[]){3, 1, 5}, 4, (int64_t[]){2, 3, 4, 5});
+    s_check_view(cuda, "expand", 3, (int64_t[]){3, 1, 5}, 3, (int64_t[]){-1, 0, -1});
+    s_check_view(cuda, "slice", 3, (int64_t[]){5, 9, 4}, 4, (int64_t[]){1, 1, 9, 3});
+    s_check_view(cuda, "slice", 3, (int64_t[]){5, 9, 4}, 4, (int64_t[]){2, 3, 3, 1});
+    s_check_view(cuda, "narrow", 3, (int64_t[]){5, 9, 4}, 3, (int64_t[]){0, 2, 3});
+    s_check_view(cuda, "select", 3, (int64_t[]){5, 9, 4}, 2, (int64_t[]){1, -2});
+    for (int64_t diag = -1; diag <= 2; diag++) {
+        s_check_view(cuda, "triu", 3, (int64_t[]){2, 5, 6}, 1, &diag);
+        s_check_view(cuda, "tril", 3, (int64_t[]){2, 5, 6}, 1, &diag);
+        s_check_view(cuda, "tril", 3, (int64_t[]){0, 5, 6}, 1, &diag);
+    }
+}
+
+Test(cuda_ops, cat_and_stack)
+{
+    const op_backend *cuda = s_cuda();
+    for (int d = 0; d < S_NDTYPES; d++)
+        for (int e = 0; e < S_NDTYPES; e++) {
+            /* the second piece of another dtype: promoted, converted on the device */
+            dt_dtype t[3] = {s_dtypes[d], s_dtypes[e], s_dtypes[d]};
+            s_case c = s_shapes(3, t, (int[]){2, 2, 2}, (const int64_t[][DT_MAX_DIMS]){{2, 3}, {4, 3}, {1, 3}});
+            s_set_ints(&c, 1, (int64_t[]){0});
+            cr_expect(s_check_op(cuda, "cat", &c, true, 1));
+            c = s_shapes(3, t, (int[]){2, 2, 2}, (const int64_t[][DT_MAX_DIMS]){{2, 3}, {2, 5}, {2, 0}});
+            s_set_ints(&c, 1, (int64_t[]){-1});
+            cr_expect(s_check_op(cuda, "cat", &c, true, 1), "cat with an empty piece");
+            c = s_shapes(3, t, (int[]){2, 2, 2}, (const int64_t[][DT_MAX_DIMS]){{2, 3}, {2, 3}, {2, 3}});
+            s_set_ints(&c, 1, (int64_t[]){1});
+            cr_expect(s_check_op(cuda, "stack", &c, true, 1));
+        }
+}
+
+Test(cuda_ops, gathers)
+{
+    const op_backend *cuda = s_cuda();
+    static const int64_t wrapped[] = {3, 0, 0, 2, -1};
+    static const int32_t small[] = {1, 2};
+    static const int64_t tokens[] = {9, 0, 4, 4, 7, 1};
+    static const int32_t tokens32[] = {2, 8, 0};
+    for (int d = 0; d < S_NDTYPES; d++) {
+        dt_dtype t = s_dtypes[d];
+        s_case c = s_shapes(2, (dt_dtype[]){t, DT_INT64}, (int[]){3, 1},
+                            (const int64_t[][DT_MAX_DIMS]){{5, 4, 3}, {5}});
+        c.data[1] = wrapped;
+        s_set_ints(&c, 2, (int64_t[]){1, 1});
+        cr_expect(s_check_op(cuda, "index_select", &c, true, 1), "index_select, negative positions");
+        c = s_shapes(2, (dt_dtype[]){t, DT_INT32}, (int[]){3, 1}, (const int64_t[][DT_MAX_DIMS]){{5, 4, 3}, {2}});
+        c.data[1] = small;
+        s_set_ints(&c, 2, (int64_t[]){-1, 0});
+        cr_expect(s_check_op(cuda, "index_select", &c, true, 1), "index_select, int32 positions");
+        c = s_shapes(2, (dt_dtype[]){t, DT_INT64}, (int[]){3, 1}, (const int64_t[][DT_MAX_DIMS]){{5, 4, 3}, {0}});
+        s_set_ints(&c, 2, (int64_t[]){0, 0});
+        cr_expect(s_check_op(cuda, "index_select", &c, true, 1), "index_select, no positions");
+        c = s_shapes(2, (dt_dtype[]){DT_INT64, t}, (int[]){2, 2}, (const int64_t[][DT_MAX_DIMS]){{2, 3}, {10, 16}});
+        c.data[0] = tokens;
+        cr_expect(s_check_op(cuda, "embedding", &c, true, 1), "embedding");
+        c = s_shapes(2, (dt_dtype[]){DT_INT32, t}, (int[]){1, 2}, (const int64_t[][DT_MAX_DIMS]){{3}, {10, 5}});
+        c.data[0] = tokens32;
+        cr_expect(s_check_op(cuda, "embedding", &c, true, 1), "embedding, int32 indices, odd rows");
+        c = s_shapes(2, (dt_dtype[]){DT_INT64, t}, (int[]){2, 2}, (const int64_t[][DT_MAX_DIMS]){{0, 3}, {10, 16}});
+        cr_expect(s_check_op(cuda, "embedding", &c, true, 1), "embedding, no indices");
+    }
+}
+
+Test(cuda_ops, writes)
+{
+    const op_backend *cuda = s_cuda();
+    static const int64_t repeated[] = {5, 0, 5}; /* the last write of a position wins */
+    for (int d = 0; d < S_NDTYPES; d++) {
+        dt_dtype t = s_dtypes[d];
+        s_case c = s_shapes(2, (dt_dtype[]){t, t}, (int[]){3, 3}, (const int64_t[][DT_MAX_DIMS]){{4, 6, 5}, {4, 2, 5}});
+        s_set_ints(&c, 2, (int64_t[]){1, 3});
+        cr_expect(s_check_op(cuda, "slice_assign_", &c, true, 1));
+        s_set_ints(&c, 2, (int64_t[]){1, 4});
+        cr_expect(s_check_op(cuda, "shard_assign_", &c, true, 1));
+        c = s_shapes(3, (dt_dtype[]){t, DT_INT64, t}, (int[]){3, 1, 3},
+                     (const int64_t[][DT_MAX_DIMS]){{4, 6, 5}, {3}, {4, 3, 5}});
+        c.data[1] = repeated;
+        s_set_ints(&c, 1, (int64_t[]){1});
+        cr_expect(s_check_op(cuda, "index_copy_", &c, true, 1));
+    }
+}
+
+/* An index out of range fails the op on the device with the CPU's message. */
+Test(cuda_ops, bad_indices_fail_as_on_the_cpu)
+{
+    const op_backend *cuda = s_cuda();
+    static const int64_t past[] = {1, 10, 2}, negative[] = {0, -7}, minus_one[] = {-1}, six[] = {6};
+    s_case c = s_shapes(2, (dt_dtype[]){DT_INT64, DT_FLOAT32}, (int[]){1, 2},
+                        (const int64_t[][DT_MAX_DIMS]){{3}, {10, 4}});
+    c.data[0] = past;
+    c.fails = "index out of range in embedding";
+    cr_expect(s_check_op(cuda, "embedding", &c, true, 1));
+    c = s_shapes(2, (dt_dtype[]){DT_FLOAT32, DT_INT64}, (int[]){2, 1}, (const int64_t[][DT_MAX_DIMS]){{3, 4}, {2}});
+    c.data[1] = negative;
+    s_set_ints(&c, 2, (int64_t[]){1, 1});
+    c.fails = "index -7 is out of bounds for dimension 1 with size 4";
+    cr_expect(s_check_op(cuda, "index_select", &c, true, 1));
+    c = s_shapes(2, (dt_dtype[]){DT_FLOAT32, DT_INT64}, (int[]){2, 1}, (const int64_t[][DT_MAX_DIMS]){{3, 4}, {1}});
+    c.data[1] = minus_one;
+    s_set_ints(&c, 2, (int64_t[]){1, 0});
+    c.fails = "index out of range in self";
+    cr_expect(s_check_op(cuda, "index_select", &c, true, 1));
+    c = s_shapes(3, (dt_dtype[]){DT_FLOAT32, DT_INT64, DT_FLOAT32}, (int[]){2, 1, 2},
+                 (const int64_t[][DT_MAX_DIMS]){{2, 6}, {1}, {2, 1}});
+    c.data[1] = six;
+    s_set_ints(&c, 1, (int64_t[]){1});
+    c.fails = "index_copy_(): index 6 is out of bounds for dimension 1 with size 6";
+    cr_expect(s_check_op(cuda, "index_copy_", &c, true, 1));
+}
+
 /* ---- the other slots ------------------------------------------------------------------------- */
 
 Test(cuda_slots, fill_arange_random)

@@ -103,6 +103,32 @@ cudaError_t cuda_norm(bool rms, const void *in, dt_dtype in_dtype, void *out, dt
                       int64_t d, const void *weight, dt_dtype weight_dtype, const void *bias, dt_dtype bias_dtype,
                       float eps, cudaStream_t s);
 
+/* ---- data movement by index (cuda_view_kernels.cu) --------------------------------------------
+ * Rows are row_bytes each; indices are int32 or int64 (idx_dtype). */
+
+/* *first = the first j < n whose index idx[j] lies outside [lo, hi), or n when none does (first:
+ * one int64 of device memory). */
+cudaError_t cuda_find_bad_index(const void *idx, dt_dtype idx_dtype, int64_t n, int64_t lo, int64_t hi,
+                                int64_t *first, cudaStream_t s);
+
+/* dst (outer, m rows) = row idx[j] - first_row of src (outer, rows) for each j, a negative index
+ * counted from wrap (0: none); a row outside [0, rows) gives zeros (a vocabulary shard). */
+cudaError_t cuda_gather_rows(void *dst, const void *src, const void *idx, dt_dtype idx_dtype, int64_t outer,
+                             int64_t m, int64_t rows, int64_t first_row, int64_t wrap, size_t row_bytes,
+                             cudaStream_t s);
+
+/* dst (outer, rows) row idx[j] = src (outer, n) row j, for int64 indices in [0, rows); where
+ * several j name one row the last one wins, as in a sequential copy (winner: rows int64 of device
+ * scratch). */
+cudaError_t cuda_scatter_rows(void *dst, const void *src, const int64_t *idx, int64_t outer, int64_t n, int64_t rows,
+                              size_t row_bytes, int64_t *winner, cudaStream_t s);
+
+/* triu (upper) / tril of batch matrices rows x cols of elem bytes: element (i, j) kept where
+ * j - (r0 + i) + c0 is >= diag (upper) or <= diag, else zero; r0, c0: where the piece starts in
+ * the whole matrix. */
+cudaError_t cuda_tri(void *dst, const void *src, size_t elem, int64_t batch, int64_t rows, int64_t cols, int64_t r0,
+                     int64_t c0, int64_t diag, bool upper, cudaStream_t s);
+
 #ifdef __cplusplus
 }
 #endif

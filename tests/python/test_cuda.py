@@ -92,3 +92,24 @@ def test_reductions_softmax_and_norms(mode):
     got = dtorch.nn.functional.rms_norm(x, (40,), dtorch.distribute_tensor(w, mesh, [Replicate()])).numpy()
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
 
+
+def test_embedding_and_views(mode):
+    """Rows gathered from a vocabulary split over devices, a bad index failing with the CPU's
+    message, and data movement on a cuda mesh."""
+    mesh = _cuda_mesh([0, 1])
+    rng = np.random.default_rng(3)
+    table = rng.standard_normal((10, 6)).astype(np.float32)
+    ids = np.array([[9, 0, 4], [4, 7, 1]], dtype=np.int64)
+    w = dtorch.distribute_tensor(table, mesh, [Shard(0)])
+    idx = dtorch.distribute_tensor(ids, mesh, [Replicate()])
+    np.testing.assert_array_equal(dtorch.nn.functional.embedding(idx, w).numpy(), table[ids])
+    bad = dtorch.distribute_tensor(np.array([10], dtype=np.int64), mesh, [Replicate()])
+    with pytest.raises(Exception, match="index out of range in embedding"):
+        dtorch.nn.functional.embedding(bad, w).numpy()
+    a = rng.standard_normal((4, 3, 5)).astype(np.float32)
+    x = dtorch.distribute_tensor(a, mesh, [Shard(0)])
+    np.testing.assert_array_equal(x.permute(2, 0, 1).numpy(), a.transpose(2, 0, 1))
+    np.testing.assert_array_equal(x.reshape(4, 15).numpy(), a.reshape(4, 15))
+    np.testing.assert_array_equal(dtorch.cat([x, x], dim=2).numpy(), np.concatenate([a, a], axis=2))
+    np.testing.assert_array_equal(x[:, 1:, ::2].numpy(), a[:, 1:, ::2])
+    np.testing.assert_array_equal(dtorch.triu(x).numpy(), np.triu(a))
