@@ -718,6 +718,26 @@ Test(cuda_ops, bad_indices_fail_as_on_the_cpu)
     cr_expect(s_check_op(cuda, "index_copy_", &c, true, 1));
 }
 
+Test(cuda_ops, rope)
+{
+    const op_backend *cuda = s_cuda();
+    static const int64_t positions[] = {0, 1, 7, 100, 999, 3, 4, 5, 4000, 6};
+    static const float inv_freq[] = {1.0f, 0.1f, 0.01f, 0.001f};
+    const dt_dtype floats[] = {DT_FLOAT32, DT_FLOAT16, DT_BFLOAT16};
+    for (int d = 0; d < 3; d++)
+        for (int64_t pb = 1; pb <= 2; pb++)
+            for (int sc = 0; sc < 2; sc++) {
+                s_case c = s_shapes(3, (dt_dtype[]){floats[d], DT_INT64, DT_FLOAT32}, (int[]){4, 2, 1},
+                                    (const int64_t[][DT_MAX_DIMS]){{2, 3, 5, 8}, {pb, 5}, {4}});
+                c.data[1] = positions;
+                c.data[2] = inv_freq;
+                c.attrs.nfloats = 1;
+                c.attrs.floats[0] = sc ? 0.7 : 1.0;
+                /* CUDA's cosf and sinf against glibc's: a few ulps of the angle's functions */
+                cr_expect(s_check_op(cuda, "rope", &c, false, floats[d] == DT_FLOAT32 ? 4 : 1));
+            }
+}
+
 /* ---- the other slots ------------------------------------------------------------------------- */
 
 Test(cuda_slots, fill_arange_random)

@@ -129,6 +129,13 @@ cudaError_t cuda_scatter_rows(void *dst, const void *src, const int64_t *idx, in
 cudaError_t cuda_tri(void *dst, const void *src, size_t elem, int64_t batch, int64_t rows, int64_t cols, int64_t r0,
                      int64_t c0, int64_t diag, bool upper, cudaStream_t s);
 
+/* ---- rotary embedding (cuda_rope_kernels.cu) ---------------------------------------------------
+ * cpu_rope: x (B, H, S, D) of a floating dtype, positions (pos_batch = 1 or B, S) int64, inv_freq
+ * (D/2) float32; out of x's dtype. */
+cudaError_t cuda_rope(void *out, const void *x, dt_dtype dtype, int64_t B, int64_t H, int64_t S, int64_t D,
+                      const int64_t *positions, int64_t pos_batch, const float *inv_freq, float scaling,
+                      cudaStream_t s);
+
 #ifdef __cplusplus
 }
 #endif

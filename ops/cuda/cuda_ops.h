@@ -35,7 +35,9 @@
     X(slice, cuda_k_slice) X(narrow, cuda_k_slice) X(select, cuda_k_slice) X(index_select, cuda_k_index_select)        \
     X(triu, cuda_k_tri) X(tril, cuda_k_tri) X(embedding, cuda_k_embedding)                                             \
     /* writes in place (cuda_write.c) */                                                                               \
-    X(slice_assign_, cuda_k_slice_assign) X(shard_assign_, cuda_k_slice_assign) X(index_copy_, cuda_k_index_copy)
+    X(slice_assign_, cuda_k_slice_assign) X(shard_assign_, cuda_k_slice_assign) X(index_copy_, cuda_k_index_copy)      \
+    /* rotary embedding (cuda_rope.c; kernel in cuda_rope_kernels.cu) */                                               \
+    X(rope, cuda_k_rope)
 
 typedef const char *(*cuda_op_kernel)(op_kernel *k);
 
