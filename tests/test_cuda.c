@@ -149,6 +149,9 @@ typedef struct {
     int ndim[3];
     int64_t shape[3][DT_MAX_DIMS];
     op_attrs attrs;
+    const void *data[3]; /* an input's host values where random ones will not do (indices); NULL: random */
+    bool nans;           /* float inputs hold a NaN here and there */
+    const char *fails;   /* both backends must fail, with this message */
 } s_case;
 
 /* Ops computed with exactly rounded arithmetic, or none: the CPU's bits (NaN aside). */
@@ -163,7 +166,28 @@ static bool s_exact(const char *op)
     return false;
 }
 
-/* Runs op on both backends when its infer accepts the case; false when it refuses it. */
+/* An input of the case on the host: its given values, or random ones (with NaNs where asked). */
+static void *s_input(const s_case *sc, int i, int64_t n)
+{
+    size_t bytes = (size_t)n * dt_dtype_size(sc->dtype[i]);
+    if (sc->data[i]) {
+        void *p = malloc(bytes ? bytes : 1);
+        memcpy(p, sc->data[i], bytes);
+        return p;
+    }
+    void *p = s_random_host(sc->dtype[i], n);
+    if (sc->nans && dt_dtype_is_float(sc->dtype[i]))
+        for (int64_t j = 5; j < n; j += 97)
+            switch (sc->dtype[i]) {
+            case DT_FLOAT32: ((float *)p)[j] = NAN; break;
+            case DT_FLOAT16: ((uint16_t *)p)[j] = 0x7e00; break;
+            default: ((uint16_t *)p)[j] = 0x7fc0; break;
+            }
+    return p;
+}
+
+/* Runs op on both backends when its infer accepts the case, and compares every output (an
+ * in-place op's is its first input, written where it lies); false when infer refuses the case. */
 static bool s_check_op(const op_backend *cuda, const char *name, const s_case *sc, bool exact, double rscale)
 {
     const op_backend *cpu = op_backend_find("cpu");
@@ -185,40 +209,53 @@ static bool s_check_op(const op_backend *cuda, const char *name, const s_case *s
     void *host_in[3], *dev_in[3];
     for (int i = 0; i < sc->nin; i++) {
         int64_t n = dt_layout_numel(sc->ndim[i], sc->shape[i]);
-        size_t bytes = (size_t)n * dt_dtype_size(sc->dtype[i]);
-        host_in[i] = s_random_host(sc->dtype[i], n);
-        dev_in[i] = s_upload(cuda, host_in[i], bytes);
+        host_in[i] = s_input(sc, i, n);
+        dev_in[i] = s_upload(cuda, host_in[i], (size_t)n * dt_dtype_size(sc->dtype[i]));
         kc.in[i] = (op_local){sc->dtype[i], sc->ndim[i], {0}, host_in[i]};
         memcpy(kc.in[i].shape, sc->shape[i], sizeof sc->shape[i]);
         kg.in[i] = kc.in[i];
         kg.in[i].data = dev_in[i];
     }
-    op_arg *o = &call.out[0];
-    int64_t n = dt_layout_numel(o->ndim, o->shape);
-    size_t bytes = (size_t)n * dt_dtype_size(o->dtype);
-    kc.out[0] = (op_local){o->dtype, o->ndim, {0}, malloc(bytes ? bytes : 1)};
-    memcpy(kc.out[0].shape, o->shape, sizeof o->shape);
-    kg.out[0] = kc.out[0];
-    kg.out[0].data = cuda->alloc(bytes);
+    int64_t n[OP_MAX_OUTPUTS];
+    size_t bytes[OP_MAX_OUTPUTS];
+    for (int j = 0; j < def->nout; j++) {
+        op_arg *o = &call.out[j];
+        n[j] = dt_layout_numel(o->ndim, o->shape);
+        bytes[j] = (size_t)n[j] * dt_dtype_size(o->dtype);
+        kc.out[j] = (op_local){o->dtype, o->ndim, {0}, def->inplace ? host_in[0] : malloc(bytes[j] ? bytes[j] : 1)};
+        memcpy(kc.out[j].shape, o->shape, sizeof o->shape);
+        kg.out[j] = kc.out[j];
+        kg.out[j].data = def->inplace ? dev_in[0] : cuda->alloc(bytes[j]);
+    }
     const char *cpu_why = cpu->run(def, &kc);
+    char cpu_msg[256];
+    snprintf(cpu_msg, sizeof cpu_msg, "%s", cpu_why ? cpu_why : "");
     const char *gpu_why = cuda->run(def, &kg);
-    cr_expect_null(cpu_why, "%s on the CPU: %s", name, cpu_why);
-    cr_expect_null(gpu_why, "%s on CUDA: %s", name, gpu_why);
-    if (!cpu_why && !gpu_why) {
-        void *got = s_download(cuda, kg.out[0].data, bytes);
+    if (sc->fails) {
+        cr_expect(cpu_why && strcmp(cpu_msg, sc->fails) == 0, "%s on the CPU: %s", name, cpu_why ? cpu_msg : "(none)");
+        cr_expect(gpu_why && strcmp(gpu_why, sc->fails) == 0, "%s on CUDA: %s, not %s", name,
+                  gpu_why ? gpu_why : "(none)", sc->fails);
+    } else {
+        cr_expect_null(cpu_why, "%s on the CPU: %s", name, cpu_msg);
+        cr_expect_null(gpu_why, "%s on CUDA: %s", name, gpu_why);
+    }
+    for (int j = 0; j < def->nout && !cpu_why && !gpu_why; j++) {
+        void *got = s_download(cuda, kg.out[j].data, bytes[j]);
         double rtol, atol;
-        s_tolerance(o->dtype, &rtol, &atol);
+        s_tolerance(kc.out[j].dtype, &rtol, &atol);
         char what[96];
-        snprintf(what, sizeof what, "%s of %s", name, dt_dtype_name(sc->dtype[0]));
-        s_expect_close(what, o->dtype, kc.out[0].data, got, n, exact, rtol * rscale, atol * rscale);
+        snprintf(what, sizeof what, "%s of %s, output %d", name, dt_dtype_name(sc->dtype[0]), j);
+        s_expect_close(what, kc.out[j].dtype, kc.out[j].data, got, n[j], exact, rtol * rscale, atol * rscale);
         free(got);
+    }
+    for (int j = 0; j < def->nout && !def->inplace; j++) {
+        free(kc.out[j].data);
+        cuda->free(kg.out[j].data, bytes[j]);
     }
     for (int i = 0; i < sc->nin; i++) {
         free(host_in[i]);
         cuda->free(dev_in[i], 0);
     }
-    free(kc.out[0].data);
-    cuda->free(kg.out[0].data, bytes);
     return true;
 }
 
@@ -352,12 +389,353 @@ Test(cuda_ops, products)
 Test(cuda_ops, ops_without_a_kernel_fail_by_name)
 {
     const op_backend *cuda = s_cuda();
-    op_kernel k = {.def = op_find("sum")};
+    op_kernel k = {.def = op_find("cumsum")};
     const char *why = cuda->run(k.def, &k);
     cr_assert_not_null(why);
-    cr_expect(strstr(why, "sum: no CUDA kernel yet"), "%s", why);
-    cr_expect_null(cuda_kernel_for(OP_ID_softmax));
-    cr_expect_not_null(cuda_kernel_for(OP_ID_add));
+    cr_expect(strstr(why, "cumsum: no CUDA kernel yet"), "%s", why);
+    cr_expect_null(cuda_kernel_for(OP_ID_topk));
+    cr_expect_not_null(cuda_kernel_for(OP_ID_sum));
+}
+
+/* ---- reductions, softmax, norms ---------------------------------------------------------------
+ * Pieces are C-contiguous by the backend interface; reductions over an inner dim or over dims
+ * that are not neighbours read their input strided, which is what these shapes exercise. */
+
+static void s_set_ints(s_case *c, int n, const int64_t *v)
+{
+    c->attrs.nints = n;
+    if (n)
+        memcpy(c->attrs.ints, v, (size_t)n * sizeof *v);
+}
+
+/* The float32 tolerance a sum of about n terms needs, added in another order than the CPU's; a
+ * 16-bit output rounds the same float32 value to its own precision, so keeps its own. */
+static double s_sum_slack(dt_dtype t, int64_t n) { return t == DT_FLOAT32 ? (double)n / 4 + 1 : 1; }
+
+typedef struct {
+    int ndim;
+    int64_t shape[3];
+    int ndims; /* dims reduced (0: every dim) */
+    int64_t dims[3];
+} s_reduce_shape;
+
+static const s_reduce_shape s_reduce_shapes[] = {
+    {3, {5, 7, 33}, 0, {0}},    /* everything */
+    {3, {5, 7, 33}, 2, {0, 2}}, /* dims that are not neighbours: the kept one is strided */
+    {3, {5, 7, 33}, 1, {1}},    /* an inner dim */
+    {2, {3, 300}, 1, {-1}},     /* long rows: a block of threads each */
+    {3, {4, 0, 3}, 1, {1}},     /* an empty reduced dim */
+    {3, {4, 0, 3}, 1, {0}},     /* an empty output */
+    {0, {0}, 0, {0}},           /* a 0-d tensor */
+};
+#define S_NREDUCE_SHAPES (sizeof s_reduce_shapes / sizeof s_reduce_shapes[0])
+
+Test(cuda_ops, reductions)
+{
+    const op_backend *cuda = s_cuda();
+    static const char *const ops[] = {"sum", "mean", "amax", "amin", NULL};
+    for (int o = 0; ops[o]; o++)
+        for (size_t h = 0; h < S_NREDUCE_SHAPES; h++)
+            for (int d = 0; d < S_NDTYPES; d++)
+                for (int keepdim = 0; keepdim < 2; keepdim++)
+                    for (int nans = 0; nans < 2; nans++) {
+                        const s_reduce_shape *r = &s_reduce_shapes[h];
+                        dt_dtype t = s_dtypes[d];
+                        s_case c = s_shapes(1, &t, &r->ndim, (const int64_t[][DT_MAX_DIMS]){{r->shape[0], r->shape[1],
+                                                                                             r->shape[2]}});
+                        int64_t ints[5] = {keepdim, -1, r->dims[0], r->dims[1], r->dims[2]};
+                        s_set_ints(&c, 2 + r->ndims, ints);
+                        c.nans = nans;
+                        bool sum = o < 2;
+                        s_check_op(cuda, ops[o], &c, !sum || !dt_dtype_is_float(t),
+                                   s_sum_slack(t, dt_layout_numel(r->ndim, r->shape)));
+                    }
+    /* max and min of every element */
+    for (size_t h = 0; h < S_NREDUCE_SHAPES; h++)
+        for (int d = 0; d < S_NDTYPES; d++)
+            for (int nans = 0; nans < 2; nans++) {
+                const s_reduce_shape *r = &s_reduce_shapes[h];
+                s_case c = s_shapes(1, &s_dtypes[d], &r->ndim,
+                                    (const int64_t[][DT_MAX_DIMS]){{r->shape[0], r->shape[1], r->shape[2]}});
+                c.nans = nans;
+                s_check_op(cuda, "max", &c, true, 1);
+                s_check_op(cuda, "min", &c, true, 1);
+            }
+}
+
+/* sum and mean with dtype=: torch converts the input first (losing precision to a 16-bit float or
+ * bool), then reduces in float32 or int64 */
+Test(cuda_ops, reductions_with_a_dtype)
+{
+    const op_backend *cuda = s_cuda();
+    const struct {
+        const char *op;
+        dt_dtype in, to;
+    } casts[] = {{"sum", DT_FLOAT32, DT_FLOAT16}, {"sum", DT_FLOAT32, DT_BFLOAT16}, {"sum", DT_INT32, DT_FLOAT32},
+                 {"sum", DT_FLOAT32, DT_INT64},   {"sum", DT_INT64, DT_INT32},      {"sum", DT_INT32, DT_BOOL},
+                 {"sum", DT_FLOAT16, DT_FLOAT32}, {"mean", DT_BFLOAT16, DT_FLOAT32}, {"mean", DT_INT32, DT_FLOAT32},
+                 {"mean", DT_FLOAT32, DT_FLOAT16}};
+    for (size_t i = 0; i < sizeof casts / sizeof casts[0]; i++)
+        for (size_t h = 0; h < S_NREDUCE_SHAPES; h++) {
+            const s_reduce_shape *r = &s_reduce_shapes[h];
+            s_case c = s_shapes(1, &casts[i].in, &r->ndim,
+                                (const int64_t[][DT_MAX_DIMS]){{r->shape[0], r->shape[1], r->shape[2]}});
+            int64_t ints[5] = {0, casts[i].to, r->dims[0], r->dims[1], r->dims[2]};
+            s_set_ints(&c, 2 + r->ndims, ints);
+            cr_expect(s_check_op(cuda, casts[i].op, &c, !dt_dtype_is_float(casts[i].to),
+                                 s_sum_slack(casts[i].to, dt_layout_numel(r->ndim, r->shape))),
+                      "%s of %s to %s", casts[i].op, dt_dtype_name(casts[i].in), dt_dtype_name(casts[i].to));
+        }
+}
+
+/* argmax, argmin (of every element, or along a dim) and max/min along a dim: the CPU's values and
+ * positions exactly, ties to the first (small integers tie often) and a NaN beating any number */
+Test(cuda_ops, arg_reductions)
+{
+    const op_backend *cuda = s_cuda();
+    const struct {
+        int ndim;
+        int64_t shape[3];
+    } shapes[] = {{3, {5, 7, 33}}, {2, {3, 300}}, {3, {4, 0, 3}}, {0, {0}}};
+    for (size_t h = 0; h < sizeof shapes / sizeof shapes[0]; h++)
+        for (int d = 0; d < S_NDTYPES; d++)
+            for (int nans = 0; nans < 2; nans++)
+                for (int keepdim = 0; keepdim < 2; keepdim++)
+                    for (int dim = -1; dim < (shapes[h].ndim ? shapes[h].ndim : 1); dim++) {
+                        s_case c = s_shapes(1, &s_dtypes[d], &shapes[h].ndim,
+                                            (const int64_t[][DT_MAX_DIMS]){{shapes[h].shape[0], shapes[h].shape[1],
+                                                                            shapes[h].shape[2]}});
+                        c.nans = nans;
+                        /* dim -1 here: argmax/argmin of every element */
+                        s_set_ints(&c, dim < 0 ? 1 : 2, (int64_t[]){keepdim, dim});
+                        s_check_op(cuda, "argmax", &c, true, 1);
+                        s_check_op(cuda, "argmin", &c, true, 1);
+                        if (dim < 0)
+                            continue;
+                        s_set_ints(&c, 2, (int64_t[]){dim, keepdim});
+                        s_check_op(cuda, "max_dim", &c, true, 1);
+                        s_check_op(cuda, "min_dim", &c, true, 1);
+                    }
+}
+
+Test(cuda_ops, softmax)
+{
+    const op_backend *cuda = s_cuda();
+    static const char *const ops[] = {"softmax", "log_softmax", NULL};
+    const struct {
+        int ndim;
+        int64_t shape[3];
+    } shapes[] = {{3, {5, 7, 33}}, {2, {3, 300}}, {3, {4, 0, 3}}, {0, {0}}};
+    /* (input, dtype=): the input's own, a 16-bit float from float32 (converted first), and
+     * integers with a floating dtype= */
+    const int64_t casts[][2] = {{DT_FLOAT32, -1},         {DT_FLOAT16, -1},       {DT_BFLOAT16, -1},
+                                {DT_FLOAT32, DT_FLOAT16}, {DT_INT32, DT_FLOAT32}, {DT_INT64, DT_BFLOAT16}};
+    for (int o = 0; ops[o]; o++)
+        for (size_t h = 0; h < sizeof shapes / sizeof shapes[0]; h++)
+            for (size_t i = 0; i < sizeof casts / sizeof casts[0]; i++)
+                for (int nans = 0; nans < 2; nans++)
+                    for (int dim = 0; dim < (shapes[h].ndim ? shapes[h].ndim : 1); dim++) {
+                        dt_dtype in = (dt_dtype)casts[i][0];
+                        s_case c = s_shapes(1, &in, &shapes[h].ndim,
+                                            (const int64_t[][DT_MAX_DIMS]){{shapes[h].shape[0], shapes[h].shape[1],
+                                                                            shapes[h].shape[2]}});
+                        c.nans = nans;
+                        s_set_ints(&c, 2, (int64_t[]){dim, casts[i][1]});
+                        dt_dtype out = casts[i][1] >= 0 ? (dt_dtype)casts[i][1] : in;
+                        cr_expect(s_check_op(cuda, ops[o], &c, false, out == DT_FLOAT32 ? 8 : 1), "%s along %d",
+                                  ops[o], dim);
+                    }
+}
+
+Test(cuda_ops, norms)
+{
+    const op_backend *cuda = s_cuda();
+    const dt_dtype floats[] = {DT_FLOAT32, DT_FLOAT16, DT_BFLOAT16};
+    const struct {
+        int ndim;
+        int64_t shape[3];
+        int nnorm; /* the normalised dims: the last 1 or 2 */
+    } shapes[] = {{3, {4, 5, 64}, 1}, {3, {4, 5, 64}, 2}, {2, {2, 1000}, 1}, {2, {0, 64}, 1}};
+    for (size_t h = 0; h < sizeof shapes / sizeof shapes[0]; h++)
+        for (int d = 0; d < 3; d++)
+            for (int wd = 0; wd < 3; wd++)
+                for (int flags = 0; flags < 4; flags++) {
+                    int nn = shapes[h].nnorm, xn = shapes[h].ndim;
+                    const int64_t *norm = shapes[h].shape + xn - nn;
+                    dt_dtype t[3] = {floats[d], floats[wd], floats[wd]};
+                    int ndim[3] = {xn, nn, nn};
+                    int64_t sh[3][DT_MAX_DIMS] = {{shapes[h].shape[0], shapes[h].shape[1], shapes[h].shape[2]}};
+                    memcpy(sh[1], norm, (size_t)nn * sizeof *norm);
+                    memcpy(sh[2], norm, (size_t)nn * sizeof *norm);
+                    s_case c = s_shapes(1 + __builtin_popcount((unsigned)flags), t, ndim, sh);
+                    int64_t ints[3] = {flags, norm[0], nn > 1 ? norm[1] : 0};
+                    s_set_ints(&c, 1 + nn, ints);
+                    c.attrs.nfloats = 1;
+                    c.attrs.floats[0] = 1e-5;
+                    double slack = floats[d] == DT_FLOAT32 ? 8 : 1;
+                    cr_expect(s_check_op(cuda, "layer_norm", &c, false, slack), "layer_norm, flags %d", flags);
+                    if (flags > 1)
+                        continue;
+                    c.attrs.nfloats = flags ? 1 : 0; /* none: float32's epsilon */
+                    cr_expect(s_check_op(cuda, "rms_norm", &c, false, slack), "rms_norm, flags %d", flags);
+                }
+}
+
+/* ---- views and data movement: the CPU's bytes ------------------------------------------------ */
+
+/* op on one input of shape (ndim, shape) and each dtype, with attrs.ints v */
+static void s_check_view(const op_backend *cuda, const char *op, int ndim, const int64_t *shape, int nints,
+                         const int64_t *v)
+{
+    for (int d = 0; d < S_NDTYPES; d++) {
+        int64_t sh[1][DT_MAX_DIMS] = {{0}};
+        memcpy(sh[0], shape, (size_t)ndim * sizeof *shape);
+        s_case c = s_shapes(1, &s_dtypes[d], &ndim, sh);
+        s_set_ints(&c, nints, v);
+        cr_expect(s_check_op(cuda, op, &c, true, 1), "%s of %s", op, dt_dtype_name(s_dtypes[d]));
+    }
+}
+
+Test(cuda_ops, views)
+{
+    const op_backend *cuda = s_cuda();
+    s_check_view(cuda, "reshape", 2, (int64_t[]){4, 6}, 2, (int64_t[]){3, -1});
+    s_check_view(cuda, "reshape", 2, (int64_t[]){0, 6}, 2, (int64_t[]){3, 0});
+    s_check_view(cuda, "flatten", 3, (int64_t[]){2, 3, 4}, 2, (int64_t[]){0, 1});
+    s_check_view(cuda, "unsqueeze", 2, (int64_t[]){3, 4}, 1, (int64_t[]){1});
+    s_check_view(cuda, "squeeze", 3, (int64_t[]){3, 1, 4}, 0, NULL);
+    s_check_view(cuda, "permute", 3, (int64_t[]){2, 3, 4}, 3, (int64_t[]){2, 0, 1});
+    s_check_view(cuda, "permute", 3, (int64_t[]){2, 3, 4}, 3, (int64_t[]){-1, 1, 0});
+    s_check_view(cuda, "permute", 3, (int64_t[]){0, 3, 4}, 3, (int64_t[]){1, 2, 0});
+    s_check_view(cuda, "expand", 3, (int64_t[]){3, 1, 5}, 4, (int64_t[]){2, 3, 4, 5});
+    s_check_view(cuda, "expand", 3, (int64_t[]){3, 1, 5}, 3, (int64_t[]){-1, 0, -1});
+    s_check_view(cuda, "slice", 3, (int64_t[]){5, 9, 4}, 4, (int64_t[]){1, 1, 9, 3});
+    s_check_view(cuda, "slice", 3, (int64_t[]){5, 9, 4}, 4, (int64_t[]){2, 3, 3, 1});
+    s_check_view(cuda, "narrow", 3, (int64_t[]){5, 9, 4}, 3, (int64_t[]){0, 2, 3});
+    s_check_view(cuda, "select", 3, (int64_t[]){5, 9, 4}, 2, (int64_t[]){1, -2});
+    for (int64_t diag = -1; diag <= 2; diag++) {
+        s_check_view(cuda, "triu", 3, (int64_t[]){2, 5, 6}, 1, &diag);
+        s_check_view(cuda, "tril", 3, (int64_t[]){2, 5, 6}, 1, &diag);
+        s_check_view(cuda, "tril", 3, (int64_t[]){0, 5, 6}, 1, &diag);
+    }
+}
+
+Test(cuda_ops, cat_and_stack)
+{
+    const op_backend *cuda = s_cuda();
+    for (int d = 0; d < S_NDTYPES; d++)
+        for (int e = 0; e < S_NDTYPES; e++) {
+            /* the second piece of another dtype: promoted, converted on the device */
+            dt_dtype t[3] = {s_dtypes[d], s_dtypes[e], s_dtypes[d]};
+            s_case c = s_shapes(3, t, (int[]){2, 2, 2}, (const int64_t[][DT_MAX_DIMS]){{2, 3}, {4, 3}, {1, 3}});
+            s_set_ints(&c, 1, (int64_t[]){0});
+            cr_expect(s_check_op(cuda, "cat", &c, true, 1));
+            c = s_shapes(3, t, (int[]){2, 2, 2}, (const int64_t[][DT_MAX_DIMS]){{2, 3}, {2, 5}, {2, 0}});
+            s_set_ints(&c, 1, (int64_t[]){-1});
+            cr_expect(s_check_op(cuda, "cat", &c, true, 1), "cat with an empty piece");
+            c = s_shapes(3, t, (int[]){2, 2, 2}, (const int64_t[][DT_MAX_DIMS]){{2, 3}, {2, 3}, {2, 3}});
+            s_set_ints(&c, 1, (int64_t[]){1});
+            cr_expect(s_check_op(cuda, "stack", &c, true, 1));
+        }
+}
+
+Test(cuda_ops, gathers)
+{
+    const op_backend *cuda = s_cuda();
+    static const int64_t wrapped[] = {3, 0, 0, 2, -1};
+    static const int32_t small[] = {1, 2};
+    static const int64_t tokens[] = {9, 0, 4, 4, 7, 1};
+    static const int32_t tokens32[] = {2, 8, 0};
+    for (int d = 0; d < S_NDTYPES; d++) {
+        dt_dtype t = s_dtypes[d];
+        s_case c = s_shapes(2, (dt_dtype[]){t, DT_INT64}, (int[]){3, 1},
+                            (const int64_t[][DT_MAX_DIMS]){{5, 4, 3}, {5}});
+        c.data[1] = wrapped;
+        s_set_ints(&c, 2, (int64_t[]){1, 1});
+        cr_expect(s_check_op(cuda, "index_select", &c, true, 1), "index_select, negative positions");
+        c = s_shapes(2, (dt_dtype[]){t, DT_INT32}, (int[]){3, 1}, (const int64_t[][DT_MAX_DIMS]){{5, 4, 3}, {2}});
+        c.data[1] = small;
+        s_set_ints(&c, 2, (int64_t[]){-1, 0});
+        cr_expect(s_check_op(cuda, "index_select", &c, true, 1), "index_select, int32 positions");
+        c = s_shapes(2, (dt_dtype[]){t, DT_INT64}, (int[]){3, 1}, (const int64_t[][DT_MAX_DIMS]){{5, 4, 3}, {0}});
+        s_set_ints(&c, 2, (int64_t[]){0, 0});
+        cr_expect(s_check_op(cuda, "index_select", &c, true, 1), "index_select, no positions");
+        c = s_shapes(2, (dt_dtype[]){DT_INT64, t}, (int[]){2, 2}, (const int64_t[][DT_MAX_DIMS]){{2, 3}, {10, 16}});
+        c.data[0] = tokens;
+        cr_expect(s_check_op(cuda, "embedding", &c, true, 1), "embedding");
+        c = s_shapes(2, (dt_dtype[]){DT_INT32, t}, (int[]){1, 2}, (const int64_t[][DT_MAX_DIMS]){{3}, {10, 5}});
+        c.data[0] = tokens32;
+        cr_expect(s_check_op(cuda, "embedding", &c, true, 1), "embedding, int32 indices, odd rows");
+        c = s_shapes(2, (dt_dtype[]){DT_INT64, t}, (int[]){2, 2}, (const int64_t[][DT_MAX_DIMS]){{0, 3}, {10, 16}});
+        cr_expect(s_check_op(cuda, "embedding", &c, true, 1), "embedding, no indices");
+    }
+}
+
+Test(cuda_ops, writes)
+{
+    const op_backend *cuda = s_cuda();
+    static const int64_t repeated[] = {5, 0, 5}; /* the last write of a position wins */
+    for (int d = 0; d < S_NDTYPES; d++) {
+        dt_dtype t = s_dtypes[d];
+        s_case c = s_shapes(2, (dt_dtype[]){t, t}, (int[]){3, 3}, (const int64_t[][DT_MAX_DIMS]){{4, 6, 5}, {4, 2, 5}});
+        s_set_ints(&c, 2, (int64_t[]){1, 3});
+        cr_expect(s_check_op(cuda, "slice_assign_", &c, true, 1));
+        s_set_ints(&c, 2, (int64_t[]){1, 4});
+        cr_expect(s_check_op(cuda, "shard_assign_", &c, true, 1));
+        c = s_shapes(3, (dt_dtype[]){t, DT_INT64, t}, (int[]){3, 1, 3},
+                     (const int64_t[][DT_MAX_DIMS]){{4, 6, 5}, {3}, {4, 3, 5}});
+        c.data[1] = repeated;
+        s_set_ints(&c, 1, (int64_t[]){1});
+        cr_expect(s_check_op(cuda, "index_copy_", &c, true, 1));
+    }
+}
+
+/* An index out of range fails the op on the device with the CPU's message. */
+Test(cuda_ops, bad_indices_fail_as_on_the_cpu)
+{
+    const op_backend *cuda = s_cuda();
+    static const int64_t past[] = {1, 10, 2}, negative[] = {0, -7}, minus_one[] = {-1}, six[] = {6};
+    s_case c = s_shapes(2, (dt_dtype[]){DT_INT64, DT_FLOAT32}, (int[]){1, 2},
+                        (const int64_t[][DT_MAX_DIMS]){{3}, {10, 4}});
+    c.data[0] = past;
+    c.fails = "index out of range in embedding";
+    cr_expect(s_check_op(cuda, "embedding", &c, true, 1));
+    c = s_shapes(2, (dt_dtype[]){DT_FLOAT32, DT_INT64}, (int[]){2, 1}, (const int64_t[][DT_MAX_DIMS]){{3, 4}, {2}});
+    c.data[1] = negative;
+    s_set_ints(&c, 2, (int64_t[]){1, 1});
+    c.fails = "index -7 is out of bounds for dimension 1 with size 4";
+    cr_expect(s_check_op(cuda, "index_select", &c, true, 1));
+    c = s_shapes(2, (dt_dtype[]){DT_FLOAT32, DT_INT64}, (int[]){2, 1}, (const int64_t[][DT_MAX_DIMS]){{3, 4}, {1}});
+    c.data[1] = minus_one;
+    s_set_ints(&c, 2, (int64_t[]){1, 0});
+    c.fails = "index out of range in self";
+    cr_expect(s_check_op(cuda, "index_select", &c, true, 1));
+    c = s_shapes(3, (dt_dtype[]){DT_FLOAT32, DT_INT64, DT_FLOAT32}, (int[]){2, 1, 2},
+                 (const int64_t[][DT_MAX_DIMS]){{2, 6}, {1}, {2, 1}});
+    c.data[1] = six;
+    s_set_ints(&c, 1, (int64_t[]){1});
+    c.fails = "index_copy_(): index 6 is out of bounds for dimension 1 with size 6";
+    cr_expect(s_check_op(cuda, "index_copy_", &c, true, 1));
+}
+
+Test(cuda_ops, rope)
+{
+    const op_backend *cuda = s_cuda();
+    static const int64_t positions[] = {0, 1, 7, 100, 999, 3, 4, 5, 4000, 6};
+    static const float inv_freq[] = {1.0f, 0.1f, 0.01f, 0.001f};
+    const dt_dtype floats[] = {DT_FLOAT32, DT_FLOAT16, DT_BFLOAT16};
+    for (int d = 0; d < 3; d++)
+        for (int64_t pb = 1; pb <= 2; pb++)
+            for (int sc = 0; sc < 2; sc++) {
+                s_case c = s_shapes(3, (dt_dtype[]){floats[d], DT_INT64, DT_FLOAT32}, (int[]){4, 2, 1},
+                                    (const int64_t[][DT_MAX_DIMS]){{2, 3, 5, 8}, {pb, 5}, {4}});
+                c.data[1] = positions;
+                c.data[2] = inv_freq;
+                c.attrs.nfloats = 1;
+                c.attrs.floats[0] = sc ? 0.7 : 1.0;
+                /* CUDA's cosf and sinf against glibc's: a few ulps of the angle's functions */
+                cr_expect(s_check_op(cuda, "rope", &c, false, floats[d] == DT_FLOAT32 ? 4 : 1));
+            }
 }
 
 /* ---- the other slots ------------------------------------------------------------------------- */

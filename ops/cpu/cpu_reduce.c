@@ -12,6 +12,7 @@
 #include "cpu_ops.h"
 #include "dt_dtype.h"
 #include "dt_layout.h"
+#include "op_reduce_math.h"
 
 /* Partial results kept side by side when reducing along the last dim: independent lanes the
  * compiler turns into vector registers (a single running value would serialise every add). More
@@ -282,41 +283,6 @@ void cpu_arg_run(bool largest, cpu_ctype t, int64_t *index, void *values, const 
 
 /* ---- softmax, cumsum ------------------------------------------------------------------------ */
 
-/* exp(x) for x in [-88, 0] (softmax's shifted values, clamped by s_clamp_shifted; NaN stays
- * NaN), in a form compilers vectorise (libm's expf is a call per element): x = n ln2 + r with
- * |r| <= ln2/2 (ln2 in two parts), exp(r) by its Taylor series to r^8 (relative error ~1e-7),
- * times 2^n built in the exponent bits. At -88, n = -127 gives a scale of 0: exp there is below
- * 2^-126, which no softmax sum (at least 1) can notice. */
-static inline float s_exp_clamped(float x)
-{
-    float t = x * 1.44269504f + 12582912.0f; /* 1.5 * 2^23: rounds to an integer held in the low bits */
-    float n = t - 12582912.0f;
-    int32_t bits;
-    memcpy(&bits, &t, sizeof bits);
-    float r = (x - n * 0.693145752f) - n * 1.42860677e-6f;
-    float p = 1.0f / 40320;
-    p = p * r + 1.0f / 5040;
-    p = p * r + 1.0f / 720;
-    p = p * r + 1.0f / 120;
-    p = p * r + 1.0f / 24;
-    p = p * r + 1.0f / 6;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    uint32_t scale_bits = (uint32_t)(bits - 0x4B400000 + 127) << 23;
-    float scale;
-    memcpy(&scale, &scale_bits, sizeof scale);
-    return p * scale;
-}
-
-/* x clamped to [-88, 0], NaN kept (the max/min form vectorises; GCC will not vectorise the clamp
- * and the exponential in one loop, hence two) */
-static inline float s_clamp_shifted(float x)
-{
-    x = -88.0f > x ? -88.0f : x;
-    return 0.0f < x ? 0.0f : x;
-}
-
 /* A NaN in a row needs no care: it turns the row's sum, hence every output of the row, to NaN. */
 const char *cpu_softmax_run(bool log, float *out, const float *in, int64_t outer, int64_t n, int64_t inner)
 {
@@ -326,9 +292,9 @@ const char *cpu_softmax_run(bool log, float *out, const float *in, int64_t outer
             float *y = out + o * n, top, total;
             s_max_f32(&top, x, 1, n, 1);
             for (int64_t r = 0; r < n; r++)
-                y[r] = s_clamp_shifted(x[r] - top);
+                y[r] = op_softmax_clamp(x[r] - top);
             for (int64_t r = 0; r < n; r++)
-                y[r] = s_exp_clamped(y[r]);
+                y[r] = op_softmax_exp(y[r]);
             s_sum_f32(&total, y, 1, n, 1);
             if (log) {
                 float shift = logf(total);
@@ -359,9 +325,9 @@ const char *cpu_softmax_run(bool log, float *out, const float *in, int64_t outer
             const float *restrict xr = x + r * inner, *restrict shift = top;
             float *restrict yr = y + r * inner;
             for (int64_t i = 0; i < inner; i++)
-                yr[i] = s_clamp_shifted(xr[i] - shift[i]);
+                yr[i] = op_softmax_clamp(xr[i] - shift[i]);
             for (int64_t i = 0; i < inner; i++)
-                yr[i] = s_exp_clamped(yr[i]);
+                yr[i] = op_softmax_exp(yr[i]);
             for (int64_t i = 0; i < inner; i++)
                 total[i] += yr[i];
         }

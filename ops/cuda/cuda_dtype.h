@@ -6,6 +6,8 @@
 
 #include <stdint.h>
 
+#include "dtorch.h"
+
 #define CUDA_HD __device__ __forceinline__
 
 CUDA_HD float cuda_bf16_to_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
@@ -60,5 +62,44 @@ CUDA_HD float cuda_f64_to_f32_odd(double v)
 
 CUDA_HD uint16_t cuda_f64_to_f16(double v) { return cuda_f32_to_f16(cuda_f64_to_f32_odd(v)); }
 CUDA_HD uint16_t cuda_f64_to_bf16(double v) { return cuda_f32_to_bf16(cuda_f64_to_f32_odd(v)); }
+
+/* Element i of a piece in the compute types of the reductions and norms (cpu_to_ctype and
+ * cpu_from_ctype): float32 from and to float32, float16 and bfloat16; int64 from and to int32,
+ * int64 and bool. */
+CUDA_HD float cuda_load_f32(const void *p, dt_dtype d, int64_t i)
+{
+    switch (d) {
+    case DT_FLOAT16: return cuda_f16_to_f32(((const uint16_t *)p)[i]);
+    case DT_BFLOAT16: return cuda_bf16_to_f32(((const uint16_t *)p)[i]);
+    default: return ((const float *)p)[i];
+    }
+}
+
+CUDA_HD void cuda_store_f32(void *p, dt_dtype d, int64_t i, float v)
+{
+    switch (d) {
+    case DT_FLOAT16: ((uint16_t *)p)[i] = cuda_f32_to_f16(v); break;
+    case DT_BFLOAT16: ((uint16_t *)p)[i] = cuda_f32_to_bf16(v); break;
+    default: ((float *)p)[i] = v; break;
+    }
+}
+
+CUDA_HD int64_t cuda_load_i64(const void *p, dt_dtype d, int64_t i)
+{
+    switch (d) {
+    case DT_INT32: return ((const int32_t *)p)[i];
+    case DT_BOOL: return ((const uint8_t *)p)[i] != 0;
+    default: return ((const int64_t *)p)[i];
+    }
+}
+
+CUDA_HD void cuda_store_i64(void *p, dt_dtype d, int64_t i, int64_t v)
+{
+    switch (d) {
+    case DT_INT32: ((int32_t *)p)[i] = (int32_t)v; break;
+    case DT_BOOL: ((uint8_t *)p)[i] = v != 0; break;
+    default: ((int64_t *)p)[i] = v; break;
+    }
+}
 
 #endif

@@ -67,6 +67,75 @@ typedef struct {
 /* Op id (ops/op_table.h) in cd; cudaErrorNotSupported when the op has no loop in cd. */
 cudaError_t cuda_pointwise(int op, dt_dtype cd, const cuda_ew_args *a, cudaStream_t s);
 
+/* ---- reductions, softmax, norms (cuda_reduce_kernels.cu) ------------------------------------
+ * The kernels read a piece in its compute type (float32 from float32, float16 or bfloat16; int64
+ * from int32, int64 or bool: cuda_load_f32, cuda_load_i64) and write outputs of that kind, with
+ * the CPU's conversions (ops/cpu/cpu_reduce.c computes in the same types). */
+
+/* What a reduction folds: each output element o (C-contiguous, n_out of them) folds the n_fold
+ * input elements at offset(o over the kept dims) + offset(r over the folded dims), r = 0..n_fold-1
+ * in row-major order over the folded dims (element offsets; cuda_layout.h). */
+typedef struct {
+    int nkeep, nfold;
+    int64_t keep_size[DT_MAX_DIMS], keep_stride[DT_MAX_DIMS];
+    int64_t fold_size[DT_MAX_DIMS], fold_stride[DT_MAX_DIMS];
+    int64_t n_out, n_fold;
+    const void *in;
+    dt_dtype in_dtype;
+    void *out;        /* the values, out_dtype (NULL: argmax/argmin keep only positions) */
+    dt_dtype out_dtype;
+    int64_t *index;   /* argmax/argmin: r of the extreme (the first on ties; a NaN beats any number) */
+    int64_t divisor;  /* sum: each value divided by it in double (mean); 0: none */
+} cuda_fold_args;
+
+typedef enum { CUDA_FOLD_SUM, CUDA_FOLD_MAX, CUDA_FOLD_MIN, CUDA_FOLD_ARGMAX, CUDA_FOLD_ARGMIN } cuda_fold_op;
+
+/* op in float32 (floating) or int64 (wrapping sums); a float max/min is NaN where a NaN was folded. */
+cudaError_t cuda_fold(cuda_fold_op op, bool floating, const cuda_fold_args *a, cudaStream_t s);
+
+/* softmax (log: log_softmax) along n of (outer, n, inner), float32 inside (cpu_softmax_run). */
+cudaError_t cuda_softmax(bool log, const void *in, dt_dtype in_dtype, void *out, dt_dtype out_dtype, int64_t outer,
+                         int64_t n, int64_t inner, cudaStream_t s);
+
+/* layer_norm (rms: rms_norm) of rows of d elements, float32 inside (cpu_norm_run); weight and
+ * bias (d elements, NULL: none) of floating dtypes. */
+cudaError_t cuda_norm(bool rms, const void *in, dt_dtype in_dtype, void *out, dt_dtype out_dtype, int64_t rows,
+                      int64_t d, const void *weight, dt_dtype weight_dtype, const void *bias, dt_dtype bias_dtype,
+                      float eps, cudaStream_t s);
+
+/* ---- data movement by index (cuda_view_kernels.cu) --------------------------------------------
+ * Rows are row_bytes each; indices are int32 or int64 (idx_dtype). */
+
+/* *first = the first j < n whose index idx[j] lies outside [lo, hi), or n when none does (first:
+ * one int64 of device memory). */
+cudaError_t cuda_find_bad_index(const void *idx, dt_dtype idx_dtype, int64_t n, int64_t lo, int64_t hi,
+                                int64_t *first, cudaStream_t s);
+
+/* dst (outer, m rows) = row idx[j] - first_row of src (outer, rows) for each j, a negative index
+ * counted from wrap (0: none); a row outside [0, rows) gives zeros (a vocabulary shard). */
+cudaError_t cuda_gather_rows(void *dst, const void *src, const void *idx, dt_dtype idx_dtype, int64_t outer,
+                             int64_t m, int64_t rows, int64_t first_row, int64_t wrap, size_t row_bytes,
+                             cudaStream_t s);
+
+/* dst (outer, rows) row idx[j] = src (outer, n) row j, for int64 indices in [0, rows); where
+ * several j name one row the last one wins, as in a sequential copy (winner: rows int64 of device
+ * scratch). */
+cudaError_t cuda_scatter_rows(void *dst, const void *src, const int64_t *idx, int64_t outer, int64_t n, int64_t rows,
+                              size_t row_bytes, int64_t *winner, cudaStream_t s);
+
+/* triu (upper) / tril of batch matrices rows x cols of elem bytes: element (i, j) kept where
+ * j - (r0 + i) + c0 is >= diag (upper) or <= diag, else zero; r0, c0: where the piece starts in
+ * the whole matrix. */
+cudaError_t cuda_tri(void *dst, const void *src, size_t elem, int64_t batch, int64_t rows, int64_t cols, int64_t r0,
+                     int64_t c0, int64_t diag, bool upper, cudaStream_t s);
+
+/* ---- rotary embedding (cuda_rope_kernels.cu) ---------------------------------------------------
+ * cpu_rope: x (B, H, S, D) of a floating dtype, positions (pos_batch = 1 or B, S) int64, inv_freq
+ * (D/2) float32; out of x's dtype. */
+cudaError_t cuda_rope(void *out, const void *x, dt_dtype dtype, int64_t B, int64_t H, int64_t S, int64_t D,
+                      const int64_t *positions, int64_t pos_batch, const float *inv_freq, float scaling,
+                      cudaStream_t s);
+
 #ifdef __cplusplus
 }
 #endif

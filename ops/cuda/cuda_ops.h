@@ -23,7 +23,21 @@
     X(logical_and, cuda_k_logical) X(logical_or, cuda_k_logical)                                                       \
     X(where, cuda_k_where) X(masked_fill, cuda_k_masked_fill) X(clamp, cuda_k_clamp) X(to, cuda_k_to)                  \
     /* products through cuBLAS (cuda_matmul.c), floating dtypes */                                                     \
-    X(matmul, cuda_k_mm) X(mm, cuda_k_mm) X(bmm, cuda_k_mm) X(linear, cuda_k_mm)
+    X(matmul, cuda_k_mm) X(mm, cuda_k_mm) X(bmm, cuda_k_mm) X(linear, cuda_k_mm)                                       \
+    /* reductions, softmax, norms (cuda_reduce.c; kernels in cuda_reduce_kernels.cu) */                                \
+    X(sum, cuda_k_reduce) X(mean, cuda_k_reduce) X(amax, cuda_k_reduce) X(amin, cuda_k_reduce)                         \
+    X(max, cuda_k_reduce) X(min, cuda_k_reduce)                                                                        \
+    X(max_dim, cuda_k_arg) X(min_dim, cuda_k_arg) X(argmax, cuda_k_arg) X(argmin, cuda_k_arg)                          \
+    X(softmax, cuda_k_softmax) X(log_softmax, cuda_k_softmax) X(layer_norm, cuda_k_norm) X(rms_norm, cuda_k_norm)    \
+    /* views and data movement, embedding (cuda_view.c; kernels in cuda_view_kernels.cu), every dtype */              \
+    X(reshape, cuda_k_reshape) X(flatten, cuda_k_reshape) X(unsqueeze, cuda_k_reshape) X(squeeze, cuda_k_reshape)      \
+    X(permute, cuda_k_permute) X(expand, cuda_k_expand) X(cat, cuda_k_cat) X(stack, cuda_k_cat)                        \
+    X(slice, cuda_k_slice) X(narrow, cuda_k_slice) X(select, cuda_k_slice) X(index_select, cuda_k_index_select)        \
+    X(triu, cuda_k_tri) X(tril, cuda_k_tri) X(embedding, cuda_k_embedding)                                             \
+    /* writes in place (cuda_write.c) */                                                                               \
+    X(slice_assign_, cuda_k_slice_assign) X(shard_assign_, cuda_k_slice_assign) X(index_copy_, cuda_k_index_copy)      \
+    /* rotary embedding (cuda_rope.c; kernel in cuda_rope_kernels.cu) */                                               \
+    X(rope, cuda_k_rope)
 
 typedef const char *(*cuda_op_kernel)(op_kernel *k);
 
@@ -52,6 +66,11 @@ void cuda_blas_release(cuda_ctx *c);
 
 /* NULL for cudaSuccess, else "<what>: <CUDA's message>" (a thread-local message). */
 const char *cuda_check(cudaError_t e, const char *what);
+
+/* The first of the indices idx (int32 or int64) outside [lo, hi): *at its position and *value its
+ * value, or *at = -1 when every one is in range. It waits for the compute stream (the kernels that
+ * index by a tensor fail their own op with the CPU's message; only the device knows the indices). */
+const char *cuda_index_check(cuda_ctx *c, const op_local *idx, int64_t lo, int64_t hi, int64_t *at, int64_t *value);
 
 /* Device memory ordered on the context's compute stream, for a kernel's converted copies. */
 const char *cuda_scratch(cuda_ctx *c, size_t bytes, void **out);

@@ -4,6 +4,7 @@
  * float32 functions are CUDA's (expf, logf, ...: within a few ulps of glibc's, not bit for bit);
  * integer, bool and selection ops give the CPU's bits. */
 #include "cuda_kernels.h"
+#include "cuda_layout.h"
 #include "op_table.h"
 #include "op_pointwise_math.h"
 
@@ -17,17 +18,7 @@ template <class T> __device__ __forceinline__ T s_operand(const cuda_ew_args &a,
         memcpy(&v, &a.number[k], sizeof v);
         return v;
     }
-    int64_t off = 0;
-    if (a.nd == 1) {
-        off = i * a.stride[k][0];
-    } else {
-        for (int d = a.nd - 1; d >= 0; d--) {
-            int64_t size = a.size[d];
-            off += (i % size) * a.stride[k][d];
-            i /= size;
-        }
-    }
-    return ((const T *)a.in[k])[off];
+    return ((const T *)a.in[k])[cuda_offset(i, a.nd, a.size, a.stride[k])];
 }
 
 template <class T, class O, class F> __global__ void s_unary(cuda_ew_args a, F f)

@@ -69,3 +69,47 @@ def test_matmul(mode, dtype, tol):
     got = (x @ y).to(dtorch.float32).numpy()
     assert got.shape == (2, 9, 5)
     np.testing.assert_allclose(got, ref, rtol=tol, atol=tol * 8)
+
+
+def test_reductions_softmax_and_norms(mode):
+    """A Llama block's reductions on a cuda mesh: sums split over devices (Partial), arg-extremes
+    with ties, softmax and rms_norm along rows, against numpy."""
+    mesh = _cuda_mesh([0, 1])
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((6, 5, 40)).astype(np.float32)
+    x = dtorch.distribute_tensor(a, mesh, [Shard(0)])
+    np.testing.assert_allclose(dtorch.sum(x, dim=(0, 2)).numpy(), a.sum(axis=(0, 2)), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(x.mean(dim=1).numpy(), a.mean(axis=1), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(dtorch.amax(x, dim=-1).numpy(), a.max(axis=-1))
+    ints = np.array([[3, 1, 3, 0], [2, 2, -1, 2]], dtype=np.int64)  # ties go to the first
+    y = dtorch.distribute_tensor(ints, mesh, [Replicate()])
+    np.testing.assert_array_equal(y.argmax(dim=1).numpy(), ints.argmax(axis=1))
+    e = np.exp(a - a.max(axis=-1, keepdims=True))
+    np.testing.assert_allclose(dtorch.softmax(x, dim=-1).numpy(), e / e.sum(axis=-1, keepdims=True), rtol=1e-5,
+                               atol=1e-7)
+    w = rng.standard_normal(40).astype(np.float32)
+    ref = a / np.sqrt((a * a).mean(axis=-1, keepdims=True) + np.finfo(np.float32).eps) * w
+    got = dtorch.nn.functional.rms_norm(x, (40,), dtorch.distribute_tensor(w, mesh, [Replicate()])).numpy()
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_embedding_and_views(mode):
+    """Rows gathered from a vocabulary split over devices, a bad index failing with the CPU's
+    message, and data movement on a cuda mesh."""
+    mesh = _cuda_mesh([0, 1])
+    rng = np.random.default_rng(3)
+    table = rng.standard_normal((10, 6)).astype(np.float32)
+    ids = np.array([[9, 0, 4], [4, 7, 1]], dtype=np.int64)
+    w = dtorch.distribute_tensor(table, mesh, [Shard(0)])
+    idx = dtorch.distribute_tensor(ids, mesh, [Replicate()])
+    np.testing.assert_array_equal(dtorch.nn.functional.embedding(idx, w).numpy(), table[ids])
+    bad = dtorch.distribute_tensor(np.array([10], dtype=np.int64), mesh, [Replicate()])
+    with pytest.raises(Exception, match="index out of range in embedding"):
+        dtorch.nn.functional.embedding(bad, w).numpy()
+    a = rng.standard_normal((4, 3, 5)).astype(np.float32)
+    x = dtorch.distribute_tensor(a, mesh, [Shard(0)])
+    np.testing.assert_array_equal(x.permute(2, 0, 1).numpy(), a.transpose(2, 0, 1))
+    np.testing.assert_array_equal(x.reshape(4, 15).numpy(), a.reshape(4, 15))
+    np.testing.assert_array_equal(dtorch.cat([x, x], dim=2).numpy(), np.concatenate([a, a], axis=2))
+    np.testing.assert_array_equal(x[:, 1:, ::2].numpy(), a[:, 1:, ::2])
+    np.testing.assert_array_equal(dtorch.triu(x).numpy(), np.triu(a))

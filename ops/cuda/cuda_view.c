@@ -1,0 +1,272 @@
+/* cuda_view — the views and data movement (OP_VIEW) and embedding on the GPU: cpu_view.c's kernels
+ * on device memory. Every kernel writes a fresh C-contiguous output; the reshapes, permute, expand,
+ * cat, stack and the slices are strided copies (the backend's copy_region, on the compute stream);
+ * index_select and embedding gather rows and triu/tril mask them (cuda_view_kernels.cu).
+ *
+ * embedding is a row of the products' family (ops/op_matmul.c) but the same gather as
+ * index_select, so it is here.
+ *
+ * Indices out of range fail the op with the CPU's message. Only the device knows them, so these
+ * kernels are the backend's only ones that wait for the compute stream (cuda_index_check): the
+ * failure must be this op's, not a later synchronisation's. */
+#include <inttypes.h>
+#include <stdio.h>
+
+#include "cuda_backend.h"
+#include "cuda_kernels.h"
+#include "cuda_ops.h"
+#include "dt_dtype.h"
+#include "dt_layout.h"
+
+static _Thread_local char s_why[160];
+
+static int s_norm_dim(int64_t dim, int ndim)
+{
+    int64_t n = ndim > 0 ? ndim : 1;
+    return (int)(dim < 0 ? dim + n : dim);
+}
+
+/* C-contiguous byte strides of a piece */
+static void s_strides(const op_local *p, int64_t *strides)
+{
+    dt_layout_strides(p->ndim, p->shape, dt_dtype_size(p->dtype), strides);
+}
+
+const char *cuda_index_check(cuda_ctx *c, const op_local *idx, int64_t lo, int64_t hi, int64_t *at, int64_t *value)
+{
+    int64_t n = dt_layout_numel(idx->ndim, idx->shape), first = n;
+    *at = -1;
+    if (n == 0)
+        return NULL;
+    if (idx->dtype != DT_INT32 && idx->dtype != DT_INT64)
+        return "indices must be int32 or int64 (internal error)";
+    int64_t *dev;
+    const char *why = cuda_scratch(c, sizeof *dev, (void **)&dev);
+    if (!why)
+        why = cuda_check(cuda_find_bad_index(idx->data, idx->dtype, n, lo, hi, dev, c->compute), "index check");
+    if (!why)
+        why = cuda_check(cudaMemcpyAsync(&first, dev, sizeof first, cudaMemcpyDeviceToHost, c->compute), "index check");
+    cuda_scratch_free(c, dev);
+    if (!why)
+        why = cuda_check(cudaStreamSynchronize(c->compute), "index check");
+    if (why || first >= n)
+        return why;
+    *at = first;
+    size_t elem = dt_dtype_size(idx->dtype);
+    int32_t v32 = 0;
+    int64_t v64 = 0;
+    why = cuda_check(cudaMemcpyAsync(elem == 4 ? (void *)&v32 : (void *)&v64, (const char *)idx->data + first * elem,
+                                     elem, cudaMemcpyDeviceToHost, c->compute),
+                     "index check");
+    if (!why)
+        why = cuda_check(cudaStreamSynchronize(c->compute), "index check");
+    *value = elem == 4 ? v32 : v64;
+    return why;
+}
+
+/* reshape / flatten / unsqueeze / squeeze: the same bytes in the same order */
+const char *cuda_k_reshape(op_kernel *k)
+{
+    const op_local *in = &k->in[0];
+    op_local *out = &k->out[0];
+    int64_t n = dt_layout_numel(out->ndim, out->shape);
+    if (n != dt_layout_numel(in->ndim, in->shape) || in->dtype != out->dtype)
+        return "local piece does not match the output (internal error)";
+    int64_t one[1] = {1}, bytes[1] = {n * (int64_t)dt_dtype_size(out->dtype)};
+    return cuda_backend.copy_region(out->data, one, in->data, one, 1, bytes, 1);
+}
+
+/* permute: attrs.ints = the permutation (negative dims allowed) */
+const char *cuda_k_permute(op_kernel *k)
+{
+    const op_local *in = &k->in[0];
+    op_local *out = &k->out[0];
+    int64_t in_strides[DT_MAX_DIMS], src[DT_MAX_DIMS], dst[DT_MAX_DIMS];
+    if (k->attrs->nints != in->ndim || out->ndim != in->ndim || out->dtype != in->dtype)
+        return "permutation does not match the piece (internal error)";
+    s_strides(in, in_strides);
+    for (int i = 0; i < in->ndim; i++) {
+        int p = s_norm_dim(k->attrs->ints[i], in->ndim);
+        if (p < 0 || p >= in->ndim || out->shape[i] != in->shape[p])
+            return "permutation does not match the piece (internal error)";
+        src[i] = in_strides[p];
+    }
+    s_strides(out, dst);
+    return cuda_backend.copy_region(out->data, dst, in->data, src, out->ndim, out->shape, dt_dtype_size(in->dtype));
+}
+
+/* expand: size-1 local dims broadcast to the output's local shape (right-aligned): stride 0 */
+const char *cuda_k_expand(op_kernel *k)
+{
+    const op_local *in = &k->in[0];
+    op_local *out = &k->out[0];
+    int64_t in_strides[DT_MAX_DIMS], src[DT_MAX_DIMS], dst[DT_MAX_DIMS];
+    if (in->ndim > out->ndim || out->dtype != in->dtype)
+        return "expand: piece has more dims than the output (internal error)";
+    s_strides(in, in_strides);
+    for (int d = 0; d < out->ndim; d++) {
+        int j = d - (out->ndim - in->ndim);
+        if (j >= 0 && in->shape[j] != out->shape[d] && in->shape[j] != 1)
+            return "expand: local piece does not broadcast to the output piece (internal error)";
+        src[d] = j >= 0 && in->shape[j] == out->shape[d] ? in_strides[j] : 0;
+    }
+    s_strides(out, dst);
+    return cuda_backend.copy_region(out->data, dst, in->data, src, out->ndim, out->shape, dt_dtype_size(in->dtype));
+}
+
+/* cat, stack: attrs.ints[0] = dim (of the output); inputs converted to the output dtype (as
+ * cpu_convert does) and laid side by side along dim */
+const char *cuda_k_cat(op_kernel *k)
+{
+    const char *why;
+    cuda_ctx *c = cuda_ctx_get(&why);
+    if (!c)
+        return why;
+    why = NULL;
+    bool stack = k->def->id == OP_ID_stack;
+    op_local *out = &k->out[0];
+    size_t elem = dt_dtype_size(out->dtype);
+    int dim = s_norm_dim(k->attrs->ints[0], out->ndim);
+    int64_t dst_strides[DT_MAX_DIMS], src_strides[DT_MAX_DIMS], shape[DT_MAX_DIMS];
+    if (k->attrs->nints < 1 || dim < 0 || dim >= out->ndim)
+        return "cat: bad dim (internal error)";
+    s_strides(out, dst_strides);
+    int64_t pos = 0;
+    for (int i = 0; i < k->nin && !why; i++) {
+        const op_local *in = &k->in[i];
+        /* the input as a block of the output's rank (stack: a size-1 dim at dim) */
+        if (in->ndim != out->ndim - (stack ? 1 : 0))
+            return "cat: local pieces do not line up (internal error)";
+        for (int d = 0, r = 0; d < out->ndim; d++)
+            shape[d] = stack && d == dim ? 1 : in->shape[r++];
+        for (int d = 0; d < out->ndim; d++)
+            if (d != dim && shape[d] != out->shape[d])
+                return "cat: local pieces do not line up (internal error)";
+        if (pos + shape[dim] > out->shape[dim])
+            return "cat: local pieces do not line up (internal error)";
+        int64_t n = dt_layout_numel(in->ndim, in->shape);
+        const void *src = in->data;
+        void *converted = NULL;
+        if (in->dtype != out->dtype && n > 0) {
+            why = cuda_scratch(c, (size_t)n * elem, &converted);
+            if (!why)
+                why = cuda_check(cuda_convert(converted, out->dtype, in->data, in->dtype, n, c->compute), "conversion");
+            src = converted;
+        }
+        dt_layout_strides(out->ndim, shape, elem, src_strides);
+        if (!why)
+            why = cuda_backend.copy_region((char *)out->data + pos * dst_strides[dim], dst_strides, src, src_strides,
+                                           out->ndim, shape, elem);
+        cuda_scratch_free(c, converted);
+        pos += shape[dim];
+    }
+    if (why)
+        return why;
+    return pos == out->shape[dim] ? NULL : "cat: local pieces do not fill the output (internal error)";
+}
+
+/* slice / narrow / select: ctx = {dim, start, step} (normalised); select drops the dim */
+const char *cuda_k_slice(op_kernel *k)
+{
+    bool drop = k->def->id == OP_ID_select;
+    const op_local *in = &k->in[0];
+    op_local *out = &k->out[0];
+    if (k->nctx < 3)
+        return "slice: missing arguments (internal error)";
+    int dim = (int)k->ctx[0];
+    int64_t start = k->ctx[1], step = k->ctx[2];
+    size_t elem = dt_dtype_size(in->dtype);
+    int64_t shape[DT_MAX_DIMS], src[DT_MAX_DIMS], dst[DT_MAX_DIMS];
+    if (dim < 0 || dim >= in->ndim || out->ndim != in->ndim - (drop ? 1 : 0) || out->dtype != in->dtype)
+        return "slice: piece does not match (internal error)";
+    for (int d = 0, r = 0; d < in->ndim; d++)
+        shape[d] = drop && d == dim ? 1 : out->shape[r++];
+    for (int d = 0; d < in->ndim; d++)
+        if (d != dim && shape[d] != in->shape[d])
+            return "slice: piece does not match (internal error)";
+    if (dt_layout_numel(in->ndim, shape) == 0)
+        return NULL;
+    if (start < 0 || step < 1 || start + (shape[dim] - 1) * step >= in->shape[dim])
+        return "slice: range outside the local piece (internal error)";
+    s_strides(in, src);
+    dt_layout_strides(in->ndim, shape, elem, dst);
+    const char *base = (const char *)in->data + start * src[dim];
+    src[dim] *= step;
+    return cuda_backend.copy_region(out->data, dst, base, src, in->ndim, shape, elem);
+}
+
+/* index_select(x, idx): attrs.ints = {dim, wrap}: idx holds int32/int64 positions along dim of
+ * the local x (whole along dim); wrap = 1 accepts negative positions (x[idx]) */
+const char *cuda_k_index_select(op_kernel *k)
+{
+    const char *why;
+    cuda_ctx *c = cuda_ctx_get(&why);
+    if (!c)
+        return why;
+    const op_local *x = &k->in[0], *idx = &k->in[1];
+    op_local *out = &k->out[0];
+    int dim = s_norm_dim(k->attrs->ints[0], x->ndim);
+    bool wrap = k->attrs->nints > 1 && k->attrs->ints[1];
+    if (dim < 0 || dim >= x->ndim)
+        return "index_select: piece does not match (internal error)";
+    int64_t m = dt_layout_numel(idx->ndim, idx->shape), size = x->shape[dim], at, v;
+    if (out->ndim != x->ndim || out->shape[dim] != m || out->dtype != x->dtype)
+        return "index_select: piece does not match (internal error)";
+    if ((why = cuda_index_check(c, idx, wrap ? -size : 0, size, &at, &v)))
+        return why;
+    if (at >= 0) {
+        if (!wrap)
+            return "index out of range in self";
+        snprintf(s_why, sizeof s_why, "index %" PRId64 " is out of bounds for dimension %d with size %" PRId64, v, dim,
+                 size);
+        return s_why;
+    }
+    int64_t outer = dt_layout_numel(dim, x->shape), inner = dt_layout_numel(x->ndim - dim - 1, x->shape + dim + 1);
+    return cuda_check(cuda_gather_rows(out->data, x->data, idx->data, idx->dtype, outer, m, size, 0, wrap ? size : 0,
+                                       (size_t)inner * dt_dtype_size(x->dtype), c->compute),
+                      "gather");
+}
+
+/* embedding(indices, weight): ctx = [the global index of this device's first weight row, the
+ * vocabulary size]; rows of another device's shard are zeros here */
+const char *cuda_k_embedding(op_kernel *k)
+{
+    const char *why;
+    cuda_ctx *c = cuda_ctx_get(&why);
+    if (!c)
+        return why;
+    const op_local *idx = &k->in[0], *w = &k->in[1];
+    op_local *o = &k->out[0];
+    int64_t n = dt_layout_numel(idx->ndim, idx->shape), at, v;
+    if (k->nctx < 2 || w->ndim != 2 || o->ndim < 1 || o->shape[o->ndim - 1] != w->shape[1] ||
+        dt_layout_numel(o->ndim, o->shape) != n * w->shape[1] || o->dtype != w->dtype)
+        return "the local pieces of the operands do not fit together";
+    if ((why = cuda_index_check(c, idx, 0, k->ctx[1], &at, &v)))
+        return why;
+    if (at >= 0)
+        return "index out of range in embedding";
+    return cuda_check(cuda_gather_rows(o->data, w->data, idx->data, idx->dtype, 1, n, w->shape[0], k->ctx[0], 0,
+                                       (size_t)w->shape[1] * dt_dtype_size(w->dtype), c->compute),
+                      "gather");
+}
+
+/* triu / tril on the last two dims: attrs.ints[0] = diagonal; ctx = {row offset, column offset}
+ * of this piece in the global matrix */
+const char *cuda_k_tri(op_kernel *k)
+{
+    const char *why;
+    cuda_ctx *c = cuda_ctx_get(&why);
+    if (!c)
+        return why;
+    const op_local *in = &k->in[0];
+    op_local *out = &k->out[0];
+    if (k->nctx < 2 || in->ndim < 2 || out->ndim != in->ndim || out->dtype != in->dtype)
+        return "tri: piece does not match (internal error)";
+    int64_t diag = k->attrs->nints > 0 ? k->attrs->ints[0] : 0;
+    const int64_t lim = INT64_C(1) << 60; /* far beyond any dim; keeps the sums from overflowing */
+    diag = diag > lim ? lim : diag < -lim ? -lim : diag;
+    int64_t rows = in->shape[in->ndim - 2], cols = in->shape[in->ndim - 1];
+    return cuda_check(cuda_tri(out->data, in->data, dt_dtype_size(in->dtype), dt_layout_numel(in->ndim - 2, in->shape),
+                               rows, cols, k->ctx[0], k->ctx[1], diag, k->def->id == OP_ID_triu, c->compute),
+                      "triu/tril");
+}
