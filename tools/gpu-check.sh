@@ -3,7 +3,9 @@
 #   tools/gpu-check.sh
 # builds DTorch with the CUDA backend (release, -Dcuda=enabled) in build-gpu/, runs the CUDA suite
 # (tests/test_cuda.c: every CUDA kernel against the CPU backend), installs the package built the same
-# way into .venv and runs tests/python/test_cuda.py, then prints what passed. On a GPU machine a
+# way into .venv and runs tests/python/test_cuda.py (ops against numpy, and the Llama's logits on
+# cuda meshes of 1 and 2 actors, tp2 and pp2, against the numpy Llama and the cpu mesh), measures
+# GEMM TFLOP/s beside cuBLAS called directly (bench/bench_cuda_matmul), then prints what passed. On a GPU machine a
 # skipped test means the GPU could not be used, so a skip fails the check as a failure does.
 # Uses the venv tools/run.sh makes (creating it, and installing meson, ninja, numpy and pytest from
 # PyPI, only when it is missing). About 3 minutes on 16 cores, most of it nvcc.
@@ -67,7 +69,15 @@ fi
 echo "test_cuda.py: $p_pass passed, $p_fail failed, $p_skip skipped"
 [ "$p_fail" -eq 0 ] && [ "$p_skip" -eq 0 ] && [ "$p_pass" -gt 0 ] || status=1
 
+echo "== GEMM: DTorch's matmul beside cuBLAS called directly (bench/bench_cuda_matmul.c)"
+DTORCH_WORKER_PATH=$ROOT/build-gpu/dtorch-worker ZSYS_SIGHANDLER=false \
+    timeout 300 build-gpu/bench/bench_cuda_matmul > "$LOG/bench_cuda_matmul.out" 2>&1
+bench_rc=$?
+cat "$LOG/bench_cuda_matmul.out"
+[ $bench_rc -eq 0 ] || { echo "bench_cuda_matmul failed (exit $bench_rc)"; status=1; }
+
 echo "== summary"
 echo "$((c_pass + p_pass)) passed, $((c_fail + p_fail + c_skip + p_skip)) failed"
+[ $bench_rc -eq 0 ] && sed -n '/TFLOP/,$p' "$LOG/bench_cuda_matmul.out"
 [ $status -eq 0 ] && echo "the CUDA backend passes on this GPU" || echo "the CUDA check FAILED (logs in $LOG)"
 exit $status
