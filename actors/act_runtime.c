@@ -963,6 +963,18 @@ int64_t dt_trace_host(int64_t *rows, int64_t max)
     return n;
 }
 
+int dt_device_type(int64_t id, char *out, size_t size)
+{
+    act_runtime *rt = &act_rt;
+    pthread_mutex_lock(&rt->lock);
+    act_device *dev = rt->running && rt->devices && id >= 0 && id < rt->ndevices ? rt->devices[id] : NULL;
+    bool known = dev && dev->device_type[0];
+    if (known)
+        snprintf(out, size, "%s", dev->device_type);
+    pthread_mutex_unlock(&rt->lock);
+    return known ? 0 : dt_err(DT_EINVAL, "device %lld: no mesh has named it yet", (long long)id);
+}
+
 int dt_started_devices(int64_t *ids, int max)
 {
     act_runtime *rt = &act_rt;

@@ -476,6 +476,39 @@ static int64_t s_now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* Gives back the marks of the events kept and of the start (a backend that marks). */
+static void s_trace_marks_clear(act_worker *w)
+{
+    const op_backend *b = w->backend;
+    if (!b->mark)
+        return;
+    for (size_t i = 0; w->trace_marks && i < 2 * w->ntrace; i++) {
+        b->mark_free(w->trace_marks[i]);
+        w->trace_marks[i] = NULL;
+    }
+    b->mark_free(w->trace_mark0);
+    w->trace_mark0 = NULL;
+}
+
+/* With a backend that marks, each event's times become when the device ran its work (from its
+ * marks, counted from the start's mark at host time trace_t0) instead of when the worker queued
+ * it; an event whose marks cannot tell keeps the host's times. */
+static void s_trace_marks_resolve(act_worker *w)
+{
+    const op_backend *b = w->backend;
+    if (!b->mark || !w->trace_mark0)
+        return;
+    for (size_t i = 0; i < w->ntrace; i++) {
+        int64_t *e = w->trace + i * MB_TRACE_FIELDS;
+        int64_t from = b->mark_elapsed_ns(w->trace_mark0, w->trace_marks[2 * i]);
+        int64_t to = b->mark_elapsed_ns(w->trace_mark0, w->trace_marks[2 * i + 1]);
+        if (from >= 0 && to >= from) {
+            e[MB_TRACE_BEGIN] = w->trace_t0 + from;
+            e[MB_TRACE_END] = w->trace_t0 + to;
+        }
+    }
+}
+
 /* TRACE: start, stop, or send the events (an int64 (n, MB_TRACE_FIELDS) value). */
 static bool s_trace(act_worker *w, const msgpack_object *rec)
 {
@@ -490,14 +523,24 @@ static bool s_trace(act_worker *w, const msgpack_object *rec)
         return true;
     }
     if (r.action == MB_TRACE_START) {
+        s_trace_marks_clear(w);
         w->ntrace = 0;
         w->tracing = true;
+        if (w->backend->mark) {
+            /* the start's mark is reached at once on an idle device: it ties device time to the host's */
+            if (w->backend->synchronize)
+                w->backend->synchronize();
+            w->trace_mark0 = w->backend->mark();
+        }
+        w->trace_t0 = s_now_ns();
         v[0] = 0;
     } else if (r.action == MB_TRACE_STOP) {
         w->tracing = false;
         v[0] = (int64_t)w->ntrace;
     } else if (r.action == MB_TRACE_SEND) {
+        s_trace_marks_resolve(w);
         memcpy(v, w->trace, bytes);
+        s_trace_marks_clear(w);
         w->ntrace = 0;
     } else {
         free(v);
@@ -529,17 +572,28 @@ bool act_worker_run_record(act_worker *w, const msgpack_object *rec, mb_message 
         return s_trace(w, rec);
     if (!w->tracing)
         return s_run_record(w, rec, m, code);
+    const op_backend *b = w->backend;
+    void *mark_begin = b->mark ? b->mark() : NULL;
     int64_t begin = s_now_ns();
     bool ok = s_run_record(w, rec, m, code);
+    void *mark_end = b->mark ? b->mark() : NULL;
     if (w->ntrace == w->cap_trace && w->cap_trace < ACT_TRACE_MAX) {
         size_t cap = w->cap_trace ? 2 * w->cap_trace : 4096;
         int64_t *grown = realloc(w->trace, cap * MB_TRACE_FIELDS * sizeof *grown);
-        if (grown) {
+        void **marks = grown && b->mark ? realloc(w->trace_marks, cap * 2 * sizeof *marks) : NULL;
+        if (grown)
             w->trace = grown;
+        if (marks)
+            w->trace_marks = marks;
+        if (grown && (!b->mark || marks))
             w->cap_trace = cap;
-        }
     }
     if (w->ntrace < w->cap_trace) {
+        if (b->mark) {
+            w->trace_marks[2 * w->ntrace] = mark_begin;
+            w->trace_marks[2 * w->ntrace + 1] = mark_end;
+            mark_begin = mark_end = NULL;
+        }
         int64_t *e = w->trace + w->ntrace++ * MB_TRACE_FIELDS, op = -1;
         const msgpack_object_array *fields = &rec->via.array;
         if (code == MB_OP_COMPUTE && fields->size > 1 && fields->ptr[1].type == MSGPACK_OBJECT_POSITIVE_INTEGER)
@@ -548,6 +602,10 @@ bool act_worker_run_record(act_worker *w, const msgpack_object *rec, mb_message 
         e[MB_TRACE_OP] = op;
         e[MB_TRACE_BEGIN] = begin;
         e[MB_TRACE_END] = s_now_ns();
+    }
+    if (b->mark) {
+        b->mark_free(mark_begin); /* an event dropped past ACT_TRACE_MAX */
+        b->mark_free(mark_end);
     }
     return ok;
 }
@@ -984,6 +1042,8 @@ void act_worker_fini(act_worker *w)
     act_worker_drop_reply(w);
     free(mb_w_release(&w->reply));
     free(w->payloads);
+    s_trace_marks_clear(w);
+    free(w->trace_marks);
     free(w->trace);
     if (w->sock && w->orphaned)
         zsock_set_linger(w->sock, 0); /* nobody is left to read what it still queues */

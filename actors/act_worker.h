@@ -141,6 +141,9 @@ typedef struct {
     bool tracing;               /* TRACE started: every record run is kept as an event */
     int64_t *trace;             /* (ntrace, MB_TRACE_FIELDS) events; at most ACT_TRACE_MAX, the rest dropped */
     size_t ntrace, cap_trace;
+    void **trace_marks;         /* (cap_trace, 2) with a backend that has mark: each event's begin and end marks */
+    void *trace_mark0;          /* ... and the mark made when tracing started, at host time trace_t0 */
+    int64_t trace_t0;
     dt_idmap graphs;            /* graph id -> act_graph: captured sequences kept for replays */
     dt_idmap pins;              /* tensor id -> pin count: constants of kept sequences (act_replay.c) */
     const act_graph *replay;    /* the sequence being replayed, NULL outside one */

@@ -1929,6 +1929,17 @@ static PyObject *s_started_devices(PyObject *mod, PyObject *unused)
     return list;
 }
 
+static PyObject *s_device_type(PyObject *mod, PyObject *arg)
+{
+    long long id = PyLong_AsLongLong(arg);
+    if (id == -1 && PyErr_Occurred())
+        return NULL;
+    char type[64];
+    if (dt_device_type(id, type, sizeof type) != 0)
+        Py_RETURN_NONE;
+    return PyUnicode_FromString(type);
+}
+
 static PyObject *s_trace_host(PyObject *mod, PyObject *unused)
 {
     int64_t n = dt_trace_host(NULL, 0);
@@ -2153,6 +2164,7 @@ static PyMethodDef s_methods[] = {
     {"_record_name", s_record_name, METH_O, "The name of an op record's code."},
     {"_trace_host", s_trace_host, METH_NOARGS, "The controller's batches while tracing, as bytes."},
     {"_started_devices", s_started_devices, METH_NOARGS, "Ids of the devices whose workers serve now."},
+    {"_device_type", s_device_type, METH_O, "_device_type(id) -> the device type a mesh gave it, or None."},
     {"wait_workers", s_wait_workers, METH_VARARGS, "wait_workers(ids, timeout): until their workers connected."},
     {"worker_info", s_worker_info, METH_VARARGS, "worker_info(id) -> (state, remote, host, pid, peer, reason)."},
     {"shutdown", s_shutdown, METH_NOARGS, "Stop the runtime and every device actor."},

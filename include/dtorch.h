@@ -362,6 +362,9 @@ const char *dt_record_name(int64_t code);
 int64_t dt_trace_host(int64_t *rows, int64_t max);
 /* The ids of the devices whose workers serve now (up to max, in order); returns how many there are. */
 int dt_started_devices(int64_t *ids, int max);
+/* The device type ("cpu", "cuda") a mesh gave device id, copied into out (size bytes); DT_EINVAL
+ * when no mesh has named the device yet. */
+int dt_device_type(int64_t id, char *out, size_t size);
 
 /* ---- futures ------------------------------------------------------------------------------ */
 dt_future *dt_future_ref(dt_future *f);

@@ -87,6 +87,18 @@ typedef struct {
      * failure of an asynchronous one; a worker calls it before it answers a SYNC. NULL when every
      * slot has finished its work by the time it returns (CPU). */
     const char *(*synchronize)(void);
+
+    /* ---- timing (a traced device's timeline, dtorch.profiler) ---- */
+    /* optional: a mark of how far the work queued so far has got, for timing work that runs after
+     * the slot that queued it returned (a CUDA event on the compute stream); NULL when it cannot
+     * make one. A backend whose slots finish their work before they return lacks it: the host's
+     * clock times that work. */
+    void *(*mark)(void);
+    /* the nanoseconds from mark `from` to mark `to` once the device has reached both (waits for
+     * that); < 0 when it cannot tell. With mark. */
+    int64_t (*mark_elapsed_ns)(void *from, void *to);
+    /* gives back a mark (NULL is ignored). With mark. */
+    void (*mark_free)(void *mark);
 } op_backend;
 
 /* The backend of a device type, or NULL when this build has none for it ("cuda" only in a build

@@ -24,7 +24,7 @@ static dt_mesh *s_mesh(int ndim, const int64_t *shape, const int64_t *ids)
 
 static dt_mesh *s_mesh_range(int ndim, const int64_t *shape, int64_t first)
 {
-    int64_t ids[MAXDEV], n = 1;
+    int64_t ids[MAXDEV] = {0}, n = 1;
     for (int i = 0; i < ndim; i++)
         n *= shape[i];
     for (int64_t i = 0; i < n; i++)

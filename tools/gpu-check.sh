@@ -5,8 +5,10 @@
 # (tests/test_cuda.c: every CUDA kernel against the CPU backend), installs the package built the same
 # way into .venv and runs tests/python/test_cuda.py (ops against numpy, and the Llama's logits on
 # cuda meshes of 1 and 2 actors, tp2 and pp2, against the numpy Llama and the cpu mesh), measures
-# GEMM TFLOP/s beside cuBLAS called directly (bench/bench_cuda_matmul), then prints what passed. On a GPU machine a
-# skipped test means the GPU could not be used, so a skip fails the check as a failure does.
+# GEMM TFLOP/s beside cuBLAS called directly (bench/bench_cuda_matmul) and the decode loop's GPU-busy
+# fraction at batch 1 (bench/bench_decode_busy.py, from CUDA events), then prints what passed. On a
+# GPU machine a skipped test means the GPU could not be used, so a skip fails the check as a failure
+# does.
 # Uses the venv tools/run.sh makes (creating it, and installing meson, ninja, numpy and pytest from
 # PyPI, only when it is missing). About 3 minutes on 16 cores, most of it nvcc.
 set -uo pipefail
@@ -76,8 +78,15 @@ bench_rc=$?
 cat "$LOG/bench_cuda_matmul.out"
 [ $bench_rc -eq 0 ] || { echo "bench_cuda_matmul failed (exit $bench_rc)"; status=1; }
 
+echo "== decode at batch 1: the GPU's busy fraction from its own timeline (bench/bench_decode_busy.py)"
+timeout 300 "$VENV/bin/python" bench/bench_decode_busy.py --device cuda > "$LOG/decode_busy.out" 2>&1
+busy_rc=$?
+cat "$LOG/decode_busy.out" | tail -20
+[ $busy_rc -eq 0 ] || { echo "bench_decode_busy failed (exit $busy_rc)"; status=1; }
+
 echo "== summary"
 echo "$((c_pass + p_pass)) passed, $((c_fail + p_fail + c_skip + p_skip)) failed"
 [ $bench_rc -eq 0 ] && sed -n '/TFLOP/,$p' "$LOG/bench_cuda_matmul.out"
+[ $busy_rc -eq 0 ] && sed -n '/tok\/s/,$p' "$LOG/decode_busy.out"
 [ $status -eq 0 ] && echo "the CUDA backend passes on this GPU" || echo "the CUDA check FAILED (logs in $LOG)"
 exit $status

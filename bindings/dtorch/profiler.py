@@ -7,7 +7,9 @@
 While the block runs, each device's worker timestamps every op record it runs (a kernel, a send or
 an assembly of a redistribute, a fetch, a captured sequence's replay and the records inside it) on
 the worker's side, and the controller timestamps every batch of records it sends to a device. The
-times are CLOCK_MONOTONIC of each worker's host: devices on other hosts have clocks of their own.
+times are CLOCK_MONOTONIC of each worker's host: devices on other hosts have clocks of their own. On
+a GPU an event's times are when the GPU ran the work the record queued (CUDA events on the device's
+compute stream, counted from one made when the block began), not when the worker queued it.
 """
 import json
 import time
@@ -29,7 +31,7 @@ class profile:
 
     def __init__(self, *devices):
         self._wanted = devices
-        self._mesh = None
+        self._meshes = []
         self._events = []
         self._host = []
 
@@ -42,16 +44,22 @@ class profile:
         ids = list(dict.fromkeys(ids))
         if not ids:
             raise RuntimeError("profiler: no device to profile: give device ids or meshes, or use a mesh first")
-        self._mesh = DeviceMesh("cpu", ids)
+        by_type = {}  # the trace goes to each device type's devices on a mesh of that type
+        for i in ids:
+            by_type.setdefault(_C._device_type(i) or "cpu", []).append(i)
+        self._meshes = [DeviceMesh(t, group) for t, group in by_type.items()]
         self._start = time.monotonic_ns()
-        _C._trace_start(self._mesh)
+        for mesh in self._meshes:
+            _C._trace_start(mesh)
         return self
 
     def __exit__(self, *exc):
-        counts = _C._trace_stop(self._mesh)
-        rows = np.frombuffer(_C._trace_events(self._mesh, counts), np.int64).reshape(-1, 4).tolist()
+        rows, devices = [], []
+        for mesh in self._meshes:
+            counts = _C._trace_stop(mesh)
+            rows += np.frombuffer(_C._trace_events(mesh, counts), np.int64).reshape(-1, 4).tolist()
+            devices += np.repeat(np.asarray(mesh.mesh).ravel(), counts).tolist()
         names = {v: k for k, v in _op_ids.items()}
-        devices = np.repeat(np.asarray(self._mesh.mesh).ravel(), counts).tolist()
         records = {code: _C._record_name(code) for code in {row[0] for row in rows}}
         self._events = []
         for device, (code, op, begin, end) in zip(devices, rows):

@@ -368,6 +368,37 @@ static const char *s_synchronize(void)
     return cuda_check(e, "an asynchronous CUDA operation failed");
 }
 
+/* A traced device's marks are timing events on its compute stream: a record's begin and end marks
+ * bound the GPU time of the work it queued. */
+static void *s_mark(void)
+{
+    const char *why;
+    cuda_ctx *c = cuda_ctx_get(&why);
+    cudaEvent_t e;
+    if (!c || cudaEventCreate(&e) != cudaSuccess)
+        return NULL;
+    if (cudaEventRecord(e, c->compute) != cudaSuccess) {
+        cudaEventDestroy(e);
+        return NULL;
+    }
+    return e;
+}
+
+static int64_t s_mark_elapsed_ns(void *from, void *to)
+{
+    float ms;
+    if (!from || !to || cudaEventSynchronize((cudaEvent_t)to) != cudaSuccess ||
+        cudaEventElapsedTime(&ms, (cudaEvent_t)from, (cudaEvent_t)to) != cudaSuccess)
+        return -1;
+    return (int64_t)((double)ms * 1e6);
+}
+
+static void s_mark_free(void *mark)
+{
+    if (mark)
+        cudaEventDestroy((cudaEvent_t)mark);
+}
+
 const op_backend cuda_backend = {
     .name = "cuda",
     .attach = s_attach,
@@ -384,4 +415,7 @@ const op_backend cuda_backend = {
     .reduce_into = s_reduce_into,
     .scale_div = s_scale_div,
     .synchronize = s_synchronize,
+    .mark = s_mark,
+    .mark_elapsed_ns = s_mark_elapsed_ns,
+    .mark_free = s_mark_free,
 };

@@ -2,6 +2,8 @@
 thread and process workers. Where a cuda mesh cannot run an op (a build without the CUDA backend,
 or no usable GPU: then every op fails with "no CUDA device: <reason>") the value tests skip and
 say why; test_without_a_device_ops_say_why checks that reason instead of skipping."""
+import time
+
 import numpy as np
 import pytest
 
@@ -171,3 +173,25 @@ def test_llama_bfloat16_and_greedy_decode(mode, layout):
     for _ in range(4):  # the reference's greedy tokens, one forward per token
         seq = np.concatenate([seq, llama_reference.logits(sd, cfg, seq)[:, -1].argmax(-1)[:, None]], axis=1)
     np.testing.assert_array_equal(out, seq)
+
+
+def test_profiler_shows_gpu_time(mode):
+    """On a cuda mesh the profiler's events are when the GPU ran each record's work (CUDA events),
+    inside the block, in order, not overlapping on one device's stream."""
+    mesh = _cuda_mesh([0, 1])
+    x = dtorch.randn((512, 512), device_mesh=mesh, placements=[Shard(0)])
+    w = dtorch.randn((512, 512), device_mesh=mesh, placements=[Replicate()])
+    x.numpy()
+    t_enter = time.monotonic_ns()
+    with dtorch.profiler.profile(mesh) as prof:
+        y = x
+        for _ in range(8):
+            y = dtorch.tanh(y @ w)
+        y.numpy()
+    t_exit = time.monotonic_ns()
+    for d in (0, 1):
+        events = [e for e in prof.events() if e["device"] == d]
+        assert [e["name"] for e in events if e["record"] == "compute"] == ["matmul", "tanh"] * 8
+        for a, b in zip(events, events[1:]):
+            assert t_enter <= a["begin_ns"] <= a["end_ns"] <= b["begin_ns"] <= b["end_ns"] <= t_exit
+        assert sum(e["end_ns"] - e["begin_ns"] for e in events if e["name"] == "matmul") > 0

@@ -80,3 +80,14 @@ def test_profiling_nothing_is_an_error(mode):
     with pytest.raises(RuntimeError, match="no device to profile"):
         with dtorch.profiler.profile():
             pass
+
+
+def test_each_device_is_traced_on_a_mesh_of_its_own_type(mode):
+    """The trace reaches a device on a mesh of the type a mesh gave it; a device no mesh has named
+    is traced as cpu."""
+    x = dtorch.ones((4,), device_mesh=dtorch.DeviceMesh("cpu", [5, 6]))
+    assert dtorch._C._device_type(5) == "cpu" and dtorch._C._device_type(6) == "cpu"
+    assert dtorch._C._device_type(40) is None
+    with dtorch.profiler.profile(5, 6) as prof:
+        (x + 1).numpy()
+    assert sorted({e["device"] for e in prof.events() if e["name"] == "add"}) == [5, 6]
