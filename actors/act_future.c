@@ -16,7 +16,6 @@
 #include "op_backend.h"
 
 #define S_WAIT_SLICE_S 0.05 /* how often a long wait looks at the interrupt hook */
-#define S_SPIN_S 300e-6     /* how long a wait spins before it sleeps */
 
 dt_future *act_future_new(act_future_kind kind, int npieces)
 {
@@ -246,7 +245,7 @@ int dt_future_wait(dt_future *f, double timeout_s)
     int status = dt_future_status(f);
     /* a short wait spins (yielding the core to any thread that has work) before it sleeps: the
      * value of a small op is usually back within tens of microseconds, less than a wake-up costs */
-    for (double spin_until = s_now() + S_SPIN_S; status == 1 && s_now() < fmin(spin_until, deadline);) {
+    for (double spin_until = s_now() + act_spin_s(); status == 1 && s_now() < fmin(spin_until, deadline);) {
         sched_yield();
         status = dt_future_status(f);
     }

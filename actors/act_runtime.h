@@ -27,7 +27,8 @@
 #define ACT_TICK_MS 20                 /* controller wakes at least this often: worker processes, unrung outboxes */
 #define ACT_RING_RECORDS 64            /* records queued since the last doorbell that make the user thread ring */
 #define ACT_RING_DELAY_S 0.001         /* ... or the time since the last doorbell that does */
-#define ACT_SPIN_S 300e-6              /* the controller and workers poll without sleeping this long after their last event */
+#define ACT_SPIN_S 300e-6              /* the controller, workers and waits poll without sleeping this long after their
+                                        * last event (env DTORCH_SPIN_US, 0: block at once) */
 #define ACT_HELLO_TIMEOUT_S 20.0       /* a worker that has not said hello by then is dead */
 #define ACT_BYE_TIMEOUT_S 2.0          /* how long shutdown waits for workers to stop before killing them */
 #define ACT_HEARTBEAT_S 0.5            /* a worker process says it is alive this often */
@@ -202,5 +203,7 @@ double act_now(void);               /* monotonic seconds */
  * *spin_until ACT_SPIN_S past now. A reply that comes within that long costs no wake-up: on these
  * machines a thread's wake-up is tens of microseconds, a round trip's whole budget. */
 int act_poll(zmq_pollitem_t *items, int n, long timeout_ms, double *spin_until);
+/* How long a thread spins before it blocks: ACT_SPIN_S, or DTORCH_SPIN_US microseconds. */
+double act_spin_s(void);
 
 #endif
