@@ -137,4 +137,12 @@ typedef struct {
 } op_mm_dims;
 op_mm_dims op_mm_layout(int a_ndim, int b_ndim, bool linear);
 
+/* cat and stack on a device (every backend's kernel): the output dim the pieces join along
+ * (attrs.ints[0], negative from the end), or -1 when the attributes name none of its dims. */
+int op_cat_dim(const op_kernel *k);
+/* ... and the block input i fills in the output: its shape, of the output's rank (stack: a size-1
+ * dim at dim), starting at *pos along dim, which it advances. NULL, or why the local pieces do
+ * not line up (nothing from a socket is trusted). */
+const char *op_cat_block(const op_kernel *k, int i, int dim, int64_t *pos, int64_t *shape);
+
 #endif

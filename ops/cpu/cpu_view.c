@@ -75,24 +75,20 @@ static cpu_ctype s_ctype(dt_dtype d) { return dt_dtype_is_float(d) ? CPU_F32 : d
  * converted to the output dtype and laid side by side along dim. */
 static const char *s_cat(op_kernel *k)
 {
-    bool stack = k->def->id == OP_ID_stack;
     op_local *out = &k->out[0];
     size_t elem = dt_dtype_size(out->dtype);
-    int dim = s_norm_dim(k->attrs->ints[0], out->ndim);
+    int dim = op_cat_dim(k);
+    if (dim < 0)
+        return "cat: bad dim (internal error)";
     int64_t dst_strides[DT_MAX_DIMS], src_strides[DT_MAX_DIMS], shape[DT_MAX_DIMS];
     cpu_contiguous_strides(out->ndim, out->shape, elem, dst_strides);
     int64_t pos = 0;
     for (int i = 0; i < k->nin; i++) {
         const op_local *in = &k->in[i];
-        /* the input as a block of the output's rank (stack: a size-1 dim at dim) */
-        int r = 0;
-        for (int d = 0; d < out->ndim; d++)
-            shape[d] = stack && d == dim ? 1 : in->shape[r++];
-        for (int d = 0; d < out->ndim; d++)
-            if (d != dim && shape[d] != out->shape[d])
-                return "cat: local pieces do not line up (internal error)";
-        if (pos + shape[dim] > out->shape[dim])
-            return "cat: local pieces do not line up (internal error)";
+        int64_t at = pos;
+        const char *why = op_cat_block(k, i, dim, &pos, shape);
+        if (why)
+            return why;
         int64_t n = dt_layout_numel(in->ndim, in->shape);
         const void *src = in->data;
         void *converted = NULL;
@@ -111,10 +107,9 @@ static const char *s_cat(op_kernel *k)
             src = converted;
         }
         cpu_contiguous_strides(out->ndim, shape, elem, src_strides);
-        cpu_copy_block((char *)out->data + pos * dst_strides[dim], dst_strides, src, src_strides, out->ndim, shape,
+        cpu_copy_block((char *)out->data + at * dst_strides[dim], dst_strides, src, src_strides, out->ndim, shape,
                        elem);
         free(converted);
-        pos += shape[dim];
     }
     return pos == out->shape[dim] ? NULL : "cat: local pieces do not fill the output (internal error)";
 }

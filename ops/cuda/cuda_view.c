@@ -123,27 +123,19 @@ const char *cuda_k_cat(op_kernel *k)
     if (!c)
         return why;
     why = NULL;
-    bool stack = k->def->id == OP_ID_stack;
     op_local *out = &k->out[0];
     size_t elem = dt_dtype_size(out->dtype);
-    int dim = s_norm_dim(k->attrs->ints[0], out->ndim);
+    int dim = op_cat_dim(k);
     int64_t dst_strides[DT_MAX_DIMS], src_strides[DT_MAX_DIMS], shape[DT_MAX_DIMS];
-    if (k->attrs->nints < 1 || dim < 0 || dim >= out->ndim)
+    if (dim < 0)
         return "cat: bad dim (internal error)";
     s_strides(out, dst_strides);
     int64_t pos = 0;
     for (int i = 0; i < k->nin && !why; i++) {
         const op_local *in = &k->in[i];
-        /* the input as a block of the output's rank (stack: a size-1 dim at dim) */
-        if (in->ndim != out->ndim - (stack ? 1 : 0))
-            return "cat: local pieces do not line up (internal error)";
-        for (int d = 0, r = 0; d < out->ndim; d++)
-            shape[d] = stack && d == dim ? 1 : in->shape[r++];
-        for (int d = 0; d < out->ndim; d++)
-            if (d != dim && shape[d] != out->shape[d])
-                return "cat: local pieces do not line up (internal error)";
-        if (pos + shape[dim] > out->shape[dim])
-            return "cat: local pieces do not line up (internal error)";
+        int64_t at = pos;
+        if ((why = op_cat_block(k, i, dim, &pos, shape)))
+            return why;
         int64_t n = dt_layout_numel(in->ndim, in->shape);
         const void *src = in->data;
         void *converted = NULL;
@@ -155,10 +147,9 @@ const char *cuda_k_cat(op_kernel *k)
         }
         dt_layout_strides(out->ndim, shape, elem, src_strides);
         if (!why)
-            why = cuda_backend.copy_region((char *)out->data + pos * dst_strides[dim], dst_strides, src, src_strides,
+            why = cuda_backend.copy_region((char *)out->data + at * dst_strides[dim], dst_strides, src, src_strides,
                                            out->ndim, shape, elem);
         cuda_scratch_free(c, converted);
-        pos += shape[dim];
     }
     if (why)
         return why;
