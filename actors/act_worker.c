@@ -573,10 +573,11 @@ bool act_worker_run_record(act_worker *w, const msgpack_object *rec, mb_message 
     if (!w->tracing)
         return s_run_record(w, rec, m, code);
     const op_backend *b = w->backend;
-    void *mark_begin = b->mark ? b->mark() : NULL;
+    bool marked = b->mark && w->ntrace < ACT_TRACE_MARKED;
+    void *mark_begin = marked ? b->mark() : NULL;
     int64_t begin = s_now_ns();
     bool ok = s_run_record(w, rec, m, code);
-    void *mark_end = b->mark ? b->mark() : NULL;
+    void *mark_end = marked ? b->mark() : NULL;
     if (w->ntrace == w->cap_trace && w->cap_trace < ACT_TRACE_MAX) {
         size_t cap = w->cap_trace ? 2 * w->cap_trace : 4096;
         int64_t *grown = realloc(w->trace, cap * MB_TRACE_FIELDS * sizeof *grown);

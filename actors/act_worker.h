@@ -17,6 +17,7 @@
 #include "op_backend.h"
 
 #define ACT_TRACE_MAX (1u << 20) /* events a device keeps while tracing (32 MiB); later ones are dropped */
+#define ACT_TRACE_MARKED (1u << 16) /* ... of which the first this many are timed by the backend's marks, the rest by the host */
 #define ACT_SHM_MIN (256u << 10) /* worker processes: pieces and regions from this size up are shared by handle */
 
 /* Bytes of a piece. Immutable once made, so it can be sent, shared by replicas and read by

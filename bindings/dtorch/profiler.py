@@ -9,7 +9,8 @@ an assembly of a redistribute, a fetch, a captured sequence's replay and the rec
 the worker's side, and the controller timestamps every batch of records it sends to a device. The
 times are CLOCK_MONOTONIC of each worker's host: devices on other hosts have clocks of their own. On
 a GPU an event's times are when the GPU ran the work the record queued (CUDA events on the device's
-compute stream, counted from one made when the block began), not when the worker queued it.
+compute stream, counted from one made when the block began), not when the worker queued it: the
+first 65,536 events of each device in a block; later ones keep the worker's times.
 """
 import json
 import time
