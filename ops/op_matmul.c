@@ -32,9 +32,9 @@
  * else, such as a key-sequence shard, is gathered. The mask follows the output's shards where
  * its dims match and is Replicate where it broadcasts.
  *
- * The ops are the rows of OP_MATMUL (ops/op_table.h); their kernels are in ops/cpu/cpu_matmul.c.
- * Attention's kernels read their pieces' dims through op_sdpa_layout, here, so that every backend
- * derives them alike. */
+ * The ops are the rows of OP_MATMUL (ops/op_table.h); their kernels are in ops/cpu/cpu_matmul.c
+ * (and ops/cuda/cuda_matmul.c, cuda_view.c, cuda_attention.c). Attention's kernels read their
+ * pieces' dims through op_sdpa_layout, here, so that every backend derives them alike. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -37,7 +37,10 @@
     /* writes in place (cuda_write.c) */                                                                               \
     X(slice_assign_, cuda_k_slice_assign) X(shard_assign_, cuda_k_slice_assign) X(index_copy_, cuda_k_index_copy)      \
     /* rotary embedding (cuda_rope.c; kernel in cuda_rope_kernels.cu) */                                               \
-    X(rope, cuda_k_rope)
+    X(rope, cuda_k_rope)                                                                                               \
+    /* attention (cuda_attention.c; kernels in cuda_attention_kernels.cu), floating dtypes */                          \
+    X(scaled_dot_product_attention, cuda_k_sdpa) X(attention_block, cuda_k_attention_block)                            \
+    X(attention_merge, cuda_k_attention_merge)
 
 typedef const char *(*cuda_op_kernel)(op_kernel *k);
 
