@@ -399,11 +399,12 @@ Test(cuda_ops, products)
 Test(cuda_ops, ops_without_a_kernel_fail_by_name)
 {
     const op_backend *cuda = s_cuda();
-    op_kernel k = {.def = op_find("cumsum")};
+    op_kernel k = {.def = op_find("conv2d")};
     const char *why = cuda->run(k.def, &k);
     cr_assert_not_null(why);
-    cr_expect(strstr(why, "cumsum: no CUDA kernel yet"), "%s", why);
-    cr_expect_null(cuda_kernel_for(OP_ID_topk));
+    cr_expect(strstr(why, "conv2d: no CUDA kernel yet"), "%s", why);
+    cr_expect_null(cuda_kernel_for(OP_ID_interpolate));
+    cr_expect_not_null(cuda_kernel_for(OP_ID_topk));
     cr_expect_not_null(cuda_kernel_for(OP_ID_scaled_dot_product_attention));
 }
 
@@ -746,6 +747,76 @@ Test(cuda_ops, rope)
                 /* CUDA's cosf and sinf against glibc's: a few ulps of the angle's functions */
                 cr_expect(s_check_op(cuda, "rope", &c, false, floats[d] == DT_FLOAT32 ? 4 : 1));
             }
+}
+
+/* ---- cumsum, topk ------------------------------------------------------------------------------ */
+
+typedef struct {
+    int ndim;
+    int64_t shape[3];
+} s_shape3;
+
+static s_case s_one(dt_dtype t, const s_shape3 *h)
+{
+    return s_shapes(1, &t, &h->ndim, (const int64_t[][DT_MAX_DIMS]){{h->shape[0], h->shape[1], h->shape[2]}});
+}
+
+/* cumsum adds in the CPU's order, so its bits: along the last dim and along inner ones (read strided),
+ * with torch's conversion to dtype= first */
+Test(cuda_ops, cumsum)
+{
+    const op_backend *cuda = s_cuda();
+    const s_shape3 shapes[] = {{3, {5, 7, 33}}, {2, {3, 300}}, {3, {4, 0, 3}}, {0, {0}}};
+    const int64_t casts[][2] = {{DT_FLOAT32, -1},        {DT_FLOAT16, -1},          {DT_BFLOAT16, -1},
+                                {DT_INT32, -1},          {DT_INT64, -1},            {DT_BOOL, -1},
+                                {DT_FLOAT32, DT_FLOAT16}, {DT_INT32, DT_FLOAT32},   {DT_FLOAT32, DT_INT64},
+                                {DT_INT64, DT_INT32}};
+    for (size_t h = 0; h < sizeof shapes / sizeof shapes[0]; h++)
+        for (size_t i = 0; i < sizeof casts / sizeof casts[0]; i++)
+            for (int nans = 0; nans < 2; nans++)
+                for (int dim = 0; dim < (shapes[h].ndim ? shapes[h].ndim : 1); dim++) {
+                    /* (a NaN converted to an integer has no value the backends agree on) */
+                    if (nans && casts[i][1] >= 0 && !dt_dtype_is_float((dt_dtype)casts[i][1]))
+                        continue;
+                    s_case c = s_one((dt_dtype)casts[i][0], &shapes[h]);
+                    c.nans = nans;
+                    s_set_ints(&c, 2, (int64_t[]){dim, casts[i][1]});
+                    cr_expect(s_check_op(cuda, "cumsum", &c, true, 1), "cumsum of %s along %d",
+                              dt_dtype_name((dt_dtype)casts[i][0]), dim);
+                }
+}
+
+/* topk: the CPU's values and positions exactly, largest and smallest, ties in position order
+ * (small integers and 16-bit floats tie often; -0 ties with +0), a NaN above every number; long
+ * slices (a vocabulary) and inner dims */
+Test(cuda_ops, topk)
+{
+    const op_backend *cuda = s_cuda();
+    const s_shape3 shapes[] = {{3, {5, 7, 33}}, {2, {3, 300}}, {2, {2, 40000}}, {3, {4, 0, 3}}, {0, {0}}};
+    const dt_dtype types[] = {DT_FLOAT32, DT_FLOAT16, DT_BFLOAT16, DT_INT32, DT_INT64};
+    for (size_t h = 0; h < sizeof shapes / sizeof shapes[0]; h++)
+        for (size_t d = 0; d < sizeof types / sizeof types[0]; d++)
+            for (int nans = 0; nans < 2; nans++)
+                for (int largest = 0; largest < 2; largest++)
+                    for (int dim = 0; dim < (shapes[h].ndim ? shapes[h].ndim : 1); dim++) {
+                        int64_t n = shapes[h].ndim ? shapes[h].shape[dim] : 1;
+                        const int64_t ks[] = {n ? 1 : 0, n < 17 ? n : 17, n};
+                        for (int i = 0; i < 3; i++) {
+                            s_case c = s_one(types[d], &shapes[h]);
+                            c.nans = nans;
+                            s_set_ints(&c, 4, (int64_t[]){ks[i], dim, largest, 1});
+                            cr_expect(s_check_op(cuda, "topk", &c, true, 1), "topk k=%lld of %s along %d",
+                                      (long long)ks[i], dt_dtype_name(types[d]), dim);
+                        }
+                    }
+    static const float special[] = {0.0f, -0.0f, 1.0f, NAN, 1.0f, -INFINITY, INFINITY, NAN, -0.0f, 2.0f, 1.0f, -1.0f};
+    for (int largest = 0; largest < 2; largest++)
+        for (int64_t k = 1; k <= 12; k += 5) {
+            s_case c = s_shapes(1, (dt_dtype[]){DT_FLOAT32}, (int[]){1}, (const int64_t[][DT_MAX_DIMS]){{12}});
+            c.data[0] = special;
+            s_set_ints(&c, 4, (int64_t[]){k, 0, largest, 1});
+            cr_expect(s_check_op(cuda, "topk", &c, true, 1), "topk of zeros, infinities and NaNs, k=%lld", (long long)k);
+        }
 }
 
 /* ---- attention ----------------------------------------------------------------------------------

@@ -103,6 +103,21 @@ cudaError_t cuda_norm(bool rms, const void *in, dt_dtype in_dtype, void *out, dt
                       int64_t d, const void *weight, dt_dtype weight_dtype, const void *bias, dt_dtype bias_dtype,
                       float eps, cudaStream_t s);
 
+/* cpu_cumsum_run: out (outer, n, inner) = the running sum along n of in, in float32 (floating) or
+ * wrapping int64, added in the CPU's order (each column by one thread), so the CPU's bits. */
+cudaError_t cuda_cumsum(bool floating, const void *in, dt_dtype in_dtype, void *out, dt_dtype out_dtype, int64_t outer,
+                        int64_t n, int64_t inner, cudaStream_t s);
+
+/* Device scratch cuda_topk needs (0: none) for (outer, n, inner). */
+size_t cuda_topk_scratch(bool floating, int64_t outer, int64_t n, int64_t inner);
+
+/* cpu_topk_run: values/index (outer, k, inner) = the k largest (smallest) elements along n of in
+ * (outer, n, inner), largest (smallest) first, ties in index order, a NaN above every number;
+ * float32 keys for floating dtypes, int64 ones for integers (values keep in's dtype). scratch:
+ * cuda_topk_scratch bytes. */
+cudaError_t cuda_topk(bool floating, const void *in, dt_dtype dtype, void *values, int64_t *index, int64_t outer,
+                      int64_t n, int64_t inner, int64_t k, bool largest, void *scratch, cudaStream_t s);
+
 /* ---- attention (cuda_attention_kernels.cu) -----------------------------------------------------
  * A block of threads per query row: the row in shared memory, the keys in tiles of the block's
  * threads with an online softmax (a running max and denominator; the weighted values, Ev floats in

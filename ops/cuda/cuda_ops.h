@@ -29,6 +29,7 @@
     X(max, cuda_k_reduce) X(min, cuda_k_reduce)                                                                        \
     X(max_dim, cuda_k_arg) X(min_dim, cuda_k_arg) X(argmax, cuda_k_arg) X(argmin, cuda_k_arg)                          \
     X(softmax, cuda_k_softmax) X(log_softmax, cuda_k_softmax) X(layer_norm, cuda_k_norm) X(rms_norm, cuda_k_norm)    \
+    X(cumsum, cuda_k_cumsum) X(topk, cuda_k_topk)                                                                      \
     /* views and data movement, embedding (cuda_view.c; kernels in cuda_view_kernels.cu), every dtype */              \
     X(reshape, cuda_k_reshape) X(flatten, cuda_k_reshape) X(unsqueeze, cuda_k_reshape) X(squeeze, cuda_k_reshape)      \
     X(permute, cuda_k_permute) X(expand, cuda_k_expand) X(cat, cuda_k_cat) X(stack, cuda_k_cat)                        \

@@ -156,3 +156,20 @@ def test_attention(mode):
          ((q, [Shard(2)]), (k, [Shard(2)]), (v, [Shard(2)]), (pos, [Shard(1)]), (pos, [Shard(1)]))]
     np.testing.assert_allclose(F.ring_attention(*t, "cp", is_causal=True).numpy(), ref, rtol=1e-5, atol=1e-5)
 
+
+def test_topk_and_cumsum(mode):
+    """Sampling's ranking on a cuda mesh, against numpy: topk with ties (the lower index first),
+    largest and smallest, and cumsum along the vocabulary."""
+    mesh = _cuda_mesh([0, 1])
+    rng = np.random.default_rng(5)
+    logits = rng.integers(-4, 4, (2, 300)).astype(np.float32)  # many ties
+    x = dtorch.distribute_tensor(logits, mesh, [Replicate()])
+    values, indices = dtorch.topk(x, 20, dim=-1)
+    order = np.argsort(-logits, axis=-1, kind="stable")[:, :20]
+    np.testing.assert_array_equal(indices.numpy(), order)
+    np.testing.assert_array_equal(values.numpy(), np.take_along_axis(logits, order, axis=-1))
+    smallest = dtorch.topk(x, 7, dim=-1, largest=False).indices.numpy()
+    np.testing.assert_array_equal(smallest, np.argsort(logits, axis=-1, kind="stable")[:, :7])
+    probs = rng.random((2, 300)).astype(np.float32)
+    y = dtorch.distribute_tensor(probs, mesh, [Shard(0)])
+    np.testing.assert_allclose(y.cumsum(-1).numpy(), np.cumsum(probs, axis=-1), rtol=1e-5, atol=1e-5)
