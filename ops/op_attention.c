@@ -19,7 +19,7 @@
  * grouped-query heads only when the mesh dims that split them divide Hkv, so every device keeps
  * whole groups); otherwise everything is Replicate. The merge follows its parts' head shard, else
  * Replicate (dim 0 stacks the parts). Outputs are float32; the kernels are
- * ops/cpu/cpu_attention.c. */
+ * ops/cpu/cpu_attention.c and ops/cuda/cuda_attention.c. */
 #include <stdio.h>
 #include <string.h>
 

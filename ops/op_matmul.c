@@ -32,7 +32,10 @@
  * else, such as a key-sequence shard, is gathered. The mask follows the output's shards where
  * its dims match and is Replicate where it broadcasts.
  *
- * The ops are the rows of OP_MATMUL (ops/op_table.h); their kernels are in ops/cpu/cpu_matmul.c. */
+ * The ops are the rows of OP_MATMUL (ops/op_table.h); their kernels are in ops/cpu/cpu_matmul.c
+ * (and ops/cuda/cuda_matmul.c, cuda_view.c, cuda_attention.c). Attention's kernels read their
+ * pieces' dims through op_sdpa_layout, here, so that every backend derives them alike. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -546,6 +549,43 @@ static int s_local_sdpa(const op_call *c, const int64_t *coord, int64_t *ctx)
     dt_layout_block(c->mesh_ndim, c->mesh_shape, coord, c->want[0], q->ndim, q->shape, local, offset);
     ctx[0] = offset[q->ndim - 2];
     return 1;
+}
+
+const char *op_sdpa_layout(const op_kernel *k, op_sdpa_dims *d)
+{
+    const op_local *q = &k->in[0], *kk = &k->in[1], *v = &k->in[2], *mask = k->nin == 4 ? &k->in[3] : NULL;
+    const op_local *o = &k->out[0];
+    int nd = q->ndim;
+    if (k->nin < 3 || k->nin > 4 || nd < 2 || kk->ndim != nd || v->ndim != nd || (mask && mask->ndim > nd))
+        return "the local pieces of the operands do not fit together";
+    *d = (op_sdpa_dims){.nd = nd, .L = q->shape[nd - 2], .E = q->shape[nd - 1], .S = kk->shape[nd - 2],
+                        .Ev = v->shape[nd - 1], .Hq = nd >= 3 ? q->shape[nd - 3] : 1,
+                        .H = nd >= 3 ? kk->shape[nd - 3] : 1};
+    d->group = d->H ? d->Hq / d->H : 1;
+    d->nbatch = dt_layout_numel(nd - 2, q->shape);
+    if (d->H * d->group != d->Hq || o->ndim != nd || o->shape[nd - 1] != d->Ev || o->shape[nd - 2] != d->L ||
+        dt_layout_numel(nd - 2, kk->shape) * d->group != d->nbatch)
+        return "the local pieces of the operands do not fit together";
+    const op_attrs *a = k->attrs;
+    d->causal = a->nints > 0 && a->ints[0];
+    bool has_scale = a->nints > 2 && a->ints[2] && a->nfloats > 0;
+    d->scale = has_scale ? (float)a->floats[0] : (float)(1.0 / sqrt((double)d->E));
+    d->row0 = k->nctx > 0 ? k->ctx[0] : 0;
+    if (!mask)
+        return NULL;
+    int64_t weights[DT_MAX_DIMS], mst[DT_MAX_DIMS];
+    memcpy(weights, q->shape, sizeof weights);
+    weights[nd - 1] = d->S;
+    dt_layout_strides(mask->ndim, mask->shape, 1, mst);
+    for (int i = 0; i < nd; i++) {
+        int md = i - (nd - mask->ndim);
+        if (md < 0)
+            continue;
+        if (mask->shape[md] != weights[i] && mask->shape[md] != 1)
+            return "the local pieces of the mask and the attention weights do not fit together";
+        d->mask_stride[i] = mask->shape[md] == weights[i] ? mst[md] : 0;
+    }
+    return NULL;
 }
 
 /* ---- the rows of OP_MATMUL ------------------------------------------------------------------- */

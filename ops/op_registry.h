@@ -145,4 +145,25 @@ int op_cat_dim(const op_kernel *k);
  * not line up (nothing from a socket is trusted). */
 const char *op_cat_block(const op_kernel *k, int i, int dim, int64_t *pos, int64_t *shape);
 
+/* How scaled_dot_product_attention's kernels read their local pieces (ops/op_matmul.c, for every
+ * backend): q (..., L, E) holds nbatch matrices of L rows, k (..., S, E) and v (..., S, Ev) those of
+ * the key/value heads; query matrix b attends to key/value matrix (b / Hq) * H + (b % Hq) / group.
+ * The optional mask (in[3]: bool, or float added to the scores) broadcasts onto the attention
+ * weights (..., L, S): its element of weight (b..., i, j) is at the offset of b over q's batch
+ * dims by mask_stride[0..nd-2), plus i * mask_stride[nd-2] + j * mask_stride[nd-1]. */
+typedef struct {
+    int nd;                           /* dims of q, k, v and the output */
+    int64_t nbatch;                   /* q's (batch..., head) matrices */
+    int64_t L, S, E, Ev;
+    int64_t Hq, H, group;             /* query heads, key/value heads, query heads per key/value head */
+    bool causal;                      /* key j visible to row i iff j <= row0 + i */
+    int64_t row0;                     /* the global index of this piece's first query row */
+    float scale;                      /* the scores are scale * (q . k) */
+    int64_t mask_stride[DT_MAX_DIMS]; /* element strides of the mask over the weights' dims, 0 where
+                                         it broadcasts (all 0 without a mask) */
+} op_sdpa_dims;
+
+/* The dims of kernel k's pieces: NULL, or why they do not fit together. */
+const char *op_sdpa_layout(const op_kernel *k, op_sdpa_dims *d);
+
 #endif

@@ -143,15 +143,20 @@ static void s_tolerance(dt_dtype dtype, double *rtol, double *atol)
 
 /* ---- ops through both backends' run ----------------------------------------------------------- */
 
+#define S_MAX_IN 7 /* attention_block's inputs */
+
 typedef struct {
     int nin;
-    dt_dtype dtype[3];
-    int ndim[3];
-    int64_t shape[3][DT_MAX_DIMS];
+    dt_dtype dtype[S_MAX_IN];
+    int ndim[S_MAX_IN];
+    int64_t shape[S_MAX_IN][DT_MAX_DIMS];
     op_attrs attrs;
-    const void *data[3]; /* an input's host values where random ones will not do (indices); NULL: random */
-    bool nans;           /* float inputs hold a NaN here and there */
-    const char *fails;   /* both backends must fail, with this message */
+    const void *data[S_MAX_IN]; /* an input's host values where random ones will not do (indices); NULL: random */
+    bool nans;                  /* float inputs hold a NaN here and there */
+    const char *fails;          /* both backends must fail, with this message */
+    int nctx;                   /* > 0: the kernels' ctx (a device's own, e.g. its first query row), instead of
+                                   what the op's local hook gives a single device */
+    int64_t ctx[OP_MAX_CTX];
 } s_case;
 
 /* Ops computed with exactly rounded arithmetic, or none: the CPU's bits (NaN aside). */
@@ -204,9 +209,13 @@ static bool s_check_op(const op_backend *cuda, const char *name, const s_case *s
     op_kernel kc = {.def = def, .attrs = &call.attrs, .nin = sc->nin, .nout = def->nout};
     if (def->local)
         kc.nctx = def->local(&call, NULL, kc.ctx);
+    if (sc->nctx > 0) {
+        kc.nctx = sc->nctx;
+        memcpy(kc.ctx, sc->ctx, sizeof kc.ctx);
+    }
     op_kernel kg = kc;
     kg.attrs = &call.attrs;
-    void *host_in[3], *dev_in[3];
+    void *host_in[S_MAX_IN], *dev_in[S_MAX_IN];
     for (int i = 0; i < sc->nin; i++) {
         int64_t n = dt_layout_numel(sc->ndim[i], sc->shape[i]);
         host_in[i] = s_input(sc, i, n);
@@ -261,6 +270,7 @@ static bool s_check_op(const op_backend *cuda, const char *name, const s_case *s
 
 static s_case s_shapes(int nin, const dt_dtype *dtypes, const int *ndim, const int64_t (*shapes)[DT_MAX_DIMS])
 {
+    cr_assert(nin <= S_MAX_IN);
     s_case c = {.nin = nin};
     for (int i = 0; i < nin; i++) {
         c.dtype[i] = dtypes[i];
@@ -389,12 +399,13 @@ Test(cuda_ops, products)
 Test(cuda_ops, ops_without_a_kernel_fail_by_name)
 {
     const op_backend *cuda = s_cuda();
-    op_kernel k = {.def = op_find("cumsum")};
+    op_kernel k = {.def = op_find("conv2d")};
     const char *why = cuda->run(k.def, &k);
     cr_assert_not_null(why);
-    cr_expect(strstr(why, "cumsum: no CUDA kernel yet"), "%s", why);
-    cr_expect_null(cuda_kernel_for(OP_ID_topk));
-    cr_expect_not_null(cuda_kernel_for(OP_ID_sum));
+    cr_expect(strstr(why, "conv2d: no CUDA kernel yet"), "%s", why);
+    cr_expect_null(cuda_kernel_for(OP_ID_interpolate));
+    cr_expect_not_null(cuda_kernel_for(OP_ID_topk));
+    cr_expect_not_null(cuda_kernel_for(OP_ID_scaled_dot_product_attention));
 }
 
 /* ---- reductions, softmax, norms ---------------------------------------------------------------
@@ -736,6 +747,252 @@ Test(cuda_ops, rope)
                 /* CUDA's cosf and sinf against glibc's: a few ulps of the angle's functions */
                 cr_expect(s_check_op(cuda, "rope", &c, false, floats[d] == DT_FLOAT32 ? 4 : 1));
             }
+}
+
+/* ---- cumsum, topk ------------------------------------------------------------------------------ */
+
+typedef struct {
+    int ndim;
+    int64_t shape[3];
+} s_shape3;
+
+static s_case s_one(dt_dtype t, const s_shape3 *h)
+{
+    return s_shapes(1, &t, &h->ndim, (const int64_t[][DT_MAX_DIMS]){{h->shape[0], h->shape[1], h->shape[2]}});
+}
+
+/* cumsum adds in the CPU's order, so its bits: along the last dim and along inner ones (read strided),
+ * with torch's conversion to dtype= first */
+Test(cuda_ops, cumsum)
+{
+    const op_backend *cuda = s_cuda();
+    const s_shape3 shapes[] = {{3, {5, 7, 33}}, {2, {3, 300}}, {3, {4, 0, 3}}, {0, {0}}};
+    const int64_t casts[][2] = {{DT_FLOAT32, -1},        {DT_FLOAT16, -1},          {DT_BFLOAT16, -1},
+                                {DT_INT32, -1},          {DT_INT64, -1},            {DT_BOOL, -1},
+                                {DT_FLOAT32, DT_FLOAT16}, {DT_INT32, DT_FLOAT32},   {DT_FLOAT32, DT_INT64},
+                                {DT_INT64, DT_INT32}};
+    for (size_t h = 0; h < sizeof shapes / sizeof shapes[0]; h++)
+        for (size_t i = 0; i < sizeof casts / sizeof casts[0]; i++)
+            for (int nans = 0; nans < 2; nans++)
+                for (int dim = 0; dim < (shapes[h].ndim ? shapes[h].ndim : 1); dim++) {
+                    /* (a NaN converted to an integer has no value the backends agree on) */
+                    if (nans && casts[i][1] >= 0 && !dt_dtype_is_float((dt_dtype)casts[i][1]))
+                        continue;
+                    s_case c = s_one((dt_dtype)casts[i][0], &shapes[h]);
+                    c.nans = nans;
+                    s_set_ints(&c, 2, (int64_t[]){dim, casts[i][1]});
+                    cr_expect(s_check_op(cuda, "cumsum", &c, true, 1), "cumsum of %s along %d",
+                              dt_dtype_name((dt_dtype)casts[i][0]), dim);
+                }
+}
+
+/* topk: the CPU's values and positions exactly, largest and smallest, ties in position order
+ * (small integers and 16-bit floats tie often; -0 ties with +0), a NaN above every number; long
+ * slices (a vocabulary) and inner dims */
+Test(cuda_ops, topk)
+{
+    const op_backend *cuda = s_cuda();
+    const s_shape3 shapes[] = {{3, {5, 7, 33}}, {2, {3, 300}}, {2, {2, 40000}}, {3, {4, 0, 3}}, {0, {0}}};
+    const dt_dtype types[] = {DT_FLOAT32, DT_FLOAT16, DT_BFLOAT16, DT_INT32, DT_INT64};
+    for (size_t h = 0; h < sizeof shapes / sizeof shapes[0]; h++)
+        for (size_t d = 0; d < sizeof types / sizeof types[0]; d++)
+            for (int nans = 0; nans < 2; nans++)
+                for (int largest = 0; largest < 2; largest++)
+                    for (int dim = 0; dim < (shapes[h].ndim ? shapes[h].ndim : 1); dim++) {
+                        int64_t n = shapes[h].ndim ? shapes[h].shape[dim] : 1;
+                        const int64_t ks[] = {n ? 1 : 0, n < 17 ? n : 17, n};
+                        for (int i = 0; i < 3; i++) {
+                            s_case c = s_one(types[d], &shapes[h]);
+                            c.nans = nans;
+                            s_set_ints(&c, 4, (int64_t[]){ks[i], dim, largest, 1});
+                            cr_expect(s_check_op(cuda, "topk", &c, true, 1), "topk k=%lld of %s along %d",
+                                      (long long)ks[i], dt_dtype_name(types[d]), dim);
+                        }
+                    }
+    static const float special[] = {0.0f, -0.0f, 1.0f, NAN, 1.0f, -INFINITY, INFINITY, NAN, -0.0f, 2.0f, 1.0f, -1.0f};
+    for (int largest = 0; largest < 2; largest++)
+        for (int64_t k = 1; k <= 12; k += 5) {
+            s_case c = s_shapes(1, (dt_dtype[]){DT_FLOAT32}, (int[]){1}, (const int64_t[][DT_MAX_DIMS]){{12}});
+            c.data[0] = special;
+            s_set_ints(&c, 4, (int64_t[]){k, 0, largest, 1});
+            cr_expect(s_check_op(cuda, "topk", &c, true, 1), "topk of zeros, infinities and NaNs, k=%lld", (long long)k);
+        }
+}
+
+/* ---- attention ----------------------------------------------------------------------------------
+ * The CPU computes the scores by a product, the softmax over each whole row, then a second product;
+ * the CUDA kernel visits the keys in tiles with an online softmax: float32 results agree to
+ * rounding (sums of E products, a softmax over S keys), 16-bit ones to one rounding of theirs. */
+
+static double s_attention_slack(dt_dtype t) { return t == DT_FLOAT32 ? 32 : 2; }
+
+/* q, k, v of dtype t and shapes q, k, v; ints [is_causal, enable_gqa, has_scale]; mask: its dtype
+ * and shape (mask_nd 0: none); row0: ctx[0], the piece's first query row */
+static void s_check_sdpa(const op_backend *cuda, const char *what, dt_dtype t, int nd, const int64_t *q,
+                         const int64_t *k, const int64_t *v, bool causal, bool gqa, double scale, dt_dtype mask_t,
+                         int mask_nd, const int64_t *mask, int64_t row0)
+{
+    int64_t sh[4][DT_MAX_DIMS] = {{0}};
+    memcpy(sh[0], q, (size_t)nd * sizeof *q);
+    memcpy(sh[1], k, (size_t)nd * sizeof *k);
+    memcpy(sh[2], v, (size_t)nd * sizeof *v);
+    if (mask_nd)
+        memcpy(sh[3], mask, (size_t)mask_nd * sizeof *mask);
+    s_case c = s_shapes(mask_nd ? 4 : 3, (dt_dtype[]){t, t, t, mask_t}, (int[]){nd, nd, nd, mask_nd},
+                        (const int64_t(*)[DT_MAX_DIMS])sh);
+    s_set_ints(&c, 3, (int64_t[]){causal, gqa, scale != 0});
+    c.attrs.nfloats = scale != 0;
+    c.attrs.floats[0] = scale;
+    c.nctx = 1;
+    c.ctx[0] = row0;
+    cr_expect(s_check_op(cuda, "scaled_dot_product_attention", &c, false, s_attention_slack(t)), "%s", what);
+}
+
+Test(cuda_ops, scaled_dot_product_attention)
+{
+    const op_backend *cuda = s_cuda();
+    const dt_dtype floats[] = {DT_FLOAT32, DT_FLOAT16, DT_BFLOAT16};
+    for (int d = 0; d < 3; d++) {
+        dt_dtype t = floats[d];
+        /* decode: one query row against 300 keys (three tiles) */
+        s_check_sdpa(cuda, "decode", t, 4, (int64_t[]){2, 4, 1, 64}, (int64_t[]){2, 4, 300, 64},
+                     (int64_t[]){2, 4, 300, 64}, false, false, 0, DT_BOOL, 0, NULL, 0);
+        /* grouped-query heads, values narrower than keys */
+        s_check_sdpa(cuda, "decode, GQA", t, 4, (int64_t[]){2, 8, 1, 64}, (int64_t[]){2, 2, 300, 64},
+                     (int64_t[]){2, 2, 300, 32}, false, true, 0, DT_BOOL, 0, NULL, 0);
+        /* prefill of a piece whose first row is 150 of the whole, causal; then one whose rows reach
+         * past the keys */
+        s_check_sdpa(cuda, "prefill, causal, row0 150", t, 4, (int64_t[]){1, 4, 5, 16}, (int64_t[]){1, 4, 200, 16},
+                     (int64_t[]){1, 4, 200, 16}, true, false, 0, DT_BOOL, 0, NULL, 150);
+        s_check_sdpa(cuda, "prefill, causal, row0 197", t, 4, (int64_t[]){1, 2, 5, 16}, (int64_t[]){1, 2, 200, 16},
+                     (int64_t[]){1, 2, 200, 24}, true, false, 0, DT_BOOL, 0, NULL, 197);
+        s_check_sdpa(cuda, "prefill, causal, GQA", t, 4, (int64_t[]){1, 4, 130, 16}, (int64_t[]){1, 2, 130, 16},
+                     (int64_t[]){1, 2, 130, 16}, true, true, 0, DT_BOOL, 0, NULL, 0);
+        /* masks broadcast onto (B, H, L, S): a bool one over batch and heads, one with few keys (a row
+         * sees none of them now and then: zeros), float ones over batch, heads or rows */
+        s_check_sdpa(cuda, "bool mask (L, S)", t, 4, (int64_t[]){2, 3, 4, 16}, (int64_t[]){2, 3, 9, 16},
+                     (int64_t[]){2, 3, 9, 16}, false, false, 0, DT_BOOL, 2, (int64_t[]){4, 9}, 0);
+        s_check_sdpa(cuda, "bool mask, 3 keys", t, 4, (int64_t[]){2, 3, 8, 16}, (int64_t[]){2, 3, 3, 16},
+                     (int64_t[]){2, 3, 3, 16}, false, false, 0, DT_BOOL, 4, (int64_t[]){2, 1, 8, 3}, 0);
+        s_check_sdpa(cuda, "float mask (1, H, 1, S)", t, 4, (int64_t[]){2, 3, 4, 16}, (int64_t[]){2, 3, 140, 16},
+                     (int64_t[]){2, 3, 140, 16}, false, false, 0, t, 4, (int64_t[]){1, 3, 1, 140}, 0);
+        s_check_sdpa(cuda, "float32 mask (B, 1, L, S), GQA", t, 4, (int64_t[]){2, 4, 3, 16},
+                     (int64_t[]){2, 2, 7, 16}, (int64_t[]){2, 2, 7, 16}, false, true, 0, DT_FLOAT32, 4,
+                     (int64_t[]){2, 1, 3, 7}, 0);
+        s_check_sdpa(cuda, "a scale", t, 4, (int64_t[]){1, 2, 3, 16}, (int64_t[]){1, 2, 5, 16},
+                     (int64_t[]){1, 2, 5, 16}, false, false, 0.3, DT_BOOL, 0, NULL, 0);
+        s_check_sdpa(cuda, "3-d, no heads", t, 3, (int64_t[]){2, 5, 16}, (int64_t[]){2, 7, 16},
+                     (int64_t[]){2, 7, 8}, true, false, 0, DT_BOOL, 0, NULL, 2);
+        s_check_sdpa(cuda, "2-d", t, 2, (int64_t[]){5, 16}, (int64_t[]){7, 16}, (int64_t[]){7, 8}, false, false, 0,
+                     DT_BOOL, 0, NULL, 0);
+        /* empty pieces: no query rows, no keys (zeros), empty heads (scores of 0: the mean of v) */
+        s_check_sdpa(cuda, "no query rows", t, 4, (int64_t[]){2, 3, 0, 16}, (int64_t[]){2, 3, 5, 16},
+                     (int64_t[]){2, 3, 5, 16}, false, false, 0, DT_BOOL, 0, NULL, 0);
+        s_check_sdpa(cuda, "no keys", t, 4, (int64_t[]){2, 3, 4, 16}, (int64_t[]){2, 3, 0, 16},
+                     (int64_t[]){2, 3, 0, 16}, false, false, 0, DT_BOOL, 0, NULL, 0);
+        s_check_sdpa(cuda, "E = 0", t, 4, (int64_t[]){2, 3, 4, 0}, (int64_t[]){2, 3, 5, 0}, (int64_t[]){2, 3, 5, 8},
+                     false, false, 0, DT_BOOL, 0, NULL, 0);
+    }
+}
+
+/* Heads whose row and values do not fit in a block's shared memory are refused by name. */
+Test(cuda_ops, attention_refuses_heads_too_wide)
+{
+    const op_backend *cuda = s_cuda();
+    const op_def *def = op_find("scaled_dot_product_attention");
+    op_attrs attrs = {.nints = 3};
+    const int64_t E = 40000;
+    op_kernel k = {.def = def, .attrs = &attrs, .nin = 3, .nout = 1, .nctx = 1};
+    for (int i = 0; i < 3; i++) {
+        k.in[i] = (op_local){DT_FLOAT32, 4, {1, 1, i ? 2 : 1, E}, NULL};
+        k.in[i].data = cuda->alloc((size_t)(i ? 2 : 1) * E * sizeof(float));
+    }
+    k.out[0] = (op_local){DT_FLOAT32, 4, {1, 1, 1, E}, cuda->alloc((size_t)E * sizeof(float))};
+    const char *why = cuda->run(def, &k);
+    cr_expect(why && strstr(why, "shared memory") && strstr(why, "40000"), "%s", why ? why : "(none)");
+    for (int i = 0; i < 3; i++)
+        cuda->free(k.in[i].data, 0);
+    cuda->free(k.out[0].data, 0);
+}
+
+/* positions of query rows and key slots for attention_block: zig-zag-like orders, -1 for empty
+ * slots and for a query row that sees nothing under the causal mask */
+static int64_t s_q_pos[2 * 6], s_k_pos[2 * 200];
+
+static void s_positions(void)
+{
+    static const int64_t rows[] = {100, 3, 250, -1, 40, 7};
+    for (int b = 0; b < 2; b++) {
+        for (int i = 0; i < 6; i++)
+            s_q_pos[b * 6 + i] = rows[i] + b;
+        for (int j = 0; j < 200; j++)
+            s_k_pos[b * 200 + j] = j % 13 == 5 ? -1 : (j * 7 + b * 3) % 260;
+    }
+}
+
+/* log-sum-exps of partial results, -inf (nothing seen) here and there */
+static float *s_lse_values(int64_t n)
+{
+    float *v = malloc((size_t)(n ? n : 1) * sizeof *v);
+    for (int64_t i = 0; i < n; i++)
+        v[i] = i % 5 == 2 ? -INFINITY : (float)(6 * s_uniform() - 3);
+    return v;
+}
+
+Test(cuda_ops, attention_block_and_merge)
+{
+    const op_backend *cuda = s_cuda();
+    const dt_dtype floats[] = {DT_FLOAT32, DT_FLOAT16, DT_BFLOAT16};
+    s_positions();
+    float *lse_acc = s_lse_values(2 * 4 * 6);
+    const struct {
+        int64_t Hq, H, L, S, D, Dv, q_batch, k_batch;
+    } shapes[] = {
+        {4, 4, 6, 200, 32, 32, 2, 2}, /* two tiles of keys, positions per batch row */
+        {4, 2, 6, 200, 16, 24, 1, 2}, /* grouped-query heads, one set of query positions */
+        {4, 2, 1, 200, 16, 16, 2, 1}, /* decode */
+        {4, 4, 6, 0, 16, 16, 2, 2},   /* an empty block: nothing seen */
+        {4, 4, 0, 200, 16, 16, 2, 2}, /* no query rows */
+    };
+    for (int d = 0; d < 3; d++)
+        for (size_t h = 0; h < sizeof shapes / sizeof shapes[0]; h++)
+            for (int causal = 0; causal < 2; causal++)
+                for (int acc = 0; acc < 2; acc++) {
+                    dt_dtype t = floats[d], f = DT_FLOAT32, i64 = DT_INT64;
+                    int64_t Hq = shapes[h].Hq, H = shapes[h].H, L = shapes[h].L, S = shapes[h].S;
+                    int64_t D = shapes[h].D, Dv = shapes[h].Dv;
+                    s_case c = s_shapes(acc ? 7 : 5, (dt_dtype[]){t, t, t, i64, i64, f, f},
+                                        (int[]){4, 4, 4, 2, 2, 4, 3},
+                                        (const int64_t[][DT_MAX_DIMS]){{2, Hq, L, D},
+                                                                       {2, H, S, D},
+                                                                       {2, H, S, Dv},
+                                                                       {shapes[h].q_batch, L},
+                                                                       {shapes[h].k_batch, S},
+                                                                       {2, Hq, L, Dv},
+                                                                       {2, Hq, L}});
+                    /* batch row 0's positions serve as the single row of positions (batch 1) */
+                    static const int64_t decode_pos[2] = {120, 30};
+                    c.data[3] = L == 6 ? s_q_pos : decode_pos;
+                    c.data[4] = s_k_pos;
+                    c.data[6] = lse_acc;
+                    s_set_ints(&c, 1, (int64_t[]){causal});
+                    c.attrs.nfloats = 1;
+                    c.attrs.floats[0] = 1.0 / sqrt((double)D);
+                    cr_expect(s_check_op(cuda, "attention_block", &c, false, 32),
+                              "attention_block of %s, shape %zu, causal %d, accumulators %d", dt_dtype_name(t), h,
+                              causal, acc);
+                }
+    /* three partial results merged in order */
+    for (int64_t L = 0; L <= 5; L += 5) {
+        float *lse = s_lse_values(3 * 2 * 4 * L);
+        s_case c = s_shapes(2, (dt_dtype[]){DT_FLOAT32, DT_FLOAT32}, (int[]){4, 3},
+                            (const int64_t[][DT_MAX_DIMS]){{6, 4, L, 16}, {6, 4, L}});
+        c.data[1] = lse;
+        s_set_ints(&c, 1, (int64_t[]){3});
+        cr_expect(s_check_op(cuda, "attention_merge", &c, false, 4), "attention_merge, L %lld", (long long)L);
+        free(lse);
+    }
+    free(lse_acc);
 }
 
 /* ---- the other slots ------------------------------------------------------------------------- */

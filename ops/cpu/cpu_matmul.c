@@ -429,37 +429,16 @@ static const char *s_embedding(op_kernel *k)
 
 static const char *s_sdpa(op_kernel *k)
 {
+    op_sdpa_dims d;
+    const char *why = op_sdpa_layout(k, &d);
+    if (why)
+        return why;
     const op_local *q = &k->in[0], *kk = &k->in[1], *v = &k->in[2], *mask = k->nin == 4 ? &k->in[3] : NULL;
     op_local *o = &k->out[0];
-    int nd = q->ndim;
-    int64_t L = q->shape[nd - 2], E = q->shape[nd - 1], S = kk->shape[nd - 2], Ev = v->shape[nd - 1];
-    int64_t Hq = nd >= 3 ? q->shape[nd - 3] : 1, H = nd >= 3 ? kk->shape[nd - 3] : 1;
-    int64_t group = H ? Hq / H : 1;
-    int64_t nbatch = dt_layout_numel(nd - 2, q->shape); /* every (batch..., head) of the query */
-    if (H * group != Hq || o->ndim != nd || o->shape[nd - 1] != Ev || o->shape[nd - 2] != L ||
-        dt_layout_numel(nd - 2, kk->shape) * group != nbatch)
-        return "the local pieces of the operands do not fit together";
-    bool causal = k->attrs->nints > 0 && k->attrs->ints[0];
-    bool has_scale = k->attrs->nints > 2 && k->attrs->ints[2] && k->attrs->nfloats > 0;
-    float scale = has_scale ? (float)k->attrs->floats[0] : (float)(1.0 / sqrt((double)E));
-    int64_t row0 = k->nctx > 0 ? k->ctx[0] : 0;
-    /* the mask as additive float32, indexed with the attention weights' (local) dims */
-    int64_t wshape[DT_MAX_DIMS], mstride[DT_MAX_DIMS] = {0};
-    memcpy(wshape, q->shape, sizeof wshape);
-    wshape[nd - 1] = S;
+    int nd = d.nd;
+    int64_t L = d.L, S = d.S, E = d.E, Ev = d.Ev;
+    /* the mask as additive float32 */
     float *mvals = NULL;
-    if (mask) {
-        int64_t mst[DT_MAX_DIMS];
-        cpu_contiguous_strides(mask->ndim, mask->shape, 1, mst);
-        for (int d = 0; d < nd; d++) {
-            int md = d - (nd - mask->ndim);
-            if (md < 0)
-                continue;
-            if (mask->shape[md] != wshape[d] && mask->shape[md] != 1)
-                return "the local pieces of the mask and the attention weights do not fit together";
-            mstride[d] = mask->shape[md] == wshape[d] ? mst[md] : 0;
-        }
-    }
     void *sq, *sk, *sv, *so = NULL;
     const float *pq = cpu_piece_as(q, CPU_F32, &sq), *pk = cpu_piece_as(kk, CPU_F32, &sk),
                 *pv = cpu_piece_as(v, CPU_F32, &sv);
@@ -475,19 +454,19 @@ static const char *s_sdpa(op_kernel *k)
             cpu_to_ctype(mvals, CPU_F32, mask->data, mask->dtype, nmask);
         }
     }
-    const char *why = pq && pk && pv && po && scores && (!mask || mvals) ? NULL : "out of memory on the device";
+    why = pq && pk && pv && po && scores && (!mask || mvals) ? NULL : "out of memory on the device";
     int64_t idx[DT_MAX_DIMS] = {0};
-    for (int64_t b = 0; b < nbatch && !why; b++) {
-        int64_t h = nd >= 3 ? idx[nd - 3] : 0, outer = nd >= 3 ? b / (Hq ? Hq : 1) : 0;
-        int64_t kv = outer * H + h / group, moff = 0;
-        for (int d = 0; d < nd - 2; d++)
-            moff += idx[d] * mstride[d];
+    for (int64_t b = 0; b < d.nbatch && !why; b++) {
+        int64_t kv = (b / d.Hq) * d.H + (b % d.Hq) / d.group, moff = 0;
+        for (int i = 0; i < nd - 2; i++)
+            moff += idx[i] * d.mask_stride[i];
         cpu_attention_head(L, S, E, Ev, pq + b * L * E, pk + kv * S * E, pv + kv * S * Ev, mvals ? mvals + moff : NULL,
-                           mstride[nd - 2], mstride[nd - 1], causal, row0, scale, scores, po + b * L * Ev);
-        for (int d = nd - 3; d >= 0; d--) {
-            if (++idx[d] < q->shape[d])
+                           d.mask_stride[nd - 2], d.mask_stride[nd - 1], d.causal, d.row0, d.scale, scores,
+                           po + b * L * Ev);
+        for (int i = nd - 3; i >= 0; i--) {
+            if (++idx[i] < q->shape[i])
                 break;
-            idx[d] = 0;
+            idx[i] = 0;
         }
     }
     if (!why && so)

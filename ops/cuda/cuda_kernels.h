@@ -103,6 +103,74 @@ cudaError_t cuda_norm(bool rms, const void *in, dt_dtype in_dtype, void *out, dt
                       int64_t d, const void *weight, dt_dtype weight_dtype, const void *bias, dt_dtype bias_dtype,
                       float eps, cudaStream_t s);
 
+/* cpu_cumsum_run: out (outer, n, inner) = the running sum along n of in, in float32 (floating) or
+ * wrapping int64, added in the CPU's order (each column by one thread), so the CPU's bits. */
+cudaError_t cuda_cumsum(bool floating, const void *in, dt_dtype in_dtype, void *out, dt_dtype out_dtype, int64_t outer,
+                        int64_t n, int64_t inner, cudaStream_t s);
+
+/* Device scratch cuda_topk needs (0: none) for (outer, n, inner). */
+size_t cuda_topk_scratch(bool floating, int64_t outer, int64_t n, int64_t inner);
+
+/* cpu_topk_run: values/index (outer, k, inner) = the k largest (smallest) elements along n of in
+ * (outer, n, inner), largest (smallest) first, ties in index order, a NaN above every number;
+ * float32 keys for floating dtypes, int64 ones for integers (values keep in's dtype). scratch:
+ * cuda_topk_scratch bytes. */
+cudaError_t cuda_topk(bool floating, const void *in, dt_dtype dtype, void *values, int64_t *index, int64_t outer,
+                      int64_t n, int64_t inner, int64_t k, bool largest, void *scratch, cudaStream_t s);
+
+/* ---- attention (cuda_attention_kernels.cu) -----------------------------------------------------
+ * A block of threads per query row: the row in shared memory, the keys in tiles of the block's
+ * threads with an online softmax (a running max and denominator; the weighted values, Ev floats in
+ * shared memory, rescaled at each tile). q, k and v are read in their floating dtype, everything
+ * else is float32. */
+
+/* The shared memory one block needs for heads of E (query, key) and Ev (value) elements. */
+size_t cuda_attention_smem(int64_t E, int64_t Ev);
+
+/* scaled_dot_product_attention as cpu_attention_head computes it for each of nbatch query
+ * matrices (op_sdpa_dims, ops/op_registry.h): q (nbatch, L, E), k (., S, E), v (., S, Ev) of
+ * dtype, out (nbatch, L, Ev) of out_dtype; the mask (NULL: none) bool or floating, read at the
+ * offset of b over batch_shape[0..nd-2) by mask_stride plus i, j by mask_stride[nd-2], [nd-1]. A
+ * row that sees nothing gives zeros. */
+typedef struct {
+    const void *q, *k, *v;
+    dt_dtype dtype;
+    void *out;
+    dt_dtype out_dtype;
+    const void *mask;
+    dt_dtype mask_dtype;
+    int nd;
+    int64_t batch_shape[DT_MAX_DIMS], mask_stride[DT_MAX_DIMS];
+    int64_t nbatch, L, S, E, Ev, Hq, H, group, row0;
+    bool causal;
+    float scale;
+} cuda_sdpa_args;
+
+cudaError_t cuda_sdpa(const cuda_sdpa_args *a, cudaStream_t s);
+
+/* attention_block as cpu_attention_block_head and cpu_attention_merge compute it: q (B, Hq, L, D),
+ * k (B, H, S, D), v (B, H, S, Dv) of dtype, q_pos (1 or B, L), k_pos (1 or B, S) int64 (q_pos_batch,
+ * k_pos_batch: 1 or B); o (B, Hq, L, Dv) and lse (B, Hq, L) float32, the block's result merged into
+ * o_acc, lse_acc where given (NULL: the block's result alone). */
+typedef struct {
+    const void *q, *k, *v;
+    dt_dtype dtype;
+    const int64_t *q_pos, *k_pos;
+    int64_t q_pos_batch, k_pos_batch;
+    const float *o_acc, *lse_acc;
+    float *o, *lse;
+    int64_t B, Hq, H, L, S, D, Dv;
+    bool causal;
+    float scale;
+} cuda_block_args;
+
+cudaError_t cuda_attention_block(const cuda_block_args *a, cudaStream_t s);
+
+/* attention_merge: parts P of (o (rows, Dv), lse (rows)) stacked, float32, merged in order into o,
+ * lse as cpu_attention_merge merges them. */
+cudaError_t cuda_attention_merge(float *o, float *lse, const float *o_parts, const float *lse_parts, int64_t P,
+                                 int64_t rows, int64_t Dv, cudaStream_t s);
+
 /* ---- data movement by index (cuda_view_kernels.cu) --------------------------------------------
  * Rows are row_bytes each; indices are int32 or int64 (idx_dtype). */
 

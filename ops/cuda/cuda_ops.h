@@ -29,6 +29,7 @@
     X(max, cuda_k_reduce) X(min, cuda_k_reduce)                                                                        \
     X(max_dim, cuda_k_arg) X(min_dim, cuda_k_arg) X(argmax, cuda_k_arg) X(argmin, cuda_k_arg)                          \
     X(softmax, cuda_k_softmax) X(log_softmax, cuda_k_softmax) X(layer_norm, cuda_k_norm) X(rms_norm, cuda_k_norm)    \
+    X(cumsum, cuda_k_cumsum) X(topk, cuda_k_topk)                                                                      \
     /* views and data movement, embedding (cuda_view.c; kernels in cuda_view_kernels.cu), every dtype */              \
     X(reshape, cuda_k_reshape) X(flatten, cuda_k_reshape) X(unsqueeze, cuda_k_reshape) X(squeeze, cuda_k_reshape)      \
     X(permute, cuda_k_permute) X(expand, cuda_k_expand) X(cat, cuda_k_cat) X(stack, cuda_k_cat)                        \
@@ -37,7 +38,10 @@
     /* writes in place (cuda_write.c) */                                                                               \
     X(slice_assign_, cuda_k_slice_assign) X(shard_assign_, cuda_k_slice_assign) X(index_copy_, cuda_k_index_copy)      \
     /* rotary embedding (cuda_rope.c; kernel in cuda_rope_kernels.cu) */                                               \
-    X(rope, cuda_k_rope)
+    X(rope, cuda_k_rope)                                                                                               \
+    /* attention (cuda_attention.c; kernels in cuda_attention_kernels.cu), floating dtypes */                          \
+    X(scaled_dot_product_attention, cuda_k_sdpa) X(attention_block, cuda_k_attention_block)                            \
+    X(attention_merge, cuda_k_attention_merge)
 
 typedef const char *(*cuda_op_kernel)(op_kernel *k);
 

@@ -1,6 +1,6 @@
 /* cuda_reduce — the drivers of the reductions on the GPU (sum, mean, amax, amin, max, min, max/min
- * along a dim, argmax, argmin), softmax, log_softmax, layer_norm and rms_norm: cpu_reduce.c's
- * kernels on device memory, with its dtypes, empty-piece values and NaN and tie rules (the kernels
+ * along a dim, argmax, argmin), softmax, log_softmax, cumsum, topk, layer_norm and rms_norm:
+ * cpu_reduce.c's kernels on device memory, with its dtypes, empty-piece values and NaN and tie rules (the kernels
  * are in cuda_reduce_kernels.cu). ctx is what op_reduce.c's local hook gives the CPU too.
  *
  * Pieces are read in place in their compute type (float32 from every floating dtype, int64 from
@@ -9,6 +9,7 @@
  * converted copy on the compute stream. */
 #include <float.h>
 #include <math.h>
+#include <stdint.h>
 
 #include "cuda_backend.h"
 #include "cuda_kernels.h"
@@ -219,4 +220,72 @@ const char *cuda_k_norm(op_kernel *k)
                                 w ? w->data : NULL, w ? w->dtype : DT_FLOAT32, b ? b->data : NULL,
                                 b ? b->dtype : DT_FLOAT32, eps, c->compute),
                       "norm kernel");
+}
+
+/* (outer, n, inner) of a piece along dim */
+static void s_along(const op_local *p, int dim, int64_t *outer, int64_t *n, int64_t *inner)
+{
+    *outer = *n = *inner = 1;
+    for (int d = 0; d < p->ndim; d++)
+        *(d < dim ? outer : d == dim ? n : inner) *= p->shape[d];
+}
+
+/* cumsum: ctx[0] = the dim; the input as torch sees it after converting it to the output's dtype,
+ * summed in float32 or wrapping int64 */
+const char *cuda_k_cumsum(op_kernel *k)
+{
+    const char *why;
+    cuda_ctx *c = cuda_ctx_get(&why);
+    if (!c)
+        return why;
+    const op_local *in = &k->in[0];
+    op_local *out = &k->out[0];
+    if (k->nctx < 1)
+        return "cumsum: missing its dim (internal error)";
+    int64_t outer, n, inner;
+    s_along(in, (int)k->ctx[0], &outer, &n, &inner);
+    if (outer * n * inner == 0)
+        return NULL;
+    bool floating = dt_dtype_is_float(out->dtype);
+    const void *x;
+    dt_dtype xd;
+    void *copy;
+    why = s_source(c, in, floating, out->dtype, &x, &xd, &copy);
+    if (!why)
+        why = cuda_check(cuda_cumsum(floating, x, xd, out->data, out->dtype, outer, n, inner, c->compute),
+                         "cumsum kernel");
+    cuda_scratch_free(c, copy);
+    return why;
+}
+
+/* topk: ctx[0] = the dim; ints [k, dim, largest, sorted] -> (values, indices); always sorted, as on
+ * the CPU */
+const char *cuda_k_topk(op_kernel *k)
+{
+    const char *why;
+    cuda_ctx *c = cuda_ctx_get(&why);
+    if (!c)
+        return why;
+    const op_local *in = &k->in[0];
+    if (k->nctx < 1 || k->nout != 2 || k->attrs->nints < 1)
+        return "topk: missing arguments (internal error)";
+    int64_t outer, n, inner, top = k->attrs->ints[0];
+    bool largest = k->attrs->nints < 3 || k->attrs->ints[2] != 0;
+    s_along(in, (int)k->ctx[0], &outer, &n, &inner);
+    if (outer * inner * top == 0)
+        return NULL;
+    if (in->dtype == DT_BOOL || top > n)
+        return "topk: bad operands (internal error)";
+    if (n > INT32_MAX)
+        return "topk: slices of more than 2^31 - 1 elements have no CUDA kernel yet";
+    bool floating = dt_dtype_is_float(in->dtype);
+    void *scratch = NULL;
+    size_t bytes = cuda_topk_scratch(floating, outer, n, inner);
+    why = cuda_scratch(c, bytes, &scratch);
+    if (!why)
+        why = cuda_check(cuda_topk(floating, in->data, in->dtype, k->out[0].data, k->out[1].data, outer, n, inner, top,
+                                   largest, scratch, c->compute),
+                         "topk kernel");
+    cuda_scratch_free(c, scratch);
+    return why;
 }

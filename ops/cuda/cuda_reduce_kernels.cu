@@ -1,8 +1,9 @@
-/* cuda_reduce_kernels — the reductions, softmax and norms on the GPU (cuda_kernels.h), in the CPU's
- * compute types (ops/cpu/cpu_reduce.c): float32 sums, NaN-propagating float max/min, wrapping int64
- * sums, arg-extremes with the CPU's tie rule, the CPU's softmax exponential (ops/op_reduce_math.h)
- * and its norm formulas. Sums are added in another order than the CPU's, so float results agree to
- * rounding, not bit for bit; everything else gives the CPU's values.
+/* cuda_reduce_kernels — the reductions, softmax, norms, cumsum and topk on the GPU (cuda_kernels.h),
+ * in the CPU's compute types (ops/cpu/cpu_reduce.c): float32 sums, NaN-propagating float max/min,
+ * wrapping int64 sums, arg-extremes with the CPU's tie rule, the CPU's softmax exponential
+ * (ops/op_reduce_math.h) and its norm formulas. Sums are added in another order than the CPU's, so
+ * float results agree to rounding, not bit for bit; everything else (cumsum, which adds in the
+ * CPU's order, and topk among them) gives the CPU's values.
  *
  * One accumulator type per operation (init, add an element, merge another, write the result) serves
  * two shapes of launch: a block per output when the folded elements lie side by side in memory
@@ -300,4 +301,203 @@ extern "C" cudaError_t cuda_norm(bool rms, const void *in, dt_dtype in_dtype, vo
     s_norm_rows<<<s_rows(rows), S_THREADS, 0, s>>>(rms, in, in_dtype, out, out_dtype, rows, d, weight, weight_dtype,
                                                     bias, bias_dtype, eps);
     return cudaGetLastError();
+}
+
+/* ---- cumsum: a thread per column, adding in the CPU's order (so its bits) --------------------- */
+
+template <class V>
+__global__ void s_cumsum_columns(const void *in, dt_dtype id, void *out, dt_dtype od, int64_t outer, int64_t n,
+                                 int64_t inner)
+{
+    for (int64_t c = blockIdx.x * (int64_t)S_THREADS + threadIdx.x; c < outer * inner;
+         c += (int64_t)gridDim.x * S_THREADS) {
+        int64_t first = (c / inner) * n * inner + c % inner;
+        V run = s_get<V>(in, id, first);
+        s_put(out, od, first, run);
+        for (int64_t r = 1; r < n; r++) {
+            run = s_plus(run, s_get<V>(in, id, first + r * inner));
+            s_put(out, od, first + r * inner, run);
+        }
+    }
+}
+
+extern "C" cudaError_t cuda_cumsum(bool floating, const void *in, dt_dtype in_dtype, void *out, dt_dtype out_dtype,
+                                   int64_t outer, int64_t n, int64_t inner, cudaStream_t s)
+{
+    if (outer * n * inner <= 0)
+        return cudaSuccess;
+    if (floating)
+        s_cumsum_columns<float><<<s_blocks(outer * inner), S_THREADS, 0, s>>>(in, in_dtype, out, out_dtype, outer, n,
+                                                                                inner);
+    else
+        s_cumsum_columns<int64_t><<<s_blocks(outer * inner), S_THREADS, 0, s>>>(in, in_dtype, out, out_dtype, outer,
+                                                                                  n, inner);
+    return cudaGetLastError();
+}
+
+/* ---- topk: a stable radix sort of each slice -------------------------------------------------
+ * Each slice along n is sorted by a block, 8 bits of a sort key per pass, in device scratch: keys
+ * whose ascending order is the order topk lists elements in (largest first, or smallest first; a
+ * NaN above every number, -0 level with +0), and positions. Every pass is stable and the first
+ * reads the elements in position order, so elements that rank alike stay in position order: the
+ * CPU's tie rule. The first k are the result. Passes whose digit is the same for every element
+ * are skipped (the high bytes of small integers, the low ones of 16-bit floats). */
+
+#define S_BINS 256
+#define S_SORT_WARPS (S_THREADS / 32)
+/* scratch for the blocks sorting slices at once: each holds two copies of its slice */
+#define S_TOPK_SCRATCH ((size_t)64 << 20)
+
+/* The sort key of a float: its order as an unsigned integer, NaN the highest, -0 as +0. */
+__device__ __forceinline__ uint32_t s_sort_key(float x, bool largest)
+{
+    uint32_t u = 0xffffffffu;
+    if (x == x) {
+        u = __float_as_uint(x == 0.0f ? 0.0f : x);
+        u = (u & 0x80000000u) ? ~u : u | 0x80000000u;
+    }
+    return largest ? ~u : u;
+}
+
+__device__ __forceinline__ uint64_t s_sort_key(int64_t x, bool largest)
+{
+    uint64_t u = (uint64_t)x ^ 0x8000000000000000ull;
+    return largest ? ~u : u;
+}
+
+template <class K> static int64_t s_topk_blocks(int64_t slices, int64_t n)
+{
+    size_t per = 2 * (size_t)n * (sizeof(K) + sizeof(int64_t));
+    int64_t most = (int64_t)(S_TOPK_SCRATCH / per);
+    most = most < 1 ? 1 : most > 65535 ? 65535 : most;
+    return slices < most ? slices : most;
+}
+
+/* keys, pos: 2 n of each per block */
+template <class V, class K>
+__global__ void s_topk_slices(const void *in, dt_dtype dt, void *values, int64_t *index, int64_t outer, int64_t n,
+                              int64_t inner, int64_t k, bool largest, K *keys, int64_t *pos)
+{
+    __shared__ int64_t base[S_BINS];            /* where the next element of each digit goes */
+    __shared__ int count[S_SORT_WARPS][S_BINS]; /* the histogram, then each warp's elements per digit */
+    __shared__ int total[S_BINS];               /* a chunk's elements per digit */
+    __shared__ bool skip;
+    K *key_buf[2] = {keys + blockIdx.x * 2 * n, keys + blockIdx.x * 2 * n + n};
+    int64_t *pos_buf[2] = {pos + blockIdx.x * 2 * n, pos + blockIdx.x * 2 * n + n};
+    const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    for (int64_t slice = blockIdx.x; slice < outer * inner; slice += gridDim.x) {
+        int64_t first = (slice / inner) * n * inner + slice % inner;
+        int cur = -1; /* the buffer holding the slice so far; -1: the input, in position order */
+        for (int shift = 0; shift < 8 * (int)sizeof(K); shift += 8) {
+            for (int b = threadIdx.x; b < S_BINS; b += S_THREADS)
+                count[0][b] = 0;
+            __syncthreads();
+            for (int64_t r = threadIdx.x; r < n; r += S_THREADS) {
+                K key = cur < 0 ? s_sort_key(s_get<V>(in, dt, first + r * inner), largest) : key_buf[cur][r];
+                atomicAdd(&count[0][(key >> shift) & 0xff], 1);
+            }
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                int64_t run = 0;
+                skip = false;
+                for (int b = 0; b < S_BINS; b++) {
+                    skip = skip || count[0][b] == n;
+                    base[b] = run;
+                    run += count[0][b];
+                }
+            }
+            __syncthreads();
+            if (skip)
+                continue;
+            int dst = cur == 0 ? 1 : 0;
+            for (int b = threadIdx.x; b < S_BINS; b += S_THREADS)
+                for (int w = 0; w < S_SORT_WARPS; w++)
+                    count[w][b] = 0;
+            __syncthreads();
+            for (int64_t c0 = 0; c0 < n; c0 += S_THREADS) {
+                int64_t r = c0 + threadIdx.x;
+                bool valid = r < n;
+                K key = 0;
+                int64_t at = r;
+                unsigned digit = 0;
+                if (valid) {
+                    key = cur < 0 ? s_sort_key(s_get<V>(in, dt, first + r * inner), largest) : key_buf[cur][r];
+                    at = cur < 0 ? r : pos_buf[cur][r];
+                    digit = (unsigned)(key >> shift) & 0xffu;
+                }
+                /* the lanes of this warp with the same digit, and this one's rank among them */
+                unsigned peers = __ballot_sync(0xffffffffu, valid);
+                for (int bit = 0; bit < 8; bit++) {
+                    unsigned set = __ballot_sync(0xffffffffu, (digit >> bit) & 1u);
+                    peers &= (digit >> bit) & 1u ? set : ~set;
+                }
+                int rank = __popc(peers & ((1u << lane) - 1u));
+                if (valid && rank == 0)
+                    count[warp][digit] = __popc(peers);
+                __syncthreads();
+                for (int b = threadIdx.x; b < S_BINS; b += S_THREADS) {
+                    int run = 0;
+                    for (int w = 0; w < S_SORT_WARPS; w++) {
+                        int here = count[w][b];
+                        count[w][b] = run;
+                        run += here;
+                    }
+                    total[b] = run;
+                }
+                __syncthreads();
+                if (valid) {
+                    int64_t to = base[digit] + count[warp][digit] + rank;
+                    key_buf[dst][to] = key;
+                    pos_buf[dst][to] = at;
+                }
+                __syncthreads();
+                for (int b = threadIdx.x; b < S_BINS; b += S_THREADS) {
+                    base[b] += total[b];
+                    for (int w = 0; w < S_SORT_WARPS; w++)
+                        count[w][b] = 0;
+                }
+                __syncthreads();
+            }
+            cur = dst;
+        }
+        for (int64_t r = threadIdx.x; r < k; r += S_THREADS) {
+            int64_t at = cur < 0 ? r : pos_buf[cur][r];
+            int64_t o = (slice / inner) * k * inner + r * inner + slice % inner;
+            s_put(values, dt, o, s_get<V>(in, dt, first + at * inner));
+            index[o] = at;
+        }
+        __syncthreads();
+    }
+}
+
+extern "C" size_t cuda_topk_scratch(bool floating, int64_t outer, int64_t n, int64_t inner)
+{
+    if (outer * inner <= 0 || n <= 0)
+        return 0;
+    size_t key = floating ? sizeof(uint32_t) : sizeof(uint64_t);
+    int64_t blocks = floating ? s_topk_blocks<uint32_t>(outer * inner, n) : s_topk_blocks<uint64_t>(outer * inner, n);
+    return (size_t)blocks * 2 * (size_t)n * (key + sizeof(int64_t));
+}
+
+template <class V, class K>
+static cudaError_t s_topk(const void *in, dt_dtype dt, void *values, int64_t *index, int64_t outer, int64_t n,
+                          int64_t inner, int64_t k, bool largest, void *scratch, cudaStream_t s)
+{
+    int64_t blocks = s_topk_blocks<K>(outer * inner, n);
+    K *keys = (K *)scratch;
+    int64_t *pos = (int64_t *)((char *)scratch + (size_t)blocks * 2 * (size_t)n * sizeof(K));
+    s_topk_slices<V, K><<<(unsigned)blocks, S_THREADS, 0, s>>>(in, dt, values, index, outer, n, inner, k, largest, keys,
+                                                               pos);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t cuda_topk(bool floating, const void *in, dt_dtype dtype, void *values, int64_t *index,
+                                 int64_t outer, int64_t n, int64_t inner, int64_t k, bool largest, void *scratch,
+                                 cudaStream_t s)
+{
+    if (outer * inner * k <= 0 || n <= 0)
+        return cudaSuccess;
+    if (floating)
+        return s_topk<float, uint32_t>(in, dtype, values, index, outer, n, inner, k, largest, scratch, s);
+    return s_topk<int64_t, uint64_t>(in, dtype, values, index, outer, n, inner, k, largest, scratch, s);
 }

@@ -119,6 +119,66 @@ def test_embedding_and_views(mode):
     np.testing.assert_array_equal(dtorch.triu(x).numpy(), np.triu(a))
 
 
+def _attention_reference(q, k, v, visible):
+    """softmax(q k^T / sqrt(E), keys hidden where visible is False) v in float64, grouped-query heads;
+    rows that see no key are zeros. q (B, Hq, L, E), k (B, Hkv, S, E), v (B, Hkv, S, Ev), visible
+    broadcasting to (B, Hq, L, S)."""
+    group = q.shape[1] // k.shape[1]
+    k, v = (np.repeat(x.astype(np.float64), group, axis=1) for x in (k, v))
+    scores = q.astype(np.float64) @ k.transpose(0, 1, 3, 2) / np.sqrt(q.shape[-1])
+    visible = np.broadcast_to(visible, scores.shape)
+    scores = np.where(visible, scores, -np.inf)
+    top = np.where(visible.any(-1, keepdims=True), scores.max(-1, keepdims=True), 0)
+    w = np.where(visible, np.exp(scores - top), 0)
+    return np.divide(w, w.sum(-1, keepdims=True), out=np.zeros_like(w), where=visible.any(-1, keepdims=True)) @ v
+
+
+def test_attention(mode):
+    """A Llama forward's attention on a cuda mesh, against numpy: causal grouped-query attention with
+    the heads split over the devices, and with the query rows split (the second device's rows start
+    at 3), a decode step under a bool mask, and ring attention (its blocks and merges)."""
+    mesh = _cuda_mesh([0, 1])
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal((1, 4, 6, 16)).astype(np.float32)
+    k = rng.standard_normal((1, 2, 6, 16)).astype(np.float32)
+    v = rng.standard_normal((1, 2, 6, 8)).astype(np.float32)
+    causal = np.tril(np.ones((6, 6), dtype=bool))
+    ref = _attention_reference(q, k, v, causal)
+    F = dtorch.nn.functional
+    for q_pl, kv_pl in (([Shard(1)], [Shard(1)]), ([Shard(2)], [Replicate()])):
+        x, kk, vv = (dtorch.distribute_tensor(a, mesh, pl) for a, pl in ((q, q_pl), (k, kv_pl), (v, kv_pl)))
+        got = F.scaled_dot_product_attention(x, kk, vv, is_causal=True, enable_gqa=True).numpy()
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    mask = np.array([True, False, True, True, False, True])
+    x, kk, vv = (dtorch.distribute_tensor(a, mesh, [Replicate()]) for a in (q[:, :, -1:], k, v))
+    got = F.scaled_dot_product_attention(x, kk, vv, attn_mask=dtorch.distribute_tensor(mask, mesh, [Replicate()]),
+                                         enable_gqa=True).numpy()
+    np.testing.assert_allclose(got, _attention_reference(q[:, :, -1:], k, v, mask), rtol=1e-5, atol=1e-5)
+    ring = dtorch.DeviceMesh("cuda", [0, 1], mesh_dim_names=("cp",))
+    pos = np.arange(6, dtype=np.int64)[None]
+    t = [dtorch.distribute_tensor(a, ring, pl) for a, pl in
+         ((q, [Shard(2)]), (k, [Shard(2)]), (v, [Shard(2)]), (pos, [Shard(1)]), (pos, [Shard(1)]))]
+    np.testing.assert_allclose(F.ring_attention(*t, "cp", is_causal=True).numpy(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_topk_and_cumsum(mode):
+    """Sampling's ranking on a cuda mesh, against numpy: topk with ties (the lower index first),
+    largest and smallest, and cumsum along the vocabulary."""
+    mesh = _cuda_mesh([0, 1])
+    rng = np.random.default_rng(5)
+    logits = rng.integers(-4, 4, (2, 300)).astype(np.float32)  # many ties
+    x = dtorch.distribute_tensor(logits, mesh, [Replicate()])
+    values, indices = dtorch.topk(x, 20, dim=-1)
+    order = np.argsort(-logits, axis=-1, kind="stable")[:, :20]
+    np.testing.assert_array_equal(indices.numpy(), order)
+    np.testing.assert_array_equal(values.numpy(), np.take_along_axis(logits, order, axis=-1))
+    smallest = dtorch.topk(x, 7, dim=-1, largest=False).indices.numpy()
+    np.testing.assert_array_equal(smallest, np.argsort(logits, axis=-1, kind="stable")[:, :7])
+    probs = rng.random((2, 300)).astype(np.float32)
+    y = dtorch.distribute_tensor(probs, mesh, [Shard(0)])
+    np.testing.assert_allclose(y.cumsum(-1).numpy(), np.cumsum(probs, axis=-1), rtol=1e-5, atol=1e-5)
+
+
 # ---- the Llama on cuda meshes ------------------------------------------------------------------------
 
 # name -> (mesh shape, dim names): one actor, and two actors with the weights split (tp) or the
