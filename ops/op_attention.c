@@ -20,6 +20,7 @@
  * whole groups); otherwise everything is Replicate. The merge follows its parts' head shard, else
  * Replicate (dim 0 stacks the parts). Outputs are float32; the kernels are
  * ops/cpu/cpu_attention.c and ops/cuda/cuda_attention.c. */
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -156,3 +157,55 @@ static int s_shard_merge(op_call *c)
                                 .shard = shard_fn};
 OP_ATTENTION(S_DEF)
 #undef S_DEF
+
+/* ---- the pieces on a device ------------------------------------------------------------------- */
+
+static bool s_local_is(const op_local *t, int ndim, const int64_t *shape)
+{
+    return t->ndim == ndim && !memcmp(t->shape, shape, (size_t)ndim * sizeof *shape);
+}
+
+static bool s_positions_fit(const op_local *idx, int64_t batch, int64_t n)
+{
+    return idx->dtype == DT_INT64 && idx->ndim == 2 && (idx->shape[0] == 1 || idx->shape[0] == batch) &&
+           idx->shape[1] == n;
+}
+
+bool op_attention_block_fits(const op_kernel *k)
+{
+    const op_local *q = &k->in[0], *kk = &k->in[1], *v = &k->in[2];
+    if ((k->nin != 5 && k->nin != 7) || k->nout != 2 || k->attrs->nints < 1 || k->attrs->nfloats < 1 ||
+        q->ndim != 4 || kk->ndim != 4 || v->ndim != 4)
+        return false;
+    int64_t B = q->shape[0], Hq = q->shape[1], L = q->shape[2], H = kk->shape[1], S = kk->shape[2];
+    int64_t o_shape[4] = {B, Hq, L, v->shape[3]};
+    bool fits = kk->shape[0] == B && kk->shape[3] == q->shape[3] && v->shape[0] == B && v->shape[1] == H &&
+                v->shape[2] == S && (H ? Hq % H == 0 : Hq == 0) && dt_dtype_is_float(q->dtype) &&
+                kk->dtype == q->dtype && v->dtype == q->dtype && s_positions_fit(&k->in[3], B, L) &&
+                s_positions_fit(&k->in[4], B, S) && s_local_is(&k->out[0], 4, o_shape) &&
+                s_local_is(&k->out[1], 3, o_shape) && k->out[0].dtype == DT_FLOAT32 &&
+                k->out[1].dtype == DT_FLOAT32 && L <= INT_MAX && S <= INT_MAX && q->shape[3] <= INT_MAX &&
+                v->shape[3] <= INT_MAX;
+    if (k->nin == 7)
+        fits = fits && s_local_is(&k->in[5], 4, o_shape) && s_local_is(&k->in[6], 3, o_shape) &&
+               k->in[5].dtype == DT_FLOAT32 && k->in[6].dtype == DT_FLOAT32;
+    return fits;
+}
+
+const char *op_attention_merge_layout(const op_kernel *k, int64_t *P, int64_t *rows, int64_t *Dv)
+{
+    static const char bad[] = "the local pieces of the operands do not fit together";
+    const op_local *parts_o = &k->in[0], *parts_lse = &k->in[1];
+    *P = k->attrs->nints > 0 ? k->attrs->ints[0] : 0;
+    if (k->nin != 2 || *P < 1 || parts_o->ndim != 4 || parts_o->shape[0] % *P != 0 || k->nout != 2 ||
+        parts_o->dtype != DT_FLOAT32 || parts_lse->dtype != DT_FLOAT32)
+        return bad;
+    int64_t o_shape[4] = {parts_o->shape[0] / *P, parts_o->shape[1], parts_o->shape[2], parts_o->shape[3]};
+    int64_t lse_parts_shape[3] = {parts_o->shape[0], parts_o->shape[1], parts_o->shape[2]};
+    if (!s_local_is(parts_lse, 3, lse_parts_shape) || !s_local_is(&k->out[0], 4, o_shape) ||
+        !s_local_is(&k->out[1], 3, o_shape))
+        return bad;
+    *rows = o_shape[0] * o_shape[1] * o_shape[2];
+    *Dv = o_shape[3];
+    return NULL;
+}

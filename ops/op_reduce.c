@@ -425,3 +425,17 @@ static int s_local(const op_call *c, const int64_t *coord, int64_t *ctx)
                                 .shard = s_shard, .local = s_local};
 OP_REDUCE(S_DEF)
 #undef S_DEF
+
+const char *op_reduce_layout(const op_kernel *k, uint32_t *mask, int64_t *extent, int64_t *n_out)
+{
+    const op_local *in = &k->in[0], *out = &k->out[0];
+    if (k->nctx < 2)
+        return "reduction: missing arguments (internal error)";
+    *mask = (uint32_t)k->ctx[0];
+    *n_out = dt_layout_numel(out->ndim, out->shape);
+    *extent = 1;
+    for (int d = 0; d < in->ndim; d++)
+        if (*mask & (1u << d))
+            *extent *= in->shape[d];
+    return NULL;
+}

@@ -166,4 +166,26 @@ typedef struct {
 /* The dims of kernel k's pieces: NULL, or why they do not fit together. */
 const char *op_sdpa_layout(const op_kernel *k, op_sdpa_dims *d);
 
+/* attention_block on a device (every backend's kernel): whether its pieces fit together as the
+ * controller made them (q, k, v of one floating dtype, int64 positions, float32 outputs and
+ * accumulators of q's rows, sizes a kernel's int indices hold). Nothing from a socket is trusted. */
+bool op_attention_block_fits(const op_kernel *k);
+/* attention_merge: NULL with the parts' count P, the merged rows (B * H * L) and Dv, or why the
+ * pieces do not fit together. */
+const char *op_attention_merge_layout(const op_kernel *k, int64_t *P, int64_t *rows, int64_t *Dv);
+
+/* slice, narrow, select on a device: ctx = {dim, start, step}; the block of the input the output
+ * takes, of the input's rank (select: size 1 at dim), elements start, start + step, ... along dim. */
+typedef struct {
+    int dim;
+    int64_t start, step;
+    int64_t shape[DT_MAX_DIMS];
+} op_slice_dims;
+/* NULL (an empty block: shape holds a 0), or why the pieces do not match. */
+const char *op_slice_layout(const op_kernel *k, op_slice_dims *s);
+
+/* sum, mean, amax, amin, max, min on a device: ctx = [mask of the reduced dims, ...]; the mask, the
+ * elements each output folds together, and the output's elements. NULL, or why ctx is missing. */
+const char *op_reduce_layout(const op_kernel *k, uint32_t *mask, int64_t *extent, int64_t *n_out);
+
 #endif

@@ -405,6 +405,28 @@ static int s_shard_expand(op_call *c)
 
 /* ---- cat / stack ----------------------------------------------------------------------------- */
 
+const char *op_slice_layout(const op_kernel *k, op_slice_dims *s)
+{
+    bool drop = k->def->id == OP_ID_select;
+    const op_local *in = &k->in[0], *out = &k->out[0];
+    if (k->nctx < 3)
+        return "slice: missing arguments (internal error)";
+    s->dim = (int)k->ctx[0];
+    s->start = k->ctx[1];
+    s->step = k->ctx[2];
+    if (s->dim < 0 || s->dim >= in->ndim || out->ndim != in->ndim - (drop ? 1 : 0) || out->dtype != in->dtype)
+        return "slice: piece does not match (internal error)";
+    for (int d = 0, r = 0; d < in->ndim; d++)
+        s->shape[d] = drop && d == s->dim ? 1 : out->shape[r++];
+    for (int d = 0; d < in->ndim; d++)
+        if (d != s->dim && s->shape[d] != in->shape[d])
+            return "slice: piece does not match (internal error)";
+    if (dt_layout_numel(in->ndim, s->shape) > 0 &&
+        (s->start < 0 || s->step < 1 || s->start + (s->shape[s->dim] - 1) * s->step >= in->shape[s->dim]))
+        return "slice: range outside the local piece (internal error)";
+    return NULL;
+}
+
 int op_cat_dim(const op_kernel *k)
 {
     int n = k->out[0].ndim;

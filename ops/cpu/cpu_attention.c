@@ -112,39 +112,9 @@ void cpu_attention_merge(int64_t n, int64_t Dv, float *o, float *lse, const floa
 
 /* ---- the kernels of the ops ------------------------------------------------------------------- */
 
-static bool s_shape_is(const op_local *t, int ndim, const int64_t *shape)
-{
-    return t->ndim == ndim && !memcmp(t->shape, shape, (size_t)ndim * sizeof *shape);
-}
-
-static bool s_index_fits(const op_local *idx, int64_t batch, int64_t n)
-{
-    return idx->ndim == 2 && (idx->shape[0] == 1 || idx->shape[0] == batch) && idx->shape[1] == n;
-}
-
-/* Whether the pieces of attention_block fit together (the controller made them so). */
-static bool s_block_fits(const op_kernel *k)
-{
-    const op_local *q = &k->in[0], *kk = &k->in[1], *v = &k->in[2];
-    if (q->ndim != 4 || kk->ndim != 4 || v->ndim != 4 || k->nout != 2 || k->attrs->nints < 1 || k->attrs->nfloats < 1)
-        return false;
-    int64_t B = q->shape[0], Hq = q->shape[1], L = q->shape[2], H = kk->shape[1], S = kk->shape[2];
-    int64_t o_shape[4] = {B, Hq, L, v->shape[3]};
-    bool fits = kk->shape[0] == B && kk->shape[3] == q->shape[3] && v->shape[0] == B && v->shape[1] == H &&
-                v->shape[2] == S && (H ? Hq % H == 0 : Hq == 0) && s_index_fits(&k->in[3], B, L) &&
-                s_index_fits(&k->in[4], B, S) && s_shape_is(&k->out[0], 4, o_shape) &&
-                s_shape_is(&k->out[1], 3, o_shape) && k->out[0].dtype == DT_FLOAT32 &&
-                k->out[1].dtype == DT_FLOAT32 && L <= INT_MAX && S <= INT_MAX && q->shape[3] <= INT_MAX &&
-                v->shape[3] <= INT_MAX;
-    if (k->nin == 7)
-        fits = fits && s_shape_is(&k->in[5], 4, o_shape) && s_shape_is(&k->in[6], 3, o_shape) &&
-               k->in[5].dtype == DT_FLOAT32 && k->in[6].dtype == DT_FLOAT32;
-    return fits && (k->nin == 5 || k->nin == 7);
-}
-
 static const char *s_block(op_kernel *k)
 {
-    if (!s_block_fits(k))
+    if (!op_attention_block_fits(k))
         return "the local pieces of the operands do not fit together";
     const op_local *q = &k->in[0], *kk = &k->in[1], *v = &k->in[2], *qi = &k->in[3], *ki = &k->in[4];
     int64_t B = q->shape[0], Hq = q->shape[1], L = q->shape[2], D = q->shape[3];
@@ -187,16 +157,10 @@ static const char *s_block(op_kernel *k)
 static const char *s_merge(op_kernel *k)
 {
     const op_local *parts_o = &k->in[0], *parts_lse = &k->in[1];
-    int64_t P = k->attrs->nints > 0 ? k->attrs->ints[0] : 0;
-    if (P < 1 || parts_o->ndim != 4 || parts_o->shape[0] % P != 0 || k->nout != 2 || parts_o->dtype != DT_FLOAT32 ||
-        parts_lse->dtype != DT_FLOAT32)
-        return "the local pieces of the operands do not fit together";
-    int64_t o_shape[4] = {parts_o->shape[0] / P, parts_o->shape[1], parts_o->shape[2], parts_o->shape[3]};
-    int64_t lse_parts_shape[3] = {parts_o->shape[0], parts_o->shape[1], parts_o->shape[2]};
-    if (!s_shape_is(parts_lse, 3, lse_parts_shape) || !s_shape_is(&k->out[0], 4, o_shape) ||
-        !s_shape_is(&k->out[1], 3, o_shape))
-        return "the local pieces of the operands do not fit together";
-    int64_t rows = o_shape[0] * o_shape[1] * o_shape[2], Dv = o_shape[3];
+    int64_t P, rows, Dv;
+    const char *why = op_attention_merge_layout(k, &P, &rows, &Dv);
+    if (why)
+        return why;
     float *o = k->out[0].data, *lse = k->out[1].data;
     const float *po = parts_o->data, *plse = parts_lse->data;
     memcpy(o, po, (size_t)(rows * Dv) * sizeof *o);

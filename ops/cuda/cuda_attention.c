@@ -65,17 +65,6 @@ const char *cuda_k_sdpa(op_kernel *k)
     return cuda_check(cuda_sdpa(&a, c->compute), "attention kernel");
 }
 
-static bool s_shape_is(const op_local *t, int ndim, const int64_t *shape)
-{
-    return t->ndim == ndim && !memcmp(t->shape, shape, (size_t)ndim * sizeof *shape);
-}
-
-static bool s_index_fits(const op_local *idx, int64_t batch, int64_t n)
-{
-    return idx->dtype == DT_INT64 && idx->ndim == 2 && (idx->shape[0] == 1 || idx->shape[0] == batch) &&
-           idx->shape[1] == n;
-}
-
 /* attention_block: (q, k, v, q_index, k_index[, o_acc, lse_acc]) -> (o, lse); ints [is_causal],
  * floats [scale] */
 const char *cuda_k_attention_block(op_kernel *k)
@@ -86,21 +75,9 @@ const char *cuda_k_attention_block(op_kernel *k)
         return why;
     const op_local *q = &k->in[0], *kk = &k->in[1], *v = &k->in[2], *qi = &k->in[3], *ki = &k->in[4];
     bool acc = k->nin == 7;
-    if ((k->nin != 5 && !acc) || k->nout != 2 || k->attrs->nints < 1 || k->attrs->nfloats < 1 || q->ndim != 4 ||
-        kk->ndim != 4 || v->ndim != 4)
+    if (!op_attention_block_fits(k))
         return "the local pieces of the operands do not fit together";
     int64_t B = q->shape[0], Hq = q->shape[1], L = q->shape[2], H = kk->shape[1], S = kk->shape[2];
-    int64_t o_shape[4] = {B, Hq, L, v->shape[3]};
-    bool fits = kk->shape[0] == B && kk->shape[3] == q->shape[3] && v->shape[0] == B && v->shape[1] == H &&
-                v->shape[2] == S && (H ? Hq % H == 0 : Hq == 0) && dt_dtype_is_float(q->dtype) &&
-                kk->dtype == q->dtype && v->dtype == q->dtype && s_index_fits(qi, B, L) && s_index_fits(ki, B, S) &&
-                s_shape_is(&k->out[0], 4, o_shape) && s_shape_is(&k->out[1], 3, o_shape) &&
-                k->out[0].dtype == DT_FLOAT32 && k->out[1].dtype == DT_FLOAT32;
-    if (acc)
-        fits = fits && s_shape_is(&k->in[5], 4, o_shape) && s_shape_is(&k->in[6], 3, o_shape) &&
-               k->in[5].dtype == DT_FLOAT32 && k->in[6].dtype == DT_FLOAT32;
-    if (!fits)
-        return "the local pieces of the operands do not fit together";
     if (B * Hq * L == 0)
         return NULL;
     if ((why = s_fits(c, k->def->name, q->shape[3], v->shape[3])))
@@ -122,17 +99,10 @@ const char *cuda_k_attention_merge(op_kernel *k)
     if (!c)
         return why;
     const op_local *parts_o = &k->in[0], *parts_lse = &k->in[1];
-    int64_t P = k->attrs->nints > 0 ? k->attrs->ints[0] : 0;
-    if (k->nin != 2 || P < 1 || parts_o->ndim != 4 || parts_o->shape[0] % P != 0 || k->nout != 2 ||
-        parts_o->dtype != DT_FLOAT32 || parts_lse->dtype != DT_FLOAT32)
-        return "the local pieces of the operands do not fit together";
-    int64_t o_shape[4] = {parts_o->shape[0] / P, parts_o->shape[1], parts_o->shape[2], parts_o->shape[3]};
-    int64_t lse_parts_shape[3] = {parts_o->shape[0], parts_o->shape[1], parts_o->shape[2]};
-    if (!s_shape_is(parts_lse, 3, lse_parts_shape) || !s_shape_is(&k->out[0], 4, o_shape) ||
-        !s_shape_is(&k->out[1], 3, o_shape))
-        return "the local pieces of the operands do not fit together";
-    int64_t rows = o_shape[0] * o_shape[1] * o_shape[2];
+    int64_t P, rows, Dv;
+    if ((why = op_attention_merge_layout(k, &P, &rows, &Dv)))
+        return why;
     return cuda_check(cuda_attention_merge(k->out[0].data, k->out[1].data, parts_o->data, parts_lse->data, P, rows,
-                                           o_shape[3], c->compute),
+                                           Dv, c->compute),
                       "attention merge kernel");
 }

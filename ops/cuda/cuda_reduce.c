@@ -120,13 +120,10 @@ const char *cuda_k_reduce(op_kernel *k)
     const op_local *in = &k->in[0];
     op_local *out = &k->out[0];
     int id = k->def->id;
-    if (k->nctx < 2)
-        return "reduction: missing arguments (internal error)";
-    uint32_t mask = (uint32_t)k->ctx[0];
-    int64_t n_out = dt_layout_numel(out->ndim, out->shape), extent = 1;
-    for (int d = 0; d < in->ndim; d++)
-        if (mask & (1u << d))
-            extent *= in->shape[d];
+    uint32_t mask;
+    int64_t n_out, extent;
+    if ((why = op_reduce_layout(k, &mask, &extent, &n_out)))
+        return why;
     if (n_out == 0)
         return NULL;
     bool sum = id == OP_ID_sum || id == OP_ID_mean, max = id == OP_ID_amax || id == OP_ID_max;

@@ -159,31 +159,19 @@ const char *cuda_k_cat(op_kernel *k)
 /* slice / narrow / select: ctx = {dim, start, step} (normalised); select drops the dim */
 const char *cuda_k_slice(op_kernel *k)
 {
-    bool drop = k->def->id == OP_ID_select;
     const op_local *in = &k->in[0];
     op_local *out = &k->out[0];
-    if (k->nctx < 3)
-        return "slice: missing arguments (internal error)";
-    int dim = (int)k->ctx[0];
-    int64_t start = k->ctx[1], step = k->ctx[2];
+    op_slice_dims s;
+    const char *why = op_slice_layout(k, &s);
+    if (why || dt_layout_numel(in->ndim, s.shape) == 0)
+        return why;
     size_t elem = dt_dtype_size(in->dtype);
-    int64_t shape[DT_MAX_DIMS], src[DT_MAX_DIMS], dst[DT_MAX_DIMS];
-    if (dim < 0 || dim >= in->ndim || out->ndim != in->ndim - (drop ? 1 : 0) || out->dtype != in->dtype)
-        return "slice: piece does not match (internal error)";
-    for (int d = 0, r = 0; d < in->ndim; d++)
-        shape[d] = drop && d == dim ? 1 : out->shape[r++];
-    for (int d = 0; d < in->ndim; d++)
-        if (d != dim && shape[d] != in->shape[d])
-            return "slice: piece does not match (internal error)";
-    if (dt_layout_numel(in->ndim, shape) == 0)
-        return NULL;
-    if (start < 0 || step < 1 || start + (shape[dim] - 1) * step >= in->shape[dim])
-        return "slice: range outside the local piece (internal error)";
+    int64_t src[DT_MAX_DIMS], dst[DT_MAX_DIMS];
     s_strides(in, src);
-    dt_layout_strides(in->ndim, shape, elem, dst);
-    const char *base = (const char *)in->data + start * src[dim];
-    src[dim] *= step;
-    return cuda_backend.copy_region(out->data, dst, base, src, in->ndim, shape, elem);
+    dt_layout_strides(in->ndim, s.shape, elem, dst);
+    const char *base = (const char *)in->data + s.start * src[s.dim];
+    src[s.dim] *= s.step;
+    return cuda_backend.copy_region(out->data, dst, base, src, in->ndim, s.shape, elem);
 }
 
 /* index_select(x, idx): attrs.ints = {dim, wrap}: idx holds int32/int64 positions along dim of
