@@ -35,12 +35,9 @@ static const char *s_fits(cuda_ctx *c, const char *op, int64_t E, int64_t Ev)
 }
 
 /* scaled_dot_product_attention: (q, k, v[, mask]); the dims as the CPU reads them (op_sdpa_layout) */
-const char *cuda_k_sdpa(op_kernel *k)
+const char *cuda_k_sdpa(cuda_ctx *c, op_kernel *k)
 {
     const char *why;
-    cuda_ctx *c = cuda_ctx_get(&why);
-    if (!c)
-        return why;
     op_sdpa_dims d;
     if ((why = op_sdpa_layout(k, &d)))
         return why;
@@ -67,12 +64,9 @@ const char *cuda_k_sdpa(op_kernel *k)
 
 /* attention_block: (q, k, v, q_index, k_index[, o_acc, lse_acc]) -> (o, lse); ints [is_causal],
  * floats [scale] */
-const char *cuda_k_attention_block(op_kernel *k)
+const char *cuda_k_attention_block(cuda_ctx *c, op_kernel *k)
 {
     const char *why;
-    cuda_ctx *c = cuda_ctx_get(&why);
-    if (!c)
-        return why;
     const op_local *q = &k->in[0], *kk = &k->in[1], *v = &k->in[2], *qi = &k->in[3], *ki = &k->in[4];
     bool acc = k->nin == 7;
     if (!op_attention_block_fits(k))
@@ -92,12 +86,9 @@ const char *cuda_k_attention_block(op_kernel *k)
 }
 
 /* attention_merge: (o_parts (P*B, H, L, Dv), lse_parts (P*B, H, L)) -> (o, lse); ints [P] */
-const char *cuda_k_attention_merge(op_kernel *k)
+const char *cuda_k_attention_merge(cuda_ctx *c, op_kernel *k)
 {
     const char *why;
-    cuda_ctx *c = cuda_ctx_get(&why);
-    if (!c)
-        return why;
     const op_local *parts_o = &k->in[0], *parts_lse = &k->in[1];
     int64_t P, rows, Dv;
     if ((why = op_attention_merge_layout(k, &P, &rows, &Dv)))

@@ -293,7 +293,8 @@ static const char *s_run(const op_def *def, op_kernel *k)
         snprintf(s_msg, sizeof s_msg, "%s: no CUDA kernel yet", def->name);
         return s_msg;
     }
-    return cuda_ctx_get(&why) ? kernel(k) : why;
+    cuda_ctx *c = cuda_ctx_get(&why);
+    return c ? kernel(c, k) : why;
 }
 
 static const char *s_fill(void *dst, dt_dtype dtype, int64_t n, dt_scalar value)

@@ -84,12 +84,9 @@ void cuda_blas_release(cuda_ctx *c)
     c->blas = NULL;
 }
 
-const char *cuda_k_mm(op_kernel *k)
+const char *cuda_k_mm(cuda_ctx *c, op_kernel *k)
 {
     const char *why;
-    cuda_ctx *c = cuda_ctx_get(&why);
-    if (!c)
-        return why;
     const op_local *a = &k->in[0], *b = &k->in[1];
     op_local *o = &k->out[0];
     cudaDataType type;

@@ -43,15 +43,6 @@
     X(scaled_dot_product_attention, cuda_k_sdpa) X(attention_block, cuda_k_attention_block)                            \
     X(attention_merge, cuda_k_attention_merge)
 
-typedef const char *(*cuda_op_kernel)(op_kernel *k);
-
-/* The CUDA kernel of op id, or NULL when it has none. */
-cuda_op_kernel cuda_kernel_for(int id);
-
-#define CUDA_DECLARE_(name, fn) const char *fn(op_kernel *k);
-CUDA_OPS(CUDA_DECLARE_)
-#undef CUDA_DECLARE_
-
 /* An actor's device: what attach made for the thread that runs its records. */
 typedef struct {
     int ordinal;                  /* the GPU */
@@ -60,6 +51,16 @@ typedef struct {
     cudaEvent_t computed;         /* recorded on compute before comm works on the same memory */
     cublasHandle_t blas;          /* made at the first product, bound to compute */
 } cuda_ctx;
+
+/* A kernel: runs on the calling actor's device context (the backend's run slot fetched it). */
+typedef const char *(*cuda_op_kernel)(cuda_ctx *c, op_kernel *k);
+
+/* The CUDA kernel of op id, or NULL when it has none. */
+cuda_op_kernel cuda_kernel_for(int id);
+
+#define CUDA_DECLARE_(name, fn) const char *fn(cuda_ctx *c, op_kernel *k);
+CUDA_OPS(CUDA_DECLARE_)
+#undef CUDA_DECLARE_
 
 /* The calling thread's context, or NULL with *why set (attach did not run, or could not bind a
  * device: the reason). */

@@ -24,11 +24,10 @@ typedef struct {
 
 static dt_dtype s_compute(dt_dtype d) { return d == DT_FLOAT16 || d == DT_BFLOAT16 ? DT_FLOAT32 : d; }
 
-static const char *s_begin(s_call *c)
+static void s_begin(s_call *c, cuda_ctx *ctx)
 {
     memset(c, 0, sizeof *c);
-    c->ctx = cuda_ctx_get(&c->why);
-    return c->why;
+    c->ctx = ctx;
 }
 
 static void s_piece(s_call *c, const op_local *piece, dt_dtype cd)
@@ -110,11 +109,10 @@ static const char *s_run(s_call *c, op_local *out, int op, dt_dtype cd, dt_dtype
     return c->why;
 }
 
-const char *cuda_k_unary(op_kernel *k)
+const char *cuda_k_unary(cuda_ctx *ctx, op_kernel *k)
 {
     s_call c;
-    if (s_begin(&c))
-        return c.why;
+    s_begin(&c, ctx);
     if (k->nin != 1)
         return "expected one operand (internal error)";
     dt_dtype cd = s_compute(k->out[0].dtype);
@@ -123,11 +121,10 @@ const char *cuda_k_unary(op_kernel *k)
 }
 
 /* a op b in cd giving rd, either a number (attrs.scalar; ints[0] = 1: on the left). */
-static const char *s_binary(op_kernel *k, dt_dtype cd, dt_dtype rd)
+static const char *s_binary(cuda_ctx *ctx, op_kernel *k, dt_dtype cd, dt_dtype rd)
 {
     s_call c;
-    if (s_begin(&c))
-        return c.why;
+    s_begin(&c, ctx);
     bool left = k->attrs->nints > 0 && k->attrs->ints[0];
     if (k->nin + k->attrs->has_scalar != 2)
         return "expected two operands (internal error)";
@@ -141,28 +138,27 @@ static const char *s_binary(op_kernel *k, dt_dtype cd, dt_dtype rd)
     return s_run(&c, &k->out[0], k->def->id, cd, rd, NULL);
 }
 
-const char *cuda_k_arith(op_kernel *k)
+const char *cuda_k_arith(cuda_ctx *ctx, op_kernel *k)
 {
     dt_dtype cd = s_compute(k->out[0].dtype);
-    return s_binary(k, cd, cd);
+    return s_binary(ctx, k, cd, cd);
 }
 
 /* ctx[0]: the dtype the controller says the operands are compared in */
-const char *cuda_k_compare(op_kernel *k)
+const char *cuda_k_compare(cuda_ctx *ctx, op_kernel *k)
 {
     if (k->nctx < 1 || !dt_dtype_valid((int)k->ctx[0]))
         return "comparison: missing its dtype (internal error)";
-    return s_binary(k, s_compute((dt_dtype)k->ctx[0]), DT_BOOL);
+    return s_binary(ctx, k, s_compute((dt_dtype)k->ctx[0]), DT_BOOL);
 }
 
-const char *cuda_k_logical(op_kernel *k) { return s_binary(k, DT_BOOL, DT_BOOL); }
+const char *cuda_k_logical(cuda_ctx *ctx, op_kernel *k) { return s_binary(ctx, k, DT_BOOL, DT_BOOL); }
 
 /* where(cond, a, b), with a number in place of b (ints[0] = 2) or of a (ints[0] = 1). */
-const char *cuda_k_where(op_kernel *k)
+const char *cuda_k_where(cuda_ctx *ctx, op_kernel *k)
 {
     s_call c;
-    if (s_begin(&c))
-        return c.why;
+    s_begin(&c, ctx);
     op_local *out = &k->out[0];
     dt_dtype cd = s_compute(out->dtype);
     int at = k->attrs->has_scalar ? (k->attrs->nints > 0 ? (int)k->attrs->ints[0] : 2) : 0;
@@ -180,11 +176,10 @@ const char *cuda_k_where(op_kernel *k)
 }
 
 /* masked_fill(x, mask, number) is where(mask, number, x). */
-const char *cuda_k_masked_fill(op_kernel *k)
+const char *cuda_k_masked_fill(cuda_ctx *ctx, op_kernel *k)
 {
     s_call c;
-    if (s_begin(&c))
-        return c.why;
+    s_begin(&c, ctx);
     op_local *out = &k->out[0];
     dt_dtype cd = s_compute(out->dtype);
     if (k->nin != 2 || !k->attrs->has_scalar)
@@ -196,14 +191,13 @@ const char *cuda_k_masked_fill(op_kernel *k)
 }
 
 /* clamp(x, min, max): ints[0] bit 0 = has min, bit 1 = has max; floats = [min, max]. */
-const char *cuda_k_clamp(op_kernel *k)
+const char *cuda_k_clamp(cuda_ctx *ctx, op_kernel *k)
 {
     const op_attrs *a = k->attrs;
     if (k->nin != 1 || a->nints < 1 || a->nfloats < 2)
         return "clamp: bad operands (internal error)";
     s_call c;
-    if (s_begin(&c))
-        return c.why;
+    s_begin(&c, ctx);
     double bounds[4] = {a->ints[0] & 1 ? a->floats[0] : -INFINITY, a->ints[0] & 2 ? a->floats[1] : INFINITY};
     dt_dtype cd = s_compute(k->out[0].dtype);
     s_piece(&c, &k->in[0], cd);
@@ -211,12 +205,8 @@ const char *cuda_k_clamp(op_kernel *k)
 }
 
 /* to(dtype): a conversion, straight from the piece into the output. */
-const char *cuda_k_to(op_kernel *k)
+const char *cuda_k_to(cuda_ctx *ctx, op_kernel *k)
 {
-    const char *why;
-    cuda_ctx *ctx = cuda_ctx_get(&why);
-    if (!ctx)
-        return why;
     const op_local *in = &k->in[0];
     op_local *out = &k->out[0];
     int64_t n = dt_layout_numel(out->ndim, out->shape);

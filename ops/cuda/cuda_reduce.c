@@ -111,12 +111,9 @@ static const char *s_fold(cuda_ctx *c, cuda_fold_op op, bool floating, dt_dtype 
 }
 
 /* sum, mean, amax, amin, max, min: ctx = [mask of the reduced dims, elements each output averages] */
-const char *cuda_k_reduce(op_kernel *k)
+const char *cuda_k_reduce(cuda_ctx *c, op_kernel *k)
 {
     const char *why;
-    cuda_ctx *c = cuda_ctx_get(&why);
-    if (!c)
-        return why;
     const op_local *in = &k->in[0];
     op_local *out = &k->out[0];
     int id = k->def->id;
@@ -140,12 +137,8 @@ const char *cuda_k_reduce(op_kernel *k)
 
 /* max/min along a dim (values, positions), argmax, argmin (positions): ctx[0] = the dim, or -1 for
  * every element (argmax/argmin without a dim: the position in the flattened piece) */
-const char *cuda_k_arg(op_kernel *k)
+const char *cuda_k_arg(cuda_ctx *c, op_kernel *k)
 {
-    const char *why;
-    cuda_ctx *c = cuda_ctx_get(&why);
-    if (!c)
-        return why;
     const op_local *in = &k->in[0];
     int id = k->def->id;
     bool arg = id == OP_ID_argmax || id == OP_ID_argmin;
@@ -164,12 +157,9 @@ const char *cuda_k_arg(op_kernel *k)
 
 /* softmax, log_softmax: ctx[0] = the dim; computed in float32 after torch's conversion to the
  * output's dtype */
-const char *cuda_k_softmax(op_kernel *k)
+const char *cuda_k_softmax(cuda_ctx *c, op_kernel *k)
 {
     const char *why;
-    cuda_ctx *c = cuda_ctx_get(&why);
-    if (!c)
-        return why;
     const op_local *in = &k->in[0];
     op_local *out = &k->out[0];
     if (k->nctx < 1)
@@ -194,12 +184,8 @@ const char *cuda_k_softmax(op_kernel *k)
 
 /* layer_norm, rms_norm: inputs (x[, weight][, bias]) of floating dtypes; ctx = [elements normalised
  * together, has_weight | has_bias << 1]; floats[0] = eps (none: float32's epsilon) */
-const char *cuda_k_norm(op_kernel *k)
+const char *cuda_k_norm(cuda_ctx *c, op_kernel *k)
 {
-    const char *why;
-    cuda_ctx *c = cuda_ctx_get(&why);
-    if (!c)
-        return why;
     const op_local *in = &k->in[0];
     op_local *out = &k->out[0];
     if (k->nctx < 2)
@@ -229,12 +215,9 @@ static void s_along(const op_local *p, int dim, int64_t *outer, int64_t *n, int6
 
 /* cumsum: ctx[0] = the dim; the input as torch sees it after converting it to the output's dtype,
  * summed in float32 or wrapping int64 */
-const char *cuda_k_cumsum(op_kernel *k)
+const char *cuda_k_cumsum(cuda_ctx *c, op_kernel *k)
 {
     const char *why;
-    cuda_ctx *c = cuda_ctx_get(&why);
-    if (!c)
-        return why;
     const op_local *in = &k->in[0];
     op_local *out = &k->out[0];
     if (k->nctx < 1)
@@ -257,12 +240,9 @@ const char *cuda_k_cumsum(op_kernel *k)
 
 /* topk: ctx[0] = the dim; ints [k, dim, largest, sorted] -> (values, indices); always sorted, as on
  * the CPU */
-const char *cuda_k_topk(op_kernel *k)
+const char *cuda_k_topk(cuda_ctx *c, op_kernel *k)
 {
     const char *why;
-    cuda_ctx *c = cuda_ctx_get(&why);
-    if (!c)
-        return why;
     const op_local *in = &k->in[0];
     if (k->nctx < 1 || k->nout != 2 || k->attrs->nints < 1)
         return "topk: missing arguments (internal error)";

@@ -5,12 +5,8 @@
 #include "cuda_ops.h"
 #include "dt_dtype.h"
 
-const char *cuda_k_rope(op_kernel *k)
+const char *cuda_k_rope(cuda_ctx *c, op_kernel *k)
 {
-    const char *why;
-    cuda_ctx *c = cuda_ctx_get(&why);
-    if (!c)
-        return why;
     const op_local *x = &k->in[0], *pos = &k->in[1], *freq = &k->in[2];
     op_local *out = &k->out[0];
     if (k->nin != 3 || k->attrs->nfloats < 1 || x->ndim != 4 || !dt_dtype_is_float(x->dtype) ||

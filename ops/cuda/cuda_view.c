@@ -65,7 +65,7 @@ const char *cuda_index_check(cuda_ctx *c, const op_local *idx, int64_t lo, int64
 }
 
 /* reshape / flatten / unsqueeze / squeeze: the same bytes in the same order */
-const char *cuda_k_reshape(op_kernel *k)
+const char *cuda_k_reshape(cuda_ctx *c, op_kernel *k)
 {
     const op_local *in = &k->in[0];
     op_local *out = &k->out[0];
@@ -77,7 +77,7 @@ const char *cuda_k_reshape(op_kernel *k)
 }
 
 /* permute: attrs.ints = the permutation (negative dims allowed) */
-const char *cuda_k_permute(op_kernel *k)
+const char *cuda_k_permute(cuda_ctx *c, op_kernel *k)
 {
     const op_local *in = &k->in[0];
     op_local *out = &k->out[0];
@@ -96,7 +96,7 @@ const char *cuda_k_permute(op_kernel *k)
 }
 
 /* expand: size-1 local dims broadcast to the output's local shape (right-aligned): stride 0 */
-const char *cuda_k_expand(op_kernel *k)
+const char *cuda_k_expand(cuda_ctx *c, op_kernel *k)
 {
     const op_local *in = &k->in[0];
     op_local *out = &k->out[0];
@@ -116,12 +116,9 @@ const char *cuda_k_expand(op_kernel *k)
 
 /* cat, stack: attrs.ints[0] = dim (of the output); inputs converted to the output dtype (as
  * cpu_convert does) and laid side by side along dim */
-const char *cuda_k_cat(op_kernel *k)
+const char *cuda_k_cat(cuda_ctx *c, op_kernel *k)
 {
     const char *why;
-    cuda_ctx *c = cuda_ctx_get(&why);
-    if (!c)
-        return why;
     why = NULL;
     op_local *out = &k->out[0];
     size_t elem = dt_dtype_size(out->dtype);
@@ -157,7 +154,7 @@ const char *cuda_k_cat(op_kernel *k)
 }
 
 /* slice / narrow / select: ctx = {dim, start, step} (normalised); select drops the dim */
-const char *cuda_k_slice(op_kernel *k)
+const char *cuda_k_slice(cuda_ctx *c, op_kernel *k)
 {
     const op_local *in = &k->in[0];
     op_local *out = &k->out[0];
@@ -176,12 +173,9 @@ const char *cuda_k_slice(op_kernel *k)
 
 /* index_select(x, idx): attrs.ints = {dim, wrap}: idx holds int32/int64 positions along dim of
  * the local x (whole along dim); wrap = 1 accepts negative positions (x[idx]) */
-const char *cuda_k_index_select(op_kernel *k)
+const char *cuda_k_index_select(cuda_ctx *c, op_kernel *k)
 {
     const char *why;
-    cuda_ctx *c = cuda_ctx_get(&why);
-    if (!c)
-        return why;
     const op_local *x = &k->in[0], *idx = &k->in[1];
     op_local *out = &k->out[0];
     int dim = s_norm_dim(k->attrs->ints[0], x->ndim);
@@ -208,12 +202,9 @@ const char *cuda_k_index_select(op_kernel *k)
 
 /* embedding(indices, weight): ctx = [the global index of this device's first weight row, the
  * vocabulary size]; rows of another device's shard are zeros here */
-const char *cuda_k_embedding(op_kernel *k)
+const char *cuda_k_embedding(cuda_ctx *c, op_kernel *k)
 {
     const char *why;
-    cuda_ctx *c = cuda_ctx_get(&why);
-    if (!c)
-        return why;
     const op_local *idx = &k->in[0], *w = &k->in[1];
     op_local *o = &k->out[0];
     int64_t n = dt_layout_numel(idx->ndim, idx->shape), at, v;
@@ -231,12 +222,8 @@ const char *cuda_k_embedding(op_kernel *k)
 
 /* triu / tril on the last two dims: attrs.ints[0] = diagonal; ctx = {row offset, column offset}
  * of this piece in the global matrix */
-const char *cuda_k_tri(op_kernel *k)
+const char *cuda_k_tri(cuda_ctx *c, op_kernel *k)
 {
-    const char *why;
-    cuda_ctx *c = cuda_ctx_get(&why);
-    if (!c)
-        return why;
     const op_local *in = &k->in[0];
     op_local *out = &k->out[0];
     if (k->nctx < 2 || in->ndim < 2 || out->ndim != in->ndim || out->dtype != in->dtype)

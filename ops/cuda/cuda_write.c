@@ -24,7 +24,7 @@ static bool s_fits(const op_local *dst, const op_local *src, int dim)
 }
 
 /* slice_assign_, shard_assign_: attrs.ints = [dim, start]; ctx[0] = where this piece starts on dim */
-const char *cuda_k_slice_assign(op_kernel *k)
+const char *cuda_k_slice_assign(cuda_ctx *c, op_kernel *k)
 {
     const op_local *dst = &k->out[0], *src = &k->in[1];
     if (k->attrs->nints < 2 || k->nctx < 1 || !s_fits(dst, src, (int)k->attrs->ints[0]))
@@ -48,13 +48,10 @@ const char *cuda_k_slice_assign(op_kernel *k)
 }
 
 /* index_copy_(dst, index (n,) int64, src): attrs.ints = [dim] */
-const char *cuda_k_index_copy(op_kernel *k)
+const char *cuda_k_index_copy(cuda_ctx *c, op_kernel *k)
 {
     static _Thread_local char why_buf[128];
     const char *why;
-    cuda_ctx *c = cuda_ctx_get(&why);
-    if (!c)
-        return why;
     const op_local *dst = &k->out[0], *index = &k->in[1], *src = &k->in[2];
     int dim = k->attrs->nints > 0 ? (int)k->attrs->ints[0] : -1;
     int64_t n = index->ndim ? index->shape[0] : 1, size, at, v;
