@@ -20,6 +20,23 @@ int64_t dt_layout_numel(int ndim, const int64_t *shape)
     return n;
 }
 
+int dt_layout_group_dims(int ndim, const int64_t *shape, uint32_t mask, int64_t *size, bool *reduced)
+{
+    int groups = 0;
+    for (int d = 0; d < ndim; d++) {
+        if (shape[d] == 1)
+            continue;
+        bool r = (mask >> d) & 1u;
+        if (groups > 0 && reduced[groups - 1] == r) {
+            size[groups - 1] *= shape[d];
+        } else {
+            size[groups] = shape[d];
+            reduced[groups++] = r;
+        }
+    }
+    return groups;
+}
+
 void dt_layout_strides(int ndim, const int64_t *shape, size_t elem_size, int64_t *strides)
 {
     int64_t s = (int64_t)elem_size;

@@ -29,6 +29,10 @@ int64_t dt_layout_numel(int ndim, const int64_t *shape);
 /* C-contiguous byte strides of shape for elements of elem_size bytes (an empty dim counts as 1,
  * as torch counts it, so that strides stay distinct). */
 void dt_layout_strides(int ndim, const int64_t *shape, size_t elem_size, int64_t *strides);
+/* A reduction's view of shape: size-1 dims dropped and neighbours merged where both are in mask (the
+ * reduced dims, bit d for dim d) or both are not; the groups' sizes and whether each is reduced, in
+ * order. Returns the number of groups (0 for a shape of size-1 dims only). */
+int dt_layout_group_dims(int ndim, const int64_t *shape, uint32_t mask, int64_t *size, bool *reduced);
 
 /* Row-major coordinate of the flat mesh index. */
 void dt_layout_coord(int mesh_ndim, const int64_t *mesh_shape, int64_t flat, int64_t *coord);

@@ -182,18 +182,7 @@ const char *cpu_reduce_dims(cpu_red op, cpu_ctype t, void *out, const void *in, 
 {
     int64_t size[DT_MAX_DIMS];
     bool reduced[DT_MAX_DIMS];
-    int groups = 0;
-    for (int d = 0; d < ndim; d++) {
-        if (shape[d] == 1)
-            continue;
-        bool r = (mask >> d) & 1u;
-        if (groups > 0 && reduced[groups - 1] == r) {
-            size[groups - 1] *= shape[d];
-        } else {
-            size[groups] = shape[d];
-            reduced[groups++] = r;
-        }
-    }
+    int groups = dt_layout_group_dims(ndim, shape, mask, size, reduced);
     size_t elem = cpu_ctype_size(t);
     int64_t total = s_product(size, 0, groups);
     if (total == 0)

@@ -49,24 +49,13 @@ static const char *s_source(cuda_ctx *c, const op_local *p, bool floating, dt_dt
     return why;
 }
 
-/* The dims with size-1 dims dropped and neighbours merged where both are kept or both folded (as
- * cpu_reduce_dims groups them), split into kept and folded, with C-contiguous element strides. */
+/* The dims grouped as every backend's reductions group them (dt_layout_group_dims), split into
+ * kept and folded, with C-contiguous element strides. */
 static void s_fold_layout(cuda_fold_args *a, int ndim, const int64_t *shape, uint32_t mask)
 {
     int64_t size[DT_MAX_DIMS], stride[DT_MAX_DIMS];
     bool folded[DT_MAX_DIMS];
-    int groups = 0;
-    for (int d = 0; d < ndim; d++) {
-        if (shape[d] == 1)
-            continue;
-        bool f = (mask >> d) & 1u;
-        if (groups > 0 && folded[groups - 1] == f) {
-            size[groups - 1] *= shape[d];
-        } else {
-            size[groups] = shape[d];
-            folded[groups++] = f;
-        }
-    }
+    int groups = dt_layout_group_dims(ndim, shape, mask, size, folded);
     for (int64_t g = groups - 1, s = 1; g >= 0; s *= size[g--])
         stride[g] = s;
     a->nkeep = a->nfold = 0;
