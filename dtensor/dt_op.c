@@ -30,10 +30,11 @@ int dtn_op_call(const op_def *def, int n, dt_tensor *const *in, const op_attrs *
         return dt_err(DT_EINVAL, "%s: takes 1 to %d tensors, got %d", def->name, OP_MAX_INPUTS, n);
     if (attrs && (attrs->nints < 0 || attrs->nints > OP_MAX_INTS || attrs->nfloats < 0 || attrs->nfloats > OP_MAX_FLOATS))
         return dt_err(DT_EINVAL, "%s: too many attributes", def->name);
-    /* only what this call uses is initialised: the whole struct is kilobytes, and this runs per op */
+    /* only what this call uses is initialised: the whole struct is kilobytes, and this runs per op
+     * (the inputs' every field, and given attributes, are written below) */
     memset(c, 0, offsetof(op_call, in));
-    memset(c->in, 0, (size_t)n * sizeof c->in[0]);
-    memset(&c->attrs, 0, sizeof c->attrs);
+    if (!attrs)
+        memset(&c->attrs, 0, sizeof c->attrs);
     memset(c->out, 0, sizeof c->out);
     c->def = def;
     c->mesh = in[0]->mesh;
