@@ -60,6 +60,11 @@ def main():
     p.add_argument("--capture", default="on,off")
     p.add_argument("--tokens", type=int, default=64)
     a = p.parse_args()
+    try:
+        dtorch.ones(1, device_mesh=dtorch.DeviceMesh(a.device, [0])).numpy()
+    except Exception as e:  # a build without the backend, or no device
+        print(f"bench_decode_busy: no {a.device} device can be used here: {e}")
+        return 2
     print(f"decode at batch 1 on one {a.device} device, {a.tokens} steps after the prefill")
     print(f"  {'shape':6} {'dtype':9} {'capture':8} {'tok/s':>8} {'busy':>6} {'user us/step':>13}")
     for shape in a.shapes.split(","):
@@ -74,4 +79,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
