@@ -31,6 +31,19 @@ OP_EW_FN float op_ew_softplus(float x, float beta, float threshold)
     return x * beta > threshold ? x : log1pf(expf(x * beta)) / beta;
 }
 
+/* A float's integer value, truncated toward zero, as every backend converts one: NaN, the
+ * infinities and values beyond the type's range give its minimum, as torch's conversion does on x86
+ * (where a plain C cast of those, undefined behaviour, happens to give it). */
+OP_EW_FN int64_t op_ew_f2i64(double x)
+{
+    return x >= -9223372036854775808.0 && x < 9223372036854775808.0 ? (int64_t)x : INT64_MIN;
+}
+
+OP_EW_FN int32_t op_ew_f2i32(double x)
+{
+    return x > -2147483649.0 && x < 2147483648.0 ? (int32_t)x : INT32_MIN;
+}
+
 /* Integer power by squaring; a negative exponent gives 0 unless the base is 1 or -1 (torch). */
 OP_EW_FN int64_t op_ew_ipow(int64_t x, int64_t y)
 {

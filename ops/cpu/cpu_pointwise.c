@@ -40,9 +40,9 @@ void cpu_to_ctype(void *dst, cpu_ctype t, const void *src, dt_dtype dtype, int64
         break;
     case CPU_I64:
         switch (dtype) {
-        case DT_FLOAT32: S_CONVERT(int64_t, dst, float, src, n, x); break;
-        case DT_FLOAT16: S_CONVERT(int64_t, dst, uint16_t, src, n, dt_f16_to_f32(x)); break;
-        case DT_BFLOAT16: S_CONVERT(int64_t, dst, uint16_t, src, n, dt_bf16_to_f32(x)); break;
+        case DT_FLOAT32: S_CONVERT(int64_t, dst, float, src, n, op_ew_f2i64(x)); break;
+        case DT_FLOAT16: S_CONVERT(int64_t, dst, uint16_t, src, n, op_ew_f2i64(dt_f16_to_f32(x))); break;
+        case DT_BFLOAT16: S_CONVERT(int64_t, dst, uint16_t, src, n, op_ew_f2i64(dt_bf16_to_f32(x))); break;
         case DT_INT32: S_CONVERT(int64_t, dst, int32_t, src, n, x); break;
         case DT_INT64: memcpy(dst, src, (size_t)n * 8); break;
         default: S_CONVERT(int64_t, dst, uint8_t, src, n, x != 0); break;
@@ -81,8 +81,8 @@ void cpu_from_ctype(void *dst, dt_dtype dtype, const void *src, cpu_ctype t, int
         case DT_FLOAT32: memcpy(dst, src, (size_t)n * 4); break;
         case DT_FLOAT16: S_CONVERT(uint16_t, dst, float, src, n, dt_f32_to_f16(x)); break;
         case DT_BFLOAT16: S_CONVERT(uint16_t, dst, float, src, n, dt_f32_to_bf16(x)); break;
-        case DT_INT32: S_CONVERT(int32_t, dst, float, src, n, isfinite(x) ? x : 0); break;
-        case DT_INT64: S_CONVERT(int64_t, dst, float, src, n, isfinite(x) ? x : 0); break;
+        case DT_INT32: S_CONVERT(int32_t, dst, float, src, n, op_ew_f2i32(x)); break;
+        case DT_INT64: S_CONVERT(int64_t, dst, float, src, n, op_ew_f2i64(x)); break;
         default: S_CONVERT(uint8_t, dst, float, src, n, x != 0); break;
         }
         break;

@@ -3,6 +3,7 @@
  * is the CPU kernel's arithmetic (ops/cpu/cpu_kernels.c, cpu_random.c, cpu_pointwise.c), one
  * element per thread in a grid-stride loop. */
 #include "cuda_dtype.h"
+#include "op_pointwise_math.h"
 #include "cuda_kernels.h"
 
 #define S_THREADS 256
@@ -122,10 +123,6 @@ __device__ __forceinline__ s_value s_load(const void *src, dt_dtype dtype, int64
     return v;
 }
 
-/* float -> integer: a non-finite value gives 0, as cpu_from_ctype does (the GPU's conversion
- * saturates where the CPU's cast has no defined value) */
-__device__ __forceinline__ int64_t s_f2i(float f) { return isfinite(f) ? (int64_t)f : 0; }
-
 __device__ __forceinline__ void s_store(void *dst, dt_dtype dtype, int64_t i, s_value v)
 {
     float f = v.kind == 0 ? v.f : v.kind == 1 ? (float)v.i : (v.b ? 1.0f : 0.0f);
@@ -133,8 +130,9 @@ __device__ __forceinline__ void s_store(void *dst, dt_dtype dtype, int64_t i, s_
     case DT_FLOAT32: ((float *)dst)[i] = f; break;
     case DT_FLOAT16: ((uint16_t *)dst)[i] = v.kind == 2 ? (v.b ? 0x3c00 : 0) : cuda_f32_to_f16(f); break;
     case DT_BFLOAT16: ((uint16_t *)dst)[i] = v.kind == 2 ? (v.b ? 0x3f80 : 0) : cuda_f32_to_bf16(f); break;
-    case DT_INT32: ((int32_t *)dst)[i] = (int32_t)(v.kind == 0 ? s_f2i(f) : v.kind == 1 ? v.i : v.b); break;
-    case DT_INT64: ((int64_t *)dst)[i] = v.kind == 0 ? s_f2i(f) : v.kind == 1 ? v.i : v.b; break;
+    /* float -> integer as every backend converts (op_ew_f2i32, op_ew_f2i64) */
+    case DT_INT32: ((int32_t *)dst)[i] = v.kind == 0 ? op_ew_f2i32(f) : (int32_t)(v.kind == 1 ? v.i : v.b); break;
+    case DT_INT64: ((int64_t *)dst)[i] = v.kind == 0 ? op_ew_f2i64(f) : v.kind == 1 ? v.i : v.b; break;
     default: ((uint8_t *)dst)[i] = v.kind == 0 ? f != 0.0f : v.kind == 1 ? v.i != 0 : v.b; break;
     }
 }

@@ -323,6 +323,26 @@ def test_casts(thread, src):
         assert np.array_equal(y.numpy().astype(np.float64), np.asarray(want, np.float64))
 
 
+@pytest.mark.parametrize("src", [dtorch.float32, dtorch.float16, dtorch.bfloat16])
+def test_casts_of_values_no_integer_holds(thread, src):
+    """NaN, the infinities and values beyond the integer type's range convert to its minimum, as
+    torch's conversion gives on x86 (a hand table); the rest truncate toward zero. Also inside a
+    reduction's dtype= conversion."""
+    mesh = mesh_1d(2)
+    a = np.array([np.nan, np.inf, -np.inf, 1e30, -1e30, 3e9, -3e9, 2.5, -2.5, 0.0], np.float32)
+    x = dtorch.distribute_tensor(a, mesh, [Shard(0)]).to(src)
+    lo64, lo32 = np.iinfo(np.int64).min, np.iinfo(np.int32).min
+    held = x.to(dtorch.float32).numpy().astype(np.float64)  # 3e9 is 3003121664 in bfloat16, inf in float16
+    with np.errstate(invalid="ignore"):
+        want64 = [int(v) if np.isfinite(v) and abs(v) < 2.0**63 else lo64 for v in held]
+        want32 = [int(v) if np.isfinite(v) and -2.0**31 - 1 < v < 2.0**31 else lo32 for v in held]
+    assert want64[:5] == [lo64] * 5 and want32[5:] == [lo32, lo32, 2, -2, 0]  # the table's shape
+    assert x.to(dtorch.int64).numpy().tolist() == want64
+    assert x.to(dtorch.int32).numpy().tolist() == want32
+    ints = dtorch.distribute_tensor(np.array([np.nan, 2.5, 1.5], np.float32), mesh, [Shard(0)])
+    assert int(dtorch.sum(ints, dtype=dtorch.int64).numpy()) == lo64 + 3
+
+
 def test_bad_input(thread):
     mesh = mesh_1d(2)
     x = dtorch.ones(5, 4, device_mesh=mesh, placements=[Shard(0)])
