@@ -30,13 +30,6 @@
 #define S_MAX_SIZES 16
 #define S_PIPELINE 8 /* products per timed run */
 
-static double s_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void s_die(const char *what, const char *why)
 {
     fprintf(stderr, "bench_cuda_matmul: %s failed: %s\n", what, why);
@@ -168,7 +161,7 @@ static s_result s_run(dt_mesh *mesh, cublasHandle_t handle, cudaStream_t stream,
     /* (b) DTorch, pipelined; one untimed run first */
     dt_tensor *c = NULL;
     for (int i = -1; i < repeats; i++) {
-        double t0 = s_now();
+        double t0 = bench_now_ns() * 1e-9;
         for (int j = 0; j < S_PIPELINE; j++) {
             dt_tensor_release(&c);
             c = s_matmul(a, b);
@@ -176,7 +169,7 @@ static s_result s_run(dt_mesh *mesh, cublasHandle_t handle, cudaStream_t stream,
         if (dt_synchronize() != 0)
             s_die("dt_synchronize", dt_last_error());
         if (i >= 0)
-            t[i] = (s_now() - t0) / S_PIPELINE;
+            t[i] = (bench_now_ns() * 1e-9 - t0) / S_PIPELINE;
     }
     r.dt = flops / bench_median(t, repeats) * 1e-12;
 
