@@ -14,6 +14,8 @@
  *
  * The ops are the rows of OP_REDUCE (ops/op_table.h); their kernels are in ops/cpu/cpu_reduce.c,
  * which get the reduced dims from ctx (s_local) rather than decoding the attributes again. */
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -438,4 +440,15 @@ const char *op_reduce_layout(const op_kernel *k, uint32_t *mask, int64_t *extent
         if (*mask & (1u << d))
             *extent *= in->shape[d];
     return NULL;
+}
+
+dt_scalar op_reduce_identity(dt_dtype d, bool max)
+{
+    if (dt_dtype_is_float(d))
+        return (dt_scalar){.is_int = false, .f = max ? -INFINITY : INFINITY};
+    switch (d) {
+    case DT_INT32: return (dt_scalar){.is_int = true, .i = max ? INT32_MIN : INT32_MAX};
+    case DT_INT64: return (dt_scalar){.is_int = true, .i = max ? INT64_MIN : INT64_MAX};
+    default: return (dt_scalar){.is_int = true, .i = max ? 0 : 1};
+    }
 }

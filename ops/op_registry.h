@@ -187,5 +187,8 @@ const char *op_slice_layout(const op_kernel *k, op_slice_dims *s);
 /* sum, mean, amax, amin, max, min on a device: ctx = [mask of the reduced dims, ...]; the mask, the
  * elements each output folds together, and the output's elements. NULL, or why ctx is missing. */
 const char *op_reduce_layout(const op_kernel *k, uint32_t *mask, int64_t *extent, int64_t *n_out);
+/* The value of max/min over nothing in dtype d: what a device with an empty shard contributes to a
+ * Partial(max|min), so that the others' values win. */
+dt_scalar op_reduce_identity(dt_dtype d, bool max);
 
 #endif

@@ -663,19 +663,6 @@ static void s_divide(float *v, int64_t n, int64_t count)
         v[i] = (float)((double)v[i] / (double)count);
 }
 
-/* The value of max/min over nothing: what a device with an empty shard contributes to a
- * Partial(max|min), so that the others' values win. */
-static dt_scalar s_identity(dt_dtype d, bool max)
-{
-    if (dt_dtype_is_float(d))
-        return (dt_scalar){.is_int = false, .f = max ? -INFINITY : INFINITY};
-    switch (d) {
-    case DT_INT32: return (dt_scalar){.is_int = true, .i = max ? INT32_MIN : INT32_MAX};
-    case DT_INT64: return (dt_scalar){.is_int = true, .i = max ? INT64_MIN : INT64_MAX};
-    default: return (dt_scalar){.is_int = true, .i = max ? 0 : 1};
-    }
-}
-
 /* sum, mean, amax, amin, max, min: converted pieces go a block of dim-0 rows at a time; when
  * dim 0 is reduced, each block's result is combined into the first one's. */
 static const char *s_cpu_list(op_kernel *k)
@@ -696,7 +683,7 @@ static const char *s_cpu_list(op_kernel *k)
         else if (id == OP_ID_mean)
             cpu_fill(out->data, out->dtype, n_out, (dt_scalar){.f = k->ctx[1] ? 0.0 : NAN});
         else
-            cpu_fill(out->data, out->dtype, n_out, s_identity(out->dtype, id == OP_ID_amax || id == OP_ID_max));
+            cpu_fill(out->data, out->dtype, n_out, op_reduce_identity(out->dtype, id == OP_ID_amax || id == OP_ID_max));
         return NULL;
     }
     bool sum = id == OP_ID_sum || id == OP_ID_mean;

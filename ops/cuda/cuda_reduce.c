@@ -73,19 +73,6 @@ static void s_fold_layout(cuda_fold_args *a, int ndim, const int64_t *shape, uin
     }
 }
 
-/* The value of max/min over nothing: what a device with an empty shard contributes to a
- * Partial(max|min), so that the others' values win (cpu_reduce.c's). */
-static dt_scalar s_identity(dt_dtype d, bool max)
-{
-    if (dt_dtype_is_float(d))
-        return (dt_scalar){.is_int = false, .f = max ? -INFINITY : INFINITY};
-    switch (d) {
-    case DT_INT32: return (dt_scalar){.is_int = true, .i = max ? INT32_MIN : INT32_MAX};
-    case DT_INT64: return (dt_scalar){.is_int = true, .i = max ? INT64_MIN : INT64_MAX};
-    default: return (dt_scalar){.is_int = true, .i = max ? 0 : 1};
-    }
-}
-
 /* Folds in over mask into the values (and positions) of a. */
 static const char *s_fold(cuda_ctx *c, cuda_fold_op op, bool floating, dt_dtype cast, const op_local *in,
                           uint32_t mask, cuda_fold_args *a)
@@ -116,7 +103,7 @@ const char *cuda_k_reduce(cuda_ctx *c, op_kernel *k)
     if (extent == 0) { /* an empty shard (or an empty reduced dim, for sum and mean) */
         dt_scalar v = id == OP_ID_sum    ? (dt_scalar){.is_int = true, .i = 0}
                       : id == OP_ID_mean ? (dt_scalar){.f = k->ctx[1] ? 0.0 : NAN}
-                                         : s_identity(out->dtype, max);
+                                         : op_reduce_identity(out->dtype, max);
         return cuda_backend.fill(out->data, out->dtype, n_out, v);
     }
     cuda_fold_args a = {.out = out->data, .out_dtype = out->dtype, .divisor = id == OP_ID_mean ? k->ctx[1] : 0};
