@@ -81,7 +81,19 @@ int act_peer_open(act_worker *w)
     char endpoint[300];
     s_peer_endpoint(w->endpoint, w->device, endpoint, sizeof endpoint);
     w->peer = mb_socket_new(MB_ROUTER, endpoint, true, NULL);
-    return w->peer ? 0 : dt_last_error_code();
+    if (!w->peer)
+        return dt_last_error_code();
+    if (w->same_process) {
+        /* `out` too (s_peer_router): every socket a worker thread needs is had at its start, so
+         * one that cannot be had stops its start, never a transfer halfway */
+        char own[32];
+        snprintf(own, sizeof own, "w%" PRId64, w->device);
+        if (!(w->out = mb_socket_new(MB_ROUTER, NULL, false, own)))
+            return dt_last_error_code();
+        int one = 1;
+        zmq_setsockopt(zsock_resolve(w->out), ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+    }
+    return 0;
 }
 
 static void s_recv_free(act_recv *r)
@@ -129,22 +141,14 @@ void act_peer_close(act_worker *w)
 
 #define S_PEER_SEND_TIMEOUT_MS 500 /* a send to a peer that has no socket any more gives up after this */
 
-/* Worker threads: `out`, connected to device's peer socket under the routing id "d<device>" (the
+/* Worker threads: `out` (opened by act_peer_open), connected to device's peer socket under the routing id "d<device>" (the
  * peer sees this worker as "w<device>", as from a DEALER). Unroutable sends fail instead of
  * vanishing (ZMQ_ROUTER_MANDATORY); an inproc connect is routable at once, even before the peer
- * binds. NULL + dt_last_error when a socket cannot be had. */
+ * binds. NULL + dt_last_error when the link cannot be made. */
 static zsock_t *s_peer_router(act_worker *w, int64_t device, char *rid, size_t size)
 {
     act_worker_beat(w); /* a socket or a link to make: ZeroMQ's locks may keep it waiting, which is not stuck */
     snprintf(rid, size, "d%" PRId64, device);
-    if (!w->out) {
-        char own[32];
-        snprintf(own, sizeof own, "w%" PRId64, w->device);
-        if (!(w->out = mb_socket_new(MB_ROUTER, NULL, false, own)))
-            return NULL;
-        int one = 1;
-        zmq_setsockopt(zsock_resolve(w->out), ZMQ_ROUTER_MANDATORY, &one, sizeof one);
-    }
     if (!dt_idmap_get(&w->linked, (uint64_t)device + 1)) {
         char endpoint[300];
         s_peer_endpoint(w->endpoint, device, endpoint, sizeof endpoint);

@@ -409,8 +409,8 @@ int act_runtime_check_live(const char *op, uint64_t epoch)
     return dt_err(DT_ESHUTDOWN, "%s: this tensor was made before dtorch.shutdown() and no longer exists", op);
 }
 
-/* A new device entry, published (the lock held); its worker is not started. */
-static act_device *s_device_new(act_runtime *rt, int64_t id, const char *device_type)
+/* A new device entry, not yet published (s_device_publish); its worker is not started. */
+static act_device *s_device_alloc(act_runtime *rt, int64_t id, const char *device_type)
 {
     act_device *dev = calloc(1, sizeof *dev);
     if (!dev) {
@@ -424,10 +424,24 @@ static act_device *s_device_new(act_runtime *rt, int64_t id, const char *device_
     dev->remote = rt->listening;
     dev->last_op = -1;
     atomic_init(&dev->stop, false);
-    /* published before its worker starts, so the worker's hello finds it */
-    __atomic_store_n(&rt->devices[id], dev, __ATOMIC_RELEASE);
-    if (id >= rt->ndevices)
-        __atomic_store_n(&rt->ndevices, id + 1, __ATOMIC_RELEASE);
+    return dev;
+}
+
+/* Makes dev the entry of its id (the lock held), before its worker says hello: the controller
+ * finds a worker's device by the id it says. */
+static void s_device_publish(act_device *dev)
+{
+    act_runtime *rt = &act_rt;
+    __atomic_store_n(&rt->devices[dev->id], dev, __ATOMIC_RELEASE);
+    if (dev->id >= rt->ndevices)
+        __atomic_store_n(&rt->ndevices, dev->id + 1, __ATOMIC_RELEASE);
+}
+
+static act_device *s_device_new(act_runtime *rt, int64_t id, const char *device_type)
+{
+    act_device *dev = s_device_alloc(rt, id, device_type);
+    if (dev)
+        s_device_publish(dev);
     return dev;
 }
 
@@ -461,12 +475,26 @@ static int s_ensure_device(act_runtime *rt, const char *op, int64_t id, const ch
     /* a worker picks its backend by device type: the caller hears of one it lacks, not the worker */
     if (op_backend_check(op, device_type) != 0)
         return dt_last_error_code();
+    if (rt->listening)
+        return s_device_new(rt, id, device_type) ? 0 : dt_last_error_code(); /* its worker comes from elsewhere:
+                                                                               * act_runtime_begin waits for it */
+    if (rt->workers == DT_WORKERS_THREAD) {
+        /* one that cannot start (no socket to be had) is never published: the next op that names
+         * the device starts it afresh */
+        if (!(dev = s_device_alloc(rt, id, device_type)))
+            return dt_last_error_code();
+        int rc = act_spawn_thread(dev, rt->endpoint, dev->device_type, s_device_publish);
+        if (rc != 0) {
+            free(dev);
+            char why[DT_ERRMSG_MAX];
+            snprintf(why, sizeof why, "%s", dt_last_error());
+            return dt_err(rc, "%s: %s", op, why);
+        }
+        return 0;
+    }
     if (!(dev = s_device_new(rt, id, device_type)))
         return dt_last_error_code();
-    if (rt->listening)
-        return 0; /* its worker comes from elsewhere: act_runtime_begin waits for it */
-    int rc = rt->workers == DT_WORKERS_THREAD ? act_spawn_thread(dev, rt->endpoint, dev->device_type)
-                                              : act_spawn_process(dev, rt->endpoint, dev->device_type, rt->worker_path);
+    int rc = act_spawn_process(dev, rt->endpoint, dev->device_type, rt->worker_path);
     if (rc != 0) {
         /* kept, dead, until shutdown: the controller may already hold a pointer to it */
         dev->state = ACT_DEV_DEAD;

@@ -19,6 +19,19 @@
 
 extern char **environ;
 
+/* The start of a worker thread, shared by it and its spawner: the thread opens its sockets and
+ * says so, then waits to say hello until its device is published. A thread that cannot open them
+ * returns at once and its device is never published: no other thread ever sees it. */
+typedef enum { S_OPENING, S_OPENED, S_FAILED, S_GO } s_start_state;
+
+typedef struct {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    s_start_state state;
+    char error[DT_ERRMSG_MAX];
+    atomic_int refs;      /* the thread and its spawner: the last to let go frees it */
+} s_start;
+
 typedef struct {
     char endpoint[256];
     char device_type[16];
@@ -26,7 +39,35 @@ typedef struct {
     atomic_bool *stop;
     atomic_uint_fast64_t *beats;
     act_device *dev;      /* where a failure is said (devices never move) */
+    s_start *start;
+    bool told;            /* the thread: start has heard how the opening went */
 } s_thread_args;
+
+static void s_start_release(s_start *st)
+{
+    if (atomic_fetch_sub(&st->refs, 1) == 1) {
+        pthread_mutex_destroy(&st->lock);
+        pthread_cond_destroy(&st->cond);
+        free(st);
+    }
+}
+
+/* act_worker_link.opened of a worker thread: tells the spawner, and on success waits for its go. */
+static void s_opened(void *arg, int rc)
+{
+    s_thread_args *a = arg;
+    s_start *st = a->start;
+    a->told = true;
+    pthread_mutex_lock(&st->lock);
+    st->state = rc == 0 ? S_OPENED : S_FAILED;
+    if (rc != 0)
+        snprintf(st->error, sizeof st->error, "%s", dt_last_error());
+    pthread_cond_broadcast(&st->cond);
+    while (rc == 0 && st->state != S_GO)
+        pthread_cond_wait(&st->cond, &st->lock);
+    pthread_mutex_unlock(&st->lock);
+    s_start_release(st);
+}
 
 static bool s_should_stop(void *arg) { return atomic_load((atomic_bool *)arg); }
 
@@ -40,10 +81,15 @@ static void *s_thread_main(void *arg)
     pthread_setname_np(pthread_self(), name);
     atomic_store(&a.dev->thread_tid, (int)gettid());
     act_worker_link link = {.endpoint = a.endpoint, .device = a.device, .device_type = a.device_type,
-                            .beats = a.beats};
-    if (act_worker_serve(&link, s_should_stop, a.stop) != 0) {
-        /* e.g. no socket to be had: the controller declares the device dead at its next check,
-         * instead of waiting for a hello that will not come */
+                            .beats = a.beats, .opened = s_opened, .opened_arg = &a};
+    int rc = act_worker_serve(&link, s_should_stop, a.stop);
+    if (!a.told) {
+        s_opened(&a, rc != 0 ? rc : dt_err(DT_ESYS, "it returned before opening its sockets"));
+        return NULL; /* never published: the spawner joins it and says why */
+    }
+    if (rc != 0) {
+        /* e.g. a socket it could not have later: the controller declares the device dead at its
+         * next check, instead of waiting for what will not come */
         snprintf(a.dev->thread_error, sizeof a.dev->thread_error, "%s", dt_last_error());
         atomic_store(&a.dev->thread_failed, true);
     }
@@ -51,31 +97,53 @@ static void *s_thread_main(void *arg)
     return NULL;
 }
 
-int act_spawn_thread(act_device *dev, const char *endpoint, const char *device_type)
+int act_spawn_thread(act_device *dev, const char *endpoint, const char *device_type, void (*publish)(act_device *))
 {
     s_thread_args *a = malloc(sizeof *a);
-    if (!a)
+    s_start *st = calloc(1, sizeof *st);
+    if (!a || !st) {
+        free(a);
+        free(st);
         return dt_err(DT_ENOMEM, "out of memory");
+    }
+    pthread_mutex_init(&st->lock, NULL);
+    pthread_cond_init(&st->cond, NULL);
+    st->state = S_OPENING;
+    atomic_init(&st->refs, 2);
+    *a = (s_thread_args){.device = dev->id, .stop = &dev->stop, .beats = &dev->beats, .dev = dev, .start = st};
     snprintf(a->endpoint, sizeof a->endpoint, "%s", endpoint);
     snprintf(a->device_type, sizeof a->device_type, "%s", device_type);
-    a->device = dev->id;
-    a->stop = &dev->stop;
-    a->beats = &dev->beats;
     atomic_store(&dev->beats, 0);
     dev->seen_beats = 0;
     dev->progress_at = act_now();
     dev->seen_cpu = -1;
     dev->abandoned = false;
-    a->dev = dev;
     atomic_store(&dev->thread_failed, false);
     atomic_store(&dev->thread_running, true);
     dev->thread_failure_told = false;
     if (pthread_create(&dev->thread, NULL, s_thread_main, a) != 0) {
         free(a);
+        free(st);
         return dt_err(DT_ESYS, "cannot start a worker thread for device %lld", (long long)dev->id);
     }
-    dev->has_thread = true;
-    return 0;
+    pthread_mutex_lock(&st->lock);
+    while (st->state == S_OPENING)
+        pthread_cond_wait(&st->cond, &st->lock);
+    bool opened = st->state == S_OPENED;
+    if (opened) {
+        dev->has_thread = true;
+        publish(dev); /* before its hello, which the controller looks up by device */
+        st->state = S_GO;
+        pthread_cond_broadcast(&st->cond);
+    }
+    pthread_mutex_unlock(&st->lock);
+    int rc = 0;
+    if (!opened) {
+        pthread_join(dev->thread, NULL);
+        rc = dt_err(DT_ESYS, "device %lld: its worker thread could not start: %s", (long long)dev->id, st->error);
+    }
+    s_start_release(st);
+    return rc;
 }
 
 int act_spawn_process(act_device *dev, const char *endpoint, const char *device_type, const char *worker_path)

@@ -7,8 +7,11 @@
 
 #include "act_runtime.h"
 
-/* Starts dev's worker, told the controller's endpoint and its device type (which backend to run). */
-int act_spawn_thread(act_device *dev, const char *endpoint, const char *device_type);
+/* Starts dev's worker, told the controller's endpoint and its device type (which backend to run).
+ * A worker thread is waited for until its sockets are open; publish(dev) is then called before it
+ * says hello. One that cannot open them is joined, publish is never called, and the error says why
+ * (dev may be freed, or started again). */
+int act_spawn_thread(act_device *dev, const char *endpoint, const char *device_type, void (*publish)(act_device *));
 int act_spawn_process(act_device *dev, const char *endpoint, const char *device_type, const char *worker_path);
 /* Process workers: true (and why, in reason) once the process has ended. */
 bool act_spawn_reap(act_device *dev, char *reason, size_t size);

@@ -920,11 +920,6 @@ int act_worker_serve(const act_worker_link *link, bool (*should_stop)(void *arg)
     snprintf(rid, sizeof rid, "d%" PRId64, device);
     act_worker w;
     act_worker_init(&w, device, backend, link->endpoint);
-    /* the device is bound on the thread that runs every record; a device that cannot be used
-     * still serves, failing what touches it with the reason (and never hanging the controller) */
-    const char *unusable = backend->attach ? backend->attach(device) : NULL;
-    if (unusable)
-        snprintf(w.unusable, sizeof w.unusable, "%s", unusable);
     w.remote = link->remote;
     w.silent_s = link->silent_s > 0 ? link->silent_s : ACT_SILENT_S;
     w.connect_s = link->connect_s > 0 ? link->connect_s : ACT_CONNECT_S;
@@ -942,6 +937,14 @@ int act_worker_serve(const act_worker_link *link, bool (*should_stop)(void *arg)
         rc = dt_last_error_code();
     if (rc == 0 && w.remote)
         zsock_set_sndtimeo(w.sock, (int)(w.silent_s * 1000)); /* a link gone that long: the controller is silent too */
+    if (link->opened)
+        link->opened(link->opened_arg, rc);
+    /* the device is bound on the thread that runs every record; a device that cannot be used
+     * still serves, failing what touches it with the reason (and never hanging the controller) */
+    bool attached = rc == 0 && backend->attach;
+    const char *unusable = attached ? backend->attach(device) : NULL;
+    if (unusable)
+        snprintf(w.unusable, sizeof w.unusable, "%s", unusable);
     if (rc == 0) {
         s_hello(&w);
         rc = s_send(&w, MB_HELLO, 1);
@@ -984,7 +987,7 @@ int act_worker_serve(const act_worker_link *link, bool (*should_stop)(void *arg)
         pthread_join(hb.thread, NULL);
     }
     act_worker_fini(&w);
-    if (backend->detach)
+    if (attached && backend->detach)
         backend->detach();
     return rc;
 }

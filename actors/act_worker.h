@@ -100,6 +100,10 @@ typedef struct {
     double silent_s;            /* remote: how long the controller may be silent */
     double connect_s;           /* remote: how long to wait for the controller's first word */
     atomic_uint_fast64_t *beats; /* bumped wherever the worker is not inside a kernel (worker threads) */
+    /* called once its sockets are open (rc 0) or could not be (rc, dt_last_error says why), before
+     * its hello, which waits until it returns; NULL: none */
+    void (*opened)(void *arg, int rc);
+    void *opened_arg;
 } act_worker_link;
 
 typedef struct {

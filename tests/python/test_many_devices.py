@@ -73,5 +73,40 @@ def test_out_of_file_descriptors_is_an_exception():
     assert run.returncode == 0, run.stderr
     lines = dict(line.split(": ", 1) for line in run.stdout.splitlines())
     assert "cannot create a socket" in lines["raised"] and "ulimit -n" in lines["raised"]
+    # worker threads start in device order, each once its sockets are open: the first that
+    # cannot have them is named, and the ones before it (device 0 among them) keep serving
+    assert lines["raised"].startswith("ones: device ") and "its worker thread could not start" in lines["raised"]
+    assert 0 < int(lines["raised"].split()[2].rstrip(":")) < 300
     assert float(lines["seconds"]) < 10
     assert lines["after"] == "3.0"
+
+
+def test_a_worker_thread_that_could_not_start_is_started_by_the_next_op():
+    """With every descriptor taken, the first op on a new mesh raises naming the device whose worker
+    could not start; once descriptors are free again the same op starts it and computes."""
+    script = textwrap.dedent("""
+        import os, dtorch
+        assert dtorch.ones(2, device_mesh=dtorch.DeviceMesh("cpu", [5])).sum().item() == 2.0  # the runtime is up
+        mesh = dtorch.DeviceMesh("cpu", [0, 1, 2])
+        held = []
+        try:
+            while True:
+                held.append(os.open("/dev/null", os.O_RDONLY))
+        except OSError:
+            pass
+        try:
+            dtorch.arange(6, device_mesh=mesh, placements=[dtorch.Shard(0)]).sum().item()
+            print("first: no error")
+        except RuntimeError as e:
+            print("first:", e)
+        for fd in held:
+            os.close(fd)
+        x = dtorch.arange(6, device_mesh=mesh, placements=[dtorch.Shard(0)])
+        print("again:", x.sum().item(), x.redistribute(mesh, [dtorch.Replicate()]).to_local()[2].tolist())
+    """)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (200, 200)))
+    assert run.returncode == 0, run.stderr
+    lines = dict(line.split(": ", 1) for line in run.stdout.splitlines())
+    assert lines["first"].startswith("arange: device 0: its worker thread could not start: cannot create a socket")
+    assert lines["again"] == "15 [0, 1, 2, 3, 4, 5]"
