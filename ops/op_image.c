@@ -295,6 +295,154 @@ static int s_shard_pad(op_call *c)
     return 0;
 }
 
+/* ---- the image ops on a device ---------------------------------------------------------------- */
+
+const char *op_conv2d_layout(const op_kernel *k, op_conv2d_dims *d)
+{
+    const op_local *x = &k->in[0], *w = &k->in[1], *b = k->nin == 3 ? &k->in[2] : NULL, *y = &k->out[0];
+    const int64_t *a = k->attrs->ints;
+    if ((k->nin != 2 && k->nin != 3) || k->attrs->nints != 9 || x->ndim != 4 || w->ndim != 4 || y->ndim != 4)
+        return "conv2d: malformed arguments (internal error)";
+    *d = (op_conv2d_dims){.N = x->shape[0], .C = x->shape[1], .H = x->shape[2], .W = x->shape[3], .O = w->shape[0],
+                          .kH = w->shape[2], .kW = w->shape[3], .OH = y->shape[2], .OW = y->shape[3],
+                          .stride = {a[0], a[1]}, .pad_top = a[2], .pad_left = a[4], .dilation = {a[6], a[7]},
+                          .groups = a[8]};
+    bool dtypes = w->dtype == x->dtype && y->dtype == x->dtype && (!b || b->dtype == x->dtype) &&
+                  dt_dtype_is_float(x->dtype);
+    if (!dtypes || d->groups < 1 || d->C != w->shape[1] * d->groups || d->O % d->groups != 0 || y->shape[0] != d->N ||
+        y->shape[1] != d->O || (b && (b->ndim != 1 || b->shape[0] != d->O)) || a[0] < 1 || a[1] < 1 || a[2] < 0 ||
+        a[4] < 0 || a[6] < 1 || a[7] < 1)
+        return "conv2d: the pieces do not fit together (internal error)";
+    /* every output position's taps stay within the padded input (the kernels read no further) */
+    for (int i = 0; i < 2; i++) {
+        int64_t in = i ? d->W : d->H, k_ = i ? d->kW : d->kH, out = i ? d->OW : d->OH;
+        int64_t padded = in + (i ? a[4] + a[5] : a[2] + a[3]);
+        if (out > 0 && (out - 1) * d->stride[i] + (k_ - 1) * d->dilation[i] >= padded)
+            return "conv2d: the pieces do not fit together (internal error)";
+    }
+    return NULL;
+}
+
+const char *op_group_norm_layout(const op_kernel *k, op_group_norm_dims *d)
+{
+    const op_local *x = &k->in[0], *y = &k->out[0];
+    if (k->attrs->nints != 2 || k->attrs->nfloats != 1 || x->ndim < 2 || y->ndim != x->ndim || y->dtype != x->dtype)
+        return "group_norm: malformed arguments (internal error)";
+    int64_t G = k->attrs->ints[0], flags = k->attrs->ints[1];
+    if (G < 1 || x->shape[1] % G != 0 || flags < 0 || flags > 3 || k->nin != 1 + __builtin_popcount((unsigned)flags))
+        return "group_norm: malformed arguments (internal error)";
+    *d = (op_group_norm_dims){.N = x->shape[0], .C = x->shape[1], .S = dt_layout_numel(x->ndim - 2, x->shape + 2),
+                              .G = G, .weight = flags & 1 ? &k->in[1] : NULL,
+                              .bias = flags & 2 ? &k->in[flags & 1 ? 2 : 1] : NULL,
+                              .eps = (float)k->attrs->floats[0]};
+    for (int i = 0; i < 2; i++) {
+        const op_local *p = i ? d->bias : d->weight;
+        if (p && (p->ndim != 1 || p->shape[0] != d->C || !dt_dtype_is_float(p->dtype)))
+            return "group_norm: malformed arguments (internal error)";
+    }
+    for (int i = 0; i < x->ndim; i++)
+        if (y->shape[i] != x->shape[i])
+            return "group_norm: malformed arguments (internal error)";
+    return NULL;
+}
+
+const char *op_interpolate_layout(const op_kernel *k, op_interpolate_dims *d)
+{
+    const op_local *x = &k->in[0], *y = &k->out[0];
+    int ns = x->ndim - 2;
+    if ((ns != 1 && ns != 2) || k->attrs->nints != 2 + ns || k->attrs->nfloats != ns || y->ndim != x->ndim ||
+        !dt_dtype_is_float(x->dtype) || !dt_dtype_is_float(y->dtype) || y->shape[0] != x->shape[0] ||
+        y->shape[1] != x->shape[1])
+        return "interpolate: malformed arguments (internal error)";
+    *d = (op_interpolate_dims){.mode = (int)k->attrs->ints[0], .align_corners = (int)k->attrs->ints[1],
+                               .nspatial = ns, .P = x->shape[0] * x->shape[1], .IH = ns == 2 ? x->shape[2] : 1,
+                               .IW = x->shape[x->ndim - 1], .OH = ns == 2 ? y->shape[2] : 1,
+                               .OW = y->shape[y->ndim - 1]};
+    if (d->mode < 0 || d->mode > 2 || (d->align_corners != 0 && d->align_corners != 1) ||
+        ((d->IH == 0 || d->IW == 0) && d->P > 0 && d->OH > 0 && d->OW > 0))
+        return "interpolate: malformed arguments (internal error)";
+    return NULL;
+}
+
+void op_resample_axis(int64_t in, int64_t out, int mode, int align_corners, double scale_factor, int64_t *i0,
+                      int64_t *i1, float *l1)
+{
+    float scale;
+    if (mode == 1 && align_corners)
+        scale = out > 1 ? (float)(in - 1) / (float)(out - 1) : 0.0f;
+    else
+        scale = scale_factor > 0 ? (float)(1.0 / scale_factor) : (float)in / (float)out;
+    for (int64_t o = 0; o < out; o++) {
+        if (mode != 1) {
+            float src = mode == 0 ? scale * (float)o : scale * ((float)o + 0.5f);
+            int64_t i = (int64_t)floorf(src);
+            i0[o] = i1[o] = i < in - 1 ? i : in - 1;
+            l1[o] = 0.0f;
+            continue;
+        }
+        if (in == out) {
+            i0[o] = i1[o] = o;
+            l1[o] = 0.0f;
+            continue;
+        }
+        float src = align_corners ? scale * (float)o : scale * ((float)o + 0.5f) - 0.5f;
+        if (!align_corners && src < 0)
+            src = 0;
+        int64_t h = (int64_t)floorf(src);
+        h = h < in - 1 ? h : in - 1;
+        float lam = src - (float)h;
+        i0[o] = h;
+        i1[o] = h + (h < in - 1);
+        l1[o] = lam < 0 ? 0.0f : lam > 1 ? 1.0f : lam;
+    }
+}
+
+void op_interpolate_sources(const op_kernel *k, const op_interpolate_dims *d, int64_t *h0, int64_t *h1, float *lh,
+                            int64_t *w0, int64_t *w1, float *lw)
+{
+    if (d->nspatial == 2)
+        op_resample_axis(d->IH, d->OH, d->mode, d->align_corners, k->attrs->floats[0], h0, h1, lh);
+    else
+        h0[0] = h1[0] = 0, lh[0] = 0.0f;
+    op_resample_axis(d->IW, d->OW, d->mode, d->align_corners, k->attrs->floats[d->nspatial - 1], w0, w1, lw);
+}
+
+const char *op_pad_layout(const op_kernel *k, int *mode, int64_t *left, uint64_t *fill)
+{
+    const op_local *x = &k->in[0], *y = &k->out[0];
+    int npairs = (k->attrs->nints - 1) / 2;
+    if (k->attrs->nints < 1 || npairs > x->ndim || y->ndim != x->ndim || x->dtype != y->dtype)
+        return "pad: malformed arguments (internal error)";
+    *mode = (int)k->attrs->ints[0];
+    if (*mode < 0 || *mode > 2)
+        return "pad: malformed arguments (internal error)";
+    for (int d = 0; d < x->ndim; d++)
+        left[d] = 0;
+    for (int i = 0; i < npairs; i++)
+        left[x->ndim - 1 - i] = k->attrs->ints[1 + 2 * i];
+    for (int d = 0; d < x->ndim; d++) {
+        bool padded = d >= x->ndim - npairs;
+        if ((!padded && y->shape[d] != x->shape[d]) || y->shape[d] < 0 ||
+            (padded && y->shape[d] > 0 && x->shape[d] == 0 && *mode != 0))
+            return "pad: the pieces do not fit together (internal error)";
+        /* reflect and replicate read within the input; the output's cropped edges too */
+        int64_t right = y->shape[d] - x->shape[d] - left[d];
+        if (padded && *mode == 1 && (left[d] >= x->shape[d] || right >= x->shape[d]) && y->shape[d] > 0)
+            return "pad: the pieces do not fit together (internal error)";
+    }
+    *fill = 0;
+    double v = *mode == 0 && k->attrs->nfloats > 0 ? k->attrs->floats[0] : 0.0;
+    switch (x->dtype) {
+    case DT_FLOAT32: { float f = (float)v; memcpy(fill, &f, sizeof f); break; }
+    case DT_FLOAT16: { uint16_t h = dt_f32_to_f16((float)v); memcpy(fill, &h, sizeof h); break; }
+    case DT_BFLOAT16: { uint16_t h = dt_f32_to_bf16((float)v); memcpy(fill, &h, sizeof h); break; }
+    case DT_INT32: { int32_t i = isfinite(v) ? (int32_t)v : 0; memcpy(fill, &i, sizeof i); break; }
+    case DT_INT64: { int64_t i = isfinite(v) ? (int64_t)v : 0; memcpy(fill, &i, sizeof i); break; }
+    default: { uint8_t b = v != 0; memcpy(fill, &b, sizeof b); break; }
+    }
+    return NULL;
+}
+
 /* ---- the rows of OP_IMAGE --------------------------------------------------------------------- */
 
 #define S_DEF(op, num, inputs, infer_fn, shard_fn)                                                                     \

@@ -191,4 +191,49 @@ const char *op_reduce_layout(const op_kernel *k, uint32_t *mask, int64_t *extent
  * Partial(max|min), so that the others' values win. */
 dt_scalar op_reduce_identity(dt_dtype d, bool max);
 
+/* ---- the image ops on a device (ops/op_image.c, for every backend's kernels) ------------------
+ * Each reads its kernel's pieces and attributes as the controller made them: NULL, or why they do
+ * not fit together (nothing from a socket is trusted). */
+
+/* conv2d (input (N, C, H, W), weight (O, C / groups, kH, kW)[, bias (O,)]); ints [stride_h,
+ * stride_w, pad_top, pad_bottom, pad_left, pad_right, dilation_h, dilation_w, groups]. The weight
+ * piece may hold some of the output channels (groups = 1): the output piece has as many. */
+typedef struct {
+    int64_t N, C, H, W, O, kH, kW, OH, OW;
+    int64_t stride[2], pad_top, pad_left, dilation[2], groups;
+} op_conv2d_dims;
+const char *op_conv2d_layout(const op_kernel *k, op_conv2d_dims *d);
+
+/* group_norm (input (N, C, ...)[, weight][, bias]); ints [num_groups, has_weight | has_bias << 1];
+ * floats [eps]: S the elements per channel; *weight and *bias NULL where not given. */
+typedef struct {
+    int64_t N, C, S, G;
+    const op_local *weight, *bias;
+    float eps;
+} op_group_norm_dims;
+const char *op_group_norm_layout(const op_kernel *k, op_group_norm_dims *d);
+
+/* interpolate (input (N, C, L) or (N, C, H, W)); ints [mode, align_corners, output sizes...];
+ * floats [scale factors...] (0: none). P = N * C planes of IH x IW into OH x OW (1-D: IH = OH = 1). */
+typedef struct {
+    int mode, align_corners, nspatial;
+    int64_t P, IH, IW, OH, OW;
+} op_interpolate_dims;
+const char *op_interpolate_layout(const op_kernel *k, op_interpolate_dims *d);
+/* Source positions of one resampled axis: out positions from in, as torch's upsample kernels
+ * compute them in float32. mode 0 nearest (floor(o * scale)), 1 linear (align_corners or half-pixel
+ * centres, negative sources clamped to 0), 2 nearest-exact (floor((o + 0.5) * scale)); scale is
+ * 1 / scale_factor when one was given (> 0), else in / out. Output o reads i0[o] with weight
+ * 1 - l1[o] and i1[o] with weight l1[o]. */
+void op_resample_axis(int64_t in, int64_t out, int mode, int align_corners, double scale_factor, int64_t *i0,
+                      int64_t *i1, float *l1);
+/* Both axes' sources of d into h0, h1 (OH each), w0, w1 (OW each), lh (OH) and lw (OW). */
+void op_interpolate_sources(const op_kernel *k, const op_interpolate_dims *d, int64_t *h0, int64_t *h1, float *lh,
+                            int64_t *w0, int64_t *w1, float *lw);
+
+/* pad (input); ints [mode, (left, right) per dim from the last...]; floats [value]: mode 0
+ * constant, 1 reflect, 2 replicate; left[d] elements before dim d (negative: cropped), and the
+ * constant's bits in the input's dtype (the low bytes of *fill). */
+const char *op_pad_layout(const op_kernel *k, int *mode, int64_t *left, uint64_t *fill);
+
 #endif

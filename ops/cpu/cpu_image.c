@@ -22,21 +22,21 @@ static int64_t s_max(int64_t a, int64_t b) { return a > b ? a : b; }
 
 /* ---- conv2d ----------------------------------------------------------------------------------- */
 
-static bool s_direct(const cpu_conv2d_desc *d)
+static bool s_direct(const op_conv2d_dims *d)
 {
     return d->kH == 1 && d->kW == 1 && d->stride[0] == 1 && d->stride[1] == 1 && d->pad_top == 0 &&
            d->pad_left == 0 && d->OH == d->H && d->OW == d->W;
 }
 
 /* Output rows per chunk: as many as keep the column buffer within CPU_CONV2D_COL_MAX. */
-static int64_t s_chunk_rows(const cpu_conv2d_desc *d)
+static int64_t s_chunk_rows(const op_conv2d_dims *d)
 {
     int64_t K = d->C / d->groups * d->kH * d->kW, per_row = K * d->OW;
     int64_t rows = per_row > 0 ? CPU_CONV2D_COL_MAX / per_row : d->OH;
     return s_max(1, s_min(rows, d->OH));
 }
 
-int64_t cpu_conv2d_col_size(const cpu_conv2d_desc *d)
+int64_t cpu_conv2d_col_size(const op_conv2d_dims *d)
 {
     if (s_direct(d))
         return 0;
@@ -46,7 +46,7 @@ int64_t cpu_conv2d_col_size(const cpu_conv2d_desc *d)
 /* The columns of output rows [oh0, oh0 + rows) of channels [c0, c0 + Cg) of x: row (c, ki, kj)
  * holds, for each output position, the input element the kernel tap (ki, kj) meets there (0 in
  * the padding). */
-static void s_im2col(const cpu_conv2d_desc *d, const float *x, int64_t c0, int64_t Cg, int64_t oh0, int64_t rows,
+static void s_im2col(const op_conv2d_dims *d, const float *x, int64_t c0, int64_t Cg, int64_t oh0, int64_t rows,
                      float *col)
 {
     int64_t sh = d->stride[0], sw = d->stride[1], dh = d->dilation[0], dw = d->dilation[1];
@@ -86,7 +86,7 @@ static void s_im2col(const cpu_conv2d_desc *d, const float *x, int64_t c0, int64
     }
 }
 
-const char *cpu_conv2d(const cpu_conv2d_desc *d, const float *x, const float *w, const float *bias, float *out,
+const char *cpu_conv2d(const op_conv2d_dims *d, const float *x, const float *w, const float *bias, float *out,
                        float *col)
 {
     int64_t G = d->groups, Cg = d->C / G, Og = d->O / G, K = Cg * d->kH * d->kW, plane = d->OH * d->OW;
@@ -124,22 +124,15 @@ const char *cpu_conv2d(const cpu_conv2d_desc *d, const float *x, const float *w,
     return NULL;
 }
 
-/* conv2d (input, weight[, bias]); ints [stride_h, stride_w, pad_top, pad_bottom, pad_left,
- * pad_right, dilation_h, dilation_w, groups]. The weight piece may hold some of the output
- * channels (groups = 1): the output piece has as many. */
+/* conv2d: op_conv2d_layout's pieces */
 static const char *s_conv2d(op_kernel *k)
 {
     const op_local *x = &k->in[0], *w = &k->in[1], *b = k->nin == 3 ? &k->in[2] : NULL, *y = &k->out[0];
-    const int64_t *a = k->attrs->ints;
-    if (k->attrs->nints != 9 || x->ndim != 4 || w->ndim != 4 || y->ndim != 4)
-        return "conv2d: malformed arguments (internal error)";
-    cpu_conv2d_desc d = {.C = x->shape[1], .H = x->shape[2], .W = x->shape[3], .O = w->shape[0], .kH = w->shape[2],
-                         .kW = w->shape[3], .OH = y->shape[2], .OW = y->shape[3], .stride = {a[0], a[1]},
-                         .pad_top = a[2], .pad_left = a[4], .dilation = {a[6], a[7]}, .groups = a[8]};
-    int64_t N = x->shape[0];
-    if (d.groups < 1 || d.C != w->shape[1] * d.groups || d.O % d.groups != 0 || y->shape[0] != N ||
-        y->shape[1] != d.O || (b && (b->ndim != 1 || b->shape[0] != d.O)))
-        return "conv2d: the pieces do not fit together (internal error)";
+    op_conv2d_dims d;
+    const char *bad = op_conv2d_layout(k, &d);
+    if (bad)
+        return bad;
+    int64_t N = d.N;
     int64_t in_n = d.C * d.H * d.W, out_n = d.O * d.OH * d.OW;
     if (N == 0 || out_n == 0)
         return NULL;
@@ -204,17 +197,18 @@ void cpu_group_norm(float *y, const float *x, int64_t C, int64_t S, int64_t G, c
     }
 }
 
-/* group_norm (input[, weight][, bias]); ints [num_groups, has_weight | has_bias << 1]; floats [eps] */
+/* group_norm: op_group_norm_layout's pieces */
 static const char *s_group_norm(op_kernel *k)
 {
     const op_local *x = &k->in[0], *y = &k->out[0];
-    int64_t G = k->attrs->ints[0], flags = k->attrs->ints[1];
-    if (x->ndim < 2 || G < 1 || x->shape[1] % G != 0 || k->nin != 1 + __builtin_popcount((unsigned)flags))
-        return "group_norm: malformed arguments (internal error)";
-    int64_t N = x->shape[0], C = x->shape[1], S = dt_layout_numel(x->ndim - 2, x->shape + 2), per = C * S;
+    op_group_norm_dims g;
+    const char *bad = op_group_norm_layout(k, &g);
+    if (bad)
+        return bad;
+    int64_t N = g.N, C = g.C, S = g.S, G = g.G, per = C * S;
     if (N == 0 || per == 0)
         return NULL;
-    const op_local *w = flags & 1 ? &k->in[1] : NULL, *b = flags & 2 ? &k->in[flags & 1 ? 2 : 1] : NULL;
+    const op_local *w = g.weight, *b = g.bias;
     void *sw = NULL, *sb = NULL;
     const float *pw = w ? cpu_piece_as(w, CPU_F32, &sw) : NULL, *pb = b ? cpu_piece_as(b, CPU_F32, &sb) : NULL;
     bool f32 = x->dtype == DT_FLOAT32;
@@ -224,11 +218,11 @@ static const char *s_group_norm(op_kernel *k)
     for (int64_t n = 0; n < N && !why; n++) {
         if (f32) {
             cpu_group_norm((float *)y->data + n * per, (const float *)x->data + n * per, C, S, G, pw, pb,
-                           (float)k->attrs->floats[0]);
+                           g.eps);
             continue;
         }
         cpu_to_ctype(buf, CPU_F32, (const char *)x->data + n * per * (int64_t)esize, x->dtype, per);
-        cpu_group_norm(buf, buf, C, S, G, pw, pb, (float)k->attrs->floats[0]);
+        cpu_group_norm(buf, buf, C, S, G, pw, pb, g.eps);
         cpu_from_ctype((char *)y->data + n * per * (int64_t)esize, y->dtype, buf, CPU_F32, per);
     }
     free(sw);
@@ -238,37 +232,6 @@ static const char *s_group_norm(op_kernel *k)
 }
 
 /* ---- interpolate ------------------------------------------------------------------------------ */
-
-void cpu_resample_axis(int64_t in, int64_t out, int mode, int align_corners, double scale_factor, int64_t *i0,
-                       int64_t *i1, float *l1)
-{
-    float scale;
-    if (mode == 1 && align_corners)
-        scale = out > 1 ? (float)(in - 1) / (float)(out - 1) : 0.0f;
-    else
-        scale = scale_factor > 0 ? (float)(1.0 / scale_factor) : (float)in / (float)out;
-    for (int64_t o = 0; o < out; o++) {
-        if (mode != 1) {
-            float src = mode == 0 ? scale * (float)o : scale * ((float)o + 0.5f);
-            i0[o] = i1[o] = s_min((int64_t)floorf(src), in - 1);
-            l1[o] = 0.0f;
-            continue;
-        }
-        if (in == out) {
-            i0[o] = i1[o] = o;
-            l1[o] = 0.0f;
-            continue;
-        }
-        float src = align_corners ? scale * (float)o : scale * ((float)o + 0.5f) - 0.5f;
-        if (!align_corners && src < 0)
-            src = 0;
-        int64_t h = s_min((int64_t)floorf(src), in - 1);
-        float lam = src - (float)h;
-        i0[o] = h;
-        i1[o] = h + (h < in - 1);
-        l1[o] = lam < 0 ? 0.0f : lam > 1 ? 1.0f : lam;
-    }
-}
 
 void cpu_resample(float *out, const float *x, int64_t P, int64_t IH, int64_t IW, int64_t OH, int64_t OW,
                   const int64_t *h0, const int64_t *h1, const float *lh, const int64_t *w0, const int64_t *w1,
@@ -294,18 +257,15 @@ void cpu_resample(float *out, const float *x, int64_t P, int64_t IH, int64_t IW,
     }
 }
 
-/* interpolate (input (N, C, L) or (N, C, H, W)); ints [mode, align_corners, output sizes...];
- * floats [scale factors...] (0: none) */
+/* interpolate: op_interpolate_layout's pieces */
 static const char *s_interpolate(op_kernel *k)
 {
     const op_local *x = &k->in[0], *y = &k->out[0];
-    int ns = x->ndim - 2;
-    if ((ns != 1 && ns != 2) || k->attrs->nints != 2 + ns || k->attrs->nfloats != ns || y->ndim != x->ndim)
-        return "interpolate: malformed arguments (internal error)";
-    int mode = (int)k->attrs->ints[0], align = (int)k->attrs->ints[1];
-    int64_t P = x->shape[0] * x->shape[1];
-    int64_t IH = ns == 2 ? x->shape[2] : 1, IW = x->shape[x->ndim - 1];
-    int64_t OH = ns == 2 ? y->shape[2] : 1, OW = y->shape[y->ndim - 1];
+    op_interpolate_dims d;
+    const char *bad = op_interpolate_layout(k, &d);
+    if (bad)
+        return bad;
+    int64_t P = d.P, IH = d.IH, IW = d.IW, OH = d.OH, OW = d.OW;
     if (P == 0 || OH == 0 || OW == 0)
         return NULL;
     int64_t *idx = malloc((size_t)(2 * (OH + OW)) * sizeof *idx);
@@ -318,12 +278,8 @@ static const char *s_interpolate(op_kernel *k)
     const char *why = idx && lam && px && buf ? NULL : s_oom;
     if (!why) {
         int64_t *h0 = idx, *h1 = idx + OH, *w0 = idx + 2 * OH, *w1 = idx + 2 * OH + OW;
-        if (ns == 2)
-            cpu_resample_axis(IH, OH, mode, align, k->attrs->floats[0], h0, h1, lam);
-        else
-            h0[0] = h1[0] = 0, lam[0] = 0.0f;
-        cpu_resample_axis(IW, OW, mode, align, k->attrs->floats[ns - 1], w0, w1, lam + OH);
-        cpu_resample(buf, px, P, IH, IW, OH, OW, h0, h1, lam, w0, w1, lam + OH, mode != 1);
+        op_interpolate_sources(k, &d, h0, h1, lam, w0, w1, lam + OH);
+        cpu_resample(buf, px, P, IH, IW, OH, OW, h0, h1, lam, w0, w1, lam + OH, d.mode != 1);
         if (!f32)
             cpu_from_ctype(y->data, y->dtype, buf, CPU_F32, on);
     }
@@ -412,29 +368,16 @@ void cpu_pad(void *out, const void *x, size_t elem, int ndim, const int64_t *in_
     }
 }
 
-/* pad (input); ints [mode, (left, right) per dim from the last...]; floats [value] */
+/* pad: op_pad_layout's pieces */
 static const char *s_pad(op_kernel *k)
 {
     const op_local *x = &k->in[0], *y = &k->out[0];
-    int mode = (int)k->attrs->ints[0], npairs = (k->attrs->nints - 1) / 2;
-    if (npairs > x->ndim || y->ndim != x->ndim || x->dtype != y->dtype)
-        return "pad: malformed arguments (internal error)";
-    int64_t left[DT_MAX_DIMS] = {0};
-    for (int i = 0; i < npairs; i++)
-        left[x->ndim - 1 - i] = k->attrs->ints[1 + 2 * i];
-    for (int d = 0; d < x->ndim; d++)
-        if (y->shape[d] != x->shape[d] && d < x->ndim - npairs)
-            return "pad: the pieces do not fit together (internal error)";
-    uint64_t fill = 0;
-    double v = mode == 0 && k->attrs->nfloats > 0 ? k->attrs->floats[0] : 0.0;
-    switch (x->dtype) {
-    case DT_FLOAT32: { float f = (float)v; memcpy(&fill, &f, sizeof f); break; }
-    case DT_FLOAT16: { uint16_t h = dt_f32_to_f16((float)v); memcpy(&fill, &h, sizeof h); break; }
-    case DT_BFLOAT16: { uint16_t h = dt_f32_to_bf16((float)v); memcpy(&fill, &h, sizeof h); break; }
-    case DT_INT32: { int32_t i = isfinite(v) ? (int32_t)v : 0; memcpy(&fill, &i, sizeof i); break; }
-    case DT_INT64: { int64_t i = isfinite(v) ? (int64_t)v : 0; memcpy(&fill, &i, sizeof i); break; }
-    default: { uint8_t b = v != 0; memcpy(&fill, &b, sizeof b); break; }
-    }
+    int mode;
+    int64_t left[DT_MAX_DIMS];
+    uint64_t fill;
+    const char *bad = op_pad_layout(k, &mode, left, &fill);
+    if (bad)
+        return bad;
     cpu_pad(y->data, x->data, dt_dtype_size(x->dtype), x->ndim, x->shape, y->shape, left, mode, &fill);
     return NULL;
 }

@@ -7,22 +7,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* A convolution of images (C, H, W) with a weight (O, C / groups, kH, kW) into (O, OH, OW). */
-typedef struct {
-    int64_t C, H, W, O, kH, kW, OH, OW;
-    int64_t stride[2], pad_top, pad_left, dilation[2], groups;
-} cpu_conv2d_desc;
+#include "op_registry.h"
 
 /* The column buffer's limit in floats: im2col goes by chunks of output rows past it (64 MiB). */
 #define CPU_CONV2D_COL_MAX ((int64_t)16 << 20)
 
-/* out (O, OH, OW) = the convolution of one image x (C, H, W) with w, plus bias (O,) or NULL; all
+/* out (O, OH, OW) = the convolution of one image x (C, H, W) with w (O, C / groups, kH, kW) (d->N unread), plus bias (O,) or NULL; all
  * float32, C-contiguous. col: scratch of cpu_conv2d_col_size(d) floats (may be NULL when that is
  * 0). NULL, or why it cannot run (a size past the BLAS integer range). */
-const char *cpu_conv2d(const cpu_conv2d_desc *d, const float *x, const float *w, const float *bias, float *out,
+const char *cpu_conv2d(const op_conv2d_dims *d, const float *x, const float *w, const float *bias, float *out,
                        float *col);
 /* Floats of scratch cpu_conv2d needs (0 for a 1x1 kernel of stride 1 without padding). */
-int64_t cpu_conv2d_col_size(const cpu_conv2d_desc *d);
+int64_t cpu_conv2d_col_size(const op_conv2d_dims *d);
 
 /* y = group_norm(x) of one sample x (C, S) in G groups of C / G channels: (x - mean) / sqrt(var +
  * eps) over each group's C / G * S elements (biased variance, accumulated in double), then times
@@ -30,15 +26,7 @@ int64_t cpu_conv2d_col_size(const cpu_conv2d_desc *d);
 void cpu_group_norm(float *y, const float *x, int64_t C, int64_t S, int64_t G, const float *weight, const float *bias,
                     float eps);
 
-/* Source positions of one resampled axis: out positions from in, as torch's upsample kernels
- * compute them in float32. mode 0 nearest (floor(o * scale)), 1 linear (align_corners or half-pixel
- * centres, negative sources clamped to 0), 2 nearest-exact (floor((o + 0.5) * scale)); scale is
- * 1 / scale_factor when one was given (> 0), else in / out. Output o reads i0[o] with weight
- * 1 - l1[o] and i1[o] with weight l1[o]. */
-void cpu_resample_axis(int64_t in, int64_t out, int mode, int align_corners, double scale_factor, int64_t *i0,
-                       int64_t *i1, float *l1);
-
-/* out (P, OH, OW) from x (P, IH, IW) by the axes' sources (cpu_resample_axis); nearest: the
+/* out (P, OH, OW) from x (P, IH, IW) by the axes' sources (op_resample_axis); nearest: the
  * weights are ignored and i0 read. */
 void cpu_resample(float *out, const float *x, int64_t P, int64_t IH, int64_t IW, int64_t OH, int64_t OW,
                   const int64_t *h0, const int64_t *h1, const float *lh, const int64_t *w0, const int64_t *w1,
