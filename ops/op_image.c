@@ -23,6 +23,7 @@
 #include "dt_dtype.h"
 #include "dt_error.h"
 #include "dt_layout.h"
+#include "op_image_math.h"
 #include "op_registry.h"
 
 static bool s_linear_partial(dt_placement p)
@@ -367,34 +368,9 @@ const char *op_interpolate_layout(const op_kernel *k, op_interpolate_dims *d)
 void op_resample_axis(int64_t in, int64_t out, int mode, int align_corners, double scale_factor, int64_t *i0,
                       int64_t *i1, float *l1)
 {
-    float scale;
-    if (mode == 1 && align_corners)
-        scale = out > 1 ? (float)(in - 1) / (float)(out - 1) : 0.0f;
-    else
-        scale = scale_factor > 0 ? (float)(1.0 / scale_factor) : (float)in / (float)out;
-    for (int64_t o = 0; o < out; o++) {
-        if (mode != 1) {
-            float src = mode == 0 ? scale * (float)o : scale * ((float)o + 0.5f);
-            int64_t i = (int64_t)floorf(src);
-            i0[o] = i1[o] = i < in - 1 ? i : in - 1;
-            l1[o] = 0.0f;
-            continue;
-        }
-        if (in == out) {
-            i0[o] = i1[o] = o;
-            l1[o] = 0.0f;
-            continue;
-        }
-        float src = align_corners ? scale * (float)o : scale * ((float)o + 0.5f) - 0.5f;
-        if (!align_corners && src < 0)
-            src = 0;
-        int64_t h = (int64_t)floorf(src);
-        h = h < in - 1 ? h : in - 1;
-        float lam = src - (float)h;
-        i0[o] = h;
-        i1[o] = h + (h < in - 1);
-        l1[o] = lam < 0 ? 0.0f : lam > 1 ? 1.0f : lam;
-    }
+    float scale = op_resample_scale(in, out, mode, align_corners, scale_factor);
+    for (int64_t o = 0; o < out; o++)
+        op_resample_source(o, in, out, mode, align_corners, scale, &i0[o], &i1[o], &l1[o]);
 }
 
 void op_interpolate_sources(const op_kernel *k, const op_interpolate_dims *d, int64_t *h0, int64_t *h1, float *lh,

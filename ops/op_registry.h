@@ -220,11 +220,7 @@ typedef struct {
     int64_t P, IH, IW, OH, OW;
 } op_interpolate_dims;
 const char *op_interpolate_layout(const op_kernel *k, op_interpolate_dims *d);
-/* Source positions of one resampled axis: out positions from in, as torch's upsample kernels
- * compute them in float32. mode 0 nearest (floor(o * scale)), 1 linear (align_corners or half-pixel
- * centres, negative sources clamped to 0), 2 nearest-exact (floor((o + 0.5) * scale)); scale is
- * 1 / scale_factor when one was given (> 0), else in / out. Output o reads i0[o] with weight
- * 1 - l1[o] and i1[o] with weight l1[o]. */
+/* Source positions of one resampled axis (op_image_math.h's, for every output position o). */
 void op_resample_axis(int64_t in, int64_t out, int mode, int align_corners, double scale_factor, int64_t *i0,
                       int64_t *i1, float *l1);
 /* Both axes' sources of d into h0, h1 (OH each), w0, w1 (OW each), lh (OH) and lw (OW). */

@@ -14,6 +14,7 @@
 #include "dt_dtype.h"
 #include "dt_layout.h"
 #include "dt_pool.h"
+#include "op_image_math.h"
 
 static const char s_oom[] = "out of memory";
 
@@ -293,18 +294,6 @@ static const char *s_interpolate(op_kernel *k)
 
 /* ---- pad -------------------------------------------------------------------------------------- */
 
-/* The source index of padded position i of a dim of n elements, or -1 (the fill value). */
-static inline int64_t s_source(int64_t i, int64_t n, int mode)
-{
-    if (i >= 0 && i < n)
-        return i;
-    if (mode == 0 || n == 0)
-        return -1;
-    if (mode == 2)
-        return i < 0 ? 0 : n - 1;
-    return i < 0 ? -i : 2 * (n - 1) - i;
-}
-
 static void s_fill(void *dst, size_t elem, const void *fill, int64_t n)
 {
     switch (elem) {
@@ -337,7 +326,7 @@ void cpu_pad(void *out, const void *x, size_t elem, int ndim, const int64_t *in_
     for (int64_t r = 0; r < rows; r++, o += Lo * (int64_t)elem) {
         int64_t src = 0;
         for (int d = 0; d < lead && src >= 0; d++) {
-            int64_t s = s_source(idx[d] - left[d], in_shape[d], mode);
+            int64_t s = op_pad_source(idx[d] - left[d], in_shape[d], mode);
             src = s < 0 ? -1 : src + s * stride[d];
         }
         if (src < 0) {
@@ -345,7 +334,7 @@ void cpu_pad(void *out, const void *x, size_t elem, int ndim, const int64_t *in_
         } else {
             const char *row = in + src * Li * (int64_t)elem;
             for (int64_t i = 0; i < mid_lo; i++) {
-                int64_t s = s_source(i - l, Li, mode);
+                int64_t s = op_pad_source(i - l, Li, mode);
                 if (s < 0)
                     s_fill(o + i * (int64_t)elem, elem, fill, 1);
                 else
@@ -353,7 +342,7 @@ void cpu_pad(void *out, const void *x, size_t elem, int ndim, const int64_t *in_
             }
             memcpy(o + mid_lo * (int64_t)elem, row + (mid_lo - l) * (int64_t)elem, (size_t)(mid_hi - mid_lo) * elem);
             for (int64_t i = mid_hi; i < Lo; i++) {
-                int64_t s = s_source(i - l, Li, mode);
+                int64_t s = op_pad_source(i - l, Li, mode);
                 if (s < 0)
                     s_fill(o + i * (int64_t)elem, elem, fill, 1);
                 else

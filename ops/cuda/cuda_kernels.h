@@ -204,6 +204,40 @@ cudaError_t cuda_rope(void *out, const void *x, dt_dtype dtype, int64_t B, int64
                       const int64_t *positions, int64_t pos_batch, const float *inv_freq, float scaling,
                       cudaStream_t s);
 
+/* ---- image ops (cuda_image_kernels.cu) ----------------------------------------------------------
+ * conv2d: the columns of output rows [oh0, oh0 + rows) of channels [c0, c0 + Cg) of one image x
+ * (C, H, W): col row (c, ki, kj) holds, per output position, the element kernel tap (ki, kj) meets
+ * there (0 in the padding), elements of x's elem bytes. */
+typedef struct {
+    int64_t c0, Cg, H, W, kH, kW, OW, oh0, rows;
+    int64_t sh, sw, pad_top, pad_left, dh, dw;
+} cuda_im2col_args;
+cudaError_t cuda_im2col(void *col, const void *x, size_t elem, const cuda_im2col_args *a, cudaStream_t s);
+/* out (O, plane) of dtype = acc (float32) plus bias[o] (dtype; NULL: none), rounded once. */
+cudaError_t cuda_conv_epilogue(void *out, dt_dtype dtype, const float *acc, const void *bias, int64_t O,
+                               int64_t plane, cudaStream_t s);
+/* cpu_group_norm over N images (C, S) of a floating dtype; weight and bias of their own dtypes or NULL. */
+cudaError_t cuda_group_norm(void *y, const void *x, dt_dtype dtype, int64_t N, int64_t C, int64_t S, int64_t G,
+                            const void *weight, dt_dtype weight_dtype, const void *bias, dt_dtype bias_dtype,
+                            float eps, cudaStream_t s);
+/* cpu_resample: out (P, OH, OW) from x (P, IH, IW), each output position reading where
+ * op_resample_source says, with the axes' scales from op_resample_scale (1-D: nspatial 1, IH = OH = 1). */
+typedef struct {
+    int mode, align_corners, nspatial;
+    int64_t P, IH, IW, OH, OW;
+    float scale_h, scale_w;
+} cuda_resample_args;
+cudaError_t cuda_resample(void *out, dt_dtype out_dtype, const void *x, dt_dtype x_dtype, const cuda_resample_args *a,
+                          cudaStream_t s);
+/* cpu_pad: out (out_shape) = x (in_shape) padded by left[d] before each dim d, mode 0 constant (the
+ * low elem bytes of fill), 1 reflect, 2 replicate. */
+typedef struct {
+    int ndim, mode;
+    int64_t in_shape[DT_MAX_DIMS], out_shape[DT_MAX_DIMS], left[DT_MAX_DIMS];
+    uint64_t fill;
+} cuda_pad_args;
+cudaError_t cuda_pad(void *out, const void *x, size_t elem, const cuda_pad_args *a, cudaStream_t s);
+
 #ifdef __cplusplus
 }
 #endif

@@ -84,6 +84,21 @@ void cuda_blas_release(cuda_ctx *c)
     c->blas = NULL;
 }
 
+const char *cuda_gemm(cuda_ctx *c, bool trans_a, int64_t m, int64_t n, int64_t k, const void *A, int64_t lda,
+                      const void *B, int64_t ldb, cudaDataType ab_type, void *C, int64_t ldc, cudaDataType c_type)
+{
+    if (m > INT_MAX || n > INT_MAX || k > INT_MAX || lda > INT_MAX || ldb > INT_MAX || ldc > INT_MAX)
+        return "a matrix dimension exceeds cuBLAS's integer range";
+    const char *why = s_handle(c);
+    if (why)
+        return why;
+    const float one = 1.0f, zero = 0.0f;
+    return s_blas(s_cublas.gemm(c->blas, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, (int)m, (int)n, (int)k, &one,
+                                A, ab_type, (int)lda, 0, B, ab_type, (int)ldb, 0, &zero, C, c_type, (int)ldc, 0, 1,
+                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                  "cublasGemmStridedBatchedEx");
+}
+
 const char *cuda_k_mm(cuda_ctx *c, op_kernel *k)
 {
     const char *why;

@@ -41,7 +41,9 @@
     X(rope, cuda_k_rope)                                                                                               \
     /* attention (cuda_attention.c; kernels in cuda_attention_kernels.cu), floating dtypes */                          \
     X(scaled_dot_product_attention, cuda_k_sdpa) X(attention_block, cuda_k_attention_block)                            \
-    X(attention_merge, cuda_k_attention_merge)
+    X(attention_merge, cuda_k_attention_merge)                                                                         \
+    /* image ops (cuda_image.c; kernels in cuda_image_kernels.cu), floating dtypes (pad: every dtype) */                \
+    X(conv2d, cuda_k_conv2d) X(group_norm, cuda_k_group_norm) X(interpolate, cuda_k_interpolate) X(pad, cuda_k_pad)
 
 /* An actor's device: what attach made for the thread that runs its records. */
 typedef struct {
@@ -65,6 +67,11 @@ CUDA_OPS(CUDA_DECLARE_)
 /* The calling thread's context, or NULL with *why set (attach did not run, or could not bind a
  * device: the reason). */
 cuda_ctx *cuda_ctx_get(const char **why);
+
+/* Column-major C (m x n, ldc) = op(A) (m x k; A is k x m with trans_a) times B (k x n), A and B of
+ * ab_type, C of c_type, in float32 arithmetic (no TF32): cuBLAS on the compute stream (cuda_matmul.c). */
+const char *cuda_gemm(cuda_ctx *c, bool trans_a, int64_t m, int64_t n, int64_t k, const void *A, int64_t lda,
+                      const void *B, int64_t ldb, cudaDataType ab_type, void *C, int64_t ldc, cudaDataType c_type);
 
 /* Destroys the context's cuBLAS handle, if the context made one (cuda_matmul.c). */
 void cuda_blas_release(cuda_ctx *c);
