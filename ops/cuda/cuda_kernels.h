@@ -204,6 +204,20 @@ cudaError_t cuda_rope(void *out, const void *x, dt_dtype dtype, int64_t B, int64
                       const int64_t *positions, int64_t pos_batch, const float *inv_freq, float scaling,
                       cudaStream_t s);
 
+/* ---- integer products (cuda_matmul_kernels.cu) -------------------------------------------------
+ * c (batch..., M, N) of dtype int32 or int64, C-contiguous = a (M, K) @ b (K, N; b_trans: (N, K))
+ * per batch index, in int64 wrapping (plus what c holds: accumulate), operands of c's dtype; a
+ * batch index's a and b start at its dot product with a_stride and b_stride (elements, 0 where
+ * an operand broadcasts). */
+typedef struct {
+    int nbatch;
+    int64_t batch[DT_MAX_DIMS], a_stride[DT_MAX_DIMS], b_stride[DT_MAX_DIMS];
+    int64_t M, N, K;
+    bool b_trans, accumulate;
+} cuda_mm_int_args;
+cudaError_t cuda_mm_int(void *c, const void *a, const void *b, dt_dtype dtype, const cuda_mm_int_args *args,
+                        cudaStream_t s);
+
 /* ---- image ops (cuda_image_kernels.cu) ----------------------------------------------------------
  * conv2d: the columns of output rows [oh0, oh0 + rows) of channels [c0, c0 + Cg) of one image x
  * (C, H, W): col row (c, ki, kj) holds, per output position, the element kernel tap (ki, kj) meets

@@ -3,7 +3,8 @@
  * stride 0 broadcasts it) per index of the outer ones. float32 computes in float32 (no TF32);
  * float16 and bfloat16 are read and written as such and accumulate in float32 on the tensor
  * cores, rounded once, as the CPU's kernels round once. A bias is broadcast into C first and the
- * product added to it (beta 1). Integer products have no CUDA kernel yet. */
+ * product added to it (beta 1). Integer products are a kernel of their own (cuda_matmul_kernels.cu)
+ * adding in int64 that wraps, the CPU's arithmetic, so its bits. */
 #include <dlfcn.h>
 #include <limits.h>
 #include <pthread.h>
@@ -104,13 +105,10 @@ const char *cuda_k_mm(cuda_ctx *c, op_kernel *k)
     const char *why;
     const op_local *a = &k->in[0], *b = &k->in[1];
     op_local *o = &k->out[0];
-    cudaDataType type;
-    switch (o->dtype) {
-    case DT_FLOAT32: type = CUDA_R_32F; break;
-    case DT_FLOAT16: type = CUDA_R_16F; break;
-    case DT_BFLOAT16: type = CUDA_R_16BF; break;
-    default: return "no CUDA kernel yet for integer products";
-    }
+    cudaDataType type = o->dtype == DT_FLOAT16 ? CUDA_R_16F : o->dtype == DT_BFLOAT16 ? CUDA_R_16BF : CUDA_R_32F;
+    bool integer = !dt_dtype_is_float(o->dtype);
+    if (o->dtype == DT_BOOL)
+        return "no CUDA kernel for products of bool tensors (internal error: infer refuses them)";
     if (a->dtype != o->dtype || b->dtype != o->dtype || (k->nin == 3 && k->in[2].dtype != o->dtype))
         return "the operands' dtypes differ (internal error)";
     bool linear = k->def->id == OP_ID_linear;
@@ -153,6 +151,16 @@ const char *cuda_k_mm(cuda_ctx *c, op_kernel *k)
     if (K == 0)
         return bias ? NULL
                     : cuda_check(cudaMemsetAsync(o->data, 0, (size_t)(nb * M * N) * elem, c->compute), "product");
+    if (integer) {
+        /* the CPU's int64 arithmetic, wrapping, in one launch over every batch */
+        cuda_mm_int_args args = {.nbatch = d.nbatch, .M = M, .N = N, .K = K, .b_trans = linear, .accumulate = bias};
+        for (int j = 0; j < d.nbatch; j++) {
+            args.batch[j] = o->shape[j];
+            args.a_stride[j] = a_batch[j];
+            args.b_stride[j] = b_batch[j];
+        }
+        return cuda_check(cuda_mm_int(o->data, a->data, b->data, o->dtype, &args, c->compute), "integer product");
+    }
     if (M > INT_MAX || N > INT_MAX || K > INT_MAX)
         return "a matrix dimension exceeds cuBLAS's integer range";
     if ((why = s_handle(c)))
