@@ -154,6 +154,7 @@ static void s_device_lost(act_runtime *rt, act_device *dev, const char *reason, 
         return;
     }
     dev->state = ACT_DEV_DEAD;
+    rt->deaths++;
     snprintf(dev->reason, sizeof dev->reason, "%s", reason);
     if (!rt->stopping)
         act_runtime_note_failure(dev->id, reason); /* workers that leave at shutdown are no failure */

@@ -498,6 +498,7 @@ static int s_ensure_device(act_runtime *rt, const char *op, int64_t id, const ch
     if (rc != 0) {
         /* kept, dead, until shutdown: the controller may already hold a pointer to it */
         dev->state = ACT_DEV_DEAD;
+        rt->deaths++;
         snprintf(dev->reason, sizeof dev->reason, "its worker could not start: %s", dt_last_error());
     }
     return rc;
@@ -645,6 +646,8 @@ int act_runtime_begin(const char *op, dt_mesh *const *meshes, int nmeshes)
     }
     for (int m = 0; m < nmeshes; m++) {
         dt_mesh *mesh = meshes[m];
+        if (mesh->ready_epoch == rt->epoch && mesh->ready_deaths == rt->deaths)
+            continue; /* every device was started and alive at its last op, and none has died since */
         for (int64_t i = 0; i < mesh->size; i++) {
             if (s_ensure_device(rt, op, mesh->ids[i], mesh->device_type) != 0)
                 goto fail;
@@ -657,6 +660,7 @@ int act_runtime_begin(const char *op, dt_mesh *const *meshes, int nmeshes)
             }
         }
         mesh->ready_epoch = rt->epoch;
+        mesh->ready_deaths = rt->deaths;
     }
     rt->submitted++;
     s_urgent = false;

@@ -107,6 +107,8 @@ typedef struct {
     bool controller_up;
     int start_error;
     uint64_t epoch;                /* bumped by every start */
+    uint64_t deaths;               /* devices declared dead in this run so far (under lock): a mesh
+                                    * ready in this epoch since as many needs no new check */
     dt_workers workers;
     char worker_path[4096];
     char endpoint[256];

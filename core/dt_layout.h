@@ -22,6 +22,7 @@ struct dt_mesh {
     int64_t *ids;                   /* (size) device ids, row-major */
     char *dim_names[DT_MAX_DIMS];   /* (ndim) or all NULL */
     uint64_t ready_epoch;           /* runtime epoch in which its devices were last started */
+    uint64_t ready_deaths;          /* ... and how many devices had died in it by then */
 };
 
 int64_t dt_layout_numel(int ndim, const int64_t *shape);

@@ -95,15 +95,66 @@ int dt_op_info_at(int i, dt_op_info *info)
     return 0;
 }
 
+static void s_encode_compute(mb_writer *pk, int op, int nin, const uint64_t *ins, const op_attrs *a, int nctx,
+                             const int64_t *ctx, int nout, const dtn_out *outs)
+{
+    mb_encode_compute(pk, op, nin, ins, a->nints, a->ints, a->nfloats, a->floats, a->has_scalar ? &a->scalar : NULL,
+                      nctx, ctx, (uint32_t)nout);
+    for (int o = 0; o < nout; o++)
+        mb_encode_out(pk, outs[o].id, outs[o].dtype, outs[o].ndim, outs[o].shape);
+}
+
 void dtn_op_compute(int64_t device, int op, int nin, const uint64_t *ins, const op_attrs *a, int nctx,
                     const int64_t *ctx, int nout, const dtn_out *outs)
 {
     mb_writer *pk = act_runtime_record(device);
     act_runtime_note_op(device, op);
-    mb_encode_compute(pk, op, nin, ins, a->nints, a->ints, a->nfloats, a->floats, a->has_scalar ? &a->scalar : NULL,
-                      nctx, ctx, (uint32_t)nout);
-    for (int o = 0; o < nout; o++)
-        mb_encode_out(pk, outs[o].id, outs[o].dtype, outs[o].ndim, outs[o].shape);
+    s_encode_compute(pk, op, nin, ins, a, nctx, ctx, nout, outs);
+}
+
+/* The COMPUTE record of every device of mesh. Where each output is whole on every device (no
+ * Shard) and a device's context is the first device's, its record is the same bytes: copied from
+ * the first instead of encoded again. */
+static void s_compute_all(const op_call *c, dt_mesh *mesh, int op, int nin, const uint64_t *ins,
+                          dt_tensor *const *made)
+{
+    const op_def *def = c->def;
+    bool whole = true;
+    for (int o = 0; o < c->nout && whole; o++)
+        for (int m = 0; m < mesh->ndim; m++)
+            whole = whole && c->out[o].pl[m].kind != DT_SHARD;
+    int64_t coord[DT_MAX_DIMS], offset[DT_MAX_DIMS], local[OP_MAX_OUTPUTS][DT_MAX_DIMS];
+    int64_t ctx[OP_MAX_CTX], first_ctx[OP_MAX_CTX];
+    int first_nctx = 0;
+    dtn_out outs[OP_MAX_OUTPUTS];
+    const mb_writer *first = NULL;
+    size_t at = 0, len = 0; /* where the first device's record lies in its writer */
+    for (int64_t d = 0; d < mesh->size; d++) {
+        mb_writer *pk = act_runtime_record(mesh->ids[d]);
+        act_runtime_note_op(mesh->ids[d], op);
+        dt_layout_coord(mesh->ndim, mesh->shape, d, coord);
+        int nctx = def->local ? def->local(c, coord, ctx) : 0;
+        if (whole && first && first != pk && nctx == first_nctx &&
+            !memcmp(ctx, first_ctx, (size_t)nctx * sizeof *ctx) && mb_w_room(pk, len)) {
+            memcpy(pk->data + pk->size, first->data + at, len);
+            pk->size += len;
+            continue;
+        }
+        for (int o = 0; o < c->nout; o++) {
+            dt_layout_block(mesh->ndim, mesh->shape, coord, c->out[o].pl, c->out[o].ndim, c->out[o].shape, local[o],
+                            offset);
+            outs[o] = (dtn_out){made[o]->id, c->out[o].dtype, c->out[o].ndim, local[o]};
+        }
+        size_t start = pk->size;
+        s_encode_compute(pk, op, nin, ins, &c->attrs, nctx, ctx, c->nout, outs);
+        if (d == 0 && !pk->failed) {
+            at = start;
+            len = pk->size - start;
+            first = pk;
+            first_nctx = nctx;
+            memcpy(first_ctx, ctx, (size_t)nctx * sizeof *ctx);
+        }
+    }
 }
 
 int dt_op(const char *name, int n, dt_tensor *const *in, const dt_op_attrs *attrs, int max_out, dt_tensor **out)
@@ -181,19 +232,7 @@ int dt_op_run(int id, int n, dt_tensor *const *in, const dt_op_attrs *attrs, int
         made[o]->id = act_runtime_new_tensor_id();
         made[o]->epoch = act_runtime_epoch();
     }
-    int64_t coord[DT_MAX_DIMS], offset[DT_MAX_DIMS], local[OP_MAX_OUTPUTS][DT_MAX_DIMS];
-    dtn_out outs[OP_MAX_OUTPUTS];
-    for (int64_t d = 0; d < mesh->size; d++) {
-        dt_layout_coord(mesh->ndim, mesh->shape, d, coord);
-        int64_t ctx[OP_MAX_CTX];
-        int nctx = def->local ? def->local(&c, coord, ctx) : 0;
-        for (int o = 0; o < c.nout; o++) {
-            dt_layout_block(mesh->ndim, mesh->shape, coord, c.out[o].pl, c.out[o].ndim, c.out[o].shape, local[o],
-                            offset);
-            outs[o] = (dtn_out){made[o]->id, c.out[o].dtype, c.out[o].ndim, local[o]};
-        }
-        dtn_op_compute(mesh->ids[d], op_index(def), n, ids, &c.attrs, nctx, ctx, c.nout, outs);
-    }
+    s_compute_all(&c, mesh, op_index(def), n, ids, made);
     for (int i = 0; i < n; i++)
         if (ids[i] != in[i]->id)
             act_runtime_free_now(mesh, ids[i]);
