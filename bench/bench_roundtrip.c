@@ -7,7 +7,13 @@
  *       (the shape of DTorch's thread and process workers);
  *   (b) DTorch: dt_full of 4 float32 on a 2-device mesh, dt_tensor_fetch, dt_future_wait;
  *   (c) pipelining: N one-element dt_full ops then dt_synchronize, beside N raw 64-byte
- *       DEALER sends then one echoed flush message.
+ *       DEALER sends then one echoed flush message;
+ *   (d) the same for registry ops through dt_op_run on a (2, 2) float32 Replicate tensor: add,
+ *       exp, reshape and select, each result released at once (what a decode step issues: the
+ *       work is nothing, the cost is the call), beside the same raw sends; their user-thread CPU
+ *       is measured apart, in chunks of 1024 ops with an untimed dt_synchronize after each (the
+ *       devices run these slower than the thread issues them, and a wait on a full outbox would
+ *       count as the ops' cost).
  *
  * Usage: bench_roundtrip [pingpong_iters [dtorch_iters [pipeline_ops]]]
  * Process workers run DTORCH_WORKER_PATH, else the dtorch-worker next to this program's
@@ -58,7 +64,16 @@ static double s_thread_cpu_ns(void)
 typedef struct {
     s_latency rt;
     s_throughput pipe;
+    s_throughput ops[4];   /* s_ops, DTorch only */
 } s_result;
+
+/* (d)'s ops: name, inputs (the same tensor each time), int attributes. */
+static const struct {
+    const char *name;
+    int nin, nints;
+    int64_t ints[2];
+} s_ops[] = {{"add", 2, 0, {0}}, {"exp", 1, 0, {0}}, {"reshape", 1, 1, {4}}, {"select", 1, 2, {0, 0}}};
+#define S_NOPS ((int)(sizeof s_ops / sizeof s_ops[0]))
 
 
 
@@ -231,17 +246,57 @@ static s_latency s_dt_roundtrip(dt_mesh *mesh, int iters, double *samples)
     return s_summarise(samples, iters);
 }
 
-static s_throughput s_dt_pipeline(dt_mesh *mesh, long n)
+/* One op of the pipeline: dt_full of one element (op < 0), or s_ops[op] on x; released at once,
+ * as a training loop would: nothing piles up on the devices. */
+static void s_dt_one(dt_mesh *mesh, int op, int id, dt_tensor *x)
 {
+    dt_tensor *y = NULL;
+    if (op < 0) {
+        y = s_full(mesh, 1);
+    } else {
+        dt_op_attrs attrs = {.nints = s_ops[op].nints};
+        memcpy(attrs.ints, s_ops[op].ints, sizeof s_ops[op].ints);
+        if (dt_op_run(id, s_ops[op].nin, (dt_tensor *[]){x, x}, &attrs, 1, &y) != 1)
+            y = NULL;
+    }
+    if (!y)
+        s_die(op < 0 ? "dt_full" : s_ops[op].name);
+    dt_tensor_release(&y);
+}
+
+/* The user thread's CPU time per op (ns) with the devices kept out of its way: chunks of
+ * S_CHUNK ops, each timed alone and followed by an untimed dt_synchronize, so that the thread never
+ * waits on a full outbox (whose wait would count as the op's cost). Best of S_REPEATS. */
+#define S_CHUNK 1024
+static double s_dt_submit_cpu(dt_mesh *mesh, long n, int op, dt_tensor *x)
+{
+    int id = op < 0 ? -1 : dt_op_id(s_ops[op].name);
+    double best = 0;
+    for (int r = 0; r < S_REPEATS; r++) {
+        double cpu = 0;
+        for (long done = 0; done < n; done += S_CHUNK) {
+            long chunk = n - done < S_CHUNK ? n - done : S_CHUNK;
+            double c0 = s_thread_cpu_ns();
+            for (long i = 0; i < chunk; i++)
+                s_dt_one(mesh, op, id, x);
+            cpu += s_thread_cpu_ns() - c0;
+            if (dt_synchronize() != 0)
+                s_die("dt_synchronize");
+        }
+        if (r == 0 || cpu / (double)n < best)
+            best = cpu / (double)n;
+    }
+    return best;
+}
+
+static s_throughput s_dt_pipeline(dt_mesh *mesh, long n, int op, dt_tensor *x)
+{
+    int id = op < 0 ? -1 : dt_op_id(s_ops[op].name);
     s_throughput best = {0, 0, 0};
     for (int r = 0; r < S_REPEATS; r++) {
         double t0 = bench_now_ns(), c0 = s_thread_cpu_ns();
-        for (long i = 0; i < n; i++) {
-            dt_tensor *x = s_full(mesh, 1);
-            if (!x)
-                s_die("dt_full");
-            dt_tensor_release(&x);  /* as a training loop would: nothing piles up on the devices */
-        }
+        for (long i = 0; i < n; i++)
+            s_dt_one(mesh, op, id, x);
         double t1 = bench_now_ns(), cpu = (s_thread_cpu_ns() - c0) / (double)n;
         if (dt_synchronize() != 0)
             s_die("dt_synchronize");
@@ -267,8 +322,17 @@ static s_result s_dt_run(dt_workers mode, const char *worker_path, int iters, lo
     s_result res;
     res.rt = s_dt_roundtrip(mesh, iters, samples);
     /* one untimed batch so that buffer pools and credit windows are in their steady state */
-    s_dt_pipeline(mesh, pipe_ops / 10 + 1);
-    res.pipe = s_dt_pipeline(mesh, pipe_ops);
+    s_dt_pipeline(mesh, pipe_ops / 10 + 1, -1, NULL);
+    res.pipe = s_dt_pipeline(mesh, pipe_ops, -1, NULL);
+    dt_tensor *x = dt_full(mesh, 2, (int64_t[]){2, 2}, DT_FLOAT32, NULL, (dt_scalar){.is_int = false, .f = 1.0});
+    if (!x)
+        s_die("dt_full");
+    for (int op = 0; op < S_NOPS; op++) {
+        s_dt_pipeline(mesh, pipe_ops / 10 + 1, op, x);
+        res.ops[op] = s_dt_pipeline(mesh, pipe_ops, op, x);
+        res.ops[op].cpu_ns = s_dt_submit_cpu(mesh, pipe_ops, op, x);
+    }
+    dt_tensor_release(&x);
     dt_mesh_release(&mesh);
     if (dt_shutdown() != 0)
         s_die("dt_shutdown");
@@ -294,6 +358,12 @@ static void s_report(const char *title, const char *ref_desc, const s_result *re
     s_row(what, "Mops/s", ref->pipe.ops_per_s / 1e6, dt->pipe.ops_per_s / 1e6);
     s_row("user thread per op (submit loop)", "ns", ref->pipe.submit_ns, dt->pipe.submit_ns);
     s_row("user thread CPU per op (submit loop)", "ns", ref->pipe.cpu_ns, dt->pipe.cpu_ns);
+    for (int op = 0; op < S_NOPS; op++) {
+        snprintf(what, sizeof what, "%s: pipelined, end to end", s_ops[op].name);
+        s_row(what, "Mops/s", ref->pipe.ops_per_s / 1e6, dt->ops[op].ops_per_s / 1e6);
+        snprintf(what, sizeof what, "%s: user thread CPU per op (chunks)", s_ops[op].name);
+        s_row(what, "ns", ref->pipe.cpu_ns, dt->ops[op].cpu_ns);
+    }
 }
 
 int main(int argc, char **argv)
@@ -369,7 +439,9 @@ int main(int argc, char **argv)
              "pipelined = DEALER sends, then one echoed flush",
              &raw_ipc, &dt_process, pipe_ops);
     printf("\nDTorch op = dt_full on a 2-device mesh (4 float32 for the round trip, then dt_tensor_fetch + "
-           "dt_future_wait;\n  1 element when pipelined, released at once, then dt_synchronize)\n");
+           "dt_future_wait;\n  1 element when pipelined, released at once, then dt_synchronize); add, exp, reshape, "
+           "select: dt_op_run\n  on a (2, 2) float32 Replicate tensor, each result released at once, beside the "
+           "same raw sends\n");
 
     free(samples);
     zsys_shutdown();
