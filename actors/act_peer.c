@@ -141,10 +141,10 @@ void act_peer_close(act_worker *w)
 
 #define S_PEER_SEND_TIMEOUT_MS 500 /* a send to a peer that has no socket any more gives up after this */
 
-/* Worker threads: `out` (opened by act_peer_open), connected to device's peer socket under the routing id "d<device>" (the
- * peer sees this worker as "w<device>", as from a DEALER). Unroutable sends fail instead of
- * vanishing (ZMQ_ROUTER_MANDATORY); an inproc connect is routable at once, even before the peer
- * binds. NULL + dt_last_error when the link cannot be made. */
+/* Worker threads: `out` (opened by act_peer_open) connected to device's peer socket under the
+ * routing id "d<device>" (the peer sees this worker as "w<device>", as from a DEALER). Unroutable
+ * sends fail instead of vanishing (ZMQ_ROUTER_MANDATORY); an inproc connect is routable at once,
+ * even before the peer binds. NULL + dt_last_error when the link cannot be made. */
 static zsock_t *s_peer_router(act_worker *w, int64_t device, char *rid, size_t size)
 {
     act_worker_beat(w); /* a socket or a link to make: ZeroMQ's locks may keep it waiting, which is not stuck */

@@ -475,9 +475,8 @@ static int s_ensure_device(act_runtime *rt, const char *op, int64_t id, const ch
     /* a worker picks its backend by device type: the caller hears of one it lacks, not the worker */
     if (op_backend_check(op, device_type) != 0)
         return dt_last_error_code();
-    if (rt->listening)
-        return s_device_new(rt, id, device_type) ? 0 : dt_last_error_code(); /* its worker comes from elsewhere:
-                                                                               * act_runtime_begin waits for it */
+    if (rt->listening) /* its worker comes from elsewhere: act_runtime_begin waits for it */
+        return s_device_new(rt, id, device_type) ? 0 : dt_last_error_code();
     if (rt->workers == DT_WORKERS_THREAD) {
         /* one that cannot start (no socket to be had) is never published: the next op that names
          * the device starts it afresh */

@@ -40,7 +40,7 @@ typedef struct {
     atomic_uint_fast64_t *beats;
     act_device *dev;      /* where a failure is said (devices never move) */
     s_start *start;
-    bool told;            /* the thread: start has heard how the opening went */
+    bool told, opened;    /* the thread: start has heard how the opening went, and whether it did */
 } s_thread_args;
 
 static void s_start_release(s_start *st)
@@ -58,6 +58,7 @@ static void s_opened(void *arg, int rc)
     s_thread_args *a = arg;
     s_start *st = a->start;
     a->told = true;
+    a->opened = rc == 0;
     pthread_mutex_lock(&st->lock);
     st->state = rc == 0 ? S_OPENED : S_FAILED;
     if (rc != 0)
@@ -83,10 +84,10 @@ static void *s_thread_main(void *arg)
     act_worker_link link = {.endpoint = a.endpoint, .device = a.device, .device_type = a.device_type,
                             .beats = a.beats, .opened = s_opened, .opened_arg = &a};
     int rc = act_worker_serve(&link, s_should_stop, a.stop);
-    if (!a.told) {
+    if (!a.told)
         s_opened(&a, rc != 0 ? rc : dt_err(DT_ESYS, "it returned before opening its sockets"));
-        return NULL; /* never published: the spawner joins it and says why */
-    }
+    if (!a.opened)
+        return NULL; /* never published: the spawner joins it, says why and frees its device */
     if (rc != 0) {
         /* e.g. a socket it could not have later: the controller declares the device dead at its
          * next check, instead of waiting for what will not come */

@@ -135,9 +135,8 @@ static void s_compute_all(const op_call *c, dt_mesh *mesh, int op, int nin, cons
         dt_layout_coord(mesh->ndim, mesh->shape, d, coord);
         int nctx = def->local ? def->local(c, coord, ctx) : 0;
         if (whole && first && first != pk && nctx == first_nctx &&
-            !memcmp(ctx, first_ctx, (size_t)nctx * sizeof *ctx) && mb_w_room(pk, len)) {
-            memcpy(pk->data + pk->size, first->data + at, len);
-            pk->size += len;
+            !memcmp(ctx, first_ctx, (size_t)nctx * sizeof *ctx)) {
+            mb_w_encoded(pk, first->data + at, len);
             continue;
         }
         for (int o = 0; o < c->nout; o++) {

@@ -120,6 +120,15 @@ static inline void mb_w_str(mb_writer *w, const char *s, size_t len)
     w->size += len;
 }
 
+/* n bytes already encoded (one or more whole objects, e.g. a record written for another device). */
+static inline void mb_w_encoded(mb_writer *w, const void *bytes, size_t n)
+{
+    if (!mb_w_room(w, n))
+        return;
+    memcpy(w->data + w->size, bytes, n);
+    w->size += n;
+}
+
 static inline void mb_w_double(mb_writer *w, double v)
 {
     uint64_t bits;

@@ -1061,7 +1061,8 @@ Test(cuda_ops, group_norm)
         int ndim;
         int64_t shape[4];
         int64_t groups;
-    } shapes[] = {{4, {2, 8, 5, 7}, 4}, {4, {1, 6, 33, 40}, 3}, {3, {3, 4, 10}, 4}, {2, {5, 6}, 2}, {4, {0, 4, 2, 2}, 2}};
+    } shapes[] = {{4, {2, 8, 5, 7}, 4}, {4, {1, 6, 33, 40}, 3}, {3, {3, 4, 10}, 4}, {2, {5, 6}, 2},
+                  {4, {0, 4, 2, 2}, 2}};
     for (size_t h = 0; h < sizeof shapes / sizeof shapes[0]; h++)
         for (int d = 0; d < 3; d++)
             for (int flags = 0; flags < 4; flags++) {

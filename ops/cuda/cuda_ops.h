@@ -42,7 +42,7 @@
     /* attention (cuda_attention.c; kernels in cuda_attention_kernels.cu), floating dtypes */                          \
     X(scaled_dot_product_attention, cuda_k_sdpa) X(attention_block, cuda_k_attention_block)                            \
     X(attention_merge, cuda_k_attention_merge)                                                                         \
-    /* image ops (cuda_image.c; kernels in cuda_image_kernels.cu), floating dtypes (pad: every dtype) */                \
+    /* image ops (cuda_image.c; kernels in cuda_image_kernels.cu), floating dtypes (pad: every dtype) */             \
     X(conv2d, cuda_k_conv2d) X(group_norm, cuda_k_group_norm) X(interpolate, cuda_k_interpolate) X(pad, cuda_k_pad)
 
 /* An actor's device: what attach made for the thread that runs its records. */
