@@ -324,6 +324,12 @@ const char *op_conv2d_layout(const op_kernel *k, op_conv2d_dims *d)
     return NULL;
 }
 
+bool op_conv2d_direct(const op_conv2d_dims *d)
+{
+    return d->kH == 1 && d->kW == 1 && d->stride[0] == 1 && d->stride[1] == 1 && d->pad_top == 0 &&
+           d->pad_left == 0 && d->OH == d->H && d->OW == d->W;
+}
+
 const char *op_group_norm_layout(const op_kernel *k, op_group_norm_dims *d)
 {
     const op_local *x = &k->in[0], *y = &k->out[0];

@@ -203,6 +203,8 @@ typedef struct {
     int64_t stride[2], pad_top, pad_left, dilation[2], groups;
 } op_conv2d_dims;
 const char *op_conv2d_layout(const op_kernel *k, op_conv2d_dims *d);
+/* A 1x1 kernel of stride 1 without padding: the image itself is the product's operand (no im2col). */
+bool op_conv2d_direct(const op_conv2d_dims *d);
 
 /* group_norm (input (N, C, ...)[, weight][, bias]); ints [num_groups, has_weight | has_bias << 1];
  * floats [eps]: S the elements per channel; *weight and *bias NULL where not given. */

@@ -23,12 +23,6 @@ static int64_t s_max(int64_t a, int64_t b) { return a > b ? a : b; }
 
 /* ---- conv2d ----------------------------------------------------------------------------------- */
 
-static bool s_direct(const op_conv2d_dims *d)
-{
-    return d->kH == 1 && d->kW == 1 && d->stride[0] == 1 && d->stride[1] == 1 && d->pad_top == 0 &&
-           d->pad_left == 0 && d->OH == d->H && d->OW == d->W;
-}
-
 /* Output rows per chunk: as many as keep the column buffer within CPU_CONV2D_COL_MAX. */
 static int64_t s_chunk_rows(const op_conv2d_dims *d)
 {
@@ -39,7 +33,7 @@ static int64_t s_chunk_rows(const op_conv2d_dims *d)
 
 int64_t cpu_conv2d_col_size(const op_conv2d_dims *d)
 {
-    if (s_direct(d))
+    if (op_conv2d_direct(d))
         return 0;
     return d->C / d->groups * d->kH * d->kW * s_chunk_rows(d) * d->OW;
 }
@@ -99,7 +93,7 @@ const char *cpu_conv2d(const op_conv2d_dims *d, const float *x, const float *w, 
         if (plane > INT_MAX || K > INT_MAX || Og > INT_MAX || d->H * d->W > INT_MAX)
             return "conv2d: a size exceeds the BLAS integer range";
         cpu_blas_threads();
-        bool direct = s_direct(d);
+        bool direct = op_conv2d_direct(d);
         int64_t step = direct ? d->OH : s_chunk_rows(d);
         for (int64_t g = 0; g < G; g++) {
             const float *wg = w + g * Og * K;

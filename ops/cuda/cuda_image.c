@@ -24,12 +24,6 @@ static cudaDataType s_blas_type(dt_dtype d)
 
 /* ---- conv2d ----------------------------------------------------------------------------------- */
 
-static bool s_direct(const op_conv2d_dims *d)
-{
-    return d->kH == 1 && d->kW == 1 && d->stride[0] == 1 && d->stride[1] == 1 && d->pad_top == 0 &&
-           d->pad_left == 0 && d->OH == d->H && d->OW == d->W;
-}
-
 /* One image's output (O, OH, OW) into acc (float32): a product per group and chunk of rows. */
 static const char *s_conv_image(cuda_ctx *c, const op_conv2d_dims *d, const char *x, const char *w, size_t elem,
                                 cudaDataType type, void *col, int64_t step, float *acc)
@@ -37,7 +31,7 @@ static const char *s_conv_image(cuda_ctx *c, const op_conv2d_dims *d, const char
     int64_t G = d->groups, Cg = d->C / G, Og = d->O / G, K = Cg * d->kH * d->kW, plane = d->OH * d->OW;
     if (K == 0)
         return cuda_check(cudaMemsetAsync(acc, 0, (size_t)(d->O * plane) * sizeof *acc, c->compute), "conv2d");
-    bool direct = s_direct(d);
+    bool direct = op_conv2d_direct(d);
     for (int64_t g = 0; g < G; g++) {
         const char *wg = w + g * Og * K * (int64_t)elem;
         for (int64_t oh0 = 0; oh0 < d->OH; oh0 += step) {
@@ -77,9 +71,9 @@ const char *cuda_k_conv2d(cuda_ctx *c, op_kernel *k)
     size_t elem = dt_dtype_size(x->dtype);
     bool f32 = x->dtype == DT_FLOAT32;
     int64_t per_row = K * d.OW * (int64_t)elem;
-    int64_t step = s_direct(&d) ? d.OH : per_row > 0 ? S_COL_MAX_BYTES / per_row : d.OH;
+    int64_t step = op_conv2d_direct(&d) ? d.OH : per_row > 0 ? S_COL_MAX_BYTES / per_row : d.OH;
     step = step < 1 ? 1 : step > d.OH ? d.OH : step;
-    size_t col_bytes = s_direct(&d) ? 0 : (size_t)(K * step * d.OW) * elem;
+    size_t col_bytes = op_conv2d_direct(&d) ? 0 : (size_t)(K * step * d.OW) * elem;
     void *col = NULL, *acc = NULL;
     if (col_bytes && (why = cuda_scratch(c, col_bytes, &col)))
         return why;
