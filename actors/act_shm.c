@@ -62,9 +62,7 @@ static bool s_share(act_worker *w, act_wtensor *t)
         act_storage_release(st);
         return false;
     }
-    act_storage_release(t->storage);
-    t->storage = st;
-    t->data = st->data;
+    act_wtensor_set_storage(w, t, st);
     return true;
 }
 

@@ -94,13 +94,38 @@ static size_t s_bytes(const act_wtensor *t)
     return (size_t)dt_layout_numel(t->ndim, t->shape) * dt_dtype_size(t->dtype);
 }
 
-/* Bytes a table entry holds (a poisoned one none). */
-static int64_t s_held(const act_wtensor *t) { return t && t->storage ? (int64_t)s_bytes(t) : 0; }
+/* A table entry starts or stops using st: bytes_in_use counts each storage once, however many
+ * entries share it. */
+static void s_hold(act_worker *w, act_storage *st)
+{
+    if (st && st->held++ == 0) {
+        int64_t *stats = w->stats;
+        stats[MB_STAT_bytes_in_use] += (int64_t)st->size;
+        if (stats[MB_STAT_bytes_in_use] > stats[MB_STAT_peak_bytes])
+            stats[MB_STAT_peak_bytes] = stats[MB_STAT_bytes_in_use];
+    }
+}
+
+static void s_unhold(act_worker *w, act_storage *st)
+{
+    if (st && --st->held == 0)
+        w->stats[MB_STAT_bytes_in_use] -= (int64_t)st->size;
+}
+
+void act_wtensor_set_storage(act_worker *w, act_wtensor *t, act_storage *st)
+{
+    s_hold(w, st);
+    s_unhold(w, t->storage);
+    act_storage_release(t->storage);
+    t->storage = st;
+    t->data = st->data;
+}
 
 void act_wtensor_drop(act_worker *w, uint64_t id)
 {
     act_wtensor *t = dt_idmap_take(&w->tensors, id);
-    w->stats[MB_STAT_bytes_in_use] -= s_held(t);
+    if (t)
+        s_unhold(w, t->storage);
     act_wtensor_free(t);
 }
 
@@ -111,10 +136,7 @@ void act_wtensor_put(act_worker *w, uint64_t id, act_wtensor *t)
         act_wtensor_free(t);
         return;
     }
-    int64_t *held = w->stats;
-    held[MB_STAT_bytes_in_use] += s_held(t);
-    if (held[MB_STAT_bytes_in_use] > held[MB_STAT_peak_bytes])
-        held[MB_STAT_peak_bytes] = held[MB_STAT_bytes_in_use];
+    s_hold(w, t->storage);
 }
 
 void act_wtensor_poison(act_worker *w, uint64_t id, const char *message)
@@ -354,7 +376,7 @@ static void s_make(act_worker *w, int64_t code, const msgpack_object *rec, mb_me
 /* Makes t's storage its own before a write in place: storage that anything else holds (a fetch
  * or a transfer on its way, a replica sharing it, a received frame) is copied first, so whatever
  * was issued before the write keeps seeing the old value. */
-static const char *s_own_storage(const act_worker *w, act_wtensor *t)
+static const char *s_own_storage(act_worker *w, act_wtensor *t)
 {
     act_storage *st = t->storage;
     if (!st->adopted && atomic_load(&st->refs) == 1 && t->data == st->data)
@@ -368,10 +390,25 @@ static const char *s_own_storage(const act_worker *w, act_wtensor *t)
         act_storage_release(own);
         return why;
     }
-    act_storage_release(st);
-    t->storage = own;
-    t->data = own->data;
+    act_wtensor_set_storage(w, t, own);
     return NULL;
+}
+
+/* An output that is src's bytes from offset on (op_def.alias): it shares src's storage. */
+static void s_put_view(act_worker *w, uint64_t id, const act_wtensor *src, const op_local *out, size_t offset)
+{
+    act_wtensor *t = calloc(1, sizeof *t);
+    if (!t) {
+        act_wtensor_poison(w, id, "out of memory on the device");
+        return;
+    }
+    t->dtype = out->dtype;
+    t->ndim = out->ndim;
+    memcpy(t->shape, out->shape, (size_t)out->ndim * sizeof *out->shape);
+    t->storage = src->storage;
+    atomic_fetch_add(&t->storage->refs, 1);
+    t->data = src->data + offset;
+    act_wtensor_put(w, id, t);
 }
 
 /* COMPUTE: a registered op's kernel on this device's pieces. A poisoned input poisons the
@@ -412,8 +449,11 @@ static bool s_compute(act_worker *w, const msgpack_object *rec)
         memcpy(k.out[o].shape, out.shape.v, (size_t)out.shape.n * sizeof *out.shape.v);
     }
     const char *why = NULL;
+    act_wtensor *first = NULL; /* input 0 */
     for (int i = 0; i < k.nin && !why; i++) {
         act_wtensor *t = act_wtensor_lookup(w, r.ins.v[i], &why);
+        if (i == 0)
+            first = t;
         if (t) {
             k.in[i] = (op_local){t->dtype, t->ndim, {0}, t->data};
             memcpy(k.in[i].shape, t->shape, sizeof t->shape);
@@ -432,6 +472,11 @@ static bool s_compute(act_worker *w, const msgpack_object *rec)
         snprintf(msg, sizeof msg, "%s", why); /* the root failure, passed on unchanged */
         for (int o = 0; o < k.nout; o++)
             act_wtensor_poison(w, out_ids[o], msg);
+        return true;
+    }
+    size_t offset;
+    if (def->alias && def->alias(&k, &offset)) {
+        s_put_view(w, out_ids[0], first, &k.out[0], offset);
         return true;
     }
     act_wtensor *made[OP_MAX_OUTPUTS] = {NULL};

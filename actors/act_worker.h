@@ -30,6 +30,9 @@ typedef struct {
     bool adopted;               /* data lives in msg, a received frame */
     zmq_msg_t msg;
     dt_shm_seg *seg;            /* data is this shared segment's (a worker process that lends), or NULL */
+    int held;                   /* entries of its worker's tensor table that use it (views share one):
+                                 * its size counts in bytes_in_use while there is one; that worker's
+                                 * thread alone touches it */
 } act_storage;
 
 typedef struct {
@@ -179,6 +182,10 @@ act_wtensor *act_wtensor_lookup(act_worker *w, uint64_t id, const char **why);
 /* Puts t in the tensor table as id (replacing and freeing what was there), counting its bytes. */
 void act_wtensor_put(act_worker *w, uint64_t id, act_wtensor *t);
 void act_wtensor_free(act_wtensor *t);
+/* Gives t, an entry of the tensor table, the storage st instead of its own (the same bytes moved,
+ * or a private copy before a write), with data at st's start; takes st's reference and lets go
+ * of the old one. */
+void act_wtensor_set_storage(act_worker *w, act_wtensor *t, act_storage *st);
 /* Frees the tensor id now, if the table has it (a FREE record goes through act_replay_free). */
 void act_wtensor_drop(act_worker *w, uint64_t id);
 /* A tensor that could not be made; ops that use it fail with this message. */

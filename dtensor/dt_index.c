@@ -277,13 +277,17 @@ dt_tensor *dt_index(dt_tensor *t, int n, const dt_index_item *items)
         dt_err(DT_EINVAL, "indexing: the result would have more than %d dims", DT_MAX_DIMS);
         return NULL;
     }
-    /* last dims first, so that earlier dims keep their numbers */
+    /* first dims first: a select or slice of a leading dim keeps one contiguous run of each piece,
+     * which its devices share rather than copy (op_def.alias), and later steps copy less; each
+     * select before a dim shifts its number down by one */
     dt_tensor *x = dt_tensor_ref(t);
-    for (int k = ndim - 1; k >= 0 && x; k--) {
+    for (int k = 0, dropped = 0; k < ndim && x; k++) {
         if (kind[k] < 0)
             continue;
         dt_tensor *next = NULL;
+        args[k][0] = k - dropped;
         int rc = s_run(kind[k], x, kind[k] == OP_ID_select ? 2 : 4, args[k], &next);
+        dropped += kind[k] == OP_ID_select;
         dt_tensor_release(&x);
         x = rc == 0 ? next : NULL;
     }

@@ -89,6 +89,12 @@ struct op_def {
     int py_exports;                       /* DT_PY_* bits; 0 with DT_SIG_NONE */
     const char *py_floats;                /* DT_SIG_UNARY: "name=default, ..." of attrs.floats */
     bool inplace;                         /* output 0 is input 0, written in place (ops/op_write.c) */
+    /* optional: whether a device's output 0 may be input 0's own bytes, in the same row-major
+     * order from *offset bytes in (reshape, and slices that keep one contiguous run). A worker
+     * then makes the output share the input's storage instead of running the kernel: device
+     * pieces are values (a write in place copies shared storage first), so sharing is safe.
+     * False when it may not, or when the pieces do not fit (the kernel then says why). */
+    bool (*alias)(const op_kernel *k, size_t *offset);
     /* infer holds for the local pieces too (elementwise ops): a worker checks a record's local
      * shapes and dtypes with it before the kernel runs (op_check_local) */
     bool infer_local;

@@ -1,6 +1,7 @@
 /* op_view — views and data movement: reshape (view, flatten, unsqueeze, squeeze), permute,
  * expand, cat, stack, slice (narrow, select, basic indexing), index_select, triu and tril.
- * Tensors are immutable on devices, so every output is a fresh C-contiguous piece.
+ * Device pieces are C-contiguous values: a reshape, or a slice that keeps one contiguous run,
+ * shares its input's bytes on the device (op_def.alias); every other output is a fresh piece.
  *
  * Sharding (torch's view, cat and indexing rules, DTENSOR-SEMANTICS 3.6 and 3.9):
  * - reshape-like ops keep a Shard when the dim survives: each input dim maps to an output dim
@@ -756,10 +757,48 @@ static int s_local_tri(const op_call *c, const int64_t *coord, int64_t *ctx)
 }
 
 
+/* ---- outputs that are their input's bytes (op_def.alias) -------------------------------------- */
+
+/* reshape, flatten, unsqueeze, squeeze: the sharding rule keeps every device's output piece its
+ * input piece in the same row-major order, so the bytes are the same */
+static bool s_alias_reshape(const op_kernel *k, size_t *offset)
+{
+    const op_local *in = &k->in[0], *out = &k->out[0];
+    *offset = 0;
+    return k->nin == 1 && k->nout == 1 && in->dtype == out->dtype &&
+           dt_layout_numel(out->ndim, out->shape) == dt_layout_numel(in->ndim, in->shape);
+}
+
+/* slice, narrow, select: the region is whole along every other dim, so it is one contiguous run
+ * when every dim before the sliced one has size 1 (or the region is the whole piece) and its rows
+ * along the sliced dim are adjacent (step 1, or a single row) */
+static bool s_alias_slice(const op_kernel *k, size_t *offset)
+{
+    op_slice_dims s;
+    if (k->nin != 1 || k->nout != 1 || op_slice_layout(k, &s))
+        return false;
+    const op_local *in = &k->in[0];
+    *offset = 0;
+    if (dt_layout_numel(in->ndim, s.shape) == 0)
+        return true;
+    int64_t outer = 1, inner = 1;
+    for (int d = 0; d < in->ndim; d++) {
+        if (d < s.dim)
+            outer *= in->shape[d];
+        else if (d > s.dim)
+            inner *= in->shape[d];
+    }
+    bool whole = s.shape[s.dim] == in->shape[s.dim];
+    if ((s.step != 1 && s.shape[s.dim] != 1) || (outer != 1 && !whole))
+        return false;
+    *offset = (size_t)(s.start * inner) * dt_dtype_size(in->dtype);
+    return true;
+}
+
 /* ---- the rows of OP_VIEW ---------------------------------------------------------------------- */
 
-#define S_DEF(op, num, inputs, infer_fn, shard_fn, local_fn)                                                           \
+#define S_DEF(op, num, inputs, infer_fn, shard_fn, local_fn, alias_fn)                                                 \
     const op_def op_def_##op = {.name = #op, .id = num, .nin = inputs, .nout = 1, .infer = infer_fn,                 \
-                                .shard = shard_fn, .local = local_fn};
+                                .shard = shard_fn, .local = local_fn, .alias = alias_fn};
 OP_VIEW(S_DEF)
 #undef S_DEF

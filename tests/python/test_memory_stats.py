@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import dtorch
-from dtorch import Shard
+from dtorch import Replicate, Shard
 
 
 def test_bytes_in_use_peak_and_pool(mode):
@@ -64,3 +64,68 @@ def test_redistribute_many_waits_with_a_bar_when_asked(mode, capfd):
     quiet = dtorch.redistribute_many(tensors, dst, [Shard(0)])
     assert capfd.readouterr().err == ""
     np.testing.assert_array_equal(quiet[2].numpy(), arrays[2])
+
+
+def _in_use(mesh):
+    return [s["bytes_in_use"] for s in dtorch.memory_stats(mesh)]
+
+
+@pytest.mark.parametrize("mesh_ids", [[0], [0, 1], [0, 1, 2]])
+def test_views_share_their_input_s_bytes_on_the_devices(mode, mesh_ids):
+    """A reshape, or a slice that keeps one contiguous run of each device's piece, holds no bytes
+    of its own: device memory stays what the source took, the view keeps it alive after the source
+    is gone, and writes in place on either side leave the other's value as it was (numpy copies
+    are the reference)."""
+    mesh = dtorch.DeviceMesh("cpu", mesh_ids)
+    n = len(mesh_ids)
+    a = np.arange(4 * 512 * 256, dtype=np.float32).reshape(4, 512, 256)
+    base = _in_use(mesh)
+    x = dtorch.distribute_tensor(a, mesh, [Shard(1)])
+    rows = [len(r) for r in np.array_split(np.arange(512), n)]            # torch.chunk's pieces of 512
+    piece = [4 * r * 256 * 4 for r in rows]
+    assert [u - b for u, b in zip(_in_use(mesh), base)] == piece
+    flat = x.reshape(4, 512, 16, 16)          # Shard(1) kept: each piece is its input's bytes
+    one = x[1]                                # one contiguous run of each piece, at its own offset
+    two = x.narrow(0, 1, 2)
+    assert flat.placements == (Shard(1),) and one.placements == (Shard(0),)
+    assert [u - b for u, b in zip(_in_use(mesh), base)] == piece
+    column = x[:, :, 0]                       # strided: a fresh piece of 4 x rows floats
+    assert [u - b for u, b in zip(_in_use(mesh), base)] == [p + 4 * r * 4 for p, r in zip(piece, rows)]
+    del x, column
+    gc.collect()
+    assert [u - b for u, b in zip(_in_use(mesh), base)] == piece      # the views keep x's bytes alive
+    np.testing.assert_array_equal(flat.numpy(), a.reshape(4, 512, 16, 16))
+    np.testing.assert_array_equal(one.numpy(), a[1])
+    np.testing.assert_array_equal(two.numpy(), a[1:3])
+    del flat, one, two
+    gc.collect()
+    assert _in_use(mesh) == base
+
+    # writes in place: shared bytes are copied first, so each side keeps its own value
+    x = dtorch.distribute_tensor(a, mesh, [Shard(1)])
+    one, two = x[1], x.narrow(0, 1, 2)
+    x[:, :, 0:2] = 7.0
+    two[0] = -1.0
+    want = a.copy()
+    want[:, :, 0:2] = 7.0
+    np.testing.assert_array_equal(x.numpy(), want)
+    np.testing.assert_array_equal(one.numpy(), a[1])
+    np.testing.assert_array_equal(two.numpy(), np.concatenate([np.full((1, 512, 256), -1.0, np.float32), a[2:3]]))
+    np.testing.assert_array_equal(x[1].numpy(), want[1])
+    del x, one, two
+    gc.collect()
+    assert _in_use(mesh) == base
+
+    # a slice of a later dim keeps one run when the dims before it have size 1 (here after x[1] or
+    # x[1:2]); Replicate: every device holds the whole (3, 4, 5)
+    c = np.arange(60, dtype=np.int64).reshape(3, 4, 5)
+    r = dtorch.distribute_tensor(c, mesh, [Replicate()])
+    held = _in_use(mesh)
+    assert [h - b for h, b in zip(held, base)] == [60 * 8] * n
+    runs = [r[1, 2:4], r[1:2, 2:4], r[2, :, 1], r[1:2, 3], r[..., 0:5]]
+    assert _in_use(mesh) == [h + 4 * 8 for h in held]              # only r[2, :, 1] is strided: 4 new int64
+    for got, want in zip(runs, [c[1, 2:4], c[1:2, 2:4], c[2, :, 1], c[1:2, 3], c[..., 0:5]]):
+        np.testing.assert_array_equal(got.numpy(), want)
+    strided = r[:, 2:4]
+    assert _in_use(mesh) == [h + 4 * 8 + 3 * 2 * 5 * 8 for h in held]
+    np.testing.assert_array_equal(strided.numpy(), c[:, 2:4])
