@@ -132,6 +132,14 @@ static int s_walk(const uint8_t **pp, const uint8_t *end, int depth, msgpack_zon
             child = i % 2 ? &o->via.map.ptr[i / 2].val : &o->via.map.ptr[i / 2].key;
         else if (o)
             child = &o->via.array.ptr[i];
+        /* a one-byte integer (most of a record: codes, ids, sizes, dtypes) without the call */
+        if (p < end && (*p <= 0x7f || *p >= 0xe0)) {
+            if (child)
+                *child = *p <= 0x7f ? (msgpack_object){.type = MSGPACK_OBJECT_POSITIVE_INTEGER, .via.u64 = *p}
+                                    : (msgpack_object){.type = MSGPACK_OBJECT_NEGATIVE_INTEGER, .via.i64 = (int8_t)*p};
+            p++;
+            continue;
+        }
         int rc = s_walk(&p, end, depth + 1, zone, child);
         if (rc)
             return rc;
