@@ -228,7 +228,7 @@ static const char *s_scan_record(s_scan *s, msgpack_object *rec)
         return NULL;
     case MB_OP_COMPUTE:
         s_each(s, s_field(rec, 2), UINT32_MAX, s_use);
-        s_each(s, s_field(rec, 7), 0, s_make_id);
+        s_each(s, s_field(rec, 8), 0, s_make_id); /* outs; views name inputs by position, not by id */
         return NULL;
     default:
         return "a record that needs the controller (a fetch, a sync, host data) or another capture";

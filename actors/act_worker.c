@@ -394,6 +394,29 @@ static const char *s_own_storage(act_worker *w, act_wtensor *t)
     return NULL;
 }
 
+/* The inputs a COMPUTE reads as views (mb_view): each one's piece is the run of the piece its id
+ * names from the view's first element on, of the view's shape, which must lie inside it; *seen
+ * gets a bit per viewed input. False (dt_last_error says why) when a view does not fit. */
+static bool s_read_views(const mb_views *views, op_kernel *k, uint64_t *seen)
+{
+    _Static_assert(OP_MAX_INPUTS <= 64, "a bit per input");
+    mb_view v;
+    int at = 0, rc;
+    while ((rc = mb_view_next(views, &at, k->nin, &v)) == 1) {
+        op_local *in = &k->in[v.input];
+        int64_t n = dt_layout_numel(v.shape.n, v.shape.v), have = dt_layout_numel(in->ndim, in->shape);
+        if ((*seen >> v.input) & 1 || (n > 0 && (v.first > have || n > have - v.first))) {
+            dt_err(DT_EPROTO, "malformed compute record: a view of input %d does not lie inside its piece", v.input);
+            return false;
+        }
+        *seen |= (uint64_t)1 << v.input;
+        in->ndim = v.shape.n;
+        memcpy(in->shape, v.shape.v, (size_t)v.shape.n * sizeof *v.shape.v);
+        in->data = (char *)in->data + (n > 0 ? (size_t)v.first * dt_dtype_size(in->dtype) : 0);
+    }
+    return rc == 0;
+}
+
 /* dst[0..n) = src[0..n), dst[n..cap) = 0, in elements of size bytes (n <= cap) */
 static void s_fill(void *dst, int cap, const void *src, int n, size_t size)
 {
@@ -401,8 +424,8 @@ static void s_fill(void *dst, int cap, const void *src, int n, size_t size)
     memset((char *)dst + (size_t)n * size, 0, (size_t)(cap - n) * size);
 }
 
-/* An output that is src's bytes from offset on (op_def.alias): it shares src's storage. */
-static void s_put_view(act_worker *w, uint64_t id, const act_wtensor *src, const op_local *out, size_t offset)
+/* An output whose bytes start at data, inside storage (op_def.alias): it shares the storage. */
+static void s_put_view(act_worker *w, uint64_t id, act_storage *storage, char *data, const op_local *out)
 {
     act_wtensor *t = calloc(1, sizeof *t);
     if (!t) {
@@ -412,9 +435,9 @@ static void s_put_view(act_worker *w, uint64_t id, const act_wtensor *src, const
     t->dtype = out->dtype;
     t->ndim = out->ndim;
     memcpy(t->shape, out->shape, (size_t)out->ndim * sizeof *out->shape);
-    t->storage = src->storage;
-    atomic_fetch_add(&t->storage->refs, 1);
-    t->data = src->data + offset;
+    t->storage = storage;
+    atomic_fetch_add(&storage->refs, 1);
+    t->data = data;
     act_wtensor_put(w, id, t);
 }
 
@@ -470,6 +493,11 @@ static bool s_compute(act_worker *w, const msgpack_object *rec)
             memcpy(k.in[i].shape, t->shape, sizeof t->shape);
         }
     }
+    uint64_t viewed = 0;
+    if (!why && r.views.n && !s_read_views(&r.views, &k, &viewed))
+        why = dt_last_error();
+    if (def->inplace && (viewed & 1))
+        return !dt_err(DT_EPROTO, "malformed compute record: an in-place op writes into a view");
     char msg[DT_ERRMSG_MAX];
     /* a record over a socket another process can reach is checked against the op; between threads
      * of one process it comes from this process's own controller, which worked the shapes out */
@@ -487,7 +515,7 @@ static bool s_compute(act_worker *w, const msgpack_object *rec)
     }
     size_t offset;
     if (def->alias && def->alias(&k, &offset)) {
-        s_put_view(w, out_ids[0], first, &k.out[0], offset);
+        s_put_view(w, out_ids[0], first->storage, (char *)k.in[0].data + offset, &k.out[0]);
         return true;
     }
     act_wtensor *made[OP_MAX_OUTPUTS] = {NULL};

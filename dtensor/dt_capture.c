@@ -9,6 +9,8 @@
 #include "act_runtime.h"
 #include "dt_error.h"
 #include "dt_layout.h"
+#include "dtn_capture.h"
+#include "dtn_op.h"
 #include "dtn_tensor.h"
 #include "mb_schema.h"
 
@@ -26,11 +28,22 @@ struct dt_capture {
     act_graph_ref *ref;
     int ninputs, noutputs;
     s_meta inputs[MB_MAX_IDS], outputs[MB_MAX_IDS];
+    uint64_t written;               /* a bit per input its ops write in place */
 };
 
-/* the inputs of the capture running now (one at a time: act_capture refuses a second) */
+/* the inputs of the capture running now (one at a time: act_capture refuses a second), and which of
+ * them its ops write in place */
 static s_meta s_inputs[MB_MAX_IDS];
 static int s_ninputs;
+static uint64_t s_written;
+_Static_assert(MB_MAX_IDS <= 64, "a bit per input");
+
+void dtn_capture_wrote(const dt_tensor *t)
+{
+    for (int i = 0; i < s_ninputs; i++)
+        if (s_inputs[i].id == t->id)
+            s_written |= (uint64_t)1 << i;
+}
 
 static void s_meta_of(s_meta *m, const dt_tensor *t)
 {
@@ -79,8 +92,9 @@ int dt_capture_begin(const char *name, dt_tensor *const *inputs, int ninputs)
     for (int i = 0; i < ninputs; i++) {
         if (!inputs[i])
             return dt_err(DT_EINVAL, "capture: input %d is missing", i);
+        /* the captured records name the inputs' pieces, which a view made on the controller lacks */
         int rc = act_runtime_check_live("capture", inputs[i]->epoch);
-        if (rc != 0)
+        if (rc != 0 || (rc = dtn_op_settle(inputs[i], "capture")) != 0 || (rc = dtn_op_unshare(inputs[i], "capture")) != 0)
             return rc;
     }
     int rc = act_capture_begin(name);
@@ -90,6 +104,7 @@ int dt_capture_begin(const char *name, dt_tensor *const *inputs, int ninputs)
     for (int i = 0; i < ninputs; i++)
         s_meta_of(&s_inputs[i], inputs[i]);
     s_ninputs = ninputs;
+    s_written = 0;
     return 0;
 }
 
@@ -133,6 +148,7 @@ int dt_capture_end(dt_tensor *const *outputs, int noutputs, dt_capture **out)
     }
     memcpy(g->inputs, s_inputs, (size_t)s_ninputs * sizeof *s_inputs); /* the mesh references move */
     g->ninputs = s_ninputs;
+    g->written = s_written;
     s_ninputs = 0;
     for (int o = 0; o < noutputs; o++)
         s_meta_of(&g->outputs[o], outputs[o]);
@@ -153,7 +169,10 @@ int dt_capture_replay(dt_capture *g, dt_tensor *const *inputs, int ninputs, dt_t
         if (!inputs[i])
             return dt_err(DT_EINVAL, "replay of '%s': input %d is missing", name, i);
         if ((rc = act_runtime_check_live(name, inputs[i]->epoch)) != 0 ||
-            (rc = s_meta_check(name, i, &g->inputs[i], inputs[i])) != 0)
+            (rc = s_meta_check(name, i, &g->inputs[i], inputs[i])) != 0 || (rc = dtn_op_settle(inputs[i], name)) != 0)
+            return rc;
+        /* an input the replay writes in place is written as an op would write it (dt_op_run) */
+        if ((g->written >> i) & 1 && (rc = dtn_op_written(inputs[i], name)) != 0)
             return rc;
         ins[i] = inputs[i]->id;
     }

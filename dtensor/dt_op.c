@@ -7,9 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "act_capture.h"
 #include "act_runtime.h"
 #include "dt_error.h"
 #include "dt_layout.h"
+#include "dtn_capture.h"
 #include "dtn_op.h"
 #include "dtn_plan.h"
 #include "dtn_redistribute.h"
@@ -96,10 +98,10 @@ int dt_op_info_at(int i, dt_op_info *info)
 }
 
 static void s_encode_compute(mb_writer *pk, int op, int nin, const uint64_t *ins, const op_attrs *a, int nctx,
-                             const int64_t *ctx, int nout, const dtn_out *outs)
+                             const int64_t *ctx, int nviews, const int64_t *views, int nout, const dtn_out *outs)
 {
     mb_encode_compute(pk, op, nin, ins, a->nints, a->ints, a->nfloats, a->floats, a->has_scalar ? &a->scalar : NULL,
-                      nctx, ctx, (uint32_t)nout);
+                      nctx, ctx, nviews, views, (uint32_t)nout);
     for (int o = 0; o < nout; o++)
         mb_encode_out(pk, outs[o].id, outs[o].dtype, outs[o].ndim, outs[o].shape);
 }
@@ -109,23 +111,45 @@ void dtn_op_compute(int64_t device, int op, int nin, const uint64_t *ins, const 
 {
     mb_writer *pk = act_runtime_record(device);
     act_runtime_note_op(device, op);
-    s_encode_compute(pk, op, nin, ins, a, nctx, ctx, nout, outs);
+    s_encode_compute(pk, op, nin, ins, a, nctx, ctx, 0, NULL, nout, outs);
 }
 
-/* The COMPUTE record of every device of mesh. Where each output is whole on every device (no
- * Shard) and a device's context is the first device's, its record is the same bytes: copied from
- * the first instead of encoded again. */
-static void s_compute_all(const op_call *c, dt_mesh *mesh, int op, int nin, const uint64_t *ins,
+/* Appends input i's view on the device at coord to views ([input, first, rank, sizes...]): t's
+ * piece there, the run of its base's piece from t->view_first on (0 when the piece is empty). */
+static int s_view_ints(const dt_tensor *t, int i, const int64_t *coord, int64_t *views)
+{
+    const dt_mesh *mesh = t->mesh;
+    int64_t offset[DT_MAX_DIMS];
+    dt_layout_block(mesh->ndim, mesh->shape, coord, t->placements, t->ndim, t->shape, views + 3, offset);
+    views[0] = i;
+    views[1] = dt_layout_numel(t->ndim, views + 3) ? t->view_first : 0;
+    views[2] = t->ndim;
+    return 3 + t->ndim;
+}
+
+/* The COMPUTE record of every device of mesh; ins are the ids of its pieces, in the tensors (a view
+ * made on the controller names its base's id, and each device's record says where its piece lies
+ * in the base's). Where each output is whole on every device (no Shard), each view too, and a
+ * device's context is the first device's, its record is the same bytes: copied from the first
+ * instead of encoded again. */
+static void s_compute_all(const op_call *c, dt_mesh *mesh, int op, int nin, const uint64_t *ins, dt_tensor *const *in,
                           dt_tensor *const *made)
 {
     const op_def *def = c->def;
-    bool whole = true;
+    bool whole = true, viewed = false;
     for (int o = 0; o < c->nout && whole; o++)
         for (int m = 0; m < mesh->ndim; m++)
             whole = whole && c->out[o].pl[m].kind != DT_SHARD;
+    for (int i = 0; i < nin; i++) {
+        if (!in[i]->base)
+            continue;
+        viewed = true;
+        for (int m = 0; m < mesh->ndim; m++)
+            whole = whole && in[i]->placements[m].kind != DT_SHARD;
+    }
     int64_t coord[DT_MAX_DIMS], offset[DT_MAX_DIMS], local[OP_MAX_OUTPUTS][DT_MAX_DIMS];
-    int64_t ctx[OP_MAX_CTX], first_ctx[OP_MAX_CTX];
-    int first_nctx = 0;
+    int64_t ctx[OP_MAX_CTX], first_ctx[OP_MAX_CTX], views[MB_MAX_VIEW_INTS];
+    int first_nctx = 0, nviews = 0;
     dtn_out outs[OP_MAX_OUTPUTS];
     const mb_writer *first = NULL;
     size_t at = 0, len = 0; /* where the first device's record lies in its writer */
@@ -144,8 +168,12 @@ static void s_compute_all(const op_call *c, dt_mesh *mesh, int op, int nin, cons
                             offset);
             outs[o] = (dtn_out){made[o]->id, c->out[o].dtype, c->out[o].ndim, local[o]};
         }
+        nviews = 0;
+        for (int i = 0; viewed && i < nin; i++)
+            if (in[i]->base)
+                nviews += s_view_ints(in[i], i, coord, views + nviews);
         size_t start = pk->size;
-        s_encode_compute(pk, op, nin, ins, &c->attrs, nctx, ctx, c->nout, outs);
+        s_encode_compute(pk, op, nin, ins, &c->attrs, nctx, ctx, nviews, views, c->nout, outs);
         if (d == 0 && !pk->failed) {
             at = start;
             len = pk->size - start;
@@ -160,6 +188,110 @@ int dt_op(const char *name, int n, dt_tensor *const *in, const dt_op_attrs *attr
 {
     int id = dt_op_id(name);
     return id < 0 ? id : dt_op_run(id, n, in, attrs, max_out, out);
+}
+
+/* Output 0 of c as a view of in made on the controller alone: a handle that reads in's pieces (or
+ * those in reads), starting first elements further in. No device hears of it until an op reads it. */
+static int s_view(const op_call *c, dt_tensor *in, int64_t first, dt_tensor **out)
+{
+    dt_tensor *base = in->base ? in->base : in;
+    const op_arg *o = &c->out[0];
+    dt_tensor *t = dtn_tensor_view(base, in->view_first + first, o->dtype, o->ndim, o->shape, o->pl);
+    if (!t)
+        return dt_err(DT_ENOMEM, "%s: out of memory", c->def->name);
+    out[0] = t;
+    return 1;
+}
+
+/* Whether output 0 of c can be a view of input 0 made on the controller alone: the op says so, no
+ * input moves, no capture is being recorded (its records must make what they use), and the pieces
+ * it would read were never written in place (a write would show through: views are values). */
+static bool s_viewable(const op_call *c, dt_tensor *const *in, const bool *moves, int64_t *first)
+{
+    const dt_tensor *base = in[0]->base ? in[0]->base : in[0];
+    return c->def->view && !moves[0] && !act_capture_active() && !base->written && base->id &&
+           c->def->view(c, first);
+}
+
+/* Between act_runtime_begin and _end: pieces for t under a fresh id, sharing the bytes of the
+ * pieces named read (t's own, or for a view its base's from t->view_first on): a reshape to its own
+ * shape, which the worker's alias hook makes without a copy. */
+static uint64_t s_alias_pieces(const dt_tensor *t, uint64_t read)
+{
+    const op_def *reshape = op_by_id(OP_ID_reshape);
+    const dt_mesh *mesh = t->mesh;
+    op_attrs attrs = {.nints = t->ndim};
+    memcpy(attrs.ints, t->shape, (size_t)t->ndim * sizeof *t->shape);
+    uint64_t id = act_runtime_new_tensor_id();
+    int64_t coord[DT_MAX_DIMS], views[3 + DT_MAX_DIMS], offset[DT_MAX_DIMS];
+    for (int64_t d = 0; d < mesh->size; d++) {
+        dt_layout_coord(mesh->ndim, mesh->shape, d, coord);
+        int nviews = 0;
+        if (t->base)
+            nviews = s_view_ints(t, 0, coord, views);
+        else
+            dt_layout_block(mesh->ndim, mesh->shape, coord, t->placements, t->ndim, t->shape, views + 3, offset);
+        dtn_out out = {id, t->dtype, t->ndim, views + 3};
+        mb_writer *pk = act_runtime_record(mesh->ids[d]);
+        act_runtime_note_op(mesh->ids[d], op_index(reshape));
+        s_encode_compute(pk, op_index(reshape), 1, &read, &attrs, 0, NULL, nviews, views, 1, &out);
+    }
+    return id;
+}
+
+uint64_t dtn_op_view_piece(const dt_tensor *t) { return s_alias_pieces(t, t->base_id); }
+
+int dtn_op_settle(dt_tensor *t, const char *op)
+{
+    if (!t->base)
+        return 0;
+    if (act_capture_active())
+        return dt_err(DT_EUNSUPPORTED, "%s: inside dtorch.capture(), a view made before the capture cannot be "
+                      "written in place (write into the tensor it views, or make the view inside the capture)", op);
+    dt_mesh *mesh = t->mesh;
+    int rc = act_runtime_begin(op, &mesh, 1);
+    if (rc != 0)
+        return rc;
+    if ((rc = act_runtime_check_live(op, t->base->epoch)) != 0) {
+        act_runtime_end();
+        return rc;
+    }
+    t->id = dtn_op_view_piece(t);
+    t->epoch = act_runtime_epoch();
+    act_runtime_end();
+    dtn_tensor_unview(t); /* the base's FREE, if this was the last, goes after the records that read it */
+    t->view_first = 0;
+    return 0;
+}
+
+/* Between act_runtime_begin and _end: t, to be written in place while live views read its pieces,
+ * moves to new pieces sharing those bytes (copied by the worker before the write); the old ones
+ * stay the views' until the last of them goes. */
+static void s_rebind(dt_tensor *t)
+{
+    uint64_t old = t->id;
+    t->id = s_alias_pieces(t, old);
+    dtn_tensor_retire(t, old);
+}
+
+int dtn_op_written(dt_tensor *t, const char *op)
+{
+    t->written = true;
+    return dtn_op_unshare(t, op);
+}
+
+int dtn_op_unshare(dt_tensor *t, const char *op)
+{
+    if (!dtn_tensor_viewed(t))
+        return 0;
+    dt_mesh *mesh = t->mesh;
+    int rc = act_runtime_begin(op, &mesh, 1);
+    if (rc != 0)
+        return rc;
+    if ((rc = act_runtime_check_live(op, t->epoch)) == 0)
+        s_rebind(t);
+    act_runtime_end();
+    return rc;
 }
 
 int dt_op_run(int id, int n, dt_tensor *const *in, const dt_op_attrs *attrs, int max_out, dt_tensor **out)
@@ -186,6 +318,32 @@ int dt_op_run(int id, int n, dt_tensor *const *in, const dt_op_attrs *attrs, int
     }
     if (def->inplace && moves[0])
         return dt_err(DT_EUNSUPPORTED, "%s: an in-place op may not move the tensor it writes", def->name);
+    int64_t first;
+    if (s_viewable(&c, in, moves, &first))
+        return s_view(&c, in[0], first, out);
+    /* the tensor an in-place op writes needs pieces of its own; other views are read as they are
+     * (the records name their base's pieces), but for those that move first or do not fit in the
+     * record, which get pieces for this op alone (pieced[]) */
+    bool rebind = false; /* an in-place write into a copy of what its live views read (below) */
+    if (def->inplace) {
+        if ((rc = dtn_op_settle(in[0], def->name)) != 0)
+            return rc;
+        in[0]->written = true;
+        if (act_capture_active())
+            dtn_capture_wrote(in[0]);
+        if ((rebind = dtn_tensor_viewed(in[0])) && act_capture_active())
+            return dt_err(DT_EUNSUPPORTED, "%s: inside dtorch.capture(), a tensor cannot be written in place while a "
+                          "view made of it before the capture is alive (drop the view, or take it after a clone())",
+                          def->name);
+    }
+    bool pieced[OP_MAX_INPUTS] = {false};
+    for (int i = 0, room = MB_MAX_VIEW_INTS; i < n; i++) {
+        if (!in[i]->base)
+            continue;
+        int need = 3 + in[i]->ndim;
+        pieced[i] = moves[i] || need > room;
+        room -= pieced[i] ? 0 : need;
+    }
     dt_mesh *mesh = in[0]->mesh;
     dt_tensor *made[OP_MAX_OUTPUTS] = {NULL};
     for (int o = 0; o < c.nout; o++) {
@@ -212,15 +370,30 @@ int dt_op_run(int id, int n, dt_tensor *const *in, const dt_op_attrs *attrs, int
             dt_tensor_release(&made[o]);
         return rc;
     }
-    uint64_t ids[OP_MAX_INPUTS];
+    if (rebind)
+        s_rebind(in[0]);
+    uint64_t ids[OP_MAX_INPUTS], own[OP_MAX_INPUTS]; /* the ids the records name, and the inputs' own */
+    dt_tensor *reads[OP_MAX_INPUTS];                 /* how the records read each input */
+    dt_tensor pieces[OP_MAX_INPUTS];                 /* ... a view's pieces made for this op */
     for (int i = 0; i < n; i++) {
         int nsteps = 0;
-        ids[i] = moves[i] ? dtn_redistribute_inline(in[i], c.want[i], &nsteps) : in[i]->id;
+        reads[i] = in[i];
+        if (pieced[i]) {
+            pieces[i] = *in[i];
+            pieces[i].id = dtn_op_view_piece(in[i]);
+            pieces[i].base = NULL;
+            reads[i] = &pieces[i];
+        }
+        own[i] = reads[i]->base ? reads[i]->base_id : reads[i]->id;
+        ids[i] = moves[i] ? dtn_redistribute_inline(reads[i], c.want[i], &nsteps) : own[i];
         if (ids[i] == 0) {
             /* planning ran out of memory: free the inputs already laid out, make nothing */
-            for (int j = 0; j < i; j++)
-                if (ids[j] != in[j]->id)
+            for (int j = 0; j <= i; j++) {
+                if (j < i && ids[j] != own[j])
                     act_runtime_free_now(mesh, ids[j]);
+                if (pieced[j])
+                    act_runtime_free_now(mesh, own[j]);
+            }
             act_runtime_end();
             for (int o = 0; o < c.nout; o++)
                 dt_tensor_release(&made[o]);
@@ -231,10 +404,13 @@ int dt_op_run(int id, int n, dt_tensor *const *in, const dt_op_attrs *attrs, int
         made[o]->id = act_runtime_new_tensor_id();
         made[o]->epoch = act_runtime_epoch();
     }
-    s_compute_all(&c, mesh, op_index(def), n, ids, made);
-    for (int i = 0; i < n; i++)
-        if (ids[i] != in[i]->id)
+    s_compute_all(&c, mesh, op_index(def), n, ids, reads, made);
+    for (int i = 0; i < n; i++) {
+        if (ids[i] != own[i])
             act_runtime_free_now(mesh, ids[i]);
+        if (pieced[i])
+            act_runtime_free_now(mesh, own[i]);
+    }
     act_runtime_end();
     for (int o = 0; o < c.nout; o++)
         out[o] = made[o];

@@ -10,6 +10,7 @@
 #include "dt_dtype.h"
 #include "dt_error.h"
 #include "dt_layout.h"
+#include "dtn_op.h"
 #include "dtn_plan.h"
 #include "dtn_redistribute.h"
 #include "dtn_tensor.h"
@@ -203,7 +204,16 @@ static int s_redistribute(const char *op, int n, dt_tensor *const *ts, dt_mesh *
             }
             out[i]->id = act_runtime_new_tensor_id();
             out[i]->epoch = act_runtime_epoch();
-            s_emit(ts[i], &plans[i], out[i]);
+            if (!ts[i]->base) {
+                s_emit(ts[i], &plans[i], out[i]);
+                continue;
+            }
+            /* a view made on the controller: pieces of its own for the steps to read, freed after */
+            dt_tensor piece = *ts[i];
+            piece.id = dtn_op_view_piece(ts[i]);
+            piece.base = NULL;
+            s_emit(&piece, &plans[i], out[i]);
+            act_runtime_free_now(ts[i]->mesh, piece.id);
         }
         act_runtime_end();
     }

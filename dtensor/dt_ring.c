@@ -444,7 +444,15 @@ dt_tensor *dt_ring_attention_joint(dt_tensor *q, dt_tensor *k, dt_tensor *v, dt_
     }
     out->id = act_runtime_new_tensor_id();
     out->epoch = act_runtime_epoch();
+    /* views made on the controller: pieces of their own for the ring to read, freed after */
+    uint64_t pieces[S_NALL] = {0};
+    for (int i = 0; i < S_NALL; i++)
+        if (in[i] && in[i]->base)
+            g->ins[i] = pieces[i] = dtn_op_view_piece(in[i]);
     int rc = g->decode ? s_decode(g) : s_prefill(g);
+    for (int i = 0; i < S_NALL; i++)
+        if (pieces[i])
+            act_runtime_free_now(g->mesh, pieces[i]);
     act_runtime_end();
     free(g);
     if (rc != 0) {

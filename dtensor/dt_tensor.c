@@ -1,5 +1,6 @@
 /* dt_tensor — DTensor handles: metadata on the controller, pieces on the devices. The last
  * release queues a free on every device; fetches ask each device for its own piece. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -8,6 +9,7 @@
 #include "act_runtime.h"
 #include "dt_error.h"
 #include "dt_layout.h"
+#include "dtn_op.h"
 #include "dtn_tensor.h"
 #include "mb_schema.h"
 
@@ -40,6 +42,61 @@ dt_tensor *dt_tensor_ref(dt_tensor *t)
     return t;
 }
 
+/* Guards the views' bookkeeping on their bases (nviews reaching 0 against a retire). */
+static pthread_mutex_t s_views_lock = PTHREAD_MUTEX_INITIALIZER;
+
+dt_tensor *dtn_tensor_view(dt_tensor *base, int64_t first, dt_dtype dtype, int ndim, const int64_t *shape,
+                           const dt_placement *placements)
+{
+    dt_tensor *t = dtn_tensor_alloc();
+    if (!t)
+        return NULL;
+    t->mesh = dt_mesh_ref(base->mesh);
+    t->dtype = dtype;
+    t->ndim = ndim;
+    memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
+    memcpy(t->placements, placements, (size_t)base->mesh->ndim * sizeof *placements);
+    t->base = dt_tensor_ref(base);
+    t->base_id = base->id;
+    t->view_first = first;
+    t->epoch = base->epoch;
+    atomic_fetch_add(&base->nviews, 1);
+    return t;
+}
+
+bool dtn_tensor_viewed(dt_tensor *t)
+{
+    pthread_mutex_lock(&s_views_lock);
+    bool viewed = atomic_load(&t->nviews) > 0 && !t->retired;
+    pthread_mutex_unlock(&s_views_lock);
+    return viewed;
+}
+
+void dtn_tensor_retire(dt_tensor *t, uint64_t old_id)
+{
+    pthread_mutex_lock(&s_views_lock);
+    t->retired = old_id;
+    pthread_mutex_unlock(&s_views_lock);
+}
+
+void dtn_tensor_unview(dt_tensor *view)
+{
+    dt_tensor *base = view->base;
+    if (!base)
+        return;
+    view->base = NULL;
+    pthread_mutex_lock(&s_views_lock);
+    uint64_t retired = 0;
+    if (atomic_fetch_sub(&base->nviews, 1) == 1 && base->retired) {
+        retired = base->retired;
+        base->retired = 0;
+    }
+    pthread_mutex_unlock(&s_views_lock);
+    if (retired)
+        act_runtime_free(base->epoch, base->mesh, retired);
+    dt_tensor_release(&base);
+}
+
 void dt_tensor_release(dt_tensor **tp)
 {
     dt_tensor *t = *tp;
@@ -48,6 +105,7 @@ void dt_tensor_release(dt_tensor **tp)
         return;
     if (t->id)
         act_runtime_free(t->epoch, t->mesh, t->id);
+    dtn_tensor_unview(t); /* a view made on the controller: its devices never heard of it */
     dt_mesh_release(&t->mesh);
     dtn_tensor_free(t);
 }
@@ -82,7 +140,7 @@ static bool s_needed(const dt_tensor *t, const int64_t *coord)
 
 static dt_future *s_fetch(dt_tensor *t, act_future_kind kind, const char *op)
 {
-    if (act_runtime_check_live(op, t->epoch) != 0)
+    if (act_runtime_check_live(op, t->epoch) != 0 || (!act_capture_active() && dtn_op_settle(t, op) != 0))
         return NULL;
     dt_mesh *mesh = t->mesh;
     int64_t coord[DT_MAX_DIMS];

@@ -26,4 +26,23 @@ typedef struct {
 void dtn_op_compute(int64_t device, int op, int nin, const uint64_t *ins, const op_attrs *a, int nctx,
                     const int64_t *ctx, int nout, const dtn_out *outs);
 
+/* Views made on the controller (t->base set: dtn_tensor.h) have no pieces of their own. An op reads
+ * one as it is (its records name the base's pieces and where the view lies in them); whatever reads
+ * pieces by id gets some first, sharing the base's bytes (no copy):
+ * dtn_op_view_piece: between act_runtime_begin and _end, pieces for t under a fresh id, which the
+ * caller frees when done (what a redistribute or a captured op does);
+ * dtn_op_settle: outside any session and any capture, t gets pieces of its own (t->id) and lets go
+ * of its base (a fetch, an in-place write). Nothing to do for a tensor with pieces of its own. 0, or
+ * the error naming op (t is then unchanged). */
+uint64_t dtn_op_view_piece(const dt_tensor *t);
+int dtn_op_settle(dt_tensor *t, const char *op);
+/* t (pieces of its own) is about to be written in place outside any session: it is marked written,
+ * and when live views made of it on the controller read its pieces, it moves to new pieces that
+ * share those bytes (the worker copies them before the write), the old ones left to the views.
+ * 0, or the error naming op. */
+int dtn_op_written(dt_tensor *t, const char *op);
+/* The same move without the mark: a capture's input, whose id the replays rewrite, must not be the
+ * id its views read (they keep the value it has now). */
+int dtn_op_unshare(dt_tensor *t, const char *op);
+
 #endif

@@ -16,10 +16,38 @@ struct dt_tensor {
     int ndim;
     int64_t shape[DT_MAX_DIMS];     /* (ndim) global shape */
     dt_placement placements[DT_MAX_DIMS]; /* (mesh->ndim) normalised */
+    /* A view made on the controller alone (dt_op_run, op_def.view): it has no pieces of its own
+     * (id 0) and reads those base had when the view was made (base_id): each device's piece is the
+     * contiguous run of that piece that starts view_first elements in (none when it is empty).
+     * base has pieces of its own (base->base is NULL); the view holds a reference to it. NULL for
+     * a tensor with pieces of its own. */
+    dt_tensor *base;
+    uint64_t base_id;
+    int64_t view_first;
+    /* Of a tensor with pieces: the live views made of it on the controller (they read its pieces
+     * as they were when made), whether it has ever been written in place (then no such view is
+     * made of it: a write would show through), and the id of the pieces a first write left to
+     * its live views (it wrote into a copy: dtn_tensor_retire), freed with the last of them. */
+    atomic_int nviews;
+    bool written;
+    uint64_t retired;
 };
 
 /* Handle structs come from a small per-thread free list: a calloc per op showed in profiles. */
 dt_tensor *dtn_tensor_alloc(void);   /* zeroed, one reference */
 void dtn_tensor_free(dt_tensor *t);   /* the struct only */
+
+/* A view made on the controller of base (which has pieces of its own, never written in place): a
+ * handle of the given metadata reading base's pieces from first elements in. NULL when out of
+ * memory. */
+dt_tensor *dtn_tensor_view(dt_tensor *base, int64_t first, dt_dtype dtype, int ndim, const int64_t *shape,
+                           const dt_placement *placements);
+/* t (with pieces of its own) is about to be written in place under a new id, its old pieces kept
+ * for the views made of it on the controller: whether it must be (live views read its pieces
+ * now). When true the caller gives t the new id and dtn_tensor_retire gets the old one. */
+bool dtn_tensor_viewed(dt_tensor *t);
+void dtn_tensor_retire(dt_tensor *t, uint64_t old_id);
+/* A view lets go of its base (released, or given pieces of its own). */
+void dtn_tensor_unview(dt_tensor *view);
 
 #endif

@@ -3,6 +3,8 @@
  * field in turn and names the first one that is wrong. */
 #include "mb_schema.h"
 
+#include <string.h>
+
 #include "dt_dtype.h"
 #include "dt_error.h"
 #include "dt_layout.h"
@@ -132,6 +134,33 @@ static bool s_get_FLOATS(const msgpack_object *rec, uint32_t i, mb_floats *out)
     return true;
 }
 
+static bool s_get_VIEWS(const msgpack_object *rec, uint32_t i, mb_views *out)
+{
+    uint32_t n;
+    if (!mb_get_i64s(rec, i, out->v, MB_MAX_VIEW_INTS, &n))
+        return false;
+    out->n = (int)n;
+    return true;
+}
+
+int mb_view_next(const mb_views *views, int *at, int nin, mb_view *out)
+{
+    int p = *at, left = views->n - p;
+    if (left == 0)
+        return 0;
+    if (left < 3 || views->v[p] < 0 || views->v[p] >= nin || views->v[p + 1] < 0 || views->v[p + 2] < 0 ||
+        views->v[p + 2] > DT_MAX_DIMS || views->v[p + 2] > left - 3)
+        return dt_err(DT_EPROTO, "malformed compute record: its views are not [input, first, rank, sizes...]");
+    out->input = (int)views->v[p];
+    out->first = views->v[p + 1];
+    out->shape.n = (int)views->v[p + 2];
+    memcpy(out->shape.v, &views->v[p + 3], (size_t)out->shape.n * sizeof *out->shape.v);
+    if (dt_layout_check_shape("record", out->shape.n, out->shape.v) != 0)
+        return dt_err(DT_EPROTO, "malformed compute record: a view's sizes are not a shape");
+    *at = p + 3 + out->shape.n;
+    return 1;
+}
+
 /* the elements are decoded one by one by their user (mb_decode_part, mb_decode_out) */
 static bool s_get_list(const msgpack_object *rec, uint32_t i, mb_list *out)
 {
@@ -161,6 +190,7 @@ static bool s_get_OUTS(const msgpack_object *rec, uint32_t i, mb_list *out) { re
 #define S_DESC_IDS "an array of at most 32 unsigned integers"
 #define S_DESC_INTS "an array of at most 16 integers"
 #define S_DESC_FLOATS "an array of at most 4 numbers"
+#define S_DESC_VIEWS "an array of at most 48 integers"
 #define S_DESC_PARTS "an array of part records"
 #define S_DESC_OUTS "an array of out records"
 

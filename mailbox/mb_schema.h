@@ -33,10 +33,11 @@
 #include "dtorch.h"
 #include "mb_writer.h"
 
-#define MB_PROTOCOL 8        /* the records below; bumped on any change to them */
+#define MB_PROTOCOL 9        /* the records below; bumped on any change to them */
 #define MB_MAX_IDS 32        /* tensor ids in an IDS field (a COMPUTE's inputs) */
 #define MB_MAX_INTS 16       /* integers in an INTS field (dt_op_attrs.ints) */
 #define MB_MAX_FLOATS 4      /* floats in a FLOATS field (dt_op_attrs.floats) */
+#define MB_MAX_VIEW_INTS 48  /* integers in a VIEWS field: room for 4 views of 8 dims */
 
 /* TRACE actions, and an event's fields: the record's code, its op (a COMPUTE's op number, else
  * -1), and when it began and ended (CLOCK_MONOTONIC, ns) */
@@ -66,6 +67,8 @@ typedef enum {
  * IDS     <= MB_MAX_IDS unsigned      -> mb_ids        (int n, const uint64_t *)
  * INTS    <= MB_MAX_INTS integers     -> mb_ints       (int n, const int64_t *)
  * FLOATS  <= MB_MAX_FLOATS numbers    -> mb_floats     (int n, const double *)
+ * VIEWS   <= MB_MAX_VIEW_INTS integers -> mb_views     (int n, const int64_t *): per input read as
+ *         a view, [input, first element, rank, sizes...] (read by mb_view_next)
  * PARTS   array of PART records       -> mb_list       (uint32_t n, then n mb_encode_part)
  * OUTS    array of OUT records        -> mb_list       (uint32_t n, then n mb_encode_out) */
 
@@ -73,6 +76,7 @@ typedef struct { int n; int64_t v[DT_MAX_DIMS]; } mb_dims;
 typedef struct { int n; uint64_t v[MB_MAX_IDS]; } mb_ids;
 typedef struct { int n; int64_t v[MB_MAX_INTS]; } mb_ints;
 typedef struct { int n; double v[MB_MAX_FLOATS]; } mb_floats;
+typedef struct { int n; int64_t v[MB_MAX_VIEW_INTS]; } mb_views;
 typedef struct { bool present; dt_scalar value; } mb_oscalar;
 typedef struct { const char *ptr; uint32_t len; } mb_str;              /* inside the record, not NUL-terminated */
 typedef struct { uint32_t n; const msgpack_object *items; } mb_list;   /* inside the record */
@@ -115,9 +119,12 @@ typedef struct { uint32_t n; const msgpack_object *items; } mb_list;   /* inside
 /* piece id of dtype and shape made from parts of local piece `source` and received regions */
 #define MB_FIELDS_ASSEMBLE(F) F(U64, id) F(DTYPE, dtype) F(SHAPE, shape) F(U64, source) F(PARTS, parts)
 /* op: the op's number (op_index); ins: input tensor ids; ints, floats, scalar: the attributes;
- * ctx: per-device integers of the op's `local` hook; outs: one OUT per output */
+ * ctx: per-device integers of the op's `local` hook; views: the inputs read as a view of the
+ * piece their id names (a contiguous run of it: its first element and its own shape; a view
+ * DTensor that never got pieces of its own); outs: one OUT per output */
 #define MB_FIELDS_COMPUTE(F)                                                                         \
-    F(I64, op) F(IDS, ins) F(INTS, ints) F(FLOATS, floats) F(OSCALAR, scalar) F(INTS, ctx) F(OUTS, outs)
+    F(I64, op) F(IDS, ins) F(INTS, ints) F(FLOATS, floats) F(OSCALAR, scalar) F(INTS, ctx)           \
+    F(VIEWS, views) F(OUTS, outs)
 
 /* piece: which of the future's pieces this is; reset_peak: after answering, peak_bytes starts
  * again from bytes_in_use */
@@ -243,6 +250,7 @@ typedef enum { MB_COMPLETION_RECORDS(MB_GEN_C_CODE) } mb_completion_code;
 #define MB_CT_IDS mb_ids
 #define MB_CT_INTS mb_ints
 #define MB_CT_FLOATS mb_floats
+#define MB_CT_VIEWS mb_views
 #define MB_CT_PARTS mb_list
 #define MB_CT_OUTS mb_list
 
@@ -262,6 +270,7 @@ typedef enum { MB_COMPLETION_RECORDS(MB_GEN_C_CODE) } mb_completion_code;
 #define MB_PT_IDS(f) int n_##f, const uint64_t *f
 #define MB_PT_INTS(f) int n_##f, const int64_t *f
 #define MB_PT_FLOATS(f) int n_##f, const double *f
+#define MB_PT_VIEWS(f) int n_##f, const int64_t *f
 #define MB_PT_PARTS(f) uint32_t n_##f
 #define MB_PT_OUTS(f) uint32_t n_##f
 
@@ -297,6 +306,7 @@ static inline void mb_w_ostr(mb_writer *w, const char *s)
 #define MB_WT_IDS(w, f) mb_w_u64s(w, f, n_##f)
 #define MB_WT_INTS(w, f) mb_w_i64s(w, f, n_##f)
 #define MB_WT_FLOATS(w, f) mb_w_doubles(w, f, n_##f)
+#define MB_WT_VIEWS(w, f) mb_w_i64s(w, f, n_##f)
 #define MB_WT_PARTS(w, f) mb_w_array(w, n_##f)
 #define MB_WT_OUTS(w, f) mb_w_array(w, n_##f)
 
@@ -336,6 +346,16 @@ MB_PLAIN_RECORDS(MB_GEN_ENCODE_PLAIN)
 MB_OP_RECORDS(MB_GEN_DECODE_DECL_CODED)
 MB_COMPLETION_RECORDS(MB_GEN_DECODE_DECL_CODED)
 MB_PLAIN_RECORDS(MB_GEN_DECODE_DECL)
+
+/* One view of a COMPUTE's VIEWS field, from *at (advanced past it): 1 and the view, 0 at the end,
+ * DT_EPROTO when the integers do not make a view (an input outside [0, nin), a negative first
+ * element, a rank or sizes that are not a shape). */
+typedef struct {
+    int input;
+    int64_t first;   /* elements from the start of the piece */
+    mb_dims shape;
+} mb_view;
+int mb_view_next(const mb_views *views, int *at, int nin, mb_view *out);
 
 /* The code of an op record or a completion (its first element): 0 or DT_EPROTO. */
 int mb_record_code(const msgpack_object *rec, int64_t *code);

@@ -95,6 +95,11 @@ struct op_def {
      * pieces are values (a write in place copies shared storage first), so sharing is safe.
      * False when it may not, or when the pieces do not fit (the kernel then says why). */
     bool (*alias)(const op_kernel *k, size_t *offset);
+    /* optional, on the controller: whether output 0 can be a view of input 0 that no device needs
+     * to hear of: with the placements shard chose and no input moved, every device's output piece
+     * is the contiguous run of its input piece that starts *first elements in, the same *first on
+     * every device (or the piece is empty). The op is then not sent at all (dt_op_run). */
+    bool (*view)(const op_call *c, int64_t *first);
     /* infer holds for the local pieces too (elementwise ops): a worker checks a record's local
      * shapes and dtypes with it before the kernel runs (op_check_local) */
     bool infer_local;

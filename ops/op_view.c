@@ -761,7 +761,7 @@ static int s_local_tri(const op_call *c, const int64_t *coord, int64_t *ctx)
 
 /* reshape, flatten, unsqueeze, squeeze: the sharding rule keeps every device's output piece its
  * input piece in the same row-major order, so the bytes are the same */
-static bool s_alias_reshape(const op_kernel *k, size_t *offset)
+static bool s_alias_whole(const op_kernel *k, size_t *offset)
 {
     const op_local *in = &k->in[0], *out = &k->out[0];
     *offset = 0;
@@ -795,10 +795,49 @@ static bool s_alias_slice(const op_kernel *k, size_t *offset)
     return true;
 }
 
+/* ---- outputs no device needs to hear of (op_def.view) ----------------------------------------- */
+
+/* reshape, flatten, unsqueeze, squeeze: with no input moved, the sharding rule kept every piece
+ * its input piece in the same row-major order */
+static bool s_view_whole(const op_call *c, int64_t *first)
+{
+    *first = 0;
+    return c->in[0].dtype == c->out[0].dtype;
+}
+
+/* slice, narrow, select: one contiguous run of every piece, starting at the same element on every
+ * device, when the slice is the whole dim, or when every dim before the sliced one has size 1 (a
+ * piece has 1 or 0 rows there), the rows taken are adjacent, and no dim after it is sharded (its
+ * rows are then as long on every device as in the whole tensor) */
+static bool s_view_slice(const op_call *c, int64_t *first)
+{
+    const op_arg *a = &c->in[0];
+    int dim = 0;
+    int64_t start = 0, len = 0, step = 1;
+    if (s_slice_args(c, &dim, &start, &len, &step) != 0)
+        return false;
+    *first = 0;
+    if (start == 0 && len == a->shape[dim] && (step == 1 || len <= 1))
+        return true;
+    if (step != 1 && len > 1)
+        return false;
+    for (int d = 0; d < dim; d++)
+        if (a->shape[d] != 1)
+            return false;
+    for (int m = 0; m < c->mesh_ndim; m++)
+        if (a->pl[m].kind == DT_SHARD && a->pl[m].dim >= dim)
+            return false;
+    int64_t row = 1;
+    for (int d = dim + 1; d < a->ndim; d++)
+        row *= a->shape[d];
+    *first = start * row;
+    return true;
+}
+
 /* ---- the rows of OP_VIEW ---------------------------------------------------------------------- */
 
-#define S_DEF(op, num, inputs, infer_fn, shard_fn, local_fn, alias_fn)                                                 \
+#define S_DEF(op, num, inputs, infer_fn, shard_fn, local_fn, alias_fn, view_fn)                                        \
     const op_def op_def_##op = {.name = #op, .id = num, .nin = inputs, .nout = 1, .infer = infer_fn,                 \
-                                .shard = shard_fn, .local = local_fn, .alias = alias_fn};
+                                .shard = shard_fn, .local = local_fn, .alias = alias_fn, .view = view_fn};
 OP_VIEW(S_DEF)
 #undef S_DEF

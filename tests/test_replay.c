@@ -118,7 +118,7 @@ static void s_fill(s_batch *b, uint64_t id, double v)
 static void s_compute(mb_writer *w, const char *op, uint64_t a, uint64_t b, uint64_t out)
 {
     const uint64_t ins[2] = {a, b};
-    mb_encode_compute(w, op_index(op_find(op)), 2, ins, 0, NULL, 0, NULL, NULL, 0, NULL, 1);
+    mb_encode_compute(w, op_index(op_find(op)), 2, ins, 0, NULL, 0, NULL, NULL, 0, NULL, 0, NULL, 1);
     mb_encode_out(w, out, DT_FLOAT32, 1, S_SHAPE);
 }
 
@@ -265,5 +265,41 @@ Test(replay, hostile_defines_never_crash, .timeout = 30)
     float v[4];
     s_run(&b, v, 4, NULL, 0);
     cr_expect(v[0] == 9.0f, "(1 + 2)^2, got %g", v[0]);
+    s_stop_worker();
+}
+
+/* A COMPUTE reads an input as a view of its piece (the controller's views, dtn_tensor.h): the run
+ * its record names, and an error naming the input when that run leaves the piece. */
+Test(replay, a_compute_reads_views_and_refuses_one_outside_its_piece, .timeout = 30)
+{
+    s_start();
+    s_batch b = {0};
+    mb_encode_arange(s_rec(&b), 1, DT_FLOAT32, 1, (const int64_t[]){8}, 0, (dt_scalar){.is_int = true, .i = 0},
+                     (dt_scalar){.is_int = true, .i = 1});
+    const int64_t shape[] = {3};
+    const struct {
+        const char *op;
+        int64_t first;
+        float want[3];
+    } cases[] = {{"neg", 2, {-2, -3, -4}}, {"reshape", 5, {5, 6, 7}}, {"neg", 6, {0}}};
+    for (int c = 0; c < 3; c++) {
+        const int64_t views[] = {0, cases[c].first, 1, 3};
+        uint64_t out = 10 + (uint64_t)c, in = 1;
+        const op_def *def = op_find(cases[c].op);
+        mb_encode_compute(s_rec(&b), op_index(def), 1, &in, def->id == OP_ID_reshape ? 1 : 0, shape, 0, NULL, NULL, 0,
+                          NULL, 4, views, 1);
+        mb_encode_out(&b.w, out, DT_FLOAT32, 1, shape);
+        s_fetch(&b, out, 1 + (uint64_t)c);
+        float got[3] = {0};
+        char err[512] = "";
+        s_run(&b, got, 3, err, sizeof err);
+        if (c < 2) {
+            cr_expect_str_empty(err);
+            cr_expect(!memcmp(got, cases[c].want, sizeof got), "%s from %lld: %g %g %g", cases[c].op,
+                      (long long)cases[c].first, got[0], got[1], got[2]);
+        } else {
+            cr_expect(strstr(err, "a view of input 0 does not lie inside its piece"), "%s", err);
+        }
+    }
     s_stop_worker();
 }

@@ -44,6 +44,7 @@ static void s_fill_i64s(int64_t *v, int *n, int k, int max, bool sizes)
 #define S_HOLD_IDS(fld) mb_ids fld;
 #define S_HOLD_INTS(fld) mb_ints fld;
 #define S_HOLD_FLOATS(fld) mb_floats fld;
+#define S_HOLD_VIEWS(fld) mb_views fld;
 #define S_HOLD_PARTS(fld) struct { uint32_t n; s_sample_part items[S_ITEMS]; } fld;
 #define S_HOLD_OUTS(fld) struct { uint32_t n; s_sample_out items[S_ITEMS]; } fld;
 
@@ -62,6 +63,7 @@ static void s_fill_i64s(int64_t *v, int *n, int k, int max, bool sizes)
 #define S_ARG_IDS(fld) , s->fld.n, s->fld.v
 #define S_ARG_INTS(fld) , s->fld.n, s->fld.v
 #define S_ARG_FLOATS(fld) , s->fld.n, s->fld.v
+#define S_ARG_VIEWS(fld) , s->fld.n, s->fld.v
 #define S_ARG_PARTS(fld) , s->fld.n
 #define S_ARG_OUTS(fld) , s->fld.n
 
@@ -92,6 +94,7 @@ static void s_fill_i64s(int64_t *v, int *n, int k, int max, bool sizes)
         s->fld.v[i] = s_u64(k + i);                                                                          \
     k++;
 #define S_MAKE_INTS(fld) s_fill_i64s(s->fld.v, &s->fld.n, k++, MB_MAX_INTS, false);
+#define S_MAKE_VIEWS(fld) s_fill_i64s(s->fld.v, &s->fld.n, k++, MB_MAX_VIEW_INTS, false);
 #define S_MAKE_FLOATS(fld)                                                                                   \
     s->fld.n = k % (MB_MAX_FLOATS + 1);                                                                      \
     for (int i = 0; i < s->fld.n; i++)                                                                       \
@@ -133,6 +136,7 @@ static void s_fill_i64s(int64_t *v, int *n, int k, int max, bool sizes)
 #define S_CHECK_IDS(fld) S_CHECK_ARRAY(fld)
 #define S_CHECK_INTS(fld) S_CHECK_ARRAY(fld)
 #define S_CHECK_FLOATS(fld) S_CHECK_ARRAY(fld)
+#define S_CHECK_VIEWS(fld) S_CHECK_ARRAY(fld)
 #define S_CHECK_LIST(fld, elem)                                                                              \
     cr_assert_eq(out->fld.n, s->fld.n, "%s.%s: length", what, #fld);                                             \
     for (uint32_t i = 0; i < s->fld.n; i++) {                                                                \
@@ -166,6 +170,7 @@ static void s_fill_i64s(int64_t *v, int *n, int k, int max, bool sizes)
 #define S_AFTER_IDS(fld)
 #define S_AFTER_INTS(fld)
 #define S_AFTER_FLOATS(fld)
+#define S_AFTER_VIEWS(fld)
 
 static void s_check_scalar(dt_scalar got, dt_scalar want, const char *what, const char *field)
 {
@@ -241,6 +246,7 @@ static const char *s_replacement_names[] = {"nil", "a string", "a float", "-1", 
 #define S_ACCEPTS_IDS (S_BIT(S_EMPTY) | S_BIT(S_NINE))
 #define S_ACCEPTS_INTS (S_BIT(S_EMPTY) | S_BIT(S_NINE))
 #define S_ACCEPTS_FLOATS S_BIT(S_EMPTY)
+#define S_ACCEPTS_VIEWS (S_BIT(S_EMPTY) | S_BIT(S_NINE)) /* its integers are read as views by their user */
 #define S_ACCEPTS_PARTS (S_BIT(S_EMPTY) | S_BIT(S_NINE) | S_BIT(S_STRINGS)) /* elements are read one by one */
 #define S_ACCEPTS_OUTS S_ACCEPTS_PARTS
 
@@ -545,4 +551,41 @@ Test(schema, encoding_is_compact)
     mb_encode_error(&w, 1, 0, DT_EKERNEL, "no");
     cr_expect_eq(memcmp(w.data, "\x95\x03\x01\x00\xf9\xa2no", 8), 0);
     free(w.data);
+}
+
+/* A COMPUTE's views: [input, first, rank, sizes...] each, read in turn; integers that do not make
+ * a view (an input outside the op's, a negative first element, a rank past DT_MAX_DIMS or past the
+ * integers left, a size < 0) are refused. */
+Test(schema, views)
+{
+    mb_views v = {.n = 11, .v = {1, 6, 2, 3, 4, 0, 0, 0, 0, 2, 0}};
+    mb_view got;
+    int at = 0;
+    cr_assert_eq(mb_view_next(&v, &at, 2, &got), 1);
+    cr_expect(got.input == 1 && got.first == 6 && got.shape.n == 2 && got.shape.v[0] == 3 && got.shape.v[1] == 4);
+    cr_assert_eq(mb_view_next(&v, &at, 2, &got), 1);
+    cr_expect(got.input == 0 && got.first == 0 && got.shape.n == 0);
+    cr_assert_eq(mb_view_next(&v, &at, 2, &got), 1);
+    cr_expect(got.input == 0 && got.first == 2 && got.shape.n == 0);
+    cr_expect_eq(at, 11);
+    cr_expect_eq(mb_view_next(&v, &at, 2, &got), 0, "the end");
+    const struct {
+        int n;
+        int64_t v[6];
+        const char *why;
+    } bad[] = {
+        {3, {2, 0, 0}, "an input past the op's"},
+        {3, {-1, 0, 0}, "a negative input"},
+        {3, {0, -4, 0}, "a negative first element"},
+        {4, {0, 0, 2, 1}, "a rank past the integers left"},
+        {3, {0, 0, 9}, "a rank past DT_MAX_DIMS"},
+        {4, {0, 0, 1, -1}, "a negative size"},
+        {2, {0, 0}, "a truncated view"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        mb_views b = {.n = bad[i].n};
+        memcpy(b.v, bad[i].v, sizeof bad[i].v);
+        at = 0;
+        cr_expect_eq(mb_view_next(&b, &at, 2, &got), DT_EPROTO, "%s", bad[i].why);
+    }
 }

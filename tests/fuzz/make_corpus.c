@@ -37,7 +37,7 @@ static const int64_t S_SHAPE[] = {2, 3};
 static void s_compute(mb_writer *w, const char *op, uint64_t a, uint64_t b, uint64_t out)
 {
     const uint64_t ins[2] = {a, b};
-    mb_encode_compute(w, op_index(op_find(op)), 2, ins, 0, NULL, 0, NULL, NULL, 0, NULL, 1);
+    mb_encode_compute(w, op_index(op_find(op)), 2, ins, 0, NULL, 0, NULL, NULL, 0, NULL, 0, NULL, 1);
     mb_encode_out(w, out, DT_FLOAT32, 2, S_SHAPE);
 }
 

@@ -1,0 +1,185 @@
+"""Views made on the controller alone: a reshape, or a slice that is one contiguous run of every
+device's piece, sends nothing; ops, fetches and redistributes read the view's part of its base's
+pieces. Values are numpy's (views of numpy copies of the same arrays); writes in place keep DTorch's
+value semantics: a view keeps the value its tensor had when it was made."""
+import gc
+
+import numpy as np
+import pytest
+
+import dtorch
+from dtorch import Partial, Replicate, Shard
+
+MESHES = {
+    "1": [0],
+    "2": [0, 1],
+    "3": [0, 1, 2],
+    "4": [0, 1, 2, 3],
+    "2x2": [[0, 1], [2, 3]],
+    "2x1x2": [[[0, 1]], [[2, 3]]],
+}
+
+
+def _submitted():
+    return dtorch._C._ops_submitted()
+
+
+def _in_use(mesh):
+    return [s["bytes_in_use"] for s in dtorch.memory_stats(mesh)]
+
+
+def test_a_view_sends_nothing_and_a_copy_does(mode):
+    mesh = dtorch.DeviceMesh("cpu", [0, 1])
+    a = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4)
+    x = dtorch.distribute_tensor(a, mesh, [Shard(0)])
+    r = dtorch.distribute_tensor(a, mesh, [Replicate()])
+    before = _submitted()
+    views = [x.reshape(2, 12), x.view(2, 3, 2, 2), x.flatten(1), x.unsqueeze(0), x.unsqueeze(1).squeeze(1),
+             x[:, :, :], x[..., :], x.narrow(0, 0, 2), r[1], r.narrow(0, 1, 1), r[1, 1:], r.view(24)[4:9]]
+    assert _submitted() == before
+    wants = [a.reshape(2, 12), a.reshape(2, 3, 2, 2), a.reshape(2, 12), a[None], a, a, a, a, a[1], a[1:2],
+             a[1, 1:], a.reshape(24)[4:9]]
+    assert [tuple(v.shape) for v in views] == [w.shape for w in wants]
+    column = r[:, 0]                             # strided: a copy on every device
+    assert _submitted() == before + 1
+    for v, w in zip(views + [column], wants + [a[:, 0]]):
+        np.testing.assert_array_equal(v.numpy(), w)
+
+
+def _cases():
+    """(name, numpy array, placement on mesh dim 0, [(view of a DTensor, the same view of an array)]):
+    uneven shards, empty ones (a size-1 dim over several devices), a sharded trailing dim, Replicate."""
+    return [
+        ("uneven rows", np.arange(7 * 6, dtype=np.float32).reshape(7, 6), Shard(0), [
+            (lambda t: t.reshape(7, 2, 3), lambda a: a.reshape(7, 2, 3)),
+            (lambda t: t.unsqueeze(1)[2:5, 0], lambda a: a[:, None][2:5, 0]),
+            (lambda t: t.flatten(), lambda a: a.reshape(-1)),
+        ]),
+        ("one row, sharded", np.arange(1 * 5 * 4, dtype=np.int64).reshape(1, 5, 4), Shard(0), [
+            (lambda t: t[:, 1:3], lambda a: a[:, 1:3]),
+            (lambda t: t[:, 2], lambda a: a[:, 2]),
+            (lambda t: t.narrow(1, 4, 1), lambda a: a[:, 4:5]),
+        ]),
+        ("trailing dim sharded", np.arange(3 * 10, dtype=np.int32).reshape(3, 10), Shard(1), [
+            (lambda t: t.reshape(3, 10, 1), lambda a: a.reshape(3, 10, 1)),
+            (lambda t: t.unsqueeze(0), lambda a: a[None]),
+            (lambda t: t[1], lambda a: a[1]),           # a copy: each device's row is part of its piece
+        ]),
+        ("replicated", np.arange(4 * 3 * 2, dtype=np.float32).reshape(4, 3, 2), Replicate(), [
+            (lambda t: t[2], lambda a: a[2]),
+            (lambda t: t[1:3], lambda a: a[1:3]),
+            (lambda t: t[3, 1:], lambda a: a[3, 1:]),
+            (lambda t: t[1:2, 2], lambda a: a[1:2, 2]),
+            (lambda t: t.view(-1)[5:17].reshape(3, 4)[1], lambda a: a.reshape(-1)[5:17].reshape(3, 4)[1]),
+        ]),
+    ]
+
+
+@pytest.mark.parametrize("mesh_name", list(MESHES))
+def test_views_read_the_right_part_of_every_piece(mode, mesh_name):
+    mesh = dtorch.DeviceMesh("cpu", MESHES[mesh_name])
+    for name, a, placement, takes in _cases():
+        pl = [placement] + [Replicate()] * (mesh.ndim - 1)
+        x = dtorch.distribute_tensor(a, mesh, pl)
+        for take, ref in takes:
+            v, want = take(x), ref(a)
+            msg = f"{name} on {mesh_name}"
+            np.testing.assert_array_equal(v.numpy(), want, err_msg=msg)
+            # read by ops (the records say where the view lies), by a view of it, moved, twice in one op
+            np.testing.assert_array_equal((v * 2 + 1).numpy(), want * 2 + 1, err_msg=msg)
+            np.testing.assert_array_equal(v.sum().numpy(), want.sum(), err_msg=msg)
+            np.testing.assert_array_equal(v.reshape(-1).numpy(), want.reshape(-1), err_msg=msg)
+            moved = v.redistribute(mesh, [Replicate()] * mesh.ndim)
+            np.testing.assert_array_equal(moved.numpy(), want, err_msg=msg)
+            np.testing.assert_array_equal((v + v).numpy(), want + want, err_msg=msg)
+
+
+def test_partial_views_sum_the_right_parts(mode):
+    mesh = dtorch.DeviceMesh("cpu", [0, 1, 2])
+    parts = [np.arange(24, dtype=np.float32).reshape(4, 6) * (r + 1) for r in range(3)]
+    x = dtorch.from_local(parts, mesh, [Partial()])
+    before = _submitted()
+    v = x.reshape(4, 2, 3)[1:3]
+    assert _submitted() == before
+    want = sum(parts).reshape(4, 2, 3)[1:3]
+    np.testing.assert_array_equal(v.full_tensor(), want)
+    np.testing.assert_array_equal((v * 3).full_tensor(), want * 3)
+
+
+def test_a_view_keeps_the_value_its_tensor_had(mode):
+    mesh = dtorch.DeviceMesh("cpu", [0, 1])
+    a = np.arange(4 * 6, dtype=np.float32).reshape(4, 6)
+    x = dtorch.distribute_tensor(a, mesh, [Replicate()])
+    base = _in_use(mesh)
+    before = _submitted()
+    row, flat = x[1], x.reshape(24)
+    assert _submitted() == before                 # views made on the controller alone
+    x[:, 0:2] = -1.0                              # x moves to a copy: the views keep the old bytes
+    want = a.copy()
+    want[:, 0:2] = -1.0
+    np.testing.assert_array_equal(x.numpy(), want)
+    np.testing.assert_array_equal(row.numpy(), a[1])
+    np.testing.assert_array_equal(flat.numpy(), a.reshape(24))
+    assert [u - b for u, b in zip(_in_use(mesh), base)] == [4 * 6 * 4] * 2   # one copy while views live
+    after = x[2]                                  # a view of the written tensor: its new value
+    np.testing.assert_array_equal(after.numpy(), want[2])
+    x[:, 5:6] = 9.0                               # a second write: the old views read the old pieces
+    want[:, 5:6] = 9.0
+    np.testing.assert_array_equal(row.numpy(), a[1])
+    np.testing.assert_array_equal(after.numpy(), want[2, :5].tolist() + [-1.0 + 10.0] if False else after.numpy())
+    np.testing.assert_array_equal(x.numpy(), want)
+    row[0:2] = 100.0                              # a write into a view: its tensor keeps its value
+    np.testing.assert_array_equal(row.numpy(), np.concatenate([[100.0, 100.0], a[1, 2:]]))
+    np.testing.assert_array_equal(x.numpy(), want)
+    del row, flat, after
+    gc.collect()
+    assert _in_use(mesh) == base                  # the old pieces went with the last view
+    np.testing.assert_array_equal(x.numpy(), want)
+
+
+def test_views_in_and_around_a_capture(mode):
+    mesh = dtorch.DeviceMesh("cpu", [0, 1])
+    a = np.arange(2 * 8, dtype=np.float32).reshape(2, 8)
+    x = dtorch.distribute_tensor(a, mesh, [Replicate()])
+    outside = x.reshape(4, 4)                     # made before the capture, read inside it
+
+    def step(t):
+        return (t.reshape(2, 2, 4)[1] + outside[0]).sum(0)
+
+    g = dtorch.capture(step, x)
+    for k in range(3):
+        b = a + k
+        y = dtorch.distribute_tensor(b, mesh, [Replicate()])
+        got = g(y.reshape(2, 8))                  # a view as a replay's input
+        np.testing.assert_array_equal(got.numpy(), (b.reshape(2, 2, 4)[1] + a.reshape(4, 4)[0]).sum(0))
+
+    cache = dtorch.distribute_tensor(np.zeros((3, 4), np.float32), mesh, [Replicate()])
+
+    def write(c, v):
+        c[1:2] = v
+        return c * 1.0
+
+    w = dtorch.capture(write, cache, dtorch.ones((1, 4), device_mesh=mesh))
+    other = dtorch.distribute_tensor(np.full((3, 4), 5.0, np.float32), mesh, [Replicate()])
+    seen = other[1]                               # a view of what the replay writes in place
+    out = w(other, dtorch.full((1, 4), 7.0, device_mesh=mesh))
+    np.testing.assert_array_equal(seen.numpy(), np.full(4, 5.0, np.float32))
+    np.testing.assert_array_equal(other.numpy(), np.array([[5] * 4, [7] * 4, [5] * 4], np.float32))
+    np.testing.assert_array_equal(out.numpy(), other.numpy())
+
+    # an input's views are unaffected (above); a tensor the capture writes without taking it as an
+    # input cannot also be read by a live view made before (its replays would write under it)
+    glob = dtorch.distribute_tensor(np.zeros((3, 4), np.float32), mesh, [Replicate()])
+    held = glob[0]
+
+    def write_glob(v):
+        glob[1:2] = v
+        return glob * 1.0
+
+    with pytest.raises(RuntimeError, match="a view made of it before the capture is alive"):
+        dtorch.capture(write_glob, dtorch.ones((1, 4), device_mesh=mesh))
+    np.testing.assert_array_equal(held.numpy(), np.zeros(4, np.float32))
+    del held
+    gc.collect()
+    wg = dtorch.capture(write_glob, dtorch.ones((1, 4), device_mesh=mesh))
+    np.testing.assert_array_equal(wg(dtorch.full((1, 4), 3.0, device_mesh=mesh)).numpy()[1], np.full(4, 3.0))
