@@ -85,13 +85,13 @@ void dtn_tensor_unview(dt_tensor *view)
     if (!base)
         return;
     view->base = NULL;
-    pthread_mutex_lock(&s_views_lock);
     uint64_t retired = 0;
-    if (atomic_fetch_sub(&base->nviews, 1) == 1 && base->retired) {
+    if (atomic_fetch_sub(&base->nviews, 1) == 1) { /* the last: the pieces a write left it go too */
+        pthread_mutex_lock(&s_views_lock);
         retired = base->retired;
         base->retired = 0;
+        pthread_mutex_unlock(&s_views_lock);
     }
-    pthread_mutex_unlock(&s_views_lock);
     if (retired)
         act_runtime_free(base->epoch, base->mesh, retired);
     dt_tensor_release(&base);
@@ -105,6 +105,8 @@ void dt_tensor_release(dt_tensor **tp)
         return;
     if (t->id)
         act_runtime_free(t->epoch, t->mesh, t->id);
+    if (t->retired) /* left by a write racing the last view's release on another thread */
+        act_runtime_free(t->epoch, t->mesh, t->retired);
     dtn_tensor_unview(t); /* a view made on the controller: its devices never heard of it */
     dt_mesh_release(&t->mesh);
     dtn_tensor_free(t);
