@@ -217,6 +217,17 @@ dt_tensor *dt_index(dt_tensor *t, int n, const dt_index_item *items)
     }
     if (ntensors > 0)
         return s_index_tensor(t, items[0].tensor);
+    if (n == 1 && items[0].kind == DT_INDEX_INT && ndim > 0) {
+        /* x[i], the commonest index, without the general walk below */
+        int64_t size = dt_tensor_shape(t)[0], i = items[0].i;
+        if (i < -size || i >= size) {
+            dt_err(DT_EINDEX, "index %lld is out of bounds for dimension 0 with size %lld", (long long)i,
+                   (long long)size);
+            return NULL;
+        }
+        dt_tensor *x = NULL;
+        return s_run(OP_ID_select, t, 2, (int64_t[]){0, i < 0 ? i + size : i}, &x) == 0 ? x : NULL;
+    }
     if (nellipsis > 1) {
         dt_err(DT_EINDEX, "an index can only have a single ellipsis ('...')");
         return NULL;
