@@ -196,7 +196,8 @@ static int s_view(const op_call *c, dt_tensor *in, int64_t first, dt_tensor **ou
 {
     dt_tensor *base = in->base ? in->base : in;
     const op_arg *o = &c->out[0];
-    dt_tensor *t = dtn_tensor_view(base, in->view_first + first, o->dtype, o->ndim, o->shape, o->pl);
+    uint64_t base_id = in->base ? in->base_id : in->id; /* a view of a view reads what it reads */
+    dt_tensor *t = dtn_tensor_view(base, base_id, in->view_first + first, o->dtype, o->ndim, o->shape, o->pl);
     if (!t)
         return dt_err(DT_ENOMEM, "%s: out of memory", c->def->name);
     out[0] = t;

@@ -45,8 +45,8 @@ dt_tensor *dt_tensor_ref(dt_tensor *t)
 /* Guards the views' bookkeeping on their bases (nviews reaching 0 against a retire). */
 static pthread_mutex_t s_views_lock = PTHREAD_MUTEX_INITIALIZER;
 
-dt_tensor *dtn_tensor_view(dt_tensor *base, int64_t first, dt_dtype dtype, int ndim, const int64_t *shape,
-                           const dt_placement *placements)
+dt_tensor *dtn_tensor_view(dt_tensor *base, uint64_t base_id, int64_t first, dt_dtype dtype, int ndim,
+                           const int64_t *shape, const dt_placement *placements)
 {
     dt_tensor *t = dtn_tensor_alloc();
     if (!t)
@@ -57,7 +57,7 @@ dt_tensor *dtn_tensor_view(dt_tensor *base, int64_t first, dt_dtype dtype, int n
     memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
     memcpy(t->placements, placements, (size_t)base->mesh->ndim * sizeof *placements);
     t->base = dt_tensor_ref(base);
-    t->base_id = base->id;
+    t->base_id = base_id;
     t->view_first = first;
     t->epoch = base->epoch;
     atomic_fetch_add(&base->nviews, 1);

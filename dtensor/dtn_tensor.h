@@ -38,10 +38,10 @@ dt_tensor *dtn_tensor_alloc(void);   /* zeroed, one reference */
 void dtn_tensor_free(dt_tensor *t);   /* the struct only */
 
 /* A view made on the controller of base (which has pieces of its own, never written in place): a
- * handle of the given metadata reading base's pieces from first elements in. NULL when out of
- * memory. */
-dt_tensor *dtn_tensor_view(dt_tensor *base, int64_t first, dt_dtype dtype, int ndim, const int64_t *shape,
-                           const dt_placement *placements);
+ * handle of the given metadata reading the pieces base_id names (base's, or those a view of base
+ * reads) from first elements in. NULL when out of memory. */
+dt_tensor *dtn_tensor_view(dt_tensor *base, uint64_t base_id, int64_t first, dt_dtype dtype, int ndim,
+                           const int64_t *shape, const dt_placement *placements);
 /* t (with pieces of its own) is about to be written in place under a new id, its old pieces kept
  * for the views made of it on the controller: whether it must be (live views read its pieces
  * now). When true the caller gives t the new id and dtn_tensor_retire gets the old one. */
