@@ -417,13 +417,6 @@ static bool s_read_views(const mb_views *views, op_kernel *k, uint64_t *seen)
     return rc == 0;
 }
 
-/* dst[0..n) = src[0..n), dst[n..cap) = 0, in elements of size bytes (n <= cap) */
-static void s_fill(void *dst, int cap, const void *src, int n, size_t size)
-{
-    memcpy(dst, src, (size_t)n * size);
-    memset((char *)dst + (size_t)n * size, 0, (size_t)(cap - n) * size);
-}
-
 /* An output whose bytes start at data, inside storage (op_def.alias): it shares the storage. */
 static void s_put_view(act_worker *w, uint64_t id, act_storage *storage, char *data, const op_local *out)
 {
@@ -453,16 +446,9 @@ static bool s_compute(act_worker *w, const msgpack_object *rec)
         dt_err(DT_EPROTO, "malformed compute record: %s", def ? "too many inputs, outputs or ctx integers" : "unknown op");
         return false;
     }
-    /* every field is written and only the unused slots zeroed: GCC inlines the zeroing of a whole
-     * struct of a few hundred bytes as `rep stos`, whose start-up made the three such zeroings here
-     * two fifths of this function's time */
-    op_attrs attrs;
-    attrs.nints = r.ints.n;
-    attrs.nfloats = r.floats.n;
-    attrs.has_scalar = r.scalar.present;
-    attrs.scalar = r.scalar.value;
-    s_fill(attrs.ints, OP_MAX_INTS, r.ints.v, r.ints.n, sizeof *attrs.ints);
-    s_fill(attrs.floats, OP_MAX_FLOATS, r.floats.v, r.floats.n, sizeof *attrs.floats);
+    op_attrs attrs = {.nints = r.ints.n, .nfloats = r.floats.n, .has_scalar = r.scalar.present, .scalar = r.scalar.value};
+    memcpy(attrs.ints, r.ints.v, (size_t)r.ints.n * sizeof *r.ints.v);
+    memcpy(attrs.floats, r.floats.v, (size_t)r.floats.n * sizeof *r.floats.v);
     /* the kernel's inputs beyond nin are left unwritten: the struct is kilobytes (OP_MAX_INPUTS
      * pieces) and zeroing it was a tenth of a worker's time for a small op; kernels read in[i]
      * only for i < nin, and every field of those is written below */
@@ -472,7 +458,8 @@ static bool s_compute(act_worker *w, const msgpack_object *rec)
     k.nin = r.ins.n;
     k.nout = (int)r.outs.n;
     k.nctx = r.ctx.n;
-    s_fill(k.ctx, OP_MAX_CTX, r.ctx.v, r.ctx.n, sizeof *k.ctx);
+    memset(k.ctx, 0, sizeof k.ctx);
+    memcpy(k.ctx, r.ctx.v, (size_t)r.ctx.n * sizeof *r.ctx.v);
     uint64_t out_ids[OP_MAX_OUTPUTS];
     for (int o = 0; o < k.nout; o++) {
         mb_out_rec out;

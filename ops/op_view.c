@@ -769,29 +769,42 @@ static bool s_alias_whole(const op_kernel *k, size_t *offset)
            dt_layout_numel(out->ndim, out->shape) == dt_layout_numel(in->ndim, in->shape);
 }
 
-/* slice, narrow, select: the region is whole along every other dim, so it is one contiguous run
- * when every dim before the sliced one has size 1 (or the region is the whole piece) and its rows
- * along the sliced dim are adjacent (step 1, or a single row) */
+/* Whether len rows from start (every step-th) along dim of a C-contiguous tensor of shape, whole
+ * along every other dim, are one contiguous run, and its first element: they are when they are the
+ * whole tensor, or when every dim before dim has size 1 and the rows are adjacent (step 1, or one) */
+static bool s_one_run(int ndim, const int64_t *shape, int dim, int64_t start, int64_t len, int64_t step,
+                      int64_t *first)
+{
+    *first = 0;
+    if (start == 0 && len == shape[dim] && (step == 1 || len <= 1))
+        return true;
+    if (step != 1 && len > 1)
+        return false;
+    int64_t row = 1;
+    for (int d = 0; d < ndim; d++) {
+        if (d < dim && shape[d] != 1)
+            return false;
+        if (d > dim)
+            row *= shape[d];
+    }
+    *first = start * row;
+    return true;
+}
+
+/* slice, narrow, select: a region of the piece that is one contiguous run (or empty) */
 static bool s_alias_slice(const op_kernel *k, size_t *offset)
 {
     op_slice_dims s;
+    int64_t first;
     if (k->nin != 1 || k->nout != 1 || op_slice_layout(k, &s))
         return false;
     const op_local *in = &k->in[0];
     *offset = 0;
     if (dt_layout_numel(in->ndim, s.shape) == 0)
         return true;
-    int64_t outer = 1, inner = 1;
-    for (int d = 0; d < in->ndim; d++) {
-        if (d < s.dim)
-            outer *= in->shape[d];
-        else if (d > s.dim)
-            inner *= in->shape[d];
-    }
-    bool whole = s.shape[s.dim] == in->shape[s.dim];
-    if ((s.step != 1 && s.shape[s.dim] != 1) || (outer != 1 && !whole))
+    if (!s_one_run(in->ndim, in->shape, s.dim, s.start, s.shape[s.dim], s.step, &first))
         return false;
-    *offset = (size_t)(s.start * inner) * dt_dtype_size(in->dtype);
+    *offset = (size_t)first * dt_dtype_size(in->dtype);
     return true;
 }
 
@@ -806,31 +819,21 @@ static bool s_view_whole(const op_call *c, int64_t *first)
 }
 
 /* slice, narrow, select: one contiguous run of every piece, starting at the same element on every
- * device, when the slice is the whole dim, or when every dim before the sliced one has size 1 (a
- * piece has 1 or 0 rows there), the rows taken are adjacent, and no dim after it is sharded (its
- * rows are then as long on every device as in the whole tensor) */
+ * device: the whole tensor's region is one run (s_one_run; a dim of size 1 before the sliced one
+ * gives a piece 1 or 0 rows there), and, unless it is the whole tensor, no dim from the sliced one
+ * on is sharded (its rows are then as long on every device as in the whole tensor) */
 static bool s_view_slice(const op_call *c, int64_t *first)
 {
     const op_arg *a = &c->in[0];
     int dim = 0;
     int64_t start = 0, len = 0, step = 1;
-    if (s_slice_args(c, &dim, &start, &len, &step) != 0)
+    if (s_slice_args(c, &dim, &start, &len, &step) != 0 ||
+        !s_one_run(a->ndim, a->shape, dim, start, len, step, first))
         return false;
-    *first = 0;
-    if (start == 0 && len == a->shape[dim] && (step == 1 || len <= 1))
-        return true;
-    if (step != 1 && len > 1)
-        return false;
-    for (int d = 0; d < dim; d++)
-        if (a->shape[d] != 1)
-            return false;
-    for (int m = 0; m < c->mesh_ndim; m++)
+    bool whole = start == 0 && len == a->shape[dim] && (step == 1 || len <= 1);
+    for (int m = 0; m < c->mesh_ndim && !whole; m++)
         if (a->pl[m].kind == DT_SHARD && a->pl[m].dim >= dim)
             return false;
-    int64_t row = 1;
-    for (int d = dim + 1; d < a->ndim; d++)
-        row *= a->shape[d];
-    *first = start * row;
     return true;
 }
 
