@@ -287,7 +287,7 @@ static const char *s_lent_value(act_device *dev, const mb_value_rec *value, cons
 /* Settles or updates the future of a VALUE or ERROR; drops ones already settled. A value lent by
  * handle is copied out of dev's segment and given back, whatever becomes of it. DT_EPROTO for a
  * completion that cannot be read. */
-static int s_complete(act_runtime *rt, act_device *dev, const msgpack_object *rec, int64_t code, mb_message *m)
+static int s_complete(act_runtime *rt, act_device *dev, const mb_cursor *rec, int64_t code, mb_message *m)
 {
     mb_value_rec value;
     mb_error_rec error;
@@ -345,7 +345,7 @@ static void s_handle_completions(act_runtime *rt, act_device *dev, mb_message *m
         s_device_died(rt, dev, dt_last_error());
         return;
     }
-    msgpack_object rec;
+    mb_cursor rec;
     int rc;
     while ((rc = mb_body_next(&r, &rec)) == 1) {
         int64_t code;
@@ -369,7 +369,6 @@ static void s_handle_completions(act_runtime *rt, act_device *dev, mb_message *m
             break;
         }
     }
-    mb_body_destroy(&r);
     if (rc < 0) {
         char why[DT_ERRMSG_MAX + 32];
         snprintf(why, sizeof why, "protocol error: %s", dt_last_error());
@@ -444,7 +443,7 @@ static void s_introduce_remote(act_runtime *rt, act_device *dev)
 static void s_hello(act_runtime *rt, act_device *dev, mb_message *m)
 {
     mb_body_reader r;
-    msgpack_object rec;
+    mb_cursor rec;
     mb_hello_rec hello;
     char why[DT_ERRMSG_MAX + 160] = "";
     if (mb_body_init(&r, zmq_msg_data(&m->body), zmq_msg_size(&m->body), m->header.count) != 0 ||
@@ -468,7 +467,6 @@ static void s_hello(act_runtime *rt, act_device *dev, mb_message *m)
         else
             s_hello_home(dev, &hello, why, sizeof why);
     }
-    mb_body_destroy(&r);
     if (why[0]) {
         if (dev->pid > 0)
             kill(dev->pid, SIGKILL); /* it would misread every record it was sent */

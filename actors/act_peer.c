@@ -228,10 +228,10 @@ static const char *s_region_frame(act_worker *w, const act_wtensor *t, const cha
  * worker process lends a large region of a piece in shared memory by handle (held until the
  * receiver's RELEASE); others send the region's bytes as the message's frame. A failure is sent
  * too, so that the receiver's ASSEMBLE fails with it instead of waiting. */
-bool act_peer_send(act_worker *w, const msgpack_object *rec)
+bool act_peer_send(act_worker *w, mb_cursor *rec)
 {
     mb_send_rec r;
-    if (mb_decode_send(rec, &r) != 0)
+    if (mb_read_send(rec, &r) != 0)
         return false;
     if (r.offset.n != r.shape.n) {
         dt_err(DT_EPROTO, "malformed send record: the region's offset and shape disagree");
@@ -336,7 +336,7 @@ static const char *s_frame_storage(act_worker *w, zmq_msg_t *frame, act_storage 
 static void s_stash(act_worker *w, mb_message *m)
 {
     mb_body_reader r;
-    msgpack_object rec;
+    mb_cursor rec;
     mb_region_rec region;
     if (mb_body_init(&r, zmq_msg_data(&m->body), zmq_msg_size(&m->body), m->header.count) != 0)
         return;
@@ -345,7 +345,6 @@ static void s_stash(act_worker *w, mb_message *m)
         fprintf(stderr, "dtorch worker %" PRId64 ": dropped a malformed region from a peer: %s\n", w->device,
                 got ? dt_last_error() : "out of memory");
         free(got);
-        mb_body_destroy(&r);
         return;
     }
     got->dtype = region.dtype;
@@ -402,7 +401,6 @@ static void s_stash(act_worker *w, mb_message *m)
             got->error = strdup(why);
         }
     }
-    mb_body_destroy(&r);
     w->stats[MB_STAT_peer_messages_received]++;
     if (got->status == 0)
         w->stats[MB_STAT_peer_bytes_received] +=
@@ -523,13 +521,13 @@ static const char *s_reduce_region(const op_backend *be, char *dst, const int64_
 
 /* ASSEMBLE: the new piece from its parts, waiting for the regions that come from peers. Any
  * failure poisons the piece with a message naming this device. */
-bool act_peer_assemble(act_worker *w, const msgpack_object *rec)
+bool act_peer_assemble(act_worker *w, mb_cursor *rec)
 {
     const op_backend *be = w->backend;
     mb_assemble_rec r;
-    if (mb_decode_assemble(rec, &r) != 0)
+    if (mb_read_assemble(rec, &r) != 0)
         return false;
-    act_wtensor *out = calloc(1, sizeof *out);
+    act_wtensor *out = act_wtensor_new(w);
     char why[DT_ERRMSG_MAX] = "";
     if (!out) {
         snprintf(why, sizeof why, "out of memory on the device");
@@ -551,9 +549,10 @@ bool act_peer_assemble(act_worker *w, const msgpack_object *rec)
     dt_layout_strides(ndim, r.shape.v, elem, out_strides);
     if (src)
         dt_layout_strides(src->ndim, src->shape, elem, src_strides);
+    mb_cursor parts = r.parts.items;
     for (uint32_t q = 0; q < r.parts.n; q++) {
         mb_part_rec p;
-        if (mb_decode_part(&r.parts.items[q], &p) != 0) {
+        if (mb_read_part(&parts, &p) != 0) {
             if (!why[0])
                 snprintf(why, sizeof why, "%s", dt_last_error());
             break;
@@ -627,7 +626,7 @@ bool act_peer_assemble(act_worker *w, const msgpack_object *rec)
     if (why[0]) {
         char msg[DT_ERRMSG_MAX + 64];
         act_worker_failure(w, msg, sizeof msg, "redistribute", why);
-        act_wtensor_free(out);
+        act_wtensor_free(w, out);
         act_wtensor_poison(w, r.id, msg);
     } else {
         act_wtensor_put(w, r.id, out);

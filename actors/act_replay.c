@@ -2,8 +2,9 @@
  * by one small record (REPLAY), forgotten (DROP).
  *
  * A DEFINE brings the records the controller packed for this device while it captured a
- * function (dtorch.capture), unpacked here once and kept. Before each replay the ids in them
- * are patched where they lie in the unpacked records: an input's id becomes the replay's input,
+ * function (dtorch.capture), scanned here once and kept as bytes, with every id a replay rewrites
+ * widened to a full uint64 (0xcf and 8 bytes) so that it is patched where it lies, in place.
+ * Before each replay those ids are patched: an input's id becomes the replay's input,
  * an id the capture made moves into the replay's own block of fresh ids (tensor_base + (id -
  * tensor_lo)), and so do transfers and random streams; then the records run through the
  * worker's one record runner, exactly as a batch would. Every other tensor the records name is
@@ -27,7 +28,9 @@ typedef enum { S_RANGE, S_INPUT, S_TRANSFER, S_SEED, S_STREAM } s_kind;
 
 /* One id inside the kept records that each replay rewrites. */
 typedef struct {
-    msgpack_object *at;
+    size_t at;        /* while scanning, the offset of its encoding in the DEFINE's bytes; then of its 8
+                       * big-endian bytes in the kept ones */
+    int len;          /* while scanning, the bytes of its encoding there */
     s_kind kind;
     uint64_t value;   /* as captured; for S_INPUT, the input's slot */
 } s_patch;
@@ -36,9 +39,8 @@ struct act_graph {
     uint64_t id;
     char name[96];
     char *error;                    /* why the sequence cannot run (NULL: it can) */
-    char *bytes;                    /* the records' msgpack, which the unpacked ones point into */
-    mb_body_reader reader;          /* keeps the unpacked records alive */
-    msgpack_object *records;
+    uint8_t *bytes;                 /* the records' msgpack, patched ids widened */
+    mb_cursor *records;             /* each record's bytes in them */
     uint32_t nrecords;
     s_patch *patches;
     size_t npatches, cap_patches;
@@ -67,7 +69,6 @@ static void s_graph_free(act_graph *g)
 {
     if (!g)
         return;
-    mb_body_destroy(&g->reader);
     free(g->records);
     free(g->bytes);
     free(g->patches);
@@ -120,51 +121,68 @@ void act_replay_free(act_worker *w, uint64_t id)
 typedef struct {
     act_worker *w;
     act_graph *g;
+    const uint8_t *base;            /* the DEFINE's bytes, which patch offsets count from */
     dt_idmap made, freed, pinned;   /* ids the records make and free; constants pinned so far */
     bool nomem;
 } s_scan;
 
-static void s_add_patch(s_scan *s, msgpack_object *at, s_kind kind, uint64_t value)
+/* A field the scan looks at: its place in the bytes, and its value when it is an integer >= 0. */
+typedef struct {
+    mb_cursor at;
+    bool is_uint;
+    uint64_t value;
+    int len;
+} s_field;
+
+static s_field s_at(mb_cursor at)
+{
+    s_field f = {.at = at};
+    mb_cursor c = at;
+    f.is_uint = mb_read_u64(&c, &f.value);
+    f.len = (int)(c.p - at.p);
+    return f;
+}
+
+/* Element i of the array at c (a record, or one of a list's elements); none when c holds no such
+ * element. The bytes were checked whole (mb_body_next), so a skip only fails on a short array. */
+static s_field s_elem(mb_cursor c, uint32_t i)
+{
+    uint32_t n;
+    if (!mb_read_array(&c, &n) || i >= n)
+        return (s_field){.is_uint = false};
+    for (uint32_t k = 0; k < i; k++)
+        if (mb_skip(&c) != 0)
+            return (s_field){.is_uint = false};
+    return s_at(c);
+}
+
+static void s_add_patch(s_scan *s, const s_field *f, s_kind kind, uint64_t value)
 {
     act_graph *g = s->g;
     if (!s_grow((void **)&g->patches, &g->cap_patches, g->npatches, sizeof *g->patches)) {
         s->nomem = true;
         return;
     }
-    g->patches[g->npatches++] = (s_patch){at, kind, value};
-}
-
-static msgpack_object *s_field(msgpack_object *rec, uint32_t i)
-{
-    if (rec->type != MSGPACK_OBJECT_ARRAY || i >= rec->via.array.size)
-        return NULL;
-    msgpack_object *f = &rec->via.array.ptr[i];
-    return f;
-}
-
-static msgpack_object *s_uint(msgpack_object *rec, uint32_t i)
-{
-    msgpack_object *f = s_field(rec, i);
-    return f && f->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? f : NULL;
+    g->patches[g->npatches++] = (s_patch){(size_t)(f->at.p - s->base), f->len, kind, value};
 }
 
 typedef enum { S_USE, S_MAKE, S_FREE } s_role;
 
 /* A tensor id field: patched when an input or made by the capture, else a constant to pin.
  * Fields of the wrong type are left alone: the record's decoder refuses them when it runs. */
-static void s_tensor(s_scan *s, msgpack_object *f, s_role role)
+static void s_tensor(s_scan *s, s_field f, s_role role)
 {
-    if (!f || f->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+    if (!f.is_uint)
         return;
     act_graph *g = s->g;
-    uint64_t id = f->via.u64;
+    uint64_t id = f.value;
     int slot;
     if (id >= g->tensor_lo && id < g->tensor_hi) {
-        s_add_patch(s, f, S_RANGE, id);
+        s_add_patch(s, &f, S_RANGE, id);
         if (role != S_USE && dt_idmap_put(role == S_MAKE ? &s->made : &s->freed, id, (void *)1) != 0)
             s->nomem = true;
     } else if (s_in(&g->ins, id, &slot)) {
-        s_add_patch(s, f, S_INPUT, (uint64_t)slot);
+        s_add_patch(s, &f, S_INPUT, (uint64_t)slot);
     } else if (id && id != UINT64_MAX && !dt_idmap_get(&s->pinned, id)) {
         if (dt_idmap_put(&s->pinned, id, (void *)1) != 0 ||
             !s_grow((void **)&g->constants, &g->cap_constants, g->nconstants, sizeof *g->constants)) {
@@ -176,69 +194,126 @@ static void s_tensor(s_scan *s, msgpack_object *f, s_role role)
     }
 }
 
-static void s_transfer(s_scan *s, msgpack_object *f)
+static void s_transfer(s_scan *s, s_field f)
 {
-    if (f && f->via.u64 >= s->g->transfer_lo && f->via.u64 < s->g->transfer_hi)
-        s_add_patch(s, f, S_TRANSFER, f->via.u64);
+    if (f.is_uint && f.value >= s->g->transfer_lo && f.value < s->g->transfer_hi)
+        s_add_patch(s, &f, S_TRANSFER, f.value);
 }
 
-static void s_each(s_scan *s, msgpack_object *list, uint32_t field, void (*fn)(s_scan *, msgpack_object *))
+/* fn on each element of the array field `list` (field UINT32_MAX), or on field `field` of each */
+static void s_each(s_scan *s, mb_cursor rec, uint32_t list, uint32_t field, void (*fn)(s_scan *, s_field))
 {
-    if (list && list->type == MSGPACK_OBJECT_ARRAY)
-        for (uint32_t i = 0; i < list->via.array.size; i++)
-            fn(s, field == UINT32_MAX ? &list->via.array.ptr[i] : s_field(&list->via.array.ptr[i], field));
+    mb_cursor c = rec;
+    uint32_t n;
+    if (!mb_read_array(&c, &n) || list >= n)
+        return;
+    for (uint32_t k = 0; k < list; k++)
+        if (mb_skip(&c) != 0)
+            return;
+    if (!mb_read_array(&c, &n))
+        return;
+    for (uint32_t i = 0; i < n; i++) {
+        fn(s, field == UINT32_MAX ? s_at(c) : s_elem(c, field));
+        if (mb_skip(&c) != 0)
+            return;
+    }
 }
 
-static void s_use(s_scan *s, msgpack_object *f) { s_tensor(s, f, S_USE); }
-static void s_make_id(s_scan *s, msgpack_object *f) { s_tensor(s, f, S_MAKE); }
-static void s_part(s_scan *s, msgpack_object *part) { s_transfer(s, s_uint(part, 3)); }
+static void s_use(s_scan *s, s_field f) { s_tensor(s, f, S_USE); }
+static void s_make_id(s_scan *s, s_field f) { s_tensor(s, f, S_MAKE); }
 
 /* Finds what each replay rewrites in one record; a message when the record may not be replayed. */
-static const char *s_scan_record(s_scan *s, msgpack_object *rec)
+static const char *s_scan_record(s_scan *s, mb_cursor rec)
 {
     int64_t code;
-    if (mb_record_code(rec, &code) != 0)
+    if (mb_record_code(&rec, &code) != 0)
         return "a record without a code";
     switch (code) {
     case MB_OP_FREE:
-        s_tensor(s, s_field(rec, 1), S_FREE);
+        s_tensor(s, s_elem(rec, 1), S_FREE);
         return NULL;
     case MB_OP_EMPTY:
     case MB_OP_FILL:
     case MB_OP_ARANGE:
-        s_tensor(s, s_field(rec, 1), S_MAKE);
+        s_tensor(s, s_elem(rec, 1), S_MAKE);
         return NULL;
     case MB_OP_RANDOM: {
-        s_tensor(s, s_field(rec, 1), S_MAKE);
-        msgpack_object *seed = s_uint(rec, 6), *stream = s_uint(rec, 7);
-        if (seed)
-            s_add_patch(s, seed, S_SEED, seed->via.u64);
-        if (stream && stream->via.u64 >= s->g->stream_lo && stream->via.u64 < s->g->stream_hi)
-            s_add_patch(s, stream, S_STREAM, stream->via.u64);
+        s_tensor(s, s_elem(rec, 1), S_MAKE);
+        s_field seed = s_elem(rec, 6), stream = s_elem(rec, 7);
+        if (seed.is_uint)
+            s_add_patch(s, &seed, S_SEED, seed.value);
+        if (stream.is_uint && stream.value >= s->g->stream_lo && stream.value < s->g->stream_hi)
+            s_add_patch(s, &stream, S_STREAM, stream.value);
         return NULL;
     }
     case MB_OP_SEND:
-        s_tensor(s, s_field(rec, 1), S_USE);
-        s_transfer(s, s_uint(rec, 2));
+        s_tensor(s, s_elem(rec, 1), S_USE);
+        s_transfer(s, s_elem(rec, 2));
         return NULL;
     case MB_OP_ASSEMBLE:
-        s_tensor(s, s_field(rec, 4), S_USE);
-        s_tensor(s, s_field(rec, 1), S_MAKE);
-        s_each(s, s_field(rec, 5), UINT32_MAX, s_part);
+        s_tensor(s, s_elem(rec, 4), S_USE);
+        s_tensor(s, s_elem(rec, 1), S_MAKE);
+        s_each(s, rec, 5, 3, s_transfer); /* each part's transfer */
         return NULL;
     case MB_OP_COMPUTE:
-        s_each(s, s_field(rec, 2), UINT32_MAX, s_use);
-        s_each(s, s_field(rec, 8), 0, s_make_id); /* outs; views name inputs by position, not by id */
+        s_each(s, rec, 2, UINT32_MAX, s_use);
+        s_each(s, rec, 8, 0, s_make_id); /* outs; views name inputs by position, not by id */
         return NULL;
     default:
         return "a record that needs the controller (a fetch, a sync, host data) or another capture";
     }
 }
 
-bool act_replay_define(act_worker *w, const msgpack_object *rec, mb_message *m)
+static int s_patch_order(const void *a, const void *b)
+{
+    size_t x = ((const s_patch *)a)->at, y = ((const s_patch *)b)->at;
+    return x < y ? -1 : x > y;
+}
+
+/* The kept bytes: src with each patched id widened to 0xcf and 8 bytes, the patches moved to
+ * where those 8 bytes lie, and each record's place in them; NULL or why not. */
+static const char *s_widen(act_graph *g, const uint8_t *src, size_t size)
+{
+    if (g->npatches)
+        qsort(g->patches, g->npatches, sizeof *g->patches, s_patch_order);
+    size_t grown = size;
+    for (size_t i = 0; i < g->npatches; i++)
+        grown += 9 - (size_t)g->patches[i].len;
+    g->bytes = malloc(grown ? grown : 1);
+    g->records = calloc(g->nrecords ? g->nrecords : 1, sizeof *g->records);
+    if (!g->bytes || !g->records)
+        return "out of memory on the device";
+    size_t from = 0, to = 0;
+    for (size_t i = 0; i < g->npatches; i++) {
+        s_patch *p = &g->patches[i];
+        memcpy(g->bytes + to, src + from, p->at - from);
+        to += p->at - from;
+        g->bytes[to++] = 0xcf;
+        from = p->at + (size_t)p->len;
+        p->at = to;
+        to += 8;
+    }
+    if (size > from)
+        memcpy(g->bytes + to, src + from, size - from);
+    mb_body_reader r;
+    if (mb_body_init(&r, g->bytes, grown, g->nrecords) != 0)
+        return dt_last_error();
+    for (uint32_t i = 0; i < g->nrecords; i++)
+        if (mb_body_next(&r, &g->records[i]) != 1)
+            return dt_last_error();
+    return NULL;
+}
+
+static void s_put_be64(uint8_t *at, uint64_t v)
+{
+    for (int i = 7; i >= 0; i--, v >>= 8)
+        at[i] = (uint8_t)v;
+}
+
+bool act_replay_define(act_worker *w, mb_cursor *rec, mb_message *m)
 {
     mb_define_rec r;
-    if (mb_decode_define(rec, &r) != 0)
+    if (mb_read_define(rec, &r) != 0)
         return false;
     if (r.graph == 0 || r.graph == UINT64_MAX || r.count < 0 || r.count > UINT32_MAX || r.frame < 0 ||
         r.frame >= m->npayloads || r.tensor_lo == 0 || r.tensor_lo > r.tensor_hi || r.transfer_lo == 0 ||
@@ -266,27 +341,23 @@ bool act_replay_define(act_worker *w, const msgpack_object *rec, mb_message *m)
     dt_idmap_init(&s.made);
     dt_idmap_init(&s.freed);
     dt_idmap_init(&s.pinned);
-    g->bytes = malloc(size ? size : 1);
-    g->records = calloc(g->nrecords ? g->nrecords : 1, sizeof *g->records);
-    if (!g->bytes || !g->records) {
-        why = "out of memory on the device";
+    s.base = zmq_msg_data(frame);
+    mb_body_reader reader;
+    mb_cursor one;
+    if (mb_body_init(&reader, s.base, size, g->nrecords) != 0) {
+        why = dt_last_error();
     } else {
-        memcpy(g->bytes, zmq_msg_data(frame), size);
-        if (mb_body_init(&g->reader, g->bytes, size, g->nrecords) != 0) {
-            why = dt_last_error();
-        } else {
-            g->reader.keep = true;
-            for (uint32_t i = 0; i < g->nrecords && !why; i++) {
-                int rc = mb_body_next(&g->reader, &g->records[i]);
-                why = rc == 1 ? s_scan_record(&s, &g->records[i]) : rc == 0 ? "fewer records than declared"
-                                                                           : dt_last_error();
-            }
-            if (!why && mb_body_next(&g->reader, &(msgpack_object){0}) != 0)
-                why = "bytes after the declared records";
+        for (uint32_t i = 0; i < g->nrecords && !why; i++) {
+            int rc = mb_body_next(&reader, &one);
+            why = rc == 1 ? s_scan_record(&s, one) : rc == 0 ? "fewer records than declared" : dt_last_error();
         }
+        if (!why && mb_body_next(&reader, &one) != 0)
+            why = "bytes after the declared records";
     }
     if (!why && s.nomem)
         why = "out of memory on the device";
+    if (!why)
+        why = s_widen(g, s.base, size);
     if (!why) {
         /* made, neither freed nor returned: nothing keeps them after a replay */
         size_t cursor = 0, n = 0;
@@ -322,10 +393,10 @@ bool act_replay_define(act_worker *w, const msgpack_object *rec, mb_message *m)
 
 /* ---- REPLAY and DROP ------------------------------------------------------------------------ */
 
-bool act_replay_run(act_worker *w, const msgpack_object *rec)
+bool act_replay_run(act_worker *w, mb_cursor *rec)
 {
     mb_replay_rec r;
-    if (mb_decode_replay(rec, &r) != 0)
+    if (mb_read_replay(rec, &r) != 0)
         return false;
     act_graph *g = dt_idmap_get(&w->graphs, r.graph);
     if (!g || r.ins.n != g->ins.n) {
@@ -348,12 +419,13 @@ bool act_replay_run(act_worker *w, const msgpack_object *rec)
         case S_SEED: v = r.seed; break;
         case S_STREAM: v = r.stream_base + (v - g->stream_lo); break;
         }
-        p->at->via.u64 = v;
+        s_put_be64(g->bytes + p->at, v);
     }
     w->replay = g;
     for (uint32_t i = 0; i < g->nrecords; i++) {
         w->replay_at = i;
-        if (!act_worker_run_record(w, &g->records[i], NULL))
+        mb_cursor rec = g->records[i];
+        if (!act_worker_run_record(w, &rec, NULL))
             fprintf(stderr, "dtorch worker %" PRId64 ": dropped a malformed record of captured '%s': %s\n", w->device,
                     g->name, dt_last_error());
     }
@@ -370,10 +442,10 @@ void act_replay_forget(act_worker *w, act_graph *g)
     s_graph_free(g);
 }
 
-bool act_replay_drop(act_worker *w, const msgpack_object *rec)
+bool act_replay_drop(act_worker *w, mb_cursor *rec)
 {
     mb_drop_rec r;
-    if (mb_decode_drop(rec, &r) != 0)
+    if (mb_read_drop(rec, &r) != 0)
         return false;
     act_graph *g = dt_idmap_take(&w->graphs, r.graph);
     if (g)

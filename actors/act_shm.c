@@ -29,12 +29,11 @@ act_storage *act_shm_storage_new(const act_worker *w, size_t size)
     if (!w->lends || size < ACT_SHM_MIN || !w->backend->adopt_host)
         return NULL;
     dt_shm_seg *seg = dt_shm_seg_new(size);
-    act_storage *st = seg && w->backend->adopt_host(seg->data, seg->size) ? calloc(1, sizeof *st) : NULL;
+    act_storage *st = seg && w->backend->adopt_host(seg->data, seg->size) ? act_storage_alloc() : NULL;
     if (!st) {
         dt_shm_seg_free(seg);
         return NULL;
     }
-    atomic_init(&st->refs, 1);
     st->data = seg->data;
     st->size = size;
     st->backend = w->backend;
@@ -97,19 +96,17 @@ void act_shm_unlend(act_worker *w, uint64_t hold)
 }
 
 /* The one record of a message of kind PROCESS or RELEASE, decoded by decode: 0 or DT_EPROTO. */
-static int s_only_record(mb_message *m, int (*decode)(const msgpack_object *, void *), void *out)
+static int s_only_record(mb_message *m, int (*decode)(const mb_cursor *, void *), void *out)
 {
     mb_body_reader r;
-    msgpack_object rec;
+    mb_cursor rec;
     if (mb_body_init(&r, zmq_msg_data(&m->body), zmq_msg_size(&m->body), m->header.count) != 0)
         return DT_EPROTO;
-    int rc = mb_body_next(&r, &rec) == 1 && decode(&rec, out) == 0 && mb_body_next(&r, &rec) == 0 ? 0 : DT_EPROTO;
-    mb_body_destroy(&r);
-    return rc;
+    return mb_body_next(&r, &rec) == 1 && decode(&rec, out) == 0 && mb_body_next(&r, &rec) == 0 ? 0 : DT_EPROTO;
 }
 
-static int s_decode_process(const msgpack_object *rec, void *out) { return mb_decode_process(rec, out); }
-static int s_decode_release(const msgpack_object *rec, void *out) { return mb_decode_release(rec, out); }
+static int s_decode_process(const mb_cursor *rec, void *out) { return mb_decode_process(rec, out); }
+static int s_decode_release(const mb_cursor *rec, void *out) { return mb_decode_release(rec, out); }
 
 static void s_proc_free(act_proc *p)
 {

@@ -24,8 +24,36 @@
 #define S_POLL_MS 500 /* how often an idle worker looks at its stop flag */
 
 /* what a COMPUTE record can carry must fit what a kernel takes */
-_Static_assert(OP_MAX_INPUTS <= MB_MAX_IDS && OP_MAX_CTX <= MB_MAX_INTS && OP_MAX_INTS == MB_MAX_INTS &&
+_Static_assert(OP_MAX_INPUTS <= MB_MAX_IDS && OP_MAX_OUTPUTS <= MB_MAX_OUTS && OP_MAX_CTX <= MB_MAX_INTS && OP_MAX_INTS == MB_MAX_INTS &&
                OP_MAX_FLOATS == MB_MAX_FLOATS, "mb_schema.h's COMPUTE limits hold op_kernel's");
+
+/* The worker whose thread this is, between act_worker_init and act_worker_fini: its spare lists
+ * are touched by this thread alone. A storage let go on any other thread (a frame's free callback,
+ * a peer thread done reading) goes back to malloc. */
+static _Thread_local act_worker *s_self;
+
+act_storage *act_storage_alloc(void)
+{
+    act_worker *w = s_self;
+    act_storage *st;
+    if (w && w->nspare_storage > 0) {
+        st = w->spare_storage[--w->nspare_storage];
+        memset(st, 0, sizeof *st);
+    } else if (!(st = calloc(1, sizeof *st))) {
+        return NULL;
+    }
+    atomic_init(&st->refs, 1);
+    return st;
+}
+
+static void s_storage_free(act_storage *st)
+{
+    act_worker *w = s_self;
+    if (w && w->nspare_storage < ACT_SPARE_TENSORS)
+        w->spare_storage[w->nspare_storage++] = st;
+    else
+        free(st);
+}
 
 void act_storage_release(act_storage *st)
 {
@@ -37,19 +65,20 @@ void act_storage_release(act_storage *st)
         zmq_msg_close(&st->msg);
     else
         st->backend->free(st->data, st->size);
-    free(st);
+    s_storage_free(st);
 }
 
 void act_storage_free_fn(void *data, void *hint) { act_storage_release(hint); }
 
 act_storage *act_storage_new(const op_backend *backend, size_t size)
 {
-    act_storage *st = calloc(1, sizeof *st);
-    if (!st || !(st->data = backend->alloc(size))) {
-        free(st);
+    act_storage *st = act_storage_alloc();
+    if (!st)
+        return NULL;
+    if (!(st->data = backend->alloc(size))) {
+        s_storage_free(st);
         return NULL;
     }
-    atomic_init(&st->refs, 1);
     st->size = size;
     st->backend = backend;
     return st;
@@ -63,10 +92,9 @@ act_storage *act_storage_piece(const act_worker *w, size_t size)
 
 act_storage *act_storage_adopt(zmq_msg_t *frame)
 {
-    act_storage *st = calloc(1, sizeof *st);
+    act_storage *st = act_storage_alloc();
     if (!st)
         return NULL;
-    atomic_init(&st->refs, 1);
     zmq_msg_init(&st->msg);
     zmq_msg_move(&st->msg, frame);
     st->adopted = true;
@@ -80,13 +108,25 @@ const char *act_copy_bytes(op_copy_fn copy, void *dst, const void *src, size_t s
     return copy(dst, (const int64_t[]){1}, src, (const int64_t[]){1}, 1, (const int64_t[]){(int64_t)size}, 1);
 }
 
-void act_wtensor_free(act_wtensor *t)
+act_wtensor *act_wtensor_new(act_worker *w)
+{
+    if (w->nspare == 0)
+        return calloc(1, sizeof(act_wtensor));
+    act_wtensor *t = w->spare[--w->nspare];
+    memset(t, 0, sizeof *t);
+    return t;
+}
+
+void act_wtensor_free(act_worker *w, act_wtensor *t)
 {
     if (!t)
         return;
     act_storage_release(t->storage);
     free(t->error);
-    free(t);
+    if (w->nspare < ACT_SPARE_TENSORS)
+        w->spare[w->nspare++] = t;
+    else
+        free(t);
 }
 
 static size_t s_bytes(const act_wtensor *t)
@@ -126,14 +166,14 @@ void act_wtensor_drop(act_worker *w, uint64_t id)
     act_wtensor *t = dt_idmap_take(&w->tensors, id);
     if (t)
         s_unhold(w, t->storage);
-    act_wtensor_free(t);
+    act_wtensor_free(w, t);
 }
 
 void act_wtensor_put(act_worker *w, uint64_t id, act_wtensor *t)
 {
     act_wtensor_drop(w, id);
     if (dt_idmap_put(&w->tensors, id, t) != 0) {
-        act_wtensor_free(t);
+        act_wtensor_free(w, t);
         return;
     }
     s_hold(w, t->storage);
@@ -141,7 +181,7 @@ void act_wtensor_put(act_worker *w, uint64_t id, act_wtensor *t)
 
 void act_wtensor_poison(act_worker *w, uint64_t id, const char *message)
 {
-    act_wtensor *t = calloc(1, sizeof *t);
+    act_wtensor *t = act_wtensor_new(w);
     if (!t)
         return;
     t->error = strdup(message);
@@ -273,9 +313,9 @@ static const char *s_load(const act_worker *w, act_wtensor *t, int64_t frame, mb
 }
 
 /* Makes the storage of a new tensor of dtype and shape; *out is the tensor even on failure. */
-static const char *s_new_piece(const act_worker *w, dt_dtype dtype, const mb_dims *shape, act_wtensor **out)
+static const char *s_new_piece(act_worker *w, dt_dtype dtype, const mb_dims *shape, act_wtensor **out)
 {
-    act_wtensor *t = *out = calloc(1, sizeof *t);
+    act_wtensor *t = *out = act_wtensor_new(w);
     if (!t)
         return "out of memory on the device";
     t->dtype = dtype;
@@ -286,8 +326,9 @@ static const char *s_new_piece(const act_worker *w, dt_dtype dtype, const mb_dim
 
 /* Runs an op record that makes a tensor from nothing but its own fields (and payloads): the
  * tensor, or its poisoned place when it could not be made. */
-static void s_make(act_worker *w, int64_t code, const msgpack_object *rec, mb_message *m)
+static void s_make(act_worker *w, int64_t code, mb_cursor *rec, mb_message *m)
 {
+    const mb_cursor start = *rec;
     const op_backend *be = w->backend;
     const char *why = NULL;
     act_wtensor *t = NULL;
@@ -296,7 +337,7 @@ static void s_make(act_worker *w, int64_t code, const msgpack_object *rec, mb_me
     switch (code) {
     case MB_OP_EMPTY: {
         mb_empty_rec r;
-        if ((rc = mb_decode_empty(rec, &r)) == 0) {
+        if ((rc = mb_read_empty(rec, &r)) == 0) {
             id = r.id;
             why = s_new_piece(w, r.dtype, &r.shape, &t);
         }
@@ -304,7 +345,7 @@ static void s_make(act_worker *w, int64_t code, const msgpack_object *rec, mb_me
     }
     case MB_OP_FILL: {
         mb_fill_rec r;
-        if ((rc = mb_decode_fill(rec, &r)) == 0) {
+        if ((rc = mb_read_fill(rec, &r)) == 0) {
             id = r.id;
             if (!(why = s_new_piece(w, r.dtype, &r.shape, &t)))
                 why = be->fill(t->data, t->dtype, dt_layout_numel(t->ndim, t->shape), r.value);
@@ -313,7 +354,7 @@ static void s_make(act_worker *w, int64_t code, const msgpack_object *rec, mb_me
     }
     case MB_OP_RANDOM: {
         mb_random_rec r;
-        if ((rc = mb_decode_random(rec, &r)) == 0 &&
+        if ((rc = mb_read_random(rec, &r)) == 0 &&
             (r.offset.n != r.shape.n || r.global_shape.n != r.shape.n || !dt_dtype_is_float(r.dtype)))
             rc = dt_err(DT_EPROTO, "malformed random record: offset, shape and global shape disagree, or not a "
                                    "float dtype");
@@ -327,7 +368,7 @@ static void s_make(act_worker *w, int64_t code, const msgpack_object *rec, mb_me
     }
     case MB_OP_ARANGE: {
         mb_arange_rec r;
-        if ((rc = mb_decode_arange(rec, &r)) == 0 && r.shape.n != 1)
+        if ((rc = mb_read_arange(rec, &r)) == 0 && r.shape.n != 1)
             rc = dt_err(DT_EPROTO, "malformed arange record: a range has one dim");
         if (rc == 0) {
             id = r.id;
@@ -338,9 +379,9 @@ static void s_make(act_worker *w, int64_t code, const msgpack_object *rec, mb_me
     }
     case MB_OP_LOAD: {
         mb_load_rec r;
-        if ((rc = mb_decode_load(rec, &r)) == 0) {
+        if ((rc = mb_read_load(rec, &r)) == 0) {
             id = r.id;
-            if ((t = calloc(1, sizeof *t))) {
+            if ((t = act_wtensor_new(w))) {
                 t->dtype = r.dtype;
                 t->ndim = r.shape.n;
                 memcpy(t->shape, r.shape.v, (size_t)r.shape.n * sizeof *r.shape.v);
@@ -356,7 +397,8 @@ static void s_make(act_worker *w, int64_t code, const msgpack_object *rec, mb_me
     }
     if (rc != 0) {
         /* a record that cannot be read still poisons its output when it names one */
-        if (!mb_get_u64(rec, 1, &id)) {
+        *rec = start; /* not read whole */
+        if (!mb_field_u64(rec, 1, &id)) {
             fprintf(stderr, "dtorch worker %" PRId64 ": dropped a malformed op record: %s\n", w->device,
                     dt_last_error());
             return;
@@ -366,7 +408,7 @@ static void s_make(act_worker *w, int64_t code, const msgpack_object *rec, mb_me
     if (why) {
         char msg[DT_ERRMSG_MAX];
         act_worker_failure(w, msg, sizeof msg, mb_op_name(code), why);
-        act_wtensor_free(t);
+        act_wtensor_free(w, t);
         act_wtensor_poison(w, id, msg);
     } else {
         act_wtensor_put(w, id, t);
@@ -420,7 +462,7 @@ static bool s_read_views(const mb_views *views, op_kernel *k, uint64_t *seen)
 /* An output whose bytes start at data, inside storage (op_def.alias): it shares the storage. */
 static void s_put_view(act_worker *w, uint64_t id, act_storage *storage, char *data, const op_local *out)
 {
-    act_wtensor *t = calloc(1, sizeof *t);
+    act_wtensor *t = act_wtensor_new(w);
     if (!t) {
         act_wtensor_poison(w, id, "out of memory on the device");
         return;
@@ -436,10 +478,10 @@ static void s_put_view(act_worker *w, uint64_t id, act_storage *storage, char *d
 
 /* COMPUTE: a registered op's kernel on this device's pieces. A poisoned input poisons the
  * outputs with its (root) message. False for a record it cannot read (dt_last_error says why). */
-static bool s_compute(act_worker *w, const msgpack_object *rec)
+static bool s_compute(act_worker *w, mb_cursor *rec)
 {
     mb_compute_rec r;
-    if (mb_decode_compute(rec, &r) != 0)
+    if (mb_read_compute(rec, &r) != 0)
         return false;
     const op_def *def = r.op >= 0 && r.op <= INT32_MAX ? op_at((int)r.op) : NULL;
     if (!def || r.outs.n > OP_MAX_OUTPUTS || r.ins.n > OP_MAX_INPUTS || r.ctx.n > OP_MAX_CTX) {
@@ -462,12 +504,10 @@ static bool s_compute(act_worker *w, const msgpack_object *rec)
     memcpy(k.ctx, r.ctx.v, (size_t)r.ctx.n * sizeof *r.ctx.v);
     uint64_t out_ids[OP_MAX_OUTPUTS];
     for (int o = 0; o < k.nout; o++) {
-        mb_out_rec out;
-        if (mb_decode_out(&r.outs.items[o], &out) != 0)
-            return false;
-        out_ids[o] = out.id;
-        k.out[o] = (op_local){.dtype = out.dtype, .ndim = out.shape.n};
-        memcpy(k.out[o].shape, out.shape.v, (size_t)out.shape.n * sizeof *out.shape.v);
+        const mb_out_rec *out = &r.outs.v[o];
+        out_ids[o] = out->id;
+        k.out[o] = (op_local){.dtype = out->dtype, .ndim = out->shape.n};
+        memcpy(k.out[o].shape, out->shape.v, (size_t)out->shape.n * sizeof *out->shape.v);
     }
     const char *why = NULL;
     act_wtensor *first = NULL; /* input 0 */
@@ -516,7 +556,7 @@ static bool s_compute(act_worker *w, const msgpack_object *rec)
             k.out[0].data = k.in[0].data = written->data;
     }
     for (int o = written ? 1 : 0; o < k.nout && !why; o++) {
-        made[o] = calloc(1, sizeof *made[o]);
+        made[o] = act_wtensor_new(w);
         if (!made[o]) {
             why = "out of memory on the device";
             break;
@@ -533,7 +573,7 @@ static bool s_compute(act_worker *w, const msgpack_object *rec)
         if (o == 0 && written && !why)
             continue; /* written in place: it is already in the table */
         if (why) {
-            act_wtensor_free(made[o]);
+            act_wtensor_free(w, made[o]);
             act_worker_failure(w, msg, sizeof msg, def->name, why);
             act_wtensor_poison(w, out_ids[o], msg);
         } else {
@@ -591,10 +631,10 @@ static void s_trace_marks_resolve(act_worker *w)
 }
 
 /* TRACE: start, stop, or send the events (an int64 (n, MB_TRACE_FIELDS) value). */
-static bool s_trace(act_worker *w, const msgpack_object *rec)
+static bool s_trace(act_worker *w, mb_cursor *rec)
 {
     mb_trace_rec r;
-    if (mb_decode_trace(rec, &r) != 0)
+    if (mb_read_trace(rec, &r) != 0)
         return false;
     size_t rows = r.action == MB_TRACE_SEND ? w->ntrace : 1;
     size_t bytes = rows * (r.action == MB_TRACE_SEND ? MB_TRACE_FIELDS : 1) * sizeof(int64_t);
@@ -642,22 +682,28 @@ static bool s_trace(act_worker *w, const msgpack_object *rec)
     return true;
 }
 
-static bool s_run_record(act_worker *w, const msgpack_object *rec, mb_message *m, int64_t code);
+static bool s_run_record(act_worker *w, mb_cursor *rec, mb_message *m, int64_t code);
 
-bool act_worker_run_record(act_worker *w, const msgpack_object *rec, mb_message *m)
+bool act_worker_run_record(act_worker *w, mb_cursor *rec, mb_message *m)
 {
+    const mb_cursor start = *rec;
     int64_t code;
+    bool ok;
     if (mb_record_code(rec, &code) != 0)
         return false;
-    if (code == MB_OP_TRACE)
-        return s_trace(w, rec);
-    if (!w->tracing)
-        return s_run_record(w, rec, m, code);
+    if (code == MB_OP_TRACE || !w->tracing) {
+        ok = code == MB_OP_TRACE ? s_trace(w, rec) : s_run_record(w, rec, m, code);
+        if (!ok)
+            *rec = start; /* read in part at most: left for the body reader to step over */
+        return ok;
+    }
     const op_backend *b = w->backend;
     bool marked = b->mark && w->ntrace < ACT_TRACE_MARKED;
     void *mark_begin = marked ? b->mark() : NULL;
     int64_t begin = s_now_ns();
-    bool ok = s_run_record(w, rec, m, code);
+    ok = s_run_record(w, rec, m, code);
+    if (!ok)
+        *rec = start;
     void *mark_end = marked ? b->mark() : NULL;
     if (w->ntrace == w->cap_trace && w->cap_trace < ACT_TRACE_MAX) {
         size_t cap = w->cap_trace ? 2 * w->cap_trace : 4096;
@@ -677,9 +723,9 @@ bool act_worker_run_record(act_worker *w, const msgpack_object *rec, mb_message 
             mark_begin = mark_end = NULL;
         }
         int64_t *e = w->trace + w->ntrace++ * MB_TRACE_FIELDS, op = -1;
-        const msgpack_object_array *fields = &rec->via.array;
-        if (code == MB_OP_COMPUTE && fields->size > 1 && fields->ptr[1].type == MSGPACK_OBJECT_POSITIVE_INTEGER)
-            op = (int64_t)fields->ptr[1].via.u64;   /* a COMPUTE's op number comes first */
+        uint64_t number;
+        if (code == MB_OP_COMPUTE && mb_field_u64(&start, 1, &number) && number <= INT64_MAX)
+            op = (int64_t)number;   /* a COMPUTE's op number comes first */
         e[MB_TRACE_CODE] = code;
         e[MB_TRACE_OP] = op;
         e[MB_TRACE_BEGIN] = begin;
@@ -692,12 +738,12 @@ bool act_worker_run_record(act_worker *w, const msgpack_object *rec, mb_message 
     return ok;
 }
 
-static bool s_run_record(act_worker *w, const msgpack_object *rec, mb_message *m, int64_t code)
+static bool s_run_record(act_worker *w, mb_cursor *rec, mb_message *m, int64_t code)
 {
     switch (code) {
     case MB_OP_SYNC: {
         mb_sync_rec r;
-        if (mb_decode_sync(rec, &r) != 0)
+        if (mb_read_sync(rec, &r) != 0)
             return false;
         const char *why = w->backend->synchronize ? w->backend->synchronize() : NULL;
         if (why)
@@ -708,7 +754,7 @@ static bool s_run_record(act_worker *w, const msgpack_object *rec, mb_message *m
     }
     case MB_OP_FREE: {
         mb_free_rec r;
-        if (mb_decode_free(rec, &r) != 0)
+        if (mb_read_free(rec, &r) != 0)
             return false;
         act_replay_free(w, r.id);
         return true;
@@ -716,7 +762,7 @@ static bool s_run_record(act_worker *w, const msgpack_object *rec, mb_message *m
     case MB_OP_FETCH: {
         mb_fetch_rec r;
         const char *why;
-        if (mb_decode_fetch(rec, &r) != 0)
+        if (mb_read_fetch(rec, &r) != 0)
             return false;
         act_wtensor *t = act_wtensor_lookup(w, r.id, &why);
         if (t)
@@ -727,7 +773,7 @@ static bool s_run_record(act_worker *w, const msgpack_object *rec, mb_message *m
     }
     case MB_OP_STATS: {
         mb_stats_rec r;
-        if (mb_decode_stats(rec, &r) != 0)
+        if (mb_read_stats(rec, &r) != 0)
             return false;
         s_reply_stats(w, r.future, r.piece);
         if (r.reset_peak)
@@ -782,15 +828,16 @@ static int s_run_batch(act_worker *w, mb_message *m)
 {
     mb_body_reader r;
     if (mb_body_init(&r, zmq_msg_data(&m->body), zmq_msg_size(&m->body), m->header.count) == 0) {
-        msgpack_object rec;
+        mb_cursor rec;
         int rc;
-        while ((rc = mb_body_next(&r, &rec)) == 1)
+        while ((rc = mb_body_next(&r, &rec)) == 1) {
             if (!act_worker_run_record(w, &rec, m))
                 fprintf(stderr, "dtorch worker %" PRId64 ": dropped a malformed op record: %s\n", w->device,
                         dt_last_error());
+            mb_body_read(&r, &rec);
+        }
         if (rc < 0)
             fprintf(stderr, "dtorch worker %" PRId64 ": %s\n", w->device, dt_last_error());
-        mb_body_destroy(&r);
     } else {
         fprintf(stderr, "dtorch worker %" PRId64 ": %s\n", w->device, dt_last_error());
     }
@@ -803,7 +850,7 @@ static int s_run_batch(act_worker *w, mb_message *m)
 static void s_note_abort(act_worker *w, mb_message *m)
 {
     mb_body_reader r;
-    msgpack_object rec;
+    mb_cursor rec;
     mb_abort_rec dead;
     if (mb_body_init(&r, zmq_msg_data(&m->body), zmq_msg_size(&m->body), m->header.count) != 0)
         return;
@@ -812,7 +859,6 @@ static void s_note_abort(act_worker *w, mb_message *m)
         dt_idmap_put(&w->dead, (uint64_t)dead.device + 1, w);
         act_shm_forget(w, dead.device);
     }
-    mb_body_destroy(&r);
 }
 
 /* MB_ENDPOINT: where a peer on another host listens. Read again here (the controller checked it
@@ -820,7 +866,7 @@ static void s_note_abort(act_worker *w, mb_message *m)
 static void s_note_endpoint(act_worker *w, mb_message *m)
 {
     mb_body_reader r;
-    msgpack_object rec;
+    mb_cursor rec;
     mb_endpoint_rec peer;
     if (!w->remote || mb_body_init(&r, zmq_msg_data(&m->body), zmq_msg_size(&m->body), m->header.count) != 0)
         return;
@@ -837,7 +883,6 @@ static void s_note_endpoint(act_worker *w, mb_message *m)
                 free(kept);
         }
     }
-    mb_body_destroy(&r);
 }
 
 bool act_worker_orphaned(act_worker *w)
@@ -1090,6 +1135,7 @@ void act_worker_init(act_worker *w, int64_t device, const op_backend *backend, c
     dt_idmap_init(&w->pins);
     dt_idmap_init(&w->holds);
     dt_idmap_init(&w->procs);
+    s_self = w;
 }
 
 void act_worker_drop_reply(act_worker *w)
@@ -1116,8 +1162,10 @@ void act_worker_fini(act_worker *w)
     uint64_t id;
     void *t;
     while (dt_idmap_next(&w->tensors, &cursor, &id, &t))
-        act_wtensor_free(t);
+        act_wtensor_free(w, t);
     dt_idmap_destroy(&w->tensors);
+    while (w->nspare > 0)
+        free(w->spare[--w->nspare]);
     dt_idmap_destroy(&w->dead);
     act_peer_close(w);
     cursor = 0;
@@ -1133,4 +1181,8 @@ void act_worker_fini(act_worker *w)
     if (w->sock && w->orphaned)
         zsock_set_linger(w->sock, 0); /* nobody is left to read what it still queues */
     mb_socket_destroy(&w->sock);
+    if (s_self == w)
+        s_self = NULL; /* storage let go from now on goes back to malloc */
+    while (w->nspare_storage > 0)
+        free(w->spare_storage[--w->nspare_storage]);
 }

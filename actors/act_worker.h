@@ -5,7 +5,6 @@
 #ifndef ACT_WORKER_H
 #define ACT_WORKER_H
 
-#include <msgpack.h>
 #include <stdatomic.h>
 
 #include "dt_idmap.h"
@@ -18,6 +17,7 @@
 
 #define ACT_TRACE_MAX (1u << 20) /* events a device keeps while tracing (32 MiB); later ones are dropped */
 #define ACT_TRACE_MARKED (1u << 16) /* ... of which the first this many are timed by the backend's marks, the rest by the host */
+#define ACT_SPARE_TENSORS 1024 /* freed tensor-table entries a worker keeps for reuse */
 #define ACT_SHM_MIN (256u << 10) /* worker processes: pieces and regions from this size up are shared by handle */
 
 /* Bytes of a piece. Immutable once made, so it can be sent, shared by replicas and read by
@@ -140,6 +140,13 @@ typedef struct {
     zsock_t *out;               /* worker threads: one ROUTER connected to every peer sent to (made lazily) */
     dt_idmap linked;            /* worker threads: device + 1 -> non-NULL once `out` is connected to it */
     dt_idmap tensors;           /* id -> act_wtensor */
+    act_wtensor *spare[ACT_SPARE_TENSORS]; /* freed entries kept for the next pieces: a pipeline of
+                                 * small ops makes and frees thousands in flight, past what malloc's
+                                 * per-thread cache keeps */
+    int nspare;
+    act_storage *spare_storage[ACT_SPARE_TENSORS]; /* the same for storage records let go on this
+                                 * worker's thread (with their bytes already given back) */
+    int nspare_storage;
     dt_idmap received;          /* transfer id -> act_recv */
     dt_idmap dead;              /* device + 1 -> non-NULL: devices the controller said died */
     act_pending *pending_head, *pending_tail; /* controller messages that came during a wait */
@@ -169,6 +176,9 @@ const char *act_worker_no_memory(const act_worker *w);
 
 void act_storage_release(act_storage *st);
 void act_storage_free_fn(void *data, void *hint);
+/* A zeroed storage record with one reference and no bytes yet (NULL when memory ran out): on a
+ * worker's thread, one that thread let go of before. */
+act_storage *act_storage_alloc(void);
 act_storage *act_storage_new(const op_backend *backend, size_t size);
 /* The storage of a new piece of size bytes: a shared segment in a worker process that lends (size
  * at least ACT_SHM_MIN), else the backend's memory. NULL when out of memory. */
@@ -181,7 +191,10 @@ const char *act_copy_bytes(op_copy_fn copy, void *dst, const void *src, size_t s
 act_wtensor *act_wtensor_lookup(act_worker *w, uint64_t id, const char **why);
 /* Puts t in the tensor table as id (replacing and freeing what was there), counting its bytes. */
 void act_wtensor_put(act_worker *w, uint64_t id, act_wtensor *t);
-void act_wtensor_free(act_wtensor *t);
+/* A zeroed entry for w's tensor table (NULL when memory ran out), and its end (NULL is ignored):
+ * its storage is released and the entry kept for the next one. */
+act_wtensor *act_wtensor_new(act_worker *w);
+void act_wtensor_free(act_worker *w, act_wtensor *t);
 /* Gives t, an entry of the tensor table, the storage st instead of its own (the same bytes moved,
  * or a private copy before a write), with data at st's start; takes st's reference and lets go
  * of the old one. */
@@ -191,16 +204,18 @@ void act_wtensor_drop(act_worker *w, uint64_t id);
 /* A tensor that could not be made; ops that use it fail with this message. */
 void act_wtensor_poison(act_worker *w, uint64_t id, const char *message);
 
-/* Runs one op record (m: the message it came in, for payloads; NULL for a replayed one). False
- * for a record it cannot even read (dt_last_error says why). */
-bool act_worker_run_record(act_worker *w, const msgpack_object *rec, mb_message *m);
+/* Runs the op record at rec (m: the message it came in, for payloads; NULL for a replayed one),
+ * read straight from the bytes: rec then points past it. False for a record it cannot even read
+ * (dt_last_error says why); rec is then left at the record's start, and so is it for a record read
+ * in part only. */
+bool act_worker_run_record(act_worker *w, mb_cursor *rec, mb_message *m);
 /* "<op> failed on device N[ (op k of captured 'name')]: why" into msg. */
 void act_worker_failure(const act_worker *w, char *msg, size_t size, const char *op, const char *why);
 
 /* act_replay: captured sequences (DEFINE, REPLAY, DROP records). */
-bool act_replay_define(act_worker *w, const msgpack_object *rec, mb_message *m);
-bool act_replay_run(act_worker *w, const msgpack_object *rec);
-bool act_replay_drop(act_worker *w, const msgpack_object *rec);
+bool act_replay_define(act_worker *w, mb_cursor *rec, mb_message *m);
+bool act_replay_run(act_worker *w, mb_cursor *rec);
+bool act_replay_drop(act_worker *w, mb_cursor *rec);
 void act_replay_forget(act_worker *w, act_graph *g);
 /* A FREE record: the tensor goes now, or when the last sequence that uses it is dropped. */
 void act_replay_free(act_worker *w, uint64_t id);
@@ -212,8 +227,8 @@ void act_replay_close(act_worker *w);
 int act_peer_open(act_worker *w);
 void act_peer_close(act_worker *w);
 /* Runs SEND and ASSEMBLE records; false for a record it cannot read. */
-bool act_peer_send(act_worker *w, const msgpack_object *rec);
-bool act_peer_assemble(act_worker *w, const msgpack_object *rec);
+bool act_peer_send(act_worker *w, mb_cursor *rec);
+bool act_peer_assemble(act_worker *w, mb_cursor *rec);
 /* Handles every message waiting on the peer socket (stashes regions, takes releases). */
 void act_peer_receive(act_worker *w);
 /* Waits up to a poll interval for a message from a peer or the controller, and handles it (a

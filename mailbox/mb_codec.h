@@ -14,10 +14,10 @@
 #ifndef MB_CODEC_H
 #define MB_CODEC_H
 
-#include <msgpack.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #define MB_VERSION 1                /* bumped on any incompatible change of the wire format */
 #define MB_MAX_HEADER 64            /* bytes; a header is 5 small integers */
@@ -53,37 +53,219 @@ size_t mb_header_encode(const mb_header *h, char *buf);
 /* Strict decode: exactly one array of 5 unsigned integers, known kind, MB_VERSION. 0 or DT_EPROTO. */
 int mb_header_decode(const void *data, size_t size, mb_header *out);
 
-/* Checks that data begins with one well-formed msgpack object whose declared lengths fit in
- * size and whose nesting is at most MB_MAX_DEPTH; stores its length in *used. 0 or DT_EPROTO. */
-int mb_validate(const void *data, size_t size, size_t *used);
-/* Validates as mb_validate does and decodes the object into *out as msgpack_unpack would: arrays
- * and maps allocated in zone, strings and bins pointing into data (which must outlive *out). */
-int mb_decode_object(const void *data, size_t size, msgpack_zone *zone, msgpack_object *out, size_t *used);
-
-/* Iterates the `count` objects of a body; each object lives until the next call, or with `keep`
- * set (after init) until mb_body_destroy. */
+/* ---- reading: a cursor over msgpack bytes -------------------------------------------------
+ * Records are read straight from the bytes into their decoded structs (mb_schema.h): no object
+ * tree, no allocation. Every read checks the bytes left before it trusts a length, takes one whole
+ * object of the type asked for, and advances past it; on false the cursor is left where it was.
+ * Values keep msgpack-c's reading: an integer of any encoding whose value is >= 0 is unsigned. */
 typedef struct {
-    const char *data;
-    size_t size;
-    size_t offset;
+    const uint8_t *p, *end;
+} mb_cursor;
+
+static inline mb_cursor mb_cursor_of(const void *data, size_t size)
+{
+    const uint8_t *p = data;
+    return (mb_cursor){p, size ? p + size : p}; /* an empty frame's data may be NULL */
+}
+
+static inline size_t mb_left(const mb_cursor *c) { return (size_t)(c->end - c->p); }
+
+/* The next object's first byte, 0xc1 (a byte msgpack never uses) at the end. */
+static inline uint8_t mb_peek(const mb_cursor *c) { return c->p < c->end ? *c->p : 0xc1; }
+
+static inline uint64_t mb_be(const uint8_t *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+/* An integer of any encoding: its value as 64 bits, negative when *neg. */
+static inline bool mb_read_int(mb_cursor *c, uint64_t *bits, bool *neg)
+{
+    uint8_t b = mb_peek(c);
+    if (b <= 0x7f || b >= 0xe0) {
+        *bits = (uint64_t)(int64_t)(int8_t)b;
+        *neg = b >= 0xe0;
+        c->p++;
+        return true;
+    }
+    if (b < 0xcc || b > 0xd3)
+        return false;
+    int n = 1 << ((b - 0xcc) & 3);
+    if (mb_left(c) < (size_t)n + 1)
+        return false;
+    uint64_t v = mb_be(c->p + 1, n);
+    if (b >= 0xd0) { /* int 8/16/32/64: sign-extend from the top bit of its n bytes */
+        int shift = 64 - 8 * n;
+        v = (uint64_t)((int64_t)(v << shift) >> shift);
+        *neg = (int64_t)v < 0;
+    } else {
+        *neg = false;
+    }
+    *bits = v;
+    c->p += 1 + n;
+    return true;
+}
+
+/* an integer >= 0 */
+static inline bool mb_read_u64(mb_cursor *c, uint64_t *out)
+{
+    mb_cursor at = *c;
+    uint64_t v;
+    bool neg;
+    if (!mb_read_int(&at, &v, &neg) || neg)
+        return false;
+    *out = v;
+    *c = at;
+    return true;
+}
+
+/* an integer in int64's range */
+static inline bool mb_read_i64(mb_cursor *c, int64_t *out)
+{
+    mb_cursor at = *c;
+    uint64_t v;
+    bool neg;
+    if (!mb_read_int(&at, &v, &neg) || (!neg && v > INT64_MAX))
+        return false;
+    *out = (int64_t)v;
+    *c = at;
+    return true;
+}
+
+/* a float32 or float64 (not an integer) */
+static inline bool mb_read_float(mb_cursor *c, double *out)
+{
+    uint8_t b = mb_peek(c);
+    size_t n = b == 0xca ? 4 : b == 0xcb ? 8 : 0;
+    if (!n || mb_left(c) < n + 1)
+        return false;
+    uint64_t bits = mb_be(c->p + 1, (int)n);
+    if (n == 4) {
+        uint32_t b32 = (uint32_t)bits;
+        float f;
+        memcpy(&f, &b32, sizeof f);
+        *out = f;
+    } else {
+        memcpy(out, &bits, sizeof *out);
+    }
+    c->p += 1 + n;
+    return true;
+}
+
+/* a float, or an integer taken as a double */
+static inline bool mb_read_f64(mb_cursor *c, double *out)
+{
+    uint64_t v;
+    bool neg;
+    if (mb_read_float(c, out))
+        return true;
+    if (!mb_read_int(c, &v, &neg))
+        return false;
+    *out = neg ? (double)(int64_t)v : (double)v;
+    return true;
+}
+
+static inline bool mb_read_bool(mb_cursor *c, bool *out)
+{
+    uint8_t b = mb_peek(c);
+    if (b != 0xc2 && b != 0xc3)
+        return false;
+    *out = b == 0xc3;
+    c->p++;
+    return true;
+}
+
+/* true, past it, when the next object is nil */
+static inline bool mb_read_nil(mb_cursor *c)
+{
+    if (mb_peek(c) != 0xc0)
+        return false;
+    c->p++;
+    return true;
+}
+
+/* The length in the header at c of a string or an array: a fix form (fix | length, the length in
+ * the bits of fixmask) or a long one (tags wide.. wide + nwide - 1, with base << (tag - wide)
+ * bytes of length after the tag), in *len, and the bytes after the tag in *head. False for
+ * another type, or a length the bytes left could not hold (each unit needs a byte). */
+static inline bool s_mb_header(const mb_cursor *c, uint8_t fix, uint8_t fixmask, uint8_t wide, int nwide, int base,
+                               uint64_t *len, int *head)
+{
+    uint8_t b = mb_peek(c);
+    if ((b & (uint8_t)~fixmask) == fix && c->p < c->end) {
+        *len = b & fixmask;
+        *head = 0;
+    } else if (b >= wide && b < wide + nwide) {
+        *head = base << (b - wide);
+        if (mb_left(c) < (size_t)*head + 1)
+            return false;
+        *len = mb_be(c->p + 1, *head);
+    } else {
+        return false;
+    }
+    return *len <= mb_left(c) - 1 - (size_t)*head;
+}
+
+/* a string: its bytes stay in the buffer (not NUL-terminated) */
+static inline bool mb_read_str(mb_cursor *c, const char **ptr, uint32_t *len)
+{
+    uint64_t n;
+    int head;
+    if (!s_mb_header(c, 0xa0, 0x1f, 0xd9, 3, 1, &n, &head))
+        return false;
+    *ptr = (const char *)c->p + 1 + head;
+    *len = (uint32_t)n;
+    c->p += 1 + (size_t)head + n;
+    return true;
+}
+
+/* An array's header: its element count, which the bytes left could hold (each element needs a
+ * byte); the elements follow, read one by one. */
+static inline bool mb_read_array(mb_cursor *c, uint32_t *n)
+{
+    uint64_t len;
+    int head;
+    if (!s_mb_header(c, 0x90, 0x0f, 0xdc, 2, 2, &len, &head))
+        return false;
+    *n = (uint32_t)len;
+    c->p += 1 + head;
+    return true;
+}
+
+/* Steps over one whole object, checking that it is well formed: its declared lengths fit in the
+ * bytes left, its nesting is at most MB_MAX_DEPTH, no reserved byte or ext type. 0 or DT_EPROTO
+ * (the cursor is then where it was). */
+int mb_skip(mb_cursor *c);
+/* The same over the first object of data: its length in *used. */
+int mb_validate(const void *data, size_t size, size_t *used);
+
+/* ---- bodies --------------------------------------------------------------------------------- */
+
+/* Iterates the `count` records of a body. Each is handed out as a cursor from its first byte to
+ * the body's end; a caller that reads it with the consuming readers (mb_read_<name>) tells the
+ * reader where it ended with mb_body_read, and the next record starts there. Otherwise the next
+ * mb_body_next steps over the record with mb_skip, checking it whole. Either way no read goes
+ * past the body, and every record is checked before anything after it is handed out. */
+typedef struct {
+    mb_cursor at;        /* the record handed out last, or the next one */
     uint32_t remaining;
-    bool keep;
-    msgpack_zone zone;
+    bool pending;        /* at is the record handed out last, still to be stepped over */
 } mb_body_reader;
 
 int mb_body_init(mb_body_reader *r, const void *data, size_t size, uint32_t count);
-/* 1: *out is the next object; 0: all count objects read and no bytes left over; DT_EPROTO. */
-int mb_body_next(mb_body_reader *r, msgpack_object *out);
-void mb_body_destroy(mb_body_reader *r);
-
-/* Typed access to the fields of a record (an array); each returns false on a wrong type or
- * an index out of range, so decoders can reject bad records with one check per field. */
-bool mb_arr(const msgpack_object *o, uint32_t min_len);
-bool mb_get_i64(const msgpack_object *arr, uint32_t i, int64_t *out);
-bool mb_get_u64(const msgpack_object *arr, uint32_t i, uint64_t *out);
-bool mb_get_f64(const msgpack_object *arr, uint32_t i, double *out);  /* float or integer */
-bool mb_get_str(const msgpack_object *arr, uint32_t i, const char **ptr, uint32_t *len);
-/* an array of at most max integers: */
-bool mb_get_i64s(const msgpack_object *arr, uint32_t i, int64_t *out, uint32_t max, uint32_t *n);
+/* 1: *rec is the next record; 0: all count records read and no bytes left over; DT_EPROTO. */
+int mb_body_next(mb_body_reader *r, mb_cursor *rec);
+/* The record last handed out was read up to rec->p (a record read whole by a consuming reader);
+ * a cursor that has not moved off the record's first byte leaves the record to mb_body_next. */
+static inline void mb_body_read(mb_body_reader *r, const mb_cursor *rec)
+{
+    if (r->pending && rec->p > r->at.p && rec->p <= r->at.end) {
+        r->at.p = rec->p;
+        r->pending = false;
+    }
+}
 
 #endif

@@ -1,6 +1,6 @@
 /* mb_schema — the strict decoders of every record, generated from the tables in mb_schema.h:
- * one reader per field type, one decoder per record that checks the arity, the code and each
- * field in turn and names the first one that is wrong. */
+ * one reader per field type, one decoder per record that reads the bytes in one pass, checking
+ * the arity, the code and each field in turn, and names the first one that is wrong. */
 #include "mb_schema.h"
 
 #include <string.h>
@@ -8,140 +8,126 @@
 #include "dt_dtype.h"
 #include "dt_error.h"
 #include "dt_layout.h"
-#include "mb_codec.h"
 
 _Static_assert(MB_MAX_INTS == sizeof ((dt_op_attrs *)0)->ints / sizeof(int64_t), "INTS holds dt_op_attrs.ints");
 _Static_assert(MB_MAX_FLOATS == sizeof ((dt_op_attrs *)0)->floats / sizeof(double), "FLOATS holds dt_op_attrs.floats");
 
-/* ---- field readers: element i of the record array rec ------------------------------------ */
+/* ---- field readers: one field at the cursor, which then points past it ------------------ */
 
-static const msgpack_object *s_at(const msgpack_object *rec, uint32_t i) { return &rec->via.array.ptr[i]; }
+static bool s_get_U64(mb_cursor *c, uint64_t *out) { return mb_read_u64(c, out); }
 
-static bool s_get_U64(const msgpack_object *rec, uint32_t i, uint64_t *out) { return mb_get_u64(rec, i, out); }
+static bool s_get_I64(mb_cursor *c, int64_t *out) { return mb_read_i64(c, out); }
 
-static bool s_get_I64(const msgpack_object *rec, uint32_t i, int64_t *out) { return mb_get_i64(rec, i, out); }
+static bool s_get_BOOL(mb_cursor *c, bool *out) { return mb_read_bool(c, out); }
 
-static bool s_get_BOOL(const msgpack_object *rec, uint32_t i, bool *out)
+/* an integer in [lo, hi] */
+static bool s_get_enum(mb_cursor *c, int64_t lo, int64_t hi, int64_t *out)
 {
-    if (s_at(rec, i)->type != MSGPACK_OBJECT_BOOLEAN)
-        return false;
-    *out = s_at(rec, i)->via.boolean;
-    return true;
+    return mb_read_i64(c, out) && *out >= lo && *out <= hi;
 }
 
-static bool s_get_DTYPE(const msgpack_object *rec, uint32_t i, dt_dtype *out)
+static bool s_get_DTYPE(mb_cursor *c, dt_dtype *out)
 {
     int64_t v;
-    if (!mb_get_i64(rec, i, &v) || v < 0 || v >= DT_NDTYPES)
+    if (!s_get_enum(c, 0, DT_NDTYPES - 1, &v))
         return false;
     *out = (dt_dtype)v;
     return true;
 }
 
-static bool s_get_REDUCE(const msgpack_object *rec, uint32_t i, dt_reduce_op *out)
+static bool s_get_REDUCE(mb_cursor *c, dt_reduce_op *out)
 {
     int64_t v;
-    if (!mb_get_i64(rec, i, &v) || v < DT_REDUCE_SUM || v > DT_REDUCE_MIN)
+    if (!s_get_enum(c, DT_REDUCE_SUM, DT_REDUCE_MIN, &v))
         return false;
     *out = (dt_reduce_op)v;
     return true;
 }
 
-static bool s_get_MODE(const msgpack_object *rec, uint32_t i, mb_part_mode *out)
+static bool s_get_MODE(mb_cursor *c, mb_part_mode *out)
 {
     int64_t v;
-    if (!mb_get_i64(rec, i, &v) || v < MB_PART_COPY || v > MB_PART_DIV)
+    if (!s_get_enum(c, MB_PART_COPY, MB_PART_DIV, &v))
         return false;
     *out = (mb_part_mode)v;
     return true;
 }
 
-static bool s_get_SCALAR(const msgpack_object *rec, uint32_t i, dt_scalar *out)
+static bool s_get_SCALAR(mb_cursor *c, dt_scalar *out)
 {
-    msgpack_object_type type = s_at(rec, i)->type;
-    if (type == MSGPACK_OBJECT_FLOAT32 || type == MSGPACK_OBJECT_FLOAT64) {
-        *out = (dt_scalar){.is_int = false, .f = s_at(rec, i)->via.f64};
+    double f;
+    if (mb_read_float(c, &f)) {
+        *out = (dt_scalar){.is_int = false, .f = f};
         return true;
     }
-    if (!mb_get_i64(rec, i, &out->i))
+    if (!mb_read_i64(c, &out->i))
         return false;
     out->is_int = true;
     out->f = (double)out->i;
     return true;
 }
 
-static bool s_get_OSCALAR(const msgpack_object *rec, uint32_t i, mb_oscalar *out)
+static bool s_get_OSCALAR(mb_cursor *c, mb_oscalar *out)
 {
-    out->present = s_at(rec, i)->type != MSGPACK_OBJECT_NIL;
-    return !out->present || s_get_SCALAR(rec, i, &out->value);
+    out->present = !mb_read_nil(c);
+    return !out->present || s_get_SCALAR(c, &out->value);
 }
 
-static bool s_get_STR(const msgpack_object *rec, uint32_t i, mb_str *out)
-{
-    return mb_get_str(rec, i, &out->ptr, &out->len);
-}
+static bool s_get_STR(mb_cursor *c, mb_str *out) { return mb_read_str(c, &out->ptr, &out->len); }
 
-static bool s_get_OSTR(const msgpack_object *rec, uint32_t i, mb_str *out)
+static bool s_get_OSTR(mb_cursor *c, mb_str *out)
 {
     *out = (mb_str){NULL, 0};
-    return s_at(rec, i)->type == MSGPACK_OBJECT_NIL || s_get_STR(rec, i, out);
+    return mb_read_nil(c) || s_get_STR(c, out);
 }
 
-static bool s_get_DIMS(const msgpack_object *rec, uint32_t i, mb_dims *out)
+/* an array of at most max integers */
+static bool s_get_i64s(mb_cursor *c, int64_t *v, uint32_t max, int *n)
 {
-    uint32_t n;
-    if (!mb_get_i64s(rec, i, out->v, DT_MAX_DIMS, &n))
+    uint32_t len;
+    if (!mb_read_array(c, &len) || len > max)
         return false;
-    out->n = (int)n;
-    return true;
-}
-
-static bool s_get_SHAPE(const msgpack_object *rec, uint32_t i, mb_dims *out)
-{
-    return s_get_DIMS(rec, i, out) && dt_layout_check_shape("record", out->n, out->v) == 0;
-}
-
-static bool s_get_IDS(const msgpack_object *rec, uint32_t i, mb_ids *out)
-{
-    const msgpack_object *o = s_at(rec, i);
-    if (!mb_arr(o, 0) || o->via.array.size > MB_MAX_IDS)
-        return false;
-    for (uint32_t k = 0; k < o->via.array.size; k++)
-        if (!mb_get_u64(o, k, &out->v[k]))
+    for (uint32_t k = 0; k < len; k++)
+        if (!mb_read_i64(c, &v[k]))
             return false;
-    out->n = (int)o->via.array.size;
+    *n = (int)len;
     return true;
 }
 
-static bool s_get_INTS(const msgpack_object *rec, uint32_t i, mb_ints *out)
+static bool s_get_DIMS(mb_cursor *c, mb_dims *out) { return s_get_i64s(c, out->v, DT_MAX_DIMS, &out->n); }
+
+static bool s_get_SHAPE(mb_cursor *c, mb_dims *out)
 {
-    uint32_t n;
-    if (!mb_get_i64s(rec, i, out->v, MB_MAX_INTS, &n))
-        return false;
-    out->n = (int)n;
-    return true;
+    return s_get_DIMS(c, out) && dt_layout_check_shape("record", out->n, out->v) == 0;
 }
 
-static bool s_get_FLOATS(const msgpack_object *rec, uint32_t i, mb_floats *out)
+static bool s_get_IDS(mb_cursor *c, mb_ids *out)
 {
-    const msgpack_object *o = s_at(rec, i);
-    if (!mb_arr(o, 0) || o->via.array.size > MB_MAX_FLOATS)
+    uint32_t len;
+    if (!mb_read_array(c, &len) || len > MB_MAX_IDS)
         return false;
-    for (uint32_t k = 0; k < o->via.array.size; k++)
-        if (!mb_get_f64(o, k, &out->v[k]))
+    for (uint32_t k = 0; k < len; k++)
+        if (!mb_read_u64(c, &out->v[k]))
             return false;
-    out->n = (int)o->via.array.size;
+    out->n = (int)len;
     return true;
 }
 
-static bool s_get_VIEWS(const msgpack_object *rec, uint32_t i, mb_views *out)
+static bool s_get_INTS(mb_cursor *c, mb_ints *out) { return s_get_i64s(c, out->v, MB_MAX_INTS, &out->n); }
+
+static bool s_get_FLOATS(mb_cursor *c, mb_floats *out)
 {
-    uint32_t n;
-    if (!mb_get_i64s(rec, i, out->v, MB_MAX_VIEW_INTS, &n))
+    uint32_t len;
+    if (!mb_read_array(c, &len) || len > MB_MAX_FLOATS)
         return false;
-    out->n = (int)n;
+    for (uint32_t k = 0; k < len; k++)
+        if (!mb_read_f64(c, &out->v[k]))
+            return false;
+    out->n = (int)len;
     return true;
 }
+
+static bool s_get_VIEWS(mb_cursor *c, mb_views *out) { return s_get_i64s(c, out->v, MB_MAX_VIEW_INTS, &out->n); }
 
 int mb_view_next(const mb_views *views, int *at, int nin, mb_view *out)
 {
@@ -161,19 +147,32 @@ int mb_view_next(const mb_views *views, int *at, int nin, mb_view *out)
     return 1;
 }
 
-/* the elements are decoded one by one by their user (mb_decode_part, mb_decode_out) */
-static bool s_get_list(const msgpack_object *rec, uint32_t i, mb_list *out)
+/* An array whose elements are read one by one by their user (mb_read_part): each is
+ * checked whole here, so the list's cursor ends exactly after its last element. */
+static bool s_get_list(mb_cursor *c, mb_list *out)
 {
-    const msgpack_object *o = s_at(rec, i);
-    if (!mb_arr(o, 0))
+    uint32_t n;
+    if (!mb_read_array(c, &n))
         return false;
-    *out = (mb_list){o->via.array.size, o->via.array.ptr};
+    const uint8_t *first = c->p;
+    for (uint32_t k = 0; k < n; k++)
+        if (mb_skip(c) != 0)
+            return false;
+    *out = (mb_list){n, {first, c->p}};
     return true;
 }
 
-static bool s_get_PARTS(const msgpack_object *rec, uint32_t i, mb_list *out) { return s_get_list(rec, i, out); }
+static bool s_get_PARTS(mb_cursor *c, mb_list *out) { return s_get_list(c, out); }
 
-static bool s_get_OUTS(const msgpack_object *rec, uint32_t i, mb_list *out) { return s_get_list(rec, i, out); }
+static bool s_get_OUTS(mb_cursor *c, mb_outs *out)
+{
+    if (!mb_read_array(c, &out->n) || out->n > MB_MAX_OUTS)
+        return false;
+    for (uint32_t k = 0; k < out->n; k++)
+        if (mb_read_out(c, &out->v[k]) != 0)
+            return false;
+    return true;
+}
 
 #define S_DESC_U64 "an unsigned integer"
 #define S_DESC_I64 "an integer"
@@ -192,35 +191,36 @@ static bool s_get_OUTS(const msgpack_object *rec, uint32_t i, mb_list *out) { re
 #define S_DESC_FLOATS "an array of at most 4 numbers"
 #define S_DESC_VIEWS "an array of at most 48 integers"
 #define S_DESC_PARTS "an array of part records"
-#define S_DESC_OUTS "an array of out records"
+#define S_DESC_OUTS "an array of at most 2 out records"
 
 /* ---- records ------------------------------------------------------------------------------ */
 
-/* Checks that rec is an array of exactly nfields elements, the first being code (code < 0: a
+/* Reads the header of an array of exactly nfields elements, the first being code (code < 0: a
  * record without one). */
-static int s_check_shape(const msgpack_object *rec, const char *name, int64_t code, uint32_t nfields)
+static int s_check_shape(mb_cursor *c, const char *name, int64_t code, uint32_t nfields)
 {
-    if (!rec || rec->type != MSGPACK_OBJECT_ARRAY)
+    uint32_t n;
+    if (!mb_read_array(c, &n))
         return dt_err(DT_EPROTO, "malformed %s record: not an array", name);
-    if (rec->via.array.size != nfields)
-        return dt_err(DT_EPROTO, "malformed %s record: %u elements, expected %u", name, rec->via.array.size, nfields);
+    if (n != nfields)
+        return dt_err(DT_EPROTO, "malformed %s record: %u elements, expected %u", name, n, nfields);
     int64_t got;
-    if (code >= 0 && (!mb_get_i64(rec, 0, &got) || got != code))
+    if (code >= 0 && (!mb_read_i64(c, &got) || got != code))
         return dt_err(DT_EPROTO, "malformed %s record: it does not start with code %lld", name, (long long)code);
     return 0;
 }
 
 #define S_DECODE_FIELD(T, f)                                                                          \
-    if (!s_get_##T(rec, i, &out->f))                                                                  \
+    if (!s_get_##T(c, &out->f))                                                                       \
         return dt_err(DT_EPROTO, "malformed %s record: element %u (%s) is not %s", what, i, #f, S_DESC_##T); \
     i++;
 
 #define S_DECODER(NAME, name, code, first)                                                            \
-    int mb_decode_##name(const msgpack_object *rec, mb_##name##_rec *out)                             \
+    int mb_read_##name(mb_cursor *c, mb_##name##_rec *out)                                            \
     {                                                                                                 \
         static const char what[] = #name;                                                             \
         uint32_t i = first;                                                                           \
-        int rc = s_check_shape(rec, what, code, first MB_FIELDS_##NAME(MB_GEN_COUNT));                \
+        int rc = s_check_shape(c, what, code, first MB_FIELDS_##NAME(MB_GEN_COUNT));                  \
         if (rc)                                                                                       \
             return rc;                                                                                \
         MB_FIELDS_##NAME(S_DECODE_FIELD)                                                              \
@@ -233,11 +233,25 @@ MB_OP_RECORDS(S_DECODER_CODED)
 MB_COMPLETION_RECORDS(S_DECODER_CODED)
 MB_PLAIN_RECORDS(S_DECODER_PLAIN)
 
-int mb_record_code(const msgpack_object *rec, int64_t *code)
+int mb_record_code(const mb_cursor *rec, int64_t *code)
 {
-    if (!mb_arr(rec, 1) || !mb_get_i64(rec, 0, code))
+    mb_cursor c = *rec;
+    uint32_t n;
+    if (!mb_read_array(&c, &n) || n < 1 || !mb_read_i64(&c, code))
         return dt_err(DT_EPROTO, "malformed record: not an array that starts with its code");
     return 0;
+}
+
+bool mb_field_u64(const mb_cursor *rec, uint32_t i, uint64_t *out)
+{
+    mb_cursor c = *rec;
+    uint32_t n;
+    if (!mb_read_array(&c, &n) || i >= n)
+        return false;
+    for (uint32_t k = 0; k < i; k++)
+        if (mb_skip(&c) != 0)
+            return false;
+    return mb_read_u64(&c, out);
 }
 
 #define S_NAME_CASE(NAME, name, code)                                                                 \

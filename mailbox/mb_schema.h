@@ -2,8 +2,10 @@
  * From these tables come, for each record `name`:
  *   mb_name_rec                 the decoded record, one member per field;
  *   mb_encode_name(w, fields)   its encoder into an inline writer (mb_writer.h): the per-op path;
- *   mb_decode_name(rec, &out)   its strict decoder: wrong arity, a field of the wrong type or out of
- *                               range gives DT_EPROTO "malformed <name> record: ...", never a crash.
+ *   mb_decode_name(rec, &out)   its strict decoder, straight from the bytes at the cursor rec: wrong
+ *                               arity, a field of the wrong type or out of range gives DT_EPROTO
+ *                               "malformed <name> record: ...", never a crash;
+ *   mb_read_name(&c, &out)      the same, advancing c past the record (a list's elements).
  * Nothing from a socket is trusted: decode first, then use.
  *
  * A record is a msgpack array. Op records (the body of an MB_OPS message, controller -> worker)
@@ -17,7 +19,8 @@
  *
  * A list field (PARTS, OUTS) is an array of nested records and comes last: its encoder
  * parameter is the number of elements, which the caller encodes right after with the element's
- * encoder; its decoded form is the raw array, each element decoded with the element's decoder.
+ * encoder. PARTS (as many as a redistribute needs) decodes to a cursor over the elements, each
+ * read in turn with mb_read_part; OUTS (at most MB_MAX_OUTS) decodes to the OUT records themselves.
  *
  * Any change to a record bumps MB_PROTOCOL; HELLO carries it (with the op registry's hash) and the
  * controller refuses a worker that speaks another.
@@ -25,12 +28,12 @@
 #ifndef MB_SCHEMA_H
 #define MB_SCHEMA_H
 
-#include <msgpack.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "dtorch.h"
+#include "mb_codec.h"
 #include "mb_writer.h"
 
 #define MB_PROTOCOL 9        /* the records below; bumped on any change to them */
@@ -38,6 +41,7 @@
 #define MB_MAX_INTS 16       /* integers in an INTS field (dt_op_attrs.ints) */
 #define MB_MAX_FLOATS 4      /* floats in a FLOATS field (dt_op_attrs.floats) */
 #define MB_MAX_VIEW_INTS 48  /* integers in a VIEWS field: room for 4 views of 8 dims */
+#define MB_MAX_OUTS 2        /* OUT records in an OUTS field (a COMPUTE's outputs) */
 
 /* TRACE actions, and an event's fields: the record's code, its op (a COMPUTE's op number, else
  * -1), and when it began and ended (CLOCK_MONOTONIC, ns) */
@@ -70,7 +74,7 @@ typedef enum {
  * VIEWS   <= MB_MAX_VIEW_INTS integers -> mb_views     (int n, const int64_t *): per input read as
  *         a view, [input, first element, rank, sizes...] (read by mb_view_next)
  * PARTS   array of PART records       -> mb_list       (uint32_t n, then n mb_encode_part)
- * OUTS    array of OUT records        -> mb_list       (uint32_t n, then n mb_encode_out) */
+ * OUTS    <= MB_MAX_OUTS OUT records  -> mb_outs       (uint32_t n, then n mb_encode_out) */
 
 typedef struct { int n; int64_t v[DT_MAX_DIMS]; } mb_dims;
 typedef struct { int n; uint64_t v[MB_MAX_IDS]; } mb_ids;
@@ -79,7 +83,7 @@ typedef struct { int n; double v[MB_MAX_FLOATS]; } mb_floats;
 typedef struct { int n; int64_t v[MB_MAX_VIEW_INTS]; } mb_views;
 typedef struct { bool present; dt_scalar value; } mb_oscalar;
 typedef struct { const char *ptr; uint32_t len; } mb_str;              /* inside the record, not NUL-terminated */
-typedef struct { uint32_t n; const msgpack_object *items; } mb_list;   /* inside the record */
+typedef struct { uint32_t n; mb_cursor items; } mb_list;   /* inside the record: n elements, checked whole */
 
 /* ---- op records: controller -> worker, [code, fields...] ---------------------------------- */
 #define MB_OP_RECORDS(X)                                                                             \
@@ -252,7 +256,7 @@ typedef enum { MB_COMPLETION_RECORDS(MB_GEN_C_CODE) } mb_completion_code;
 #define MB_CT_FLOATS mb_floats
 #define MB_CT_VIEWS mb_views
 #define MB_CT_PARTS mb_list
-#define MB_CT_OUTS mb_list
+#define MB_CT_OUTS mb_outs
 
 /* encoder parameters of each field type */
 #define MB_PT_U64(f) uint64_t f
@@ -315,12 +319,13 @@ static inline void mb_w_ostr(mb_writer *w, const char *s)
 #define MB_GEN_WRITE(T, f) MB_WT_##T(w, f);
 #define MB_GEN_COUNT(T, f) +1
 
-/* mb_<name>_rec for every record */
+/* mb_<name>_rec for every record; the plain ones first, as lists hold them */
 #define MB_GEN_STRUCT(NAME, name) typedef struct { MB_FIELDS_##NAME(MB_GEN_MEMBER) } mb_##name##_rec;
 #define MB_GEN_STRUCT_CODED(NAME, name, code) MB_GEN_STRUCT(NAME, name)
+MB_PLAIN_RECORDS(MB_GEN_STRUCT)
+typedef struct { uint32_t n; mb_out_rec v[MB_MAX_OUTS]; } mb_outs;
 MB_OP_RECORDS(MB_GEN_STRUCT_CODED)
 MB_COMPLETION_RECORDS(MB_GEN_STRUCT_CODED)
-MB_PLAIN_RECORDS(MB_GEN_STRUCT)
 
 /* mb_encode_<name>(w, fields...): records with a code write it first */
 #define MB_GEN_ENCODE_CODED(NAME, name, code)                                                        \
@@ -340,8 +345,15 @@ MB_OP_RECORDS(MB_GEN_ENCODE_CODED)
 MB_COMPLETION_RECORDS(MB_GEN_ENCODE_CODED)
 MB_PLAIN_RECORDS(MB_GEN_ENCODE_PLAIN)
 
-/* int mb_decode_<name>(rec, &out): 0 or DT_EPROTO (out is then partly written) */
-#define MB_GEN_DECODE_DECL(NAME, name) int mb_decode_##name(const msgpack_object *rec, mb_##name##_rec *out);
+/* int mb_read_<name>(&c, &out): the record at c, c then past it; int mb_decode_<name>(&rec, &out):
+ * the record at rec, which stays. 0 or DT_EPROTO (out is then partly written). */
+#define MB_GEN_DECODE_DECL(NAME, name)                                                               \
+    int mb_read_##name(mb_cursor *c, mb_##name##_rec *out);                                          \
+    static inline int mb_decode_##name(const mb_cursor *rec, mb_##name##_rec *out)                   \
+    {                                                                                                \
+        mb_cursor c = *rec;                                                                          \
+        return mb_read_##name(&c, out);                                                              \
+    }
 #define MB_GEN_DECODE_DECL_CODED(NAME, name, code) MB_GEN_DECODE_DECL(NAME, name)
 MB_OP_RECORDS(MB_GEN_DECODE_DECL_CODED)
 MB_COMPLETION_RECORDS(MB_GEN_DECODE_DECL_CODED)
@@ -358,7 +370,10 @@ typedef struct {
 int mb_view_next(const mb_views *views, int *at, int nin, mb_view *out);
 
 /* The code of an op record or a completion (its first element): 0 or DT_EPROTO. */
-int mb_record_code(const msgpack_object *rec, int64_t *code);
+int mb_record_code(const mb_cursor *rec, int64_t *code);
+/* Element i of the record at rec when it is an integer >= 0 (a record too malformed to decode may
+ * still name the tensor it was to make); false otherwise. */
+bool mb_field_u64(const mb_cursor *rec, uint32_t i, uint64_t *out);
 /* The name of an op record's code ("fill", "compute", ...; "?" for an unknown one). */
 const char *mb_op_name(int64_t code);
 

@@ -1,7 +1,7 @@
 /* mb_writer — msgpack encoding inlined for the per-op path. The user's thread packs every op
  * record it submits; msgpack-c's packer calls a write callback per item (~6x slower measured),
  * so records are encoded here straight into a growable buffer. The bytes are plain msgpack:
- * integers in their smallest encoding, floats as float64. Decoding stays with msgpack-c. */
+ * integers in their smallest encoding, floats as float64. mb_codec.h reads them back. */
 #ifndef MB_WRITER_H
 #define MB_WRITER_H
 

@@ -41,7 +41,7 @@ static void s_lend_forged(zsock_t *sock, int64_t device, const char *how)
         mb_writer reply = {0};
         uint32_t nreply = 1;
         mb_body_reader r;
-        msgpack_object rec;
+        mb_cursor rec;
         int64_t code;
         if (mb_body_init(&r, zmq_msg_data(&m.body), zmq_msg_size(&m.body), m.header.count) == 0) {
             while (mb_body_next(&r, &rec) == 1 && mb_record_code(&rec, &code) == 0) {
@@ -58,7 +58,6 @@ static void s_lend_forged(zsock_t *sock, int64_t device, const char *how)
                     nreply++;
                 }
             }
-            mb_body_destroy(&r);
         }
         mb_encode_credit(&reply, m.header.count);
         mb_message_close(&m);

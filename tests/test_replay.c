@@ -86,7 +86,7 @@ static void s_run(s_batch *b, float *value, size_t nvalue, char *error, size_t n
     cr_assert_eq(m.header.kind, MB_COMPLETIONS, "the worker still answers");
     mb_body_reader r;
     cr_assert_eq(mb_body_init(&r, zmq_msg_data(&m.body), zmq_msg_size(&m.body), m.header.count), 0);
-    msgpack_object rec;
+    mb_cursor rec;
     while (mb_body_next(&r, &rec) == 1) {
         int64_t code;
         cr_assert_eq(mb_record_code(&rec, &code), 0);
@@ -104,7 +104,6 @@ static void s_run(s_batch *b, float *value, size_t nvalue, char *error, size_t n
             snprintf(error, nerror, "%.*s", (int)e.message.len, e.message.ptr);
         }
     }
-    mb_body_destroy(&r);
     mb_message_close(&m);
 }
 

@@ -1,9 +1,14 @@
 /* mb_schema: every record kind, driven by the schema's own tables, so that a record added there
  * is tested here without a new line: round trips of many sample values (every rank, both scalar
- * kinds, nil and not), and malformed records per kind: truncated at every length, each field
- * replaced by values of other types, an element missing or extra, not an array, another code;
- * then random corruption, which must fail cleanly or decode (never crash: ASan runs this too). */
+ * kinds, nil and not), as our writer and as msgpack-c's packer encode them, read alone or with
+ * more bytes after them (as a body hands a record out); and malformed records per kind: truncated
+ * at every length, each field replaced by values of other types, an element missing or extra, not
+ * an array, another code; then random corruption, which must fail cleanly or decode (never crash:
+ * ASan runs this too). Records are decoded from exact copies of their bytes, so that a read past
+ * them is an ASan error; the malformed ones are built as msgpack-c objects and packed by
+ * msgpack-c, independently of our writer. */
 #include <criterion/criterion.h>
+#include <msgpack.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +19,7 @@
 
 #define S_ROUNDS 40  /* sample sets per record: enough to cycle every array length */
 #define S_ITEMS 2    /* elements of a sample list */
+_Static_assert(S_ITEMS <= MB_MAX_OUTS, "a sample list fits in an OUTS field");
 
 /* ---- sample values: a different one per field and round ---------------------------------- */
 
@@ -137,15 +143,24 @@ static void s_fill_i64s(int64_t *v, int *n, int k, int max, bool sizes)
 #define S_CHECK_INTS(fld) S_CHECK_ARRAY(fld)
 #define S_CHECK_FLOATS(fld) S_CHECK_ARRAY(fld)
 #define S_CHECK_VIEWS(fld) S_CHECK_ARRAY(fld)
+/* a list decodes to a cursor over its elements, read in turn; they fill it exactly */
 #define S_CHECK_LIST(fld, elem)                                                                              \
     cr_assert_eq(out->fld.n, s->fld.n, "%s.%s: length", what, #fld);                                             \
-    for (uint32_t i = 0; i < s->fld.n; i++) {                                                                \
-        mb_##elem##_rec e;                                                                                 \
-        cr_assert_eq(mb_decode_##elem(&out->fld.items[i], &e), 0, "%s.%s[%u]: %s", what, #fld, i, dt_last_error()); \
-        s_check_##elem(&e, &s->fld.items[i]);                                                                \
+    {                                                                                                        \
+        mb_cursor it = out->fld.items;                                                                       \
+        for (uint32_t i = 0; i < s->fld.n; i++) {                                                            \
+            mb_##elem##_rec e;                                                                             \
+            cr_assert_eq(mb_read_##elem(&it, &e), 0, "%s.%s[%u]: %s", what, #fld, i, dt_last_error());      \
+            s_check_##elem(&e, &s->fld.items[i]);                                                            \
+        }                                                                                                    \
+        cr_expect(it.p == out->fld.items.end, "%s.%s: the elements fill the list", what, #fld);              \
     }
 #define S_CHECK_PARTS(fld) S_CHECK_LIST(fld, part)
-#define S_CHECK_OUTS(fld) S_CHECK_LIST(fld, out)
+/* OUTS decodes to the OUT records themselves */
+#define S_CHECK_OUTS(fld)                                                                                    \
+    cr_assert_eq(out->fld.n, s->fld.n, "%s.%s: length", what, #fld);                                             \
+    for (uint32_t i = 0; i < s->fld.n; i++)                                                                  \
+        s_check_out(&out->fld.v[i], &s->fld.items[i]);
 
 /* a list's elements follow the record that holds it */
 #define S_AFTER_PARTS(fld)                                                                                   \
@@ -206,6 +221,18 @@ static void s_check_str(mb_str got, const char *want, const char *what, const ch
     {                                                                                                      \
         const char *what = #name;                                                                          \
         MB_FIELDS_##NAME(S_CHECK)                                                                          \
+    }                                                                                                      \
+    /* The record at rec, exactly its bytes, both ways: mb_read_<name>, which on success must end */      \
+    /* right past it, and mb_decode_<name>, which must say the same. */                                    \
+    static int s_decode_##name(const mb_cursor *rec, mb_##name##_rec *out)                                 \
+    {                                                                                                      \
+        mb_cursor c = *rec;                                                                                \
+        int rc = mb_read_##name(&c, out);                                                                  \
+        cr_assert(rc == 0 || rc == DT_EPROTO, "%s: rc %d", #name, rc);                                    \
+        cr_assert(rc != 0 || c.p == rec->end, "%s: read %td of its %td bytes", #name, c.p - rec->p,        \
+                  rec->end - rec->p);                                                                      \
+        cr_assert_eq(mb_decode_##name(rec, out), rc, "%s: mb_decode and mb_read differ", #name);          \
+        return rc;                                                                                         \
     }
 #define S_RECORD_CODED(NAME, name, code) S_RECORD(NAME, name)
 
@@ -248,7 +275,7 @@ static const char *s_replacement_names[] = {"nil", "a string", "a float", "-1", 
 #define S_ACCEPTS_FLOATS S_BIT(S_EMPTY)
 #define S_ACCEPTS_VIEWS (S_BIT(S_EMPTY) | S_BIT(S_NINE)) /* its integers are read as views by their user */
 #define S_ACCEPTS_PARTS (S_BIT(S_EMPTY) | S_BIT(S_NINE) | S_BIT(S_STRINGS)) /* elements are read one by one */
-#define S_ACCEPTS_OUTS S_ACCEPTS_PARTS
+#define S_ACCEPTS_OUTS S_BIT(S_EMPTY) /* at most MB_MAX_OUTS OUT records, read with the record */
 
 static void s_write_replacement(mb_writer *w, int r)
 {
@@ -271,14 +298,49 @@ static void s_write_replacement(mb_writer *w, int r)
 
 /* ---- helpers -------------------------------------------------------------------------------- */
 
-/* Unpacks one validated record that fills bytes exactly. */
-static void s_unpack(const mb_writer *w, msgpack_zone *zone, msgpack_object *out)
+/* A heap copy of exactly n bytes, so that ASan sees any read past the end of a record. */
+static uint8_t *s_exact(const void *data, size_t n)
+{
+    uint8_t *p = malloc(n ? n : 1);
+    cr_assert_not_null(p);
+    if (n)
+        memcpy(p, data, n);
+    return p;
+}
+
+/* One whole record that fills the bytes exactly (checked as the body reader checks a record it
+ * steps over), as a cursor over an exact copy of them, *copy, which the caller frees. */
+static mb_cursor s_record(const void *data, size_t size, uint8_t **copy)
 {
     size_t used;
-    cr_assert_eq(mb_validate(w->data, w->size, &used), 0, "%s", dt_last_error());
-    cr_assert_eq(used, w->size);
+    cr_assert_eq(mb_validate(data, size, &used), 0, "%s", dt_last_error());
+    cr_assert_eq(used, size);
+    *copy = s_exact(data, size);
+    return mb_cursor_of(*copy, size);
+}
+
+/* w's one record as msgpack-c's unpacker reads it (arrays in zone): what the malformed variants
+ * are made from, independently of our decoder. */
+static void s_unpack(const mb_writer *w, msgpack_zone *zone, msgpack_object *out)
+{
     size_t off = 0;
     cr_assert_eq(msgpack_unpack(w->data, w->size, &off, zone, out), MSGPACK_UNPACK_SUCCESS);
+    cr_assert_eq(off, w->size);
+}
+
+/* o as msgpack-c's packer writes it, as a cursor over an exact copy of the bytes, *copy, which the
+ * caller frees. */
+static mb_cursor s_packed(const msgpack_object *o, uint8_t **copy)
+{
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    cr_assert_eq(msgpack_pack_object(&pk, *o), 0);
+    *copy = s_exact(sb.data, sb.size);
+    mb_cursor c = mb_cursor_of(*copy, sb.size);
+    msgpack_sbuffer_destroy(&sb);
+    return c;
 }
 
 static void s_expect_malformed(int rc, const char *name, const char *what)
@@ -338,18 +400,37 @@ static void s_expect_malformed(int rc, const char *name, const char *what)
             s_make_##name(&s, round);                                                                      \
             mb_writer w = {0};                                                                             \
             s_write_##name(&w, &s);                                                                        \
+            uint8_t *bytes;                                                                                \
+            mb_cursor rec = s_record(w.data, w.size, &bytes);                                              \
+            mb_##name##_rec out;                                                                           \
+            cr_assert_eq(s_decode_##name(&rec, &out), 0, "round %d: %s", round, dt_last_error());          \
+            s_check_##name(&out, &s);                                                                      \
+            if ((code) >= 0) {                                                                             \
+                int64_t got;                                                                               \
+                cr_expect_eq(mb_record_code(&rec, &got), 0);                                               \
+                cr_expect_eq(got, (code));                                                                 \
+            }                                                                                              \
+            free(bytes);                                                                                   \
+            /* with the bytes of another record after it, as a body hands a record out: the same */        \
+            /* record, read up to its own end */                                                           \
+            bytes = malloc(2 * w.size);                                                                    \
+            cr_assert_not_null(bytes);                                                                     \
+            memcpy(bytes, w.data, w.size);                                                                 \
+            memcpy(bytes + w.size, w.data, w.size);                                                        \
+            mb_cursor c = mb_cursor_of(bytes, 2 * w.size);                                                 \
+            cr_assert_eq(mb_read_##name(&c, &out), 0, "round %d, followed by more: %s", round, dt_last_error()); \
+            cr_assert(c.p == bytes + w.size, "round %d: read past the record", round);                     \
+            s_check_##name(&out, &s);                                                                      \
+            free(bytes);                                                                                   \
+            /* as msgpack-c's packer writes it, in the forms it chooses: the same */                       \
             msgpack_zone zone;                                                                             \
             msgpack_zone_init(&zone, 4096);                                                                \
             msgpack_object o;                                                                              \
             s_unpack(&w, &zone, &o);                                                                       \
-            mb_##name##_rec out;                                                                           \
-            cr_assert_eq(mb_decode_##name(&o, &out), 0, "round %d: %s", round, dt_last_error());           \
+            rec = s_packed(&o, &bytes);                                                                    \
+            cr_assert_eq(s_decode_##name(&rec, &out), 0, "round %d, packed by msgpack-c: %s", round, dt_last_error()); \
             s_check_##name(&out, &s);                                                                      \
-            if ((code) >= 0) {                                                                             \
-                int64_t got;                                                                               \
-                cr_expect_eq(mb_record_code(&o, &got), 0);                                                 \
-                cr_expect_eq(got, (code));                                                                 \
-            }                                                                                              \
+            free(bytes);                                                                                   \
             msgpack_zone_destroy(&zone);                                                                   \
             free(w.data);                                                                                  \
         }                                                                                                  \
@@ -363,35 +444,59 @@ static void s_expect_malformed(int rc, const char *name, const char *what)
         memset(&s, 0, sizeof s);                                                                           \
         s_make_##name(&s, 5);                                                                              \
         mb_writer w = {0};                                                                                 \
-        s_write_##name(&w, &s);                                                                           \
+        s_write_##name(&w, &s);                                                                            \
         mb_##name##_rec out;                                                                               \
-        /* truncated at every length: the body validator refuses it before any decoder sees it */          \
+        uint8_t *bytes;                                                                                    \
+        mb_cursor rec;                                                                                     \
+        /* truncated at every length: the body reader's check refuses it, and so does the decoder */       \
+        /* straight on the bytes (as a body hands a record out), which trusts no length either */          \
         for (size_t len = 0; len < w.size; len++) {                                                        \
             size_t used;                                                                                   \
             cr_expect_eq(mb_validate(w.data, len, &used), DT_EPROTO, "truncated to %zu bytes", len);       \
+            bytes = s_exact(w.data, len);                                                                  \
+            rec = mb_cursor_of(bytes, len);                                                                \
+            char what[64];                                                                                 \
+            snprintf(what, sizeof what, "truncated to %zu bytes", len);                                    \
+            s_expect_malformed(s_decode_##name(&rec, &out), #name, what);                                  \
+            free(bytes);                                                                                   \
         }                                                                                                  \
         msgpack_zone zone;                                                                                 \
         msgpack_zone_init(&zone, 4096);                                                                    \
         msgpack_object o;                                                                                  \
         s_unpack(&w, &zone, &o);                                                                           \
-        cr_assert_eq(mb_decode_##name(&o, &out), 0, "%s", dt_last_error());                                \
-        /* an element missing, one extra, not an array at all */                                           \
+        rec = s_packed(&o, &bytes);                                                                        \
+        cr_assert_eq(s_decode_##name(&rec, &out), 0, "%s", dt_last_error());                               \
+        free(bytes);                                                                                       \
+        /* an element missing, one extra, not an array at all, no bytes at all */                          \
         o.via.array.size--;                                                                                \
-        s_expect_malformed(mb_decode_##name(&o, &out), #name, "with an element missing");                 \
+        rec = s_packed(&o, &bytes);                                                                        \
+        s_expect_malformed(s_decode_##name(&rec, &out), #name, "with an element missing");                 \
+        free(bytes);                                                                                       \
         msgpack_object extra[64];                                                                          \
         memcpy(extra, o.via.array.ptr, (o.via.array.size + 1) * sizeof *extra);                            \
         extra[o.via.array.size + 1] = (msgpack_object){.type = MSGPACK_OBJECT_NIL};                        \
         msgpack_object longer = {.type = MSGPACK_OBJECT_ARRAY,                                             \
                                  .via.array = {o.via.array.size + 2, extra}};                              \
-        s_expect_malformed(mb_decode_##name(&longer, &out), #name, "with an extra element");              \
+        rec = s_packed(&longer, &bytes);                                                                   \
+        s_expect_malformed(s_decode_##name(&rec, &out), #name, "with an extra element");                   \
+        free(bytes);                                                                                       \
         o.via.array.size++;                                                                                \
         msgpack_object scalar = {.type = MSGPACK_OBJECT_POSITIVE_INTEGER, .via.u64 = 3};                   \
-        s_expect_malformed(mb_decode_##name(&scalar, &out), #name, "that is not an array");               \
-        s_expect_malformed(mb_decode_##name(NULL, &out), #name, "that is missing");                       \
+        rec = s_packed(&scalar, &bytes);                                                                   \
+        s_expect_malformed(s_decode_##name(&rec, &out), #name, "that is not an array");                    \
+        free(bytes);                                                                                       \
+        rec = mb_cursor_of(w.data, 0);                                                                     \
+        s_expect_malformed(s_decode_##name(&rec, &out), #name, "that is missing");                         \
         if ((code) >= 0) {                                                                                 \
             msgpack_object code0 = o.via.array.ptr[0];                                                     \
             o.via.array.ptr[0].via.u64 = (code) + 100;                                                     \
-            s_expect_malformed(mb_decode_##name(&o, &out), #name, "with another code");                   \
+            rec = s_packed(&o, &bytes);                                                                    \
+            s_expect_malformed(s_decode_##name(&rec, &out), #name, "with another code");                   \
+            free(bytes);                                                                                   \
+            o.via.array.ptr[0] = (msgpack_object){.type = MSGPACK_OBJECT_STR, .via.str = {1, "x"}};        \
+            rec = s_packed(&o, &bytes);                                                                    \
+            s_expect_malformed(s_decode_##name(&rec, &out), #name, "with a string for its code");          \
+            free(bytes);                                                                                   \
             o.via.array.ptr[0] = code0;                                                                    \
         }                                                                                                  \
         msgpack_zone_destroy(&zone);                                                                       \
@@ -400,9 +505,8 @@ static void s_expect_malformed(int rc, const char *name, const char *what)
             for (int r = 0; r < S_NREPLACEMENTS; r++) {                                                    \
                 mb_writer bad = {0};                                                                       \
                 s_write_##name##_with(&bad, &s, f + (first), r);                                           \
-                msgpack_zone_init(&zone, 4096);                                                            \
-                s_unpack(&bad, &zone, &o);                                                                 \
-                int rc = mb_decode_##name(&o, &out);                                                       \
+                rec = s_record(bad.data, bad.size, &bytes);                                                \
+                int rc = s_decode_##name(&rec, &out);                                                      \
                 char what[160];                                                                            \
                 snprintf(what, sizeof what, "with %s as %s", s_replacement_names[r], fields[f]);           \
                 if (accepts[f] & S_BIT(r))                                                                 \
@@ -410,9 +514,9 @@ static void s_expect_malformed(int rc, const char *name, const char *what)
                 else                                                                                       \
                     s_expect_malformed(rc, #name, what);                                                   \
                 if (rc == DT_EPROTO)                                                                       \
-                    cr_expect(strstr(dt_last_error(), fields[f]), "%s: message '%s' names no field", what,  \
+                    cr_expect(strstr(dt_last_error(), fields[f]), "%s: message '%s' names no field", what, \
                               dt_last_error());                                                            \
-                msgpack_zone_destroy(&zone);                                                               \
+                free(bytes);                                                                               \
                 free(bad.data);                                                                            \
             }                                                                                              \
         free(w.data);                                                                                      \
@@ -428,18 +532,28 @@ static void s_expect_malformed(int rc, const char *name, const char *what)
             s_write_##name(&w, &s);                                                                        \
             for (int flips = 1 + rand() % 3; flips > 0; flips--)                                           \
                 w.data[rand() % w.size] = (char)rand();                                                    \
+            mb_##name##_rec out;                                                                           \
+            /* straight on the damaged bytes, as a body hands a record out before it is checked */         \
+            uint8_t *bytes = s_exact(w.data, w.size);                                                      \
+            mb_cursor c = mb_cursor_of(bytes, w.size);                                                     \
+            int rc = mb_read_##name(&c, &out);                                                             \
+            cr_expect(rc == 0 || rc == DT_EPROTO, "rc %d", rc);                                            \
+            cr_expect(c.p >= bytes && c.p <= bytes + w.size);                                              \
+            free(bytes);                                                                                   \
             size_t used;                                                                                   \
             if (mb_validate(w.data, w.size, &used) == 0) {                                                 \
+                /* a well-formed object: msgpack-c reads the same, and the decoder, on exactly */          \
+                /* its bytes, says what it said with the rest after them */                                \
                 msgpack_zone zone;                                                                         \
                 msgpack_zone_init(&zone, 4096);                                                            \
                 msgpack_object o;                                                                          \
                 size_t off = 0;                                                                            \
-                if (msgpack_unpack(w.data, used, &off, &zone, &o) == MSGPACK_UNPACK_SUCCESS) {             \
-                    mb_##name##_rec out;                                                                   \
-                    int rc = mb_decode_##name(&o, &out);                                                   \
-                    cr_expect(rc == 0 || rc == DT_EPROTO, "rc %d", rc);                                    \
-                }                                                                                          \
+                cr_expect_eq(msgpack_unpack(w.data, used, &off, &zone, &o), MSGPACK_UNPACK_SUCCESS);       \
+                cr_expect_eq(off, used);                                                                   \
                 msgpack_zone_destroy(&zone);                                                               \
+                mb_cursor rec = s_record(w.data, used, &bytes);                                            \
+                cr_expect_eq(s_decode_##name(&rec, &out), rc, "round %d", round);                          \
+                free(bytes);                                                                               \
             }                                                                                              \
             free(w.data);                                                                                  \
         }                                                                                                  \
@@ -476,18 +590,74 @@ Test(schema, record_code)
 {
     mb_writer w = {0};
     mb_encode_sync(&w, 9, 2);
+    uint8_t *bytes;
+    mb_cursor rec = s_record(w.data, w.size, &bytes);
+    int64_t code;
+    cr_expect_eq(mb_record_code(&rec, &code), 0);
+    cr_expect_eq(code, MB_OP_SYNC);
+    free(bytes);
     msgpack_zone zone;
     msgpack_zone_init(&zone, 1024);
     msgpack_object o;
     s_unpack(&w, &zone, &o);
-    int64_t code;
-    cr_expect_eq(mb_record_code(&o, &code), 0);
-    cr_expect_eq(code, MB_OP_SYNC);
     o.via.array.size = 0;
-    cr_expect_eq(mb_record_code(&o, &code), DT_EPROTO);
+    rec = s_packed(&o, &bytes);
+    cr_expect_eq(mb_record_code(&rec, &code), DT_EPROTO, "an empty array");
+    free(bytes);
     msgpack_object nil = {.type = MSGPACK_OBJECT_NIL};
-    cr_expect_eq(mb_record_code(&nil, &code), DT_EPROTO);
+    rec = s_packed(&nil, &bytes);
+    cr_expect_eq(mb_record_code(&rec, &code), DT_EPROTO, "nil");
+    free(bytes);
+    msgpack_object first[2] = {{.type = MSGPACK_OBJECT_STR, .via.str = {1, "x"}},
+                               {.type = MSGPACK_OBJECT_POSITIVE_INTEGER, .via.u64 = 1}};
+    msgpack_object str_first = {.type = MSGPACK_OBJECT_ARRAY, .via.array = {2, first}};
+    rec = s_packed(&str_first, &bytes);
+    cr_expect_eq(mb_record_code(&rec, &code), DT_EPROTO, "a string first");
+    free(bytes);
+    rec = mb_cursor_of(w.data, 0);
+    cr_expect_eq(mb_record_code(&rec, &code), DT_EPROTO, "no bytes");
     msgpack_zone_destroy(&zone);
+    free(w.data);
+}
+
+/* Element i of a record as an unsigned integer: what names the tensor of a record too malformed
+ * to decode. */
+Test(schema, field_u64)
+{
+    mb_writer w = {0};
+    mb_w_array(&w, 4); /* an EMPTY with a dtype past the last one */
+    mb_w_int(&w, MB_OP_EMPTY);
+    mb_w_uint(&w, UINT64_MAX);
+    mb_w_int(&w, DT_NDTYPES);
+    mb_w_i64s(&w, (int64_t[]){2}, 1);
+    uint8_t *bytes;
+    mb_cursor rec = s_record(w.data, w.size, &bytes);
+    const mb_cursor before = rec;
+    mb_empty_rec empty;
+    s_expect_malformed(mb_decode_empty(&rec, &empty), "empty", "with dtype DT_NDTYPES");
+    uint64_t u;
+    cr_expect(mb_field_u64(&rec, 0, &u) && u == MB_OP_EMPTY);
+    cr_expect(mb_field_u64(&rec, 1, &u) && u == UINT64_MAX, "the tensor it was to make");
+    cr_expect(mb_field_u64(&rec, 2, &u) && u == (uint64_t)DT_NDTYPES);
+    cr_expect(!mb_field_u64(&rec, 3, &u), "an array is no integer");
+    cr_expect(!mb_field_u64(&rec, 4, &u), "past the last element");
+    cr_expect(!mb_field_u64(&rec, UINT32_MAX, &u));
+    cr_expect(rec.p == before.p && rec.end == before.end, "the record's cursor stays");
+    free(bytes);
+    /* a negative integer, and an element after one that is not well formed */
+    const unsigned char neg[] = {0x92, 0x01, 0xff}, broken[] = {0x93, 0x01, 0xc1, 0x05};
+    bytes = s_exact(neg, sizeof neg);
+    rec = mb_cursor_of(bytes, sizeof neg);
+    cr_expect(!mb_field_u64(&rec, 1, &u), "-1 is not unsigned");
+    free(bytes);
+    bytes = s_exact(broken, sizeof broken);
+    rec = mb_cursor_of(bytes, sizeof broken);
+    cr_expect(mb_field_u64(&rec, 0, &u) && u == 1);
+    cr_expect(!mb_field_u64(&rec, 2, &u), "not stepped over a reserved byte");
+    free(bytes);
+    const unsigned char nil[] = {0xc0};
+    rec = mb_cursor_of(nil, 1);
+    cr_expect(!mb_field_u64(&rec, 0, &u), "not an array");
     free(w.data);
 }
 
@@ -496,29 +666,27 @@ Test(schema, ranges)
 {
     mb_writer w = {0};
     mb_empty_rec empty;
-    msgpack_zone zone;
-    msgpack_object o;
+    uint8_t *bytes;
+    mb_cursor rec;
     /* a dtype past the last one */
     mb_w_array(&w, 4);
     mb_w_int(&w, MB_OP_EMPTY);
     mb_w_uint(&w, 1);
     mb_w_int(&w, DT_NDTYPES);
     mb_w_i64s(&w, (int64_t[]){2}, 1);
-    msgpack_zone_init(&zone, 1024);
-    s_unpack(&w, &zone, &o);
-    s_expect_malformed(mb_decode_empty(&o, &empty), "empty", "with dtype DT_NDTYPES");
+    rec = s_record(w.data, w.size, &bytes);
+    s_expect_malformed(s_decode_empty(&rec, &empty), "empty", "with dtype DT_NDTYPES");
     cr_expect(strstr(dt_last_error(), "dtype"), "%s", dt_last_error());
-    msgpack_zone_destroy(&zone);
+    free(bytes);
     /* a negative size, and one that makes more than 2^48 elements */
     const int64_t bad_shapes[][2] = {{2, -1}, {INT64_C(1) << 24, (INT64_C(1) << 24) + 1}};
     for (int i = 0; i < 2; i++) {
         w.size = 0;
         mb_encode_empty(&w, 1, DT_FLOAT32, 2, bad_shapes[i]);
-        msgpack_zone_init(&zone, 1024);
-        s_unpack(&w, &zone, &o);
-        s_expect_malformed(mb_decode_empty(&o, &empty), "empty", "with a bad shape");
+        rec = s_record(w.data, w.size, &bytes);
+        s_expect_malformed(s_decode_empty(&rec, &empty), "empty", "with a bad shape");
         cr_expect(strstr(dt_last_error(), "shape"), "%s", dt_last_error());
-        msgpack_zone_destroy(&zone);
+        free(bytes);
     }
     /* a part mode and a reduce op past the last ones */
     mb_part_rec part;
@@ -532,10 +700,9 @@ Test(schema, ranges)
         for (int d = 0; d < 3; d++)
             mb_w_i64s(&w, NULL, 0);
         mb_w_int(&w, 1);
-        msgpack_zone_init(&zone, 1024);
-        s_unpack(&w, &zone, &o);
-        s_expect_malformed(mb_decode_part(&o, &part), "part", which == 0 ? "with mode 3" : "with reduce op 4");
-        msgpack_zone_destroy(&zone);
+        rec = s_record(w.data, w.size, &bytes);
+        s_expect_malformed(s_decode_part(&rec, &part), "part", which == 0 ? "with mode 3" : "with reduce op 4");
+        free(bytes);
     }
     free(w.data);
 }

@@ -274,7 +274,7 @@ static char *s_outcome(s_rig *r, mb_value_rec *value)
     cr_assert_eq(m.header.kind, MB_COMPLETIONS);
     mb_body_reader br;
     cr_assert_eq(mb_body_init(&br, zmq_msg_data(&m.body), zmq_msg_size(&m.body), m.header.count), 0);
-    msgpack_object rec;
+    mb_cursor rec;
     char *error = NULL;
     bool answered = false;
     while (mb_body_next(&br, &rec) == 1) {
@@ -290,7 +290,6 @@ static char *s_outcome(s_rig *r, mb_value_rec *value)
             answered = true;
         }
     }
-    mb_body_destroy(&br);
     mb_message_close(&m);
     cr_assert(answered, "the fetch was answered");
     return error;
@@ -304,13 +303,12 @@ static void s_expect_release(s_rig *r, int d, uint64_t hold)
     cr_assert_eq(m.header.kind, MB_RELEASE);
     cr_expect_eq(m.header.sender, 0);
     mb_body_reader br;
-    msgpack_object rec;
+    mb_cursor rec;
     mb_release_rec got;
     cr_assert_eq(mb_body_init(&br, zmq_msg_data(&m.body), zmq_msg_size(&m.body), m.header.count), 0);
     cr_assert_eq(mb_body_next(&br, &rec), 1);
     cr_assert_eq(mb_decode_release(&rec, &got), 0);
     cr_expect_eq(got.hold, hold);
-    mb_body_destroy(&br);
     mb_message_close(&m);
 }
 

@@ -42,15 +42,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     mb_body_reader r;
     if (mb_body_init(&r, body, body_size, count) == 0) {
-        msgpack_object rec;
+        mb_cursor rec;
         while (mb_body_next(&r, &rec) == 1) {
             int64_t code;
             if (mb_record_code(&rec, &code) == 0 && (code == MB_OP_SEND || code == MB_OP_ASSEMBLE))
                 continue;
             (void)act_worker_run_record(&w, &rec, &m);
             act_worker_drop_reply(&w);
+            mb_body_read(&r, &rec); /* as the worker's batch loop: a record read whole is not read again */
         }
-        mb_body_destroy(&r);
     }
     zmq_msg_close(&frame);
     act_worker_fini(&w);
