@@ -67,8 +67,12 @@ static const char *s_type_name(PyObject *o) { return Py_TYPE(o)->tp_name; }
 
 static bool s_is_bool(PyObject *o)
 {
+    if (PyBool_Check(o))
+        return true;
+    if (PyLong_CheckExact(o) || PyFloat_CheckExact(o))
+        return false; /* the common case, without comparing type names */
     const char *name = s_type_name(o);
-    return PyBool_Check(o) || !strcmp(name, "numpy.bool") || !strcmp(name, "numpy.bool_");
+    return !strcmp(name, "numpy.bool") || !strcmp(name, "numpy.bool_");
 }
 
 /* An int (a Python int or anything with __index__, such as numpy's; not a bool). */
@@ -861,6 +865,14 @@ static Py_hash_t s_hash(PyObject *self) { return (Py_hash_t)((uintptr_t)self >> 
 static PyObject *s_Tensor_getitem(s_Tensor *self, PyObject *key)
 {
     enum { S_MAX_ITEMS = 64 };
+    if (PyLong_CheckExact(key)) { /* x[i], the commonest index, without the walk below */
+        dt_index_item item = {.kind = DT_INDEX_INT};
+        if ((item.i = PyLong_AsSsize_t(key)) == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return PyErr_Format(PyExc_IndexError, "index %R is out of bounds for dimension 0", key);
+        }
+        return s_tensor_wrap(dt_index(self->t, 1, &item), self->mesh);
+    }
     bool tuple = PyTuple_Check(key);
     Py_ssize_t n = tuple ? PyTuple_GET_SIZE(key) : 1;
     dt_index_item items[S_MAX_ITEMS];
