@@ -50,12 +50,29 @@ static void s_block_rows(int64_t L, int64_t S, int64_t D, int64_t Dv, const floa
     }
     if (Dv == 0)
         return;
-    if (S == 0) {
-        memset(o, 0, (size_t)(L * Dv) * sizeof *o);
-        return;
+    /* o = weights . v over the runs of keys some row sees: a key no row sees (an unfilled slot of
+     * a KV cache, a padded one) is left out of the product, not multiplied by a weight of 0, so
+     * whatever its memory holds (empty() can hold NaN) never reaches o */
+    int64_t last = INT64_MIN;  /* the latest position a row of the run looks from */
+    for (int64_t i = 0; i < L; i++)
+        if (q_pos[i] > last)
+            last = q_pos[i];
+    float beta = 0.0f;
+    for (int64_t j = 0; j < S;) {
+        if (!s_visible(k_pos[j], last, causal)) {
+            j++;
+            continue;
+        }
+        int64_t end = j;
+        while (end < S && s_visible(k_pos[end], last, causal))
+            end++;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)L, (int)Dv, (int)(end - j), 1.0f, scores + j,
+                    (int)S, v + j * Dv, (int)Dv, beta, o, (int)Dv);
+        beta = 1.0f;
+        j = end;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)L, (int)Dv, (int)S, 1.0f, scores, (int)S, v, (int)Dv,
-                0.0f, o, (int)Dv);
+    if (beta == 0.0f)
+        memset(o, 0, (size_t)(L * Dv) * sizeof *o);
 }
 
 /* Under a causal mask, a query row before every key of the block sees none of it (half the rows

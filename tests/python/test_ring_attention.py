@@ -16,7 +16,8 @@ F = dtorch.nn.functional
 def reference(q, k, v, q_pos, k_pos, causal, scale=None):
     """softmax(q k^T * scale + mask) v in float64 per (batch, head), the mask hiding key j from
     query i unless k_pos[j] >= 0 and (not causal or k_pos[j] <= q_pos[i]); rows that see no key
-    are zeros. q (B, Hq, L, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv); positions (B or 1, n)."""
+    are zeros. Hidden keys take no part at all (whatever their k and v hold, NaN included).
+    q (B, Hq, L, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv); positions (B or 1, n)."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     batch, heads, _, dim = q.shape
     group = heads // k.shape[1]
@@ -24,13 +25,14 @@ def reference(q, k, v, q_pos, k_pos, causal, scale=None):
     out = np.zeros(q.shape[:3] + (v.shape[3],))
     for b in range(batch):
         qp, kp = q_pos[b % len(q_pos)], k_pos[b % len(k_pos)]
-        visible = (kp[None, :] >= 0) & (~causal | (kp[None, :] <= qp[:, None]))
+        visible = (kp[None, :] >= 0) & ((not causal) | (kp[None, :] <= qp[:, None]))
         for h in range(heads):
-            scores = np.where(visible, q[b, h] @ k[b, h // group].T * scale, -np.inf)
-            for i in range(scores.shape[0]):
-                if visible[i].any():
-                    w = np.exp(scores[i] - scores[i].max())
-                    out[b, h, i] = w / w.sum() @ v[b, h // group]
+            for i in range(q.shape[2]):
+                seen = visible[i]
+                if seen.any():
+                    scores = q[b, h, i] @ k[b, h // group][seen].T * scale
+                    w = np.exp(scores - scores.max())
+                    out[b, h, i] = w / w.sum() @ v[b, h // group][seen]
     return out
 
 
@@ -112,6 +114,7 @@ def test_padding_by_negative_key_positions(mode):
     (padding too, position -1) see nothing and give zeros."""
     q, k, v = arrays((2, 2, 10, 4), (2, 2, 10, 4), seed=5)
     pos = np.stack([np.arange(10), np.r_[[-1] * 3, np.arange(7)]]).astype(np.int64)
+    k[1, :, :3] = v[1, :, :3] = np.nan  # what padding holds must not matter
     out = run(ring_mesh(4), q, k, v, pos, pos, [Shard(2)], [Shard(2)], [Shard(1)], [Shard(1)])
     got = out.numpy()
     check(got, reference(q, k, v, pos, pos, True))
@@ -160,9 +163,10 @@ def test_ring_by_batch_on_a_2d_mesh(mode):
 @pytest.mark.parametrize("n", [1, 3, 4])
 def test_decode_against_a_sharded_cache(mode, n):
     """One new token (position 9) against a cache of 16 slots split on the ring, 10 filled (slots
-    10.. are -1); grouped-query heads, Dv != D."""
+    10.. are -1, and hold NaN); grouped-query heads, Dv != D."""
     q, k, v = arrays((2, 4, 1, 8), (2, 2, 16, 8), dv=6, seed=19)
     slots = np.r_[np.arange(10), [-1] * 6].astype(np.int64)[None]
+    k[:, :, 10:] = v[:, :, 10:] = np.nan  # empty slots hold whatever memory held (empty() can hold NaN)
     now = np.array([[9]], dtype=np.int64)
     mesh = ring_mesh(n)
     out = run(mesh, q, k, v, now, slots, [Replicate()], [Shard(2)], [Replicate()], [Shard(1)])
