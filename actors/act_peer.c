@@ -263,21 +263,27 @@ bool act_peer_send(act_worker *w, mb_cursor *rec)
     const char *start = NULL;
     act_handle lent = {.segment = -1};
     size_t bytes = t ? (size_t)dt_layout_numel(r.shape.n, r.shape.v) * dt_dtype_size(t->dtype) : 0;
+    /* by address when the receiver can read this device's memory in place; the work queued on it
+     * (what made the piece) is finished first, as the receiver's reads are not ordered after it */
+    const op_backend *be = w->backend;
+    bool by_address = w->read_peers && (!be->peer_can_read || be->peer_can_read(r.to));
+    if (t && by_address && be->synchronize && (why = be->synchronize()))
+        t = NULL;
     if (t) {
         dt_layout_strides(t->ndim, t->shape, dt_dtype_size(t->dtype), strides);
         size_t at = 0; /* the region's first byte in the piece */
         for (int d = 0; d < r.shape.n; d++)
             at += (size_t)(r.offset.v[d] * strides[d]);
-        if (!w->read_peers)
+        if (!by_address)
             lent = act_shm_lend(w, t, at, bytes, r.to); /* may move the piece's bytes */
         start = t->data + at;
-        if (!w->read_peers && lent.segment < 0 && (why = s_region_frame(w, t, start, strides, &r.shape, &frame)))
+        if (!by_address && lent.segment < 0 && (why = s_region_frame(w, t, start, strides, &r.shape, &frame)))
             t = NULL;
     }
     if (!t) {
         mb_encode_region(&body, r.transfer, DT_EKERNEL, DT_FLOAT32, r.shape.n, r.shape.v, why, 0, 0, 0, NULL, -1, 0,
                          0, 0);
-    } else if (w->read_peers) {
+    } else if (by_address) {
         /* the reference the region carries rides on an empty frame: ZeroMQ lets it go when the
          * message dies, read or not (a receiver that left at shutdown never reads it) */
         atomic_fetch_add(&t->storage->refs, 1);
@@ -380,6 +386,7 @@ static void s_stash(act_worker *w, mb_message *m)
             got->storage = (act_storage *)(uintptr_t)region.storage;
             atomic_fetch_add(&got->storage->refs, 1); /* the message's empty frame holds one until it closes */
             got->copy = w->backend->copy_from_peer;
+            got->peer = true;
             got->data = (const char *)(uintptr_t)region.data;
             if (region.strides.n != got->ndim) {
                 got->status = DT_EPROTO;
@@ -621,6 +628,10 @@ bool act_peer_assemble(act_worker *w, mb_cursor *rec)
             if (err)
                 snprintf(why, sizeof why, "%s", err);
         }
+        /* what was queued on a peer's memory has read it before the peer may reuse it */
+        const char *err = got && got->peer && be->synchronize ? be->synchronize() : NULL;
+        if (err && !why[0])
+            snprintf(why, sizeof why, "%s", err);
         s_recv_done(w, got);
     }
     if (why[0]) {

@@ -63,6 +63,8 @@ void act_storage_release(act_storage *st)
         dt_shm_seg_free(st->seg);
     else if (st->adopted)
         zmq_msg_close(&st->msg);
+    else if (st->owner != s_self && st->backend->free_elsewhere)
+        st->backend->free_elsewhere(st->data, st->size);
     else
         st->backend->free(st->data, st->size);
     s_storage_free(st);
@@ -81,6 +83,7 @@ act_storage *act_storage_new(const op_backend *backend, size_t size)
     }
     st->size = size;
     st->backend = backend;
+    st->owner = s_self;
     return st;
 }
 

@@ -30,6 +30,8 @@ typedef struct {
     bool adopted;               /* data lives in msg, a received frame */
     zmq_msg_t msg;
     dt_shm_seg *seg;            /* data is this shared segment's (a worker process that lends), or NULL */
+    struct act_worker *owner;   /* the worker whose thread made it (NULL: none); the last release on
+                                 * another thread gives its bytes back with the backend's free_elsewhere */
     int held;                   /* entries of its worker's tensor table that use it (views share one):
                                  * its size counts in bytes_in_use while there is one; that worker's
                                  * thread alone touches it */
@@ -64,6 +66,8 @@ typedef struct {
     op_copy_fn copy;            /* the backend's copy that reads data: copy_region (this device's memory),
                                  * copy_from_peer (a peer thread's), to_device (host memory it cannot use) */
     bool in_place;              /* reduce_into may read data as it is */
+    bool peer;                  /* data is a peer thread's memory, read in place: the backend synchronizes
+                                 * before this worker lets go of it */
     act_storage *storage;       /* keeps data alive: the peer's storage, or the received frame as this device's memory */
     int64_t from;               /* the sender, as its message said */
     bool lent;                  /* it came by handle (worker processes): in the sender's segment */
@@ -109,7 +113,7 @@ typedef struct {
     void *opened_arg;
 } act_worker_link;
 
-typedef struct {
+typedef struct act_worker {
     int64_t device;
     const op_backend *backend;  /* the device type's memory and kernels */
     char unusable[256];         /* why the backend's attach could not bind the device ("": it did) */

@@ -43,6 +43,10 @@ typedef struct {
     void *(*alloc)(size_t size);
     /* gives back what alloc returned */
     void (*free)(void *data, size_t size);
+    /* optional: gives back what alloc returned on another thread of this process (a peer thread
+     * let go of the last reference to a piece it read): the allocating thread's queued work may still
+     * use it, so it waits for that first. NULL: free serves every thread. */
+    void (*free_elsewhere)(void *data, size_t size);
     /* host memory -> device memory (LOAD, regions received as frames) */
     op_copy_fn to_device;
     /* device memory -> host memory (FETCH values and regions sent as frames, without host_view) */
@@ -61,6 +65,11 @@ typedef struct {
      * their storage and the receiver copies (and reduce_into reads) a region in place; without
      * it, they send regions as frames like worker processes do. */
     op_copy_fn copy_from_peer;
+    /* optional, with copy_from_peer: whether the thread worker of device device_id can read this
+     * device's memory in place (a GPU shared by both actors); it is sent frames otherwise. NULL:
+     * every peer thread can. A reader that queued work on memory read in place calls synchronize
+     * before it lets go of it, and a sender calls synchronize before it hands its memory over. */
+    bool (*peer_can_read)(int64_t device_id);
 
     /* ---- kernels ---- */
     /* runs def's kernel on this device's pieces (the op has no kernel for this device type,

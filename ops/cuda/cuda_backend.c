@@ -11,9 +11,13 @@
  * event recorded on the compute stream, and finish before they return (the host buffers are the
  * caller's). synchronize waits for both streams and reports the first asynchronous failure.
  *
- * There is no adopt_host, host_view or copy_from_peer: device memory is not host memory, so
- * received frames are copied in, values are copied out, and thread workers send each other
- * regions as frames, as worker processes do. */
+ * There is no adopt_host or host_view: device memory is not host memory, so received frames are
+ * copied in and values are copied out. Thread workers on the same GPU read each other's pieces in
+ * place (copy_from_peer, reduce_into; peer_can_read says which peers): the sender synchronizes
+ * before it hands a piece over and the reader before it lets go of it, so neither stream's work
+ * outlives the other's use; a piece whose last reference goes on another thread is freed after
+ * its device has finished everything queued (free_elsewhere). Actors on different GPUs, and
+ * worker processes, send each other regions as frames. */
 #include "cuda_backend.h"
 
 #include <stdio.h>
@@ -157,6 +161,38 @@ static void s_free(void *data, size_t size)
         cudaFreeAsync(data, c->compute);
     else
         cudaFree(data);
+}
+
+/* Freed on a thread other than the one that allocated it (a peer thread held the last reference):
+ * the allocating actor may still have work queued that uses it, on a stream this thread does not
+ * own, so its device finishes everything first. */
+static void s_free_elsewhere(void *data, size_t size)
+{
+    if (!data)
+        return;
+    struct cudaPointerAttributes at;
+    int was = -1, ordinal = cudaPointerGetAttributes(&at, data) == cudaSuccess ? at.device : -1;
+    cudaGetDevice(&was);
+    if (ordinal >= 0 && ordinal != was)
+        cudaSetDevice(ordinal);
+    cudaDeviceSynchronize();
+    cudaFree(data);
+    if (ordinal >= 0 && ordinal != was && was >= 0)
+        cudaSetDevice(was);
+    cudaGetLastError();
+}
+
+/* Whether the thread worker of device_id runs on this thread's GPU (and so reads its memory). */
+static bool s_peer_can_read(int64_t device_id)
+{
+    const char *why;
+    cuda_ctx *c = cuda_ctx_get(&why);
+    int count = 0;
+    if (!c || device_id < 0 || cudaGetDeviceCount(&count) != cudaSuccess || count < 1) {
+        cudaGetLastError();
+        return false;
+    }
+    return s_ordinal(device_id, count) == c->ordinal;
 }
 
 /* Whether the strides lay shape out C-contiguously (size-1 dims never move a pointer). */
@@ -409,6 +445,10 @@ const op_backend cuda_backend = {
     .to_device = s_to_device,
     .to_host = s_to_host,
     .copy_region = s_copy_region,
+    .free_elsewhere = s_free_elsewhere,
+    /* a peer on the same GPU: its memory is this device's, read by the same kernels and copies */
+    .copy_from_peer = s_copy_region,
+    .peer_can_read = s_peer_can_read,
     .run = s_run,
     .fill = s_fill,
     .random = s_random,
