@@ -663,7 +663,8 @@ static bool s_trace(act_worker *w, mb_cursor *rec)
         v[0] = (int64_t)w->ntrace;
     } else if (r.action == MB_TRACE_SEND) {
         s_trace_marks_resolve(w);
-        memcpy(v, w->trace, bytes);
+        if (bytes) /* nothing traced: no buffer either */
+            memcpy(v, w->trace, bytes);
         s_trace_marks_clear(w);
         w->ntrace = 0;
     } else {

@@ -73,7 +73,7 @@ c_build() {
 }
 
 # Each fuzz target from the seeds make_corpus writes, for a fixed number of inputs with a fixed
-# seed (the same inputs on every machine; about a minute in all here): any crash, leak or
+# seed (the same inputs on every machine; about 10 minutes in all here): any crash, leak or
 # sanitizer report fails, and the input is kept in build-fuzz/findings/. The executions are
 # printed. FUZZ_SCALE multiplies the counts (FUZZ_SCALE=10 for a longer look).
 declare -A FUZZ_RUNS=([envelope]=5000000 [records]=2000000 [worker]=1000000)
