@@ -450,6 +450,8 @@ static const s_reduce_shape s_reduce_shapes[] = {
     {3, {5, 7, 33}, 2, {0, 2}}, /* dims that are not neighbours: the kept one is strided */
     {3, {5, 7, 33}, 1, {1}},    /* an inner dim */
     {2, {3, 300}, 1, {-1}},     /* long rows: a block of threads each */
+    {2, {3, 70001}, 1, {-1}},   /* few very long rows: several blocks each, merged (the last part short) */
+    {1, {200000}, 0, {0}},      /* a full reduction split over blocks */
     {3, {4, 0, 3}, 1, {1}},     /* an empty reduced dim */
     {3, {4, 0, 3}, 1, {0}},     /* an empty output */
     {0, {0}, 0, {0}},           /* a 0-d tensor */
@@ -522,7 +524,7 @@ Test(cuda_ops, arg_reductions)
     const struct {
         int ndim;
         int64_t shape[3];
-    } shapes[] = {{3, {5, 7, 33}}, {2, {3, 300}}, {3, {4, 0, 3}}, {0, {0}}};
+    } shapes[] = {{3, {5, 7, 33}}, {2, {3, 300}}, {2, {3, 70001}}, {1, {200000}}, {3, {4, 0, 3}}, {0, {0}}};
     for (size_t h = 0; h < sizeof shapes / sizeof shapes[0]; h++)
         for (int d = 0; d < S_NDTYPES; d++)
             for (int nans = 0; nans < 2; nans++)

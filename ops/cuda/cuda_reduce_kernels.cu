@@ -6,9 +6,11 @@
  * CPU's order, and topk among them) gives the CPU's values.
  *
  * One accumulator type per operation (init, add an element, merge another, write the result) serves
- * two shapes of launch: a block per output when the folded elements lie side by side in memory
- * (its threads split them, then merge in shared memory), else a thread per output walking them
- * (neighbouring threads read neighbouring columns). */
+ * three shapes of launch: a block per output when the folded elements lie side by side in memory
+ * (its threads split them, then merge in shared memory); for few outputs with many elements each (a
+ * full reduction), several blocks per output, each folding a part into a partial accumulator, and a
+ * second launch merging the parts; else a thread per output walking them (neighbouring threads read
+ * neighbouring columns). */
 #include "cuda_dtype.h"
 #include "cuda_kernels.h"
 #include "cuda_layout.h"
@@ -17,6 +19,13 @@
 #define S_THREADS 256 /* a power of two: the block merge halves it */
 /* a block per output only when each has at least this many elements to fold */
 #define S_ROW_MIN 64
+/* fewer outputs than this, each of at least S_SPLIT_MIN elements: several blocks per output, each
+ * folding a part of at least S_PART_MIN elements, at most S_PARTS of them (a GPU has about a hundred
+ * multiprocessors: one block each would leave it nearly idle) */
+#define S_SPLIT_OUTS 64
+#define S_SPLIT_MIN (1 << 16)
+#define S_PART_MIN 4096
+#define S_PARTS 256
 
 static unsigned s_blocks(int64_t n)
 {
@@ -164,9 +173,61 @@ template <class A> __global__ void s_fold_columns(cuda_fold_args a)
     }
 }
 
+/* Part blockIdx.x % parts of output blockIdx.x / parts: elements [p * chunk, (p + 1) * chunk). */
+template <class A> __global__ void s_fold_part(cuda_fold_args a, int64_t chunk, int parts, A *partial)
+{
+    __shared__ A part[S_THREADS];
+    int64_t o = blockIdx.x / parts, lo = (blockIdx.x % parts) * chunk;
+    int64_t hi = lo + chunk < a.n_fold ? lo + chunk : a.n_fold;
+    int64_t base = cuda_offset(o, a.nkeep, a.keep_size, a.keep_stride);
+    A acc;
+    acc.init();
+    for (int64_t r = lo + threadIdx.x; r < hi; r += S_THREADS)
+        s_fold_add(a, acc, base, r);
+    A all = s_block_merge(part, acc);
+    if (threadIdx.x == 0)
+        partial[blockIdx.x] = all;
+}
+
+/* Output o from its parts' accumulators (a block per output). */
+template <class A> __global__ void s_fold_merge(cuda_fold_args a, int parts, const A *partial)
+{
+    __shared__ A part[S_THREADS];
+    for (int64_t o = blockIdx.x; o < a.n_out; o += gridDim.x) {
+        A acc;
+        acc.init();
+        for (int p = threadIdx.x; p < parts; p += S_THREADS)
+            acc.merge(partial[o * parts + p]);
+        A all = s_block_merge(part, acc);
+        if (threadIdx.x == 0)
+            all.put(a, o);
+    }
+}
+
+/* The split launch, or false (nothing launched) when the partials' scratch cannot be had. */
+template <class A> static bool s_fold_split(const cuda_fold_args *a, cudaStream_t s, cudaError_t *e)
+{
+    int64_t parts = (a->n_fold + S_PART_MIN - 1) / S_PART_MIN;
+    parts = parts > S_PARTS ? S_PARTS : parts;
+    int64_t chunk = (a->n_fold + parts - 1) / parts;
+    A *partial = NULL;
+    if (cudaMallocAsync((void **)&partial, (size_t)(a->n_out * parts) * sizeof(A), s) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    s_fold_part<A><<<(unsigned)(a->n_out * parts), S_THREADS, 0, s>>>(*a, chunk, (int)parts, partial);
+    s_fold_merge<A><<<s_rows(a->n_out), S_THREADS, 0, s>>>(*a, (int)parts, partial);
+    *e = cudaGetLastError();
+    cudaFreeAsync(partial, s);
+    return true;
+}
+
 template <class A> static cudaError_t s_fold(const cuda_fold_args *a, cudaStream_t s)
 {
     bool rows = a->nfold > 0 && a->fold_stride[a->nfold - 1] == 1 && a->n_fold >= S_ROW_MIN;
+    cudaError_t e;
+    if (rows && a->n_out < S_SPLIT_OUTS && a->n_fold >= S_SPLIT_MIN && s_fold_split<A>(a, s, &e))
+        return e;
     if (rows)
         s_fold_rows<A><<<s_rows(a->n_out), S_THREADS, 0, s>>>(*a);
     else
