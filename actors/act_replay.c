@@ -147,13 +147,8 @@ static s_field s_at(mb_cursor at)
  * element. The bytes were checked whole (mb_body_next), so a skip only fails on a short array. */
 static s_field s_elem(mb_cursor c, uint32_t i)
 {
-    uint32_t n;
-    if (!mb_read_array(&c, &n) || i >= n)
-        return (s_field){.is_uint = false};
-    for (uint32_t k = 0; k < i; k++)
-        if (mb_skip(&c) != 0)
-            return (s_field){.is_uint = false};
-    return s_at(c);
+    mb_cursor at;
+    return mb_elem(c, i, &at) ? s_at(at) : (s_field){.is_uint = false};
 }
 
 static void s_add_patch(s_scan *s, const s_field *f, s_kind kind, uint64_t value)
@@ -203,14 +198,9 @@ static void s_transfer(s_scan *s, s_field f)
 /* fn on each element of the array field `list` (field UINT32_MAX), or on field `field` of each */
 static void s_each(s_scan *s, mb_cursor rec, uint32_t list, uint32_t field, void (*fn)(s_scan *, s_field))
 {
-    mb_cursor c = rec;
+    mb_cursor c;
     uint32_t n;
-    if (!mb_read_array(&c, &n) || list >= n)
-        return;
-    for (uint32_t k = 0; k < list; k++)
-        if (mb_skip(&c) != 0)
-            return;
-    if (!mb_read_array(&c, &n))
+    if (!mb_elem(rec, list, &c) || !mb_read_array(&c, &n))
         return;
     for (uint32_t i = 0; i < n; i++) {
         fn(s, field == UINT32_MAX ? s_at(c) : s_elem(c, field));

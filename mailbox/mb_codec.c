@@ -91,6 +91,18 @@ int mb_skip(mb_cursor *c)
     return rc;
 }
 
+bool mb_elem(mb_cursor c, uint32_t i, mb_cursor *at)
+{
+    uint32_t n;
+    if (!mb_read_array(&c, &n) || i >= n)
+        return false;
+    for (uint32_t k = 0; k < i; k++)
+        if (mb_skip(&c) != 0)
+            return false;
+    *at = c;
+    return true;
+}
+
 int mb_validate(const void *data, size_t size, size_t *used)
 {
     mb_cursor c = mb_cursor_of(data, size);

@@ -241,6 +241,9 @@ static inline bool mb_read_array(mb_cursor *c, uint32_t *n)
 int mb_skip(mb_cursor *c);
 /* The same over the first object of data: its length in *used. */
 int mb_validate(const void *data, size_t size, size_t *used);
+/* *at: element i of the array at c (its elements before i stepped over); false when c holds no
+ * array of more than i elements, or one of them is malformed. */
+bool mb_elem(mb_cursor c, uint32_t i, mb_cursor *at);
 
 /* ---- bodies --------------------------------------------------------------------------------- */
 

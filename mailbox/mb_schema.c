@@ -244,14 +244,8 @@ int mb_record_code(const mb_cursor *rec, int64_t *code)
 
 bool mb_field_u64(const mb_cursor *rec, uint32_t i, uint64_t *out)
 {
-    mb_cursor c = *rec;
-    uint32_t n;
-    if (!mb_read_array(&c, &n) || i >= n)
-        return false;
-    for (uint32_t k = 0; k < i; k++)
-        if (mb_skip(&c) != 0)
-            return false;
-    return mb_read_u64(&c, out);
+    mb_cursor c;
+    return mb_elem(*rec, i, &c) && mb_read_u64(&c, out);
 }
 
 #define S_NAME_CASE(NAME, name, code)                                                                 \
