@@ -439,27 +439,56 @@ static const char *s_own_storage(act_worker *w, act_wtensor *t)
     return NULL;
 }
 
-/* The inputs a COMPUTE reads as views (mb_view): each one's piece is the run of the piece its id
- * names from the view's first element on, of the view's shape, which must lie inside it; *seen
- * gets a bit per viewed input. False (dt_last_error says why) when a view does not fit. */
-static bool s_read_views(const mb_views *views, op_kernel *k, uint64_t *seen)
+/* A strided view's elements gathered into a C-contiguous piece of its own (*made), which the
+ * kernel then reads: from its first element in the piece at data, with the view's strides. */
+static const char *s_gather_view(act_worker *w, const mb_view *v, op_local *in, act_storage **made)
+{
+    size_t elem = dt_dtype_size(in->dtype);
+    int64_t n = dt_layout_numel(v->shape.n, v->shape.v);
+    if (!(*made = act_storage_piece(w, (size_t)n * elem)))
+        return "out of memory on the device";
+    int64_t src[DT_MAX_DIMS], dst[DT_MAX_DIMS], run = (int64_t)elem;
+    for (int d = v->shape.n - 1; d >= 0; d--) {
+        src[d] = v->strides[d] * (int64_t)elem;
+        dst[d] = run;
+        run *= v->shape.v[d];
+    }
+    const char *why = n == 0 ? NULL : w->backend->copy_region((*made)->data, dst, (char *)in->data + v->first * (int64_t)elem,
+                                                               src, v->shape.n, v->shape.v, elem);
+    in->data = (*made)->data;
+    return why;
+}
+
+/* The inputs a COMPUTE reads as views (mb_view): each one's piece is the part of the piece its id
+ * names that the view reads (a contiguous run from its first element, or a strided view, gathered
+ * into gathered[input]; NULL for a run), which must lie inside it; *seen gets a bit per viewed
+ * input. NULL, or why a view cannot be read. */
+static const char *s_read_views(act_worker *w, const mb_views *views, op_kernel *k, uint64_t *seen,
+                                act_storage **gathered)
 {
     _Static_assert(OP_MAX_INPUTS <= 64, "a bit per input");
     mb_view v;
     int at = 0, rc;
     while ((rc = mb_view_next(views, &at, k->nin, &v)) == 1) {
         op_local *in = &k->in[v.input];
-        int64_t n = dt_layout_numel(v.shape.n, v.shape.v), have = dt_layout_numel(in->ndim, in->shape);
-        if ((*seen >> v.input) & 1 || (n > 0 && (v.first > have || n > have - v.first))) {
+        int64_t end = mb_view_extent(&v), have = dt_layout_numel(in->ndim, in->shape);
+        if ((*seen >> v.input) & 1 || end < 0 || end > have) {
             dt_err(DT_EPROTO, "malformed compute record: a view of input %d does not lie inside its piece", v.input);
-            return false;
+            return dt_last_error();
         }
         *seen |= (uint64_t)1 << v.input;
+        gathered[v.input] = NULL;
         in->ndim = v.shape.n;
         memcpy(in->shape, v.shape.v, (size_t)v.shape.n * sizeof *v.shape.v);
-        in->data = (char *)in->data + (n > 0 ? (size_t)v.first * dt_dtype_size(in->dtype) : 0);
+        if (v.strided) {
+            const char *why = s_gather_view(w, &v, in, &gathered[v.input]);
+            if (why)
+                return why;
+        } else if (end > 0) {
+            in->data = (char *)in->data + (size_t)v.first * dt_dtype_size(in->dtype);
+        }
     }
-    return rc == 0;
+    return rc == 0 ? NULL : dt_last_error();
 }
 
 /* An output whose bytes start at data, inside storage (op_def.alias): it shares the storage. */
@@ -477,6 +506,70 @@ static void s_put_view(act_worker *w, uint64_t id, act_storage *storage, char *d
     atomic_fetch_add(&storage->refs, 1);
     t->data = data;
     act_wtensor_put(w, id, t);
+}
+
+/* The kernel of a COMPUTE whose inputs k holds (in0: input 0's id; in0_storage: the storage its
+ * piece lies in, which an aliasing output shares), or its outputs poisoned when why says it cannot
+ * run. False for a record that does not fit its op. */
+static bool s_compute_run(act_worker *w, op_kernel *k, const uint64_t *out_ids, uint64_t in0, act_storage *in0_storage,
+                          const char *why)
+{
+    char msg[DT_ERRMSG_MAX];
+    /* a record over a socket another process can reach is checked against the op; between threads
+     * of one process it comes from this process's own controller, which worked the shapes out */
+    if (!why && !w->same_process && (why = op_check_local(k))) {
+        act_worker_failure(w, msg, sizeof msg, k->def->name, why);
+        for (int o = 0; o < k->nout; o++)
+            act_wtensor_poison(w, out_ids[o], msg);
+        return true;
+    }
+    if (why) {
+        snprintf(msg, sizeof msg, "%s", why); /* the root failure, passed on unchanged */
+        for (int o = 0; o < k->nout; o++)
+            act_wtensor_poison(w, out_ids[o], msg);
+        return true;
+    }
+    size_t offset;
+    if (k->def->alias && k->def->alias(k, &offset)) {
+        s_put_view(w, out_ids[0], in0_storage, (char *)k->in[0].data + offset, &k->out[0]);
+        return true;
+    }
+    act_wtensor *made[OP_MAX_OUTPUTS] = {NULL};
+    act_wtensor *written = NULL; /* an in-place op's output 0: input 0 itself */
+    if (k->def->inplace && k->nin > 0 && k->nout > 0) {
+        if (out_ids[0] != in0 || k->out[0].ndim != k->in[0].ndim ||
+            memcmp(k->out[0].shape, k->in[0].shape, (size_t)k->in[0].ndim * sizeof k->in[0].shape[0]) != 0)
+            return false;
+        written = act_wtensor_lookup(w, in0, &why);
+        if (written && !(why = s_own_storage(w, written)))
+            k->out[0].data = k->in[0].data = written->data;
+    }
+    for (int o = written ? 1 : 0; o < k->nout && !why; o++) {
+        made[o] = act_wtensor_new(w);
+        if (!made[o]) {
+            why = "out of memory on the device";
+            break;
+        }
+        made[o]->dtype = k->out[o].dtype;
+        made[o]->ndim = k->out[o].ndim;
+        memcpy(made[o]->shape, k->out[o].shape, sizeof made[o]->shape);
+        if (!(why = s_alloc(w, made[o])))
+            k->out[o].data = made[o]->data;
+    }
+    if (!why)
+        why = w->backend->run(k->def, k);
+    for (int o = 0; o < k->nout; o++) {
+        if (o == 0 && written && !why)
+            continue; /* written in place: it is already in the table */
+        if (why) {
+            act_wtensor_free(w, made[o]);
+            act_worker_failure(w, msg, sizeof msg, k->def->name, why);
+            act_wtensor_poison(w, out_ids[o], msg);
+        } else {
+            act_wtensor_put(w, out_ids[o], made[o]);
+        }
+    }
+    return true;
 }
 
 /* COMPUTE: a registered op's kernel on this device's pieces. A poisoned input poisons the
@@ -524,66 +617,19 @@ static bool s_compute(act_worker *w, mb_cursor *rec)
         }
     }
     uint64_t viewed = 0;
-    if (!why && r.views.n && !s_read_views(&r.views, &k, &viewed))
-        why = dt_last_error();
+    act_storage *gathered[OP_MAX_INPUTS]; /* set for the viewed inputs */
+    if (!why && r.views.n)
+        why = s_read_views(w, &r.views, &k, &viewed, gathered);
+    act_storage *in0_storage = viewed & 1 && gathered[0] ? gathered[0] : first ? first->storage : NULL;
+    bool ok;
     if (def->inplace && (viewed & 1))
-        return !dt_err(DT_EPROTO, "malformed compute record: an in-place op writes into a view");
-    char msg[DT_ERRMSG_MAX];
-    /* a record over a socket another process can reach is checked against the op; between threads
-     * of one process it comes from this process's own controller, which worked the shapes out */
-    if (!why && !w->same_process && (why = op_check_local(&k))) {
-        act_worker_failure(w, msg, sizeof msg, def->name, why);
-        for (int o = 0; o < k.nout; o++)
-            act_wtensor_poison(w, out_ids[o], msg);
-        return true;
-    }
-    if (why) {
-        snprintf(msg, sizeof msg, "%s", why); /* the root failure, passed on unchanged */
-        for (int o = 0; o < k.nout; o++)
-            act_wtensor_poison(w, out_ids[o], msg);
-        return true;
-    }
-    size_t offset;
-    if (def->alias && def->alias(&k, &offset)) {
-        s_put_view(w, out_ids[0], first->storage, (char *)k.in[0].data + offset, &k.out[0]);
-        return true;
-    }
-    act_wtensor *made[OP_MAX_OUTPUTS] = {NULL};
-    act_wtensor *written = NULL; /* an in-place op's output 0: input 0 itself */
-    if (def->inplace && k.nin > 0 && k.nout > 0) {
-        if (out_ids[0] != r.ins.v[0] || k.out[0].ndim != k.in[0].ndim ||
-            memcmp(k.out[0].shape, k.in[0].shape, (size_t)k.in[0].ndim * sizeof k.in[0].shape[0]) != 0)
-            return false;
-        written = act_wtensor_lookup(w, r.ins.v[0], &why);
-        if (written && !(why = s_own_storage(w, written)))
-            k.out[0].data = k.in[0].data = written->data;
-    }
-    for (int o = written ? 1 : 0; o < k.nout && !why; o++) {
-        made[o] = act_wtensor_new(w);
-        if (!made[o]) {
-            why = "out of memory on the device";
-            break;
-        }
-        made[o]->dtype = k.out[o].dtype;
-        made[o]->ndim = k.out[o].ndim;
-        memcpy(made[o]->shape, k.out[o].shape, sizeof made[o]->shape);
-        if (!(why = s_alloc(w, made[o])))
-            k.out[o].data = made[o]->data;
-    }
-    if (!why)
-        why = w->backend->run(def, &k);
-    for (int o = 0; o < k.nout; o++) {
-        if (o == 0 && written && !why)
-            continue; /* written in place: it is already in the table */
-        if (why) {
-            act_wtensor_free(w, made[o]);
-            act_worker_failure(w, msg, sizeof msg, def->name, why);
-            act_wtensor_poison(w, out_ids[o], msg);
-        } else {
-            act_wtensor_put(w, out_ids[o], made[o]);
-        }
-    }
-    return true;
+        ok = !dt_err(DT_EPROTO, "malformed compute record: an in-place op writes into a view");
+    else
+        ok = s_compute_run(w, &k, out_ids, k.nin > 0 ? r.ins.v[0] : 0, in0_storage, why);
+    for (int i = 0; i < k.nin; i++)
+        if ((viewed >> i) & 1 && gathered[i])
+            act_storage_release(gathered[i]);
+    return ok;
 }
 
 void act_worker_failure(const act_worker *w, char *msg, size_t size, const char *op, const char *why)

@@ -9,6 +9,7 @@
 
 #include "act_capture.h"
 #include "act_runtime.h"
+#include "dt_dtype.h"
 #include "dt_error.h"
 #include "dt_layout.h"
 #include "dtn_capture.h"
@@ -20,6 +21,8 @@
 #include "op_registry.h"
 
 static bool s_strict;
+
+#define S_GATHER_ONCE (1 << 20) /* bytes of a strided view from which it is gathered once (dt_op_run) */
 
 void dt_set_strict(bool strict) { s_strict = strict; }
 bool dt_get_strict(void) { return s_strict; }
@@ -114,17 +117,36 @@ void dtn_op_compute(int64_t device, int op, int nin, const uint64_t *ins, const 
     s_encode_compute(pk, op, nin, ins, a, nctx, ctx, 0, NULL, nout, outs);
 }
 
-/* Appends input i's view on the device at coord to views ([input, first, rank, sizes...]): t's
- * piece there, the run of its base's piece from t->view_first on (0 when the piece is empty). */
+/* Appends input i's view on the device at coord to views: t's piece there, the run of its base's
+ * piece from t->view_first on ([input, first, rank, sizes...]; first 0 when the piece is empty),
+ * or what a strided view's map reads of that run ([input, first, -rank, sizes..., strides...]; a
+ * strided view whose piece there happens to be one run is sent as a run). */
 static int s_view_ints(const dt_tensor *t, int i, const int64_t *coord, int64_t *views)
 {
     const dt_mesh *mesh = t->mesh;
-    int64_t offset[DT_MAX_DIMS];
-    dt_layout_block(mesh->ndim, mesh->shape, coord, t->placements, t->ndim, t->shape, views + 3, offset);
+    int64_t offset[DT_MAX_DIMS], *sizes = views + 3;
+    dt_layout_block(mesh->ndim, mesh->shape, coord, t->placements, t->ndim, t->shape, sizes, offset);
+    bool empty = dt_layout_numel(t->ndim, sizes) == 0;
     views[0] = i;
-    views[1] = dt_layout_numel(t->ndim, views + 3) ? t->view_first : 0;
+    views[1] = empty ? 0 : t->view_first;
     views[2] = t->ndim;
-    return 3 + t->ndim;
+    if (!t->strided || empty)
+        return 3 + t->ndim;
+    const dtn_strided *s = t->strided;
+    int64_t frame_local[DT_MAX_DIMS], first, *strides = sizes + t->ndim, run = 1;
+    dt_layout_block(mesh->ndim, mesh->shape, coord, s->frame_pl, s->map.frame_ndim, s->frame_shape, frame_local,
+                    offset);
+    op_strided_local(&s->map, frame_local, sizes, &first, strides);
+    views[1] += first;
+    bool one_run = true; /* its elements in order, with no gap: strides of a C-contiguous piece */
+    for (int d = t->ndim - 1; d >= 0 && one_run; d--) {
+        one_run = sizes[d] == 1 || strides[d] == run;
+        run *= sizes[d];
+    }
+    if (one_run)
+        return 3 + t->ndim;
+    views[2] = -t->ndim;
+    return 3 + 2 * t->ndim;
 }
 
 /* The COMPUTE record of every device of mesh; ins are the ids of its pieces, in the tensors (a view
@@ -191,27 +213,60 @@ int dt_op(const char *name, int n, dt_tensor *const *in, const dt_op_attrs *attr
 }
 
 /* Output 0 of c as a view of in made on the controller alone: a handle that reads in's pieces (or
- * those in reads), starting first elements further in. No device hears of it until an op reads it. */
-static int s_view(const op_call *c, dt_tensor *in, int64_t first, dt_tensor **out)
+ * those in reads), starting first elements further in; with map, a strided view of in's frame
+ * (in itself, or the frame in reads). No device hears of it until an op reads it. */
+static int s_view(const op_call *c, dt_tensor *in, int64_t first, const op_strided *map, dt_tensor **out)
 {
     dt_tensor *base = in->base ? in->base : in;
     const op_arg *o = &c->out[0];
     uint64_t base_id = in->base ? in->base_id : in->id; /* a view of a view reads what it reads */
+    const int64_t *frame_shape = in->strided ? in->strided->frame_shape : in->shape;
+    const dt_placement *frame_pl = in->strided ? in->strided->frame_pl : in->placements;
+    dtn_strided *strided = NULL;
+    if (map && !op_strided_is_identity(map, o->shape, frame_shape)) {
+        if (!(strided = malloc(sizeof *strided)))
+            return dt_err(DT_ENOMEM, "%s: out of memory", c->def->name);
+        memcpy(strided->frame_shape, frame_shape, sizeof strided->frame_shape);
+        memcpy(strided->frame_pl, frame_pl, sizeof strided->frame_pl);
+        strided->map = *map;
+    }
     dt_tensor *t = dtn_tensor_view(base, base_id, in->view_first + first, o->dtype, o->ndim, o->shape, o->pl);
-    if (!t)
+    if (!t) {
+        free(strided);
         return dt_err(DT_ENOMEM, "%s: out of memory", c->def->name);
+    }
+    t->strided = strided;
     out[0] = t;
     return 1;
 }
 
 /* Whether output 0 of c can be a view of input 0 made on the controller alone: the op says so, no
  * input moves, no capture is being recorded (its records must make what they use), and the pieces
- * it would read were never written in place (a write would show through: views are values). */
-static bool s_viewable(const op_call *c, dt_tensor *const *in, const bool *moves, int64_t *first)
+ * it would read were never written in place (a write would show through: views are values). A
+ * contiguous run of every piece (op_def.view) gives *first; otherwise a strided view that reads the
+ * same way on every device (op_def.strided, op_strided_uniform) gives *map (*strided set). */
+static bool s_viewable(const op_call *c, dt_tensor *const *in, const bool *moves, int64_t *first, op_strided *map,
+                       bool *strided)
 {
-    const dt_tensor *base = in[0]->base ? in[0]->base : in[0];
-    return c->def->view && !moves[0] && !act_capture_active() && !base->written && base->id &&
-           c->def->view(c, first);
+    const dt_tensor *x = in[0], *base = x->base ? x->base : x;
+    *first = 0;
+    *strided = false;
+    if ((!c->def->view && !c->def->strided) || moves[0] || act_capture_active() || base->written || !base->id)
+        return false;
+    if (!x->strided && c->def->view && c->def->view(c, first))
+        return true;
+    *first = 0;
+    op_strided from;
+    if (x->strided)
+        from = x->strided->map;
+    else
+        op_strided_identity(&from, x->ndim);
+    const int64_t *frame_shape = x->strided ? x->strided->frame_shape : x->shape;
+    const dt_placement *frame_pl = x->strided ? x->strided->frame_pl : x->placements;
+    const op_arg *o = &c->out[0];
+    *strided = c->def->strided && c->def->strided(c, &from, map) &&
+               op_strided_uniform(map, c->mesh_ndim, o->shape, o->pl, frame_shape, frame_pl);
+    return *strided;
 }
 
 /* Between act_runtime_begin and _end: pieces for t under a fresh id, sharing the bytes of the
@@ -224,7 +279,7 @@ static uint64_t s_alias_pieces(const dt_tensor *t, uint64_t read)
     op_attrs attrs = {.nints = t->ndim};
     memcpy(attrs.ints, t->shape, (size_t)t->ndim * sizeof *t->shape);
     uint64_t id = act_runtime_new_tensor_id();
-    int64_t coord[DT_MAX_DIMS], views[3 + DT_MAX_DIMS], offset[DT_MAX_DIMS];
+    int64_t coord[DT_MAX_DIMS], views[3 + 2 * DT_MAX_DIMS], offset[DT_MAX_DIMS];
     for (int64_t d = 0; d < mesh->size; d++) {
         dt_layout_coord(mesh->ndim, mesh->shape, d, coord);
         int nviews = 0;
@@ -320,8 +375,18 @@ int dt_op_run(int id, int n, dt_tensor *const *in, const dt_op_attrs *attrs, int
     if (def->inplace && moves[0])
         return dt_err(DT_EUNSUPPORTED, "%s: an in-place op may not move the tensor it writes", def->name);
     int64_t first;
-    if (s_viewable(&c, in, moves, &first))
-        return s_view(&c, in[0], first, out);
+    op_strided map;
+    bool strided;
+    if (s_viewable(&c, in, moves, &first, &map, &strided))
+        return s_view(&c, in[0], first, strided ? &map : NULL, out);
+    /* a large strided view gets pieces of its own the first time an op reads it (one gather on
+     * each device, kept): read inline, every op that reads it would gather it again (a weight
+     * transposed once, read at every step) */
+    for (int i = 0; i < n && !act_capture_active(); i++)
+        if (in[i]->strided && dt_layout_numel(in[i]->ndim, in[i]->shape) * (int64_t)dt_dtype_size(in[i]->dtype) >=
+                                  S_GATHER_ONCE &&
+            (rc = dtn_op_settle(in[i], def->name)) != 0)
+            return rc;
     /* the tensor an in-place op writes needs pieces of its own; other views are read as they are
      * (the records name their base's pieces), but for those that move first or do not fit in the
      * record, which get pieces for this op alone (pieced[]) */
@@ -341,7 +406,7 @@ int dt_op_run(int id, int n, dt_tensor *const *in, const dt_op_attrs *attrs, int
     for (int i = 0, room = MB_MAX_VIEW_INTS; i < n; i++) {
         if (!in[i]->base)
             continue;
-        int need = 3 + in[i]->ndim;
+        int need = 3 + (in[i]->strided ? 2 : 1) * in[i]->ndim;
         pieced[i] = moves[i] || need > room;
         room -= pieced[i] ? 0 : need;
     }

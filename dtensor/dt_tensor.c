@@ -85,6 +85,8 @@ void dtn_tensor_unview(dt_tensor *view)
     if (!base)
         return;
     view->base = NULL;
+    free(view->strided);
+    view->strided = NULL;
     uint64_t retired = 0;
     if (atomic_fetch_sub(&base->nviews, 1) == 1) { /* the last: the pieces a write left it go too */
         pthread_mutex_lock(&s_views_lock);

@@ -6,6 +6,16 @@
 
 #include "dt_layout.h"
 #include "dtorch.h"
+#include "op_registry.h"
+
+/* How a strided view made on the controller reads its base's pieces (op_def.strided): through map
+ * from its frame, the contiguous run of each base piece from view_first on laid out as frame_shape
+ * under frame_pl (the base itself, or the contiguous view the first strided op read). */
+typedef struct {
+    int64_t frame_shape[DT_MAX_DIMS];
+    dt_placement frame_pl[DT_MAX_DIMS];
+    op_strided map;
+} dtn_strided;
 
 struct dt_tensor {
     atomic_int refs;
@@ -16,14 +26,16 @@ struct dt_tensor {
     int ndim;
     int64_t shape[DT_MAX_DIMS];     /* (ndim) global shape */
     dt_placement placements[DT_MAX_DIMS]; /* (mesh->ndim) normalised */
-    /* A view made on the controller alone (dt_op_run, op_def.view): it has no pieces of its own
-     * (id 0) and reads those base had when the view was made (base_id): each device's piece is the
-     * contiguous run of that piece that starts view_first elements in (none when it is empty).
-     * base has pieces of its own (base->base is NULL); the view holds a reference to it. NULL for
-     * a tensor with pieces of its own. */
+    /* A view made on the controller alone (dt_op_run, op_def.view and .strided): it has no pieces
+     * of its own (id 0) and reads those base had when the view was made (base_id): each device's
+     * piece is the contiguous run of that piece that starts view_first elements in (none when it
+     * is empty), or for a strided view what its map reads of that run. base has pieces of its own
+     * (base->base is NULL); the view holds a reference to it. NULL for a tensor with pieces of its
+     * own. */
     dt_tensor *base;
     uint64_t base_id;
     int64_t view_first;
+    dtn_strided *strided;           /* owned; NULL but for a strided view (it then reads its frame) */
     /* Of a tensor with pieces: the live views made of it on the controller (they read its pieces
      * as they were when made), whether it has ever been written in place (then no such view is
      * made of it: a write would show through), and the id of the pieces a first write left to
@@ -47,7 +59,7 @@ dt_tensor *dtn_tensor_view(dt_tensor *base, uint64_t base_id, int64_t first, dt_
  * now). When true the caller gives t the new id and dtn_tensor_retire gets the old one. */
 bool dtn_tensor_viewed(dt_tensor *t);
 void dtn_tensor_retire(dt_tensor *t, uint64_t old_id);
-/* A view lets go of its base (released, or given pieces of its own). */
+/* A view lets go of its base (released, or given pieces of its own), and of its map. */
 void dtn_tensor_unview(dt_tensor *view);
 
 #endif

@@ -134,17 +134,41 @@ int mb_view_next(const mb_views *views, int *at, int nin, mb_view *out)
     int p = *at, left = views->n - p;
     if (left == 0)
         return 0;
-    if (left < 3 || views->v[p] < 0 || views->v[p] >= nin || views->v[p + 1] < 0 || views->v[p + 2] < 0 ||
-        views->v[p + 2] > DT_MAX_DIMS || views->v[p + 2] > left - 3)
-        return dt_err(DT_EPROTO, "malformed compute record: its views are not [input, first, rank, sizes...]");
+    int64_t rank = left >= 3 ? views->v[p + 2] : 0;
+    bool strided = rank < 0;
+    rank = strided ? -rank : rank;
+    if (left < 3 || views->v[p] < 0 || views->v[p] >= nin || views->v[p + 1] < 0 || rank > DT_MAX_DIMS ||
+        rank * (strided ? 2 : 1) > left - 3)
+        return dt_err(DT_EPROTO, "malformed compute record: its views are not [input, first, rank, sizes...] or "
+                      "[input, first, -rank, sizes..., strides...]");
     out->input = (int)views->v[p];
     out->first = views->v[p + 1];
-    out->shape.n = (int)views->v[p + 2];
-    memcpy(out->shape.v, &views->v[p + 3], (size_t)out->shape.n * sizeof *out->shape.v);
+    out->shape.n = (int)rank;
+    out->strided = strided;
+    memcpy(out->shape.v, &views->v[p + 3], (size_t)rank * sizeof *out->shape.v);
     if (dt_layout_check_shape("record", out->shape.n, out->shape.v) != 0)
         return dt_err(DT_EPROTO, "malformed compute record: a view's sizes are not a shape");
-    *at = p + 3 + out->shape.n;
+    for (int d = 0; d < rank && strided; d++)
+        if ((out->strides[d] = views->v[p + 3 + rank + d]) < 0)
+            return dt_err(DT_EPROTO, "malformed compute record: a view's stride is negative");
+    *at = p + 3 + (int)rank * (strided ? 2 : 1);
     return 1;
+}
+
+int64_t mb_view_extent(const mb_view *v)
+{
+    int64_t n = dt_layout_numel(v->shape.n, v->shape.v);
+    if (n == 0)
+        return 0;
+    if (!v->strided)
+        return v->first > INT64_MAX - n ? -1 : v->first + n;
+    int64_t last = v->first; /* the element at the far corner */
+    for (int d = 0; d < v->shape.n; d++) {
+        int64_t step;
+        if (__builtin_mul_overflow(v->shape.v[d] - 1, v->strides[d], &step) || __builtin_add_overflow(last, step, &last))
+            return -1;
+    }
+    return last == INT64_MAX ? -1 : last + 1;
 }
 
 /* An array whose elements are read one by one by their user (mb_read_part): each is

@@ -36,11 +36,11 @@
 #include "mb_codec.h"
 #include "mb_writer.h"
 
-#define MB_PROTOCOL 9        /* the records below; bumped on any change to them */
+#define MB_PROTOCOL 10       /* the records below; bumped on any change to them */
 #define MB_MAX_IDS 32        /* tensor ids in an IDS field (a COMPUTE's inputs) */
 #define MB_MAX_INTS 16       /* integers in an INTS field (dt_op_attrs.ints) */
 #define MB_MAX_FLOATS 4      /* floats in a FLOATS field (dt_op_attrs.floats) */
-#define MB_MAX_VIEW_INTS 48  /* integers in a VIEWS field: room for 4 views of 8 dims */
+#define MB_MAX_VIEW_INTS 80  /* integers in a VIEWS field: room for 4 strided views of 8 dims */
 #define MB_MAX_OUTS 2        /* OUT records in an OUTS field (a COMPUTE's outputs) */
 
 /* TRACE actions, and an event's fields: the record's code, its op (a COMPUTE's op number, else
@@ -72,7 +72,8 @@ typedef enum {
  * INTS    <= MB_MAX_INTS integers     -> mb_ints       (int n, const int64_t *)
  * FLOATS  <= MB_MAX_FLOATS numbers    -> mb_floats     (int n, const double *)
  * VIEWS   <= MB_MAX_VIEW_INTS integers -> mb_views     (int n, const int64_t *): per input read as
- *         a view, [input, first element, rank, sizes...] (read by mb_view_next)
+ *         a view, [input, first element, rank, sizes...] (a contiguous run) or [input, first element,
+ *         -rank, sizes..., strides...] (strided, in elements; read by mb_view_next)
  * PARTS   array of PART records       -> mb_list       (uint32_t n, then n mb_encode_part)
  * OUTS    <= MB_MAX_OUTS OUT records  -> mb_outs       (uint32_t n, then n mb_encode_out) */
 
@@ -361,13 +362,19 @@ MB_PLAIN_RECORDS(MB_GEN_DECODE_DECL)
 
 /* One view of a COMPUTE's VIEWS field, from *at (advanced past it): 1 and the view, 0 at the end,
  * DT_EPROTO when the integers do not make a view (an input outside [0, nin), a negative first
- * element, a rank or sizes that are not a shape). */
+ * element, a rank or sizes that are not a shape, a negative stride). Whether the view lies inside
+ * its piece is the reader's to check (mb_view_extent). */
 typedef struct {
     int input;
     int64_t first;   /* elements from the start of the piece */
     mb_dims shape;
+    bool strided;
+    int64_t strides[DT_MAX_DIMS]; /* elements between neighbours along each dim (strided only) */
 } mb_view;
 int mb_view_next(const mb_views *views, int *at, int nin, mb_view *out);
+/* One past the last element view v reads (first + 1 for a contiguous one of n elements: first + n),
+ * 0 when it reads none; -1 when that overflows. */
+int64_t mb_view_extent(const mb_view *v);
 
 /* The code of an op record or a completion (its first element): 0 or DT_EPROTO. */
 int mb_record_code(const mb_cursor *rec, int64_t *code);

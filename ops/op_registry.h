@@ -37,6 +37,19 @@ typedef struct op_def op_def;
 typedef int64_t (*op_cost_fn)(const dt_mesh *mesh, int ndim, const int64_t *shape, dt_dtype dtype,
                               const dt_placement *from, const dt_placement *to);
 
+/* How a strided view made on the controller reads its frame: a C-contiguous tensor of frame_ndim
+ * dims (the base's pieces, or a contiguous view of them). View dim j walks frame dim dim[j] step[j]
+ * elements at a time (a step of 0 repeats one element: a broadcast), or no frame dim (dim[j] -1: a
+ * dim of its own, of size 1 or broadcast); the view's element 0 is frame element start[] (one index
+ * per frame dim). The view's sizes are its shape. A tensor with pieces of its own reads itself as
+ * the identity: frame_ndim = ndim, dim[j] = j, step 1, start 0 (op_strided_identity). */
+typedef struct {
+    int ndim, frame_ndim;
+    int8_t dim[DT_MAX_DIMS];
+    int64_t step[DT_MAX_DIMS];
+    int64_t start[DT_MAX_DIMS];
+} op_strided;
+
 /* One call of an op on the controller. infer fills out[] (shape, dtype); shard fills want[]
  * (the placements each input must have, a redistribute is inserted where it differs) and
  * out[].pl. */
@@ -100,6 +113,11 @@ struct op_def {
      * is the contiguous run of its input piece that starts *first elements in, the same *first on
      * every device (or the piece is empty). The op is then not sent at all (dt_op_run). */
     bool (*view)(const op_call *c, int64_t *first);
+    /* optional, on the controller: whether output 0 can be a strided view of what input 0 reads
+     * (in: input 0's map onto its frame), and its map (*out), when it is not one contiguous run:
+     * permute, expand, a slice along a dim that is not sharded. The controller checks that every
+     * sharded dim stays whole (op_strided_uniform), so the same map holds on every device. */
+    bool (*strided)(const op_call *c, const op_strided *in, op_strided *out);
     /* infer holds for the local pieces too (elementwise ops): a worker checks a record's local
      * shapes and dtypes with it before the kernel runs (op_check_local) */
     bool infer_local;
@@ -123,6 +141,21 @@ const char *op_check_local(const op_kernel *k);
 /* FNV-1a over every op's number, name, nin and nout in registry order: a controller and a worker
  * built from other sources disagree on it, and HELLO carries it so that they find out. */
 uint64_t op_registry_hash(void);
+
+/* Strided views (ops/op_view.c). The identity map of a tensor of ndim dims. */
+void op_strided_identity(op_strided *s, int ndim);
+/* Whether map s (a view of shape/pl over a frame of frame_shape/frame_pl) reads the same way on
+ * every device: each mesh dim places view and frame alike, and a dim sharded in the view is its
+ * frame dim, whole (start 0, step 1, the same size). */
+bool op_strided_uniform(const op_strided *s, int mesh_ndim, const int64_t *shape, const dt_placement *pl,
+                        const int64_t *frame_shape, const dt_placement *frame_pl);
+/* Whether s reads its frame's elements in order, all of them (it is the frame itself). */
+bool op_strided_is_identity(const op_strided *s, const int64_t *shape, const int64_t *frame_shape);
+/* The local view of map s on one device: the frame's local shape there (frame_local) and the
+ * view's local sizes (local) give the first element and the element strides of the view in the
+ * frame's piece (C-contiguous). */
+void op_strided_local(const op_strided *s, const int64_t *frame_local, const int64_t *local, int64_t *first,
+                      int64_t *strides);
 
 /* Shared rule helpers (ops/op_rules.c). */
 /* Result dtype of combining two dtypes as torch promotes them. */

@@ -99,27 +99,28 @@
 
 /* ---- views and data movement (ops/op_view.c): name, id, inputs (-1: any), rules (infer, shard),
  * local hook, alias hook (a device's output may be its input's bytes: op_def.alias), view hook (the
- * output needs nothing from the devices: op_def.view) ---------------------------------------------
+ * output needs nothing from the devices: op_def.view), strided hook (nor does a strided output:
+ * op_def.strided) --------------------------------------------------------------------------------
  * Attributes (attrs.ints): reshape: the shape (one -1 may be inferred); flatten: start, end;
  * unsqueeze: dim; squeeze: the dims (none: every size-1 dim); permute: the dims; expand: the sizes
  * (-1 keeps a size); cat/stack: dim; slice: dim, start, stop, step (Python slice bounds, step > 0);
  * narrow: dim, start, length; select: dim, index; index_select: dim, wrap (1: negative positions
  * count from the end, as x[idx]); triu/tril: diagonal. */
-#define OP_VIEW(X)                                                                                                     \
-    X(reshape,      51, 1,  s_infer_reshape,      s_shard_reshape,      NULL,          s_alias_whole, s_view_whole)    \
-    X(flatten,      52, 1,  s_infer_reshape,      s_shard_reshape,      NULL,          s_alias_whole, s_view_whole)    \
-    X(unsqueeze,    53, 1,  s_infer_reshape,      s_shard_reshape,      NULL,          s_alias_whole, s_view_whole)    \
-    X(squeeze,      54, 1,  s_infer_reshape,      s_shard_reshape,      NULL,          s_alias_whole, s_view_whole)    \
-    X(permute,      55, 1,  s_infer_permute,      s_shard_permute,      NULL,          NULL,          NULL)            \
-    X(expand,       56, 1,  s_infer_expand,       s_shard_expand,       NULL,          NULL,          NULL)            \
-    X(cat,          57, -1, s_infer_cat,          s_shard_cat,          NULL,          NULL,          NULL)            \
-    X(stack,        58, -1, s_infer_cat,          s_shard_cat,          NULL,          NULL,          NULL)            \
-    X(slice,        59, 1,  s_infer_slice,        s_shard_slice,        s_local_slice, s_alias_slice, s_view_slice)    \
-    X(narrow,       60, 1,  s_infer_slice,        s_shard_slice,        s_local_slice, s_alias_slice, s_view_slice)    \
-    X(select,       61, 1,  s_infer_slice,        s_shard_slice,        s_local_slice, s_alias_slice, s_view_slice)    \
-    X(index_select, 62, 2,  s_infer_index_select, s_shard_index_select, NULL,          NULL,          NULL)            \
-    X(triu,         63, 1,  s_infer_tri,          s_shard_same,         s_local_tri,   NULL,          NULL)            \
-    X(tril,         64, 1,  s_infer_tri,          s_shard_same,         s_local_tri,   NULL,          NULL)
+#define OP_VIEW(X)                                                                                                                    \
+    X(reshape,     51, 1,  s_infer_reshape,      s_shard_reshape,      NULL,          s_alias_whole, s_view_whole, s_strided_ones)    \
+    X(flatten,     52, 1,  s_infer_reshape,      s_shard_reshape,      NULL,          s_alias_whole, s_view_whole, s_strided_ones)    \
+    X(unsqueeze,   53, 1,  s_infer_reshape,      s_shard_reshape,      NULL,          s_alias_whole, s_view_whole, s_strided_ones)    \
+    X(squeeze,     54, 1,  s_infer_reshape,      s_shard_reshape,      NULL,          s_alias_whole, s_view_whole, s_strided_ones)    \
+    X(permute,     55, 1,  s_infer_permute,      s_shard_permute,      NULL,          NULL,          NULL,         s_strided_permute) \
+    X(expand,      56, 1,  s_infer_expand,       s_shard_expand,       NULL,          NULL,          NULL,         s_strided_expand)  \
+    X(cat,         57, -1, s_infer_cat,          s_shard_cat,          NULL,          NULL,          NULL,         NULL)              \
+    X(stack,       58, -1, s_infer_cat,          s_shard_cat,          NULL,          NULL,          NULL,         NULL)              \
+    X(slice,       59, 1,  s_infer_slice,        s_shard_slice,        s_local_slice, s_alias_slice, s_view_slice, s_strided_slice)   \
+    X(narrow,      60, 1,  s_infer_slice,        s_shard_slice,        s_local_slice, s_alias_slice, s_view_slice, s_strided_slice)   \
+    X(select,      61, 1,  s_infer_slice,        s_shard_slice,        s_local_slice, s_alias_slice, s_view_slice, s_strided_slice)   \
+    X(index_select,62, 2,  s_infer_index_select, s_shard_index_select, NULL,          NULL,          NULL,         NULL)              \
+    X(triu,        63, 1,  s_infer_tri,          s_shard_same,         s_local_tri,   NULL,          NULL,         NULL)              \
+    X(tril,        64, 1,  s_infer_tri,          s_shard_same,         s_local_tri,   NULL,          NULL,         NULL)
 
 /* ---- products, embeddings, attention (ops/op_matmul.c): name, id, inputs (-1: any), rules
  * (infer, shard), local hook ----------------------------------------------------------------------

@@ -837,10 +837,149 @@ static bool s_view_slice(const op_call *c, int64_t *first)
     return true;
 }
 
+/* ---- strided outputs no device needs to hear of (op_def.strided) ------------------------------ */
+
+void op_strided_identity(op_strided *s, int ndim)
+{
+    s->ndim = s->frame_ndim = ndim;
+    for (int d = 0; d < ndim; d++) {
+        s->dim[d] = (int8_t)d;
+        s->step[d] = 1;
+        s->start[d] = 0;
+    }
+}
+
+bool op_strided_uniform(const op_strided *s, int mesh_ndim, const int64_t *shape, const dt_placement *pl,
+                        const int64_t *frame_shape, const dt_placement *frame_pl)
+{
+    for (int m = 0; m < mesh_ndim; m++) {
+        dt_placement v = pl[m], f = frame_pl[m];
+        if (v.kind != f.kind || (v.kind == DT_PARTIAL && v.reduce_op != f.reduce_op))
+            return false;
+        if (v.kind != DT_SHARD)
+            continue;
+        int fd = s->dim[v.dim];
+        if (fd != f.dim || s->step[v.dim] != 1 || s->start[fd] != 0 || shape[v.dim] != frame_shape[fd])
+            return false;
+    }
+    return true;
+}
+
+bool op_strided_is_identity(const op_strided *s, const int64_t *shape, const int64_t *frame_shape)
+{
+    if (s->ndim != s->frame_ndim)
+        return false;
+    for (int d = 0; d < s->ndim; d++)
+        if (s->dim[d] != d || s->start[d] != 0 || shape[d] != frame_shape[d] || (s->step[d] != 1 && shape[d] > 1))
+            return false;
+    return true;
+}
+
+void op_strided_local(const op_strided *s, const int64_t *frame_local, const int64_t *local, int64_t *first,
+                      int64_t *strides)
+{
+    int64_t frame_strides[DT_MAX_DIMS], run = 1;
+    for (int d = s->frame_ndim - 1; d >= 0; d--) {
+        frame_strides[d] = run;
+        run *= frame_local[d];
+    }
+    *first = 0;
+    for (int d = 0; d < s->frame_ndim; d++)
+        *first += s->start[d] * frame_strides[d];
+    for (int j = 0; j < s->ndim; j++)
+        strides[j] = s->dim[j] >= 0 && local[j] > 1 ? s->step[j] * frame_strides[s->dim[j]] : 0;
+}
+
+/* Drops view dim j of s (a select: its index already folded into start). */
+static void s_strided_drop(op_strided *s, int j)
+{
+    for (int k = j; k + 1 < s->ndim; k++) {
+        s->dim[k] = s->dim[k + 1];
+        s->step[k] = s->step[k + 1];
+    }
+    s->ndim--;
+}
+
+/* slice, narrow, select: the index or the start moves the view's first element along the frame dim
+ * the sliced dim walks, and a slice's step multiplies that dim's step */
+static bool s_strided_slice(const op_call *c, const op_strided *in, op_strided *out)
+{
+    int dim = 0;
+    int64_t start = 0, len = 0, step = 1;
+    if (s_slice_args(c, &dim, &start, &len, &step) != 0)
+        return false;
+    *out = *in;
+    int f = in->dim[dim];
+    if (f >= 0 && len > 0)
+        out->start[f] += start * in->step[dim];
+    if (s_code(c) == OP_ID_select)
+        s_strided_drop(out, dim);
+    else
+        out->step[dim] = len > 1 ? in->step[dim] * step : in->step[dim];
+    return true;
+}
+
+/* permute: output dim i walks what input dim ints[i] walks */
+static bool s_strided_permute(const op_call *c, const op_strided *in, op_strided *out)
+{
+    *out = *in;
+    for (int i = 0; i < in->ndim; i++) {
+        int64_t d = c->attrs.ints[i] < 0 ? c->attrs.ints[i] + in->ndim : c->attrs.ints[i];
+        out->dim[i] = in->dim[d];
+        out->step[i] = in->step[d];
+    }
+    return true;
+}
+
+/* expand: new leading dims and size-1 dims that grow repeat one element (step 0) */
+static bool s_strided_expand(const op_call *c, const op_strided *in, op_strided *out)
+{
+    const op_arg *a = &c->in[0], *o = &c->out[0];
+    int lead = o->ndim - a->ndim;
+    *out = *in;
+    out->ndim = o->ndim;
+    for (int i = 0; i < o->ndim; i++) {
+        int k = i - lead;
+        out->dim[i] = k < 0 ? -1 : in->dim[k];
+        out->step[i] = k < 0 || (a->shape[k] == 1 && o->shape[i] != 1) ? 0 : in->step[k];
+    }
+    return true;
+}
+
+/* reshape, flatten, unsqueeze, squeeze of a strided view: only when the dims of size other than 1
+ * are the same, in order (size-1 dims come and go); other reshapes of a strided view run as ops */
+static bool s_strided_ones(const op_call *c, const op_strided *in, op_strided *out)
+{
+    const op_arg *a = &c->in[0], *o = &c->out[0];
+    if (a->dtype != o->dtype)
+        return false;
+    *out = *in;
+    out->ndim = o->ndim;
+    int k = 0;
+    for (int i = 0; i < o->ndim; i++) {
+        if (o->shape[i] == 1) {
+            out->dim[i] = -1;
+            out->step[i] = 0;
+            continue;
+        }
+        while (k < a->ndim && a->shape[k] == 1)
+            k++;
+        if (k == a->ndim || a->shape[k] != o->shape[i])
+            return false;
+        out->dim[i] = in->dim[k];
+        out->step[i] = in->step[k];
+        k++;
+    }
+    while (k < a->ndim && a->shape[k] == 1)
+        k++;
+    return k == a->ndim;
+}
+
 /* ---- the rows of OP_VIEW ---------------------------------------------------------------------- */
 
-#define S_DEF(op, num, inputs, infer_fn, shard_fn, local_fn, alias_fn, view_fn)                                        \
+#define S_DEF(op, num, inputs, infer_fn, shard_fn, local_fn, alias_fn, view_fn, strided_fn)                            \
     const op_def op_def_##op = {.name = #op, .id = num, .nin = inputs, .nout = 1, .infer = infer_fn,                 \
-                                .shard = shard_fn, .local = local_fn, .alias = alias_fn, .view = view_fn};
+                                .shard = shard_fn, .local = local_fn, .alias = alias_fn, .view = view_fn,             \
+                                .strided = strided_fn};
 OP_VIEW(S_DEF)
 #undef S_DEF

@@ -267,6 +267,47 @@ Test(replay, hostile_defines_never_crash, .timeout = 30)
     s_stop_worker();
 }
 
+/* A COMPUTE reads an input as a strided view of its piece: the worker gathers the elements the
+ * strides name (a step of 0 repeats one) for the kernel, and an aliasing op (reshape) shares the
+ * gathered bytes; a view whose far corner leaves the piece is refused, naming the input. */
+Test(replay, a_compute_reads_strided_views, .timeout = 30)
+{
+    s_start();
+    s_batch b = {0};
+    mb_encode_arange(s_rec(&b), 1, DT_FLOAT32, 1, (const int64_t[]){12}, 0, (dt_scalar){.is_int = true, .i = 0},
+                     (dt_scalar){.is_int = true, .i = 1});
+    const int64_t shape[] = {2, 3};
+    const struct {
+        const char *op;
+        int64_t views[7];
+        float want[6];
+    } cases[] = {
+        {"neg", {0, 1, -2, 2, 3, 4, 2}, {-1, -3, -5, -5, -7, -9}},
+        {"reshape", {0, 2, -2, 2, 3, 1, 3}, {2, 5, 8, 3, 6, 9}},
+        {"neg", {0, 7, -2, 2, 3, 0, 1}, {-7, -8, -9, -7, -8, -9}},
+        {"neg", {0, 5, -2, 2, 3, 4, 2}, {0}},
+    };
+    for (int c = 0; c < 4; c++) {
+        uint64_t out = 10 + (uint64_t)c, in = 1;
+        const op_def *def = op_find(cases[c].op);
+        mb_encode_compute(s_rec(&b), op_index(def), 1, &in, def->id == OP_ID_reshape ? 2 : 0, shape, 0, NULL, NULL, 0,
+                          NULL, 7, cases[c].views, 1);
+        mb_encode_out(&b.w, out, DT_FLOAT32, 2, shape);
+        s_fetch(&b, out, 1 + (uint64_t)c);
+        float got[6] = {0};
+        char err[512] = "";
+        s_run(&b, got, 6, err, sizeof err);
+        if (c < 3) {
+            cr_expect_str_empty(err);
+            cr_expect(!memcmp(got, cases[c].want, sizeof got), "case %d: %g %g %g %g %g %g", c, got[0], got[1], got[2],
+                      got[3], got[4], got[5]);
+        } else {
+            cr_expect(strstr(err, "a view of input 0 does not lie inside its piece"), "%s", err);
+        }
+    }
+    s_stop_worker();
+}
+
 /* A COMPUTE reads an input as a view of its piece (the controller's views, dtn_tensor.h): the run
  * its record names, and an error naming the input when that run leaves the piece. */
 Test(replay, a_compute_reads_views_and_refuses_one_outside_its_piece, .timeout = 30)

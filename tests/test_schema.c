@@ -720,6 +720,26 @@ Test(schema, encoding_is_compact)
     free(w.data);
 }
 
+/* A strided view, [input, first, -rank, sizes..., strides...], and where the elements it reads end
+ * (hand-computed: the far corner's element + 1; none for an empty view; -1 past int64). */
+Test(schema, strided_views_and_their_extent)
+{
+    mb_views v = {.n = 7, .v = {0, 5, -2, 2, 3, 4, 0}};
+    mb_view got;
+    int at = 0;
+    cr_assert_eq(mb_view_next(&v, &at, 1, &got), 1);
+    cr_expect(got.strided && got.input == 0 && got.first == 5 && got.shape.n == 2 && got.shape.v[0] == 2 &&
+              got.shape.v[1] == 3 && got.strides[0] == 4 && got.strides[1] == 0);
+    cr_expect_eq(at, 7);
+    cr_expect_eq(mb_view_extent(&got), 5 + 4 + 0 + 1, "the corner (1, 2) is element 9");
+    mb_view run = {.first = 6, .shape = {2, {3, 4}}};
+    cr_expect_eq(mb_view_extent(&run), 18);
+    mb_view empty = {.first = 100, .shape = {2, {0, 4}}, .strided = true, .strides = {1, 1}};
+    cr_expect_eq(mb_view_extent(&empty), 0);
+    mb_view huge = {.first = 1, .shape = {2, {3, 2}}, .strided = true, .strides = {INT64_MAX / 2, 1}};
+    cr_expect_eq(mb_view_extent(&huge), -1, "a corner past int64");
+}
+
 /* A COMPUTE's views: [input, first, rank, sizes...] each, read in turn; integers that do not make
  * a view (an input outside the op's, a negative first element, a rank past DT_MAX_DIMS or past the
  * integers left, a size < 0) are refused. */
@@ -748,6 +768,9 @@ Test(schema, views)
         {3, {0, 0, 9}, "a rank past DT_MAX_DIMS"},
         {4, {0, 0, 1, -1}, "a negative size"},
         {2, {0, 0}, "a truncated view"},
+        {5, {0, 0, -2, 3, 4}, "a strided view without its strides"},
+        {5, {0, 0, -1, 3, -1}, "a negative stride"},
+        {3, {0, 0, -9}, "a strided rank past DT_MAX_DIMS"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         mb_views b = {.n = bad[i].n};

@@ -54,7 +54,7 @@ def test_a_captured_step_is_one_submission_per_group_and_a_fetch(name):
             model.generate(ids, n, capture=capture)
             counts[capture, n] = dtorch._C._ops_submitted() - before
     assert counts[True, 8] - counts[True, 4] == 4 * (1 + groups)
-    assert counts[False, 8] - counts[False, 4] > 4 * 50
+    assert counts[False, 8] - counts[False, 4] >= 4 * 40     # every op of the forward: 50 a step here
 
 
 def test_cache_position_writes_the_slots_it_names():

@@ -72,10 +72,9 @@ def _in_use(mesh):
 
 @pytest.mark.parametrize("mesh_ids", [[0], [0, 1], [0, 1, 2]])
 def test_views_share_their_input_s_bytes_on_the_devices(mode, mesh_ids):
-    """A reshape, or a slice that keeps one contiguous run of each device's piece, holds no bytes
-    of its own: device memory stays what the source took, the view keeps it alive after the source
-    is gone, and writes in place on either side leave the other's value as it was (numpy copies
-    are the reference)."""
+    """A reshape, a slice, a strided view (until an op reads it) hold no bytes of their own: device
+    memory stays what the source took, the view keeps it alive after the source is gone, and writes
+    in place on either side leave the other's value as it was (numpy copies are the reference)."""
     mesh = dtorch.DeviceMesh("cpu", mesh_ids)
     n = len(mesh_ids)
     a = np.arange(4 * 512 * 256, dtype=np.float32).reshape(4, 512, 256)
@@ -89,9 +88,12 @@ def test_views_share_their_input_s_bytes_on_the_devices(mode, mesh_ids):
     two = x.narrow(0, 1, 2)
     assert flat.placements == (Shard(1),) and one.placements == (Shard(0),)
     assert [u - b for u, b in zip(_in_use(mesh), base)] == piece
-    column = x[:, :, 0]                       # strided: a fresh piece of 4 x rows floats
+    column = x[:, :, 0]                       # strided: a view too, no bytes until an op reads it
+    assert [u - b for u, b in zip(_in_use(mesh), base)] == piece
+    twice = column * 2                        # a fresh piece of 4 x rows floats (the gather is freed)
     assert [u - b for u, b in zip(_in_use(mesh), base)] == [p + 4 * r * 4 for p, r in zip(piece, rows)]
-    del x, column
+    np.testing.assert_array_equal(twice.numpy(), a[:, :, 0] * 2)
+    del x, column, twice
     gc.collect()
     assert [u - b for u, b in zip(_in_use(mesh), base)] == piece      # the views keep x's bytes alive
     np.testing.assert_array_equal(flat.numpy(), a.reshape(4, 512, 16, 16))
@@ -123,9 +125,37 @@ def test_views_share_their_input_s_bytes_on_the_devices(mode, mesh_ids):
     held = _in_use(mesh)
     assert [h - b for h, b in zip(held, base)] == [60 * 8] * n
     runs = [r[1, 2:4], r[1:2, 2:4], r[2, :, 1], r[1:2, 3], r[..., 0:5]]
-    assert _in_use(mesh) == [h + 4 * 8 for h in held]              # only r[2, :, 1] is strided: 4 new int64
+    assert _in_use(mesh) == held                                   # r[2, :, 1], strided, is a view too
     for got, want in zip(runs, [c[1, 2:4], c[1:2, 2:4], c[2, :, 1], c[1:2, 3], c[..., 0:5]]):
         np.testing.assert_array_equal(got.numpy(), want)
+    assert _in_use(mesh) == [h + 4 * 8 for h in held]              # fetched, it holds its 4 int64 gathered
     strided = r[:, 2:4]
-    assert _in_use(mesh) == [h + 4 * 8 + 3 * 2 * 5 * 8 for h in held]
+    assert _in_use(mesh) == [h + 4 * 8 for h in held]
     np.testing.assert_array_equal(strided.numpy(), c[:, 2:4])
+    assert _in_use(mesh) == [h + 4 * 8 + 3 * 2 * 5 * 8 for h in held]
+
+
+def test_a_large_strided_view_is_gathered_once_and_a_small_one_each_time(mode):
+    """A strided view of 1 MiB or more gets pieces of its own the first time an op reads it (a weight
+    transposed once and read at every step is gathered once); a smaller one is gathered inline,
+    into bytes freed after the op."""
+    mesh = dtorch.DeviceMesh("cpu", [0, 1])
+    a = np.arange(512 * 1024, dtype=np.float32).reshape(512, 1024) / 1000
+    x = dtorch.distribute_tensor(a, mesh, [Shard(0)])
+    base = _in_use(mesh)
+    piece = 256 * 1024 * 4
+    wt = x.t()                                         # (1024, 512) Shard(1): 1 MiB on each device
+    assert _in_use(mesh) == base
+    y = wt * 2.0
+    assert [u - b for u, b in zip(_in_use(mesh), base)] == [2 * piece] * 2   # wt's pieces, and y
+    z = wt + 1.0
+    assert [u - b for u, b in zip(_in_use(mesh), base)] == [3 * piece] * 2   # z alone
+    np.testing.assert_allclose(y.numpy(), a.T * 2, rtol=1e-6)
+    np.testing.assert_allclose(z.numpy(), a.T + 1, rtol=1e-6)
+    del y, z, wt
+    gc.collect()
+    assert _in_use(mesh) == base
+    small = x[:, :8].t()                               # (8, 512) Shard(1): 8 KiB on each device
+    twice = small * 2.0
+    assert [u - b for u, b in zip(_in_use(mesh), base)] == [8 * 256 * 4] * 2  # twice alone
+    np.testing.assert_allclose(twice.numpy(), a[:, :8].T * 2, rtol=1e-6)

@@ -1,6 +1,6 @@
-"""Views made on the controller alone: a reshape, or a slice that is one contiguous run of every
-device's piece, sends nothing; ops, fetches and redistributes read the view's part of its base's
-pieces. Values are numpy's (views of numpy copies of the same arrays); writes in place keep DTorch's
+"""Views made on the controller alone: a reshape, a slice, a permute or an expand sends nothing
+(a contiguous run of every device's piece, or a strided view that reads every piece the same way);
+ops, fetches and redistributes read the view's part of its base's pieces. Values are numpy's (views of numpy copies of the same arrays); writes in place keep DTorch's
 value semantics: a view keeps the value its tensor had when it was made."""
 import gc
 
@@ -40,9 +40,15 @@ def test_a_view_sends_nothing_and_a_copy_does(mode):
     wants = [a.reshape(2, 12), a.reshape(2, 3, 2, 2), a.reshape(2, 12), a[None], a, a, a, a, a[1], a[1:2],
              a[1, 1:], a.reshape(24)[4:9]]
     assert [tuple(v.shape) for v in views] == [w.shape for w in wants]
-    column = r[:, 0]                             # strided: a copy on every device
+    strided = [r[:, 0], x[..., 1], x.transpose(1, 2), r.permute(2, 0, 1)[1], x[:, ::2], r[:, :1].expand(2, 5, 4),
+               x.mT[:, 1:3], r[1].t()[2]]
+    assert _submitted() == before                # strided views too: each piece is read the same way
+    swants = [a[:, 0], a[..., 1], a.swapaxes(1, 2), a.transpose(2, 0, 1)[1], a[:, ::2],
+              np.broadcast_to(a[:, :1], (2, 5, 4)), a.swapaxes(1, 2)[:, 1:3], a[1].T[2]]
+    assert [tuple(v.shape) for v in strided] == [w.shape for w in swants]
+    flat = x.transpose(1, 2).reshape(2, 12)      # a reshape that merges strided dims: a copy
     assert _submitted() == before + 1
-    for v, w in zip(views + [column], wants + [a[:, 0]]):
+    for v, w in zip(views + strided + [flat], wants + swants + [a.swapaxes(1, 2).reshape(2, 12)]):
         np.testing.assert_array_equal(v.numpy(), w)
 
 
@@ -92,6 +98,85 @@ def test_views_read_the_right_part_of_every_piece(mode, mesh_name):
             moved = v.redistribute(mesh, [Replicate()] * mesh.ndim)
             np.testing.assert_array_equal(moved.numpy(), want, err_msg=msg)
             np.testing.assert_array_equal((v + v).numpy(), want + want, err_msg=msg)
+
+
+def _strided_cases():
+    """(name, array, placements by mesh ndim, [(DTensor view, numpy view)]): strided views whose cut
+    dims are not sharded, over uneven shards, empty ones (a dim of 1 or 2 over 3-4 devices), a
+    sharded middle dim, two mesh dims sharding two tensor dims, views of views (the attention
+    pattern: a contiguous reshape, then a transpose, then a slice), broadcasts."""
+    a = np.arange(5 * 6 * 4, dtype=np.float32).reshape(5, 6, 4)
+    b = np.arange(2 * 7 * 3, dtype=np.int64).reshape(2, 7, 3)
+    takes_a = [
+        (lambda t: t[:, 0], lambda n: n[:, 0]),
+        (lambda t: t[..., 1], lambda n: n[..., 1]),
+        (lambda t: t[:, 1:5:2], lambda n: n[:, 1:5:2]),
+        (lambda t: t.transpose(1, 2), lambda n: n.swapaxes(1, 2)),
+        (lambda t: t.permute(2, 0, 1)[3], lambda n: n.transpose(2, 0, 1)[3]),
+        (lambda t: t.transpose(1, 2).transpose(1, 2), lambda n: n),
+        (lambda t: t[:, 2:3].expand(5, 4, 4), lambda n: np.broadcast_to(n[:, 2:3], (5, 4, 4))),
+        (lambda t: t.unsqueeze(0).expand(2, 5, 6, 4)[:, :, 1], lambda n: np.broadcast_to(n[None], (2, 5, 6, 4))[:, :, 1]),
+        (lambda t: t.reshape(5, 2, 3, 4).transpose(1, 2)[:, 1:], lambda n: n.reshape(5, 2, 3, 4).swapaxes(1, 2)[:, 1:]),
+        (lambda t: t[:, ::5], lambda n: n[:, ::5]),
+        (lambda t: t[:, 0].unsqueeze(1).squeeze(1), lambda n: n[:, 0]),
+    ]
+    takes_b = [
+        (lambda t: t[:, 2], lambda n: n[:, 2]),
+        (lambda t: t.permute(2, 1, 0), lambda n: n.transpose(2, 1, 0)),
+        (lambda t: t[..., 1:].mT, lambda n: n[..., 1:].swapaxes(1, 2)),
+    ]
+    return [
+        ("rows", a, {1: [Shard(0)], 2: [Shard(0), Replicate()], 3: [Replicate(), Shard(0), Replicate()]}, takes_a),
+        ("replicated", a, {1: [Replicate()], 2: [Replicate(), Replicate()], 3: [Replicate()] * 3}, takes_a),
+        ("two dims", a, {1: [Shard(2)], 2: [Shard(0), Shard(2)], 3: [Shard(0), Replicate(), Shard(2)]},
+         [tk for tk in takes_a if tk not in takes_a[1:2] + takes_a[4:5] + takes_a[6:9]]),
+        ("empty pieces", b, {1: [Shard(0)], 2: [Shard(0), Shard(0)], 3: [Shard(0), Replicate(), Shard(0)]}, takes_b),
+    ]
+
+
+@pytest.mark.parametrize("mesh_name", list(MESHES))
+def test_strided_views_send_nothing_and_read_the_right_elements(mode, mesh_name):
+    mesh = dtorch.DeviceMesh("cpu", MESHES[mesh_name])
+    for name, a, pls, takes in _strided_cases():
+        x = dtorch.distribute_tensor(a, mesh, pls[mesh.ndim])
+        for take, ref in takes:
+            msg = f"{name} on {mesh_name}"
+            before = _submitted()
+            v, want = take(x), ref(a)
+            assert _submitted() == before, msg
+            assert tuple(v.shape) == want.shape, msg
+            np.testing.assert_array_equal(v.numpy(), want, err_msg=msg)
+            # read inline by ops (each device gathers its part), twice in one op, by a reshape that
+            # copies, a reduction, and moved
+            np.testing.assert_array_equal((v * 2 + 1).numpy(), want * 2 + 1, err_msg=msg)
+            np.testing.assert_array_equal((v + v).numpy(), want + want, err_msg=msg)
+            np.testing.assert_array_equal(v.reshape(-1).numpy(), want.reshape(-1), err_msg=msg)
+            np.testing.assert_array_equal(v.sum().numpy(), want.sum(), err_msg=msg)
+            moved = v.redistribute(mesh, [Replicate()] * mesh.ndim)
+            np.testing.assert_array_equal(moved.numpy(), want, err_msg=msg)
+
+
+def test_strided_views_keep_their_value_and_feed_products(mode):
+    """A strided view is a value: writes into its tensor after it was made, or into the view, leave
+    the other as it was; a transposed weight goes into a product inline."""
+    mesh = dtorch.DeviceMesh("cpu", [0, 1])
+    a = np.arange(4 * 6, dtype=np.float32).reshape(4, 6)
+    x = dtorch.distribute_tensor(a, mesh, [Shard(0)])
+    col, xt = x[:, 1], x.t()
+    x[:, 1:2] = -5.0
+    want = a.copy()
+    want[:, 1:2] = -5.0
+    np.testing.assert_array_equal(x.numpy(), want)
+    np.testing.assert_array_equal(col.numpy(), a[:, 1])
+    np.testing.assert_array_equal(xt.numpy(), a.T)
+    col[0] = 100.0                                # a write into the view: x keeps its value
+    np.testing.assert_array_equal(col.numpy(), np.concatenate([[100.0], a[1:, 1]]))
+    np.testing.assert_array_equal(x.numpy(), want)
+    w = dtorch.distribute_tensor(np.arange(6 * 3, dtype=np.float32).reshape(6, 3) / 7, mesh, [Replicate()])
+    np.testing.assert_allclose((xt.t() @ w).numpy(), a @ (np.arange(18, dtype=np.float32).reshape(6, 3) / 7),
+                               rtol=1e-6)
+    np.testing.assert_allclose(dtorch.nn.functional.linear(x, w.t()).numpy(), want @ (np.arange(18).reshape(6, 3) / 7),
+                               rtol=1e-6)
 
 
 def test_partial_views_sum_the_right_parts(mode):
