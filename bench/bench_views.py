@@ -9,7 +9,10 @@ op issued and waited for (``op; dtorch.synchronize()``), the median and the spre
   * ``x.reshape(...)``, ``x.flatten()``, ``x.unsqueeze(0)`` of a (rows, cols) tensor on Shard(0);
   * ``y[1]`` and ``y.narrow(0, 1, 2)`` of a (4, rows / 4, cols) tensor on Shard(1): one contiguous
     run of each device's piece;
-  * ``x[:, 0]``: a strided column, which every device copies (the reference for a view that copies).
+  * ``x[:, 0]``, ``x.t()``, ``x[:, ::2]``: strided views, made on the controller alone;
+  * ``x[:, 0] + 0`` and ``x.t() + 0``: an op that reads a strided view (each device gathers its
+    part: 0.5 KiB of the column, half the tensor for the transpose) beside ``x + 0``, the same op
+    on the contiguous tensor.
 
 Beside them, in the same run: ``np.copyto`` of one device's piece into a buffer written beforehand
 (what a device pays to copy its piece), and a round trip that does nothing on the devices
@@ -61,7 +64,12 @@ def _mode(workers, args):
         ("x.unsqueeze(0)", lambda: x.unsqueeze(0)),
         ("y[1]", lambda: y[1]),
         ("y.narrow(0, 1, 2)", lambda: y.narrow(0, 1, 2)),
-        ("x[:, 0] (strided: copied)", lambda: x[:, 0]),
+        ("x[:, 0] (strided)", lambda: x[:, 0]),
+        ("x.t() (strided)", lambda: x.t()),
+        ("x[:, ::2] (strided)", lambda: x[:, ::2]),
+        ("x + 0", lambda: x + 0),
+        ("x[:, 0] + 0 (gathers a column)", lambda: x[:, 0] + 0),
+        ("x.t() + 0 (gathers the transpose)", lambda: x.t() + 0),
     ]
     print(f"\n{workers} workers: x ({rows}, {cols}) float32 = {args.mib} MiB on 2 devices, "
           f"{args.mib / 2:g} MiB each; median (min-max) ms of {args.repeats}")

@@ -1,6 +1,5 @@
 /* dt_tensor — DTensor handles: metadata on the controller, pieces on the devices. The last
  * release queues a free on every device; fetches ask each device for its own piece. */
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,9 +41,9 @@ dt_tensor *dt_tensor_ref(dt_tensor *t)
     return t;
 }
 
-/* Guards the views' bookkeeping on their bases (nviews reaching 0 against a retire). */
-static pthread_mutex_t s_views_lock = PTHREAD_MUTEX_INITIALIZER;
-
+/* The views' bookkeeping on their bases (nviews reaching 0 against a retire on another thread)
+ * is two atomics: a write that retires pieces after the last view took retired finds them left
+ * in retired, and the base's own release frees them. */
 dt_tensor *dtn_tensor_view(dt_tensor *base, uint64_t base_id, int64_t first, dt_dtype dtype, int ndim,
                            const int64_t *shape, const dt_placement *placements)
 {
@@ -64,20 +63,9 @@ dt_tensor *dtn_tensor_view(dt_tensor *base, uint64_t base_id, int64_t first, dt_
     return t;
 }
 
-bool dtn_tensor_viewed(dt_tensor *t)
-{
-    pthread_mutex_lock(&s_views_lock);
-    bool viewed = atomic_load(&t->nviews) > 0 && !t->retired;
-    pthread_mutex_unlock(&s_views_lock);
-    return viewed;
-}
+bool dtn_tensor_viewed(dt_tensor *t) { return atomic_load(&t->nviews) > 0 && !atomic_load(&t->retired); }
 
-void dtn_tensor_retire(dt_tensor *t, uint64_t old_id)
-{
-    pthread_mutex_lock(&s_views_lock);
-    t->retired = old_id;
-    pthread_mutex_unlock(&s_views_lock);
-}
+void dtn_tensor_retire(dt_tensor *t, uint64_t old_id) { atomic_store(&t->retired, old_id); }
 
 void dtn_tensor_unview(dt_tensor *view)
 {
@@ -87,13 +75,8 @@ void dtn_tensor_unview(dt_tensor *view)
     view->base = NULL;
     free(view->strided);
     view->strided = NULL;
-    uint64_t retired = 0;
-    if (atomic_fetch_sub(&base->nviews, 1) == 1) { /* the last: the pieces a write left it go too */
-        pthread_mutex_lock(&s_views_lock);
-        retired = base->retired;
-        base->retired = 0;
-        pthread_mutex_unlock(&s_views_lock);
-    }
+    /* the last: the pieces a write left it go too */
+    uint64_t retired = atomic_fetch_sub(&base->nviews, 1) == 1 ? atomic_exchange(&base->retired, 0) : 0;
     if (retired)
         act_runtime_free(base->epoch, base->mesh, retired);
     dt_tensor_release(&base);
@@ -107,8 +90,9 @@ void dt_tensor_release(dt_tensor **tp)
         return;
     if (t->id)
         act_runtime_free(t->epoch, t->mesh, t->id);
-    if (t->retired) /* left by a write racing the last view's release on another thread */
-        act_runtime_free(t->epoch, t->mesh, t->retired);
+    uint64_t retired = atomic_load(&t->retired);
+    if (retired) /* left by a write racing the last view's release on another thread */
+        act_runtime_free(t->epoch, t->mesh, retired);
     dtn_tensor_unview(t); /* a view made on the controller: its devices never heard of it */
     dt_mesh_release(&t->mesh);
     dtn_tensor_free(t);

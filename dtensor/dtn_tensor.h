@@ -42,7 +42,7 @@ struct dt_tensor {
      * its live views (it wrote into a copy: dtn_tensor_retire), freed with the last of them. */
     atomic_int nviews;
     bool written;
-    uint64_t retired;
+    _Atomic uint64_t retired;
 };
 
 /* Handle structs come from a small per-thread free list: a calloc per op showed in profiles. */
