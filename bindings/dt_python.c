@@ -668,6 +668,9 @@ static PyGetSetDef s_Tensor_getset[] = {
 
 static PyObject *s_Tensor_reshape(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 static PyObject *s_Tensor_view(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+static PyObject *s_Tensor_permute(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+static PyObject *s_Tensor_transpose(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+static PyObject *s_Tensor_t(PyObject *self, PyObject *unused);
 
 static PyMethodDef s_Tensor_methods[] = {
     {"future", (PyCFunction)s_Tensor_future, METH_NOARGS, "A TensorFuture of the whole value."},
@@ -675,6 +678,11 @@ static PyMethodDef s_Tensor_methods[] = {
      "reshape(*shape): the same elements in another shape (one size may be -1), given as ints or one sequence."},
     {"view", (PyCFunction)(void (*)(void))s_Tensor_view, METH_FASTCALL,
      "view(*shape): reshape (pieces are never shared, so a view is a reshape)."},
+    {"permute", (PyCFunction)(void (*)(void))s_Tensor_permute, METH_FASTCALL,
+     "permute(*dims): the dims reordered, output dim i being input dim dims[i] (ints or one sequence)."},
+    {"transpose", (PyCFunction)(void (*)(void))s_Tensor_transpose, METH_FASTCALL,
+     "transpose(dim0, dim1): dims dim0 and dim1 swapped."},
+    {"t", (PyCFunction)s_Tensor_t, METH_NOARGS, "t(): the transpose of a tensor of at most 2 dims."},
     {"_locals_future", (PyCFunction)s_Tensor_locals_future, METH_NOARGS, "A TensorFuture of every piece."},
     {NULL},
 };
@@ -749,10 +757,10 @@ static PyObject *s_binary(int id, PyObject *a, PyObject *b)
 
 /* the ids of the ops behind Python's operators, looked up at import */
 enum { S_ADD, S_SUB, S_MUL, S_DIV, S_POW, S_NEG, S_ABS, S_EQ, S_NE, S_LT, S_LE, S_GT, S_GE, S_AND, S_OR, S_NOT,
-       S_MATMUL, S_RESHAPE, S_NOPS };
+       S_MATMUL, S_RESHAPE, S_PERMUTE, S_NOPS };
 static const char *const s_operator_ops[S_NOPS] = {"add", "sub", "mul", "div", "pow", "neg", "abs", "eq", "ne",
                                                    "lt", "le", "gt", "ge", "logical_and", "logical_or",
-                                                   "logical_not", "matmul", "reshape"};
+                                                   "logical_not", "matmul", "reshape", "permute"};
 static int s_operator_ids[S_NOPS];
 
 static PyObject *s_operator(int op, PyObject *a, PyObject *b)
@@ -787,47 +795,130 @@ static PyObject *s_nb_pow(PyObject *a, PyObject *b, PyObject *mod)
     return s_operator(S_POW, a, b);
 }
 
-/* x.reshape(*shape) and x.view(*shape) in C: they are a decode step's commonest calls, and the
- * Python wrapper's argument handling cost more than the op itself. The shape is ints or one
- * sequence of them (a tuple, a list, any iterable), as torch takes it. */
-static PyObject *s_reshape(const char *fn, PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+/* Sizes or dims given as ints or as one sequence of them (a tuple, a list, any iterable), as torch
+ * takes them, into attrs->ints; 0, or -1 with a TypeError naming fn and the argument (what). */
+static int s_ints_arg(const char *fn, const char *what, PyObject *const *args, Py_ssize_t nargs, dt_op_attrs *attrs)
 {
     PyObject *seq = NULL, *const *items = args;
     Py_ssize_t n = nargs;
     if (nargs == 1 && !PyIndex_Check(args[0])) {
-        if (PyObject_TypeCheck(args[0], &s_TensorType) || PyUnicode_Check(args[0]))
-            return PyErr_Format(PyExc_TypeError, "%s(): argument 'shape' must be tuple of ints, not %s", fn,
-                                s_type_name(args[0]));
-        if (!(seq = PySequence_Fast(args[0], ""))) {
+        if (PyObject_TypeCheck(args[0], &s_TensorType) || PyUnicode_Check(args[0]) ||
+            !(seq = PySequence_Fast(args[0], ""))) {
             PyErr_Clear();
-            return PyErr_Format(PyExc_TypeError, "%s(): argument 'shape' must be tuple of ints, not %s", fn,
-                                s_type_name(args[0]));
+            PyErr_Format(PyExc_TypeError, "%s(): argument '%s' must be tuple of ints, not %s", fn, what,
+                         s_type_name(args[0]));
+            return -1;
         }
         items = PySequence_Fast_ITEMS(seq);
         n = PySequence_Fast_GET_SIZE(seq);
     }
-    dt_op_attrs attrs = {0};
-    PyObject *result = NULL;
-    if (n > (Py_ssize_t)(sizeof attrs.ints / sizeof attrs.ints[0])) {
-        PyErr_Format(PyExc_ValueError, "%s(): a shape of %zd dims is more than DTorch tensors have", fn, n);
+    int rc = -1;
+    attrs->nints = 0;
+    attrs->nfloats = 0;
+    attrs->has_scalar = false;
+    if (n > (Py_ssize_t)(sizeof attrs->ints / sizeof attrs->ints[0])) {
+        PyErr_Format(PyExc_ValueError, "%s(): %zd %s are more than DTorch tensors have dims", fn, n, what);
         goto done;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         if (s_is_bool(items[i]) || !PyIndex_Check(items[i])) {
-            PyErr_Format(PyExc_TypeError, "%s(): argument 'shape' must be tuple of ints, but found element of type %s "
-                         "at pos %zd", fn, s_type_name(items[i]), i);
+            PyErr_Format(PyExc_TypeError, "%s(): argument '%s' must be tuple of ints, but found element of type %s "
+                         "at pos %zd", fn, what, s_type_name(items[i]), i);
             goto done;
         }
         Py_ssize_t v = PyNumber_AsSsize_t(items[i], PyExc_OverflowError);
         if (v == -1 && PyErr_Occurred())
             goto done;
-        attrs.ints[attrs.nints++] = v;
+        attrs->ints[attrs->nints++] = v;
     }
-    dt_tensor *in[1] = {((s_Tensor *)self)->t};
-    result = s_run(s_operator_ids[S_RESHAPE], 1, in, &attrs, ((s_Tensor *)self)->mesh);
+    rc = 0;
 done:
     Py_XDECREF(seq);
-    return result;
+    return rc;
+}
+
+/* x.reshape(*shape) and x.view(*shape) in C: they are a decode step's commonest calls, and the
+ * Python wrapper's argument handling cost more than the op itself. */
+static PyObject *s_reshape(const char *fn, PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    dt_op_attrs attrs;
+    if (s_ints_arg(fn, "shape", args, nargs, &attrs) != 0)
+        return NULL;
+    dt_tensor *in[1] = {((s_Tensor *)self)->t};
+    return s_run(s_operator_ids[S_RESHAPE], 1, in, &attrs, ((s_Tensor *)self)->mesh);
+}
+
+/* x.permute(*dims), x.transpose(dim0, dim1) and x.t() in C, for the same reason: attention
+ * transposes three times a layer, and the Python wrappers cost several times the op (a view made
+ * on the controller). */
+static PyObject *s_Tensor_permute(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    dt_op_attrs attrs;
+    if (s_ints_arg("permute", "dims", args, nargs, &attrs) != 0)
+        return NULL;
+    dt_tensor *in[1] = {((s_Tensor *)self)->t};
+    return s_run(s_operator_ids[S_PERMUTE], 1, in, &attrs, ((s_Tensor *)self)->mesh);
+}
+
+/* dim normalised for ndim dims (a 0-d tensor takes -1 and 0), as torch: 0, or -1 with the error */
+static int s_dim_arg(const char *fn, PyObject *o, int ndim, int *out)
+{
+    if (s_is_bool(o) || !PyIndex_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "%s(): dim must be an int, got %s", fn, s_type_name(o));
+        return -1;
+    }
+    Py_ssize_t d = PyNumber_AsSsize_t(o, NULL);
+    if (d == -1 && PyErr_Occurred())
+        return -1;
+    int n = ndim > 0 ? ndim : 1;
+    if (d < -n || d >= n) {
+        PyErr_Format(PyExc_IndexError, "%s: Dimension out of range (expected to be in range of [%d, %d], but got %zd)",
+                     fn, -n, n - 1, d);
+        return -1;
+    }
+    *out = (int)(d < 0 ? d + n : d);
+    return 0;
+}
+
+static PyObject *s_transpose(const char *fn, PyObject *self, PyObject *dim0, PyObject *dim1)
+{
+    s_Tensor *x = (s_Tensor *)self;
+    int ndim = dt_tensor_ndim(x->t), d0, d1;
+    if (s_dim_arg(fn, dim0, ndim, &d0) != 0 || s_dim_arg(fn, dim1, ndim, &d1) != 0)
+        return NULL;
+    if (ndim == 0)
+        return Py_NewRef(self);
+    dt_op_attrs attrs;
+    attrs.nints = ndim;
+    attrs.nfloats = 0;
+    attrs.has_scalar = false;
+    for (int d = 0; d < ndim; d++)
+        attrs.ints[d] = d;
+    attrs.ints[d0] = d1;
+    attrs.ints[d1] = d0;
+    dt_tensor *in[1] = {x->t};
+    return s_run(s_operator_ids[S_PERMUTE], 1, in, &attrs, x->mesh);
+}
+
+static PyObject *s_Tensor_transpose(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2)
+        return PyErr_Format(PyExc_TypeError, "transpose() takes 2 arguments (dim0, dim1), got %zd", nargs);
+    return s_transpose("transpose", self, args[0], args[1]);
+}
+
+static PyObject *s_Tensor_t(PyObject *self, PyObject *unused)
+{
+    int ndim = dt_tensor_ndim(((s_Tensor *)self)->t);
+    if (ndim > 2)
+        return PyErr_Format(PyExc_ValueError, "t() expects a tensor with <= 2 dimensions, but self is %dD", ndim);
+    if (ndim < 2)
+        return Py_NewRef(self);
+    PyObject *zero = PyLong_FromLong(0), *one = PyLong_FromLong(1);
+    PyObject *r = zero && one ? s_transpose("t", self, zero, one) : NULL;
+    Py_XDECREF(zero);
+    Py_XDECREF(one);
+    return r;
 }
 
 static PyObject *s_Tensor_reshape(PyObject *self, PyObject *const *args, Py_ssize_t nargs)

@@ -26,6 +26,12 @@ def _op(name, x, ints):
     return _C._op(ids[name], (x,), tuple(ints), None, None)
 
 
+def _tensor(name, x):
+    if not isinstance(x, _C.DTensor):
+        raise TypeError(f"{name}(): argument 'input' must be a DTensor, not {type(x).__name__}")
+    return x
+
+
 def _dim(name, dim, ndim):
     """dim normalised for ndim dims, IndexError when out of range."""
     if isinstance(dim, (bool, np.bool_)) or not isinstance(dim, (numbers.Integral, np.integer)):
@@ -64,28 +70,21 @@ def squeeze(input, dim=None):
 # ---- permutations ----------------------------------------------------------------------------
 
 def permute(input, *dims):
-    """input with its dims reordered: output dim i is input dim dims[i]."""
-    return _op("permute", input, _sizes(dims))
+    """input with its dims reordered: output dim i is input dim dims[i] (DTensor.permute, in C)."""
+    return _C.DTensor.permute(_tensor("permute", input), *dims)
 
 
 def transpose(input, dim0, dim1):
-    """input with dims dim0 and dim1 swapped."""
-    d0, d1 = _dim("transpose", dim0, input.ndim), _dim("transpose", dim1, input.ndim)
-    if input.ndim == 0:
-        return input
-    order = list(range(input.ndim))
-    order[d0], order[d1] = order[d1], order[d0]
-    return _op("permute", input, order)
+    """input with dims dim0 and dim1 swapped (DTensor.transpose, in C)."""
+    return _C.DTensor.transpose(_tensor("transpose", input), dim0, dim1)
 
 
 swapaxes = swapdims = transpose
 
 
 def t(input):
-    """The transpose of a tensor of at most 2 dims."""
-    if input.ndim > 2:
-        raise ValueError(f"t() expects a tensor with <= 2 dimensions, but self is {input.ndim}D")
-    return transpose(input, 0, 1) if input.ndim == 2 else input
+    """The transpose of a tensor of at most 2 dims (DTensor.t, in C)."""
+    return _C.DTensor.t(_tensor("t", input))
 
 
 def movedim(input, source, destination):

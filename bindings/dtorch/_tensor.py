@@ -182,9 +182,7 @@ class DTensor(_C.DTensor):
     flatten = _view.flatten
     unsqueeze = _view.unsqueeze
     squeeze = _view.squeeze
-    permute = _view.permute
-    transpose = swapaxes = swapdims = _view.transpose
-    t = _view.t
+    swapaxes = swapdims = _C.DTensor.transpose   # permute, transpose and t are the C type's own
     movedim = _view.movedim
     expand = _view.expand
     expand_as = _view.expand_as
@@ -199,11 +197,11 @@ class DTensor(_C.DTensor):
 
     @property
     def T(self):
-        return self if self.ndim < 2 else _view.permute(self, range(self.ndim - 1, -1, -1))
+        return self if self.ndim < 2 else self.permute(range(self.ndim - 1, -1, -1))
 
     @property
     def mT(self):
-        return _view.transpose(self, -2, -1)
+        return self.transpose(-2, -1)
 
     def contiguous(self, memory_format=None):
         return self
