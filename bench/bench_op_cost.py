@@ -8,7 +8,8 @@ the figure is the user thread's CPU time per call (``time.thread_time``: on 2 co
 threads preempt the user's thread, which wall time would count as the op's), the best of
 ``--repeats`` loops, then one ``synchronize()`` outside the timing. numpy runs the same op on the
 same shapes in the same run: ``a + b``, ``a * b``, ``np.exp(a)``, ``np.full``, ``reshape``,
-``x[0]``, ``x @ w.T + bias`` for ``F.linear`` and max-shift-exp-sum-divide for ``softmax`` (numpy
+``x[0]``, strided views of a (4, 4) ``s`` (``s[:, 0]``, ``s[..., 1:3]``, ``s.T``, ``swapaxes``),
+``x @ w.T + bias`` for ``F.linear`` and max-shift-exp-sum-divide for ``softmax`` (numpy
 has no single call for those two). An empty loop's cost per iteration is printed and subtracted
 from both sides.
 """
@@ -36,6 +37,7 @@ def _cases(mesh):
     a, b = dtorch.ones((1,), device_mesh=mesh), dtorch.full((1,), 2.0, device_mesh=mesh)
     x, w, bias = (dtorch.ones((1, 4), device_mesh=mesh), dtorch.ones((4, 4), device_mesh=mesh),
                   dtorch.zeros((4,), device_mesh=mesh))
+    s, ns = dtorch.ones((4, 4), device_mesh=mesh), np.ones((4, 4), np.float32)   # strided views of s
     na, nb = np.ones(1, np.float32), np.full(1, 2.0, np.float32)
     nx, nw, nbias = np.ones((1, 4), np.float32), np.ones((4, 4), np.float32), np.zeros(4, np.float32)
     full, exp, linear, softmax = dtorch.full, dtorch.exp, F.linear, F.softmax
@@ -62,6 +64,10 @@ def _cases(mesh):
         ("full((4,), 1.0)", *loops(lambda: full((4,), 1.0, device_mesh=mesh), lambda: nfull((4,), 1.0))),
         ("x.reshape(4)", *loops(lambda: x.reshape(4), lambda: nx.reshape(4))),
         ("x[0]", *loops(lambda: x[0], lambda: nx[0])),
+        ("s[:, 0]", *loops(lambda: s[:, 0], lambda: ns[:, 0])),
+        ("s[..., 1:3]", *loops(lambda: s[..., 1:3], lambda: ns[..., 1:3])),
+        ("s.t()", *loops(lambda: s.t(), lambda: ns.T)),
+        ("s.transpose(0, 1)", *loops(lambda: s.transpose(0, 1), lambda: ns.swapaxes(0, 1))),
         ("linear(x, w, bias)", *loops(lambda: linear(x, w, bias), lambda: nx @ nw.T + nbias)),
         ("softmax(x, -1)", *loops(lambda: softmax(x, -1), np_softmax)),
     ]
