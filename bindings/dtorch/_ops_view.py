@@ -1,8 +1,10 @@
 """Views and data movement with torch's names: reshape/view, transpose/permute/t/T, unsqueeze,
 squeeze, flatten, expand, contiguous, cat/concat/concatenate, stack, split, chunk, unbind,
-narrow, select, index_select, triu and tril (indexing is DTensor.__getitem__, in C). Every op
-returns a new DTensor whose pieces are fresh C-contiguous copies (tensors are immutable on
-devices); contiguous() returns the tensor itself. The C runtime checks the arguments; split,
+narrow, select, index_select, triu and tril (indexing is DTensor.__getitem__, in C; reshape,
+view, permute, transpose and t are the C type's methods). Every op returns a new DTensor with
+value semantics: views (reshape, slices, permute, expand) are made on the controller and read
+their tensor's pieces as they were, other ops make fresh pieces; contiguous() returns the tensor
+itself. The C runtime checks the arguments; split,
 chunk and unbind gather a sharded dim once before cutting it (dtensor/dt_index.c)."""
 import numbers
 
