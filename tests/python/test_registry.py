@@ -40,9 +40,11 @@ def test_signatures():
 
 
 def test_methods_are_on_the_type_and_matmul_is_the_c_slot():
-    for name in ("__matmul__", "__rmatmul__", "__getitem__", "exp", "add", "reshape", "view"):
+    for name in ("__matmul__", "__rmatmul__", "__getitem__", "exp", "add", "reshape", "view", "permute", "transpose",
+                 "t"):
         assert name not in vars(dtorch.DTensor), f"{name} is the C type's, not patched onto the subclass"
-    assert "sum" in vars(dtorch.DTensor) and "transpose" in vars(dtorch.DTensor), "the others are in the class body"
+    assert "sum" in vars(dtorch.DTensor) and "flatten" in vars(dtorch.DTensor), "the others are in the class body"
+    assert type(dtorch._C.DTensor.__dict__["transpose"]).__name__ == "method_descriptor"
     assert type(dtorch._C.DTensor.__dict__["reshape"]).__name__ == "method_descriptor"
     assert type(dtorch._C.DTensor.__dict__["__matmul__"]).__name__ == "wrapper_descriptor"
     assert type(dtorch._C.DTensor.__dict__["__getitem__"]).__name__ == "wrapper_descriptor"
