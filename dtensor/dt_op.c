@@ -212,6 +212,14 @@ int dt_op(const char *name, int n, dt_tensor *const *in, const dt_op_attrs *attr
     return id < 0 ? id : dt_op_run(id, n, in, attrs, max_out, out);
 }
 
+/* The frame a strided view of x reads: x's own (x itself, or the contiguous view it is), or for a
+ * strided x the one it reads already. */
+static void s_frame(const dt_tensor *x, const int64_t **shape, const dt_placement **pl)
+{
+    *shape = x->strided ? x->strided->frame_shape : x->shape;
+    *pl = x->strided ? x->strided->frame_pl : x->placements;
+}
+
 /* Output 0 of c as a view of in made on the controller alone: a handle that reads in's pieces (or
  * those in reads), starting first elements further in; with map, a strided view of in's frame
  * (in itself, or the frame in reads). No device hears of it until an op reads it. */
@@ -220,8 +228,9 @@ static int s_view(const op_call *c, dt_tensor *in, int64_t first, const op_strid
     dt_tensor *base = in->base ? in->base : in;
     const op_arg *o = &c->out[0];
     uint64_t base_id = in->base ? in->base_id : in->id; /* a view of a view reads what it reads */
-    const int64_t *frame_shape = in->strided ? in->strided->frame_shape : in->shape;
-    const dt_placement *frame_pl = in->strided ? in->strided->frame_pl : in->placements;
+    const int64_t *frame_shape;
+    const dt_placement *frame_pl;
+    s_frame(in, &frame_shape, &frame_pl);
     dtn_strided *strided = NULL;
     if (map && !op_strided_is_identity(map, o->shape, frame_shape)) {
         if (!(strided = malloc(sizeof *strided)))
@@ -261,8 +270,9 @@ static bool s_viewable(const op_call *c, dt_tensor *const *in, const bool *moves
         from = x->strided->map;
     else
         op_strided_identity(&from, x->ndim);
-    const int64_t *frame_shape = x->strided ? x->strided->frame_shape : x->shape;
-    const dt_placement *frame_pl = x->strided ? x->strided->frame_pl : x->placements;
+    const int64_t *frame_shape;
+    const dt_placement *frame_pl;
+    s_frame(x, &frame_shape, &frame_pl);
     const op_arg *o = &c->out[0];
     *strided = c->def->strided && c->def->strided(c, &from, map) &&
                op_strided_uniform(map, c->mesh_ndim, o->shape, o->pl, frame_shape, frame_pl);
