@@ -167,7 +167,7 @@ static s_result s_run(dt_mesh *mesh, int64_t n, int repeats)
 
 static void s_decode_shapes(double scale)
 {
-    static const int64_t shapes[][2] = {{768, 768}, {2048, 768}, {768, 2048}, {32000, 768}};
+    static const int64_t shapes[][2] = {{768, 768}, {2048, 768}, {768, 2048}, {32000, 288}, {32000, 768}};
     int repeats = (int)lround(15 * scale);
     repeats = repeats < 3 ? 3 : repeats > 64 ? 64 : repeats;
     printf("\n  decode shapes: (M x K) @ W^T with W (N x K); GB/s of weight bytes read, medians of %d\n", repeats);
@@ -205,6 +205,55 @@ static void s_decode_shapes(double scale)
     }
     printf("  memcpy: the weight's bytes into a written buffer; bf16: the same kernel on a bfloat16 weight (its own "
            "bytes)\n");
+}
+
+/* One decode step's weight traffic at batch 1: every projection of every layer and the output
+ * layer of llama2.c's 15M and 110M shapes, one after another (the layers' weights do not stay in
+ * cache across steps once the output layer has streamed through it), through sgemv and through
+ * the skinny kernel, on this thread. */
+static void s_decode_model(double scale)
+{
+    static const struct { const char *name; int64_t dim, hidden, layers; } models[] = {{"15M", 288, 768, 6},
+                                                                                      {"110M", 768, 2048, 12}};
+    int repeats = (int)lround(9 * scale);
+    repeats = repeats < 3 ? 3 : repeats > 64 ? 64 : repeats;
+    printf("\n  one decode step's products at batch 1 (every layer's 7 projections, then the 32000-row output "
+           "layer), medians of %d\n", repeats);
+    printf("  %6s %9s %12s %12s %12s %12s\n", "model", "MB", "sgemv ms", "skinny ms", "sgemv GB/s", "skinny GB/s");
+    for (size_t s = 0; s < sizeof models / sizeof models[0]; s++) {
+        int64_t D = models[s].dim, F = models[s].hidden, n = 7 * models[s].layers + 1;
+        int64_t (*shape)[2] = malloc((size_t)n * sizeof *shape);
+        float **w = calloc((size_t)n, sizeof *w), *x = malloc((size_t)F * sizeof *x), *y = malloc(32000 * sizeof *y);
+        if (!shape || !w || !x || !y)
+            s_die("malloc");
+        double bytes = 0;
+        for (int64_t i = 0; i < n; i++) {
+            int p = (int)(i % 7);
+            shape[i][0] = i == n - 1 ? 32000 : p < 4 ? D : p < 6 ? F : D;
+            shape[i][1] = i == n - 1 ? D : p < 6 ? D : F;
+            int64_t count = shape[i][0] * shape[i][1];
+            if (!(w[i] = malloc((size_t)count * sizeof(float))))
+                s_die("malloc");
+            for (int64_t e = 0; e < count; e++)
+                w[i][e] = (float)(e % 13) / 13.0f - 0.5f;
+            bytes += (double)count * sizeof(float);
+        }
+        for (int64_t i = 0; i < F; i++)
+            x[i] = (float)(i % 7) / 7.0f;
+        double t_gemv, t_skinny;
+        S_TIME(t_gemv, repeats, for (int64_t i = 0; i < n; i++) cblas_sgemv(CblasRowMajor, CblasNoTrans,
+                                                                            (int)shape[i][0], (int)shape[i][1], 1.0f,
+                                                                            w[i], (int)shape[i][1], x, 1, 0.0f, y, 1));
+        S_TIME(t_skinny, repeats,
+               for (int64_t i = 0; i < n; i++) cpu_matmul_skinny(1, shape[i][0], shape[i][1], x, w[i], DT_FLOAT32, y,
+                                                                 false));
+        printf("  %6s %9.1f %12.2f %12.2f %12.1f %12.1f\n", models[s].name, bytes / 1e6, t_gemv * 1e3, t_skinny * 1e3,
+               bytes / t_gemv / 1e9, bytes / t_skinny / 1e9);
+        fflush(stdout);
+        for (int64_t i = 0; i < n; i++)
+            free(w[i]);
+        free(w), free(shape), free(x), free(y);
+    }
 }
 
 int main(int argc, char **argv)
@@ -258,6 +307,7 @@ int main(int argc, char **argv)
            "time;\n  pipelined: %d ops, then one dt_synchronize; rel err: ||DTorch - sgemm|| / ||sgemm||\n",
            S_PIPELINE);
     s_decode_shapes(scale);
+    s_decode_model(scale);
     dt_mesh_release(&mesh);
     if (dt_shutdown() != 0)
         s_die("dt_shutdown");

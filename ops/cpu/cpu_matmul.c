@@ -177,47 +177,51 @@ S_AVX2 static inline float s_hsum(__m256 v)
     return _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps(x, x, 1)));
 }
 
-/* R weight rows from row j against all M rows of A: R * M independent accumulators (at most 8,
- * enough to hide the multiply-add latency). M, R and dtype are constants where it is inlined,
- * so the loops unroll and the accumulators stay in registers. */
-S_AVX2 static inline __attribute__((always_inline)) void s_rows(int M, int R, dt_dtype dtype, int64_t j, int64_t N,
-                                                                int64_t K, const float *a, const void *b, float *c,
-                                                                bool accumulate)
+/* One weight row (row j of b) against all M rows of A, U accumulators per row of A (M * U <= 8,
+ * enough to hide the multiply-add latency). M, U and dtype are constants where it is inlined, so
+ * the loops unroll and the accumulators stay in registers. */
+S_AVX2 static inline __attribute__((always_inline)) void s_row(int M, int U, dt_dtype dtype, int64_t j, int64_t N,
+                                                               int64_t K, const float *a, const void *b, float *c,
+                                                               bool accumulate)
 {
     __m256 acc[8];
-    for (int i = 0; i < R * M; i++)
+    for (int i = 0; i < M * U; i++)
         acc[i] = _mm256_setzero_ps();
+    const int64_t row = j * K;
     int64_t k = 0;
-    for (; k + 8 <= K; k += 8) {
-        for (int r = 0; r < R; r++) {
-            __m256 w = s_load8(b, dtype, (j + r) * K + k);
+    for (; k + 8 * U <= K; k += 8 * U)
+        for (int u = 0; u < U; u++) {
+            __m256 w = s_load8(b, dtype, row + k + 8 * u);
             for (int m = 0; m < M; m++)
-                acc[r * M + m] = _mm256_fmadd_ps(_mm256_loadu_ps(a + m * K + k), w, acc[r * M + m]);
+                acc[m * U + u] = _mm256_fmadd_ps(_mm256_loadu_ps(a + m * K + k + 8 * u), w, acc[m * U + u]);
         }
+    for (; k + 8 <= K; k += 8) {
+        __m256 w = s_load8(b, dtype, row + k);
+        for (int m = 0; m < M; m++)
+            acc[m * U] = _mm256_fmadd_ps(_mm256_loadu_ps(a + m * K + k), w, acc[m * U]);
     }
-    for (int r = 0; r < R; r++)
-        for (int m = 0; m < M; m++) {
-            float sum = s_hsum(acc[r * M + m]);
-            for (int64_t t = k; t < K; t++)
-                sum += a[m * K + t] * s_weight(b, dtype, (j + r) * K + t);
-            float *out = c + m * N + j + r;
-            *out = accumulate ? *out + sum : sum;
-        }
+    for (int m = 0; m < M; m++) {
+        for (int u = 1; u < U; u++)
+            acc[m * U] = _mm256_add_ps(acc[m * U], acc[m * U + u]);
+        float sum = s_hsum(acc[m * U]);
+        for (int64_t t = k; t < K; t++)
+            sum += a[m * K + t] * s_weight(b, dtype, row + t);
+        float *out = c + m * N + j;
+        *out = accumulate ? *out + sum : sum;
+    }
 }
 
 S_AVX2 static inline __attribute__((always_inline)) void s_skinny_avx2_m(int M, dt_dtype dtype, int64_t N, int64_t K,
                                                                          const float *a, const void *b, float *c,
                                                                          bool accumulate)
 {
-    /* one row of A (decode at batch 1) streams 8 weight rows at once: more loads in flight when
-     * the weight comes from memory (bench_matmul, the 32000 x 768 shape: 1.14-1.37x sgemv, against
-     * 1.0x with 4 rows), and its 8 accumulators still fit the registers */
-    const int R = M == 1 ? 8 : M <= 2 ? 4 : M <= 4 ? 2 : 1;
-    int64_t j = 0;
-    for (; j + R <= N; j += R)
-        s_rows(M, R, dtype, j, N, K, a, b, c, accumulate);
-    for (; j < N; j++)
-        s_rows(M, 1, dtype, j, N, K, a, b, c, accumulate);
+    /* The weight is read once, in its own order: row after row, one sequential stream. Streaming
+     * several rows at once (8 interleaved streams of K elements) starves the hardware prefetcher
+     * when K is short (decode's K of 288-2048): bench_matmul's 32000 x 288 and x 768 shapes read
+     * at about half the bandwidth that way. */
+    const int U = M == 1 ? 4 : M == 2 ? 2 : M <= 4 ? 2 : 1;
+    for (int64_t j = 0; j < N; j++)
+        s_row(M, U, dtype, j, N, K, a, b, c, accumulate);
 }
 
 #define S_CASE(M, D)                                                                                              \
