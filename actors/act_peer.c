@@ -20,6 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "act_runtime.h"
 #include "act_worker.h"
 #include "dt_dtype.h"
 #include "dt_error.h"
@@ -439,11 +440,11 @@ void act_peer_receive(act_worker *w)
     }
 }
 
-void act_peer_wait(act_worker *w)
+void act_peer_wait(act_worker *w, double *spin_until)
 {
     act_worker_beat(w); /* waiting for a peer is not being stuck */
     zmq_pollitem_t items[2] = {{zsock_resolve(w->peer), 0, ZMQ_POLLIN, 0}, {zsock_resolve(w->sock), 0, ZMQ_POLLIN, 0}};
-    if (zmq_poll(items, 2, S_WAIT_POLL_MS) < 0)
+    if (act_poll(items, 2, S_WAIT_POLL_MS, spin_until) < 0)
         return;
     if (items[0].revents & ZMQ_POLLIN)
         act_peer_receive(w);
@@ -457,6 +458,9 @@ void act_peer_wait(act_worker *w)
 /* The region of transfer from device `from`, waiting for it; NULL (and why) when it cannot come. */
 static act_recv *s_await(act_worker *w, uint64_t transfer, int64_t from, char *why, size_t size)
 {
+    /* a peer's region is often microseconds away (the devices of a collective run the same ops):
+     * spin a while before sleeping, as the worker's own loop does */
+    double spin_until = act_now() + act_spin_s();
     for (;;) {
         act_recv *got = dt_idmap_take(&w->received, transfer);
         if (got)
@@ -473,7 +477,7 @@ static act_recv *s_await(act_worker *w, uint64_t transfer, int64_t from, char *w
             snprintf(why, size, "%s", dt_last_error());
             return NULL;
         }
-        act_peer_wait(w);
+        act_peer_wait(w, &spin_until);
     }
 }
 

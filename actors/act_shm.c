@@ -18,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "act_runtime.h"
 #include "act_worker.h"
 #include "dt_dtype.h"
 #include "dt_error.h"
@@ -159,6 +160,7 @@ const char *act_shm_map_region(act_worker *w, act_recv *got, int64_t from, size_
     if (w->remote)
         return "a region lent by handle cannot come from another host";
     act_proc *p;
+    double spin_until = act_now() + act_spin_s();
     while (!(p = dt_idmap_get(&w->procs, (uint64_t)from + 1))) {
         /* the controller names a peer's process before that peer runs anything: it is on its way */
         if (dt_idmap_get(&w->dead, (uint64_t)from + 1)) {
@@ -167,7 +169,7 @@ const char *act_shm_map_region(act_worker *w, act_recv *got, int64_t from, size_
         }
         if (w->leaving)
             return "the runtime is shutting down";
-        act_peer_wait(w);
+        act_peer_wait(w, &spin_until);
     }
     if (p->pid == 0) {
         snprintf(why, sizeof why, "device %" PRId64 " sent a region by handle, but its memory cannot be mapped here",

@@ -236,8 +236,9 @@ bool act_peer_assemble(act_worker *w, mb_cursor *rec);
 /* Handles every message waiting on the peer socket (stashes regions, takes releases). */
 void act_peer_receive(act_worker *w);
 /* Waits up to a poll interval for a message from a peer or the controller, and handles it (a
- * controller message through act_worker_defer): one round of a wait that needs one. */
-void act_peer_wait(act_worker *w);
+ * controller message through act_worker_defer): one round of a wait that needs one. It polls
+ * without sleeping until *spin_until (act_poll), which the wait sets once when it starts. */
+void act_peer_wait(act_worker *w, double *spin_until);
 /* The DEALER to device's peer socket (worker processes), made on first use; NULL + dt_last_error. */
 zsock_t *act_peer_socket(act_worker *w, int64_t device);
 
