@@ -300,9 +300,14 @@ class GenerationMixin:
         decode = _DecodeStep(call, warp, groups, B, P, padded) if capture and max_new_tokens > 1 else None
         if decode is not None and not decode.usable:
             decode = None
+        ahead = None   # the tokens' futures of the captured step queued one step ahead
         for step in range(max_new_tokens):
             if decode is not None and step + 1 < max_new_tokens:
-                pending = [token.future() for token in decode()]
+                # A replay is one record: its tokens come back only when the whole step is done.
+                # The next step's replay is queued before they are awaited, so the devices go
+                # from one step straight into the next instead of waiting for the host.
+                pending = ahead if ahead is not None else [token.future() for token in decode()]
+                ahead = [token.future() for token in decode()] if step + 2 < max_new_tokens else None
             else:
                 noise = warp.noise(B, groups[0][2])      # one draw for the whole batch: the same on any split
                 pending = []
