@@ -36,9 +36,10 @@ const char *cpu_matmul_run(const cpu_mm_desc *d, cpu_ctype t, const void *a, con
 
 /* The products of few rows against a linear layer's weight, as decode makes them:
  * C (M, N) = A (M, K) @ B^T with B stored (N, K) in b_dtype (float32, float16 or bfloat16) and A,
- * C in float32 (accumulate adds into C). B is streamed from memory once for all M rows and
- * 16-bit weights are widened on the fly, so the cost is the bytes of B: OpenBLAS's sgemm runs
- * 3-13x slower than that when M is small, and converting a 16-bit B first would read it twice.
+ * C in float32 (accumulate adds into C). B is streamed from memory once for all M rows, in its
+ * own order (one sequential stream, which the hardware prefetcher follows), and 16-bit weights
+ * are widened on the fly, so the cost is the bytes of B: OpenBLAS's sgemm runs 3-13x slower than
+ * that when M is small, and converting a 16-bit B first would read it twice.
  * Meant for M <= CPU_SKINNY_MAX_M. */
 #define CPU_SKINNY_MAX_M 8
 void cpu_matmul_skinny(int64_t M, int64_t N, int64_t K, const float *a, const void *b, dt_dtype b_dtype, float *c,
