@@ -14,7 +14,7 @@ layout. A DTensor input is redistributed when its placement on the style's dim d
 desired one (torch trusts the declared ``input_layouts`` instead; here the tensor says what it is).
 """
 from .._factory import distribute_tensor
-from .._placement import Partial, Placement, Replicate, Shard
+from .._placement import _SHARD, Partial, Placement, Replicate, Shard
 from .._tensor import DTensor
 from ..nn.layers import Embedding, Linear
 from ..nn.module import MetaTensor
@@ -58,6 +58,14 @@ def _normalize(p, ndim):
 def place(x, root, dim, placement):
     """x laid out on ``root`` with ``placement`` on mesh dim ``dim``; its other mesh dims keep their
     placements (a host array or a tensor from another mesh: Replicate there)."""
+    if type(x) is DTensor and x.device_mesh is root:
+        # every hook of every layer asks, and the answer is nearly always "as it is": compare the
+        # handle's raw placement with the wanted one, without making Placement objects
+        raw = placement._raw()
+        if raw[0] == _SHARD and raw[1] < 0 and x.ndim:
+            raw = (_SHARD, raw[1] % x.ndim, 0)
+        if x._placements_raw[dim] == raw:
+            return x
     if isinstance(x, (DTensor, MetaTensor)):
         ndim = x.ndim
         want = _normalize(placement, ndim)
