@@ -521,37 +521,45 @@ Test(random, sixteen_bit_uniform_below_one)
         cr_assert(dt_bf16_to_f32(h[i]) >= 0.0f && dt_bf16_to_f32(h[i]) < 1.0f);
 }
 
-/* Few rows against a weight: every M up to the limit, K with a tail past the vector width, each
+/* Few rows against a weight: every M up to the limit; K of one vector (8), with a tail past the
+ * widest unrolled step (37) and with whole single-vector steps after it before the tail (50); each
  * weight dtype, overwrite and accumulate; against a double-precision loop over the same (rounded)
  * weights. */
 Test(matmul, skinny_rows_against_a_weight)
 {
-    enum { N = 13, K = 37 };
-    float a[CPU_SKINNY_MAX_M * K], w32[N * K], c[CPU_SKINNY_MAX_M * N];
-    uint16_t w16[N * K];
-    for (int i = 0; i < CPU_SKINNY_MAX_M * K; i++)
-        a[i] = (float)((i * 37) % 11) / 4.0f - 1.25f;
+    enum { N = 13, KMAX = 50 };
+    float a[CPU_SKINNY_MAX_M * KMAX], w32[N * KMAX], c[CPU_SKINNY_MAX_M * N];
+    uint16_t w16[N * KMAX];
     dt_dtype dtypes[] = {DT_FLOAT32, DT_BFLOAT16, DT_FLOAT16};
-    for (int d = 0; d < 3; d++) {
-        for (int i = 0; i < N * K; i++) {
-            float v = (float)((i * 13) % 17) / 8.0f - 1.0f;
-            w16[i] = dtypes[d] == DT_BFLOAT16 ? dt_f32_to_bf16(v) : dt_f32_to_f16(v);
-            w32[i] = dtypes[d] == DT_FLOAT32 ? v : dtypes[d] == DT_BFLOAT16 ? dt_bf16_to_f32(w16[i]) : dt_f16_to_f32(w16[i]);
-        }
-        const void *w = dtypes[d] == DT_FLOAT32 ? (const void *)w32 : (const void *)w16;
-        for (int M = 1; M <= CPU_SKINNY_MAX_M; M++) {
-            for (int accumulate = 0; accumulate < 2; accumulate++) {
-                for (int i = 0; i < M * N; i++)
-                    c[i] = accumulate ? 0.5f * (float)i : 99.0f;
-                cpu_matmul_skinny(M, N, K, a, w, dtypes[d], c, accumulate);
-                for (int m = 0; m < M; m++)
-                    for (int j = 0; j < N; j++) {
-                        double want = accumulate ? 0.5 * (m * N + j) : 0.0;
-                        for (int k = 0; k < K; k++)
-                            want += (double)a[m * K + k] * w32[j * K + k];
-                        cr_assert(fabs(c[m * N + j] - want) < 1e-4 * (1 + fabs(want)),
-                                  "dtype %d M %d acc %d (%d,%d): %f, want %f", d, M, accumulate, m, j, c[m * N + j], want);
-                    }
+    const int Ks[] = {8, 37, KMAX};
+    for (int ki = 0; ki < 3; ki++) {
+        int K = Ks[ki];
+        for (int i = 0; i < CPU_SKINNY_MAX_M * K; i++)
+            a[i] = (float)((i * 37) % 11) / 4.0f - 1.25f;
+        for (int d = 0; d < 3; d++) {
+            for (int i = 0; i < N * K; i++) {
+                float v = (float)((i * 13) % 17) / 8.0f - 1.0f;
+                w16[i] = dtypes[d] == DT_BFLOAT16 ? dt_f32_to_bf16(v) : dt_f32_to_f16(v);
+                w32[i] = dtypes[d] == DT_FLOAT32    ? v
+                         : dtypes[d] == DT_BFLOAT16 ? dt_bf16_to_f32(w16[i])
+                                                    : dt_f16_to_f32(w16[i]);
+            }
+            const void *w = dtypes[d] == DT_FLOAT32 ? (const void *)w32 : (const void *)w16;
+            for (int M = 1; M <= CPU_SKINNY_MAX_M; M++) {
+                for (int accumulate = 0; accumulate < 2; accumulate++) {
+                    for (int i = 0; i < M * N; i++)
+                        c[i] = accumulate ? 0.5f * (float)i : 99.0f;
+                    cpu_matmul_skinny(M, N, K, a, w, dtypes[d], c, accumulate);
+                    for (int m = 0; m < M; m++)
+                        for (int j = 0; j < N; j++) {
+                            double want = accumulate ? 0.5 * (m * N + j) : 0.0;
+                            for (int k = 0; k < K; k++)
+                                want += (double)a[m * K + k] * w32[j * K + k];
+                            cr_assert(fabs(c[m * N + j] - want) < 1e-4 * (1 + fabs(want)),
+                                      "K %d dtype %d M %d acc %d (%d,%d): %f, want %f", K, d, M, accumulate, m, j,
+                                      c[m * N + j], want);
+                        }
+                }
             }
         }
     }
