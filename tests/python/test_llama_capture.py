@@ -39,6 +39,26 @@ def test_captured_generation_equals_the_reference(name):
 
 
 @pytest.mark.parametrize("name", ["one", "tp2", "pp2"])
+def test_captured_generation_of_every_short_length_equals_the_reference(name):
+    """generate queues the next captured step before it awaits a step's tokens: the first, the
+    last and the one before it are the edges (1, 2 and 3 new tokens have none, one and two
+    replays), and a generation that every row ends early (eos) stops with a step queued ahead."""
+    shape, names, overrides = CAPTURED[name]
+    model, sd, cfg = build(shape, names, overrides)
+    ids = tokens((2, 4), seed=9)
+    want = greedy_reference(sd, cfg, ids, 5)
+    for n in range(1, 6):
+        np.testing.assert_array_equal(model.generate(ids, n, capture=True), want[:, :4 + n], err_msg=f"{n} tokens")
+    # both rows reach their eos at the second new token, so generation stops there, as the plain
+    # loop does
+    eos = [int(want[0, 5]), int(want[1, 5])]
+    assert not set(eos) & set(want[:, 4].tolist()), "the test needs eos tokens that come second"
+    got = model.generate(ids, 5, capture=True, eos_token_id=eos, pad_token_id=0)
+    np.testing.assert_array_equal(got, want[:, :6])
+    np.testing.assert_array_equal(got, model.generate(ids, 5, capture=False, eos_token_id=eos, pad_token_id=0))
+
+
+@pytest.mark.parametrize("name", ["one", "tp2", "pp2"])
 def test_a_captured_step_is_one_submission_per_group_and_a_fetch(name):
     """Each step past the first costs the user's thread one replay and one fetch per group, whatever
     the number of layers; without capture it is every op of the forward."""
