@@ -283,30 +283,53 @@ void cpu_matmul_skinny(int64_t M, int64_t N, int64_t K, const float *a, const vo
 
 /* ---- attention ------------------------------------------------------------------------------- */
 
+/* The keys row i may see before any mask: those before the causal diagonal, or all. */
+static int64_t s_visible(int64_t S, bool causal, int64_t row0, int64_t i)
+{
+    int64_t visible = causal ? row0 + i + 1 : S;
+    return visible > S ? S : visible < 0 ? 0 : visible;
+}
+
+/* How many leading keys some row sees: past the last key that the diagonal and the mask leave
+ * visible to any row, a key costs nothing. A static cache's slots not filled yet are masked at its
+ * end, so decode's attention reads the slots filled so far, not the whole cache. */
+static int64_t s_keys_used(int64_t L, int64_t S, const float *mask, int64_t mask_sl, int64_t mask_ss, bool causal,
+                           int64_t row0)
+{
+    int64_t used = 0;
+    for (int64_t i = 0; i < L && used < S; i++) {
+        int64_t visible = s_visible(S, causal, row0, i);
+        if (mask)
+            while (visible > used && mask[i * mask_sl + (visible - 1) * mask_ss] == -INFINITY)
+                visible--;
+        if (visible > used)
+            used = visible;
+    }
+    return used;
+}
+
 void cpu_attention_head(int64_t L, int64_t S, int64_t E, int64_t Ev, const float *q, const float *k, const float *v,
                         const float *mask, int64_t mask_sl, int64_t mask_ss, bool causal, int64_t row0, float scale,
                         float *scores, float *out)
 {
     if (L == 0 || Ev == 0)
         return;
-    if (S == 0) {
+    int64_t used = s_keys_used(L, S, mask, mask_sl, mask_ss, causal, row0); /* the scores' columns computed */
+    if (used == 0) {
+        /* no row sees a key: zeros, as torch's safe softmax gives (no NaN) */
         memset(out, 0, (size_t)(L * Ev) * sizeof *out);
         return;
     }
     cpu_blas_threads();
     if (E == 0)
-        memset(scores, 0, (size_t)(L * S) * sizeof *scores);
+        for (int64_t i = 0; i < L; i++)
+            memset(scores + i * S, 0, (size_t)used * sizeof *scores);
     else
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)L, (int)S, (int)E, scale, q, (int)E, k, (int)E, 0.0f,
-                    scores, (int)S);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)L, (int)used, (int)E, scale, q, (int)E, k, (int)E,
+                    0.0f, scores, (int)S);
     for (int64_t i = 0; i < L; i++) {
         float *row = scores + i * S;
-        /* keys j < visible are the ones a causal mask lets this row see */
-        int64_t visible = causal ? row0 + i + 1 : S;
-        if (visible > S)
-            visible = S;
-        if (visible < 0)
-            visible = 0;
+        int64_t visible = s_visible(used, causal, row0, i);
         if (mask) {
             const float *m = mask + i * mask_sl;
             for (int64_t j = 0; j < visible; j++)
@@ -318,23 +341,23 @@ void cpu_attention_head(int64_t L, int64_t S, int64_t E, int64_t Ev, const float
                 top = row[j];
         if (top == -INFINITY) {
             /* nothing to attend to: zeros, as torch's safe softmax gives (no NaN) */
-            memset(row, 0, (size_t)S * sizeof *row);
+            memset(row, 0, (size_t)used * sizeof *row);
             continue;
         }
         float sum = 0.0f;
         for (int64_t j = 0; j < visible; j++) {
-            float e = expf(row[j] - top);
+            float e = row[j] == -INFINITY ? 0.0f : expf(row[j] - top);
             row[j] = e;
             sum += e;
         }
         float inv = 1.0f / sum;
         for (int64_t j = 0; j < visible; j++)
             row[j] *= inv;
-        for (int64_t j = visible; j < S; j++)
+        for (int64_t j = visible; j < used; j++)
             row[j] = 0.0f;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)L, (int)Ev, (int)S, 1.0f, scores, (int)S, v, (int)Ev,
-                0.0f, out, (int)Ev);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)L, (int)Ev, (int)used, 1.0f, scores, (int)S, v,
+                (int)Ev, 0.0f, out, (int)Ev);
 }
 
 /* ---- embedding ------------------------------------------------------------------------------- */

@@ -603,10 +603,15 @@ SDPA_CASES = {
     "gqa": ((2, 4, 5, 4), (2, 2, 6, 4), (2, 2, 6, 4), None, False, True, None),
     "gqa_causal": ((1, 6, 5, 4), (1, 2, 5, 4), (1, 2, 5, 4), None, True, True, None),
     "2d": ((5, 4), (6, 4), (6, 3), ("bool", (5, 6)), False, False, None),
+    # a static cache: each row sees a prefix of the slots (one sees none), the last slots no row sees
+    "cache_prefix": ((2, 3, 4, 4), (2, 3, 9, 4), (2, 3, 9, 3), ("prefix", (4, 9)), False, False, None),
 }
 
 
 def make_mask(kind, shape):
+    if kind == "prefix":
+        seen = np.array([3, 6, 0, 5])[:shape[0]]
+        return np.arange(shape[1]) < seen[:, None]
     if kind == "bool":
         m = rng.random(shape) < 0.7
         m.reshape(-1, shape[-1])[0, :] = False  # a fully masked row: zeros, not NaN
