@@ -219,7 +219,7 @@ S_AVX2 static inline __attribute__((always_inline)) void s_skinny_avx2_m(int M, 
      * several rows at once (8 interleaved streams of K elements) starves the hardware prefetcher
      * when K is short (decode's K of 288-2048): bench_matmul's 32000 x 288 and x 768 shapes read
      * at about half the bandwidth that way. */
-    const int U = M == 1 ? 4 : M == 2 ? 2 : M <= 4 ? 2 : 1;
+    const int U = M == 1 ? 4 : M <= 4 ? 2 : 1;
     for (int64_t j = 0; j < N; j++)
         s_row(M, U, dtype, j, N, K, a, b, c, accumulate);
 }
