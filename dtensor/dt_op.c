@@ -233,7 +233,7 @@ static int s_view(const op_call *c, dt_tensor *in, int64_t first, const op_strid
     s_frame(in, &frame_shape, &frame_pl);
     dtn_strided *strided = NULL;
     if (map && !op_strided_is_identity(map, o->shape, frame_shape)) {
-        if (!(strided = malloc(sizeof *strided)))
+        if (!(strided = dtn_strided_alloc()))
             return dt_err(DT_ENOMEM, "%s: out of memory", c->def->name);
         memcpy(strided->frame_shape, frame_shape, sizeof strided->frame_shape);
         memcpy(strided->frame_pl, frame_pl, sizeof strided->frame_pl);
@@ -241,7 +241,7 @@ static int s_view(const op_call *c, dt_tensor *in, int64_t first, const op_strid
     }
     dt_tensor *t = dtn_tensor_view(base, base_id, in->view_first + first, o->dtype, o->ndim, o->shape, o->pl);
     if (!t) {
-        free(strided);
+        dtn_strided_free(strided);
         return dt_err(DT_ENOMEM, "%s: out of memory", c->def->name);
     }
     t->strided = strided;

@@ -35,6 +35,23 @@ void dtn_tensor_free(dt_tensor *t)
         free(t);
 }
 
+/* A strided view's map, kept for reuse as the handles are: made and dropped at every transpose */
+static _Thread_local dtn_strided *s_strided_cache[S_CACHE];
+static _Thread_local int s_strided_cached;
+
+dtn_strided *dtn_strided_alloc(void)
+{
+    return s_strided_cached > 0 ? s_strided_cache[--s_strided_cached] : malloc(sizeof(dtn_strided));
+}
+
+void dtn_strided_free(dtn_strided *s)
+{
+    if (s && s_strided_cached < S_CACHE)
+        s_strided_cache[s_strided_cached++] = s;
+    else
+        free(s);
+}
+
 dt_tensor *dt_tensor_ref(dt_tensor *t)
 {
     atomic_fetch_add(&t->refs, 1);
@@ -73,7 +90,7 @@ void dtn_tensor_unview(dt_tensor *view)
     if (!base)
         return;
     view->base = NULL;
-    free(view->strided);
+    dtn_strided_free(view->strided);
     view->strided = NULL;
     /* the last: the pieces a write left it go too */
     uint64_t retired = atomic_fetch_sub(&base->nviews, 1) == 1 ? atomic_exchange(&base->retired, 0) : 0;
