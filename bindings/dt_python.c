@@ -656,6 +656,11 @@ static PyObject *s_Tensor_locals_future(s_Tensor *self, PyObject *unused)
 
 static PyObject *s_Tensor_get_requires_grad(s_Tensor *self, void *unused) { Py_RETURN_FALSE; }
 
+static PyObject *s_Tensor_get_contiguous(s_Tensor *self, void *unused)
+{
+    return PyBool_FromLong(dt_tensor_is_contiguous(self->t));
+}
+
 static PyGetSetDef s_Tensor_getset[] = {
     {"shape", (getter)s_Tensor_get_shape, NULL, "The global shape.", NULL},
     {"ndim", (getter)s_Tensor_get_ndim, NULL, "Number of dims.", NULL},
@@ -663,6 +668,7 @@ static PyGetSetDef s_Tensor_getset[] = {
     {"device_mesh", (getter)s_Tensor_get_mesh, NULL, "The DeviceMesh it lives on.", NULL},
     {"_placements_raw", (getter)s_Tensor_get_placements_raw, NULL, NULL, NULL},
     {"requires_grad", (getter)s_Tensor_get_requires_grad, NULL, "Always False: DTorch is inference-only.", NULL},
+    {"_contiguous", (getter)s_Tensor_get_contiguous, NULL, NULL, NULL},
     {NULL},
 };
 

@@ -245,6 +245,7 @@ static int s_view(const op_call *c, dt_tensor *in, int64_t first, const op_strid
         return dt_err(DT_ENOMEM, "%s: out of memory", c->def->name);
     }
     t->strided = strided;
+    t->noncontiguous = strided && !dtn_strided_rowmajor(strided, o->ndim, o->shape);
     out[0] = t;
     return 1;
 }

@@ -122,6 +122,33 @@ dt_dtype dt_tensor_dtype(const dt_tensor *t) { return t->dtype; }
 dt_mesh *dt_tensor_mesh(const dt_tensor *t) { return t->mesh; }
 const dt_placement *dt_tensor_placements(const dt_tensor *t) { return t->placements; }
 
+bool dtn_strided_rowmajor(const dtn_strided *s, int ndim, const int64_t *shape)
+{
+    if (dt_layout_numel(ndim, shape) == 0)
+        return true;
+    /* each dim's step through the frame (row-major) in elements, against a row-major tensor of
+     * the view's shape; as torch, a dim of one element places nothing */
+    int64_t frame_stride[DT_MAX_DIMS], stride = 1;
+    for (int d = s->map.frame_ndim - 1; d >= 0; d--) {
+        frame_stride[d] = stride;
+        stride *= s->frame_shape[d];
+    }
+    int64_t want = 1;
+    for (int j = ndim - 1; j >= 0; j--) {
+        if (shape[j] == 1)
+            continue;
+        int64_t step = s->map.dim[j] < 0 ? 0 : s->map.step[j] * frame_stride[s->map.dim[j]];
+        if (step != want)
+            return false;
+        want *= shape[j];
+    }
+    return true;
+}
+
+/* Decided when the view is made: a fetch or a gather that gives it pieces of its own later does
+ * not change what it is (torch's x[:, 0] is never contiguous). */
+bool dt_tensor_is_contiguous(const dt_tensor *t) { return !t->noncontiguous; }
+
 int dt_tensor_local_block(const dt_tensor *t, int64_t mesh_index, int64_t *shape, int64_t *offset)
 {
     if (mesh_index < 0 || mesh_index >= t->mesh->size)

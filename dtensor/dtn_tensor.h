@@ -36,6 +36,7 @@ struct dt_tensor {
     uint64_t base_id;
     int64_t view_first;
     dtn_strided *strided;           /* owned; NULL but for a strided view (it then reads its frame) */
+    bool noncontiguous;             /* made as a view out of row-major order (is_contiguous), kept once it has pieces */
     /* Of a tensor with pieces: the live views made of it on the controller (they read its pieces
      * as they were when made), whether it has ever been written in place (then no such view is
      * made of it: a write would show through), and the id of the pieces a first write left to
@@ -50,6 +51,8 @@ dt_tensor *dtn_tensor_alloc(void);   /* zeroed, one reference */
 void dtn_tensor_free(dt_tensor *t);   /* the struct only */
 dtn_strided *dtn_strided_alloc(void); /* uninitialised; NULL when out of memory */
 void dtn_strided_free(dtn_strided *s);   /* NULL is nothing to free */
+/* Whether a strided view of this shape reads its frame in row-major order (dims of one element do not count). */
+bool dtn_strided_rowmajor(const dtn_strided *s, int ndim, const int64_t *shape);
 
 /* A view made on the controller of base (which has pieces of its own, never written in place): a
  * handle of the given metadata reading the pieces base_id names (base's, or those a view of base

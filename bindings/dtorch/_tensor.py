@@ -203,11 +203,18 @@ class DTensor(_C.DTensor):
     def mT(self):
         return self.transpose(-2, -1)
 
+    def clone(self, memory_format=None):
+        """A copy of the value with pieces of its own, laid out as this one."""
+        return _ops.to(self, self.dtype)
+
     def contiguous(self, memory_format=None):
-        return self
+        """Itself when its elements are in row-major order, else a copy that is."""
+        return self if self._contiguous else self.clone()
 
     def is_contiguous(self, memory_format=None):
-        return True
+        """False for a view that reads its base out of row-major order (a transpose, a column, a
+        stepped slice, a broadcast), as torch: dims of one element do not count."""
+        return self._contiguous
 
     matmul = _mm.matmul
     mm = _mm.mm
