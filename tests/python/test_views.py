@@ -81,6 +81,17 @@ def _cases():
     ]
 
 
+def _check_layout(v, want, msg):
+    """v is contiguous as numpy's view is (dims of one element do not count, in both); contiguous()
+    is v itself when it is, else a copy that is; clone() is always a copy."""
+    assert v.is_contiguous() == want.flags.c_contiguous, msg
+    c, k = v.contiguous(), v.clone()
+    assert (c is v) == want.flags.c_contiguous and c.is_contiguous() and k is not v, msg
+    for copy in (c, k):
+        assert copy.placements == v.placements, msg
+        np.testing.assert_array_equal(copy.numpy(), want, err_msg=msg)
+
+
 @pytest.mark.parametrize("mesh_name", list(MESHES))
 def test_views_read_the_right_part_of_every_piece(mode, mesh_name):
     mesh = dtorch.DeviceMesh("cpu", MESHES[mesh_name])
@@ -97,14 +108,7 @@ def test_views_read_the_right_part_of_every_piece(mode, mesh_name):
             np.testing.assert_array_equal(v.reshape(-1).numpy(), want.reshape(-1), err_msg=msg)
             moved = v.redistribute(mesh, [Replicate()] * mesh.ndim)
             np.testing.assert_array_equal(moved.numpy(), want, err_msg=msg)
-            # contiguous as numpy's view is (dims of one element do not count, in both); contiguous()
-            # is the view itself when it is, else a copy that is; clone() is always a copy
-            assert v.is_contiguous() == want.flags.c_contiguous, msg
-            c, k = v.contiguous(), v.clone()
-            assert (c is v) == want.flags.c_contiguous and c.is_contiguous() and k is not v, msg
-            for copy in (c, k):
-                assert copy.placements == v.placements, msg
-                np.testing.assert_array_equal(copy.numpy(), want, err_msg=msg)
+            _check_layout(v, want, msg)
             np.testing.assert_array_equal((v + v).numpy(), want + want, err_msg=msg)
 
 
@@ -162,14 +166,7 @@ def test_strided_views_send_nothing_and_read_the_right_elements(mode, mesh_name)
             np.testing.assert_array_equal(v.sum().numpy(), want.sum(), err_msg=msg)
             moved = v.redistribute(mesh, [Replicate()] * mesh.ndim)
             np.testing.assert_array_equal(moved.numpy(), want, err_msg=msg)
-            # contiguous as numpy's view is (dims of one element do not count, in both); contiguous()
-            # is the view itself when it is, else a copy that is; clone() is always a copy
-            assert v.is_contiguous() == want.flags.c_contiguous, msg
-            c, k = v.contiguous(), v.clone()
-            assert (c is v) == want.flags.c_contiguous and c.is_contiguous() and k is not v, msg
-            for copy in (c, k):
-                assert copy.placements == v.placements, msg
-                np.testing.assert_array_equal(copy.numpy(), want, err_msg=msg)
+            _check_layout(v, want, msg)
 
 
 def test_strided_views_keep_their_value_and_feed_products(mode):
