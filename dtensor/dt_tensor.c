@@ -126,22 +126,14 @@ bool dtn_strided_rowmajor(const dtn_strided *s, int ndim, const int64_t *shape)
 {
     if (dt_layout_numel(ndim, shape) == 0)
         return true;
-    /* each dim's step through the frame (row-major) in elements, against a row-major tensor of
-     * the view's shape; as torch, a dim of one element places nothing */
-    int64_t frame_stride[DT_MAX_DIMS], stride = 1;
-    for (int d = s->map.frame_ndim - 1; d >= 0; d--) {
-        frame_stride[d] = stride;
-        stride *= s->frame_shape[d];
-    }
-    int64_t want = 1;
-    for (int j = ndim - 1; j >= 0; j--) {
-        if (shape[j] == 1)
-            continue;
-        int64_t step = s->map.dim[j] < 0 ? 0 : s->map.step[j] * frame_stride[s->map.dim[j]];
-        if (step != want)
+    /* the view's steps through its frame against a row-major tensor's; as torch, a dim of one
+     * element places nothing */
+    int64_t first, steps[DT_MAX_DIMS], rowmajor[DT_MAX_DIMS];
+    op_strided_local(&s->map, s->frame_shape, shape, &first, steps);
+    dt_layout_strides(ndim, shape, 1, rowmajor);
+    for (int j = 0; j < ndim; j++)
+        if (shape[j] > 1 && steps[j] != rowmajor[j])
             return false;
-        want *= shape[j];
-    }
     return true;
 }
 
