@@ -54,8 +54,10 @@ typedef struct {
     dt_mesh *mesh;
 } s_Mesh;
 
-static PyTypeObject s_TensorType, s_FutureType, s_MeshType;
-static PyTypeObject *s_tensor_cls = &s_TensorType; /* the Python subclasses, once registered */
+static PyTypeObject s_FutureType, s_MeshType;
+/* dtorch.DTensor itself: a heap type made from s_tensor_spec (PyInit__C), so that dtorch adds its
+ * Python-written methods to the type itself rather than to a subclass (_tensor.py) */
+static PyTypeObject *s_tensor_type;
 static PyTypeObject *s_future_cls = &s_FutureType;
 static PyObject *s_mesh_cls;      /* dtorch.DeviceMesh */
 static PyObject *s_placement_cls; /* dtorch.Placement */
@@ -592,27 +594,28 @@ static PyObject *s_tensor_wrap(dt_tensor *t, PyObject *mesh)
         dt_tensor_release(&t);
         return NULL;
     }
-    s_Tensor *self = (s_Tensor *)s_tensor_cls->tp_alloc(s_tensor_cls, 0);
+    /* A DTensor refers to its mesh and a tuple of ints only: no cycle runs through it, so its type
+     * is not one the cycle collector tracks (no GC header, no collection set off by a loop of
+     * views), and an op's result is the type itself, not a Python subclass of it (whose instances
+     * would be tracked, and freed through the subclass's generic deallocation) */
+    s_Tensor *self = (s_Tensor *)s_tensor_type->tp_alloc(s_tensor_type, 0);
     if (!self) {
         dt_tensor_release(&t);
         return NULL;
     }
     self->t = t;
     self->mesh = Py_NewRef(mesh);
-    /* A DTensor (slots only, no __dict__) refers to its mesh and a tuple of ints: no cycle runs
-     * through it, so the cycle collector need not track it; tracked, the results of a loop of views
-     * set off a young-generation collection every few hundred ops (a tenth of x[0]'s time) */
-    if (PyType_IS_GC(s_tensor_cls))
-        PyObject_GC_UnTrack(self);
     return (PyObject *)self;
 }
 
 static void s_Tensor_dealloc(s_Tensor *self)
 {
+    PyTypeObject *type = Py_TYPE(self); /* a heap type: each instance holds a reference to it */
     dt_tensor_release(&self->t);
     Py_CLEAR(self->mesh);
     Py_CLEAR(self->shape);
-    Py_TYPE(self)->tp_free((PyObject *)self);
+    type->tp_free((PyObject *)self);
+    Py_DECREF(type);
 }
 
 static PyObject *s_Tensor_get_shape(s_Tensor *self, void *unused)
@@ -697,7 +700,7 @@ static PyMethodDef s_Tensor_methods[] = {
 
 static int s_arg_tensor(const char *fn, int pos, PyObject *o, dt_tensor **t)
 {
-    if (!PyObject_TypeCheck(o, &s_TensorType)) {
+    if (!PyObject_TypeCheck(o, s_tensor_type)) {
         PyErr_Format(PyExc_TypeError, "%s(): expected a DTensor at position %d, got %s (an input must be a DTensor: "
                      "distribute arrays with dtorch.distribute_tensor first)", fn, pos, s_type_name(o));
         return -1;
@@ -740,7 +743,7 @@ static PyObject *s_binary(int id, PyObject *a, PyObject *b)
     attrs.nints = 0;
     attrs.nfloats = 0;
     attrs.has_scalar = false;
-    bool ta = PyObject_TypeCheck(a, &s_TensorType), tb = PyObject_TypeCheck(b, &s_TensorType);
+    bool ta = PyObject_TypeCheck(a, s_tensor_type), tb = PyObject_TypeCheck(b, s_tensor_type);
     dt_tensor *in[2];
     if (ta && tb) {
         in[0] = ((s_Tensor *)a)->t;
@@ -808,7 +811,7 @@ static int s_ints_arg(const char *fn, const char *what, PyObject *const *args, P
     PyObject *seq = NULL, *const *items = args;
     Py_ssize_t n = nargs;
     if (nargs == 1 && !PyIndex_Check(args[0])) {
-        if (PyObject_TypeCheck(args[0], &s_TensorType) || PyUnicode_Check(args[0]) ||
+        if (PyObject_TypeCheck(args[0], s_tensor_type) || PyUnicode_Check(args[0]) ||
             !(seq = PySequence_Fast(args[0], ""))) {
             PyErr_Clear();
             PyErr_Format(PyExc_TypeError, "%s(): argument '%s' must be tuple of ints, not %s", fn, what,
@@ -943,7 +946,7 @@ static PyObject *s_Tensor_view(PyObject *self, PyObject *const *args, Py_ssize_t
 /* a @ b: two DTensors (numbers and arrays are not ours) */
 static PyObject *s_nb_matmul(PyObject *a, PyObject *b)
 {
-    if (!PyObject_TypeCheck(a, &s_TensorType) || !PyObject_TypeCheck(b, &s_TensorType))
+    if (!PyObject_TypeCheck(a, s_tensor_type) || !PyObject_TypeCheck(b, s_tensor_type))
         Py_RETURN_NOTIMPLEMENTED;
     return s_operator(S_MATMUL, a, b);
 }
@@ -983,7 +986,7 @@ static PyObject *s_Tensor_getitem(s_Tensor *self, PyObject *key)
             it->kind = DT_INDEX_NONE;
         } else if (o == Py_Ellipsis) {
             it->kind = DT_INDEX_ELLIPSIS;
-        } else if (PyObject_TypeCheck(o, &s_TensorType)) {
+        } else if (PyObject_TypeCheck(o, s_tensor_type)) {
             it->kind = DT_INDEX_TENSOR;
             it->tensor = ((s_Tensor *)o)->t;
         } else if (PySlice_Check(o)) {
@@ -1020,34 +1023,35 @@ static PyObject *s_Tensor_getitem(s_Tensor *self, PyObject *key)
     return s_tensor_wrap(r, self->mesh);
 }
 
-static PyMappingMethods s_Tensor_mapping = {.mp_subscript = (binaryfunc)s_Tensor_getitem};
 
-static PyNumberMethods s_Tensor_number = {
-    .nb_add = s_nb_add,
-    .nb_subtract = s_nb_sub,
-    .nb_multiply = s_nb_mul,
-    .nb_true_divide = s_nb_div,
-    .nb_power = s_nb_pow,
-    .nb_negative = s_nb_neg,
-    .nb_absolute = s_nb_abs,
-    .nb_invert = s_nb_invert,
-    .nb_and = s_nb_and,
-    .nb_or = s_nb_or,
-    .nb_matrix_multiply = s_nb_matmul,
+static PyType_Slot s_tensor_slots[] = {
+    {Py_tp_dealloc, s_Tensor_dealloc},
+    {Py_tp_getset, s_Tensor_getset},
+    {Py_tp_methods, s_Tensor_methods},
+    {Py_nb_add, s_nb_add},
+    {Py_nb_subtract, s_nb_sub},
+    {Py_nb_multiply, s_nb_mul},
+    {Py_nb_true_divide, s_nb_div},
+    {Py_nb_power, s_nb_pow},
+    {Py_nb_negative, s_nb_neg},
+    {Py_nb_absolute, s_nb_abs},
+    {Py_nb_invert, s_nb_invert},
+    {Py_nb_and, s_nb_and},
+    {Py_nb_or, s_nb_or},
+    {Py_nb_matrix_multiply, s_nb_matmul},
+    {Py_mp_subscript, s_Tensor_getitem},
+    {Py_tp_richcompare, s_richcompare},
+    {Py_tp_hash, s_hash},
+    {Py_tp_doc, "A tensor laid out over a DeviceMesh with one placement per mesh dim."},
+    {0, NULL},
 };
 
-static PyTypeObject s_TensorType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dtorch._C.DTensor",
-    .tp_basicsize = sizeof(s_Tensor),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_dealloc = (destructor)s_Tensor_dealloc,
-    .tp_getset = s_Tensor_getset,
-    .tp_methods = s_Tensor_methods,
-    .tp_as_number = &s_Tensor_number,
-    .tp_as_mapping = &s_Tensor_mapping,
-    .tp_richcompare = s_richcompare,
-    .tp_hash = s_hash,
-    .tp_doc = "A tensor laid out over a DeviceMesh.",
+/* Mutable (no Py_TPFLAGS_IMMUTABLETYPE): dtorch sets its Python-written methods on it */
+static PyType_Spec s_tensor_spec = {
+    .name = "dtorch.DTensor",
+    .basicsize = sizeof(s_Tensor),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .slots = s_tensor_slots,
 };
 
 /* ---- the ops of the registry as Python callables -----------------------------------------------
@@ -1082,7 +1086,7 @@ static PyObject *s_Op_vectorcall(PyObject *callable, PyObject *const *args, size
         PyObject *r = s_binary(op->id, v[0], v[1]);
         if (r || PyErr_Occurred())
             return r;
-        bool ta = PyObject_TypeCheck(v[0], &s_TensorType), tb = PyObject_TypeCheck(v[1], &s_TensorType);
+        bool ta = PyObject_TypeCheck(v[0], s_tensor_type), tb = PyObject_TypeCheck(v[1], s_tensor_type);
         if (!ta && !tb)
             return PyErr_Format(PyExc_TypeError, "%s(): expected a DTensor, got %s and %s (distribute arrays with "
                                 "dtorch.distribute_tensor first)", op->name, s_type_name(v[0]), s_type_name(v[1]));
@@ -1090,7 +1094,7 @@ static PyObject *s_Op_vectorcall(PyObject *callable, PyObject *const *args, size
                             "dtorch.distribute_tensor first)", op->name, s_type_name(ta ? v[1] : v[0]));
     }
     dt_tensor *in[1];
-    if (!PyObject_TypeCheck(v[0], &s_TensorType))
+    if (!PyObject_TypeCheck(v[0], s_tensor_type))
         return PyErr_Format(PyExc_TypeError, "%s(): expected a DTensor, got %s (distribute arrays with "
                             "dtorch.distribute_tensor first)", op->name, s_type_name(v[0]));
     in[0] = ((s_Tensor *)v[0])->t;
@@ -1227,10 +1231,9 @@ static int s_registry_build(void)
             return -1;
         PyTuple_SET_ITEM(s_registry_rows, i, row);
         /* methods are defined on the type itself */
-        if ((info.exports & DT_PY_METHOD) && PyDict_SetItemString(s_TensorType.tp_dict, info.name, fn) != 0)
+        if ((info.exports & DT_PY_METHOD) && PyObject_SetAttrString((PyObject *)s_tensor_type, info.name, fn) != 0)
             return -1;
     }
-    PyType_Modified(&s_TensorType);
     for (int op = 0; op < S_NOPS; op++)
         if ((s_operator_ids[op] = dt_op_id(s_operator_ops[op])) < 0) {
             s_raise();
@@ -1535,7 +1538,7 @@ static PyObject *s_distribute(PyObject *mod, PyObject *args)
         return NULL;
     if (as_dtype != -1 && dt_dtype_size((dt_dtype)as_dtype) == 0)
         return PyErr_Format(PyExc_ValueError, "%s: unknown dtype code %d", fn, as_dtype);
-    if (PyObject_TypeCheck(source, &s_TensorType)) {
+    if (PyObject_TypeCheck(source, s_tensor_type)) {
         /* already laid out: itself when it is what was asked for */
         PyObject *have = PyObject_GetAttrString(source, "placements"), *want = pls == Py_None ? NULL : PySequence_Tuple(pls);
         int same = PyObject_RichCompareBool(((s_Tensor *)source)->mesh, py_mesh, Py_EQ);
@@ -2066,18 +2069,18 @@ static PyObject *s_trace_host(PyObject *mod, PyObject *unused)
     return out;
 }
 
-/* _register(DTensor, TensorFuture, DeviceMesh, Placement, dtype_code): the classes handles are
- * made as and arguments checked against, and dtype_code(x) -> the code of a dtype-like x */
+/* _register(TensorFuture, DeviceMesh, Placement, dtype_code): the classes futures are made as and
+ * arguments checked against, and dtype_code(x) -> the code of a dtype-like x (DTensors are made as
+ * the C type itself, s_tensor_type) */
 static PyObject *s_register(PyObject *mod, PyObject *args)
 {
-    PyTypeObject *tensor_cls, *future_cls;
+    PyTypeObject *future_cls;
     PyObject *mesh_cls, *placement_cls, *dtype_code;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!O", &PyType_Type, &tensor_cls, &PyType_Type, &future_cls, &PyType_Type,
-                          &mesh_cls, &PyType_Type, &placement_cls, &dtype_code))
+    if (!PyArg_ParseTuple(args, "O!O!O!O", &PyType_Type, &future_cls, &PyType_Type, &mesh_cls, &PyType_Type,
+                          &placement_cls, &dtype_code))
         return NULL;
-    if (!PyType_IsSubtype(tensor_cls, &s_TensorType) || !PyType_IsSubtype(future_cls, &s_FutureType))
-        return PyErr_Format(PyExc_TypeError, "_register: expected DTensor and TensorFuture subclasses");
-    s_tensor_cls = (PyTypeObject *)Py_NewRef(tensor_cls);
+    if (!PyType_IsSubtype(future_cls, &s_FutureType))
+        return PyErr_Format(PyExc_TypeError, "_register: expected a TensorFuture subclass");
     s_future_cls = (PyTypeObject *)Py_NewRef(future_cls);
     s_mesh_cls = Py_NewRef(mesh_cls);
     s_placement_cls = Py_NewRef(placement_cls);
@@ -2304,7 +2307,8 @@ static struct PyModuleDef s_module = {
 PyMODINIT_FUNC PyInit__C(void)
 {
     if (PyType_Ready(&s_MeshType) < 0 || PyType_Ready(&s_FutureType) < 0 || PyType_Ready(&s_ValueType) < 0 ||
-        PyType_Ready(&s_TensorType) < 0 || PyType_Ready(&s_OpType) < 0 || PyType_Ready(&s_CaptureType) < 0 || s_registry_build() != 0)
+        !(s_tensor_type = (PyTypeObject *)PyType_FromSpec(&s_tensor_spec)) || PyType_Ready(&s_OpType) < 0 ||
+        PyType_Ready(&s_CaptureType) < 0 || s_registry_build() != 0)
         return NULL;
     PyObject *m = PyModule_Create(&s_module);
     if (!m)
@@ -2321,7 +2325,7 @@ PyMODINIT_FUNC PyInit__C(void)
         PyModule_AddObjectRef(m, "DTorchTypeError", s_type_error) < 0 ||
         PyModule_AddObjectRef(m, "Mesh", (PyObject *)&s_MeshType) < 0 ||
         PyModule_AddObjectRef(m, "TensorFuture", (PyObject *)&s_FutureType) < 0 ||
-        PyModule_AddObjectRef(m, "DTensor", (PyObject *)&s_TensorType) < 0) {
+        PyModule_AddObjectRef(m, "DTensor", (PyObject *)s_tensor_type) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -26,7 +26,7 @@ from ._ops_reduce import (amax, amin, argmax, argmin, cumsum, layer_norm, log_so
                           softmax, sum, topk)
 from . import nn, parallel, models, pipelines, profiler, schedulers
 
-_C._register(DTensor, TensorFuture, DeviceMesh, Placement, _dtype._code_of)
+_C._register(TensorFuture, DeviceMesh, Placement, _dtype._code_of)
 set_strict, get_strict = _C.set_strict, _C.get_strict
 DTorchValueError, DTorchTypeError = _C.DTorchValueError, _C.DTorchTypeError
 

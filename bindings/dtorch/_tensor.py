@@ -1,6 +1,8 @@
-"""DTensor and TensorFuture: the handles live in C; this adds torch's conveniences. DTensor's
-methods are defined here and on the C type (the registry's elementwise ops, Python's operators
-and indexing)."""
+"""DTensor and TensorFuture: the handles live in C; this adds torch's conveniences. DTensor is the C
+type itself (``_C.DTensor``): its C methods (the registry's ops, Python's operators and indexing)
+are its own, and the ones written here are set on it, not on a subclass, so that the DTensor an op
+returns is a plain C object (a subclass's instances are tracked by the cycle collector and freed
+through Python's generic deallocation, which costs a view as much as making it)."""
 import asyncio
 
 import numpy as np
@@ -72,10 +74,12 @@ def _set_once(fut):
         fut.set_result(None)
 
 
-class DTensor(_C.DTensor):
-    """A tensor laid out over a DeviceMesh with one placement per mesh dim."""
+DTensor = _C.DTensor
 
-    __slots__ = ()
+
+class _DTensorMethods:
+    """DTensor's methods written in Python: set on DTensor below."""
+
     # numpy must not take over `dtensor + ndarray` (it would fetch the value and compute locally):
     # mixing a DTensor with an array is an error, as mixing a DTensor with a torch.Tensor is
     __array_ufunc__ = None
@@ -251,6 +255,12 @@ class DTensor(_C.DTensor):
 
     def bool(self):
         return _ops.to(self, _dtype.bool)
+
+
+for _name, _value in vars(_DTensorMethods).items():
+    if _name not in ("__module__", "__qualname__", "__doc__", "__dict__", "__weakref__"):
+        setattr(DTensor, _name, _value)
+del _name, _value
 
 
 def _format_values(value, dt):

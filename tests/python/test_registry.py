@@ -1,6 +1,7 @@
 """The Python face of the op registry: the elementwise ops come from it (dtorch.<name>,
 DTensor.<name>, nn.functional.<name>), each registered op answers to its id, methods are
 defined on the DTensor type, `@` is the C slot, and requires_grad=True is refused."""
+import gc
 import inspect
 
 import numpy as np
@@ -39,15 +40,25 @@ def test_signatures():
     assert str(inspect.signature(dtorch.nn.functional.softplus)) == "(input, beta=1, threshold=20)"
 
 
-def test_methods_are_on_the_type_and_matmul_is_the_c_slot():
+def test_dtensor_is_the_c_type_and_python_adds_methods_without_shadowing_its_own():
+    assert dtorch.DTensor is dtorch._C.DTensor, "an op returns the C type itself, not a subclass"
+    written_in_python = vars(dtorch._tensor._DTensorMethods)
     for name in ("__matmul__", "__rmatmul__", "__getitem__", "exp", "add", "reshape", "view", "permute", "transpose",
                  "t"):
-        assert name not in vars(dtorch.DTensor), f"{name} is the C type's, not patched onto the subclass"
-    assert "sum" in vars(dtorch.DTensor) and "flatten" in vars(dtorch.DTensor), "the others are in the class body"
-    assert type(dtorch._C.DTensor.__dict__["transpose"]).__name__ == "method_descriptor"
-    assert type(dtorch._C.DTensor.__dict__["reshape"]).__name__ == "method_descriptor"
-    assert type(dtorch._C.DTensor.__dict__["__matmul__"]).__name__ == "wrapper_descriptor"
-    assert type(dtorch._C.DTensor.__dict__["__getitem__"]).__name__ == "wrapper_descriptor"
+        assert name not in written_in_python, f"{name} is the C type's own, not set from Python"
+    for name in ("sum", "flatten", "numpy", "__repr__", "__len__"):
+        assert inspect.isfunction(vars(dtorch.DTensor)[name]), f"{name} is written in Python, set on the type"
+    assert type(vars(dtorch.DTensor)["transpose"]).__name__ == "method_descriptor"
+    assert type(vars(dtorch.DTensor)["reshape"]).__name__ == "method_descriptor"
+    assert type(vars(dtorch.DTensor)["__matmul__"]).__name__ == "wrapper_descriptor"
+    assert type(vars(dtorch.DTensor)["__getitem__"]).__name__ == "wrapper_descriptor"
+
+
+def test_a_dtensor_is_not_tracked_by_the_cycle_collector(mode):
+    x = dtorch.ones((2, 3), device_mesh=mesh_1d(2))
+    for y in (x, x[0], x.t(), x + 1):
+        assert type(y) is dtorch.DTensor and not gc.is_tracked(y)
+    assert repr(x[1]).startswith("DTensor([1.0000, 1.0000, 1.0000]") and len(x) == 2
 
 
 def test_calls_by_id_and_by_name(mode):
