@@ -46,7 +46,9 @@ dtn_strided *dtn_strided_alloc(void)
 
 void dtn_strided_free(dtn_strided *s)
 {
-    if (s && s_strided_cached < S_CACHE)
+    if (!s)
+        return;
+    if (s_strided_cached < S_CACHE)
         s_strided_cache[s_strided_cached++] = s;
     else
         free(s);

@@ -62,6 +62,9 @@ typedef struct {
     int nin;
     op_arg in[OP_MAX_INPUTS];
     op_attrs attrs;
+    /* what infer worked out of the attributes, for the op's hooks that run after it on this call
+     * (shard, local, view, strided): slice, narrow and select keep dim, start, length and step */
+    int64_t derived[4];
     int nout;
     op_arg out[OP_MAX_OUTPUTS];
     dt_placement want[OP_MAX_INPUTS][DT_MAX_DIMS];

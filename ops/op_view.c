@@ -617,6 +617,15 @@ static int s_slice_args(const op_call *c, int *dim, int64_t *start, int64_t *len
     return 0;
 }
 
+/* ... as s_infer_slice worked them out (the hooks after it) */
+static void s_slice_derived(const op_call *c, int *dim, int64_t *start, int64_t *len, int64_t *step)
+{
+    *dim = (int)c->derived[0];
+    *start = c->derived[1];
+    *len = c->derived[2];
+    *step = c->derived[3];
+}
+
 static int s_infer_slice(op_call *c)
 {
     const op_arg *a = &c->in[0];
@@ -626,6 +635,7 @@ static int s_infer_slice(op_call *c)
     int rc = s_slice_args(c, &dim, &start, &len, &step);
     if (rc)
         return rc;
+    memcpy(c->derived, (int64_t[]){dim, start, len, step}, sizeof c->derived);
     o->dtype = a->dtype;
     int n = 0;
     for (int d = 0; d < a->ndim; d++) {
@@ -643,7 +653,7 @@ static int s_shard_slice(op_call *c)
     const op_arg *a = &c->in[0];
     int dim = 0;
     int64_t start = 0, len = 0, step = 1;
-    s_slice_args(c, &dim, &start, &len, &step);
+    s_slice_derived(c, &dim, &start, &len, &step);
     bool select = s_code(c) == OP_ID_select;
     int64_t size = a->shape[dim];
     bool whole = !select && start == 0 && len == size && (step == 1 || size <= 1);
@@ -662,7 +672,7 @@ static int s_local_slice(const op_call *c, const int64_t *coord, int64_t *ctx)
     (void)coord;
     int dim = 0;
     int64_t start = 0, len = 0, step = 1;
-    s_slice_args(c, &dim, &start, &len, &step);
+    s_slice_derived(c, &dim, &start, &len, &step);
     ctx[0] = dim;
     ctx[1] = start;
     ctx[2] = step;
@@ -827,8 +837,8 @@ static bool s_view_slice(const op_call *c, int64_t *first)
     const op_arg *a = &c->in[0];
     int dim = 0;
     int64_t start = 0, len = 0, step = 1;
-    if (s_slice_args(c, &dim, &start, &len, &step) != 0 ||
-        !s_one_run(a->ndim, a->shape, dim, start, len, step, first))
+    s_slice_derived(c, &dim, &start, &len, &step);
+    if (!s_one_run(a->ndim, a->shape, dim, start, len, step, first))
         return false;
     bool whole = start == 0 && len == a->shape[dim] && (step == 1 || len <= 1);
     for (int m = 0; m < c->mesh_ndim && !whole; m++)
@@ -906,8 +916,7 @@ static bool s_strided_slice(const op_call *c, const op_strided *in, op_strided *
 {
     int dim = 0;
     int64_t start = 0, len = 0, step = 1;
-    if (s_slice_args(c, &dim, &start, &len, &step) != 0)
-        return false;
+    s_slice_derived(c, &dim, &start, &len, &step);
     *out = *in;
     int f = in->dim[dim];
     if (f >= 0 && len > 0)
