@@ -585,6 +585,12 @@ typedef struct {
     PyObject *shape;  /* cached tuple */
 } s_Tensor;
 
+/* DTensor objects freed lately, kept for the next ones: a loop of views or small ops drops each
+ * result as it makes the next, and this spares the allocator both ways */
+#define S_TENSOR_SPARES 64
+static s_Tensor *s_tensor_spare[S_TENSOR_SPARES];
+static int s_tensor_spare_count;
+
 static PyObject *s_tensor_wrap(dt_tensor *t, PyObject *mesh)
 {
     if (!t)
@@ -598,8 +604,12 @@ static PyObject *s_tensor_wrap(dt_tensor *t, PyObject *mesh)
      * is not one the cycle collector tracks (no GC header, no collection set off by a loop of
      * views), and an op's result is the type itself, not a Python subclass of it (whose instances
      * would be tracked, and freed through the subclass's generic deallocation) */
-    s_Tensor *self = (s_Tensor *)s_tensor_type->tp_alloc(s_tensor_type, 0);
-    if (!self) {
+    s_Tensor *self;
+    if (s_tensor_spare_count > 0) {
+        self = s_tensor_spare[--s_tensor_spare_count];
+        PyObject_Init((PyObject *)self, s_tensor_type);
+        self->shape = NULL;
+    } else if (!(self = (s_Tensor *)s_tensor_type->tp_alloc(s_tensor_type, 0))) {
         dt_tensor_release(&t);
         return NULL;
     }
@@ -614,7 +624,10 @@ static void s_Tensor_dealloc(s_Tensor *self)
     dt_tensor_release(&self->t);
     Py_CLEAR(self->mesh);
     Py_CLEAR(self->shape);
-    type->tp_free((PyObject *)self);
+    if (type == s_tensor_type && s_tensor_spare_count < S_TENSOR_SPARES)
+        s_tensor_spare[s_tensor_spare_count++] = self; /* the GIL guards the list */
+    else
+        type->tp_free((PyObject *)self);
     Py_DECREF(type);
 }
 
@@ -872,11 +885,11 @@ static PyObject *s_Tensor_permute(PyObject *self, PyObject *const *args, Py_ssiz
 /* dim normalised for ndim dims (a 0-d tensor takes -1 and 0), as torch: 0, or -1 with the error */
 static int s_dim_arg(const char *fn, PyObject *o, int ndim, int *out)
 {
-    if (s_is_bool(o) || !PyIndex_Check(o)) {
+    if (!PyLong_CheckExact(o) && (s_is_bool(o) || !PyIndex_Check(o))) {
         PyErr_Format(PyExc_TypeError, "%s(): dim must be an int, got %s", fn, s_type_name(o));
         return -1;
     }
-    Py_ssize_t d = PyNumber_AsSsize_t(o, NULL);
+    Py_ssize_t d = PyNumber_AsSsize_t(o, NULL); /* out of Py_ssize_t: clipped, then out of range */
     if (d == -1 && PyErr_Occurred())
         return -1;
     int n = ndim > 0 ? ndim : 1;
@@ -889,12 +902,11 @@ static int s_dim_arg(const char *fn, PyObject *o, int ndim, int *out)
     return 0;
 }
 
-static PyObject *s_transpose(const char *fn, PyObject *self, PyObject *dim0, PyObject *dim1)
+/* self with dims d0 and d1 (in range) swapped: a permute */
+static PyObject *s_swapped(PyObject *self, int d0, int d1)
 {
     s_Tensor *x = (s_Tensor *)self;
-    int ndim = dt_tensor_ndim(x->t), d0, d1;
-    if (s_dim_arg(fn, dim0, ndim, &d0) != 0 || s_dim_arg(fn, dim1, ndim, &d1) != 0)
-        return NULL;
+    int ndim = dt_tensor_ndim(x->t);
     if (ndim == 0)
         return Py_NewRef(self);
     dt_op_attrs attrs;
@@ -907,6 +919,14 @@ static PyObject *s_transpose(const char *fn, PyObject *self, PyObject *dim0, PyO
     attrs.ints[d1] = d0;
     dt_tensor *in[1] = {x->t};
     return s_run(s_operator_ids[S_PERMUTE], 1, in, &attrs, x->mesh);
+}
+
+static PyObject *s_transpose(const char *fn, PyObject *self, PyObject *dim0, PyObject *dim1)
+{
+    int ndim = dt_tensor_ndim(((s_Tensor *)self)->t), d0, d1;
+    if (s_dim_arg(fn, dim0, ndim, &d0) != 0 || s_dim_arg(fn, dim1, ndim, &d1) != 0)
+        return NULL;
+    return s_swapped(self, d0, d1);
 }
 
 static PyObject *s_Tensor_transpose(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -923,11 +943,7 @@ static PyObject *s_Tensor_t(PyObject *self, PyObject *unused)
         return PyErr_Format(PyExc_ValueError, "t() expects a tensor with <= 2 dimensions, but self is %dD", ndim);
     if (ndim < 2)
         return Py_NewRef(self);
-    PyObject *zero = PyLong_FromLong(0), *one = PyLong_FromLong(1);
-    PyObject *r = zero && one ? s_transpose("t", self, zero, one) : NULL;
-    Py_XDECREF(zero);
-    Py_XDECREF(one);
-    return r;
+    return s_swapped(self, 0, 1);
 }
 
 static PyObject *s_Tensor_reshape(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
