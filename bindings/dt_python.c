@@ -998,13 +998,18 @@ static PyObject *s_Tensor_getitem(s_Tensor *self, PyObject *key)
         PyObject *o = tuple ? PyTuple_GET_ITEM(key, i) : key;
         dt_index_item *it = &items[i];
         memset(it, 0, sizeof *it);
-        if (o == Py_None) {
+        /* the common items first: an exact int or a slice is told apart by its type alone, where
+         * the DTensor check walks the type's bases */
+        if (PyLong_CheckExact(o)) {
+            it->kind = DT_INDEX_INT;
+            if ((it->i = PyLong_AsSsize_t(o)) == -1 && PyErr_Occurred()) {
+                PyErr_Clear();
+                return PyErr_Format(PyExc_IndexError, "cannot fit 'int' into an index-sized integer");
+            }
+        } else if (o == Py_None) {
             it->kind = DT_INDEX_NONE;
         } else if (o == Py_Ellipsis) {
             it->kind = DT_INDEX_ELLIPSIS;
-        } else if (PyObject_TypeCheck(o, s_tensor_type)) {
-            it->kind = DT_INDEX_TENSOR;
-            it->tensor = ((s_Tensor *)o)->t;
         } else if (PySlice_Check(o)) {
             PySliceObject *s = (PySliceObject *)o;
             PyObject *bounds[3] = {s->start, s->stop, s->step};
@@ -1022,6 +1027,9 @@ static PyObject *s_Tensor_getitem(s_Tensor *self, PyObject *key)
                 if (*val[b] == -1 && PyErr_Occurred())
                     return NULL;
             }
+        } else if (PyObject_TypeCheck(o, s_tensor_type)) {
+            it->kind = DT_INDEX_TENSOR;
+            it->tensor = ((s_Tensor *)o)->t;
         } else if (!s_is_bool(o) && PyIndex_Check(o)) {
             it->kind = DT_INDEX_INT;
             if ((it->i = PyNumber_AsSsize_t(o, PyExc_IndexError)) == -1 && PyErr_Occurred())

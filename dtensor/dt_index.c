@@ -21,7 +21,8 @@ static int s_run(int id, dt_tensor *x, int nints, const int64_t *ints, dt_tensor
     attrs.nints = nints;
     attrs.nfloats = 0;
     attrs.has_scalar = false;
-    memcpy(attrs.ints, ints, sizeof(int64_t) * (size_t)nints);
+    for (int i = 0; i < nints; i++) /* a few: a call of memcpy costs more */
+        attrs.ints[i] = ints[i];
     int rc = dt_op_run(id, 1, &x, &attrs, 1, out);
     return rc < 0 ? rc : 0;
 }
@@ -207,6 +208,27 @@ static int64_t s_bound(bool given, int64_t v, int64_t otherwise, int64_t size)
     return v < 0 ? 0 : v > size ? size : v;
 }
 
+/* After one step of an index: *x (borrowed until a step made it, *own) becomes the step's result,
+ * or NULL where the step failed (rc). */
+static void s_step_done(dt_tensor **x, bool *own, int rc, dt_tensor *next)
+{
+    if (*own)
+        dt_tensor_release(x);
+    *x = rc == 0 ? next : NULL;
+    *own = true;
+}
+
+/* Whether x's shape is the ndim sizes given. */
+static bool s_has_shape(const dt_tensor *x, int ndim, const int64_t *shape)
+{
+    if (dt_tensor_ndim(x) != ndim)
+        return false;
+    for (int d = 0; d < ndim; d++)
+        if (dt_tensor_shape(x)[d] != shape[d])
+            return false;
+    return true;
+}
+
 dt_tensor *dt_index(dt_tensor *t, int n, const dt_index_item *items)
 {
     int ntensors = 0, nellipsis = 0, consumed = 0, ndim = dt_tensor_ndim(t);
@@ -295,7 +317,9 @@ dt_tensor *dt_index(dt_tensor *t, int n, const dt_index_item *items)
     /* first dims first: a select or slice of a leading dim keeps one contiguous run of each piece,
      * which its devices share rather than copy (op_def.alias), and later steps copy less; each
      * select before a dim shifts its number down by one */
-    dt_tensor *x = dt_tensor_ref(t);
+    dt_tensor *x = t; /* borrowed until the first step makes a tensor of its own (a reference
+                       * taken and dropped is two atomic operations) */
+    bool own = false;
     for (int k = 0, dropped = 0; k < ndim && x; k++) {
         if (kind[k] < 0)
             continue;
@@ -303,14 +327,12 @@ dt_tensor *dt_index(dt_tensor *t, int n, const dt_index_item *items)
         args[k][0] = k - dropped;
         int rc = s_run(kind[k], x, kind[k] == OP_ID_select ? 2 : 4, args[k], &next);
         dropped += kind[k] == OP_ID_select;
-        dt_tensor_release(&x);
-        x = rc == 0 ? next : NULL;
+        s_step_done(&x, &own, rc, next);
     }
-    if (x && (dt_tensor_ndim(x) != nfinal || memcmp(dt_tensor_shape(x), final, sizeof(int64_t) * (size_t)nfinal))) {
+    if (x && !s_has_shape(x, nfinal, final)) {
         dt_tensor *next = NULL;
         int rc = s_run(OP_ID_reshape, x, nfinal, final, &next);
-        dt_tensor_release(&x);
-        x = rc == 0 ? next : NULL;
+        s_step_done(&x, &own, rc, next);
     }
-    return x;
+    return own ? x : dt_tensor_ref(t);
 }

@@ -52,7 +52,7 @@ int dtn_op_call(const op_def *def, int n, dt_tensor *const *in, const op_attrs *
     for (int i = 0; i < n; i++) {
         if (!in[i])
             return dt_err(DT_EINVAL, "%s: input %d is missing", def->name, i);
-        if (!dt_layout_same_mesh(in[i]->mesh, in[0]->mesh))
+        if (i > 0 && !dt_layout_same_mesh(in[i]->mesh, in[0]->mesh))
             return dt_err(DT_EUNSUPPORTED, "%s: DTensor does not support cross-mesh operation: input %d lives on "
                           "another mesh than input 0 (redistribute it first)", def->name, i);
         int rc = act_runtime_check_live(def->name, in[i]->epoch);
