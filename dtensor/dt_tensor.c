@@ -126,17 +126,22 @@ const dt_placement *dt_tensor_placements(const dt_tensor *t) { return t->placeme
 
 bool dtn_strided_rowmajor(const dtn_strided *s, int ndim, const int64_t *shape)
 {
-    if (dt_layout_numel(ndim, shape) == 0)
-        return true;
-    /* the view's steps through its frame against a row-major tensor's; as torch, a dim of one
-     * element places nothing */
-    int64_t first, steps[DT_MAX_DIMS], rowmajor[DT_MAX_DIMS];
-    op_strided_local(&s->map, s->frame_shape, shape, &first, steps);
-    dt_layout_strides(ndim, shape, 1, rowmajor);
-    for (int j = 0; j < ndim; j++)
-        if (shape[j] > 1 && steps[j] != rowmajor[j])
-            return false;
-    return true;
+    /* the view's step through its frame in each dim, from the last, against a row-major tensor's
+     * (the product of the sizes after it); as torch, a dim of one element places nothing and an
+     * empty view is contiguous. Every strided view made is asked this once (bench/README.md,
+     * "bench_op_cost"): one pass, no table of the view's steps. */
+    const op_strided *m = &s->map;
+    int64_t frame[DT_MAX_DIMS], run = 1;
+    dt_layout_strides(m->frame_ndim, s->frame_shape, 1, frame);
+    bool rowmajor = true;
+    for (int j = ndim - 1; j >= 0; j--) {
+        if (shape[j] == 0)
+            return true;
+        if (shape[j] > 1 && (m->dim[j] < 0 || m->step[j] * frame[m->dim[j]] != run))
+            rowmajor = false;
+        run *= shape[j];
+    }
+    return rowmajor;
 }
 
 /* Decided when the view is made: a fetch or a gather that gives it pieces of its own later does
