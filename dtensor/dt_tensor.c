@@ -62,14 +62,16 @@ dt_tensor *dt_tensor_ref(dt_tensor *t)
 
 /* The views' bookkeeping on their bases (nviews reaching 0 against a retire on another thread)
  * is two atomics: a write that retires pieces after the last view took retired finds them left
- * in retired, and the base's own release frees them. */
+ * in retired, and the base's own release frees them. A view borrows its base's mesh (the base
+ * holds it while the view holds the base): a reference taken and dropped per view is two more
+ * atomic operations of every x[0] and transpose. */
 dt_tensor *dtn_tensor_view(dt_tensor *base, uint64_t base_id, int64_t first, dt_dtype dtype, int ndim,
                            const int64_t *shape, const dt_placement *placements)
 {
     dt_tensor *t = dtn_tensor_alloc();
     if (!t)
         return NULL;
-    t->mesh = dt_mesh_ref(base->mesh);
+    t->mesh = base->mesh;
     t->dtype = dtype;
     t->ndim = ndim;
     memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
@@ -86,11 +88,11 @@ bool dtn_tensor_viewed(dt_tensor *t) { return atomic_load(&t->nviews) > 0 && !at
 
 void dtn_tensor_retire(dt_tensor *t, uint64_t old_id) { atomic_store(&t->retired, old_id); }
 
-void dtn_tensor_unview(dt_tensor *view)
+/* Drops view's hold on its base; its mesh, borrowed from the base, is left dangling (the caller
+ * takes a reference of its own first, or is done with view). */
+static void s_unview(dt_tensor *view)
 {
     dt_tensor *base = view->base;
-    if (!base)
-        return;
     view->base = NULL;
     dtn_strided_free(view->strided);
     view->strided = NULL;
@@ -99,6 +101,14 @@ void dtn_tensor_unview(dt_tensor *view)
     if (retired)
         act_runtime_free(base->epoch, base->mesh, retired);
     dt_tensor_release(&base);
+}
+
+void dtn_tensor_unview(dt_tensor *view)
+{
+    if (!view->base)
+        return;
+    view->mesh = dt_mesh_ref(view->mesh); /* its own from now on */
+    s_unview(view);
 }
 
 void dt_tensor_release(dt_tensor **tp)
@@ -112,8 +122,12 @@ void dt_tensor_release(dt_tensor **tp)
     uint64_t retired = atomic_load(&t->retired);
     if (retired) /* left by a write racing the last view's release on another thread */
         act_runtime_free(t->epoch, t->mesh, retired);
-    dtn_tensor_unview(t); /* a view made on the controller: its devices never heard of it */
-    dt_mesh_release(&t->mesh);
+    if (t->base) { /* a view made on the controller: its devices never heard of it */
+        s_unview(t);
+        t->mesh = NULL;
+    } else {
+        dt_mesh_release(&t->mesh);
+    }
     dtn_tensor_free(t);
 }
 

@@ -64,7 +64,7 @@ dt_tensor *dtn_tensor_view(dt_tensor *base, uint64_t base_id, int64_t first, dt_
  * now). When true the caller gives t the new id and dtn_tensor_retire gets the old one. */
 bool dtn_tensor_viewed(dt_tensor *t);
 void dtn_tensor_retire(dt_tensor *t, uint64_t old_id);
-/* A view lets go of its base (released, or given pieces of its own), and of its map. */
+/* A view given pieces of its own lets go of its base and of its map, and holds its mesh itself. */
 void dtn_tensor_unview(dt_tensor *view);
 
 #endif
