@@ -36,7 +36,6 @@ static dt_tensor *s_tensor_new(const char *op, dt_mesh *mesh, int ndim, const in
         dtn_tensor_free(t);
         return NULL;
     }
-    atomic_init(&t->refs, 1);
     t->mesh = dt_mesh_ref(mesh);
     t->dtype = dtype;
     t->ndim = ndim;

@@ -434,7 +434,6 @@ int dt_op_run(int id, int n, dt_tensor *const *in, const dt_op_attrs *attrs, int
                 dt_tensor_release(&made[p]);
             return dt_err(DT_ENOMEM, "%s: out of memory", def->name);
         }
-        atomic_init(&t->refs, 1);
         t->mesh = dt_mesh_ref(mesh);
         t->dtype = c.out[o].dtype;
         t->ndim = c.out[o].ndim;

@@ -170,7 +170,6 @@ static int s_redistribute(const char *op, int n, dt_tensor *const *ts, dt_mesh *
             rc = dt_err(DT_ENOMEM, "%s: out of memory", op);
             goto fail;
         }
-        atomic_init(&o->refs, 1);
         o->mesh = dt_mesh_ref(target);
         o->dtype = t->dtype;
         o->ndim = t->ndim;

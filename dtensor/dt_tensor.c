@@ -22,7 +22,7 @@ dt_tensor *dtn_tensor_alloc(void)
     dt_tensor *t = s_cached > 0 ? s_cache[--s_cached] : malloc(sizeof *t);
     if (t) {
         memset(t, 0, sizeof *t);
-        atomic_init(&t->refs, 1);
+        atomic_init(&t->holds, 1);
     }
     return t;
 }
@@ -56,15 +56,15 @@ void dtn_strided_free(dtn_strided *s)
 
 dt_tensor *dt_tensor_ref(dt_tensor *t)
 {
-    atomic_fetch_add(&t->refs, 1);
+    atomic_fetch_add(&t->holds, 1);
     return t;
 }
 
-/* The views' bookkeeping on their bases (nviews reaching 0 against a retire on another thread)
- * is two atomics: a write that retires pieces after the last view took retired finds them left
- * in retired, and the base's own release frees them. A view borrows its base's mesh (the base
- * holds it while the view holds the base): a reference taken and dropped per view is two more
- * atomic operations of every x[0] and transpose. */
+/* The views' bookkeeping on their bases (their count reaching 0 against a retire on another
+ * thread) is two atomics: a write that retires pieces after the last view took retired finds them
+ * left in retired, and the base's own release frees them. A view holds its base and counts itself
+ * in one operation on base->holds, and borrows the base's mesh (the base holds it while the view
+ * holds the base): a reference of its own would be two more atomic operations of every x[0]. */
 dt_tensor *dtn_tensor_view(dt_tensor *base, uint64_t base_id, int64_t first, dt_dtype dtype, int ndim,
                            const int64_t *shape, const dt_placement *placements)
 {
@@ -76,17 +76,19 @@ dt_tensor *dtn_tensor_view(dt_tensor *base, uint64_t base_id, int64_t first, dt_
     t->ndim = ndim;
     memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
     memcpy(t->placements, placements, (size_t)base->mesh->ndim * sizeof *placements);
-    t->base = dt_tensor_ref(base);
+    atomic_fetch_add(&base->holds, 1 + DTN_VIEW);
+    t->base = base;
     t->base_id = base_id;
     t->view_first = first;
     t->epoch = base->epoch;
-    atomic_fetch_add(&base->nviews, 1);
     return t;
 }
 
-bool dtn_tensor_viewed(dt_tensor *t) { return atomic_load(&t->nviews) > 0 && !atomic_load(&t->retired); }
+bool dtn_tensor_viewed(dt_tensor *t) { return DTN_VIEWS(atomic_load(&t->holds)) > 0 && !atomic_load(&t->retired); }
 
 void dtn_tensor_retire(dt_tensor *t, uint64_t old_id) { atomic_store(&t->retired, old_id); }
+
+static void s_destroy(dt_tensor *t);
 
 /* Drops view's hold on its base; its mesh, borrowed from the base, is left dangling (the caller
  * takes a reference of its own first, or is done with view). */
@@ -96,11 +98,15 @@ static void s_unview(dt_tensor *view)
     view->base = NULL;
     dtn_strided_free(view->strided);
     view->strided = NULL;
-    /* the last: the pieces a write left it go too */
-    uint64_t retired = atomic_fetch_sub(&base->nviews, 1) == 1 ? atomic_exchange(&base->retired, 0) : 0;
+    uint64_t was = atomic_fetch_sub(&base->holds, 1 + DTN_VIEW);
+    /* the last view: the pieces a write left it go too (looked at before they are taken: an
+     * exchange is a locked operation, and there are seldom any; a write that retires them after
+     * the look leaves them to the base's own release, as one after the exchange would) */
+    uint64_t retired = DTN_VIEWS(was) == 1 && atomic_load(&base->retired) ? atomic_exchange(&base->retired, 0) : 0;
     if (retired)
         act_runtime_free(base->epoch, base->mesh, retired);
-    dt_tensor_release(&base);
+    if (DTN_REFS(was) == 1)
+        s_destroy(base);
 }
 
 void dtn_tensor_unview(dt_tensor *view)
@@ -111,12 +117,9 @@ void dtn_tensor_unview(dt_tensor *view)
     s_unview(view);
 }
 
-void dt_tensor_release(dt_tensor **tp)
+/* t's last reference is gone: its pieces, and the handle. */
+static void s_destroy(dt_tensor *t)
 {
-    dt_tensor *t = *tp;
-    *tp = NULL;
-    if (!t || atomic_fetch_sub(&t->refs, 1) != 1)
-        return;
     if (t->id)
         act_runtime_free(t->epoch, t->mesh, t->id);
     uint64_t retired = atomic_load(&t->retired);
@@ -129,6 +132,14 @@ void dt_tensor_release(dt_tensor **tp)
         dt_mesh_release(&t->mesh);
     }
     dtn_tensor_free(t);
+}
+
+void dt_tensor_release(dt_tensor **tp)
+{
+    dt_tensor *t = *tp;
+    *tp = NULL;
+    if (t && DTN_REFS(atomic_fetch_sub(&t->holds, 1)) == 1)
+        s_destroy(t);
 }
 
 int dt_tensor_ndim(const dt_tensor *t) { return t->ndim; }

@@ -17,11 +17,19 @@ typedef struct {
     op_strided map;
 } dtn_strided;
 
+/* dt_tensor.holds: its references in the low 32 bits, the live views made of it (below) in the
+ * high 32, one word so that a view takes and drops its hold on the base and counts itself in one
+ * atomic operation each (a locked operation is tens of cycles: five of them were most of an x[0]'s
+ * release) */
+#define DTN_VIEW ((uint64_t)1 << 32)
+#define DTN_REFS(holds) ((holds) & (DTN_VIEW - 1))
+#define DTN_VIEWS(holds) ((holds) >> 32)
+
 struct dt_tensor {
-    atomic_int refs;
+    _Atomic uint64_t holds;
     uint64_t id;                    /* the id its devices know it by */
     uint64_t epoch;                 /* runtime epoch it was created in */
-    dt_mesh *mesh;                  /* owned reference */
+    dt_mesh *mesh;                  /* owned reference; a view borrows its base's */
     dt_dtype dtype;
     int ndim;
     int64_t shape[DT_MAX_DIMS];     /* (ndim) global shape */
@@ -37,11 +45,10 @@ struct dt_tensor {
     int64_t view_first;
     dtn_strided *strided;           /* owned; NULL but for a strided view (it then reads its frame) */
     bool noncontiguous;             /* made as a view out of row-major order (is_contiguous), kept once it has pieces */
-    /* Of a tensor with pieces: the live views made of it on the controller (they read its pieces
-     * as they were when made), whether it has ever been written in place (then no such view is
-     * made of it: a write would show through), and the id of the pieces a first write left to
-     * its live views (it wrote into a copy: dtn_tensor_retire), freed with the last of them. */
-    atomic_int nviews;
+    /* Of a tensor with pieces: whether it has ever been written in place (then no view is made of
+     * it on the controller: a write would show through), and the id of the pieces a first write
+     * left to its live views (DTN_VIEWS(holds): they read its pieces as they were when made; it
+     * wrote into a copy, dtn_tensor_retire), freed with the last of them. */
     bool written;
     _Atomic uint64_t retired;
 };

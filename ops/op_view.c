@@ -611,7 +611,7 @@ static int s_slice_args(const op_call *c, int *dim, int64_t *start, int64_t *len
         s = s > size ? size : s;
         e = e > size ? size : e;
         *start = s;
-        *len = e > s ? (e - s - 1) / st + 1 : 0;
+        *len = e <= s ? 0 : st == 1 ? e - s : (e - s - 1) / st + 1; /* a step of 1 divides nothing */
         *step = st;
     }
     return 0;
