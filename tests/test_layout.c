@@ -266,6 +266,19 @@ Test(shape, invalid)
     /* numel past 2^48 would overflow byte counts further on */
     int64_t huge[2] = {INT64_C(1) << 30, INT64_C(1) << 30};
     cr_expect_eq(dt_layout_check_shape("t", 2, huge), DT_EINVAL, "too many elements");
+    /* the bound is inclusive: 2^48 elements pass, one row more does not */
+    int64_t at_bound[3] = {INT64_C(1) << 16, INT64_C(1) << 16, INT64_C(1) << 16};
+    cr_expect_eq(dt_layout_check_shape("t", 3, at_bound), 0, "exactly 2^48 elements");
+    int64_t past_bound[3] = {(INT64_C(1) << 16) + 1, INT64_C(1) << 16, INT64_C(1) << 16};
+    cr_expect_eq(dt_layout_check_shape("t", 3, past_bound), DT_EINVAL, "2^48 + 2^32 elements");
+    /* a product past int64 itself, and one size past the bound alone */
+    int64_t wraps[2] = {INT64_C(1) << 40, INT64_C(1) << 40};
+    cr_expect_eq(dt_layout_check_shape("t", 2, wraps), DT_EINVAL, "2^80 elements");
+    int64_t one_huge[1] = {INT64_MAX};
+    cr_expect_eq(dt_layout_check_shape("t", 1, one_huge), DT_EINVAL, "INT64_MAX elements");
+    /* an empty dim makes any later size an empty tensor, as in torch */
+    int64_t empty_then_huge[2] = {0, INT64_C(1) << 60};
+    cr_expect_eq(dt_layout_check_shape("t", 2, empty_then_huge), 0, "0 x 2^60 elements");
 }
 
 /* ---- the id map (core/dt_idmap.c): ids come from sockets, so any value must be safe ---------- */
