@@ -224,6 +224,20 @@ static void s_number(s_call *c, dt_scalar v, dt_dtype cd)
 static void s_iterate(void *dst, size_t out_elem, int ndim, const int64_t *shape, const s_call *c, s_loop loop,
                       const double *p)
 {
+    /* every operand of the output's own shape (the commonest call): one row, no strides worked out */
+    bool same = true;
+    for (int i = 0; i < c->nin && same; i++)
+        same = c->in[i].ndim == ndim && (ndim == 0 || memcmp(c->in[i].shape, shape, (size_t)ndim * sizeof *shape) == 0);
+    if (same) {
+        const void *whole[S_MAX_IN];
+        int64_t ones[S_MAX_IN];
+        for (int i = 0; i < c->nin; i++) {
+            whole[i] = c->in[i].data;
+            ones[i] = 1;
+        }
+        loop(dst, whole, ones, dt_layout_numel(ndim, shape), p);
+        return;
+    }
     int nd = 0;
     int64_t size[DT_MAX_DIMS], stride[S_MAX_IN][DT_MAX_DIMS], own[S_MAX_IN][DT_MAX_DIMS];
     for (int i = 0; i < c->nin; i++)
