@@ -73,9 +73,22 @@ static inline size_t mb_left(const mb_cursor *c) { return (size_t)(c->end - c->p
 /* The next object's first byte, 0xc1 (a byte msgpack never uses) at the end. */
 static inline uint8_t mb_peek(const mb_cursor *c) { return c->p < c->end ? *c->p : 0xc1; }
 
+/* n big-endian bytes at p as an unsigned value: one load and a byte swap for the widths msgpack
+ * uses (1, 2, 4, 8: every id is 8), a loop for any other. */
 static inline uint64_t mb_be(const uint8_t *p, int n)
 {
     uint64_t v = 0;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    uint16_t v16;
+    uint32_t v32;
+    switch (n) {
+    case 1: return p[0];
+    case 2: memcpy(&v16, p, 2); return __builtin_bswap16(v16);
+    case 4: memcpy(&v32, p, 4); return __builtin_bswap32(v32);
+    case 8: memcpy(&v, p, 8); return __builtin_bswap64(v);
+    default: break;
+    }
+#endif
     for (int i = 0; i < n; i++)
         v = (v << 8) | p[i];
     return v;
