@@ -354,12 +354,47 @@ static const char *s_run(s_call *c, op_local *out, dt_dtype rd, s_loop loop, con
 
 /* ---- the drivers ------------------------------------------------------------------------------ */
 
+/* The commonest call (c = a + b, x * 0.5, exp(x)): pieces of the output's own dtype cd and shape,
+ * and the op's number at operand `number` (-1: none), run as one row with nothing converted and no
+ * strides worked out. False, having done nothing, when an operand needs the general path. */
+static bool s_direct(op_kernel *k, s_loop loop, dt_dtype cd, int number, const double *p)
+{
+    const op_local *out = &k->out[0];
+    int nop = k->nin + (number >= 0);
+    if (!loop || out->dtype != cd || nop > S_MAX_IN)
+        return false;
+    const void *in[S_MAX_IN];
+    int64_t step[S_MAX_IN], value;
+    for (int i = 0, piece = 0; i < nop; i++) {
+        step[i] = i != number;
+        if (i == number) {
+            in[i] = &value;
+            continue;
+        }
+        const op_local *x = &k->in[piece++];
+        if (x->dtype != cd || x->ndim != out->ndim)
+            return false;
+        for (int d = 0; d < x->ndim; d++)
+            if (x->shape[d] != out->shape[d])
+                return false;
+        in[i] = x->data;
+    }
+    if (number >= 0)
+        cpu_fill(&value, cd, 1, k->attrs->scalar);
+    int64_t n = dt_layout_numel(out->ndim, out->shape);
+    if (n > 0)
+        loop(out->data, in, step, n, p);
+    return true;
+}
+
 static const char *s_unary(op_kernel *k, const s_loops *loops)
 {
     dt_dtype cd = s_compute(k->out[0].dtype);
-    s_call c = {0};
     if (k->nin != 1)
         return "expected one operand (internal error)";
+    if (s_direct(k, s_pick(loops, cd), cd, -1, k->attrs->floats))
+        return NULL;
+    s_call c = {0};
     s_piece(&c, &k->in[0], cd);
     return s_run(&c, &k->out[0], cd, s_pick(loops, cd), k->attrs->floats);
 }
@@ -367,10 +402,12 @@ static const char *s_unary(op_kernel *k, const s_loops *loops)
 /* a op b in cd giving rd, either a number (attrs.scalar; ints[0] = 1: on the left). */
 static const char *s_binary(op_kernel *k, const s_loops *loops, dt_dtype cd, dt_dtype rd)
 {
-    s_call c = {0};
     bool left = k->attrs->nints > 0 && k->attrs->ints[0];
     if (k->nin + k->attrs->has_scalar != 2)
         return "expected two operands (internal error)";
+    if (cd == rd && s_direct(k, s_pick(loops, cd), cd, k->nin == 2 ? -1 : left ? 0 : 1, NULL))
+        return NULL;
+    s_call c = {0};
     if (k->nin == 1 && left)
         s_number(&c, k->attrs->scalar, cd);
     s_piece(&c, &k->in[0], cd);
