@@ -55,18 +55,35 @@ static void s_storage_free(act_storage *st)
         free(st);
 }
 
+/* The bytes a piece of size bytes gets from its backend: small ones rounded up to their size class
+ * (ACT_SMALL_STEP), so that any piece of the class can reuse the buffer. */
+static size_t s_capacity(size_t size)
+{
+    return size == 0 || size > ACT_SMALL_MAX ? size : (size + ACT_SMALL_STEP - 1) / ACT_SMALL_STEP * ACT_SMALL_STEP;
+}
+
+/* The spare list of small buffers of w (NULL: none) that a piece of size bytes of backend uses. */
+static int s_small_class(const act_worker *w, const op_backend *backend, size_t size)
+{
+    return w && w->backend == backend && size > 0 && size <= ACT_SMALL_MAX ? (int)((size - 1) / ACT_SMALL_STEP) : -1;
+}
+
 void act_storage_release(act_storage *st)
 {
     if (!st || atomic_fetch_sub(&st->refs, 1) != 1)
         return;
+    act_worker *w = s_self;
+    int k;
     if (st->seg)
         dt_shm_seg_free(st->seg);
     else if (st->adopted)
         zmq_msg_close(&st->msg);
-    else if (st->owner != s_self && st->backend->free_elsewhere)
-        st->backend->free_elsewhere(st->data, st->size);
+    else if (st->owner != w && st->backend->free_elsewhere)
+        st->backend->free_elsewhere(st->data, s_capacity(st->size));
+    else if ((k = s_small_class(w, st->backend, st->size)) >= 0 && w->nsmall[k] < ACT_SMALL_KEEP)
+        w->small[k][w->nsmall[k]++] = st->data;
     else
-        st->backend->free(st->data, st->size);
+        st->backend->free(st->data, s_capacity(st->size));
     s_storage_free(st);
 }
 
@@ -77,7 +94,11 @@ act_storage *act_storage_new(const op_backend *backend, size_t size)
     act_storage *st = act_storage_alloc();
     if (!st)
         return NULL;
-    if (!(st->data = backend->alloc(size))) {
+    act_worker *w = s_self;
+    int k = s_small_class(w, backend, size);
+    if (k >= 0 && w->nsmall[k] > 0)
+        st->data = w->small[k][--w->nsmall[k]];
+    else if (!(st->data = backend->alloc(s_capacity(size)))) {
         s_storage_free(st);
         return NULL;
     }
@@ -89,7 +110,7 @@ act_storage *act_storage_new(const op_backend *backend, size_t size)
 
 act_storage *act_storage_piece(const act_worker *w, size_t size)
 {
-    act_storage *st = act_shm_storage_new(w, size);
+    act_storage *st = size > ACT_SMALL_MAX ? act_shm_storage_new(w, size) : NULL;
     return st ? st : act_storage_new(w->backend, size);
 }
 
@@ -1233,6 +1254,9 @@ void act_worker_fini(act_worker *w)
     mb_socket_destroy(&w->sock);
     if (s_self == w)
         s_self = NULL; /* storage let go from now on goes back to malloc */
+    for (int k = 0; k < (int)(ACT_SMALL_MAX / ACT_SMALL_STEP); k++)
+        while (w->nsmall[k] > 0)
+            w->backend->free(w->small[k][--w->nsmall[k]], (k + 1) * ACT_SMALL_STEP);
     while (w->nspare_storage > 0)
         free(w->spare_storage[--w->nspare_storage]);
 }

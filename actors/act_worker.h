@@ -18,6 +18,9 @@
 #define ACT_TRACE_MAX (1u << 20) /* events a device keeps while tracing (32 MiB); later ones are dropped */
 #define ACT_TRACE_MARKED (1u << 16) /* ... of which the first this many are timed by the backend's marks, the rest by the host */
 #define ACT_SPARE_TENSORS 1024 /* freed tensor-table entries a worker keeps for reuse */
+#define ACT_SMALL_STEP 32u      /* pieces of bytes in (k - 1) * 32, k * 32], up to ACT_SMALL_MAX, get buffers ... */
+#define ACT_SMALL_MAX 512u      /* ... of k * 32 bytes, and a worker keeps those it frees for reuse, ... */
+#define ACT_SMALL_KEEP 256      /* ... this many of each size */
 #define ACT_SHM_MIN (256u << 10) /* worker processes: pieces and regions from this size up are shared by handle */
 
 /* Bytes of a piece. Immutable once made, so it can be sent, shared by replicas and read by
@@ -151,6 +154,10 @@ typedef struct act_worker {
     act_storage *spare_storage[ACT_SPARE_TENSORS]; /* the same for storage records let go on this
                                  * worker's thread (with their bytes already given back) */
     int nspare_storage;
+    void *small[ACT_SMALL_MAX / ACT_SMALL_STEP][ACT_SMALL_KEEP]; /* freed buffers of small pieces, by
+                                 * size (their bytes are the backend's): the allocator's own cache of
+                                 * freed blocks holds 7 of a size, and a pipeline has hundreds in flight */
+    int nsmall[ACT_SMALL_MAX / ACT_SMALL_STEP];
     dt_idmap received;          /* transfer id -> act_recv */
     dt_idmap dead;              /* device + 1 -> non-NULL: devices the controller said died */
     act_pending *pending_head, *pending_tail; /* controller messages that came during a wait */
