@@ -62,10 +62,13 @@ static size_t s_capacity(size_t size)
     return size == 0 || size > ACT_SMALL_MAX ? size : (size + ACT_SMALL_STEP - 1) / ACT_SMALL_STEP * ACT_SMALL_STEP;
 }
 
-/* The spare list of small buffers of w (NULL: none) that a piece of size bytes of backend uses. */
+/* Which of w's spare lists of small buffers a piece of size bytes of backend uses (-1: none). Host
+ * memory only (adopt_host): a GPU's buffer goes back through its backend, which orders the free
+ * after the streams that may still read it. */
 static int s_small_class(const act_worker *w, const op_backend *backend, size_t size)
 {
-    return w && w->backend == backend && size > 0 && size <= ACT_SMALL_MAX ? (int)((size - 1) / ACT_SMALL_STEP) : -1;
+    bool kept = w && w->backend == backend && backend->adopt_host && size > 0 && size <= ACT_SMALL_MAX;
+    return kept ? (int)((size - 1) / ACT_SMALL_STEP) : -1;
 }
 
 void act_storage_release(act_storage *st)

@@ -154,9 +154,10 @@ typedef struct act_worker {
     act_storage *spare_storage[ACT_SPARE_TENSORS]; /* the same for storage records let go on this
                                  * worker's thread (with their bytes already given back) */
     int nspare_storage;
-    void *small[ACT_SMALL_MAX / ACT_SMALL_STEP][ACT_SMALL_KEEP]; /* freed buffers of small pieces, by
-                                 * size (their bytes are the backend's): the allocator's own cache of
-                                 * freed blocks holds 7 of a size, and a pipeline has hundreds in flight */
+    void *small[ACT_SMALL_MAX / ACT_SMALL_STEP][ACT_SMALL_KEEP]; /* freed buffers of small pieces in
+                                 * host memory, by size (about 1 MiB at most; not in pooled_bytes): the
+                                 * allocator's own cache of freed blocks holds 7 of a size, and a
+                                 * pipeline has hundreds in flight */
     int nsmall[ACT_SMALL_MAX / ACT_SMALL_STEP];
     dt_idmap received;          /* transfer id -> act_recv */
     dt_idmap dead;              /* device + 1 -> non-NULL: devices the controller said died */
