@@ -1,9 +1,10 @@
 /* act_controller — the controller actor: one thread that owns the ROUTER socket every worker
- * talks to. It ships outboxes under a credit window, turns completions into settled futures,
+ * talks to (lending it, between its steps, to a user thread that waits on a future). It ships outboxes under a credit window, turns completions into settled futures,
  * and fails the futures of devices whose worker died. It tells worker processes which processes
  * their peers are (so that they can map each other's shared segments) and maps the segments of
  * values they lend it by handle (act_shm.c). */
 #include <inttypes.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +29,18 @@ typedef struct {
     int64_t *sent;       /* (DT_MAX_DEVICE_ID + 1) records sent per device since the last accounting */
 } s_ctl;
 
+/* The controller's state and sockets belong to whichever thread holds `step`: the controller
+ * thread for each of its steps, or a waiting user thread (act_controller_help) between them. The
+ * controller thread sleeps on the sockets without it, saying so in `asleep`, and nobody else
+ * touches them then. A ZeroMQ socket may move between threads with a full barrier, which the
+ * mutex is. */
+static struct {
+    pthread_mutex_t step;
+    bool live;           /* the controller is up and not stopping: helpers may step */
+    bool asleep;         /* the controller thread is in a blocking poll on the sockets */
+    s_ctl *ctl;
+} s_shared = {.step = PTHREAD_MUTEX_INITIALIZER};
+
 static void s_routing_id(int64_t device, char *buf, size_t size) { snprintf(buf, size, "d%" PRId64, device); }
 
 static act_device *s_device(act_runtime *rt, int64_t id)
@@ -41,7 +54,7 @@ static void s_take_outboxes(act_runtime *rt)
 {
     /* a racy peek that saves taking the user thread's lock on wake-ups with nothing new: a
      * record queued after it is collected at the next wake-up (doorbell, completion or tick) */
-    if (__atomic_load_n(&rt->ndirty, __ATOMIC_RELAXED) == 0)
+    if (__atomic_load_n(&rt->ndirty, __ATOMIC_RELAXED) == 0 && !__atomic_load_n(&rt->rung, __ATOMIC_RELAXED))
         return;
     pthread_mutex_lock(&rt->lock);
     for (int64_t i = 0; i < rt->ndirty; i++) {
@@ -57,7 +70,7 @@ static void s_take_outboxes(act_runtime *rt)
         dev->out_head = dev->out_tail = NULL;
     }
     rt->ndirty = 0;
-    rt->rung = false;
+    __atomic_store_n(&rt->rung, false, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&rt->lock);
 }
 
@@ -706,9 +719,37 @@ void *act_controller_main(void *arg)
 
     zmq_pollitem_t items[2] = {{zsock_resolve(c.router), 0, ZMQ_POLLIN, 0}, {NULL, rt->doorbell, ZMQ_POLLIN, 0}};
     double next_check = act_now() + ACT_TICK_MS / 1e3, spin_until = 0;
+    pthread_mutex_lock(&s_shared.step);
+    s_shared.ctl = &c;
+    __atomic_store_n(&s_shared.live, true, __ATOMIC_RELAXED);
     for (;;) {
-        act_poll(items, 2, ACT_TICK_MS, &spin_until);
-        if (items[1].revents & ZMQ_POLLIN) {
+        /* Spinning: a look at the sockets and at the doorbell's flag (a user thread rings the
+         * eventfd only while this thread sleeps), yielding between looks with the step let go
+         * (a waiting user thread may take it). Then a blocking poll, asleep: the flag is looked at
+         * again after saying so, and the user thread looks at `asleep` after raising the flag,
+         * so one of the two always sees the other. */
+        int rc = zmq_poll(items, 2, 0);
+        bool rung = __atomic_load_n(&rt->rung, __ATOMIC_RELAXED);
+        if (rc == 0 && !rung && act_now() < spin_until) {
+            pthread_mutex_unlock(&s_shared.step);
+            do
+                sched_yield();
+            while (pthread_mutex_trylock(&s_shared.step) != 0);
+            continue;
+        }
+        if (rc == 0 && !rung) {
+            __atomic_store_n(&s_shared.asleep, true, __ATOMIC_SEQ_CST);
+            __atomic_thread_fence(__ATOMIC_SEQ_CST);
+            if (!__atomic_load_n(&rt->rung, __ATOMIC_SEQ_CST)) {
+                pthread_mutex_unlock(&s_shared.step);
+                rc = zmq_poll(items, 2, ACT_TICK_MS);
+                pthread_mutex_lock(&s_shared.step);
+            }
+            __atomic_store_n(&s_shared.asleep, false, __ATOMIC_RELAXED);
+        }
+        if (rc > 0 || rung)
+            spin_until = act_now() + act_spin_s();
+        if (rc > 0 && (items[1].revents & ZMQ_POLLIN)) {
             uint64_t n;
             if (read(rt->doorbell, &n, sizeof n) < 0) { /* EAGAIN: another wake-up drained it */ }
         }
@@ -724,6 +765,9 @@ void *act_controller_main(void *arg)
         if (__atomic_load_n(&rt->stopping, __ATOMIC_ACQUIRE))
             break;
     }
+    __atomic_store_n(&s_shared.live, false, __ATOMIC_RELAXED);
+    s_shared.ctl = NULL;
+    pthread_mutex_unlock(&s_shared.step);
     s_stop(&c);
     free(c.sent);
     mb_socket_destroy(&c.router);
@@ -733,4 +777,25 @@ void *act_controller_main(void *arg)
     if (strncmp(rt->endpoint, "ipc://", 6) == 0)
         unlink(rt->endpoint + 6); /* the socket file outlives the socket otherwise */
     return NULL;
+}
+
+bool act_controller_asleep(void)
+{
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    return __atomic_load_n(&s_shared.asleep, __ATOMIC_SEQ_CST) || !__atomic_load_n(&s_shared.live, __ATOMIC_SEQ_CST);
+}
+
+bool act_controller_help(void)
+{
+    if (!__atomic_load_n(&s_shared.live, __ATOMIC_RELAXED) || pthread_mutex_trylock(&s_shared.step) != 0)
+        return false;
+    bool stepped = s_shared.live && !__atomic_load_n(&s_shared.asleep, __ATOMIC_RELAXED);
+    if (stepped) {
+        s_ctl *c = s_shared.ctl;
+        s_take_outboxes(c->rt);
+        s_drain(c);
+        s_send_ready(c);
+    }
+    pthread_mutex_unlock(&s_shared.step);
+    return stepped;
 }

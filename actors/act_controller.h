@@ -7,6 +7,15 @@
 
 /* The controller thread's body (started by the runtime with act_rt). */
 void *act_controller_main(void *arg);
+/* One step of the controller's work (ship what is queued, take in what has arrived, settle the
+ * futures it completes), done on the calling thread: a user thread spinning on a future calls it,
+ * so that a small op's value comes back without the two wake-ups of the controller thread. Does
+ * nothing (false) while the controller thread is in a step or asleep on the sockets, or not up. */
+bool act_controller_help(void);
+/* Whether the controller thread sleeps on its sockets (or is not up): a user thread that has
+ * raised the doorbell's flag (act_rt.rung) rings the eventfd only then; a spinning controller
+ * sees the flag at its next look. */
+bool act_controller_asleep(void);
 void act_batch_destroy(act_batch *b);
 
 #endif

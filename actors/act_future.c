@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "act_controller.h"
 #include "act_future.h"
 #include "act_runtime.h"
 #include "dt_dtype.h"
@@ -243,9 +244,12 @@ int dt_future_wait(dt_future *f, double timeout_s)
 {
     double deadline = timeout_s < 0 ? INFINITY : s_now() + timeout_s;
     int status = dt_future_status(f);
-    /* a short wait spins (yielding the core to any thread that has work) before it sleeps: the
-     * value of a small op is usually back within tens of microseconds, less than a wake-up costs */
+    /* a short wait spins before it sleeps: the value of a small op is usually back within tens of
+     * microseconds, less than a wake-up costs. Each look does the controller's step itself when
+     * the controller thread is between steps (ships the records, takes in the answers), then
+     * yields the core to any thread that has work. */
     for (double spin_until = s_now() + act_spin_s(); status == 1 && s_now() < fmin(spin_until, deadline);) {
+        act_controller_help();
         sched_yield();
         status = dt_future_status(f);
     }

@@ -791,14 +791,14 @@ void act_runtime_end(void)
         double now = s_urgent || wait || rt->since_ring >= ACT_RING_RECORDS ? 0 : act_now();
         ring = now == 0 || now - rt->last_ring >= ACT_RING_DELAY_S;
         if (ring) {
-            rt->rung = true;
+            __atomic_store_n(&rt->rung, true, __ATOMIC_SEQ_CST);
             rt->since_ring = 0;
             rt->last_ring = now ? now : act_now();
         }
     }
     int fd = rt->doorbell;
     pthread_mutex_unlock(&rt->lock);
-    if (ring) {
+    if (ring && act_controller_asleep()) {
         uint64_t one = 1;
         if (write(fd, &one, sizeof one) < 0) { /* an eventfd only fails when its counter is full: still rung */ }
     }
