@@ -791,10 +791,19 @@ bool act_controller_help(void)
         return false;
     bool stepped = s_shared.live && !__atomic_load_n(&s_shared.asleep, __ATOMIC_RELAXED);
     if (stepped) {
+        /* what the step meets (a malformed message it drops) is not the waiting thread's error */
+        int code = dt_last_error_code();
+        char message[DT_ERRMSG_MAX];
+        if (code)
+            snprintf(message, sizeof message, "%s", dt_last_error());
         s_ctl *c = s_shared.ctl;
         s_take_outboxes(c->rt);
         s_drain(c);
         s_send_ready(c);
+        if (code)
+            dt_err(code, "%s", message);
+        else if (dt_last_error_code())
+            dt_err_clear();
     }
     pthread_mutex_unlock(&s_shared.step);
     return stepped;
