@@ -27,7 +27,12 @@ typedef struct {
     act_runtime *rt;
     zsock_t *router;
     int64_t *sent;       /* (DT_MAX_DEVICE_ID + 1) records sent per device since the last accounting */
+    bool threads_only;   /* every device is a thread worker of this process: act_rt.posted says when to look */
+    uint64_t seen_posted; /* act_rt.posted when the router was last drained */
+    int idle_looks;      /* spinning looks since the router was last polled */
 } s_ctl;
+
+#define S_LOOKS_PER_POLL 32 /* spinning looks that trust act_rt.posted before polling the router anyway */
 
 /* The controller's state and sockets belong to whichever thread holds `step`: the controller
  * thread for each of its steps, or a waiting user thread (act_controller_help) between them. The
@@ -697,6 +702,34 @@ static void s_beat(act_runtime *rt)
     }
 }
 
+/* Whether every device is a thread worker of this process, whose messages act_rt.posted counts. */
+static bool s_threads_only(const act_runtime *rt)
+{
+    if (rt->listening)
+        return false;
+    int64_t ndevices = __atomic_load_n(&rt->ndevices, __ATOMIC_ACQUIRE);
+    for (int64_t i = 0; i < ndevices; i++) {
+        const act_device *dev = s_device((act_runtime *)rt, i);
+        if (dev && dev->state != ACT_DEV_DEAD && (!dev->has_thread || dev->remote))
+            return false;
+    }
+    return true;
+}
+
+/* Whether a spinning look should poll the router (a poll and a getpid system call in ZeroMQ):
+ * always, unless every device is a thread worker and none has posted since the last drain; then
+ * one look in S_LOOKS_PER_POLL all the same. */
+static bool s_look(s_ctl *c)
+{
+    uint64_t posted = __atomic_load_n(&c->rt->posted, __ATOMIC_ACQUIRE);
+    if (c->threads_only && posted == c->seen_posted && ++c->idle_looks < S_LOOKS_PER_POLL)
+        return false;
+    c->idle_looks = 0;
+    c->seen_posted = posted;
+    c->threads_only = s_threads_only(c->rt);
+    return true;
+}
+
 void *act_controller_main(void *arg)
 {
     pthread_setname_np(pthread_self(), "dtorch-control"); /* so profiles and debuggers tell it apart */
@@ -728,7 +761,7 @@ void *act_controller_main(void *arg)
          * (a waiting user thread may take it). Then a blocking poll, asleep: the flag is looked at
          * again after saying so, and the user thread looks at `asleep` after raising the flag,
          * so one of the two always sees the other. */
-        int rc = zmq_poll(items, 2, 0);
+        int rc = s_look(&c) ? zmq_poll(items, 2, 0) : 0;
         bool rung = __atomic_load_n(&rt->rung, __ATOMIC_RELAXED);
         if (rc == 0 && !rung && act_now() < spin_until) {
             pthread_mutex_unlock(&s_shared.step);
@@ -797,8 +830,12 @@ bool act_controller_help(void)
         if (code)
             snprintf(message, sizeof message, "%s", dt_last_error());
         s_ctl *c = s_shared.ctl;
+        uint64_t posted = __atomic_load_n(&c->rt->posted, __ATOMIC_ACQUIRE);
         s_take_outboxes(c->rt);
-        s_drain(c);
+        if (!c->threads_only || posted != c->seen_posted) {
+            c->seen_posted = posted; /* the drain takes in everything posted before this load */
+            s_drain(c);
+        }
         s_send_ready(c);
         if (code)
             dt_err(code, "%s", message);

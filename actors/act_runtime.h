@@ -100,6 +100,8 @@ typedef struct {
     pthread_cond_t cond;           /* controller -> users: started, queues drained, stopped */
     int doorbell;                  /* eventfd: outboxes are dirty or a stop was asked */
     bool rung;                     /* the doorbell was rung and the controller has not taken outboxes since */
+    uint64_t posted;               /* messages thread workers have sent the controller: a spinning look
+                                    * reads this, and polls the socket (a system call) only when it moved */
     int64_t since_ring;            /* records queued since the doorbell last rang */
     double last_ring;              /* when it last rang */
     bool running;
