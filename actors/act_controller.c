@@ -1,8 +1,9 @@
 /* act_controller — the controller actor: one thread that owns the ROUTER socket every worker
- * talks to (lending it, between its steps, to a user thread that waits on a future). It ships outboxes under a credit window, turns completions into settled futures,
- * and fails the futures of devices whose worker died. It tells worker processes which processes
- * their peers are (so that they can map each other's shared segments) and maps the segments of
- * values they lend it by handle (act_shm.c). */
+ * talks to (lending it, between its steps, to a user thread that waits on a future). It ships
+ * outboxes under a credit window, turns completions into settled futures, and fails the futures
+ * of devices whose worker died. It tells worker processes which processes their peers are (so
+ * that they can map each other's shared segments) and maps the segments of values they lend it
+ * by handle (act_shm.c). */
 #include <inttypes.h>
 #include <sched.h>
 #include <signal.h>

@@ -760,13 +760,9 @@ static bool s_run_record(act_worker *w, mb_cursor *rec, mb_message *m, int64_t c
 
 bool act_worker_run_record(act_worker *w, mb_cursor *rec, mb_message *m)
 {
-    /* a FREE, every op's second record, as its encoder writes it ([1, id]: a two-element array
-     * header, code 1 as one byte, then the id), read in place; any other form the strict way */
-    mb_cursor at = {rec->p + 2, rec->end};
     uint64_t id;
-    if (!w->tracing && mb_left(rec) > 2 && rec->p[0] == 0x92 && rec->p[1] == MB_OP_FREE && mb_read_u64(&at, &id)) {
+    if (!w->tracing && mb_read_free_fast(rec, &id)) { /* every op's second record */
         act_replay_free(w, id);
-        *rec = at;
         return true;
     }
     const mb_cursor start = *rec;
