@@ -677,6 +677,9 @@ static PyObject *s_Tensor_get_contiguous(s_Tensor *self, void *unused)
     return PyBool_FromLong(dt_tensor_is_contiguous(self->t));
 }
 
+static PyObject *s_Tensor_get_T(PyObject *self, void *closure);
+static PyObject *s_Tensor_get_mT(PyObject *self, void *closure);
+
 static PyGetSetDef s_Tensor_getset[] = {
     {"shape", (getter)s_Tensor_get_shape, NULL, "The global shape.", NULL},
     {"ndim", (getter)s_Tensor_get_ndim, NULL, "Number of dims.", NULL},
@@ -685,6 +688,8 @@ static PyGetSetDef s_Tensor_getset[] = {
     {"_placements_raw", (getter)s_Tensor_get_placements_raw, NULL, NULL, NULL},
     {"requires_grad", (getter)s_Tensor_get_requires_grad, NULL, "Always False: DTorch is inference-only.", NULL},
     {"_contiguous", (getter)s_Tensor_get_contiguous, NULL, NULL, NULL},
+    {"T", s_Tensor_get_T, NULL, "Every dim reversed (the tensor itself below 2 dims).", NULL},
+    {"mT", s_Tensor_get_mT, NULL, "The last two dims swapped (a matrix, or a batch of them).", NULL},
     {NULL},
 };
 
@@ -944,6 +949,35 @@ static PyObject *s_Tensor_t(PyObject *self, PyObject *unused)
     if (ndim < 2)
         return Py_NewRef(self);
     return s_swapped(self, 0, 1);
+}
+
+/* x.T: every dim reversed (x itself below 2 dims), and x.mT: the last two swapped, as torch. In C:
+ * a property in Python cost four times the permute it makes. */
+static PyObject *s_Tensor_get_T(PyObject *self, void *closure)
+{
+    (void)closure;
+    s_Tensor *x = (s_Tensor *)self;
+    int ndim = dt_tensor_ndim(x->t);
+    if (ndim < 2)
+        return Py_NewRef(self);
+    dt_op_attrs attrs;
+    attrs.nints = ndim;
+    attrs.nfloats = 0;
+    attrs.has_scalar = false;
+    for (int d = 0; d < ndim; d++)
+        attrs.ints[d] = ndim - 1 - d;
+    dt_tensor *in[1] = {x->t};
+    return s_run(s_operator_ids[S_PERMUTE], 1, in, &attrs, x->mesh);
+}
+
+static PyObject *s_Tensor_get_mT(PyObject *self, void *closure)
+{
+    (void)closure;
+    int ndim = dt_tensor_ndim(((s_Tensor *)self)->t);
+    if (ndim < 2)
+        return PyErr_Format(PyExc_RuntimeError, "tensor.mT is only supported on matrices or batches of matrices. "
+                            "Got %d-D tensor.", ndim);
+    return s_swapped(self, ndim - 2, ndim - 1);
 }
 
 static PyObject *s_Tensor_reshape(PyObject *self, PyObject *const *args, Py_ssize_t nargs)

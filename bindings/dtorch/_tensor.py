@@ -199,14 +199,6 @@ class _DTensorMethods:
     triu = _view.triu
     tril = _view.tril
 
-    @property
-    def T(self):
-        return self if self.ndim < 2 else self.permute(range(self.ndim - 1, -1, -1))
-
-    @property
-    def mT(self):
-        return self.transpose(-2, -1)
-
     def clone(self, memory_format=None):
         """A copy of the value with pieces of its own, laid out as this one."""
         return _ops.to(self, self.dtype)
