@@ -8,7 +8,8 @@ the figure is the user thread's CPU time per call (``time.thread_time``: on 2 co
 threads preempt the user's thread, which wall time would count as the op's), the best of
 ``--repeats`` loops, then one ``synchronize()`` outside the timing. numpy runs the same op on the
 same shapes in the same run: ``a + b``, ``a * b``, ``np.exp(a)``, ``np.full``, ``reshape``,
-``x[0]``, strided views of a (4, 4) ``s`` (``s[:, 0]``, ``s[..., 1:3]``, ``s.T``, ``swapaxes``),
+``x[0]``, strided views of a (4, 4) ``s`` (``s[:, 0]``, ``s[..., 1:3]``, ``s.transpose()`` for the
+method ``s.t()``, the property ``s.T`` for ``s.T``, ``swapaxes``),
 ``x @ w.T + bias`` for ``F.linear`` and max-shift-exp-sum-divide for ``softmax`` (numpy
 has no single call for those two). An empty loop's cost per iteration is printed and subtracted
 from both sides.
@@ -66,7 +67,8 @@ def _cases(mesh):
         ("x[0]", *loops(lambda: x[0], lambda: nx[0])),
         ("s[:, 0]", *loops(lambda: s[:, 0], lambda: ns[:, 0])),
         ("s[..., 1:3]", *loops(lambda: s[..., 1:3], lambda: ns[..., 1:3])),
-        ("s.t()", *loops(lambda: s.t(), lambda: ns.T)),
+        ("s.t()", *loops(lambda: s.t(), lambda: ns.transpose())),
+        ("s.T", *loops(lambda: s.T, lambda: ns.T)),
         ("s.transpose(0, 1)", *loops(lambda: s.transpose(0, 1), lambda: ns.swapaxes(0, 1))),
         ("linear(x, w, bias)", *loops(lambda: linear(x, w, bias), lambda: nx @ nw.T + nbias)),
         ("softmax(x, -1)", *loops(lambda: softmax(x, -1), np_softmax)),

@@ -36,11 +36,13 @@ int dtn_op_call(const op_def *def, int n, dt_tensor *const *in, const op_attrs *
     if (attrs && (attrs->nints < 0 || attrs->nints > OP_MAX_INTS || attrs->nfloats < 0 || attrs->nfloats > OP_MAX_FLOATS))
         return dt_err(DT_EINVAL, "%s: too many attributes", def->name);
     /* only what this call uses is initialised: the whole struct is kilobytes, and this runs per op
-     * (the inputs' every field, and given attributes, are written below) */
+     * (the inputs' every field, and given attributes, are written below; the op's own outputs,
+     * which its infer fills, start zeroed) */
     memset(c, 0, offsetof(op_call, in));
     if (!attrs)
         memset(&c->attrs, 0, sizeof c->attrs);
-    memset(c->out, 0, sizeof c->out);
+    for (int o = 0; o < OP_MAX_OUTPUTS && (o == 0 || o < def->nout); o++) /* one fixed size: stores inline */
+        memset(&c->out[o], 0, sizeof c->out[o]);
     c->def = def;
     c->mesh = in[0]->mesh;
     c->cost = dtn_redistribute_cost;
