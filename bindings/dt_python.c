@@ -907,23 +907,38 @@ static int s_dim_arg(const char *fn, PyObject *o, int ndim, int *out)
     return 0;
 }
 
-/* self with dims d0 and d1 (in range) swapped: a permute */
-static PyObject *s_swapped(PyObject *self, int d0, int d1)
+/* x permuted: output dim d is input dim from(d, ndim, arg) */
+static PyObject *s_permuted(s_Tensor *x, int ndim, int (*from)(int d, int ndim, const int *arg), const int *arg)
 {
-    s_Tensor *x = (s_Tensor *)self;
-    int ndim = dt_tensor_ndim(x->t);
-    if (ndim == 0)
-        return Py_NewRef(self);
     dt_op_attrs attrs;
     attrs.nints = ndim;
     attrs.nfloats = 0;
     attrs.has_scalar = false;
     for (int d = 0; d < ndim; d++)
-        attrs.ints[d] = d;
-    attrs.ints[d0] = d1;
-    attrs.ints[d1] = d0;
+        attrs.ints[d] = from(d, ndim, arg);
     dt_tensor *in[1] = {x->t};
     return s_run(s_operator_ids[S_PERMUTE], 1, in, &attrs, x->mesh);
+}
+
+static int s_swap_dim(int d, int ndim, const int *pair)
+{
+    (void)ndim;
+    return d == pair[0] ? pair[1] : d == pair[1] ? pair[0] : d;
+}
+
+static int s_reverse_dim(int d, int ndim, const int *unused)
+{
+    (void)unused;
+    return ndim - 1 - d;
+}
+
+/* self with dims d0 and d1 (in range) swapped: a permute */
+static PyObject *s_swapped(PyObject *self, int d0, int d1)
+{
+    int ndim = dt_tensor_ndim(((s_Tensor *)self)->t);
+    if (ndim == 0)
+        return Py_NewRef(self);
+    return s_permuted((s_Tensor *)self, ndim, s_swap_dim, (const int[]){d0, d1});
 }
 
 static PyObject *s_transpose(const char *fn, PyObject *self, PyObject *dim0, PyObject *dim1)
@@ -956,18 +971,10 @@ static PyObject *s_Tensor_t(PyObject *self, PyObject *unused)
 static PyObject *s_Tensor_get_T(PyObject *self, void *closure)
 {
     (void)closure;
-    s_Tensor *x = (s_Tensor *)self;
-    int ndim = dt_tensor_ndim(x->t);
+    int ndim = dt_tensor_ndim(((s_Tensor *)self)->t);
     if (ndim < 2)
         return Py_NewRef(self);
-    dt_op_attrs attrs;
-    attrs.nints = ndim;
-    attrs.nfloats = 0;
-    attrs.has_scalar = false;
-    for (int d = 0; d < ndim; d++)
-        attrs.ints[d] = ndim - 1 - d;
-    dt_tensor *in[1] = {x->t};
-    return s_run(s_operator_ids[S_PERMUTE], 1, in, &attrs, x->mesh);
+    return s_permuted((s_Tensor *)self, ndim, s_reverse_dim, NULL);
 }
 
 static PyObject *s_Tensor_get_mT(PyObject *self, void *closure)
