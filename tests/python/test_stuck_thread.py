@@ -97,22 +97,29 @@ def test_a_stuck_worker_thread_fails_its_device_within_the_bound(threads):
     assert float(z.sum().numpy()) == 8.0
 
 
-def test_a_long_kernel_is_not_stuck(threads, monkeypatch):
-    """One matmul that keeps a worker thread inside its kernel for several times the bound (0.2 s
-    here) uses CPU the whole time: nothing fails, and the value is right."""
-    dtorch.shutdown()
-    monkeypatch.setenv("DTORCH_STUCK_TIMEOUT", "0.2")
-    dtorch.init(workers="thread")
-    mesh = dtorch.DeviceMesh("cpu", [0])
-    rng = np.random.default_rng(0)
-    a = (rng.standard_normal((3500, 3500)) / 50).astype(np.float32)
+def _timed_square(n, mesh):
+    """(a, x @ x fetched, seconds it took) for a random (n, n) float32 a on mesh."""
+    a = (np.random.default_rng(n).standard_normal((n, n)) / 50).astype(np.float32)
     x = dtorch.distribute_tensor(a, mesh, [dtorch.Replicate()])
     x.numpy()
     t0 = time.monotonic()
     got = (x @ x).numpy()
-    took = time.monotonic() - t0
+    return a, got, time.monotonic() - t0
+
+
+def test_a_long_kernel_is_not_stuck(threads, monkeypatch):
+    """One matmul that keeps a worker thread inside its kernel for several times the bound (0.2 s
+    here) uses CPU the whole time: nothing fails, and the value is right. The product's size is
+    worked out from a smaller one timed first, so that it lasts about 1.5 s on any machine."""
+    dtorch.shutdown()
+    monkeypatch.setenv("DTORCH_STUCK_TIMEOUT", "0.2")
+    dtorch.init(workers="thread")
+    mesh = dtorch.DeviceMesh("cpu", [0])
+    _, _, small = _timed_square(1500, mesh)
+    n = int(min(9000, max(1500, 1500 * (1.5 / max(small, 1e-3)) ** (1 / 3))))
+    a, got, took = _timed_square(n, mesh)
     np.testing.assert_allclose(got[:5], a[:5].astype(np.float64) @ a, rtol=1e-3, atol=1e-4)
-    assert took > 0.6, f"the kernel took {took:.2f} s: too short to show anything"
+    assert took > 0.6, f"the kernel of n = {n} took {took:.2f} s: too short to show anything"
 
 
 def test_exit_with_a_thread_still_stuck_does_not_hang():
