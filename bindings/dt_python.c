@@ -907,29 +907,16 @@ static int s_dim_arg(const char *fn, PyObject *o, int ndim, int *out)
     return 0;
 }
 
-/* x permuted: output dim d is input dim from(d, ndim, arg) */
-static PyObject *s_permuted(s_Tensor *x, int ndim, int (*from)(int d, int ndim, const int *arg), const int *arg)
+/* x permuted: output dim d is input dim perm[d] */
+static PyObject *s_permuted(s_Tensor *x, int ndim, const int64_t *perm)
 {
     dt_op_attrs attrs;
     attrs.nints = ndim;
     attrs.nfloats = 0;
     attrs.has_scalar = false;
-    for (int d = 0; d < ndim; d++)
-        attrs.ints[d] = from(d, ndim, arg);
+    memcpy(attrs.ints, perm, (size_t)ndim * sizeof *perm);
     dt_tensor *in[1] = {x->t};
     return s_run(s_operator_ids[S_PERMUTE], 1, in, &attrs, x->mesh);
-}
-
-static int s_swap_dim(int d, int ndim, const int *pair)
-{
-    (void)ndim;
-    return d == pair[0] ? pair[1] : d == pair[1] ? pair[0] : d;
-}
-
-static int s_reverse_dim(int d, int ndim, const int *unused)
-{
-    (void)unused;
-    return ndim - 1 - d;
 }
 
 /* self with dims d0 and d1 (in range) swapped: a permute */
@@ -938,7 +925,12 @@ static PyObject *s_swapped(PyObject *self, int d0, int d1)
     int ndim = dt_tensor_ndim(((s_Tensor *)self)->t);
     if (ndim == 0)
         return Py_NewRef(self);
-    return s_permuted((s_Tensor *)self, ndim, s_swap_dim, (const int[]){d0, d1});
+    int64_t perm[DT_MAX_DIMS];
+    for (int d = 0; d < ndim; d++)
+        perm[d] = d;
+    perm[d0] = d1;
+    perm[d1] = d0;
+    return s_permuted((s_Tensor *)self, ndim, perm);
 }
 
 static PyObject *s_transpose(const char *fn, PyObject *self, PyObject *dim0, PyObject *dim1)
@@ -974,7 +966,10 @@ static PyObject *s_Tensor_get_T(PyObject *self, void *closure)
     int ndim = dt_tensor_ndim(((s_Tensor *)self)->t);
     if (ndim < 2)
         return Py_NewRef(self);
-    return s_permuted((s_Tensor *)self, ndim, s_reverse_dim, NULL);
+    int64_t perm[DT_MAX_DIMS];
+    for (int d = 0; d < ndim; d++)
+        perm[d] = ndim - 1 - d;
+    return s_permuted((s_Tensor *)self, ndim, perm);
 }
 
 static PyObject *s_Tensor_get_mT(PyObject *self, void *closure)
