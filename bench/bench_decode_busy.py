@@ -60,6 +60,11 @@ def main():
     p.add_argument("--capture", default="on,off")
     p.add_argument("--tokens", type=int, default=64)
     a = p.parse_args()
+    # the checkpoints are written first (bench_llama builds each model on cpu device 0), and the
+    # runtime restarted, since a device id is one actor of one type for the runtime's life
+    paths = {shape: _checkpoint(shape) for shape in a.shapes.split(",")}
+    dtorch.shutdown()
+    dtorch.init()
     try:
         dtorch.ones(1, device_mesh=dtorch.DeviceMesh(a.device, [0])).numpy()
     except Exception as e:  # a build without the backend, or no device
@@ -67,8 +72,7 @@ def main():
         return 2
     print(f"decode at batch 1 on one {a.device} device, {a.tokens} steps after the prefill")
     print(f"  {'shape':6} {'dtype':9} {'capture':8} {'tok/s':>8} {'busy':>6} {'user us/step':>13}")
-    for shape in a.shapes.split(","):
-        path = _checkpoint(shape)
+    for shape, path in paths.items():
         for dtype in a.dtypes.split(","):
             mesh = dtorch.DeviceMesh(a.device, [0])
             model = LlamaForCausalLM.from_pretrained(path, device_mesh=mesh, dtype=getattr(dtorch, dtype))

@@ -209,14 +209,21 @@ def test_topk_and_cumsum(mode):
 LLAMA_LAYOUTS = {"one": ((1,), ("tp",)), "tp2": ((2,), ("tp",)), "pp2": ((2,), ("pp",))}
 
 
+# The device ids of each model: a device id is one actor of one type for the runtime's life, so the
+# cpu models that the cuda ones are compared with run on other ids, and a second cuda model on the
+# same ids shares their actors.
+FIRST_ID = {"cuda": 0, "cpu": 4}
+
+
 def _llama(device_type, layout, dtype=None):
     """(model on a `device_type` mesh of the layout, its float32 weights as numpy, its config)."""
     cfg = llama_reference.tiny_config(num_hidden_layers=2)
     sd = llama_reference.random_weights(cfg, 1)
     shape, names = LLAMA_LAYOUTS[layout]
+    ids = FIRST_ID[device_type] + np.arange(int(np.prod(shape))).reshape(shape)
     if device_type == "cuda":
-        _cuda_mesh(list(range(int(np.prod(shape)))))  # skips, saying why, where cuda meshes cannot run
-    mesh = dtorch.init_device_mesh(device_type, shape, mesh_dim_names=names)
+        _cuda_mesh(ids.ravel().tolist())  # skips, saying why, where cuda meshes cannot run
+    mesh = dtorch.DeviceMesh(device_type, ids, mesh_dim_names=names)
     model = LlamaForCausalLM(LlamaConfig.from_dict(cfg), device_mesh=mesh, dtype=dtype)
     parallelize_llama(model, mesh)
     model.load_state_dict(sd)
