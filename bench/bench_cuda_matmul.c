@@ -5,9 +5,9 @@
  * float32, no TF32, as DTorch's kernel does), bfloat16 and float16 (tensor cores, float32
  * accumulation), on a 1-actor cuda mesh with thread workers, it reports TFLOP/s (2 n^3 flops per
  * product) of:
- *   (a) cuBLAS: cublasGemmEx with DTorch's compute type (CUBLAS_COMPUTE_32F, default math mode:
- *       no TF32) on the same values in buffers of its own, S_PIPELINE products timed with CUDA
- *       events on one stream;
+ *   (a) cuBLAS: cublasGemmEx with DTorch's compute type (CUBLAS_COMPUTE_32F) and math mode (no
+ *       TF32, no reduction in a 16-bit type) on the same values in buffers of its own, S_PIPELINE
+ *       products timed with CUDA events on one stream;
  *   (b) DTorch: S_PIPELINE dt_op("matmul") submitted back to back, then dt_synchronize, timed on
  *       the host: everything a user waits for (records, messages, kernels, completions).
  * Each figure is the median of the repeats. The last DTorch product is fetched and compared with
@@ -228,6 +228,8 @@ int main(int argc, char **argv)
     s_cuda(cudaStreamCreate(&stream), "cudaStreamCreate");
     s_blas(cublasCreate(&handle), "cublasCreate");
     s_blas(cublasSetStream(handle, stream), "cublasSetStream");
+    s_blas(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION),
+           "cublasSetMathMode"); /* DTorch's: a 16-bit product is summed in float32 throughout */
 
     if (dt_init(&(dt_config){DT_WORKERS_THREAD, NULL}) != 0)
         s_die("dt_init", dt_last_error());

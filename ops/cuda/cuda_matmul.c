@@ -24,6 +24,7 @@ static struct {
     __typeof__(cublasCreate_v2) *create;
     __typeof__(cublasDestroy_v2) *destroy;
     __typeof__(cublasSetStream_v2) *set_stream;
+    __typeof__(cublasSetMathMode) *set_math;
     __typeof__(cublasGemmStridedBatchedEx) *gemm;
     __typeof__(cublasGetStatusString) *status_string;
     char why[320]; /* why it could not be loaded */
@@ -47,9 +48,11 @@ static void s_cublas_load(void)
     *(void **)&s_cublas.create = dlsym(lib, "cublasCreate_v2");
     *(void **)&s_cublas.destroy = dlsym(lib, "cublasDestroy_v2");
     *(void **)&s_cublas.set_stream = dlsym(lib, "cublasSetStream_v2");
+    *(void **)&s_cublas.set_math = dlsym(lib, "cublasSetMathMode");
     *(void **)&s_cublas.gemm = dlsym(lib, "cublasGemmStridedBatchedEx");
     *(void **)&s_cublas.status_string = dlsym(lib, "cublasGetStatusString");
-    if (!s_cublas.create || !s_cublas.destroy || !s_cublas.set_stream || !s_cublas.gemm || !s_cublas.status_string)
+    if (!s_cublas.create || !s_cublas.destroy || !s_cublas.set_stream || !s_cublas.set_math || !s_cublas.gemm ||
+        !s_cublas.status_string)
         snprintf(s_cublas.why, sizeof s_cublas.why, "cuBLAS lacks a function DTorch calls: %s", dlerror());
 }
 
@@ -62,7 +65,9 @@ static const char *s_blas(cublasStatus_t st, const char *what)
     return msg;
 }
 
-/* The context's cuBLAS handle, made at the first product and bound to the compute stream. */
+/* The context's cuBLAS handle, made at the first product and bound to the compute stream. Its math
+ * mode forbids reductions in a 16-bit output type (a split-K product would otherwise round its
+ * partial sums to float16 / bfloat16): a product is summed in float32 and rounded once, as on the CPU. */
 static const char *s_handle(cuda_ctx *c)
 {
     if (c->blas)
@@ -72,6 +77,10 @@ static const char *s_handle(cuda_ctx *c)
         return s_cublas.why;
     const char *why = s_blas(s_cublas.create(&c->blas), "cublasCreate");
     if (!why && (why = s_blas(s_cublas.set_stream(c->blas, c->compute), "cublasSetStream")))
+        s_cublas.destroy(c->blas);
+    else if (!why && (why = s_blas(s_cublas.set_math(c->blas, CUBLAS_DEFAULT_MATH |
+                                                      CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION),
+                                   "cublasSetMathMode")))
         s_cublas.destroy(c->blas);
     if (why)
         c->blas = NULL;
