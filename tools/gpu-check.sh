@@ -6,8 +6,8 @@
 # CUDA suite (tests/test_cuda.c: every CUDA kernel against the CPU backend), runs
 # tests/python/test_cuda.py against the package staged from that same build (ops against numpy, and
 # the Llama's logits on cuda meshes of 1 and 2 actors, tp2 and pp2, against the numpy Llama and the
-# cpu mesh), measures GEMM TFLOP/s beside cuBLAS called directly (bench/bench_cuda_matmul) and the
-# decode loop's GPU-busy fraction at batch 1 (bench/bench_decode_busy.py, from CUDA events), then
+# cpu mesh), measures GEMM TFLOP/s beside cuBLAS called directly (bench/bench_cuda_matmul), one small
+# op's cost beside the CUDA calls it makes (bench/bench_cuda_op_cost) and the decode loop's GPU-busy fraction at batch 1 (bench/bench_decode_busy.py, from CUDA events), then
 # prints what passed. On a GPU machine a skipped test means the GPU could not be used, so a skip
 # fails the check as a failure does. Logs: build-gpu/gpu-check/.
 #
@@ -68,23 +68,17 @@ if ! have_libs; then
     [ -f .gpu-deps/deps.tar.xz ] || { echo "no ZeroMQ/CZMQ/msgpack-c/OpenBLAS/Criterion here, and no .gpu-deps/deps.tar.xz (tools/gpu-deps.sh)"; exit 1; }
     DEPS=$ROOT/build-gpu/deps
     rm -rf "$DEPS" && mkdir -p "$DEPS" && tar -C "$DEPS" -xJf .gpu-deps/deps.tar.xz || exit 1
-    # keep the libraries DTorch links (the targets of the .so links) and those this machine lacks
-    linked=$(for l in "$DEPS"/lib/*.so; do readlink "$l"; done)
-    kept=()
-    for f in "$DEPS"/lib/*.so.*; do
-        name=$(basename "$f")
-        if ! grep -qx "$name" <<< "$linked" && ldconfig -p | grep -q "^[[:space:]]*$name "; then
-            rm "$f"
-        else
-            kept+=("$name")
-        fi
-    done
-    echo "libraries from .gpu-deps: ${kept[*]}"
+    # all of them, found through the binaries' own search path (DT_RPATH, which covers the libraries
+    # they load in turn): a packed library gets the packed versions of what it needs (krb5's go
+    # together), while the machine's own programs (python3 and its modules) keep the machine's
+    echo "libraries from .gpu-deps: $(cd "$DEPS/lib" && ls *.so.* | tr '\n' ' ')"
     export PKG_CONFIG_PATH=$DEPS/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-    export LD_LIBRARY_PATH=$DEPS/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    export LIBRARY_PATH=$DEPS/lib${LIBRARY_PATH:+:$LIBRARY_PATH}
-    command -v pkg-config >/dev/null || ln -sf pkgconf "$DEPS/bin/pkg-config"
-    export PATH=$DEPS/bin:$PATH
+    export LDFLAGS="-Wl,--disable-new-dtags,-rpath,$DEPS/lib${LDFLAGS:+ $LDFLAGS}"
+    if ! command -v pkg-config >/dev/null; then
+        printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$DEPS/lib" "$DEPS/bin/pkgconf" > "$DEPS/bin/pkg-config"
+        chmod +x "$DEPS/bin/pkg-config"
+        export PATH=$DEPS/bin:$PATH
+    fi
 fi
 
 # ---- build ---------------------------------------------------------------------------------------
@@ -146,6 +140,12 @@ bench_rc=$?
 cat "$LOG/bench_cuda_matmul.out"
 [ $bench_rc -eq 0 ] || { echo "bench_cuda_matmul failed (exit $bench_rc)"; status=1; }
 
+log "one small op on a GPU actor beside the CUDA calls it makes (bench/bench_cuda_op_cost.c)"
+timeout 120 build-gpu/bench/bench_cuda_op_cost > "$LOG/bench_cuda_op_cost.out" 2>&1
+cost_rc=$?
+cat "$LOG/bench_cuda_op_cost.out"
+[ $cost_rc -eq 0 ] || { echo "bench_cuda_op_cost failed (exit $cost_rc)"; status=1; }
+
 log "decode at batch 1: the GPU's busy fraction from its own timeline (bench/bench_decode_busy.py)"
 timeout 180 "$PY" bench/bench_decode_busy.py --device cuda > "$LOG/decode_busy.out" 2>&1
 busy_rc=$?
@@ -155,6 +155,7 @@ tail -20 "$LOG/decode_busy.out"
 log "summary"
 echo "$((c_pass + p_pass)) passed, $((${c_fail:-0} + p_fail + ${c_skip:-0} + p_skip)) failed or skipped"
 [ $bench_rc -eq 0 ] && sed -n '/TFLOP/,$p' "$LOG/bench_cuda_matmul.out"
+[ $cost_rc -eq 0 ] && sed -n '/(a)/,$p' "$LOG/bench_cuda_op_cost.out"
 [ $busy_rc -eq 0 ] && sed -n '/tok\/s/,$p' "$LOG/decode_busy.out"
 [ $status -eq 0 ] && echo "the CUDA backend passes on this GPU" || echo "the CUDA check FAILED (logs in $LOG)"
 exit $status
