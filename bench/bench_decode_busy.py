@@ -4,13 +4,16 @@ CUDA events on the device's compute stream around each record's work; on a cpu d
 worker's clock around each record).
 
     .venv/bin/python bench/bench_decode_busy.py [--device cuda] [--shapes 15M,110M] [--tokens 64]
-                                                [--dtypes float32,bfloat16] [--capture on,off]
+                                                [--dtypes float32,bfloat16] [--capture on,off] [--top 0]
 
 For each shape, dtype and capture setting: one device (a 1-device mesh of --device), the random
 checkpoint bench_llama.py writes (bench/.cache/), greedy ``model.stream`` from a 16-token prompt;
 after the first new token (the prefill) it profiles the next --tokens steps and prints tokens/s,
 the device's busy time (the union of its events' intervals inside the loop) over the loop's wall
-time, and the user thread's CPU time per step. A busy fraction well below 1 means the device waits
+time, and the user thread's CPU time per step. With --top K, op by op (capture off), the K record
+names with the most device time per step follow: their count and µs per step. A record's interval
+runs from its begin mark to its end mark on the device's timeline, so on a device that waits for
+its host it holds the host's time to queue the record's work too. A busy fraction well below 1 means the device waits
 for the host: the op-by-op Python loop, or the round trip of each step's token. It prints figures
 and never asserts on them.
 """
@@ -49,7 +52,17 @@ def decode(model, tokens, capture):
         made = sum(1 for _ in steps)
         t1, c1 = time.monotonic_ns(), time.thread_time()
     events = [e for e in prof.events() if e["device"] == 0]
-    return made / ((t1 - t0) * 1e-9), busy_ns(events, t0, t1) / (t1 - t0), (c1 - c0) / made * 1e6
+    return made / ((t1 - t0) * 1e-9), busy_ns(events, t0, t1) / (t1 - t0), (c1 - c0) / made * 1e6, events, made
+
+
+def top_records(events, steps, k):
+    """The k record names with the most device time: (name, records per step, µs per step)."""
+    by_name = {}
+    for e in events:
+        n, ns = by_name.get(e["name"], (0, 0))
+        by_name[e["name"]] = (n + 1, ns + e["end_ns"] - e["begin_ns"])
+    ranked = sorted(by_name.items(), key=lambda item: -item[1][1])[:k]
+    return [(name, n / steps, ns / steps / 1e3) for name, (n, ns) in ranked]
 
 
 def main():
@@ -59,6 +72,7 @@ def main():
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--capture", default="on,off")
     p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--top", type=int, default=0, help="op by op: the K records with the most device time")
     a = p.parse_args()
     # the checkpoints are written first (bench_llama builds each model on cpu device 0), and the
     # runtime restarted, since a device id is one actor of one type for the runtime's life
@@ -77,8 +91,11 @@ def main():
             mesh = dtorch.DeviceMesh(a.device, [0])
             model = LlamaForCausalLM.from_pretrained(path, device_mesh=mesh, dtype=getattr(dtorch, dtype))
             for capture in a.capture.split(","):
-                tps, busy, user = decode(model, a.tokens, capture == "on")
+                tps, busy, user, events, steps = decode(model, a.tokens, capture == "on")
                 print(f"  {shape:6} {dtype:9} {capture:8} {tps:8.1f} {busy:6.0%} {user:13.0f}", flush=True)
+                if a.top and capture != "on":
+                    for name, count, us in top_records(events, steps, a.top):
+                        print(f"      {name:30} {count:6.1f} per step {us:9.1f} us per step")
             del model
 
 

@@ -1,6 +1,7 @@
 """Per-op cost of DTorch on the user's Python thread, beside numpy measured in the same run.
 
     /path/to/venv/bin/python bench/bench_ops.py [--n 100000] [--repeats 5] [--fetches 5000]
+                                                [--modes thread,process] [--device cpu]
 
 It imports the installed ``dtorch`` (nothing is added to sys.path), so build and install the
 package first. It prints figures and never asserts on them.
@@ -176,7 +177,7 @@ def _op_fetch_samples(n, mesh):
 def _mode(workers, args):
     dtorch.shutdown()
     dtorch.init(workers=workers)
-    mesh = dtorch.DeviceMesh("cpu", [0, 1])
+    mesh = dtorch.DeviceMesh(args.device, [0, 1])
     _dtorch_loop(args.n // 10, mesh)  # warm-up: steady-state pools and credit windows
     loop_s, total_s = _best(lambda: _dtorch_loop(args.n, mesh), args.repeats)
     _dtorch_add_loop(args.n // 10, mesh)
@@ -205,6 +206,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=5, help="timed loops; the best is kept")
     parser.add_argument("--fetches", type=int, default=5000, help="timed fetch round trips")
     parser.add_argument("--modes", default="thread,process", help="comma-separated worker modes")
+    parser.add_argument("--device", default="cpu", help="the mesh's device type (cuda: two actors per GPU)")
     args = parser.parse_args()
 
     np_us = _best(lambda: _numpy_loop(args.n), args.repeats) / args.n * 1e6
@@ -213,7 +215,8 @@ def main():
     empty_us = _best(lambda: _empty_loop(args.n), args.repeats) / args.n * 1e6
     results = {m: _mode(m, args) for m in args.modes.split(",")}
 
-    print(f"DTorch per-op cost from Python: dtorch {dtorch.__version__} from {os.path.dirname(dtorch.__file__)}")
+    print(f"DTorch per-op cost from Python: dtorch {dtorch.__version__} from {os.path.dirname(dtorch.__file__)}, "
+          f"a {args.device} mesh of 2 devices")
     print(f"  numpy {np.__version__}; {os.cpu_count()} CPUs; OPENBLAS_CORETYPE="
           f"{os.environ.get('OPENBLAS_CORETYPE', '(unset)')}; loops of {args.n}, best of {args.repeats}; "
           f"{args.fetches} timed fetches")
