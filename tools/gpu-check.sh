@@ -7,15 +7,16 @@
 # tests/python/test_cuda.py against the package staged from that same build (ops against numpy, and
 # the Llama's logits on cuda meshes of 1 and 2 actors, tp2 and pp2, against the numpy Llama and the
 # cpu mesh), measures GEMM TFLOP/s beside cuBLAS called directly (bench/bench_cuda_matmul), one small
-# op's cost beside the CUDA calls it makes (bench/bench_cuda_op_cost) and the decode loop's GPU-busy fraction at batch 1 (bench/bench_decode_busy.py, from CUDA events), then
-# prints what passed. On a GPU machine a skipped test means the GPU could not be used, so a skip
-# fails the check as a failure does. Logs: build-gpu/gpu-check/.
+# op's cost beside the CUDA calls it makes (bench/bench_cuda_op_cost) and the decode loop's GPU-busy
+# fraction at batch 1 (bench/bench_decode_busy.py, from CUDA events), then prints what passed. On a
+# GPU machine a skipped test means the GPU could not be used, so a skip fails the check as a failure
+# does. Logs: build-gpu/gpu-check/.
 #
 # What it needs: a C compiler, the CUDA toolkit, and a Python with numpy, pytest, meson and ninja
 # (the venv tools/run.sh makes, or else the machine's python3; where neither has them, a new venv
 # from PyPI). Where the machine's pkg-config finds no ZeroMQ, CZMQ, msgpack-c, OpenBLAS or
 # Criterion and cannot install them, .gpu-deps/deps.tar.xz (tools/gpu-deps.sh, made on a Debian
-# machine that has them) supplies them: the libraries the machine lacks, their headers, pkgconf.
+# machine that has them) supplies them: the libraries and all they load, their headers, pkgconf.
 # About a minute of building on 16 cores, most of it nvcc, then a few minutes of tests.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -5,9 +5,9 @@
 #   tools/gpu-deps.sh
 # for a GPU machine that has the CUDA toolkit, a C compiler and Python with numpy, pytest, meson and
 # ninja, but not these libraries, and no package registry to install them from. tools/gpu-check.sh
-# unpacks it there when the machine's pkg-config cannot find them, keeps only the libraries that
-# machine lacks, and builds against the rest. The .pc files are written here, relative to their own
-# folder, so that the tree works wherever it is unpacked.
+# unpacks it there when the machine's pkg-config cannot find them and builds against it, the
+# binaries finding every packed library through their own DT_RPATH. The .pc files are written here,
+# relative to their own folder, so that the tree works wherever it is unpacked.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ARCH=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)
