@@ -494,7 +494,7 @@ static bool s_dense(int ndim, const int64_t *shape, const int64_t *strides, size
 }
 
 /* A region's source: where it is, the copy that reads it (a peer's memory, host memory or this
- * device's), and whether reduce_into may read it as it is. */
+ * device's), and whether combine may read it as it is. */
 typedef struct {
     const char *data;
     const int64_t *strides;
@@ -503,7 +503,7 @@ typedef struct {
 } s_source;
 
 /* Combines a region into place with op, through contiguous scratch copies on the device when the
- * region is not one run of bytes on both sides (or reduce_into cannot read it in place). */
+ * region is not one run of bytes on both sides (or combine cannot read it in place). */
 static const char *s_reduce_region(const op_backend *be, char *dst, const int64_t *dst_strides, s_source src, int ndim,
                                    const int64_t *shape, dt_dtype dtype, dt_reduce_op op)
 {
@@ -511,7 +511,7 @@ static const char *s_reduce_region(const op_backend *be, char *dst, const int64_
     int64_t n = dt_layout_numel(ndim, shape), contiguous[DT_MAX_DIMS];
     dt_layout_strides(ndim, shape, elem, contiguous);
     if (src.in_place && s_dense(ndim, shape, dst_strides, elem) && s_dense(ndim, shape, src.strides, elem))
-        return be->reduce_into(dst, src.data, dtype, n, op); /* one pass, the common case */
+        return be->combine(dst, dst, src.data, dtype, n, op); /* one pass, the common case */
     size_t bytes = (size_t)n * elem;
     char *a = be->alloc(bytes), *b = be->alloc(bytes);
     const char *why = a && b ? NULL : "out of memory on the device";
@@ -520,7 +520,7 @@ static const char *s_reduce_region(const op_backend *be, char *dst, const int64_
     if (!why)
         why = src.copy(b, contiguous, src.data, src.strides, ndim, shape, elem);
     if (!why)
-        why = be->reduce_into(a, b, dtype, n, op);
+        why = be->combine(a, a, b, dtype, n, op);
     if (!why)
         why = be->copy_region(dst, dst_strides, a, contiguous, ndim, shape, elem);
     if (a)
@@ -528,6 +528,81 @@ static const char *s_reduce_region(const op_backend *be, char *dst, const int64_
     if (b)
         be->free(b, bytes);
     return why;
+}
+
+/* A region copied into place and then combined with a second one (a reduce-scatter's own part and
+ * a peer's): dst = a (op) b in one pass when both read in place, which saves writing dst twice. */
+static const char *s_copy_reduce_region(const op_backend *be, char *dst, const int64_t *dst_strides, s_source a,
+                                        s_source b, int ndim, const int64_t *shape, dt_dtype dtype, dt_reduce_op op)
+{
+    size_t elem = dt_dtype_size(dtype);
+    if (a.in_place && b.in_place && s_dense(ndim, shape, dst_strides, elem) && s_dense(ndim, shape, a.strides, elem) &&
+        s_dense(ndim, shape, b.strides, elem))
+        return be->combine(dst, a.data, b.data, dtype, dt_layout_numel(ndim, shape), op);
+    const char *why = a.copy(dst, dst_strides, a.data, a.strides, ndim, shape, elem);
+    return why ? why : s_reduce_region(be, dst, dst_strides, b, ndim, shape, dtype, op);
+}
+
+/* Where part p's region comes from: the local piece src, or the region a peer sends (waited for,
+ * and kept in *got until the caller is done with it). On failure, why (if still empty) says why. */
+static s_source s_part_source(act_worker *w, const mb_part_rec *p, act_wtensor *src, const int64_t *src_strides,
+                              const char *lookup_why, dt_dtype dtype, act_recv **got, char *why, size_t size)
+{
+    const op_backend *be = w->backend;
+    int ndim = p->shape.n;
+    s_source from = {NULL, NULL, be->copy_region, true};
+    *got = NULL;
+    if (p->transfer) {
+        /* wait even after a failure, so the region does not linger in the stash */
+        char wait_why[DT_ERRMSG_MAX];
+        act_recv *g = *got = s_await(w, p->transfer, p->from, wait_why, sizeof wait_why);
+        if (!g) {
+            if (!why[0])
+                snprintf(why, size, "%s", wait_why);
+            return from;
+        }
+        if (g->status != 0) {
+            if (!why[0])
+                snprintf(why, size, "%s", g->error ? g->error : "a peer failed");
+            return from;
+        }
+        bool same = g->ndim == ndim && g->dtype == dtype;
+        for (int d = 0; same && d < ndim; d++)
+            same = g->shape[d] == p->shape.v[d];
+        const char *err = NULL;
+        if (!same && !why[0])
+            snprintf(why, size, "a peer sent a region of the wrong shape or dtype");
+        else if (g->lent && !why[0] && (err = act_shm_map_region(w, g, p->from, dt_dtype_size(dtype))))
+            snprintf(why, size, "%s", err);
+        return (s_source){g->data, g->strides, g->copy, g->in_place};
+    }
+    if (!src) {
+        if (!why[0])
+            snprintf(why, size, "%s", lookup_why ? lookup_why : "the source piece is missing");
+        return from;
+    }
+    bool within = src->ndim == ndim;
+    for (int d = 0; within && d < ndim; d++)
+        within = p->src_offset.v[d] >= 0 && p->src_offset.v[d] + p->shape.v[d] <= src->shape[d];
+    if (!within && !why[0])
+        snprintf(why, size, "a region outside the source piece");
+    from.data = src->data;
+    for (int d = 0; within && d < ndim; d++)
+        from.data += p->src_offset.v[d] * src_strides[d];
+    from.strides = src_strides;
+    return from;
+}
+
+/* Whether part q is a REDUCE of exactly the region part p wrote. */
+static bool s_same_region(const mb_part_rec *p, const mb_part_rec *q)
+{
+    if (q->mode != MB_PART_REDUCE || q->src_offset.n != p->shape.n || q->dst_offset.n != p->shape.n ||
+        q->shape.n != p->shape.n)
+        return false;
+    for (int d = 0; d < p->shape.n; d++)
+        if (q->dst_offset.v[d] != p->dst_offset.v[d] || q->shape.v[d] != p->shape.v[d])
+            return false;
+    return true;
 }
 
 /* ASSEMBLE: the new piece from its parts, waiting for the regions that come from peers. Any
@@ -582,40 +657,17 @@ bool act_peer_assemble(act_worker *w, mb_cursor *rec)
                 snprintf(why, sizeof why, "%s", err);
             continue;
         }
-        s_source from = {NULL, NULL, be->copy_region, true};
-        act_recv *got = NULL;
-        if (p.transfer) {
-            /* wait even after a failure, so the region does not linger in the stash */
-            char wait_why[DT_ERRMSG_MAX];
-            got = s_await(w, p.transfer, p.from, wait_why, sizeof wait_why);
-            if (!got && !why[0])
-                snprintf(why, sizeof why, "%s", wait_why);
-            else if (got && got->status != 0 && !why[0])
-                snprintf(why, sizeof why, "%s", got->error ? got->error : "a peer failed");
-            else if (got) {
-                bool same = got->ndim == ndim && got->dtype == r.dtype;
-                for (int d = 0; same && d < ndim; d++)
-                    same = got->shape[d] == p.shape.v[d];
-                const char *err = NULL;
-                if (!same && !why[0])
-                    snprintf(why, sizeof why, "a peer sent a region of the wrong shape or dtype");
-                else if (got->lent && !why[0] && (err = act_shm_map_region(w, got, p.from, elem)))
-                    snprintf(why, sizeof why, "%s", err);
-                from = (s_source){got->data, got->strides, got->copy, got->in_place};
-            }
-        } else if (!src) {
-            if (!why[0])
-                snprintf(why, sizeof why, "%s", lookup_why ? lookup_why : "the source piece is missing");
-        } else {
-            bool within = src->ndim == ndim;
-            for (int d = 0; within && d < ndim; d++)
-                within = p.src_offset.v[d] >= 0 && p.src_offset.v[d] + p.shape.v[d] <= src->shape[d];
-            if (!within && !why[0])
-                snprintf(why, sizeof why, "a region outside the source piece");
-            from.data = src->data;
-            for (int d = 0; within && d < ndim; d++)
-                from.data += p.src_offset.v[d] * src_strides[d];
-            from.strides = src_strides;
+        act_recv *got = NULL, *got2 = NULL;
+        s_source from = s_part_source(w, &p, src, src_strides, lookup_why, r.dtype, &got, why, sizeof why), from2;
+        /* a COPY and then a REDUCE of the same region run as one pass */
+        mb_part_rec p2;
+        mb_cursor peek = parts;
+        bool pair = p.mode == MB_PART_COPY && q + 1 < r.parts.n && mb_read_part(&peek, &p2) == 0 &&
+                    s_same_region(&p, &p2);
+        if (pair) {
+            parts = peek;
+            q++;
+            from2 = s_part_source(w, &p2, src, src_strides, lookup_why, r.dtype, &got2, why, sizeof why);
         }
         bool inside = true;
         for (int d = 0; d < ndim; d++)
@@ -626,17 +678,21 @@ bool act_peer_assemble(act_worker *w, mb_cursor *rec)
             char *to = out->data;
             for (int d = 0; d < ndim; d++)
                 to += p.dst_offset.v[d] * out_strides[d];
-            const char *err = p.mode == MB_PART_COPY
-                                  ? from.copy(to, out_strides, from.data, from.strides, ndim, p.shape.v, elem)
-                                  : s_reduce_region(be, to, out_strides, from, ndim, p.shape.v, out->dtype, p.op);
+            const char *err =
+                pair ? s_copy_reduce_region(be, to, out_strides, from, from2, ndim, p.shape.v, out->dtype, p2.op)
+                : p.mode == MB_PART_COPY
+                    ? from.copy(to, out_strides, from.data, from.strides, ndim, p.shape.v, elem)
+                    : s_reduce_region(be, to, out_strides, from, ndim, p.shape.v, out->dtype, p.op);
             if (err)
                 snprintf(why, sizeof why, "%s", err);
         }
         /* what was queued on a peer's memory has read it before the peer may reuse it */
-        const char *err = got && got->peer && be->synchronize ? be->synchronize() : NULL;
+        const char *err =
+            ((got && got->peer) || (got2 && got2->peer)) && be->synchronize ? be->synchronize() : NULL;
         if (err && !why[0])
             snprintf(why, sizeof why, "%s", err);
         s_recv_done(w, got);
+        s_recv_done(w, got2);
     }
     if (why[0]) {
         char msg[DT_ERRMSG_MAX + 64];

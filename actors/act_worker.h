@@ -68,7 +68,7 @@ typedef struct {
     int64_t strides[DT_MAX_DIMS]; /* byte strides of the region */
     op_copy_fn copy;            /* the backend's copy that reads data: copy_region (this device's memory),
                                  * copy_from_peer (a peer thread's), to_device (host memory it cannot use) */
-    bool in_place;              /* reduce_into may read data as it is */
+    bool in_place;              /* combine may read data as it is */
     bool peer;                  /* data is a peer thread's memory, read in place: the backend synchronizes
                                  * before this worker lets go of it */
     act_storage *storage;       /* keeps data alive: the peer's storage, or the received frame as this device's memory */

@@ -62,7 +62,7 @@ typedef struct {
     const void *(*host_view)(const void *data);
     /* optional: device memory of another device of this backend in this process (a thread
      * worker's piece) -> device memory of this device. With it, thread workers hand each other
-     * their storage and the receiver copies (and reduce_into reads) a region in place; without
+     * their storage and the receiver copies (and combine reads) a region in place; without
      * it, they send regions as frames like worker processes do. */
     op_copy_fn copy_from_peer;
     /* optional, with copy_from_peer: whether the thread worker of device device_id can read this
@@ -85,9 +85,9 @@ typedef struct {
     const char *(*arange)(void *dst, dt_dtype dtype, int64_t n, int64_t first, dt_scalar start, dt_scalar step);
 
     /* ---- collectives: combining Partial pieces ---- */
-    /* acc[i] = acc[i] (op) src[i] for n C-contiguous elements (cpu_reduce_into's rules); src may
-     * be a peer's memory when the backend has copy_from_peer */
-    const char *(*reduce_into)(void *acc, const void *src, dt_dtype dtype, int64_t n, dt_reduce_op op);
+    /* dst[i] = a[i] (op) b[i] for n C-contiguous elements (cpu_combine_pieces's rules); dst may be a (a
+     * reduction in place); a and b may be a peer's memory when the backend has copy_from_peer */
+    const char *(*combine)(void *dst, const void *a, const void *b, dt_dtype dtype, int64_t n, dt_reduce_op op);
     /* acc[i] /= divisor: the end of an avg */
     const char *(*scale_div)(void *acc, dt_dtype dtype, int64_t n, int64_t divisor);
 

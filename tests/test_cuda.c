@@ -1180,7 +1180,7 @@ Test(cuda_slots, fill_arange_random)
     }
 }
 
-Test(cuda_slots, reduce_into_and_scale_div)
+Test(cuda_slots, combine_and_scale_div)
 {
     const op_backend *cuda = s_cuda(), *cpu = op_backend_find("cpu");
     const int64_t n = 777;
@@ -1190,8 +1190,19 @@ Test(cuda_slots, reduce_into_and_scale_div)
             size_t bytes = (size_t)n * dt_dtype_size(t);
             void *acc = s_random_host(t, n), *src = s_random_host(t, n);
             void *dacc = s_upload(cuda, acc, bytes), *dsrc = s_upload(cuda, src, bytes);
-            cpu->reduce_into(acc, src, t, n, (dt_reduce_op)op);
-            cr_assert_null(cuda->reduce_into(dacc, dsrc, t, n, (dt_reduce_op)op));
+            /* out of place, operands swapped: dst = src (op) acc */
+            void *out = malloc(bytes), *dout = cuda->alloc(bytes);
+            cr_assert(out && dout);
+            cpu->combine(out, src, acc, t, n, (dt_reduce_op)op);
+            cr_assert_null(cuda->combine(dout, dsrc, dacc, t, n, (dt_reduce_op)op));
+            void *got_out = s_download(cuda, dout, bytes);
+            cr_expect(memcmp(out, got_out, bytes) == 0, "combine %d out of place, %s", op, dt_dtype_name(t));
+            free(got_out);
+            free(out);
+            cuda->free(dout, bytes);
+            /* in place: acc = acc (op) src */
+            cpu->combine(acc, acc, src, t, n, (dt_reduce_op)op);
+            cr_assert_null(cuda->combine(dacc, dacc, dsrc, t, n, (dt_reduce_op)op));
             cpu->scale_div(acc, t, n, 3);
             cr_assert_null(cuda->scale_div(dacc, t, n, 3));
             void *got = s_download(cuda, dacc, bytes);

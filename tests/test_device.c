@@ -53,7 +53,7 @@ Test(backend, lookup)
     cr_expect_str_eq(cuda->name, "cuda");
     cr_expect_eq(op_backend_check("here", "cuda"), 0);
     cr_expect(cuda->attach && cuda->alloc && cuda->free && cuda->to_device && cuda->to_host && cuda->copy_region &&
-              cuda->run && cuda->fill && cuda->random && cuda->arange && cuda->reduce_into && cuda->scale_div &&
+              cuda->run && cuda->fill && cuda->random && cuda->arange && cuda->combine && cuda->scale_div &&
               cuda->synchronize);
     cr_expect(!cuda->adopt_host && !cuda->host_view, "device memory is not host memory");
 #else
@@ -63,7 +63,7 @@ Test(backend, lookup)
 #endif
     /* the slots every backend must have */
     cr_expect(cpu->alloc && cpu->free && cpu->to_device && cpu->to_host && cpu->copy_region && cpu->run && cpu->fill &&
-              cpu->random && cpu->arange && cpu->reduce_into && cpu->scale_div);
+              cpu->random && cpu->arange && cpu->combine && cpu->scale_div);
 }
 
 /* The CPU table's copies and collectives, as a worker uses them. */
@@ -74,7 +74,7 @@ Test(backend, cpu_slots)
     cr_assert_not_null(a);
     cr_expect_null(be->fill(a, DT_FLOAT32, 4, S_FLT(2.0)));
     const float src[4] = {1, 2, 3, 4};
-    cr_expect_null(be->reduce_into(a, src, DT_FLOAT32, 4, DT_REDUCE_SUM));
+    cr_expect_null(be->combine(a, a, src, DT_FLOAT32, 4, DT_REDUCE_SUM));
     cr_expect_null(be->scale_div(a, DT_FLOAT32, 4, 2));
     cr_expect(a[0] == 1.5f && a[3] == 3.0f, "%g %g", a[0], a[3]);
     /* a column out of a 2x2 layout, through each copy slot */

@@ -258,20 +258,28 @@ Test(copy, contiguous_scalar_and_empty)
 Test(reduce, float32)
 {
     float acc[3] = {1, 2.5f, -1};
-    cpu_reduce_into(acc, (float[]){2, 0.5f, 1}, DT_FLOAT32, 3, DT_REDUCE_SUM);
+    cpu_combine_pieces(acc, acc, (float[]){2, 0.5f, 1}, DT_FLOAT32, 3, DT_REDUCE_SUM);
     cr_expect(acc[0] == 3 && acc[1] == 3 && acc[2] == 0);
 
     float x[4] = {1, NAN, 3, -INFINITY}, y[4] = {2, 1, NAN, -5};
     float mx[4], mn[4];
     memcpy(mx, x, sizeof x);
     memcpy(mn, x, sizeof x);
-    cpu_reduce_into(mx, y, DT_FLOAT32, 4, DT_REDUCE_MAX);
-    cpu_reduce_into(mn, y, DT_FLOAT32, 4, DT_REDUCE_MIN);
+    cpu_combine_pieces(mx, mx, y, DT_FLOAT32, 4, DT_REDUCE_MAX);
+    cpu_combine_pieces(mn, mn, y, DT_FLOAT32, 4, DT_REDUCE_MIN);
     cr_expect(mx[0] == 2 && isnan(mx[1]) && isnan(mx[2]) && mx[3] == -5);
     cr_expect(mn[0] == 1 && isnan(mn[1]) && isnan(mn[2]) && mn[3] == -INFINITY);
 
+    /* out of place: dst gets a (op) b, a and b stay as they were */
+    float dst[4] = {9, 9, 9, 9};
+    cpu_combine_pieces(dst, x, y, DT_FLOAT32, 4, DT_REDUCE_SUM);
+    cr_expect(dst[0] == 3 && isnan(dst[1]) && isnan(dst[2]) && dst[3] == -INFINITY);
+    cr_expect(x[0] == 1 && y[0] == 2 && x[2] == 3 && y[3] == -5);
+    cpu_combine_pieces(dst, y, x, DT_FLOAT32, 4, DT_REDUCE_MAX);
+    cr_expect(dst[0] == 2 && isnan(dst[1]) && isnan(dst[2]) && dst[3] == -5);
+
     float avg[2] = {3, -1};
-    cpu_reduce_into(avg, (float[]){0, 2}, DT_FLOAT32, 2, DT_REDUCE_AVG);
+    cpu_combine_pieces(avg, avg, (float[]){0, 2}, DT_FLOAT32, 2, DT_REDUCE_AVG);
     cpu_scale_div(avg, DT_FLOAT32, 2, 2);
     cr_expect(avg[0] == 1.5f && avg[1] == 0.5f);
 }
@@ -280,7 +288,7 @@ Test(reduce, float16)
 {
     /* 1 + 2^-11 ties to 1; (1 + 2^-10) + 2^-11 ties up to 1 + 2^-9 */
     uint16_t acc[2] = {0x3c00, 0x3c01};
-    cpu_reduce_into(acc, (uint16_t[]){0x1000, 0x1000}, DT_FLOAT16, 2, DT_REDUCE_SUM);
+    cpu_combine_pieces(acc, acc, (uint16_t[]){0x1000, 0x1000}, DT_FLOAT16, 2, DT_REDUCE_SUM);
     cr_expect_eq(acc[0], 0x3c00);
     cr_expect_eq(acc[1], 0x3c02);
 
@@ -288,8 +296,8 @@ Test(reduce, float16)
     uint16_t mx[3], mn[3];
     memcpy(mx, x, sizeof x);
     memcpy(mn, x, sizeof x);
-    cpu_reduce_into(mx, y, DT_FLOAT16, 3, DT_REDUCE_MAX);
-    cpu_reduce_into(mn, y, DT_FLOAT16, 3, DT_REDUCE_MIN);
+    cpu_combine_pieces(mx, mx, y, DT_FLOAT16, 3, DT_REDUCE_MAX);
+    cpu_combine_pieces(mn, mn, y, DT_FLOAT16, 3, DT_REDUCE_MIN);
     cr_expect(mx[0] == 0x4000 && isnan(dt_f16_to_f32(mx[1])) && isnan(dt_f16_to_f32(mx[2])));
     cr_expect(mn[0] == 0x3c00 && isnan(dt_f16_to_f32(mn[1])) && isnan(dt_f16_to_f32(mn[2])));
 
@@ -302,15 +310,15 @@ Test(reduce, bfloat16)
 {
     /* 2^-8 is 0x3b80: 1 + 2^-8 ties to 1; (1 + 2^-7) + 2^-8 ties up to 1 + 2^-6 */
     uint16_t acc[2] = {0x3f80, 0x3f81};
-    cpu_reduce_into(acc, (uint16_t[]){0x3b80, 0x3b80}, DT_BFLOAT16, 2, DT_REDUCE_AVG);
+    cpu_combine_pieces(acc, acc, (uint16_t[]){0x3b80, 0x3b80}, DT_BFLOAT16, 2, DT_REDUCE_AVG);
     cr_expect_eq(acc[0], 0x3f80);
     cr_expect_eq(acc[1], 0x3f82);
 
     uint16_t mn[3] = {0x3f80, 0xbf80, 0x3f80};
-    cpu_reduce_into(mn, (uint16_t[]){0x4000, 0x3f80, 0x7fc0}, DT_BFLOAT16, 3, DT_REDUCE_MIN);
+    cpu_combine_pieces(mn, mn, (uint16_t[]){0x4000, 0x3f80, 0x7fc0}, DT_BFLOAT16, 3, DT_REDUCE_MIN);
     cr_expect(mn[0] == 0x3f80 && mn[1] == 0xbf80 && isnan(dt_bf16_to_f32(mn[2])));
     uint16_t mx[2] = {0xff80, 0x7fc0};
-    cpu_reduce_into(mx, (uint16_t[]){0xc000, 0x3f80}, DT_BFLOAT16, 2, DT_REDUCE_MAX);
+    cpu_combine_pieces(mx, mx, (uint16_t[]){0xc000, 0x3f80}, DT_BFLOAT16, 2, DT_REDUCE_MAX);
     cr_expect(mx[0] == 0xc000 && isnan(dt_bf16_to_f32(mx[1])));
 
     uint16_t three = 0x4040;
@@ -325,9 +333,9 @@ Test(reduce, int32)
     memcpy(s, x, sizeof x);
     memcpy(mx, x, sizeof x);
     memcpy(mn, x, sizeof x);
-    cpu_reduce_into(s, y, DT_INT32, 3, DT_REDUCE_SUM);
-    cpu_reduce_into(mx, y, DT_INT32, 3, DT_REDUCE_MAX);
-    cpu_reduce_into(mn, y, DT_INT32, 3, DT_REDUCE_MIN);
+    cpu_combine_pieces(s, s, y, DT_INT32, 3, DT_REDUCE_SUM);
+    cpu_combine_pieces(mx, mx, y, DT_INT32, 3, DT_REDUCE_MAX);
+    cpu_combine_pieces(mn, mn, y, DT_INT32, 3, DT_REDUCE_MIN);
     cr_expect(s[0] == INT32_MIN && s[1] == -2 && s[2] == 0);
     cr_expect(mx[0] == INT32_MAX && mx[1] == 3 && mx[2] == 7);
     cr_expect(mn[0] == 1 && mn[1] == -5 && mn[2] == -7);
@@ -344,9 +352,9 @@ Test(reduce, int64)
     memcpy(s, x, sizeof x);
     memcpy(mx, x, sizeof x);
     memcpy(mn, x, sizeof x);
-    cpu_reduce_into(s, y, DT_INT64, 3, DT_REDUCE_AVG);
-    cpu_reduce_into(mx, y, DT_INT64, 3, DT_REDUCE_MAX);
-    cpu_reduce_into(mn, y, DT_INT64, 3, DT_REDUCE_MIN);
+    cpu_combine_pieces(s, s, y, DT_INT64, 3, DT_REDUCE_AVG);
+    cpu_combine_pieces(mx, mx, y, DT_INT64, 3, DT_REDUCE_MAX);
+    cpu_combine_pieces(mn, mn, y, DT_INT64, 3, DT_REDUCE_MIN);
     cr_expect(s[0] == INT64_MAX && s[1] == (INT64_C(1) << 40) + 5 && s[2] == -2);
     cr_expect(mx[0] == -1 && mx[1] == INT64_C(1) << 40 && mx[2] == -1);
     cr_expect(mn[0] == INT64_MIN && mn[1] == 5 && mn[2] == -1);
@@ -367,7 +375,7 @@ Test(reduce, bool)
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         bool acc[4];
         memcpy(acc, x, sizeof acc);
-        cpu_reduce_into(acc, y, DT_BOOL, 4, cases[c].op);
+        cpu_combine_pieces(acc, acc, y, DT_BOOL, 4, cases[c].op);
         cpu_scale_div(acc, DT_BOOL, 4, 2);
         for (int i = 0; i < 4; i++)
             cr_expect_eq(acc[i], cases[c].want[i], "op %d [%d]", cases[c].op, i);

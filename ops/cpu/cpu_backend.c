@@ -47,9 +47,9 @@ static const char *s_arange(void *dst, dt_dtype dtype, int64_t n, int64_t first,
     return NULL;
 }
 
-static const char *s_reduce_into(void *acc, const void *src, dt_dtype dtype, int64_t n, dt_reduce_op op)
+static const char *s_combine(void *dst, const void *a, const void *b, dt_dtype dtype, int64_t n, dt_reduce_op op)
 {
-    cpu_reduce_into(acc, src, dtype, n, op);
+    cpu_combine_pieces(dst, a, b, dtype, n, op);
     return NULL;
 }
 
@@ -73,7 +73,7 @@ const op_backend cpu_backend = {
     .fill = s_fill,
     .random = s_random,
     .arange = s_arange,
-    .reduce_into = s_reduce_into,
+    .combine = s_combine,
     .scale_div = s_scale_div,
     .synchronize = NULL,
 };

@@ -161,80 +161,78 @@ void cpu_copy_block(void *dst, const int64_t *dst_strides, const void *src, cons
 static inline float s_maxf(float a, float b) { return isnan(a) ? a : isnan(b) ? b : a >= b ? a : b; }
 static inline float s_minf(float a, float b) { return isnan(a) ? a : isnan(b) ? b : a <= b ? a : b; }
 
-static void s_reduce_f32(float *acc, const float *src, int64_t n, dt_reduce_op op)
+static void s_combine_f32(float *dst, const float *a, const float *b, int64_t n, dt_reduce_op op)
 {
     switch (op) {
     case DT_REDUCE_SUM:
     case DT_REDUCE_AVG:
         for (int64_t i = 0; i < n; i++)
-            acc[i] += src[i];
+            dst[i] = a[i] + b[i];
         break;
     case DT_REDUCE_MAX:
         for (int64_t i = 0; i < n; i++)
-            acc[i] = s_maxf(acc[i], src[i]);
+            dst[i] = s_maxf(a[i], b[i]);
         break;
     case DT_REDUCE_MIN:
         for (int64_t i = 0; i < n; i++)
-            acc[i] = s_minf(acc[i], src[i]);
+            dst[i] = s_minf(a[i], b[i]);
         break;
     }
 }
 
-static void s_reduce_16(uint16_t *acc, const uint16_t *src, int64_t n, dt_reduce_op op, bool bf16)
+static void s_combine_16(uint16_t *dst, const uint16_t *a, const uint16_t *b, int64_t n, dt_reduce_op op, bool bf16)
 {
     for (int64_t i = 0; i < n; i++) {
-        float a = bf16 ? dt_bf16_to_f32(acc[i]) : dt_f16_to_f32(acc[i]);
-        float b = bf16 ? dt_bf16_to_f32(src[i]) : dt_f16_to_f32(src[i]);
+        float x = bf16 ? dt_bf16_to_f32(a[i]) : dt_f16_to_f32(a[i]);
+        float y = bf16 ? dt_bf16_to_f32(b[i]) : dt_f16_to_f32(b[i]);
         switch (op) {
         case DT_REDUCE_SUM:
         case DT_REDUCE_AVG:
-            acc[i] = bf16 ? dt_f32_to_bf16(a + b) : dt_f32_to_f16(a + b);
+            dst[i] = bf16 ? dt_f32_to_bf16(x + y) : dt_f32_to_f16(x + y);
             break;
         /* max/min pick one operand, so its bits are kept as they are */
         case DT_REDUCE_MAX:
-            if (!isnan(a) && (isnan(b) || b > a))
-                acc[i] = src[i];
+            dst[i] = !isnan(x) && (isnan(y) || y > x) ? b[i] : a[i];
             break;
         case DT_REDUCE_MIN:
-            if (!isnan(a) && (isnan(b) || b < a))
-                acc[i] = src[i];
+            dst[i] = !isnan(x) && (isnan(y) || y < x) ? b[i] : a[i];
             break;
         }
     }
 }
 
 /* Integers wrap on overflow like torch; the sum goes through unsigned to stay defined. */
-#define S_REDUCE_INT(type, utype)                                                                  \
-    static void s_reduce_##type(type *acc, const type *src, int64_t n, dt_reduce_op op)            \
+#define S_COMBINE_INT(type, utype)                                                                 \
+    static void s_combine_##type(type *dst, const type *a, const type *b, int64_t n, dt_reduce_op op) \
     {                                                                                              \
         for (int64_t i = 0; i < n; i++) {                                                          \
-            type a = acc[i], b = src[i];                                                           \
+            type x = a[i], y = b[i];                                                               \
             switch (op) {                                                                          \
             case DT_REDUCE_SUM:                                                                    \
-            case DT_REDUCE_AVG: acc[i] = (type)((utype)a + (utype)b); break;                      \
-            case DT_REDUCE_MAX: acc[i] = a >= b ? a : b; break;                                    \
-            case DT_REDUCE_MIN: acc[i] = a <= b ? a : b; break;                                    \
+            case DT_REDUCE_AVG: dst[i] = (type)((utype)x + (utype)y); break;                      \
+            case DT_REDUCE_MAX: dst[i] = x >= y ? x : y; break;                                    \
+            case DT_REDUCE_MIN: dst[i] = x <= y ? x : y; break;                                    \
             }                                                                                      \
         }                                                                                          \
     }
-S_REDUCE_INT(int32_t, uint32_t)
-S_REDUCE_INT(int64_t, uint64_t)
+S_COMBINE_INT(int32_t, uint32_t)
+S_COMBINE_INT(int64_t, uint64_t)
 
-static void s_reduce_bool(bool *acc, const bool *src, int64_t n, dt_reduce_op op)
+static void s_combine_bool(bool *dst, const bool *a, const bool *b, int64_t n, dt_reduce_op op)
 {
     for (int64_t i = 0; i < n; i++)
-        acc[i] = op == DT_REDUCE_MIN ? acc[i] && src[i] : acc[i] || src[i];
+        dst[i] = op == DT_REDUCE_MIN ? a[i] && b[i] : a[i] || b[i];
 }
 
-void cpu_reduce_into(void *acc, const void *src, dt_dtype dtype, int64_t n, dt_reduce_op op)
+void cpu_combine_pieces(void *dst, const void *a, const void *b, dt_dtype dtype, int64_t n, dt_reduce_op op)
 {
     switch (dtype) {
-    case DT_FLOAT32: s_reduce_f32(acc, src, n, op); break;
-    case DT_FLOAT16: s_reduce_16(acc, src, n, op, false); break;
-    case DT_BFLOAT16: s_reduce_16(acc, src, n, op, true); break;
-    case DT_INT32: s_reduce_int32_t(acc, src, n, op); break;
-    case DT_INT64: s_reduce_int64_t(acc, src, n, op); break;
-    case DT_BOOL: s_reduce_bool(acc, src, n, op); break;
+    case DT_FLOAT32: s_combine_f32(dst, a, b, n, op); break;
+    case DT_FLOAT16: s_combine_16(dst, a, b, n, op, false); break;
+    case DT_BFLOAT16: s_combine_16(dst, a, b, n, op, true); break;
+    case DT_INT32: s_combine_int32_t(dst, a, b, n, op); break;
+    case DT_INT64: s_combine_int64_t(dst, a, b, n, op); break;
+    case DT_BOOL: s_combine_bool(dst, a, b, n, op); break;
     default: assert(!"bad dtype");
     }
 }

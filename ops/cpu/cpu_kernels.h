@@ -54,11 +54,11 @@ static inline void cpu_contiguous_strides(int ndim, const int64_t *shape, size_t
     dt_layout_strides(ndim, shape, elem_size, strides);
 }
 
-/* acc[i] = acc[i] (op) src[i] for n elements of dtype, both C-contiguous.
- * sum/avg add (avg is finished by cpu_scale_div); max/min propagate NaN like torch.
- * 16-bit floats are combined in float32 and rounded once per call. bool: sum = avg = or,
- * max = or, min = and. Integer sums wrap on overflow. */
-void cpu_reduce_into(void *acc, const void *src, dt_dtype dtype, int64_t n, dt_reduce_op op);
+/* dst[i] = a[i] (op) b[i] for n elements of dtype, all C-contiguous; dst may be a (in place).
+ * sum/avg add (avg is finished by cpu_scale_div); max/min propagate NaN like torch, and on a tie
+ * or a NaN in a keep a's bits. 16-bit floats are combined in float32 and rounded once per call.
+ * bool: sum = avg = or, max = or, min = and. Integer sums wrap on overflow. */
+void cpu_combine_pieces(void *dst, const void *a, const void *b, dt_dtype dtype, int64_t n, dt_reduce_op op);
 
 /* acc[i] /= divisor (the last step of an avg reduction); integer dtypes truncate toward zero;
  * bool is left as it is. */

@@ -13,7 +13,7 @@
  *
  * There is no adopt_host or host_view: device memory is not host memory, so received frames are
  * copied in and values are copied out. Thread workers on the same GPU read each other's pieces in
- * place (copy_from_peer, reduce_into; peer_can_read says which peers): the sender synchronizes
+ * place (copy_from_peer, combine; peer_can_read says which peers): the sender synchronizes
  * before it hands a piece over and the reader before it lets go of it, so neither stream's work
  * outlives the other's use; a piece whose last reference goes on another thread is freed after
  * its device has finished everything queued (free_elsewhere). Actors on different GPUs, and
@@ -377,11 +377,11 @@ static const char *s_arange(void *dst, dt_dtype dtype, int64_t n, int64_t first,
                       "arange");
 }
 
-static const char *s_reduce_into(void *acc, const void *src, dt_dtype dtype, int64_t n, dt_reduce_op op)
+static const char *s_combine(void *dst, const void *a, const void *b, dt_dtype dtype, int64_t n, dt_reduce_op op)
 {
     const char *why;
     cuda_ctx *c = cuda_ctx_get(&why);
-    return c ? cuda_check(cuda_reduce_into(acc, src, dtype, n, op, c->compute), "reduce") : why;
+    return c ? cuda_check(cuda_combine_pieces(dst, a, b, dtype, n, op, c->compute), "reduce") : why;
 }
 
 static const char *s_scale_div(void *acc, dt_dtype dtype, int64_t n, int64_t divisor)
@@ -453,7 +453,7 @@ const op_backend cuda_backend = {
     .fill = s_fill,
     .random = s_random,
     .arange = s_arange,
-    .reduce_into = s_reduce_into,
+    .combine = s_combine,
     .scale_div = s_scale_div,
     .synchronize = s_synchronize,
     .mark = s_mark,

@@ -267,53 +267,57 @@ extern "C" cudaError_t cuda_random(void *dst, dt_dtype dtype, int ndim, const in
     return cudaGetLastError();
 }
 
-/* ---- combining Partial pieces (cpu_reduce_into, cpu_scale_div) ------------------------------- */
+/* ---- combining Partial pieces (cpu_combine_pieces, cpu_scale_div) --------------------------- */
 
-__global__ void s_reduce(void *acc, const void *src, dt_dtype dtype, int64_t n, dt_reduce_op op)
+__global__ void s_combine(void *dst, const void *pa, const void *pb, dt_dtype dtype, int64_t n, dt_reduce_op op)
 {
     bool sum = op == DT_REDUCE_SUM || op == DT_REDUCE_AVG, max = op == DT_REDUCE_MAX;
     S_EACH(i, n) {
         switch (dtype) {
         case DT_FLOAT32: {
-            float a = ((float *)acc)[i], b = ((const float *)src)[i];
-            ((float *)acc)[i] = sum ? a + b : isnan(a) ? a : isnan(b) ? b : max ? (a >= b ? a : b) : (a <= b ? a : b);
+            float a = ((const float *)pa)[i], b = ((const float *)pb)[i];
+            ((float *)dst)[i] = sum ? a + b : isnan(a) ? a : isnan(b) ? b : max ? (a >= b ? a : b) : (a <= b ? a : b);
             break;
         }
         case DT_FLOAT16:
         case DT_BFLOAT16: {
             bool bf = dtype == DT_BFLOAT16;
-            uint16_t ha = ((uint16_t *)acc)[i], hb = ((const uint16_t *)src)[i];
+            uint16_t ha = ((const uint16_t *)pa)[i], hb = ((const uint16_t *)pb)[i];
             float a = bf ? cuda_bf16_to_f32(ha) : cuda_f16_to_f32(ha), b = bf ? cuda_bf16_to_f32(hb) : cuda_f16_to_f32(hb);
             if (sum)
-                ((uint16_t *)acc)[i] = bf ? cuda_f32_to_bf16(a + b) : cuda_f32_to_f16(a + b);
-            else if (!isnan(a) && (isnan(b) || (max ? b > a : b < a)))
-                ((uint16_t *)acc)[i] = hb; /* the bits of the operand picked */
+                ((uint16_t *)dst)[i] = bf ? cuda_f32_to_bf16(a + b) : cuda_f32_to_f16(a + b);
+            else /* the bits of the operand picked */
+                ((uint16_t *)dst)[i] = !isnan(a) && (isnan(b) || (max ? b > a : b < a)) ? hb : ha;
             break;
         }
         case DT_INT32: {
-            int32_t a = ((int32_t *)acc)[i], b = ((const int32_t *)src)[i];
-            ((int32_t *)acc)[i] = sum ? (int32_t)((uint32_t)a + (uint32_t)b) : max ? (a >= b ? a : b) : (a <= b ? a : b);
+            int32_t a = ((const int32_t *)pa)[i], b = ((const int32_t *)pb)[i];
+            ((int32_t *)dst)[i] = sum   ? (int32_t)((uint32_t)a + (uint32_t)b)
+                                  : max ? (a >= b ? a : b)
+                                        : (a <= b ? a : b);
             break;
         }
         case DT_INT64: {
-            int64_t a = ((int64_t *)acc)[i], b = ((const int64_t *)src)[i];
-            ((int64_t *)acc)[i] = sum ? (int64_t)((uint64_t)a + (uint64_t)b) : max ? (a >= b ? a : b) : (a <= b ? a : b);
+            int64_t a = ((const int64_t *)pa)[i], b = ((const int64_t *)pb)[i];
+            ((int64_t *)dst)[i] = sum   ? (int64_t)((uint64_t)a + (uint64_t)b)
+                                  : max ? (a >= b ? a : b)
+                                        : (a <= b ? a : b);
             break;
         }
         default: {
-            uint8_t a = ((uint8_t *)acc)[i], b = ((const uint8_t *)src)[i];
-            ((uint8_t *)acc)[i] = op == DT_REDUCE_MIN ? (a && b) : (a || b);
+            uint8_t a = ((const uint8_t *)pa)[i], b = ((const uint8_t *)pb)[i];
+            ((uint8_t *)dst)[i] = op == DT_REDUCE_MIN ? (a && b) : (a || b);
         }
         }
     }
 }
 
-extern "C" cudaError_t cuda_reduce_into(void *acc, const void *src, dt_dtype dtype, int64_t n, dt_reduce_op op,
-                                        cudaStream_t s)
+extern "C" cudaError_t cuda_combine_pieces(void *dst, const void *a, const void *b, dt_dtype dtype, int64_t n,
+                                           dt_reduce_op op, cudaStream_t s)
 {
     if (n <= 0)
         return cudaSuccess;
-    s_reduce<<<s_blocks(n), S_THREADS, 0, s>>>(acc, src, dtype, n, op);
+    s_combine<<<s_blocks(n), S_THREADS, 0, s>>>(dst, a, b, dtype, n, op);
     return cudaGetLastError();
 }
 

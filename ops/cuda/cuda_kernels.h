@@ -40,8 +40,9 @@ cudaError_t cuda_arange(void *dst, dt_dtype dtype, int64_t n, int64_t first, dou
 cudaError_t cuda_random(void *dst, dt_dtype dtype, int ndim, const int64_t *shape, const int64_t *offset,
                         const int64_t *global_shape, uint64_t seed, uint64_t stream, bool normal, cudaStream_t s);
 
-/* cpu_reduce_into and cpu_scale_div. */
-cudaError_t cuda_reduce_into(void *acc, const void *src, dt_dtype dtype, int64_t n, dt_reduce_op op, cudaStream_t s);
+/* cpu_combine_pieces and cpu_scale_div. */
+cudaError_t cuda_combine_pieces(void *dst, const void *a, const void *b, dt_dtype dtype, int64_t n, dt_reduce_op op,
+                                cudaStream_t s);
 cudaError_t cuda_scale_div(void *acc, dt_dtype dtype, int64_t n, int64_t divisor, cudaStream_t s);
 
 /* ---- elementwise ops (cuda_pointwise_kernels.cu) ----------------------------------------------
