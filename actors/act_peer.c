@@ -605,6 +605,22 @@ static bool s_same_region(const mb_part_rec *p, const mb_part_rec *q)
     return true;
 }
 
+/* The storage an ASSEMBLE of bytes builds its piece in: a new one, or with `into` the piece's own
+ * when the piece is of that dtype and shape and nothing else holds its storage (a fetch, a transfer
+ * or a replica issued before keeps reading the old value from the storage it holds). */
+static act_storage *s_assemble_storage(act_worker *w, const mb_assemble_rec *r, size_t bytes)
+{
+    act_wtensor *old = r->into ? dt_idmap_get(&w->tensors, r->id) : NULL;
+    bool same = old && act_wtensor_sole(old) && old->storage->size == bytes && old->dtype == r->dtype &&
+                old->ndim == r->shape.n;
+    for (int d = 0; same && d < r->shape.n; d++)
+        same = old->shape[d] == r->shape.v[d];
+    if (!same)
+        return act_storage_piece(w, bytes);
+    atomic_fetch_add(&old->storage->refs, 1); /* the old piece's goes when the new one takes its id */
+    return old->storage;
+}
+
 /* ASSEMBLE: the new piece from its parts, waiting for the regions that come from peers. Any
  * failure poisons the piece with a message naming this device. */
 bool act_peer_assemble(act_worker *w, mb_cursor *rec)
@@ -627,7 +643,7 @@ bool act_peer_assemble(act_worker *w, mb_cursor *rec)
     const char *lookup_why = NULL;
     act_wtensor *src = act_wtensor_lookup(w, r.source, &lookup_why); /* none: a device only receives */
     size_t bytes = (size_t)dt_layout_numel(ndim, r.shape.v) * elem;
-    if (out && !(out->storage = act_storage_piece(w, bytes)))
+    if (out && !(out->storage = s_assemble_storage(w, &r, bytes)))
         snprintf(why, sizeof why, "%s", act_worker_no_memory(w));
     else if (out)
         out->data = out->storage->data;

@@ -243,7 +243,7 @@ static const char *s_scan_record(s_scan *s, mb_cursor rec)
     case MB_OP_ASSEMBLE:
         s_tensor(s, s_elem(rec, 4), S_USE);
         s_tensor(s, s_elem(rec, 1), S_MAKE);
-        s_each(s, rec, 5, 3, s_transfer); /* each part's transfer */
+        s_each(s, rec, 6, 3, s_transfer); /* each part's transfer (PARTS follows into) */
         return NULL;
     case MB_OP_COMPUTE:
         s_each(s, rec, 2, UINT32_MAX, s_use);

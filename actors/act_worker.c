@@ -17,6 +17,7 @@
 #include "dt_error.h"
 #include "dt_layout.h"
 #include "dt_pool.h"
+#include "dt_shm.h"
 #include "mb_schema.h"
 #include "op_backend.h"
 #include "op_registry.h"
@@ -295,7 +296,7 @@ static void s_reply_value(act_worker *w, uint64_t fid, int64_t piece, act_wtenso
 /* A STATS record's answer: the counters as a VALUE of MB_NSTATS int64. */
 static void s_reply_stats(act_worker *w, uint64_t fid, int64_t piece)
 {
-    w->stats[MB_STAT_pooled_bytes] = (int64_t)dt_pool_kept();
+    w->stats[MB_STAT_pooled_bytes] = (int64_t)(dt_pool_kept() + dt_shm_kept());
     int64_t *counters = malloc(sizeof w->stats);
     if (counters)
         memcpy(counters, w->stats, sizeof w->stats);
@@ -445,10 +446,15 @@ static void s_make(act_worker *w, int64_t code, mb_cursor *rec, mb_message *m)
 /* Makes t's storage its own before a write in place: storage that anything else holds (a fetch
  * or a transfer on its way, a replica sharing it, a received frame) is copied first, so whatever
  * was issued before the write keeps seeing the old value. */
+bool act_wtensor_sole(const act_wtensor *t)
+{
+    const act_storage *st = t->storage;
+    return st && !st->adopted && atomic_load(&st->refs) == 1 && t->data == st->data;
+}
+
 static const char *s_own_storage(act_worker *w, act_wtensor *t)
 {
-    act_storage *st = t->storage;
-    if (!st->adopted && atomic_load(&st->refs) == 1 && t->data == st->data)
+    if (act_wtensor_sole(t))
         return NULL;
     size_t size = (size_t)dt_layout_numel(t->ndim, t->shape) * dt_dtype_size(t->dtype);
     act_storage *own = act_storage_piece(w, size);

@@ -211,6 +211,9 @@ void act_wtensor_free(act_worker *w, act_wtensor *t);
  * or a private copy before a write), with data at st's start; takes st's reference and lets go
  * of the old one. */
 void act_wtensor_set_storage(act_worker *w, act_wtensor *t, act_storage *st);
+/* Whether t's storage is t's alone and all of it (not a received frame): what a write in place
+ * may write without a copy. */
+bool act_wtensor_sole(const act_wtensor *t);
 /* Frees the tensor id now, if the table has it (a FREE record goes through act_replay_free). */
 void act_wtensor_drop(act_worker *w, uint64_t id);
 /* A tensor that could not be made; ops that use it fail with this message. */

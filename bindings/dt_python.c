@@ -1857,6 +1857,42 @@ done:
     return result;
 }
 
+/* _redistribute_into(tensors, destinations): each tensor's value into its destination, in place */
+static PyObject *s_redistribute_into(PyObject *mod, PyObject *args)
+{
+    const char *fn = "redistribute_many";
+    PyObject *tensors, *dsts;
+    if (!PyArg_ParseTuple(args, "OO", &tensors, &dsts))
+        return NULL;
+    PyObject *src = PySequence_Fast(tensors, "redistribute_many: tensors must be a sequence of DTensors");
+    PyObject *dst = src ? PySequence_Fast(dsts, "redistribute_many: out must be a sequence of DTensors") : NULL;
+    Py_ssize_t n = src ? PySequence_Fast_GET_SIZE(src) : 0;
+    dt_tensor **in = dst ? PyMem_Calloc((size_t)(2 * n + 1), sizeof *in) : NULL, **out = in ? in + n : NULL;
+    PyObject *result = NULL;
+    if (dst && !in)
+        PyErr_NoMemory();
+    if (!in)
+        goto done;
+    if (PySequence_Fast_GET_SIZE(dst) != n) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd tensors but %zd in out", fn, n, PySequence_Fast_GET_SIZE(dst));
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (s_arg_tensor(fn, (int)i, PySequence_Fast_GET_ITEM(src, i), &in[i]) != 0 ||
+            s_arg_tensor("redistribute_many (out)", (int)i, PySequence_Fast_GET_ITEM(dst, i), &out[i]) != 0)
+            goto done;
+    if (dt_redistribute_into((int)n, in, out) != 0) {
+        s_raise();
+        goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(src);
+    Py_XDECREF(dst);
+    PyMem_Free(in);
+    return result;
+}
+
 /* _redistribute_plan(tensor, device_mesh or None, placements) -> [(kind, mesh_dim, remote_elements)] */
 static PyObject *s_redistribute_plan(PyObject *mod, PyObject *args)
 {
@@ -2324,6 +2360,7 @@ static PyMethodDef s_methods[] = {
     {"_from_local", s_from_local, METH_VARARGS, NULL},
     {"_redistribute", s_redistribute, METH_VARARGS, NULL},
     {"_redistribute_many", s_redistribute_many, METH_VARARGS, NULL},
+    {"_redistribute_into", s_redistribute_into, METH_VARARGS, NULL},
     {"_redistribute_plan", s_redistribute_plan, METH_VARARGS, NULL},
     {"_op", (PyCFunction)(void (*)(void))s_op, METH_FASTCALL, NULL},
     {"_cut", s_cut, METH_VARARGS, NULL},

@@ -119,6 +119,14 @@ void dt_shm_trim(void)
     pthread_mutex_unlock(&s_lock);
 }
 
+size_t dt_shm_kept(void)
+{
+    pthread_mutex_lock(&s_lock);
+    size_t n = s_kept_bytes;
+    pthread_mutex_unlock(&s_lock);
+    return n;
+}
+
 bool dt_shm_reachable(int pid)
 {
     char path[64];

@@ -34,6 +34,8 @@ dt_shm_seg *dt_shm_seg_new(size_t size);
 void dt_shm_seg_free(dt_shm_seg *seg);
 /* Closes every kept segment. */
 void dt_shm_trim(void);
+/* Bytes of the freed segments kept now. */
+size_t dt_shm_kept(void);
 
 /* Whether this process may open the descriptors of process pid (and so map its segments). */
 bool dt_shm_reachable(int pid);

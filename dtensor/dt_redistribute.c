@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "act_capture.h"
 #include "act_runtime.h"
 #include "dt_dtype.h"
 #include "dt_error.h"
@@ -96,14 +97,16 @@ static bool s_remote(const dtn_piece *pc, const dtn_part *part)
     return part->mode != MB_PART_DIV && part->src_device != pc->device;
 }
 
-/* Emits every step of plan for t (lock held); the last step makes out->id. */
-static void s_emit(const dt_tensor *t, const dtn_plan *plan, const dt_tensor *out)
+/* Emits every step of plan for t (lock held); the last step makes out->id (into: writes the
+ * pieces out already has). */
+static void s_emit(const dt_tensor *t, const dtn_plan *plan, const dt_tensor *out, bool into)
 {
     int ndim = t->ndim;
     uint64_t src_id = t->id;
     for (int s = 0; s < plan->nsteps; s++) {
         const dtn_step *step = &plan->steps[s];
-        uint64_t out_id = s == plan->nsteps - 1 ? out->id : act_runtime_new_tensor_id();
+        bool last = s == plan->nsteps - 1;
+        uint64_t out_id = last ? out->id : act_runtime_new_tensor_id();
         /* every SEND of the step goes before any ASSEMBLE: a device never waits for a region it
          * still has to send, so no cycle of waits can form */
         uint64_t first_transfer = 0, k = 0;
@@ -124,7 +127,7 @@ static void s_emit(const dt_tensor *t, const dtn_plan *plan, const dt_tensor *ou
         for (int p = 0; p < step->npieces; p++) {
             const dtn_piece *pc = &step->pieces[p];
             mb_writer *pk = act_runtime_record(pc->device);
-            mb_encode_assemble(pk, out_id, t->dtype, ndim, pc->shape, src_id, (uint32_t)pc->nparts);
+            mb_encode_assemble(pk, out_id, t->dtype, ndim, pc->shape, src_id, into && last, (uint32_t)pc->nparts);
             for (int q = 0; q < pc->nparts; q++) {
                 const dtn_part *part = &pc->parts[q];
                 /* transfer ids of a step were taken in this order above, one after another */
@@ -143,24 +146,94 @@ static void s_emit(const dt_tensor *t, const dtn_plan *plan, const dt_tensor *ou
     }
 }
 
-/* Redistributes n tensors under one lock so their records and transfers travel together. */
-static int s_redistribute(const char *op, int n, dt_tensor *const *ts, dt_mesh *mesh, const dt_placement *pl,
-                          dt_tensor **out)
+/* t's value into out, which has t's layout already (lock held): each device copies its own piece. */
+static void s_emit_copy(const dt_tensor *t, const dt_tensor *out)
 {
+    const dt_mesh *m = t->mesh;
+    int64_t coord[DT_MAX_DIMS], shape[DT_MAX_DIMS], offset[DT_MAX_DIMS], origin[DT_MAX_DIMS] = {0};
+    for (int64_t d = 0; d < m->size; d++) {
+        dt_layout_coord(m->ndim, m->shape, d, coord);
+        dt_layout_block(m->ndim, m->shape, coord, t->placements, t->ndim, t->shape, shape, offset);
+        mb_writer *pk = act_runtime_record(m->ids[d]);
+        mb_encode_assemble(pk, out->id, t->dtype, t->ndim, shape, t->id, true, 1);
+        mb_encode_part(pk, MB_PART_COPY, DT_REDUCE_SUM, m->ids[d], 0, t->ndim, origin, t->ndim, origin, t->ndim, shape,
+                       0);
+    }
+}
+
+/* Whether a and b read the same pieces: one is the other, or a view made on the controller of it
+ * (or both of one base). */
+static bool s_overlap(const dt_tensor *a, const dt_tensor *b)
+{
+    const dt_tensor *ba = a->base ? a->base : a, *bb = b->base ? b->base : b;
+    return ba == bb;
+}
+
+/* The checks of redistribute_into's destinations, and each one readied for a write in place:
+ * pieces of its own, and its live views left the pieces they read (outside any session). */
+static int s_ready_into(const char *op, int n, dt_tensor *const *ts, dt_tensor *const *dst)
+{
+    if (act_capture_active())
+        return dt_err(DT_EUNSUPPORTED, "%s: not inside dtorch.capture() (redistribute into fresh tensors there)", op);
+    for (int i = 0; i < n; i++) {
+        dt_tensor *t = ts[i], *o = dst[i];
+        if (!t || !o)
+            return dt_err(DT_EINVAL, "%s: tensor %d or its destination is missing", op, i);
+        if (o->dtype != t->dtype)
+            return dt_err(DT_ETYPE, "%s: tensor %d is %s but its destination is %s (cast it first)", op, i,
+                          dt_dtype_name(t->dtype), dt_dtype_name(o->dtype));
+        bool same = o->ndim == t->ndim;
+        for (int d = 0; same && d < t->ndim; d++)
+            same = o->shape[d] == t->shape[d];
+        if (!same) {
+            char want[160], got[160];
+            dt_layout_format_sizes(want, sizeof want, t->ndim, t->shape);
+            dt_layout_format_sizes(got, sizeof got, o->ndim, o->shape);
+            return dt_err(DT_EINVAL, "%s: tensor %d has shape %s but its destination has shape %s", op, i, want, got);
+        }
+        for (int j = 0; j < n; j++)
+            if (ts[j] && s_overlap(ts[j], o))
+                return dt_err(DT_EINVAL, "%s: destination %d reads the same pieces as tensor %d, which is "
+                              "redistributed in this call", op, i, j);
+        for (int j = 0; j < i; j++)
+            if (s_overlap(dst[j], o))
+                return dt_err(DT_EINVAL, "%s: destinations %d and %d read the same pieces", op, j, i);
+    }
+    for (int i = 0; i < n; i++) {
+        int rc = dtn_op_settle(dst[i], op);
+        if (rc != 0 || (rc = dtn_op_written(dst[i], op)) != 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* Redistributes n tensors under one lock so their records and transfers travel together: into
+ * new tensors out[] (in mesh with placements pl, or each in its own), or with into into the
+ * tensors out[] holds (each's mesh and placements), in place. */
+static int s_redistribute(const char *op, int n, dt_tensor *const *ts, dt_mesh *mesh, const dt_placement *pl,
+                          dt_tensor **out, bool into)
+{
+    if (into && s_ready_into(op, n, ts, out) != 0)
+        return dt_last_error_code();
     dtn_plan *plans = calloc((size_t)(n ? n : 1), sizeof *plans);
     if (!plans)
         return dt_err(DT_ENOMEM, "%s: out of memory", op);
     int rc = 0, made = 0;
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n && !into; i++)
         out[i] = NULL;
     for (; made < n; made++) {
         dt_tensor *t = ts[made];
-        dt_mesh *target = mesh ? mesh : t ? t->mesh : NULL;
+        dt_mesh *target = into ? out[made]->mesh : mesh ? mesh : t ? t->mesh : NULL;
+        const dt_placement *want = into     ? out[made]->placements
+                                   : target ? pl + (size_t)made * (size_t)target->ndim
+                                            : NULL;
         dtn_layout src, dst;
-        if ((rc = s_check(op, t, target, target ? pl + (size_t)made * (size_t)target->ndim : NULL, &src, &dst)) != 0)
+        if ((rc = s_check(op, t, target, want, &src, &dst)) != 0)
             goto fail;
         if ((rc = dtn_plan_make(t->ndim, t->shape, dt_dtype_size(t->dtype), &src, &dst, &plans[made])) != 0)
             goto fail;
+        if (into)
+            continue; /* out[made] is the caller's */
         if (plans[made].nsteps == 0) {
             out[made] = dt_tensor_ref(t);
             continue;
@@ -184,7 +257,7 @@ static int s_redistribute(const char *op, int n, dt_tensor *const *ts, dt_mesh *
     }
     int nmeshes = 0;
     for (int i = 0; i < n; i++)
-        if (out[i] != ts[i]) {
+        if (into || out[i] != ts[i]) {
             meshes[nmeshes++] = ts[i]->mesh;
             meshes[nmeshes++] = out[i]->mesh;
         }
@@ -194,25 +267,34 @@ static int s_redistribute(const char *op, int n, dt_tensor *const *ts, dt_mesh *
     }
     free(meshes);
     if (nmeshes > 0) {
+        for (int i = 0; i < n && into; i++)
+            if ((rc = act_runtime_check_live(op, out[i]->epoch)) != 0) {
+                act_runtime_end();
+                goto fail;
+            }
         for (int i = 0; i < n; i++) {
-            if (out[i] == ts[i])
+            if (!into && out[i] == ts[i])
                 continue;
             if ((rc = act_runtime_check_live(op, ts[i]->epoch)) != 0) {
                 act_runtime_end();
                 goto fail;
             }
-            out[i]->id = act_runtime_new_tensor_id();
-            out[i]->epoch = act_runtime_epoch();
-            if (!ts[i]->base) {
-                s_emit(ts[i], &plans[i], out[i]);
-                continue;
+            if (!into) {
+                out[i]->id = act_runtime_new_tensor_id();
+                out[i]->epoch = act_runtime_epoch();
             }
-            /* a view made on the controller: pieces of its own for the steps to read, freed after */
             dt_tensor piece = *ts[i];
-            piece.id = dtn_op_view_piece(ts[i]);
-            piece.base = NULL;
-            s_emit(&piece, &plans[i], out[i]);
-            act_runtime_free_now(ts[i]->mesh, piece.id);
+            if (ts[i]->base) {
+                /* a view made on the controller: pieces of its own for the steps to read, freed after */
+                piece.id = dtn_op_view_piece(ts[i]);
+                piece.base = NULL;
+            }
+            if (plans[i].nsteps > 0)
+                s_emit(&piece, &plans[i], out[i], into);
+            else
+                s_emit_copy(&piece, out[i]);
+            if (ts[i]->base)
+                act_runtime_free_now(ts[i]->mesh, piece.id);
         }
         act_runtime_end();
     }
@@ -223,7 +305,8 @@ static int s_redistribute(const char *op, int n, dt_tensor *const *ts, dt_mesh *
 fail:
     for (int i = 0; i < n; i++) {
         dtn_plan_free(&plans[i]);
-        dt_tensor_release(&out[i]);
+        if (!into)
+            dt_tensor_release(&out[i]);
     }
     free(plans);
     return rc;
@@ -232,7 +315,7 @@ fail:
 dt_tensor *dt_redistribute(dt_tensor *t, dt_mesh *mesh, const dt_placement *placements)
 {
     dt_tensor *out = NULL;
-    s_redistribute("redistribute", 1, &t, mesh, placements, &out);
+    s_redistribute("redistribute", 1, &t, mesh, placements, &out, false);
     return out;
 }
 
@@ -241,7 +324,14 @@ int dt_redistribute_many(int n, dt_tensor *const *tensors, dt_mesh *mesh, const 
 {
     if (n < 0)
         return dt_err(DT_EINVAL, "redistribute_many: negative count");
-    return s_redistribute("redistribute_many", n, tensors, mesh, placements, out);
+    return s_redistribute("redistribute_many", n, tensors, mesh, placements, out, false);
+}
+
+int dt_redistribute_into(int n, dt_tensor *const *tensors, dt_tensor *const *dst)
+{
+    if (n < 0)
+        return dt_err(DT_EINVAL, "redistribute_into: negative count");
+    return s_redistribute("redistribute_into", n, tensors, NULL, NULL, (dt_tensor **)dst, true);
 }
 
 int dt_redistribute_plan(dt_tensor *t, dt_mesh *mesh, const dt_placement *placements, dt_plan_step *steps, int max)
@@ -273,7 +363,7 @@ uint64_t dtn_redistribute_inline(const dt_tensor *t, const dt_placement *placeme
     uint64_t id = t->id;
     if (plan.nsteps > 0) {
         dt_tensor out = {.id = act_runtime_new_tensor_id()};
-        s_emit(t, &plan, &out);
+        s_emit(t, &plan, &out, false);
         id = out.id;
         *nsteps = plan.nsteps;
     }

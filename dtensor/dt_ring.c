@@ -111,7 +111,7 @@ static void s_receive(int64_t device, uint64_t id, dt_dtype dtype, int ndim, con
                       uint64_t transfer)
 {
     mb_writer *pk = act_runtime_record(device);
-    mb_encode_assemble(pk, id, dtype, ndim, shape, 0, 1);
+    mb_encode_assemble(pk, id, dtype, ndim, shape, 0, false, 1);
     mb_encode_part(pk, MB_PART_COPY, DT_REDUCE_SUM, from, transfer, ndim, s_origin, ndim, s_origin, ndim, shape, 0);
 }
 
@@ -291,7 +291,7 @@ static int s_decode(const s_ring *g)
         /* the partial results stacked along dim 0 in ring order, as attention_merge takes them */
         for (int t = 0; t < 2; t++) {
             mb_writer *pk = act_runtime_record(dev);
-            mb_encode_assemble(pk, stacked[t], DT_FLOAT32, 4 - t, all, part[t], (uint32_t)n);
+            mb_encode_assemble(pk, stacked[t], DT_FLOAT32, 4 - t, all, part[t], false, (uint32_t)n);
             for (int64_t p = 0; p < n; p++) {
                 int64_t from = s_at(g, d, p);
                 at[0] = p * batch;

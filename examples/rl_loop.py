@@ -47,14 +47,16 @@ def build(config, mesh):
 
 def sync(src, dst, keys=None, progress=False):
     """Gives dst (a model on another group) src's values of keys (default: all), in dst's own
-    placements, by one redistribute_many: the pieces go worker to worker. Returns the bytes moved.
+    placements, by one redistribute_many into dst's own tensors: the pieces go worker to worker and
+    land in place, so dst never holds two copies of its weights. Returns the bytes moved.
     ``progress``: wait for them with a bar (redistribute_many's)."""
     mine, theirs = src.state_dict(), dst.state_dict()
     keys = list(theirs) if keys is None else list(keys)
-    target = theirs[keys[0]].device_mesh
-    moved = dtorch.redistribute_many([mine[k] for k in keys], target, [theirs[k].placements for k in keys],
-                                     progress=progress)
-    dst.load_state_dict(dict(zip(keys, moved)), strict=False)
+    pairs = {}
+    for k in keys:   # tied weights are one tensor under two names: written once
+        pairs.setdefault(id(theirs[k]), (mine[k], theirs[k]))
+    sources = [s if s.dtype == d.dtype else s.to(d.dtype) for s, d in pairs.values()]
+    moved = dtorch.redistribute_many(sources, out=[d for _, d in pairs.values()], progress=progress)
     return sum(t.numel() * t.dtype.itemsize for t in moved)
 
 

@@ -177,6 +177,13 @@ dt_tensor *dt_redistribute(dt_tensor *t, dt_mesh *mesh, const dt_placement *plac
  * together. On success out holds n new references; on failure none. */
 int dt_redistribute_many(int n, dt_tensor *const *tensors, dt_mesh *mesh, const dt_placement *placements,
                          dt_tensor **out);
+/* n tensors at once into existing ones: dst[i] (same shape and dtype as tensors[i], on any mesh of
+ * the device type, in any placements but a Partial of its own) takes tensors[i]'s value in its own
+ * mesh and placements, in place: no new tensor, and on each device the piece's own memory is
+ * written when nothing else holds it. Whatever was issued before (ops, fetches, views made of
+ * dst) sees dst's old value. A destination may not share pieces with any tensor of the call, nor
+ * with another destination; not inside a capture. */
+int dt_redistribute_into(int n, dt_tensor *const *tensors, dt_tensor *const *dst);
 
 /* One step of a redistribute plan (what dt_redistribute would do, for tests and tuning). */
 typedef struct {
@@ -340,7 +347,7 @@ typedef struct {
     int64_t shm_bytes_sent;         /* of peer_bytes_sent: lent by handle to peers (worker processes' shared memory) */
     int64_t shm_bytes_received;     /* of peer_bytes_received: read in place from a peer's shared memory */
     int64_t shm_bytes_fetched;      /* bytes of fetched values the controller read from its shared memory */
-    int64_t pooled_bytes;           /* freed buffers kept for reuse by its process's pool (worker threads share one) */
+    int64_t pooled_bytes;           /* freed buffers and shared segments its process keeps (threads share them) */
 } dt_device_stat;
 /* Waits for every device of mesh to run what was sent to it before, then fills up to max entries,
  * one per device in mesh order. Returns the mesh's size, or a negative error code. */

@@ -19,7 +19,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define MB_VERSION 1                /* bumped on any incompatible change of the wire format */
+#define MB_VERSION 2                /* bumped on any incompatible change of the wire format */
 #define MB_MAX_HEADER 64            /* bytes; a header is 5 small integers */
 #define MB_MAX_BODY (64u << 20)     /* bytes of op records or completions in one message */
 #define MB_MAX_DEPTH 16             /* nesting of msgpack containers in one record */

@@ -121,8 +121,11 @@ typedef struct { uint32_t n; mb_cursor items; } mb_list;   /* inside the record:
 #define MB_FIELDS_SYNC(F) F(U64, future) F(I64, piece)
 /* the region of piece id at offset, of shape, to device `to` as transfer `transfer` */
 #define MB_FIELDS_SEND(F) F(U64, id) F(U64, transfer) F(I64, to) F(DIMS, offset) F(SHAPE, shape)
-/* piece id of dtype and shape made from parts of local piece `source` and received regions */
-#define MB_FIELDS_ASSEMBLE(F) F(U64, id) F(DTYPE, dtype) F(SHAPE, shape) F(U64, source) F(PARTS, parts)
+/* piece id of dtype and shape made from parts of local piece `source` and received regions; into:
+ * id is a piece this device holds already, of that dtype and shape, whose value the parts replace
+ * (written in its own storage when nothing else holds that) */
+#define MB_FIELDS_ASSEMBLE(F)                                                                        \
+    F(U64, id) F(DTYPE, dtype) F(SHAPE, shape) F(U64, source) F(BOOL, into) F(PARTS, parts)
 /* op: the op's number (op_index); ins: input tensor ids; ints, floats, scalar: the attributes;
  * ctx: per-device integers of the op's `local` hook; views: the inputs read as a view of the
  * piece their id names (a contiguous run of it: its first element and its own shape; a view

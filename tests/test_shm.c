@@ -247,7 +247,7 @@ static void s_assemble(s_rig *r, uint64_t id, int64_t from, uint64_t transfer)
 {
     mb_writer body = {0};
     const int64_t shape[1] = {S_N}, zero[1] = {0};
-    mb_encode_assemble(&body, id, DT_FLOAT32, 1, shape, 0, 1);
+    mb_encode_assemble(&body, id, DT_FLOAT32, 1, shape, 0, false, 1);
     mb_encode_part(&body, MB_PART_COPY, DT_REDUCE_SUM, from, transfer, 1, zero, 1, zero, 1, shape, 1);
     mb_encode_fetch(&body, id, id, 0);
     mb_header h = {MB_VERSION, MB_OPS, r->seq++, MB_SENDER_CONTROLLER, 2};

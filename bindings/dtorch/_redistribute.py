@@ -10,12 +10,26 @@ PlanStep.__doc__ = ("One step of a redistribute: kind names the collective it am
                     "elements how many elements cross between devices.")
 
 
-def redistribute_many(tensors, device_mesh=None, placements=None, progress=False):
+def redistribute_many(tensors, device_mesh=None, placements=None, progress=False, out=None):
     """Redistributes every tensor in one call (e.g. a model's weights to another actor group):
     their transfers travel together. ``placements`` is one sequence for all, or one per tensor.
     Returns at once; ``progress=True`` (or None: when stderr is a terminal) instead waits until
-    every tensor has landed, with a bar on stderr that moves as each does (tqdm when installed)."""
-    moved = _C._redistribute_many(list(tensors), device_mesh, None if placements is None else list(placements))
+    every tensor has landed, with a bar on stderr that moves as each does (tqdm when installed).
+
+    ``out``: existing DTensors, one per tensor, of the same shapes and dtypes, each on its own mesh
+    and in its own placements (so ``device_mesh`` and ``placements`` are not given): each takes its
+    tensor's value in place, and ``out`` is returned. No new tensors are made, and on each device a
+    piece's own memory is written when nothing else holds it, so a group that receives weights
+    never holds two copies of them. Whatever was issued before sees the old values."""
+    if out is not None:
+        if device_mesh is not None or placements is not None:
+            raise ValueError("redistribute_many: with out, each tensor goes to its destination's own mesh and "
+                             "placements: give neither device_mesh nor placements")
+        tensors, out = list(tensors), list(out)
+        _C._redistribute_into(tensors, out)
+        moved = out
+    else:
+        moved = _C._redistribute_many(list(tensors), device_mesh, None if placements is None else list(placements))
     if progress is not False and moved:
         from ._runtime import device_stats
         from ._safetensors import _progress

@@ -122,9 +122,9 @@ def device_stats(mesh, reset_peak=False):
 def memory_stats(mesh, reset_peak=False):
     """Each device's memory, once it has run everything sent to it before: a list in mesh order of
     dicts with ``device``, ``bytes_in_use`` (its pieces now), ``peak_bytes`` (the most since the
-    last reset; ``reset_peak=True`` restarts it) and ``pooled_bytes`` (freed buffers its process's
-    memory pool keeps for reuse; worker threads of one process share one pool, so they report
-    the same)."""
+    last reset; ``reset_peak=True`` restarts it) and ``pooled_bytes`` (freed buffers and shared
+    memory segments its process keeps for reuse; worker threads of one process share them, so
+    they report the same)."""
     keys = ("device", "bytes_in_use", "peak_bytes", "pooled_bytes")
     return [{k: s[k] for k in keys} for s in device_stats(mesh, reset_peak)]
 

@@ -78,7 +78,7 @@ int main(int argc, char **argv)
     mb_encode_fetch(&w, 1, 9, 0), s_record("fetch", &w);
     mb_encode_sync(&w, 9, 0), s_record("sync", &w);
     mb_encode_send(&w, 1, 4, 1, 2, (const int64_t[]){0, 0}, 2, S_SHAPE), s_record("send", &w);
-    mb_encode_assemble(&w, 2, DT_FLOAT32, 2, S_SHAPE, 1, 2);
+    mb_encode_assemble(&w, 2, DT_FLOAT32, 2, S_SHAPE, 1, false, 2);
     mb_encode_part(&w, MB_PART_COPY, DT_REDUCE_SUM, 0, 0, 2, (const int64_t[]){0, 0}, 2, (const int64_t[]){0, 0}, 2,
                    (const int64_t[]){1, 3}, 1);
     mb_encode_part(&w, MB_PART_REDUCE, DT_REDUCE_MAX, 1, 4, 2, (const int64_t[]){0, 0}, 2, (const int64_t[]){1, 0}, 2,

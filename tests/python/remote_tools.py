@@ -69,12 +69,13 @@ def pack(v):
     raise TypeError(v)
 
 
+VERSION = 2                 # MB_VERSION (mailbox/mb_codec.h)
 HELLO, PEER = 1, 5          # message kinds (mailbox/mb_codec.h)
 CONTROLLER = 0xffffffff
 
 
 def header(kind, seq, sender, count):
-    return pack([1, kind, seq, sender, count])
+    return pack([VERSION, kind, seq, sender, count])
 
 
 # ---- a raw ZeroMQ DEALER --------------------------------------------------------------------

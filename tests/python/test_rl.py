@@ -65,9 +65,11 @@ def test_sync_goes_worker_to_worker_into_the_other_groups_layout(mode):
     learner.load_state_dict({"lm_head.weight": head}, strict=False)
     rollout = dtorch.DeviceMesh("cpu", [0, 1])
     before = sum(s["peer_bytes_received"] for s in dtorch.device_stats(rollout))
+    kept = policy.lm_head.weight
     moved = rl_loop.sync(learner, policy, ["lm_head.weight"])
     assert moved == head.size * 4
     got = policy.lm_head.weight
+    assert got is kept                         # written in place: the policy's own tensor
     assert got.placements == placements and sorted(got.device_mesh.mesh.ravel().tolist()) == [0, 1]
     np.testing.assert_array_equal(got.numpy(), head)
     after = sum(s["peer_bytes_received"] for s in dtorch.device_stats(rollout))
