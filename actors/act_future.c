@@ -132,7 +132,7 @@ static void s_reduce_partials(dt_future *f)
             int64_t n = dt_layout_numel(f->ndim, acc->shape);
             for (int64_t j = 1; j < f->mesh_shape[p]; j++)
                 host->combine(acc->data, acc->data, f->pieces[at[acc->mesh_index + j * stride[p]]].data, f->dtype, n,
-                                  f->placements[p].reduce_op);
+                              f->placements[p].reduce_op);
             if (f->placements[p].reduce_op == DT_REDUCE_AVG)
                 host->scale_div(acc->data, f->dtype, n, f->mesh_shape[p]);
         }

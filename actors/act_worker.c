@@ -443,15 +443,15 @@ static void s_make(act_worker *w, int64_t code, mb_cursor *rec, mb_message *m)
     }
 }
 
-/* Makes t's storage its own before a write in place: storage that anything else holds (a fetch
- * or a transfer on its way, a replica sharing it, a received frame) is copied first, so whatever
- * was issued before the write keeps seeing the old value. */
 bool act_wtensor_sole(const act_wtensor *t)
 {
     const act_storage *st = t->storage;
     return st && !st->adopted && atomic_load(&st->refs) == 1 && t->data == st->data;
 }
 
+/* Makes t's storage its own before a write in place: storage that anything else holds (a fetch
+ * or a transfer on its way, a replica sharing it, a received frame) is copied first, so whatever
+ * was issued before the write keeps seeing the old value. */
 static const char *s_own_storage(act_worker *w, act_wtensor *t)
 {
     if (act_wtensor_sole(t))
