@@ -49,8 +49,14 @@ int dtn_op_call(const op_def *def, int n, dt_tensor *const *in, const op_attrs *
     c->mesh_ndim = in[0]->mesh->ndim;
     c->mesh_shape = in[0]->mesh->shape;
     c->nin = n;
-    if (attrs)
-        c->attrs = *attrs;
+    if (attrs) { /* what is given of them (a whole struct is 208 bytes; ops read only these) */
+        c->attrs.nints = attrs->nints;
+        memcpy(c->attrs.ints, attrs->ints, (size_t)attrs->nints * sizeof *attrs->ints);
+        c->attrs.nfloats = attrs->nfloats;
+        memcpy(c->attrs.floats, attrs->floats, (size_t)attrs->nfloats * sizeof *attrs->floats);
+        c->attrs.has_scalar = attrs->has_scalar;
+        c->attrs.scalar = attrs->scalar;
+    }
     for (int i = 0; i < n; i++) {
         if (!in[i])
             return dt_err(DT_EINVAL, "%s: input %d is missing", def->name, i);

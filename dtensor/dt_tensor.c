@@ -68,15 +68,19 @@ dt_tensor *dt_tensor_ref(dt_tensor *t)
 dt_tensor *dtn_tensor_view(dt_tensor *base, uint64_t base_id, int64_t first, dt_dtype dtype, int ndim,
                            const int64_t *shape, const dt_placement *placements)
 {
+    /* the hold first: a locked operation waits for the stores before it to drain, and the handle's
+     * are a few hundred bytes (the caller holds base, so an undo never frees it) */
+    atomic_fetch_add(&base->holds, 1 + DTN_VIEW);
     dt_tensor *t = dtn_tensor_alloc();
-    if (!t)
+    if (!t) {
+        atomic_fetch_sub(&base->holds, 1 + DTN_VIEW);
         return NULL;
+    }
     t->mesh = base->mesh;
     t->dtype = dtype;
     t->ndim = ndim;
     memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
     memcpy(t->placements, placements, (size_t)base->mesh->ndim * sizeof *placements);
-    atomic_fetch_add(&base->holds, 1 + DTN_VIEW);
     t->base = base;
     t->base_id = base_id;
     t->view_first = first;
@@ -95,10 +99,10 @@ static void s_destroy(dt_tensor *t);
 static void s_unview(dt_tensor *view)
 {
     dt_tensor *base = view->base;
+    uint64_t was = atomic_fetch_sub(&base->holds, 1 + DTN_VIEW); /* before the stores below (dtn_tensor_view) */
     view->base = NULL;
     dtn_strided_free(view->strided);
     view->strided = NULL;
-    uint64_t was = atomic_fetch_sub(&base->holds, 1 + DTN_VIEW);
     /* the last view: the pieces a write left it go too (looked at before they are taken: an
      * exchange is a locked operation, and there are seldom any; a write that retires them after
      * the look leaves them to the base's own release, as one after the exchange would) */
@@ -138,7 +142,11 @@ void dt_tensor_release(dt_tensor **tp)
 {
     dt_tensor *t = *tp;
     *tp = NULL;
-    if (t && DTN_REFS(atomic_fetch_sub(&t->holds, 1)) == 1)
+    if (!t)
+        return;
+    /* the only reference, and no views (they hold one each): no other thread can reach t to take
+     * one, so it goes without a locked operation (most of a short-lived view's release) */
+    if (atomic_load_explicit(&t->holds, memory_order_acquire) == 1 || DTN_REFS(atomic_fetch_sub(&t->holds, 1)) == 1)
         s_destroy(t);
 }
 
