@@ -17,6 +17,7 @@
 #include "dtn_plan.h"
 #include "dtn_redistribute.h"
 #include "dtn_tensor.h"
+#include "dtn_viewmemo.h"
 #include "mb_schema.h"
 #include "op_registry.h"
 
@@ -228,34 +229,43 @@ static void s_frame(const dt_tensor *x, const int64_t **shape, const dt_placemen
     *pl = x->strided ? x->strided->frame_pl : x->placements;
 }
 
-/* Output 0 of c as a view of in made on the controller alone: a handle that reads in's pieces (or
- * those in reads), starting first elements further in; with map, a strided view of in's frame
- * (in itself, or the frame in reads). No device hears of it until an op reads it. */
-static int s_view(const op_call *c, dt_tensor *in, int64_t first, const op_strided *map, dt_tensor **out)
+/* plan's output as a view of in made on the controller alone: a handle that reads in's pieces (or
+ * those in reads), starting plan->first elements further in; a strided plan's is a strided view of
+ * in's frame (in itself, or the frame in reads). No device hears of it until an op reads it. */
+static int s_view(const char *op, const dtn_view_plan *plan, dt_tensor *in, dt_tensor **out)
 {
     dt_tensor *base = in->base ? in->base : in;
-    const op_arg *o = &c->out[0];
+    const op_arg *o = &plan->out;
     uint64_t base_id = in->base ? in->base_id : in->id; /* a view of a view reads what it reads */
-    const int64_t *frame_shape;
-    const dt_placement *frame_pl;
-    s_frame(in, &frame_shape, &frame_pl);
-    dtn_strided *strided = NULL;
-    if (map && !op_strided_is_identity(map, o->shape, frame_shape)) {
-        if (!(strided = dtn_strided_alloc()))
-            return dt_err(DT_ENOMEM, "%s: out of memory", c->def->name);
+    dt_tensor *t = dtn_tensor_view(base, base_id, in->view_first + plan->first, o->dtype, o->ndim, o->shape, o->pl);
+    if (!t)
+        return dt_err(DT_ENOMEM, "%s: out of memory", op);
+    if (plan->strided) {
+        dtn_strided *strided = dtn_strided_alloc();
+        if (!strided) {
+            dt_tensor_release(&t);
+            return dt_err(DT_ENOMEM, "%s: out of memory", op);
+        }
+        const int64_t *frame_shape;
+        const dt_placement *frame_pl;
+        s_frame(in, &frame_shape, &frame_pl);
         memcpy(strided->frame_shape, frame_shape, sizeof strided->frame_shape);
         memcpy(strided->frame_pl, frame_pl, sizeof strided->frame_pl);
-        strided->map = *map;
+        strided->map = plan->map;
+        t->strided = strided;
+        t->noncontiguous = plan->noncontiguous;
     }
-    dt_tensor *t = dtn_tensor_view(base, base_id, in->view_first + first, o->dtype, o->ndim, o->shape, o->pl);
-    if (!t) {
-        dtn_strided_free(strided);
-        return dt_err(DT_ENOMEM, "%s: out of memory", c->def->name);
-    }
-    t->strided = strided;
-    t->noncontiguous = strided && !dtn_strided_rowmajor(strided, o->ndim, o->shape);
     out[0] = t;
     return 1;
+}
+
+/* What may stop a view of x between two calls with the same plan: no capture is being recorded
+ * (its records must make what they use), and the pieces it would read have an id and were never
+ * written in place (a write would show through: views are values). */
+static bool s_view_allowed(const dt_tensor *x)
+{
+    const dt_tensor *base = x->base ? x->base : x;
+    return !act_capture_active() && !base->written && base->id;
 }
 
 /* Whether output 0 of c can be a view of input 0 made on the controller alone: the op says so, no
@@ -263,18 +273,17 @@ static int s_view(const op_call *c, dt_tensor *in, int64_t first, const op_strid
  * it would read were never written in place (a write would show through: views are values). A
  * contiguous run of every piece (op_def.view) gives *first; otherwise a strided view that reads the
  * same way on every device (op_def.strided, op_strided_uniform) gives *map (*strided set). */
-static bool s_viewable(const op_call *c, dt_tensor *const *in, const bool *moves, int64_t *first, op_strided *map,
-                       bool *strided)
+static bool s_viewable(const op_call *c, const dt_tensor *x, const bool *moves, dtn_view_plan *plan)
 {
-    const dt_tensor *x = in[0], *base = x->base ? x->base : x;
-    *first = 0;
-    *strided = false;
-    if ((!c->def->view && !c->def->strided) || moves[0] || act_capture_active() || base->written || !base->id)
+    if ((!c->def->view && !c->def->strided) || moves[0] || !s_view_allowed(x))
         return false;
-    if (!x->strided && c->def->view && c->def->view(c, first))
+    plan->out = c->out[0];
+    plan->first = 0;
+    plan->strided = plan->noncontiguous = false;
+    if (!x->strided && c->def->view && c->def->view(c, &plan->first))
         return true;
-    *first = 0;
-    op_strided from;
+    plan->first = 0;
+    op_strided from, *map = &plan->map;
     if (x->strided)
         from = x->strided->map;
     else
@@ -283,9 +292,12 @@ static bool s_viewable(const op_call *c, dt_tensor *const *in, const bool *moves
     const dt_placement *frame_pl;
     s_frame(x, &frame_shape, &frame_pl);
     const op_arg *o = &c->out[0];
-    *strided = c->def->strided && c->def->strided(c, &from, map) &&
-               op_strided_uniform(map, c->mesh_ndim, o->shape, o->pl, frame_shape, frame_pl);
-    return *strided;
+    if (!c->def->strided || !c->def->strided(c, &from, map) ||
+        !op_strided_uniform(map, c->mesh_ndim, o->shape, o->pl, frame_shape, frame_pl))
+        return false;
+    plan->strided = !op_strided_is_identity(map, o->shape, frame_shape);
+    plan->noncontiguous = plan->strided && !op_strided_rowmajor(map, o->shape, frame_shape);
+    return true;
 }
 
 /* Between act_runtime_begin and _end: pieces for t under a fresh id, sharing the bytes of the
@@ -374,6 +386,15 @@ int dt_op_run(int id, int n, dt_tensor *const *in, const dt_op_attrs *attrs, int
     const op_def *def = op_at(id);
     if (!def)
         return dt_err(DT_EINVAL, "unknown op id %d", id);
+    /* a view op called as before on a tensor like this one: the plan of its view, kept (a strided
+     * view's input, and an input from a runtime since stopped, are left to the call below) */
+    dtn_view_key key;
+    bool keyed = n == 1 && max_out >= 1 && in[0] && dtn_viewmemo_key(def, in[0], attrs, &key);
+    if (keyed) {
+        const dtn_view_plan *plan = dtn_viewmemo_find(&key);
+        if (plan && s_view_allowed(in[0]) && act_runtime_epoch_live(in[0]->epoch))
+            return s_view(def->name, plan, in[0], out);
+    }
     op_call c;
     int rc = dtn_op_call(def, n, in, attrs, &c);
     if (rc != 0 || (rc = def->infer(&c)) != 0)
@@ -393,11 +414,12 @@ int dt_op_run(int id, int n, dt_tensor *const *in, const dt_op_attrs *attrs, int
     }
     if (def->inplace && moves[0])
         return dt_err(DT_EUNSUPPORTED, "%s: an in-place op may not move the tensor it writes", def->name);
-    int64_t first;
-    op_strided map;
-    bool strided;
-    if (s_viewable(&c, in, moves, &first, &map, &strided))
-        return s_view(&c, in[0], first, strided ? &map : NULL, out);
+    dtn_view_plan plan;
+    if (s_viewable(&c, in[0], moves, &plan)) {
+        if (keyed)
+            dtn_viewmemo_keep(&key, &plan);
+        return s_view(def->name, &plan, in[0], out);
+    }
     /* a large strided view gets pieces of its own the first time an op reads it (one gather on
      * each device, kept): read inline, every op that reads it would gather it again (a weight
      * transposed once, read at every step) */

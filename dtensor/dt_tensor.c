@@ -157,26 +157,6 @@ dt_dtype dt_tensor_dtype(const dt_tensor *t) { return t->dtype; }
 dt_mesh *dt_tensor_mesh(const dt_tensor *t) { return t->mesh; }
 const dt_placement *dt_tensor_placements(const dt_tensor *t) { return t->placements; }
 
-bool dtn_strided_rowmajor(const dtn_strided *s, int ndim, const int64_t *shape)
-{
-    /* the view's step through its frame in each dim, from the last, against a row-major tensor's
-     * (the product of the sizes after it); as torch, a dim of one element places nothing and an
-     * empty view is contiguous. Every strided view made is asked this once (bench/README.md,
-     * "bench_op_cost"): one pass, no table of the view's steps. */
-    const op_strided *m = &s->map;
-    int64_t frame[DT_MAX_DIMS], run = 1;
-    dt_layout_strides(m->frame_ndim, s->frame_shape, 1, frame);
-    bool rowmajor = true;
-    for (int j = ndim - 1; j >= 0; j--) {
-        if (shape[j] == 0)
-            return true;
-        if (shape[j] > 1 && (m->dim[j] < 0 || m->step[j] * frame[m->dim[j]] != run))
-            rowmajor = false;
-        run *= shape[j];
-    }
-    return rowmajor;
-}
-
 /* Decided when the view is made: a fetch or a gather that gives it pieces of its own later does
  * not change what it is (torch's x[:, 0] is never contiguous). */
 bool dt_tensor_is_contiguous(const dt_tensor *t) { return !t->noncontiguous; }

@@ -58,8 +58,6 @@ dt_tensor *dtn_tensor_alloc(void);   /* zeroed, one reference */
 void dtn_tensor_free(dt_tensor *t);   /* the struct only */
 dtn_strided *dtn_strided_alloc(void); /* uninitialised; NULL when out of memory */
 void dtn_strided_free(dtn_strided *s);   /* NULL is nothing to free */
-/* Whether a strided view of this shape reads its frame in row-major order (dims of one element do not count). */
-bool dtn_strided_rowmajor(const dtn_strided *s, int ndim, const int64_t *shape);
 
 /* A view made on the controller of base (which has pieces of its own, never written in place): a
  * handle of the given metadata reading the pieces base_id names (base's, or those a view of base

@@ -154,6 +154,9 @@ bool op_strided_uniform(const op_strided *s, int mesh_ndim, const int64_t *shape
                         const int64_t *frame_shape, const dt_placement *frame_pl);
 /* Whether s reads its frame's elements in order, all of them (it is the frame itself). */
 bool op_strided_is_identity(const op_strided *s, const int64_t *shape, const int64_t *frame_shape);
+/* Whether a view of shape through s reads its frame (of frame_shape, C-contiguous) in row-major
+ * order: as torch, a dim of one element places nothing and an empty view is contiguous. */
+bool op_strided_rowmajor(const op_strided *s, const int64_t *shape, const int64_t *frame_shape);
 /* The local view of map s on one device: the frame's local shape there (frame_local) and the
  * view's local sizes (local) give the first element and the element strides of the view in the
  * frame's piece (C-contiguous). */

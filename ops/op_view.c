@@ -885,6 +885,24 @@ bool op_strided_is_identity(const op_strided *s, const int64_t *shape, const int
     return true;
 }
 
+bool op_strided_rowmajor(const op_strided *s, const int64_t *shape, const int64_t *frame_shape)
+{
+    /* the view's step through its frame in each dim, from the last, against a row-major tensor's
+     * (the product of the sizes after it). Every strided view made is asked this once (bench/README.md,
+     * "bench_op_cost"): one pass, no table of the view's steps. */
+    int64_t frame[DT_MAX_DIMS], run = 1;
+    dt_layout_strides(s->frame_ndim, frame_shape, 1, frame);
+    bool rowmajor = true;
+    for (int j = s->ndim - 1; j >= 0; j--) {
+        if (shape[j] == 0)
+            return true;
+        if (shape[j] > 1 && (s->dim[j] < 0 || s->step[j] * frame[s->dim[j]] != run))
+            rowmajor = false;
+        run *= shape[j];
+    }
+    return rowmajor;
+}
+
 void op_strided_local(const op_strided *s, const int64_t *frame_local, const int64_t *local, int64_t *first,
                       int64_t *strides)
 {
