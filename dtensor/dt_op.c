@@ -269,10 +269,9 @@ static bool s_view_allowed(const dt_tensor *x)
 }
 
 /* Whether output 0 of c can be a view of input 0 made on the controller alone: the op says so, no
- * input moves, no capture is being recorded (its records must make what they use), and the pieces
- * it would read were never written in place (a write would show through: views are values). A
- * contiguous run of every piece (op_def.view) gives *first; otherwise a strided view that reads the
- * same way on every device (op_def.strided, op_strided_uniform) gives *map (*strided set). */
+ * input moves, and s_view_allowed. *plan is then its view: a contiguous run of every piece
+ * (op_def.view) from plan->first, or a strided view that reads the same way on every device
+ * (op_def.strided, op_strided_uniform; plan->strided where its map is not the frame itself). */
 static bool s_viewable(const op_call *c, const dt_tensor *x, const bool *moves, dtn_view_plan *plan)
 {
     if ((!c->def->view && !c->def->strided) || moves[0] || !s_view_allowed(x))
