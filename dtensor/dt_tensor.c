@@ -99,16 +99,20 @@ static void s_destroy(dt_tensor *t);
 static void s_unview(dt_tensor *view)
 {
     dt_tensor *base = view->base;
+    /* the last view: the pieces a write left it go too. Looked at while this view still holds
+     * base (once it lets go, another thread's last release may free base): no view made after the
+     * write reads them, so a count of one view means none but this one does. Two views that go at
+     * once both count two and leave them to base's own release, as a write that retires them after
+     * the look does. (Loaded before the exchange, a locked operation: there are seldom any.) */
+    uint64_t retired = atomic_load(&base->retired) && DTN_VIEWS(atomic_load(&base->holds)) == 1
+                           ? atomic_exchange(&base->retired, 0)
+                           : 0;
+    if (retired)
+        act_runtime_free(base->epoch, base->mesh, retired);
     uint64_t was = atomic_fetch_sub(&base->holds, 1 + DTN_VIEW); /* before the stores below (dtn_tensor_view) */
     view->base = NULL;
     dtn_strided_free(view->strided);
     view->strided = NULL;
-    /* the last view: the pieces a write left it go too (looked at before they are taken: an
-     * exchange is a locked operation, and there are seldom any; a write that retires them after
-     * the look leaves them to the base's own release, as one after the exchange would) */
-    uint64_t retired = DTN_VIEWS(was) == 1 && atomic_load(&base->retired) ? atomic_exchange(&base->retired, 0) : 0;
-    if (retired)
-        act_runtime_free(base->epoch, base->mesh, retired);
     if (DTN_REFS(was) == 1)
         s_destroy(base);
 }

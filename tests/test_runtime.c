@@ -3,6 +3,7 @@
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -792,6 +793,73 @@ S_BOTH(stats, counts_pieces_and_peer_traffic)
     dt_mesh_release(&mesh);
 }
 
+/* ---- views let go on several threads at once ------------------------------------------------- */
+
+typedef struct {
+    dt_tensor *t;
+    atomic_int *ready; /* the threads at the start line; all three go together */
+} s_drop;
+
+static void *s_drop_main(void *arg)
+{
+    s_drop *d = arg;
+    atomic_fetch_add(d->ready, 1);
+    while (atomic_load(d->ready) < 3)
+        ;
+    dt_tensor_release(&d->t);
+    return NULL;
+}
+
+static int64_t s_bytes_in_use(dt_mesh *mesh, int64_t device)
+{
+    dt_device_stat st[2];
+    cr_assert_eq(dt_device_stats(mesh, 2, st), 2, "%s", dt_last_error());
+    return st[device].bytes_in_use;
+}
+
+/* A (4, 3) float32 tensor written in place while two views made on the controller read it: it
+ * moves to new pieces and leaves its old ones (48 bytes on each device) to the views. Its last
+ * reference and both views then go on three threads at once, 200 times: whatever the order, both
+ * pieces are freed (a view's release looks at what it must free while it still holds the tensor,
+ * and two views that go together leave the old pieces to the tensor's own release). */
+S_BOTH(views, let_go_on_three_threads_at_once)
+{
+    (void)mode;
+    dt_mesh *mesh = s_mesh(1, (int64_t[]){2}, (int64_t[]){0, 1});
+    dt_placement rep = dt_replicate();
+    int sel = dt_op_id("select"), assign = dt_op_id("slice_assign_");
+    cr_assert(sel >= 0 && assign >= 0);
+    dt_tensor *src = dt_full(mesh, 2, (int64_t[]){1, 3}, DT_FLOAT32, &rep, S_FLT(7.0));
+    cr_assert_not_null(src, "%s", dt_last_error());
+    int64_t empty = s_bytes_in_use(mesh, 1);
+    for (int round = 0; round < 200; round++) {
+        dt_tensor *x = dt_full(mesh, 2, (int64_t[]){4, 3}, DT_FLOAT32, &rep, S_FLT(2.0));
+        cr_assert_not_null(x, "%s", dt_last_error());
+        dt_tensor *v[2] = {NULL, NULL}, *w = NULL;
+        for (int i = 0; i < 2; i++) {
+            dt_op_attrs a = {.nints = 2, .ints = {0, 1 + i}};
+            cr_assert_eq(dt_op_run(sel, 1, &x, &a, 1, &v[i]), 1, "%s", dt_last_error());
+        }
+        dt_op_attrs at = {.nints = 2, .ints = {0, 1}};
+        cr_assert_eq(dt_op_run(assign, 2, (dt_tensor *[]){x, src}, &at, 1, &w), 1, "%s", dt_last_error());
+        dt_tensor_release(&w);
+        if (round == 0) /* the views read the old pieces, x the new ones: two of them */
+            cr_expect_eq(s_bytes_in_use(mesh, 1), empty + 2 * 48, "the write left its views no pieces of their own");
+        atomic_int ready = 0;
+        s_drop drops[3] = {{v[0], &ready}, {v[1], &ready}, {x, &ready}};
+        pthread_t th[2];
+        for (int i = 0; i < 2; i++)
+            cr_assert_eq(pthread_create(&th[i], NULL, s_drop_main, &drops[i]), 0);
+        s_drop_main(&drops[2]);
+        for (int i = 0; i < 2; i++)
+            pthread_join(th[i], NULL);
+    }
+    cr_expect_eq(s_bytes_in_use(mesh, 0), empty, "pieces left behind on device 0");
+    cr_expect_eq(s_bytes_in_use(mesh, 1), empty, "pieces left behind on device 1");
+    dt_tensor_release(&src);
+    dt_mesh_release(&mesh);
+}
+
 /* ---- a worker process dies ------------------------------------------------------------------ */
 
 /* The pid of this process's dtorch-worker child that serves device, or -1. */
@@ -993,7 +1061,6 @@ S_BOTH(bad_input, factories)
 
 /* ---- shutdown races and late starters --------------------------------------------------------- */
 
-#include <pthread.h>
 #include <sys/stat.h>
 
 typedef struct {
