@@ -1,5 +1,6 @@
 /* dt_tensor — DTensor handles: metadata on the controller, pieces on the devices. The last
  * release queues a free on every device; fetches ask each device for its own piece. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,10 +13,43 @@
 #include "dtn_tensor.h"
 #include "mb_schema.h"
 
-#define S_CACHE 256 /* handle structs kept per thread for reuse */
+#define S_CACHE 256 /* handle structs, and strided views' maps, kept per thread for reuse */
 
 static _Thread_local dt_tensor *s_cache[S_CACHE];
 static _Thread_local int s_cached;
+/* A strided view's map, kept for reuse as the handles are: made and dropped at every transpose */
+static _Thread_local dtn_strided *s_strided_cache[S_CACHE];
+static _Thread_local int s_strided_cached;
+
+/* What a thread kept goes when it exits (a pool's threads come and go): the key's destructor runs
+ * for a thread that set a value, once it has kept something; one that keeps more from a later
+ * destructor sets it again, and runs it again. */
+static pthread_key_t s_keeper;
+static pthread_once_t s_keeper_once = PTHREAD_ONCE_INIT;
+static bool s_keeper_made;
+static _Thread_local bool s_keeping;
+
+static void s_let_go(void *unused)
+{
+    (void)unused;
+    s_keeping = false;
+    while (s_cached > 0)
+        free(s_cache[--s_cached]);
+    while (s_strided_cached > 0)
+        free(s_strided_cache[--s_strided_cached]);
+}
+
+static void s_make_keeper(void) { s_keeper_made = pthread_key_create(&s_keeper, s_let_go) == 0; }
+
+/* Whether this thread may keep what it frees (its key set: nothing is kept that its exit would
+ * not free). */
+static bool s_may_keep(void)
+{
+    if (s_keeping)
+        return true;
+    pthread_once(&s_keeper_once, s_make_keeper);
+    return s_keeping = s_keeper_made && pthread_setspecific(s_keeper, &s_keeping) == 0;
+}
 
 dt_tensor *dtn_tensor_alloc(void)
 {
@@ -29,15 +63,11 @@ dt_tensor *dtn_tensor_alloc(void)
 
 void dtn_tensor_free(dt_tensor *t)
 {
-    if (s_cached < S_CACHE)
+    if (s_cached < S_CACHE && s_may_keep())
         s_cache[s_cached++] = t;
     else
         free(t);
 }
-
-/* A strided view's map, kept for reuse as the handles are: made and dropped at every transpose */
-static _Thread_local dtn_strided *s_strided_cache[S_CACHE];
-static _Thread_local int s_strided_cached;
 
 dtn_strided *dtn_strided_alloc(void)
 {
@@ -48,7 +78,7 @@ void dtn_strided_free(dtn_strided *s)
 {
     if (!s)
         return;
-    if (s_strided_cached < S_CACHE)
+    if (s_strided_cached < S_CACHE && s_may_keep())
         s_strided_cache[s_strided_cached++] = s;
     else
         free(s);
