@@ -150,6 +150,16 @@ def bf16_round(values):
 
 
 @pytest.fixture
+def ctrl_c():
+    """Ctrl-C as an interactive user's process meets it: Python's own SIGINT handler, which raises
+    KeyboardInterrupt. A process started in the background by a shell without job control (as CI
+    may start the suite) inherits SIGINT ignored, and Python then leaves it so."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
+@pytest.fixture
 def sigcont_guard():
     """Collects pids a test SIGSTOPs and always continues them at teardown."""
     stopped = []

@@ -109,7 +109,7 @@ def test_await_woken_by_runtime(process_mode, sigcont_guard):
     np.testing.assert_array_equal(ry, np.ones(4, np.float32))
 
 
-def test_ctrl_c_interrupts_result(process_mode, sigcont_guard):
+def test_ctrl_c_interrupts_result(process_mode, sigcont_guard, ctrl_c):
     mesh = dtorch.DeviceMesh("cpu", [0, 1])
     full = np.arange(8, dtype=np.float32)
     x = dtorch.distribute_tensor(full, mesh, [Shard(0)])
@@ -146,7 +146,7 @@ def test_many_futures_of_one_tensor(mode):
         np.testing.assert_array_equal(f.result(), full)
 
 
-def test_ctrl_c_interrupts_backpressure(process_mode, sigcont_guard):
+def test_ctrl_c_interrupts_backpressure(process_mode, sigcont_guard, ctrl_c):
     """With a device stopped, ops pile up until the user's thread is held back; Ctrl-C ends that
     wait with KeyboardInterrupt, and the runtime works once the device runs again."""
     mesh = dtorch.DeviceMesh("cpu", [0, 1])
