@@ -299,6 +299,43 @@ static bool s_viewable(const op_call *c, const dt_tensor *x, const bool *moves, 
     return true;
 }
 
+/* How x reads in torch's terms: a map onto a row-major frame, whose shape it returns (its layout's,
+ * a strided view's own, or the identity onto itself). */
+static const int64_t *s_logical(const dt_tensor *x, op_strided *map)
+{
+    const dtn_strided *s = x->layout ? x->layout : x->strided;
+    if (s) {
+        *map = s->map;
+        return s->frame_shape;
+    }
+    op_strided_identity(map, x->ndim);
+    return x->shape;
+}
+
+/* t, output 0 of a view op on x made otherwise than by a plan of x's own map (a copy, or a view of a
+ * tensor with a layout): whether torch's view would be contiguous, and the layout its own views
+ * read on by where it is not, or where it differs from t's strided map. An op with no map for
+ * it (a reshape torch would copy) makes a row-major tensor. Out of memory, t is left as it is. */
+static void s_lay_out(const op_call *c, const dt_tensor *x, dt_tensor *t)
+{
+    op_strided from, map;
+    const int64_t *frame_shape = s_logical(x, &from);
+    if (!c->def->strided || !c->def->strided(c, &from, &map)) {
+        t->noncontiguous = false;
+        return;
+    }
+    t->noncontiguous = !op_strided_rowmajor(&map, t->shape, frame_shape);
+    if (!t->noncontiguous && !t->strided)
+        return;
+    dtn_strided *layout = dtn_strided_alloc();
+    if (!layout)
+        return;
+    memcpy(layout->frame_shape, frame_shape, sizeof layout->frame_shape);
+    memset(layout->frame_pl, 0, sizeof layout->frame_pl); /* not read: a layout is no frame of pieces */
+    layout->map = map;
+    t->layout = layout;
+}
+
 /* Between act_runtime_begin and _end: pieces for t under a fresh id, sharing the bytes of the
  * pieces named read (t's own, or for a view its base's from t->view_first on): a reshape to its own
  * shape, which the worker's alias hook makes without a copy. */
@@ -417,7 +454,9 @@ int dt_op_run(int id, int n, dt_tensor *const *in, const dt_op_attrs *attrs, int
     if (s_viewable(&c, in[0], moves, &plan)) {
         if (keyed)
             dtn_viewmemo_keep(&key, &plan);
-        return s_view(def->name, &plan, in[0], out);
+        if ((rc = s_view(def->name, &plan, in[0], out)) == 1 && in[0]->layout)
+            s_lay_out(&c, in[0], out[0]);
+        return rc;
     }
     /* a large strided view gets pieces of its own the first time an op reads it (one gather on
      * each device, kept): read inline, every op that reads it would gather it again (a weight
@@ -517,6 +556,8 @@ int dt_op_run(int id, int n, dt_tensor *const *in, const dt_op_attrs *attrs, int
             act_runtime_free_now(mesh, own[i]);
     }
     act_runtime_end();
+    if ((def->view || def->strided) && !def->inplace)
+        s_lay_out(&c, in[0], made[0]);
     for (int o = 0; o < c.nout; o++)
         out[o] = made[o];
     return c.nout;

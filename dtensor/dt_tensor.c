@@ -152,6 +152,10 @@ void dtn_tensor_unview(dt_tensor *view)
     if (!view->base)
         return;
     view->mesh = dt_mesh_ref(view->mesh); /* its own from now on */
+    if (view->noncontiguous && !view->layout) { /* the views made of it read on through its map */
+        view->layout = view->strided;
+        view->strided = NULL;
+    }
     s_unview(view);
 }
 
@@ -163,6 +167,7 @@ static void s_destroy(dt_tensor *t)
     uint64_t retired = atomic_load(&t->retired);
     if (retired) /* left by a write racing the last view's release on another thread */
         act_runtime_free(t->epoch, t->mesh, retired);
+    dtn_strided_free(t->layout);
     if (t->base) { /* a view made on the controller: its devices never heard of it */
         s_unview(t);
         t->mesh = NULL;
@@ -191,8 +196,9 @@ dt_dtype dt_tensor_dtype(const dt_tensor *t) { return t->dtype; }
 dt_mesh *dt_tensor_mesh(const dt_tensor *t) { return t->mesh; }
 const dt_placement *dt_tensor_placements(const dt_tensor *t) { return t->placements; }
 
-/* Decided when the view is made: a fetch or a gather that gives it pieces of its own later does
- * not change what it is (torch's x[:, 0] is never contiguous). */
+/* Decided when the view is made, as torch's view would be (through dt_tensor.layout where the
+ * placements made a copy or its input has one): a fetch or a gather that gives it pieces of its
+ * own later does not change what it is (torch's x[:, 0] is never contiguous). */
 bool dt_tensor_is_contiguous(const dt_tensor *t) { return !t->noncontiguous; }
 
 int dt_tensor_local_block(const dt_tensor *t, int64_t mesh_index, int64_t *shape, int64_t *offset)

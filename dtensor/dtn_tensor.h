@@ -44,7 +44,13 @@ struct dt_tensor {
     uint64_t base_id;
     int64_t view_first;
     dtn_strided *strided;           /* owned; NULL but for a strided view (it then reads its frame) */
-    bool noncontiguous;             /* made as a view out of row-major order (is_contiguous), kept once it has pieces */
+    /* is_contiguous, as torch's view would answer: made by view ops out of row-major order, kept
+     * once it has pieces. How it reads in those terms is strided's map, but where layout says
+     * otherwise: the map onto a row-major frame that torch's view would have (owned; set for a
+     * view op's copy out of row-major order, a strided view given pieces, and a view made of a
+     * tensor that has one), so that the views made of it answer as torch's do. */
+    bool noncontiguous;
+    dtn_strided *layout;
     /* Of a tensor with pieces: whether it has ever been written in place (then no view is made of
      * it on the controller: a write would show through), and the id of the pieces a first write
      * left to its live views (DTN_VIEWS(holds): they read its pieces as they were when made; it

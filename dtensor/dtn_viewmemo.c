@@ -25,7 +25,7 @@ static void s_make_owner(void) { s_owner_made = pthread_key_create(&s_owner, fre
 
 bool dtn_viewmemo_key(const op_def *def, const dt_tensor *x, const op_attrs *attrs, dtn_view_key *key)
 {
-    if ((!def->view && !def->strided) || x->strided)
+    if ((!def->view && !def->strided) || x->strided || x->layout)
         return false;
     int nints = attrs ? attrs->nints : 0;
     if (attrs && (attrs->nfloats != 0 || attrs->has_scalar || nints < 0 || nints > OP_MAX_INTS))

@@ -35,8 +35,8 @@ typedef struct {
 } dtn_view_key;
 
 /* The key of a call of def on x with attrs (NULL: none), or false when a plan is never kept for
- * such a call: def makes no views, x is a strided view itself, or the attributes hold floats or a
- * scalar, or more integers than an op takes. */
+ * such a call: def makes no views, x is a strided view itself or reads out of row-major order
+ * (dt_tensor.layout), or the attributes hold floats or a scalar, or more integers than an op takes. */
 bool dtn_viewmemo_key(const op_def *def, const dt_tensor *x, const op_attrs *attrs, dtn_view_key *key);
 /* The plan kept under key on this thread, or NULL. Valid until this thread's next _keep. */
 const dtn_view_plan *dtn_viewmemo_find(const dtn_view_key *key);

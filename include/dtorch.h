@@ -296,7 +296,7 @@ int64_t dt_tensor_numel(const dt_tensor *t);
 dt_dtype dt_tensor_dtype(const dt_tensor *t);
 dt_mesh *dt_tensor_mesh(const dt_tensor *t);             /* borrowed */
 const dt_placement *dt_tensor_placements(const dt_tensor *t); /* dt_mesh_ndim entries, normalised */
-bool dt_tensor_is_contiguous(const dt_tensor *t); /* its elements in row-major order (not a transpose, a column...) */
+bool dt_tensor_is_contiguous(const dt_tensor *t); /* as torch's view would be: row-major order (not a transpose, a column...) */
 /* local shape and global offset of the piece the device at flat mesh index holds */
 int dt_tensor_local_block(const dt_tensor *t, int64_t mesh_index, int64_t *shape, int64_t *offset);
 dt_future *dt_tensor_fetch(dt_tensor *t);                /* the whole value, Partial reduced */

@@ -209,7 +209,10 @@ class _DTensorMethods:
 
     def is_contiguous(self, memory_format=None):
         """False for a view that reads its base out of row-major order (a transpose, a column, a
-        stepped slice, a broadcast), as torch: dims of one element do not count."""
+        stepped slice, a broadcast), as torch: dims of one element do not count. Chains of view
+        ops answer as torch's views do (``x.t().t()`` is contiguous, ``x.t()[0]`` is not), also
+        where the placements made a copy. Other ops' outputs are row-major: unlike torch, an
+        elementwise op on a transpose gives a contiguous tensor."""
         return self._contiguous
 
     matmul = _mm.matmul

@@ -170,6 +170,58 @@ def test_strided_views_send_nothing_and_read_the_right_elements(mode, mesh_name)
             _check_layout(v, want, msg)
 
 
+def _layout_chains():
+    """(DTensor chain, numpy chain): view ops, one after another, whose contiguity numpy's views
+    decide; under some placements each step is a copy, under others a view."""
+    return [
+        (lambda t: t.t(), lambda n: n.T),
+        (lambda t: t[:, 2], lambda n: n[:, 2]),
+        (lambda t: t[:, 2:3], lambda n: n[:, 2:3]),
+        (lambda t: t[:, 1:3], lambda n: n[:, 1:3]),
+        (lambda t: t[::2], lambda n: n[::2]),
+        (lambda t: t[1:3], lambda n: n[1:3]),
+        (lambda t: t[0], lambda n: n[0]),
+        (lambda t: t.t()[0], lambda n: n.T[0]),
+        (lambda t: t.t()[1:3], lambda n: n.T[1:3]),
+        (lambda t: t.t().t(), lambda n: n),
+        (lambda t: t.t()[:, 1:3].t(), lambda n: n.T[:, 1:3].T),
+        (lambda t: t.t().unsqueeze(0), lambda n: n.T[None]),
+        (lambda t: t[:1].expand(3, 6), lambda n: np.broadcast_to(n[:1], (3, 6))),
+        (lambda t: t.t().reshape(24), lambda n: np.ascontiguousarray(n.T).reshape(24)),  # torch copies
+    ]
+
+
+@pytest.mark.parametrize("mesh_name", ["1", "2", "3", "4", "2x2"])
+def test_view_ops_are_contiguous_as_torch_views_whatever_they_copy(mode, mesh_name):
+    """is_contiguous() follows the view ops a tensor came from, as torch's does, whether the
+    placements let each be a view made on the controller or make it a copy (a column of a tensor
+    split on its columns is copied on each device; torch's x[:, 2] is not contiguous either): the
+    reference is numpy's flags on the same views of an array. A strided view given pieces of its
+    own by a fetch answers as before, and so do the views made of it."""
+    mesh = dtorch.DeviceMesh("cpu", MESHES[mesh_name])
+    a = np.arange(4 * 6, dtype=np.float32).reshape(4, 6)
+    for pl in (Replicate(), Shard(0), Shard(1)):
+        pls = [pl] + [Shard(1) if pl == Shard(0) else Replicate()] * (mesh.ndim - 1)
+        x = dtorch.distribute_tensor(a, mesh, pls)
+        for take, ref in _layout_chains():
+            v, want = take(x), ref(a)
+            msg = f"{pls} on {mesh_name}: {tuple(v.shape)}"
+            np.testing.assert_array_equal(v.numpy(), want, err_msg=msg)  # the fetch gives a view pieces
+            assert v.is_contiguous() == want.flags.c_contiguous, msg
+            for again, ref2 in ((lambda t: t[1:], lambda n: n[1:]), (lambda t: t.t(), lambda n: n.T)):
+                if v.ndim == 2:
+                    w, wn = again(v), ref2(want)
+                    assert w.is_contiguous() == wn.flags.c_contiguous, msg
+                    np.testing.assert_array_equal(w.numpy(), wn, err_msg=msg)
+        x3 = dtorch.distribute_tensor(a.reshape(2, 3, 4), mesh, pls)
+        for take, ref in ((lambda t: t.permute(2, 0, 1)[1], lambda n: n.transpose(2, 0, 1)[1]),
+                          (lambda t: t.transpose(1, 2)[:, 1:], lambda n: n.swapaxes(1, 2)[:, 1:]),
+                          (lambda t: t.transpose(0, 2).transpose(0, 2)[1], lambda n: n[1])):
+            v, want = take(x3), ref(a.reshape(2, 3, 4))
+            assert v.is_contiguous() == want.flags.c_contiguous, f"{pls} on {mesh_name}: {tuple(v.shape)}"
+            np.testing.assert_array_equal(v.numpy(), want)
+
+
 def test_strided_views_keep_their_value_and_feed_products(mode):
     """A strided view is a value: writes into its tensor after it was made, or into the view, leave
     the other as it was; a transposed weight goes into a product inline."""
