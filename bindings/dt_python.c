@@ -783,11 +783,11 @@ static PyObject *s_binary(int id, PyObject *a, PyObject *b)
 }
 
 /* the ids of the ops behind Python's operators, looked up at import */
-enum { S_ADD, S_SUB, S_MUL, S_DIV, S_POW, S_NEG, S_ABS, S_EQ, S_NE, S_LT, S_LE, S_GT, S_GE, S_AND, S_OR, S_NOT,
-       S_MATMUL, S_RESHAPE, S_PERMUTE, S_NOPS };
-static const char *const s_operator_ops[S_NOPS] = {"add", "sub", "mul", "div", "pow", "neg", "abs", "eq", "ne",
-                                                   "lt", "le", "gt", "ge", "logical_and", "logical_or",
-                                                   "logical_not", "matmul", "reshape", "permute"};
+enum { S_ADD, S_SUB, S_MUL, S_DIV, S_FLOORDIV, S_MOD, S_POW, S_NEG, S_ABS, S_EQ, S_NE, S_LT, S_LE, S_GT, S_GE,
+       S_AND, S_OR, S_NOT, S_MATMUL, S_RESHAPE, S_PERMUTE, S_NOPS };
+static const char *const s_operator_ops[S_NOPS] = {"add", "sub", "mul", "div", "floor_divide", "remainder", "pow",
+                                                   "neg", "abs", "eq", "ne", "lt", "le", "gt", "ge", "logical_and",
+                                                   "logical_or", "logical_not", "matmul", "reshape", "permute"};
 static int s_operator_ids[S_NOPS];
 
 static PyObject *s_operator(int op, PyObject *a, PyObject *b)
@@ -809,6 +809,8 @@ static PyObject *s_nb_add(PyObject *a, PyObject *b) { return s_operator(S_ADD, a
 static PyObject *s_nb_sub(PyObject *a, PyObject *b) { return s_operator(S_SUB, a, b); }
 static PyObject *s_nb_mul(PyObject *a, PyObject *b) { return s_operator(S_MUL, a, b); }
 static PyObject *s_nb_div(PyObject *a, PyObject *b) { return s_operator(S_DIV, a, b); }
+static PyObject *s_nb_floordiv(PyObject *a, PyObject *b) { return s_operator(S_FLOORDIV, a, b); }
+static PyObject *s_nb_mod(PyObject *a, PyObject *b) { return s_operator(S_MOD, a, b); }
 static PyObject *s_nb_and(PyObject *a, PyObject *b) { return s_operator(S_AND, a, b); }
 static PyObject *s_nb_or(PyObject *a, PyObject *b) { return s_operator(S_OR, a, b); }
 static PyObject *s_nb_neg(PyObject *a) { return s_unary(S_NEG, a); }
@@ -1092,6 +1094,8 @@ static PyType_Slot s_tensor_slots[] = {
     {Py_nb_subtract, s_nb_sub},
     {Py_nb_multiply, s_nb_mul},
     {Py_nb_true_divide, s_nb_div},
+    {Py_nb_floor_divide, s_nb_floordiv},
+    {Py_nb_remainder, s_nb_mod},
     {Py_nb_power, s_nb_pow},
     {Py_nb_negative, s_nb_neg},
     {Py_nb_absolute, s_nb_abs},

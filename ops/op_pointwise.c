@@ -139,7 +139,9 @@ static int s_infer(op_call *c)
     s_tensor_scalar_dtype(c, &d);
     switch (info->dtype) {
     case S_SAME:
-        if (d == DT_BOOL && (c->def->id == OP_ID_neg || c->def->id == OP_ID_abs || c->def->id == OP_ID_relu))
+        if (d == DT_BOOL && (c->def->id == OP_ID_neg || c->def->id == OP_ID_abs || c->def->id == OP_ID_relu ||
+                             c->def->id == OP_ID_floor || c->def->id == OP_ID_ceil || c->def->id == OP_ID_round ||
+                             c->def->id == OP_ID_trunc))
             return dt_err(DT_ETYPE, "%s: not supported on a bool tensor", name);
         break;
     case S_FLOATING:
@@ -160,6 +162,8 @@ static int s_infer(op_call *c)
             return DT_EINVAL;
         if (d == DT_BOOL && c->def->id == OP_ID_sub)
             return dt_err(DT_ETYPE, "sub: Subtraction, the `-` operator, with two bool tensors is not supported");
+        if (d == DT_BOOL && (c->def->id == OP_ID_floor_divide || c->def->id == OP_ID_remainder))
+            return dt_err(DT_ETYPE, "%s: not supported on bool tensors", name);
         if (d == DT_BOOL && c->def->id == OP_ID_pow)
             d = DT_INT64;
         break;

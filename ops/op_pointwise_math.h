@@ -59,6 +59,68 @@ OP_EW_FN int64_t op_ew_ipow(int64_t x, int64_t y)
     return r;
 }
 
+/* Integer floor division and its remainder, as Python's // and % (and torch's floor_divide and
+ * remainder): the quotient rounds toward minus infinity, the remainder takes the divisor's sign.
+ * The most negative value divided by -1 wraps, as the other integer ops do. A zero divisor gives 0
+ * and says so where a backend can: on the CPU it sets op_ew_zero_division (thread-local), which
+ * the kernel turns into the op's error; a GPU kernel has no way to, and gives 0. */
+#ifdef __CUDACC__
+#define OP_EW_ZERO_DIVISION() ((void)0)
+#else
+extern _Thread_local int op_ew_zero_division;
+#define OP_EW_ZERO_DIVISION() ((void)(op_ew_zero_division = 1))
+#endif
+
+OP_EW_FN int64_t op_ew_ifloordiv(int64_t x, int64_t y)
+{
+    if (y == 0) {
+        OP_EW_ZERO_DIVISION();
+        return 0;
+    }
+    if (y == -1)
+        return (int64_t)(0 - (uint64_t)x);
+    int64_t q = x / y;
+    return x % y != 0 && (x < 0) != (y < 0) ? q - 1 : q;
+}
+
+OP_EW_FN int64_t op_ew_iremainder(int64_t x, int64_t y)
+{
+    if (y == 0) {
+        OP_EW_ZERO_DIVISION();
+        return 0;
+    }
+    if (y == -1)
+        return 0;
+    int64_t r = x % y;
+    return r != 0 && (r < 0) != (y < 0) ? r + y : r;
+}
+
+/* Float remainder with the divisor's sign (NaN for a zero divisor, as fmod gives). */
+OP_EW_FN float op_ew_remainder(float x, float y)
+{
+    float r = fmodf(x, y);
+    if (r != 0.0f)
+        return (r < 0.0f) != (y < 0.0f) ? r + y : r;
+    return copysignf(0.0f, y);
+}
+
+/* Float floor division, Python's way: from the remainder, so that x == q * y + remainder(x, y)
+ * holds as closely as rounding allows (floorf(x / y) can be one off when x / y rounds up to an
+ * integer); a zero divisor gives x / y (an infinity or NaN), as torch. */
+OP_EW_FN float op_ew_floordiv(float x, float y)
+{
+    if (y == 0.0f)
+        return x / y;
+    float r = fmodf(x, y);
+    float q = (x - r) / y;
+    if (r != 0.0f && (r < 0.0f) != (y < 0.0f))
+        q -= 1.0f;
+    if (q == 0.0f)
+        return copysignf(0.0f, x / y);
+    float f = floorf(q);
+    return q - f > 0.5f ? f + 1.0f : f;
+}
+
 /* ---- the ops: one line each ------------------------------------------------------------------ */
 
 /* Unary ops of floating values (their dtype rule makes the output floating): name, float32
@@ -84,7 +146,11 @@ OP_EW_FN int64_t op_ew_ipow(int64_t x, int64_t y)
 #define OP_EW_UNARY_NUMBER(X)                                                                                          \
     X(neg, -x, (T)(0 - (uint64_t)x))                                                                                   \
     X(abs, fabsf(x), x < 0 ? (T)(0 - (uint64_t)x) : x)                                                                 \
-    X(relu, x > 0 ? x : (x == x ? 0.0f : x), x > 0 ? x : 0)
+    X(relu, x > 0 ? x : (x == x ? 0.0f : x), x > 0 ? x : 0)                                                          \
+    X(floor, floorf(x), x)                                                                                             \
+    X(ceil, ceilf(x), x)                                                                                               \
+    X(round, nearbyintf(x), x) /* halves to even, as torch */                                                          \
+    X(trunc, truncf(x), x)
 
 /* Binary ops of every dtype: name, float32, integer, bool (0/1) expression of x and y. NaN wins
  * maximum and minimum, as in torch. */
@@ -97,7 +163,9 @@ OP_EW_FN int64_t op_ew_ipow(int64_t x, int64_t y)
 /* Binary ops of numbers: name, float32, integer expression. */
 #define OP_EW_BINARY_NUMBER(X)                                                                                         \
     X(sub, x - y, (T)((uint64_t)x - (uint64_t)y))                                                                      \
-    X(pow, powf(x, y), (T)op_ew_ipow(x, y))
+    X(pow, powf(x, y), (T)op_ew_ipow(x, y))                                                                            \
+    X(floor_divide, op_ew_floordiv(x, y), (T)op_ew_ifloordiv(x, y))                                                    \
+    X(remainder, op_ew_remainder(x, y), (T)op_ew_iremainder(x, y))
 
 /* Binary ops of floating values: name, float32 expression (div: integers divide as floats). */
 #define OP_EW_BINARY_FLOAT(X) X(div, x / y)

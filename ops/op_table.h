@@ -46,12 +46,18 @@
     X(logical_not, 15, UNARY,       LOGICAL,   NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
     X(erf,         71, UNARY,       FLOATING,  NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
     X(softplus,    72, UNARY,       FLOATING,  NONE,    DT_PY_NN,                              "beta=1, threshold=20") \
+    X(floor,       83, UNARY,       SAME,      NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(ceil,        84, UNARY,       SAME,      NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(round,       85, UNARY,       SAME,      NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(trunc,       86, UNARY,       SAME,      NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
     X(to,          16, TO,          SAME,      LINEAR,  0,                                     "")                    \
     X(add,         17, BINARY,      PROMOTE,   ADD,     DT_PY_FN | DT_PY_METHOD,               "")                    \
     X(sub,         18, BINARY,      PROMOTE,   ADD,     DT_PY_FN | DT_PY_METHOD,               "")                    \
     X(mul,         19, BINARY,      PROMOTE,   MUL,     DT_PY_FN | DT_PY_METHOD,               "")                    \
     X(div,         20, BINARY,      TRUE_DIV,  DIV,     DT_PY_FN | DT_PY_METHOD,               "")                    \
     X(pow,         21, BINARY,      PROMOTE,   NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(floor_divide, 87, BINARY,     PROMOTE,   NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
+    X(remainder,   88, BINARY,      PROMOTE,   NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
     X(maximum,     22, BINARY,      PROMOTE,   NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
     X(minimum,     23, BINARY,      PROMOTE,   NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \
     X(eq,          24, BINARY,      COMPARE,   NONE,    DT_PY_FN | DT_PY_METHOD,               "")                    \

@@ -350,6 +350,15 @@ static double s_softplus(double x, double beta, double threshold)
 }
 
 /* a ** b as the kernel computes it (integers: exact for small values) */
+/* Rounding to the nearest integer, halves to the even one (torch's round). */
+static double s_round_half_even(double x)
+{
+    double r = floor(x), d = x - r;
+    if (d != 0.5)
+        return d < 0.5 ? r : r + 1;
+    return fmod(r, 2) == 0 ? r : r + 1;
+}
+
 static double s_pow(double a, double b, bool integer)
 {
     if (!integer)
@@ -386,7 +395,11 @@ static double s_pow(double a, double b, bool integer)
     X(reciprocal, 1.0 / x, POSITIVE, 0, 0, 0)                                                                          \
     X(logical_not, x == 0, ANY, 0, 0, 0)                                                                               \
     X(erf, erf(x), ANY, 0, 0, 0)                                                                                       \
-    X(softplus, s_softplus(x, p[0], p[1]), ANY, 2, 2.0, 1.0)
+    X(softplus, s_softplus(x, p[0], p[1]), ANY, 2, 2.0, 1.0)                                                           \
+    X(floor, floor(x), ANY, 0, 0, 0)                                                                                   \
+    X(ceil, ceil(x), ANY, 0, 0, 0)                                                                                     \
+    X(round, s_round_half_even(x), ANY, 0, 0, 0)                                                                       \
+    X(trunc, trunc(x), ANY, 0, 0, 0)
 
 /* Binary elementwise ops: the value of a op b (integer: both operands are integers). */
 #define S_BINARY_TESTS(X)                                                                                              \
@@ -395,6 +408,8 @@ static double s_pow(double a, double b, bool integer)
     X(mul, a * b)                                                                                                      \
     X(div, a / b)                                                                                                      \
     X(pow, s_pow(a, b, integer))                                                                                       \
+    X(floor_divide, floor(a / b))                                                                                      \
+    X(remainder, a - b * floor(a / b))                                                                                 \
     X(maximum, a > b ? a : b)                                                                                          \
     X(minimum, a < b ? a : b)                                                                                          \
     X(eq, a == b)                                                                                                      \

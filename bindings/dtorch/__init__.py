@@ -8,7 +8,8 @@
 from . import _C, _dtype
 from ._capture import CapturedFunction, capture
 from ._dtype import bfloat16, bool, dtype, float16, float32, int32, int64
-from ._factory import arange, distribute_tensor, empty, from_local, full, ones, rand, randn, zeros
+from ._factory import (arange, distribute_tensor, empty, empty_like, from_local, full, full_like, ones, ones_like, rand,
+                       rand_like, randn, randn_like, zeros, zeros_like)
 from ._mesh import DeviceMesh, init_device_mesh
 from ._placement import Partial, Placement, Replicate, Shard
 from ._redistribute import PlanStep, redistribute_many, redistribute_plan
@@ -23,7 +24,7 @@ from ._ops_view import (cat, chunk, concat, concatenate, flatten, index_select, 
 from ._ops_matmul import bmm, embedding, linear, matmul, mm, scaled_dot_product_attention
 from ._ops_image import conv2d, group_norm
 from ._ops_reduce import (amax, amin, argmax, argmin, cumsum, layer_norm, log_softmax, max, mean, min, rms_norm,
-                          softmax, sum, topk)
+                          softmax, std, sum, topk, var)
 from . import nn, parallel, models, pipelines, profiler, schedulers
 
 _C._register(TensorFuture, DeviceMesh, Placement, _dtype._code_of)
@@ -34,8 +35,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CapturedFunction", "DTensor", "DeviceMesh", "Partial", "Placement", "Replicate", "Shard", "TensorFuture",
-    "arange", "capture", "bfloat16", "bool", "device_stats", "distribute_tensor", "dtype", "empty", "float16", "float32",
-    "from_local", "full", "init", "init_device_mesh", "int32", "int64", "is_initialized",
-    "manual_seed", "ones", "PlanStep", "rand", "randn", "redistribute_many", "redistribute_plan", "shutdown",
-    "synchronize", "zeros",
+    "arange", "capture", "bfloat16", "bool", "device_stats", "distribute_tensor", "dtype", "empty", "empty_like",
+    "float16", "float32", "from_local", "full", "full_like", "init", "init_device_mesh", "int32", "int64",
+    "is_initialized", "manual_seed", "ones", "ones_like", "PlanStep", "rand", "rand_like", "randn", "randn_like",
+    "redistribute_many", "redistribute_plan", "shutdown", "synchronize", "zeros", "zeros_like",
 ]

@@ -1,7 +1,7 @@
 """Making DTensors: factories with torch's signatures, distribute_tensor and from_local. The C
 runtime checks every argument, picks torch's default dtypes and refuses requires_grad=True
 (DTorch is inference-only)."""
-from . import _C
+from . import _C, _placement
 
 
 def rand(*size, device_mesh=None, placements=None, dtype=None, requires_grad=False):
@@ -36,6 +36,59 @@ def full(size, fill_value, *, device_mesh=None, placements=None, dtype=None, req
 def arange(start, end=None, step=1, *, device_mesh=None, placements=None, dtype=None, requires_grad=False):
     """start, start+step, ... below end; int64 when every bound is an int, else float32."""
     return _C._arange(start, end, step, device_mesh, placements, dtype, requires_grad)
+
+
+def _like_placements(input):
+    """The placements of a new tensor laid out as input: Partial becomes Replicate (a Partial
+    factory would hold the value on every device, counted once per device)."""
+    return [_placement.Replicate() if p.is_partial() else p for p in input.placements]
+
+
+def _new_like(kind, input, size, dtype, fill_value=None):
+    """new_zeros and its kin: size on input's mesh, laid out as input when the shapes match."""
+    if len(size) == 1 and not isinstance(size[0], int):
+        size = tuple(size[0])
+    placements = _like_placements(input) if tuple(size) == input.shape else None
+    dtype = input.dtype if dtype is None else dtype
+    return _C._make(kind, size, input.device_mesh, placements, dtype, False, fill_value)
+
+
+def _like(kind, input, dtype, fill_value=None):
+    if not isinstance(input, _C.DTensor):
+        raise TypeError(f"{kind}_like(): expected a DTensor, got {type(input).__name__}")
+    return _C._make(kind, input.shape, input.device_mesh, _like_placements(input),
+                    input.dtype if dtype is None else dtype, False, fill_value)
+
+
+def zeros_like(input, *, dtype=None):
+    """Zeros of input's shape, dtype, mesh and placements (Partial becomes Replicate), as torch's
+    DTensor gives."""
+    return _like("zeros", input, dtype)
+
+
+def ones_like(input, *, dtype=None):
+    """As zeros_like, of ones."""
+    return _like("ones", input, dtype)
+
+
+def empty_like(input, *, dtype=None):
+    """As zeros_like, uninitialised."""
+    return _like("empty", input, dtype)
+
+
+def full_like(input, fill_value, *, dtype=None):
+    """As zeros_like, every element fill_value; of input's dtype unless given, as torch."""
+    return _like("full", input, dtype, fill_value)
+
+
+def rand_like(input, *, dtype=None):
+    """As zeros_like, uniform [0, 1) values (counter-based, as rand)."""
+    return _like("rand", input, dtype)
+
+
+def randn_like(input, *, dtype=None):
+    """As zeros_like, standard normal values (counter-based, as randn)."""
+    return _like("randn", input, dtype)
 
 
 def distribute_tensor(tensor, device_mesh, placements=None):

@@ -43,6 +43,34 @@ def mean(input, dim=None, keepdim=False, *, dtype=None):
     return _list_reduce("mean", input, dim, keepdim, dtype)
 
 
+def var(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    """Variance over dim (an int or a tuple of ints; None: every dim): the mean squared distance
+    from the mean, over N - correction (default 1, Bessel's; ``unbiased=False`` is 0), as torch;
+    N - correction <= 0 gives inf or nan. Floating inputs only."""
+    if isinstance(dim, bool):  # var(x, False): torch's older signature, unbiased first
+        dim, unbiased = None, dim
+    if unbiased is not None:
+        if correction is not None:
+            raise TypeError("var(): give unbiased or correction, not both")
+        if not isinstance(unbiased, bool):
+            raise TypeError(f"var(): unbiased must be a bool, got {type(unbiased).__name__}")
+        correction = int(unbiased)
+    correction = 1 if correction is None else correction
+    if not input.dtype.is_floating_point:
+        raise _C.DTorchTypeError(f"var(): floating inputs only (got {input.dtype}), as torch's std and var")
+    dims = range(input.ndim) if dim is None else (dim,) if isinstance(dim, int) else tuple(dim)
+    n = 1
+    for d in dims:
+        n *= input.shape[d]
+    centred = input - mean(input, dim, keepdim=True)
+    return sum(centred * centred, dim, keepdim=keepdim) / float(n - correction)
+
+
+def std(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    """Standard deviation: the square root of var (same arguments)."""
+    return var(input, dim, unbiased, keepdim, correction=correction).sqrt()
+
+
 def amax(input, dim=(), keepdim=False):
     """Largest value over dim (an int or a tuple of ints; (): every dim)."""
     return _list_reduce("amax", input, dim, keepdim)

@@ -7,7 +7,7 @@ import asyncio
 
 import numpy as np
 
-from . import _C, _dtype, _ops, _ops_matmul as _mm, _ops_reduce as _red, _ops_view as _view
+from . import _C, _dtype, _factory, _ops, _ops_matmul as _mm, _ops_reduce as _red, _ops_view as _view
 from ._placement import _from_raw
 
 # error codes of dtorch.h -> the exception a Python user expects
@@ -159,6 +159,42 @@ class _DTensorMethods:
     def tolist(self):
         return self.numpy().tolist()
 
+    # Python's conversions of a one-element tensor, as torch's: each fetches the value
+    def __bool__(self):
+        n = self.numel()
+        if n != 1:
+            raise RuntimeError(f"Boolean value of Tensor with {'no values' if n == 0 else 'more than one value'} "
+                               "is ambiguous")
+        return bool(self.item())
+
+    def __float__(self):
+        return float(self.item())
+
+    def __int__(self):
+        return int(self.item())
+
+    def __index__(self):
+        if self.dtype.is_floating_point or self.dtype == _dtype.bool or self.numel() != 1:
+            raise TypeError("only integer tensors of a single element can be converted to an index")
+        return int(self.item())
+
+    def new_zeros(self, *size, dtype=None):
+        """A tensor of zeros of ``size`` on this tensor's mesh, of its dtype unless given: laid
+        out as this tensor (Partial as Replicate) when the shapes match, else replicated."""
+        return _factory._new_like("zeros", self, size, dtype)
+
+    def new_ones(self, *size, dtype=None):
+        """As new_zeros, of ones."""
+        return _factory._new_like("ones", self, size, dtype)
+
+    def new_empty(self, *size, dtype=None):
+        """As new_zeros, uninitialised."""
+        return _factory._new_like("empty", self, size, dtype)
+
+    def new_full(self, size, fill_value, *, dtype=None):
+        """As new_zeros, every element fill_value."""
+        return _factory._new_like("full", self, (size,), dtype, fill_value)
+
     def __repr__(self):
         mesh, placements = self.device_mesh, self.placements
         try:
@@ -221,6 +257,8 @@ class _DTensorMethods:
 
     sum = _red.sum
     mean = _red.mean
+    var = _red.var
+    std = _red.std
     max = _red.max
     min = _red.min
     amax = _red.amax

@@ -473,6 +473,9 @@ static const char *s_k_logical_not(op_kernel *k)
     }
 OP_EW_BINARY_ANY(S_GEN_BINARY_ANY)
 
+_Thread_local int op_ew_zero_division;
+
+/* (integer floor_divide and remainder set op_ew_zero_division for a zero divisor: the op fails) */
 #define S_GEN_BINARY_NUMBER(name, f, i)                                                                                \
     S_LOOP2(s_##name##_f32, float, float, f)                                                                           \
     S_LOOP2(s_##name##_i32, int32_t, int32_t, i)                                                                       \
@@ -480,7 +483,9 @@ OP_EW_BINARY_ANY(S_GEN_BINARY_ANY)
     static const char *s_k_##name(op_kernel *k)                                                                        \
     {                                                                                                                  \
         static const s_loops loops = {.f32 = s_##name##_f32, .i32 = s_##name##_i32, .i64 = s_##name##_i64};            \
-        return s_arith(k, &loops);                                                                                     \
+        op_ew_zero_division = 0;                                                                                       \
+        const char *why = s_arith(k, &loops);                                                                          \
+        return why ? why : op_ew_zero_division ? #name ": ZeroDivisionError (an integer divided by zero)" : NULL;      \
     }
 OP_EW_BINARY_NUMBER(S_GEN_BINARY_NUMBER)
 

@@ -389,3 +389,149 @@ def test_process_mode_subset():
         assert np.array_equal(dtorch.where(x > 0, x, 0).numpy(), np.maximum(a, 0))
     finally:
         dtorch.shutdown()
+
+
+# Python's // and % on these: floor division and a remainder with the divisor's sign
+SIGNED = np.array([[-7, -6, -5, -1], [0, 1, 5, 6], [7, 11, -11, 3], [-3, 2, -2, 9], [4, -4, 8, -8]])
+DIVISORS = np.array([3, -3, 2, -5])
+
+
+@pytest.mark.parametrize("mesh_name", MESHES)
+def test_floor_divide_and_remainder_as_python(mode, mesh_name):
+    """x // y and x % y (floor_divide, remainder) give Python's values, which numpy's follow: on
+    int64, int32 and float32, with a row broadcast, a number on either side, every placement."""
+    mesh = MESHES[mesh_name]()
+    for np_dtype in (np.int64, np.int32, np.float32):
+        a, b = SIGNED.astype(np_dtype), DIVISORS.astype(np_dtype)
+        if np_dtype == np.float32:
+            a, b = a / 2, b / 4  # halves and quarters: exact in float32
+        for pl in placements_for(mesh, 2):
+            x = dtorch.distribute_tensor(a, mesh, pl)
+            y = dtorch.distribute_tensor(b, mesh)
+            what = f"{np_dtype.__name__} {pl}"
+            for got, want in ((x // y, a // b), (x % y, a % b), (dtorch.floor_divide(x, y), a // b),
+                              (x.remainder(y), a % b), (x // 3, a // 3), (x % -3, a % -3), (17 // x[0], 17 // a[0]),
+                              (-17 % x[0], -17 % a[0])):
+                assert got.dtype == dtorch.float32 if np_dtype == np.float32 else got.dtype.itemsize == want.itemsize
+                np.testing.assert_array_equal(got.numpy(), want, err_msg=what)
+            assert (x // y).placements == x.placements, what
+    assert (dtorch.arange(5, device_mesh=mesh) // 2.0).dtype == dtorch.float32, "a float number promotes"
+    f = dtorch.distribute_tensor(np.array([3.5, -3.5, 0.0], np.float32), mesh)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        np.testing.assert_array_equal((f // 0.0).numpy(), np.array([3.5, -3.5, 0.0], np.float32) // np.float32(0))
+        np.testing.assert_array_equal((f % 0.0).numpy(), np.array([np.nan] * 3, np.float32))
+
+
+def test_integer_division_by_zero_raises(mode):
+    """An integer // 0 or % 0 fails with ZeroDivisionError in its message, as torch's CPU kernels,
+    not with a value; the runtime works after."""
+    mesh = mesh_1d(3)
+    x = dtorch.distribute_tensor(np.arange(6, dtype=np.int64), mesh, [Shard(0)])
+    zero_on_one = dtorch.distribute_tensor(np.array([1, 1, 1, 1, 0, 1]), mesh, [Shard(0)])
+    for bad in (lambda: x // 0, lambda: x % 0, lambda: x // zero_on_one, lambda: 5 % zero_on_one):
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            bad().numpy()
+    np.testing.assert_array_equal((x // 2).numpy(), np.arange(6) // 2)
+
+
+@pytest.mark.parametrize("mesh_name", ["1", "3", "2x2"])
+def test_floor_ceil_round_trunc(mode, mesh_name):
+    """Rounding ops: floats as numpy's (round: halves to even, as torch); integers unchanged, of
+    their own dtype; bool refused."""
+    mesh = MESHES[mesh_name]()
+    a = (np.arange(-12, 12, dtype=np.float32) / 4).reshape(6, 4)  # quarters, halves and wholes
+    want = {"floor": np.floor(a), "ceil": np.ceil(a), "round": np.round(a), "trunc": np.trunc(a)}
+    assert want["round"][0, 2] == -2.0 and want["round"][4, 2] == 2.0, "halves go to even"
+    for pl in placements_for(mesh, 2):
+        x = dtorch.distribute_tensor(a, mesh, pl)
+        for name, ref in want.items():
+            np.testing.assert_array_equal(getattr(dtorch, name)(x).numpy(), ref, err_msg=f"{name} {pl}")
+            np.testing.assert_array_equal(getattr(x, name)().numpy(), ref, err_msg=f"{name} {pl}")
+        h = x.to(dtorch.bfloat16)
+        assert h.round().dtype == dtorch.bfloat16
+        np.testing.assert_array_equal(h.floor().numpy(), np.floor(a))
+    i = dtorch.distribute_tensor(np.array([-3, 0, 7], np.int32), mesh)
+    for name in want:
+        assert getattr(i, name)().dtype == dtorch.int32
+        np.testing.assert_array_equal(getattr(i, name)().numpy(), [-3, 0, 7])
+    flags = dtorch.distribute_tensor(np.array([True, False]), mesh)
+    for bad in (flags.floor, flags.round, lambda: flags // flags, lambda: flags % True):
+        with pytest.raises(TypeError, match="not supported on"):
+            bad()
+
+
+def test_python_conversions_of_one_element(mode):
+    """bool(), float(), int() and an index from a one-element DTensor, as torch's; more or fewer
+    elements are ambiguous."""
+    mesh = mesh_1d(2)
+    x = dtorch.distribute_tensor(np.array([2.5, -1.0, 4.0], np.float32), mesh, [Shard(0)])
+    assert bool(x.sum() > 5) is True and bool(x[1] > 0) is False
+    assert float(x[0]) == 2.5 and int(x[0]) == 2 and int(x[1]) == -1
+    n = dtorch.arange(4, device_mesh=mesh)[2]
+    assert ["a", "b", "c"][n] == "c" and range(10)[n:] == range(2, 10)
+    with pytest.raises(TypeError, match="only integer tensors"):
+        ["a", "b", "c"][x[0]]
+    with pytest.raises(RuntimeError, match="more than one value is ambiguous"):
+        bool(x)
+    with pytest.raises(RuntimeError, match="no values is ambiguous"):
+        bool(x[3:])
+    with pytest.raises(RuntimeError, match="3 elements cannot be converted"):
+        float(x)
+    assert (x if x[0] > 0 else None) is x
+
+
+@pytest.mark.parametrize("mesh_name", ["1", "2", "3", "2x2"])
+def test_var_and_std(mode, mesh_name):
+    """var and std against numpy's with ddof = correction (Bessel's by default, unbiased=False is
+    0), over every dim, one dim and two, keepdim, on every placement."""
+    mesh = MESHES[mesh_name]()
+    a = (np.arange(60, dtype=np.float32).reshape(3, 4, 5) ** 1.5 % 7) - 3
+    for pl in [[Replicate()] * mesh.ndim, [Shard(0)] + [Shard(2)] * (mesh.ndim - 1), [Shard(1)] * mesh.ndim]:
+        x = dtorch.distribute_tensor(a, mesh, pl)
+        what = str(pl)
+        close(x.var().numpy(), np.var(a, ddof=1))
+        close(dtorch.std(x).numpy(), np.std(a, ddof=1))
+        close(x.var(1).numpy(), np.var(a, axis=1, ddof=1))
+        close(x.var(-1, keepdim=True).numpy(), np.var(a, axis=-1, ddof=1, keepdims=True))
+        close(x.std((0, 2), unbiased=False).numpy(), np.std(a, axis=(0, 2)))
+        close(x.var(dim=1, correction=2).numpy(), np.var(a, axis=1, ddof=2))
+        close(x.var(False).numpy(), np.var(a))
+        assert x.var(1, keepdim=True).shape == (3, 1, 5), what
+    one = dtorch.distribute_tensor(np.ones((1, 3), np.float32), mesh)
+    assert np.isnan(one.var(0).numpy()).all(), "N - correction = 0: 0/0"
+    with pytest.raises(TypeError, match="floating"):
+        dtorch.arange(5, device_mesh=mesh).var()
+    with pytest.raises(TypeError, match="not both"):
+        x.var(0, unbiased=True, correction=1)
+
+
+@pytest.mark.parametrize("mesh_name", ["1", "3", "2x2"])
+def test_like_factories_and_new_ones(mode, mesh_name):
+    """zeros_like and its kin keep the input's shape, dtype (unless given), mesh and placements,
+    Partial becoming Replicate (torch's DTensor rule); new_* make the size asked for on the same
+    mesh, laid out as the input when the shapes match, else replicated."""
+    mesh = MESHES[mesh_name]()
+    x = dtorch.distribute_tensor(np.arange(35, dtype=np.int32).reshape(7, 5), mesh,
+                                 [Shard(1)] + [Shard(0)] * (mesh.ndim - 1))
+    for fn, value in ((dtorch.zeros_like, 0), (dtorch.ones_like, 1), (lambda t, **k: dtorch.full_like(t, 3, **k), 3)):
+        y = fn(x)
+        assert (y.shape, y.dtype, y.placements, y.device_mesh) == (x.shape, x.dtype, x.placements, x.device_mesh)
+        np.testing.assert_array_equal(y.numpy(), np.full((7, 5), value, np.int32))
+        assert fn(x, dtype=dtorch.bfloat16).dtype == dtorch.bfloat16
+    assert dtorch.empty_like(x).shape == (7, 5)
+    r = dtorch.rand_like(x, dtype=dtorch.float32).numpy()
+    assert r.shape == (7, 5) and (r >= 0).all() and (r < 1).all() and len(np.unique(r)) > 30
+    assert abs(float(dtorch.randn_like(dtorch.zeros(100, 100, device_mesh=mesh)).numpy().mean())) < 0.05
+    partial = dtorch.from_local([np.ones(1, np.float32)] * mesh.size(), mesh, [Partial()] * mesh.ndim)
+    z = dtorch.ones_like(partial)
+    assert z.placements == tuple([Replicate()] * mesh.ndim)
+    np.testing.assert_array_equal(z.numpy(), [1.0])
+    same = x.new_zeros(7, 5)
+    assert same.placements == x.placements and same.dtype == dtorch.int32
+    other = x.new_ones((2, 3), dtype=dtorch.float32)
+    assert other.placements == tuple([Replicate()] * mesh.ndim) and other.device_mesh == mesh
+    np.testing.assert_array_equal(other.numpy(), np.ones((2, 3), np.float32))
+    np.testing.assert_array_equal(x.new_full((2,), 9).numpy(), [9, 9])
+    assert x.new_empty(3).shape == (3,)
+    with pytest.raises(TypeError, match="expected a DTensor"):
+        dtorch.zeros_like(np.zeros(3))
