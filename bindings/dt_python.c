@@ -1015,7 +1015,42 @@ static PyObject *s_richcompare(PyObject *a, PyObject *b, int cmp)
 /* DTensors hash by identity, as torch tensors do, even though == builds a tensor */
 static Py_hash_t s_hash(PyObject *self) { return (Py_hash_t)((uintptr_t)self >> 4); }
 
-/* x[index]: ints, slices (step > 0), None and Ellipsis, or one integer DTensor (dt_index) */
+/* A list of ints as an index, as torch's x[[0, 2]]: an int64 DTensor on x's mesh, replicated (the
+ * list goes to every device); NULL with an exception for a list of anything else, or (dim_size >= 0:
+ * the list indexes dim 0, of that size) an index out of bounds. */
+static dt_tensor *s_list_index(dt_tensor *x, PyObject *list, int64_t dim_size)
+{
+    Py_ssize_t n = PyList_GET_SIZE(list);
+    int64_t *v = PyMem_Malloc((size_t)(n ? n : 1) * sizeof *v);
+    if (!v)
+        return PyErr_NoMemory(), NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *o = PyList_GET_ITEM(list, i);
+        if (s_is_bool(o) || !PyIndex_Check(o)) {
+            PyMem_Free(v);
+            return PyErr_Format(PyExc_TypeError, "a list index holds ints only (got %s)", s_type_name(o)), NULL;
+        }
+        if ((v[i] = PyNumber_AsSsize_t(o, PyExc_IndexError)) == -1 && PyErr_Occurred()) {
+            PyMem_Free(v);
+            return NULL;
+        }
+        if (dim_size >= 0 && (v[i] < -dim_size || v[i] >= dim_size)) {
+            PyErr_Format(PyExc_IndexError, "index %lld is out of bounds for dimension 0 with size %lld",
+                         (long long)v[i], (long long)dim_size);
+            PyMem_Free(v);
+            return NULL;
+        }
+    }
+    int64_t shape[1] = {n};
+    dt_tensor *t = dt_distribute(dt_tensor_mesh(x), v, 1, shape, NULL, DT_INT64, NULL);
+    PyMem_Free(v);
+    if (!t)
+        s_raise();
+    return t;
+}
+
+/* x[index]: ints, slices (step > 0), None and Ellipsis, and at most one integer DTensor or list
+ * of ints among them (dt_index) */
 static PyObject *s_Tensor_getitem(s_Tensor *self, PyObject *key)
 {
     enum { S_MAX_ITEMS = 64 };
@@ -1030,6 +1065,7 @@ static PyObject *s_Tensor_getitem(s_Tensor *self, PyObject *key)
     bool tuple = PyTuple_Check(key);
     Py_ssize_t n = tuple ? PyTuple_GET_SIZE(key) : 1;
     dt_index_item items[S_MAX_ITEMS];
+    Py_ssize_t list_at = -1; /* the item that is a list, made into a DTensor after the walk */
     if (n > S_MAX_ITEMS)
         return PyErr_Format(PyExc_IndexError, "too many indices for tensor of dimension %d", dt_tensor_ndim(self->t));
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -1068,16 +1104,27 @@ static PyObject *s_Tensor_getitem(s_Tensor *self, PyObject *key)
         } else if (PyObject_TypeCheck(o, s_tensor_type)) {
             it->kind = DT_INDEX_TENSOR;
             it->tensor = ((s_Tensor *)o)->t;
+        } else if (PyList_Check(o)) {
+            if (list_at >= 0)
+                return PyErr_Format(PyExc_TypeError, "indexing with more than one DTensor or list index is not supported");
+            it->kind = DT_INDEX_TENSOR;
+            list_at = i;
         } else if (!s_is_bool(o) && PyIndex_Check(o)) {
             it->kind = DT_INDEX_INT;
             if ((it->i = PyNumber_AsSsize_t(o, PyExc_IndexError)) == -1 && PyErr_Occurred())
                 return NULL;
         } else {
-            return PyErr_Format(PyExc_TypeError, "only integers, slices (`:`), ellipsis (`...`), None and integer "
-                                "DTensors are valid indices (got %s)", s_type_name(o));
+            return PyErr_Format(PyExc_TypeError, "only integers, slices (`:`), ellipsis (`...`), None, lists of "
+                                "integers and integer DTensors are valid indices (got %s)", s_type_name(o));
         }
     }
+    dt_tensor *from_list = NULL;
+    if (list_at >= 0 && !(items[list_at].tensor = from_list =
+                              s_list_index(self->t, tuple ? PyTuple_GET_ITEM(key, list_at) : key,
+                                           !tuple && dt_tensor_ndim(self->t) > 0 ? dt_tensor_shape(self->t)[0] : -1)))
+        return NULL;
     dt_tensor *r = dt_index(self->t, (int)n, items);
+    dt_tensor_release(&from_list);
     if (r == self->t) { /* nothing to do: the tensor itself, as torch's x[...] */
         dt_tensor_release(&r);
         return Py_NewRef(self);

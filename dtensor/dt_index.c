@@ -173,8 +173,9 @@ int dt_unbind(dt_tensor *t, int64_t dim, int max_out, dt_tensor **out)
     return rc != 0 ? rc : (int)n;
 }
 
-/* x[idx] with one integer DTensor: index_select along dim 0, negative positions allowed. */
-static dt_tensor *s_index_tensor(dt_tensor *t, dt_tensor *idx)
+/* y[..., idx, ...] with the integer DTensor idx at dim d of y: index_select along d, negative
+ * positions allowed; a 0-d idx takes d away, as an int would. */
+static dt_tensor *s_index_tensor(dt_tensor *y, int d, dt_tensor *idx)
 {
     dt_dtype dtype = dt_tensor_dtype(idx);
     int ndim = dt_tensor_ndim(idx);
@@ -183,17 +184,13 @@ static dt_tensor *s_index_tensor(dt_tensor *t, dt_tensor *idx)
                dt_dtype_name(dtype));
         return NULL;
     }
-    if (dt_tensor_ndim(t) == 0) {
-        dt_err(DT_EINDEX, "too many indices for tensor of dimension 0");
-        return NULL;
-    }
-    dt_tensor *in[2] = {t, idx}, *out = NULL, *squeezed = NULL;
-    dt_op_attrs attrs = {.nints = 2, .ints = {0, 1}};
+    dt_tensor *in[2] = {y, idx}, *out = NULL, *squeezed = NULL;
+    dt_op_attrs attrs = {.nints = 2, .ints = {d, 1}};
     if (dt_op_run(OP_ID_index_select, 2, in, &attrs, 1, &out) < 0)
         return NULL;
     if (ndim == 1)
         return out;
-    int rc = s_run(OP_ID_squeeze, out, 1, (int64_t[]){0}, &squeezed);
+    int rc = s_run(OP_ID_squeeze, out, 1, (int64_t[]){d}, &squeezed);
     dt_tensor_release(&out);
     return rc == 0 ? squeezed : NULL;
 }
@@ -229,20 +226,15 @@ static bool s_has_shape(const dt_tensor *x, int ndim, const int64_t *shape)
     return true;
 }
 
-dt_tensor *dt_index(dt_tensor *t, int n, const dt_index_item *items)
+/* x[items] with ints, slices, None and Ellipsis only: one select or slice per dim, first dims
+ * first, and a reshape where None added dims. */
+static dt_tensor *s_index_basic(dt_tensor *t, int n, const dt_index_item *items)
 {
-    int ntensors = 0, nellipsis = 0, consumed = 0, ndim = dt_tensor_ndim(t);
+    int nellipsis = 0, consumed = 0, ndim = dt_tensor_ndim(t);
     for (int i = 0; i < n; i++) {
-        ntensors += items[i].kind == DT_INDEX_TENSOR;
         nellipsis += items[i].kind == DT_INDEX_ELLIPSIS;
         consumed += items[i].kind == DT_INDEX_INT || items[i].kind == DT_INDEX_SLICE;
     }
-    if (ntensors > 0 && n != 1) {
-        dt_err(DT_ETYPE, "indexing with a DTensor together with other indices is not supported");
-        return NULL;
-    }
-    if (ntensors > 0)
-        return s_index_tensor(t, items[0].tensor);
     if (n == 1 && items[0].kind == DT_INDEX_INT && ndim > 0) {
         /* x[i], the commonest index, without the general walk below */
         int64_t size = dt_tensor_shape(t)[0], i = items[0].i;
@@ -336,4 +328,69 @@ dt_tensor *dt_index(dt_tensor *t, int n, const dt_index_item *items)
         s_step_done(&x, &own, rc, next);
     }
     return own ? x : dt_tensor_ref(t);
+}
+
+/* x[items] with one integer DTensor among the items, as numpy's indexing with one index array: the
+ * other items first, with the tensor's dim kept whole, then index_select along the dim that dim
+ * became. Where ints stand apart from the tensor (a slice, None or Ellipsis between them), the
+ * picked dim goes first, numpy's rule for advanced indices that are not next to each other. */
+static dt_tensor *s_index_with_tensor(dt_tensor *t, int n, const dt_index_item *items, int at)
+{
+    if (dt_tensor_ndim(t) == 0) {
+        dt_err(DT_EINDEX, "too many indices for tensor of dimension 0");
+        return NULL;
+    }
+    dt_index_item *basic = malloc((size_t)n * sizeof *basic);
+    if (!basic) {
+        dt_err(DT_ENOMEM, "indexing: out of memory");
+        return NULL;
+    }
+    memcpy(basic, items, (size_t)n * sizeof *basic);
+    basic[at] = (dt_index_item){.kind = DT_INDEX_SLICE};
+    dt_tensor *y = s_index_basic(t, n, basic);
+    free(basic);
+    if (!y)
+        return NULL;
+    /* the dim of y the tensor's dim became: one per slice or None before it, the dims an Ellipsis
+     * stands for, none for an int */
+    int consumed = 0, d = 0, first = at, last = at;
+    for (int i = 0; i < n; i++)
+        consumed += items[i].kind != DT_INDEX_NONE && items[i].kind != DT_INDEX_ELLIPSIS;
+    for (int i = 0; i < at; i++)
+        d += items[i].kind == DT_INDEX_ELLIPSIS ? dt_tensor_ndim(t) - consumed : items[i].kind != DT_INDEX_INT;
+    for (int i = 0; i < n; i++)
+        if (items[i].kind == DT_INDEX_INT) {
+            first = i < first ? i : first;
+            last = i > last ? i : last;
+        }
+    bool apart = false;
+    for (int i = first; i <= last; i++)
+        apart = apart || (items[i].kind != DT_INDEX_INT && items[i].kind != DT_INDEX_TENSOR);
+    dt_tensor *r = s_index_tensor(y, d, items[at].tensor);
+    dt_tensor_release(&y);
+    if (!r || !apart || d == 0 || dt_tensor_ndim(items[at].tensor) == 0)
+        return r;
+    int64_t perm[DT_MAX_DIMS];
+    perm[0] = d;
+    for (int k = 0, j = 1; k < dt_tensor_ndim(r); k++)
+        if (k != d)
+            perm[j++] = k;
+    dt_tensor *moved = NULL;
+    int rc = s_run(OP_ID_permute, r, dt_tensor_ndim(r), perm, &moved);
+    dt_tensor_release(&r);
+    return rc == 0 ? moved : NULL;
+}
+
+dt_tensor *dt_index(dt_tensor *t, int n, const dt_index_item *items)
+{
+    int at = -1;
+    for (int i = 0; i < n; i++)
+        if (items[i].kind == DT_INDEX_TENSOR) {
+            if (at >= 0) {
+                dt_err(DT_ETYPE, "indexing with more than one DTensor or list index is not supported");
+                return NULL;
+            }
+            at = i;
+        }
+    return at < 0 ? s_index_basic(t, n, items) : s_index_with_tensor(t, n, items, at);
 }

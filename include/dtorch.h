@@ -250,10 +250,11 @@ typedef struct {
     int64_t i;                          /* INT (negative counts from the end) */
     bool has_start, has_stop, has_step; /* SLICE: which bounds are given (Python's None: not) */
     int64_t start, stop, step;          /* SLICE: Python's bounds; step > 0 */
-    dt_tensor *tensor;                  /* TENSOR: 0-d or 1-D int32/int64 positions along dim 0 */
+    dt_tensor *tensor;                  /* TENSOR: 0-d or 1-D int32/int64 positions along its dim */
 } dt_index_item;
-/* t indexed as torch does with basic indexing (ints, slices, None, one Ellipsis), or with one
- * integer DTensor alone (index_select along dim 0, negative positions allowed). */
+/* t indexed as torch does with basic indexing (ints, slices, None, one Ellipsis), and at most one
+ * integer DTensor among them (index_select along the dim it names, negative positions allowed; the
+ * picked dim goes first where ints stand apart from it, numpy's rule). */
 dt_tensor *dt_index(dt_tensor *t, int n, const dt_index_item *items);
 
 /* Ring attention (context parallelism): softmax(q k^T * scale, with keys hidden by position) v

@@ -585,6 +585,58 @@ def test_getitem_with_index_tensor(thread):
     check(y, a[idx], mesh)
 
 
+@pytest.mark.parametrize("mesh_name", ["1", "3", "4", "2x2"])
+def test_getitem_with_a_list_of_ints(mode, mesh_name):
+    """x[[i, j, ...]] picks rows as numpy's a[[i, j, ...]] (negative, repeated and no positions
+    included), on every layout of rows and columns; a list of anything but ints, or a position
+    out of bounds, raises at the call site."""
+    mesh = MESHES[mesh_name]()
+    a = np.arange(30, dtype=np.float32).reshape(5, 6)
+    for pl in ([Replicate()] * mesh.ndim, [Shard(0)] * mesh.ndim, [Shard(1)] + [Shard(0)] * (mesh.ndim - 1)):
+        x = dtorch.distribute_tensor(a, mesh, pl)
+        for rows in ([4, -1, 0], [2, 2, 2, 2], [3], []):
+            y = x[rows]
+            assert y.shape == a[rows].shape, (pl, rows)
+            np.testing.assert_array_equal(y.numpy(), a[rows], err_msg=f"{pl} {rows}")
+        np.testing.assert_array_equal(x[[1, 0]][0].numpy(), a[1])
+    with pytest.raises(TypeError, match="ints only"):
+        x[[True, False]]
+    with pytest.raises(TypeError, match="ints only"):
+        x[[0.5]]
+    with pytest.raises(IndexError, match="index 5 is out of bounds for dimension 0 with size 5"):
+        x[[0, 5]]
+    with pytest.raises(IndexError, match="out of bounds"):
+        x[[-6]]
+    np.testing.assert_array_equal(x[[-5]].numpy(), a[[-5]])
+
+
+
+@pytest.mark.parametrize("mesh_name", ["1", "2", "3", "2x2"])
+def test_getitem_with_a_list_among_other_indices(mode, mesh_name):
+    """One list of ints (or integer DTensor) among ints, slices, None and Ellipsis picks along the
+    dim it stands for, as numpy does; where ints stand apart from it (a slice between), numpy puts
+    the picked dim first, and so must the result (a[0, :, [1, 2]] has shape (2, 5))."""
+    mesh = MESHES[mesh_name]()
+    a = np.arange(120, dtype=np.float32).reshape(4, 5, 6)
+    keys = [(slice(None), [0, 4]), ([3, 1], 1), (..., [2, -1]), (None, [1]), (0, slice(None), [1, 2]),
+            (slice(1, 3), [4, 0], slice(None, None, 2)), (1, [0, 2], 3), (None, 0, None, [3]),
+            (slice(None), []), (..., [5], None), (0, ..., [1]), (slice(None), slice(None), [5, 5, 0])]
+    for pl in ([Replicate()] * mesh.ndim, [Shard(0)] * mesh.ndim, [Shard(2)] + [Shard(1)] * (mesh.ndim - 1)):
+        x = dtorch.distribute_tensor(a, mesh, pl)
+        for k in keys:
+            y = x[k]
+            assert y.shape == a[k].shape, (pl, k)
+            np.testing.assert_array_equal(y.numpy(), a[k], err_msg=f"{pl} {k}")
+        idx = dtorch.distribute_tensor(np.array([4, -2], np.int64), mesh)
+        np.testing.assert_array_equal(x[0, :, idx].numpy(), a[0, :, [4, -2]])
+        np.testing.assert_array_equal(x[:, dtorch.distribute_tensor(np.array(3, np.int64), mesh)].numpy(), a[:, 3])
+    assert a[0, :, [1, 2]].shape == (2, 5)  # the rule the result follows, checked on numpy itself
+    with pytest.raises(TypeError, match="more than one DTensor or list index"):
+        x[[0], :, [1]]
+    with pytest.raises(RuntimeError, match="index 6 is out of bounds for dimension 2 with size 6"):
+        x[:, :, [0, 6]].numpy()
+    np.testing.assert_array_equal(x[:, [1]].numpy(), a[:, [1]])  # the runtime goes on
+
 def test_iteration(thread):
     mesh = MESHES["2"]()
     a = np.arange(12, dtype=np.int32).reshape(3, 4)
@@ -688,7 +740,7 @@ def test_bad_input(thread):
         (IndexError, "single ellipsis", lambda: x[..., 1, ...]),
         (ValueError, "step must be greater than zero", lambda: x[::-1]),
         (ValueError, "step must be greater than zero", lambda: x[:, ::0]),
-        (TypeError, "valid indices", lambda: x[[0, 1]]),
+        (TypeError, "ints only", lambda: x[[[0], [1]]]),
         (TypeError, "valid indices", lambda: x[1.5]),
         (TypeError, "Expected dtype int32/int64 for index", lambda: x.index_select(0, x[0])),
         (ValueError, "Index is supposed to be a vector",
