@@ -1017,8 +1017,8 @@ static Py_hash_t s_hash(PyObject *self) { return (Py_hash_t)((uintptr_t)self >> 
 
 /* A list of ints as an index, as torch's x[[0, 2]]: an int64 DTensor on x's mesh, replicated (the
  * list goes to every device); NULL with an exception for a list of anything else, or (dim_size >= 0:
- * the list indexes dim 0, of that size) an index out of bounds. */
-static dt_tensor *s_list_index(dt_tensor *x, PyObject *list, int64_t dim_size)
+ * the list indexes dim, of that size) an index out of bounds. */
+static dt_tensor *s_list_index(dt_tensor *x, PyObject *list, int dim, int64_t dim_size)
 {
     Py_ssize_t n = PyList_GET_SIZE(list);
     int64_t *v = PyMem_Malloc((size_t)(n ? n : 1) * sizeof *v);
@@ -1035,8 +1035,8 @@ static dt_tensor *s_list_index(dt_tensor *x, PyObject *list, int64_t dim_size)
             return NULL;
         }
         if (dim_size >= 0 && (v[i] < -dim_size || v[i] >= dim_size)) {
-            PyErr_Format(PyExc_IndexError, "index %lld is out of bounds for dimension 0 with size %lld",
-                         (long long)v[i], (long long)dim_size);
+            PyErr_Format(PyExc_IndexError, "index %lld is out of bounds for dimension %d with size %lld",
+                         (long long)v[i], dim, (long long)dim_size);
             PyMem_Free(v);
             return NULL;
         }
@@ -1119,10 +1119,22 @@ static PyObject *s_Tensor_getitem(s_Tensor *self, PyObject *key)
         }
     }
     dt_tensor *from_list = NULL;
-    if (list_at >= 0 && !(items[list_at].tensor = from_list =
-                              s_list_index(self->t, tuple ? PyTuple_GET_ITEM(key, list_at) : key,
-                                           !tuple && dt_tensor_ndim(self->t) > 0 ? dt_tensor_shape(self->t)[0] : -1)))
-        return NULL;
+    if (list_at >= 0) {
+        /* the dim of x the list stands for: one per int or slice before it, and the dims an Ellipsis
+         * before it spreads over; its positions are checked against that dim's size here, at the
+         * call site, as torch does (dt_index reports what is wrong with the items themselves) */
+        int ndim = dt_tensor_ndim(self->t), consumed = 0, dim = 0;
+        for (Py_ssize_t i = 0; i < n; i++)
+            consumed += items[i].kind != DT_INDEX_NONE && items[i].kind != DT_INDEX_ELLIPSIS;
+        for (Py_ssize_t i = 0; i < list_at; i++)
+            dim += items[i].kind == DT_INDEX_ELLIPSIS ? ndim - consumed : items[i].kind != DT_INDEX_NONE;
+        bool known = consumed <= ndim && dim < ndim;
+        items[list_at].tensor = from_list =
+            s_list_index(self->t, tuple ? PyTuple_GET_ITEM(key, list_at) : key, dim,
+                         known ? dt_tensor_shape(self->t)[dim] : -1);
+        if (!from_list)
+            return NULL;
+    }
     dt_tensor *r = dt_index(self->t, (int)n, items);
     dt_tensor_release(&from_list);
     if (r == self->t) { /* nothing to do: the tensor itself, as torch's x[...] */

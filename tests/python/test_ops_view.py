@@ -633,8 +633,16 @@ def test_getitem_with_a_list_among_other_indices(mode, mesh_name):
     assert a[0, :, [1, 2]].shape == (2, 5)  # the rule the result follows, checked on numpy itself
     with pytest.raises(TypeError, match="more than one DTensor or list index"):
         x[[0], :, [1]]
+    with pytest.raises(IndexError, match="index 6 is out of bounds for dimension 2 with size 6"):
+        x[:, :, [0, 6]]
+    with pytest.raises(IndexError, match="index -6 is out of bounds for dimension 1 with size 5"):
+        x[..., [-6], 1]
+    with pytest.raises(IndexError, match="index -7 is out of bounds for dimension 2 with size 6"):
+        x[0, ..., [-7]]
+    with pytest.raises(IndexError, match="index 5 is out of bounds for dimension 1 with size 5"):
+        x[None, 1, [5]]
     with pytest.raises(RuntimeError, match="index 6 is out of bounds for dimension 2 with size 6"):
-        x[:, :, [0, 6]].numpy()
+        x[:, :, dtorch.distribute_tensor(np.array([0, 6], np.int64), mesh)].numpy()
     np.testing.assert_array_equal(x[:, [1]].numpy(), a[:, [1]])  # the runtime goes on
 
 def test_iteration(thread):
