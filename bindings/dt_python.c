@@ -1015,10 +1015,9 @@ static PyObject *s_richcompare(PyObject *a, PyObject *b, int cmp)
 /* DTensors hash by identity, as torch tensors do, even though == builds a tensor */
 static Py_hash_t s_hash(PyObject *self) { return (Py_hash_t)((uintptr_t)self >> 4); }
 
-/* A list of ints as an index, as torch's x[[0, 2]]: an int64 DTensor on x's mesh, replicated (the
- * list goes to every device); NULL with an exception for a list of anything else, or (dim_size >= 0:
- * the list indexes dim, of that size) an index out of bounds. */
-static dt_tensor *s_list_index(dt_tensor *x, PyObject *list, int dim, int64_t dim_size)
+/* A list of ints as an index, as torch's x[[0, 2]]: its positions, in memory of its own (PyMem_Free)
+ * that dt_index reads; NULL with an exception for a list of anything else. */
+static int64_t *s_list_positions(PyObject *list)
 {
     Py_ssize_t n = PyList_GET_SIZE(list);
     int64_t *v = PyMem_Malloc((size_t)(n ? n : 1) * sizeof *v);
@@ -1034,19 +1033,8 @@ static dt_tensor *s_list_index(dt_tensor *x, PyObject *list, int dim, int64_t di
             PyMem_Free(v);
             return NULL;
         }
-        if (dim_size >= 0 && (v[i] < -dim_size || v[i] >= dim_size)) {
-            PyErr_Format(PyExc_IndexError, "index %lld is out of bounds for dimension %d with size %lld",
-                         (long long)v[i], dim, (long long)dim_size);
-            PyMem_Free(v);
-            return NULL;
-        }
     }
-    int64_t shape[1] = {n};
-    dt_tensor *t = dt_distribute(dt_tensor_mesh(x), v, 1, shape, NULL, DT_INT64, NULL);
-    PyMem_Free(v);
-    if (!t)
-        s_raise();
-    return t;
+    return v;
 }
 
 /* x[index]: ints, slices (step > 0), None and Ellipsis, and at most one integer DTensor or list
@@ -1065,7 +1053,7 @@ static PyObject *s_Tensor_getitem(s_Tensor *self, PyObject *key)
     bool tuple = PyTuple_Check(key);
     Py_ssize_t n = tuple ? PyTuple_GET_SIZE(key) : 1;
     dt_index_item items[S_MAX_ITEMS];
-    Py_ssize_t list_at = -1; /* the item that is a list, made into a DTensor after the walk */
+    Py_ssize_t list_at = -1; /* the item that is a list, its positions read after the walk */
     if (n > S_MAX_ITEMS)
         return PyErr_Format(PyExc_IndexError, "too many indices for tensor of dimension %d", dt_tensor_ndim(self->t));
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -1107,7 +1095,8 @@ static PyObject *s_Tensor_getitem(s_Tensor *self, PyObject *key)
         } else if (PyList_Check(o)) {
             if (list_at >= 0)
                 return PyErr_Format(PyExc_TypeError, "indexing with more than one DTensor or list index is not supported");
-            it->kind = DT_INDEX_TENSOR;
+            it->kind = DT_INDEX_LIST;
+            it->npositions = PyList_GET_SIZE(o);
             list_at = i;
         } else if (!s_is_bool(o) && PyIndex_Check(o)) {
             it->kind = DT_INDEX_INT;
@@ -1118,25 +1107,12 @@ static PyObject *s_Tensor_getitem(s_Tensor *self, PyObject *key)
                                 "integers and integer DTensors are valid indices (got %s)", s_type_name(o));
         }
     }
-    dt_tensor *from_list = NULL;
-    if (list_at >= 0) {
-        /* the dim of x the list stands for: one per int or slice before it, and the dims an Ellipsis
-         * before it spreads over; its positions are checked against that dim's size here, at the
-         * call site, as torch does (dt_index reports what is wrong with the items themselves) */
-        int ndim = dt_tensor_ndim(self->t), consumed = 0, dim = 0;
-        for (Py_ssize_t i = 0; i < n; i++)
-            consumed += items[i].kind != DT_INDEX_NONE && items[i].kind != DT_INDEX_ELLIPSIS;
-        for (Py_ssize_t i = 0; i < list_at; i++)
-            dim += items[i].kind == DT_INDEX_ELLIPSIS ? ndim - consumed : items[i].kind != DT_INDEX_NONE;
-        bool known = consumed <= ndim && dim < ndim;
-        items[list_at].tensor = from_list =
-            s_list_index(self->t, tuple ? PyTuple_GET_ITEM(key, list_at) : key, dim,
-                         known ? dt_tensor_shape(self->t)[dim] : -1);
-        if (!from_list)
-            return NULL;
-    }
+    int64_t *positions = NULL;
+    if (list_at >= 0 && !(items[list_at].positions = positions =
+                              s_list_positions(tuple ? PyTuple_GET_ITEM(key, list_at) : key)))
+        return NULL;
     dt_tensor *r = dt_index(self->t, (int)n, items);
-    dt_tensor_release(&from_list);
+    PyMem_Free(positions);
     if (r == self->t) { /* nothing to do: the tensor itself, as torch's x[...] */
         dt_tensor_release(&r);
         return Py_NewRef(self);

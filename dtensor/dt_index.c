@@ -330,16 +330,12 @@ static dt_tensor *s_index_basic(dt_tensor *t, int n, const dt_index_item *items)
     return own ? x : dt_tensor_ref(t);
 }
 
-/* x[items] with one integer DTensor among the items, as numpy's indexing with one index array: the
- * other items first, with the tensor's dim kept whole, then index_select along the dim that dim
- * became. Where ints stand apart from the tensor (a slice, None or Ellipsis between them), the
- * picked dim goes first, numpy's rule for advanced indices that are not next to each other. */
+/* x[items] with one integer DTensor or list among the items, as numpy's indexing with one index
+ * array: the other items first, with its dim kept whole, then index_select along the dim that dim
+ * became. Where ints stand apart from it (a slice, None or Ellipsis between them), the picked dim
+ * goes first, numpy's rule for advanced indices that are not next to each other. */
 static dt_tensor *s_index_with_tensor(dt_tensor *t, int n, const dt_index_item *items, int at)
 {
-    if (dt_tensor_ndim(t) == 0) {
-        dt_err(DT_EINDEX, "too many indices for tensor of dimension 0");
-        return NULL;
-    }
     dt_index_item *basic = malloc((size_t)n * sizeof *basic);
     if (!basic) {
         dt_err(DT_ENOMEM, "indexing: out of memory");
@@ -347,17 +343,20 @@ static dt_tensor *s_index_with_tensor(dt_tensor *t, int n, const dt_index_item *
     }
     memcpy(basic, items, (size_t)n * sizeof *basic);
     basic[at] = (dt_index_item){.kind = DT_INDEX_SLICE};
-    dt_tensor *y = s_index_basic(t, n, basic);
+    dt_tensor *y = s_index_basic(t, n, basic); /* also checks the items: too many, two Ellipses */
     free(basic);
     if (!y)
         return NULL;
-    /* the dim of y the tensor's dim became: one per slice or None before it, the dims an Ellipsis
-     * stands for, none for an int */
-    int consumed = 0, d = 0, first = at, last = at;
+    /* the dim of t it stands for (one per int or slice before it) and the dim of y that dim became
+     * (one per slice or None before it); an Ellipsis before it counts the dims it stands for in both */
+    int ndim = dt_tensor_ndim(t), consumed = 0, dim = 0, d = 0, first = at, last = at;
     for (int i = 0; i < n; i++)
         consumed += items[i].kind != DT_INDEX_NONE && items[i].kind != DT_INDEX_ELLIPSIS;
-    for (int i = 0; i < at; i++)
-        d += items[i].kind == DT_INDEX_ELLIPSIS ? dt_tensor_ndim(t) - consumed : items[i].kind != DT_INDEX_INT;
+    for (int i = 0; i < at; i++) {
+        dt_index_kind kind = items[i].kind;
+        dim += kind == DT_INDEX_ELLIPSIS ? ndim - consumed : kind == DT_INDEX_INT || kind == DT_INDEX_SLICE;
+        d += kind == DT_INDEX_ELLIPSIS ? ndim - consumed : kind != DT_INDEX_INT;
+    }
     for (int i = 0; i < n; i++)
         if (items[i].kind == DT_INDEX_INT) {
             first = i < first ? i : first;
@@ -365,10 +364,27 @@ static dt_tensor *s_index_with_tensor(dt_tensor *t, int n, const dt_index_item *
         }
     bool apart = false;
     for (int i = first; i <= last; i++)
-        apart = apart || (items[i].kind != DT_INDEX_INT && items[i].kind != DT_INDEX_TENSOR);
-    dt_tensor *r = s_index_tensor(y, d, items[at].tensor);
+        apart = apart || (items[i].kind != DT_INDEX_INT && i != at);
+    dt_tensor *idx = items[at].tensor, *r = NULL;
+    if (items[at].kind == DT_INDEX_LIST) {
+        /* a list's positions are on this host: checked here, at the call site, as torch does */
+        int64_t size = dt_tensor_shape(t)[dim];
+        for (int64_t k = 0; k < items[at].npositions; k++)
+            if (items[at].positions[k] < -size || items[at].positions[k] >= size) {
+                dt_err(DT_EINDEX, "index %lld is out of bounds for dimension %d with size %lld",
+                       (long long)items[at].positions[k], dim, (long long)size);
+                dt_tensor_release(&y);
+                return NULL;
+            }
+        idx = dt_distribute(dt_tensor_mesh(t), items[at].positions, 1, &items[at].npositions, NULL, DT_INT64, NULL);
+    }
+    if (idx)
+        r = s_index_tensor(y, d, idx);
     dt_tensor_release(&y);
-    if (!r || !apart || d == 0 || dt_tensor_ndim(items[at].tensor) == 0)
+    int idx_ndim = idx ? dt_tensor_ndim(idx) : 0;
+    if (items[at].kind == DT_INDEX_LIST)
+        dt_tensor_release(&idx);
+    if (!r || !apart || d == 0 || idx_ndim == 0)
         return r;
     int64_t perm[DT_MAX_DIMS];
     perm[0] = d;
@@ -385,7 +401,7 @@ dt_tensor *dt_index(dt_tensor *t, int n, const dt_index_item *items)
 {
     int at = -1;
     for (int i = 0; i < n; i++)
-        if (items[i].kind == DT_INDEX_TENSOR) {
+        if (items[i].kind == DT_INDEX_TENSOR || items[i].kind == DT_INDEX_LIST) {
             if (at >= 0) {
                 dt_err(DT_ETYPE, "indexing with more than one DTensor or list index is not supported");
                 return NULL;

@@ -244,17 +244,20 @@ int dt_chunk(dt_tensor *t, int64_t chunks, int64_t dim, int max_out, dt_tensor *
 int dt_unbind(dt_tensor *t, int64_t dim, int max_out, dt_tensor **out);
 
 /* One item of an index, x[i, a:b:c, None, ...] or x[idx]. */
-typedef enum { DT_INDEX_INT, DT_INDEX_SLICE, DT_INDEX_NONE, DT_INDEX_ELLIPSIS, DT_INDEX_TENSOR } dt_index_kind;
+typedef enum { DT_INDEX_INT, DT_INDEX_SLICE, DT_INDEX_NONE, DT_INDEX_ELLIPSIS, DT_INDEX_TENSOR, DT_INDEX_LIST } dt_index_kind;
 typedef struct {
     dt_index_kind kind;
     int64_t i;                          /* INT (negative counts from the end) */
     bool has_start, has_stop, has_step; /* SLICE: which bounds are given (Python's None: not) */
     int64_t start, stop, step;          /* SLICE: Python's bounds; step > 0 */
     dt_tensor *tensor;                  /* TENSOR: 0-d or 1-D int32/int64 positions along its dim */
+    const int64_t *positions;           /* LIST: npositions positions along its dim (read during the call) */
+    int64_t npositions;
 } dt_index_item;
 /* t indexed as torch does with basic indexing (ints, slices, None, one Ellipsis), and at most one
- * integer DTensor among them (index_select along the dim it names, negative positions allowed; the
- * picked dim goes first where ints stand apart from it, numpy's rule). */
+ * integer DTensor or list of positions among them (index_select along the dim it stands for,
+ * negative positions allowed, a list's checked against that dim's size; the picked dim goes first
+ * where ints stand apart from it, numpy's rule). */
 dt_tensor *dt_index(dt_tensor *t, int n, const dt_index_item *items);
 
 /* Ring attention (context parallelism): softmax(q k^T * scale, with keys hidden by position) v
