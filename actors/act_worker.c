@@ -325,12 +325,14 @@ static const char *s_alloc(const act_worker *w, act_wtensor *t)
 
 /* LOAD: the payload frame becomes the storage without a copy when the backend can use host
  * memory as it is, else it is copied to the device. */
-static const char *s_load(const act_worker *w, act_wtensor *t, int64_t frame, mb_message *m)
+static const char *s_load(act_worker *w, act_wtensor *t, int64_t frame, mb_message *m)
 {
     size_t size = s_bytes(t);
     if (frame < 0 || frame >= m->npayloads || zmq_msg_size(&m->payloads[frame]) != size)
         return "malformed record (payload missing or of the wrong size)";
     zmq_msg_t *src = &m->payloads[frame];
+    w->stats[MB_STAT_loads]++;
+    w->stats[MB_STAT_loaded_bytes] += (int64_t)size;
     if (w->backend->adopt_host && w->backend->adopt_host(zmq_msg_data(src), size) &&
         (t->storage = act_storage_adopt(src))) {
         t->data = t->storage->data;

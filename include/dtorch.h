@@ -352,6 +352,8 @@ typedef struct {
     int64_t shm_bytes_received;     /* of peer_bytes_received: read in place from a peer's shared memory */
     int64_t shm_bytes_fetched;      /* bytes of fetched values the controller read from its shared memory */
     int64_t pooled_bytes;           /* freed buffers and shared segments its process keeps (threads share them) */
+    int64_t loads;                  /* pieces the controller sent it whole (distribute_tensor, from_local) */
+    int64_t loaded_bytes;           /* ... their bytes */
 } dt_device_stat;
 /* Waits for every device of mesh to run what was sent to it before, then fills up to max entries,
  * one per device in mesh order. Returns the mesh's size, or a negative error code. */

@@ -36,7 +36,7 @@
 #include "mb_codec.h"
 #include "mb_writer.h"
 
-#define MB_PROTOCOL 10       /* the records below; bumped on any change to them */
+#define MB_PROTOCOL 11       /* the records below; bumped on any change to them */
 #define MB_MAX_IDS 32        /* tensor ids in an IDS field (a COMPUTE's inputs) */
 #define MB_MAX_INTS 16       /* integers in an INTS field (dt_op_attrs.ints) */
 #define MB_MAX_FLOATS 4      /* floats in a FLOATS field (dt_op_attrs.floats) */
@@ -169,7 +169,9 @@ typedef struct { uint32_t n; mb_cursor items; } mb_list;   /* inside the record:
     X(shm_bytes_sent)         /* of peer_bytes_sent: lent by handle (read from this device's segments) */ \
     X(shm_bytes_received)     /* of peer_bytes_received: read in place from the sender's segments */ \
     X(shm_bytes_fetched)      /* bytes of fetched values the controller read from this device's segments */ \
-    X(pooled_bytes)           /* freed buffers kept for reuse by the memory pool of the device's process */
+    X(pooled_bytes)           /* freed buffers kept for reuse by the memory pool of the device's process */ \
+    X(loads)                  /* pieces the controller sent whole (LOAD records: distribute_tensor, from_local) */ \
+    X(loaded_bytes)           /* ... and their bytes */
 
 #define MB_GEN_STAT(name) MB_STAT_##name,
 typedef enum { MB_STATS(MB_GEN_STAT) MB_NSTATS } mb_stat;

@@ -114,7 +114,8 @@ def device_stats(mesh, reset_peak=False):
     (regions exchanged with other devices, since it started), ``shm_bytes_sent``/``shm_bytes_received``
     (the part of those bytes that worker processes read from each other's shared memory) and
     ``shm_bytes_fetched`` (bytes of fetched values the controller read from the device's shared
-    memory). ``reset_peak=True`` starts each peak again from what the device holds, after reading
+    memory), ``loads``/``loaded_bytes`` (pieces the controller sent it whole, as ``distribute_tensor``,
+    ``from_local`` and checkpoint loading do, and their bytes). ``reset_peak=True`` starts each peak again from what the device holds, after reading
     it."""
     return _C._device_stats(mesh, bool(reset_peak))
 

@@ -14,7 +14,7 @@ import pytest
 
 import dtorch
 import llama_reference as ref
-from conftest import bf16_round, worker_pids
+from conftest import bf16_round, chunk_range
 from dtorch._safetensors import CheckpointError, SafetensorsFile, _LineBar, _progress, save_file
 from dtorch.models import LlamaConfig, LlamaForCausalLM
 
@@ -267,35 +267,39 @@ def test_progress_bar():
 
 # ---- what each device holds --------------------------------------------------------------------
 
-def _rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+# tp's rule per parameter, written from the Megatron layout (not read from the model): the dim each
+# weight splits along, None for one every device holds whole
+TP_SPLIT = {"embed_tokens": 0, "q_proj": 0, "k_proj": 0, "v_proj": 0, "o_proj": 1, "gate_proj": 0,
+            "up_proj": 0, "down_proj": 1, "lm_head": 0, "norm": None, "input_layernorm": None,
+            "post_attention_layernorm": None}
 
 
-def test_each_worker_holds_only_its_slices(tmp_path, process_mode):
-    """A checkpoint of 18 MiB whose large matrices all split over tp=4: each worker process grows by
-    about a quarter of it (its slices). The resident size also counts heap that received messages
-    used and freed (seen up to 0.64 of the whole on a busy 2-core machine; buffers the worker's
-    memory pool keeps for reuse are counted out, from memory_stats), so the bound per worker
-    is 0.9 of the whole, and half of them must be near a quarter: a worker that got whole tensors
-    would grow by more than all of it."""
-    cfg = ref.tiny_config(vocab_size=8192, hidden_size=256, intermediate_size=256, num_hidden_layers=1,
-                          num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False)
+@pytest.mark.parametrize("tp,hidden,intermediate,vocab", [(4, 256, 256, 8192), (3, 96, 200, 1000)])
+def test_each_worker_receives_only_its_slices(tmp_path, mode, tp, hidden, intermediate, vocab):
+    """Loading a checkpoint onto tp devices sends each device its slices of the split matrices and
+    the whole of the small replicated ones, and nothing more: the bytes each worker counts as sent
+    to it (device_stats' loaded_bytes) and the bytes of the pieces it holds (bytes_in_use) both equal
+    the sum of its torch.chunk slices, exactly. tp=3 splits the vocabulary and the MLP unevenly
+    (1000 rows: 334, 334, 332; 200: 67, 67, 66)."""
+    cfg = ref.tiny_config(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=1,
+                          num_attention_heads=tp, num_key_value_heads=tp, tie_word_embeddings=False)
     sd = ref.random_weights(cfg, 7)
     write_checkpoint(tmp_path, cfg, sd)
-    total_kib = sum(v.nbytes for v in sd.values()) / 1024
-    m = mesh((4,), ("tp",))
+    m = mesh((tp,), ("tp",))
     dtorch.ones(4, device_mesh=m).numpy()                  # start the workers
-    pids = worker_pids()
-    pooled = lambda: [st["pooled_bytes"] / 1024 for st in dtorch.memory_stats(m)]
-    before = {d: _rss_kib(pids[d]) for d in range(4)}
-    pooled_before = pooled()
+    before = dtorch.device_stats(m)
     model = LlamaForCausalLM.from_pretrained(tmp_path, device_mesh=m)
-    dtorch.synchronize()
-    # freed buffers a worker's memory pool keeps for reuse are resident but hold no piece
-    kept = [after - was for after, was in zip(pooled(), pooled_before)]
-    grown = sorted(_rss_kib(pids[d]) - before[d] - kept[d] for d in range(4))
-    assert all(0.15 * total_kib < g < 0.9 * total_kib for g in grown), (grown, total_kib)
-    assert grown[1] < 0.35 * total_kib, (grown, total_kib)
-    held = [sum(int(np.prod(t.to_local()[d].shape)) * 4 for t in model.parameters()) / 1024 for d in range(4)]
-    assert all(0.24 * total_kib < h < 0.26 * total_kib for h in held), (held, total_kib)
+    after = dtorch.device_stats(m)
+    for d in range(tp):
+        want = 0
+        for key, value in sd.items():
+            split = TP_SPLIT[key.split(".")[-2]]
+            if split is None:
+                want += value.nbytes
+            else:
+                lo, hi = chunk_range(value.shape[split], tp, d)
+                want += value.nbytes // value.shape[split] * (hi - lo)
+        assert after[d]["loaded_bytes"] - before[d]["loaded_bytes"] == want, (d, after[d], before[d], want)
+        assert after[d]["loads"] - before[d]["loads"] == len(sd), (d, after[d], before[d])
+        assert after[d]["bytes_in_use"] - before[d]["bytes_in_use"] == want, (d, after[d], before[d], want)
+    del model
