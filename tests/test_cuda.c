@@ -1289,5 +1289,5 @@ static void s_mesh_ops(dt_workers mode)
     cr_expect_eq(dt_shutdown(), 0);
 }
 
-Test(cuda_mesh, thread_workers, .timeout = 60) { s_mesh_ops(DT_WORKERS_THREAD); }
-Test(cuda_mesh, process_workers, .timeout = 60) { s_mesh_ops(DT_WORKERS_PROCESS); }
+Test(cuda_mesh, thread_workers, .timeout = 180) { s_mesh_ops(DT_WORKERS_THREAD); }
+Test(cuda_mesh, process_workers, .timeout = 180) { s_mesh_ops(DT_WORKERS_PROCESS); }

@@ -149,10 +149,10 @@ static void s_unknown_type_at_call_site(dt_workers mode)
     cr_expect_eq(dt_shutdown(), 0);
 }
 
-Test(device_type, unknown_at_call_site_thread, .timeout = 30) { s_unknown_type_at_call_site(DT_WORKERS_THREAD); }
-Test(device_type, unknown_at_call_site_process, .timeout = 30) { s_unknown_type_at_call_site(DT_WORKERS_PROCESS); }
+Test(device_type, unknown_at_call_site_thread, .timeout = 120) { s_unknown_type_at_call_site(DT_WORKERS_THREAD); }
+Test(device_type, unknown_at_call_site_process, .timeout = 120) { s_unknown_type_at_call_site(DT_WORKERS_PROCESS); }
 
-Test(device_type, one_type_per_device_id, .timeout = 30)
+Test(device_type, one_type_per_device_id, .timeout = 120)
 {
     cr_assert_eq(dt_init(&(dt_config){DT_WORKERS_THREAD, NULL}), 0, "%s", dt_last_error());
     dt_mesh *cpu = s_mesh(0, 2), *other = s_mesh(1, 2);
@@ -210,7 +210,7 @@ static void s_refused(const char *how, const char *const *says, int nsays)
     cr_expect_eq(dt_shutdown(), 0);
 }
 
-Test(hello, other_protocol_refused, .timeout = 30)
+Test(hello, other_protocol_refused, .timeout = 120)
 {
     char theirs[64], ours[96];
     snprintf(theirs, sizeof theirs, "device 0 speaks protocol %d, registry 0x%016llx", MB_PROTOCOL + 1,
@@ -220,7 +220,7 @@ Test(hello, other_protocol_refused, .timeout = 30)
     s_refused("protocol", (const char *[]){theirs, ours, "rebuild dtorch-worker from the same sources"}, 3);
 }
 
-Test(hello, other_registry_refused, .timeout = 30)
+Test(hello, other_registry_refused, .timeout = 120)
 {
     char theirs[64], ours[96];
     snprintf(theirs, sizeof theirs, "registry 0x%016llx", (unsigned long long)(op_registry_hash() ^ 0x5a5a5a5a));
@@ -229,12 +229,12 @@ Test(hello, other_registry_refused, .timeout = 30)
     s_refused("registry", (const char *[]){theirs, ours, "rebuild dtorch-worker"}, 3);
 }
 
-Test(hello, other_device_type_refused, .timeout = 30)
+Test(hello, other_device_type_refused, .timeout = 120)
 {
     s_refused("type", (const char *[]){"serves tpu device 0, not cpu device 0"}, 1);
 }
 
-Test(hello, unreadable_hello_refused, .timeout = 30)
+Test(hello, unreadable_hello_refused, .timeout = 120)
 {
     s_refused("garbage", (const char *[]){"hello could not be read", "malformed hello record"}, 2);
 }
@@ -270,17 +270,17 @@ static void s_forged_value(const char *how, bool shm, const char *says)
     unsetenv("DTORCH_SHM");
 }
 
-Test(lend, value_outside_its_segment_fails_the_fetch, .timeout = 30)
+Test(lend, value_outside_its_segment_fails_the_fetch, .timeout = 120)
 {
     s_forged_value("lend-outside", true, "a region outside its segment");
 }
 
-Test(lend, value_in_no_segment_fails_the_fetch, .timeout = 30)
+Test(lend, value_in_no_segment_fails_the_fetch, .timeout = 120)
 {
     s_forged_value("lend-foreign", true, "is not its shared segment");
 }
 
-Test(lend, value_from_a_worker_never_told_to_lend_fails_the_fetch, .timeout = 30)
+Test(lend, value_from_a_worker_never_told_to_lend_fails_the_fetch, .timeout = 120)
 {
     s_forged_value("lend-outside", false, "it was never told it may lend by handle");
 }

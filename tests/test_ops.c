@@ -61,9 +61,9 @@ static s_env s_env_new(int mesh_ndim, bool small)
         dt_mesh_release(&e.mesh);                                                                                      \
         cr_expect_eq(dt_shutdown(), 0);                                                                                \
     }                                                                                                                  \
-    Test(suite, name##_mesh2_thread, .timeout = 60) { s_run_##name(DT_WORKERS_THREAD, 1, false); }                     \
-    Test(suite, name##_mesh2x2_thread, .timeout = 60) { s_run_##name(DT_WORKERS_THREAD, 2, false); }                   \
-    Test(suite, name##_mesh2_process, .timeout = 60) { s_run_##name(DT_WORKERS_PROCESS, 1, true); }                    \
+    Test(suite, name##_mesh2_thread, .timeout = 180) { s_run_##name(DT_WORKERS_THREAD, 1, false); }                     \
+    Test(suite, name##_mesh2x2_thread, .timeout = 180) { s_run_##name(DT_WORKERS_THREAD, 2, false); }                   \
+    Test(suite, name##_mesh2_process, .timeout = 180) { s_run_##name(DT_WORKERS_PROCESS, 1, true); }                    \
     static void s_case_##name(const s_env *e)
 
 /* Input layouts for a tensor of nd dims; pop >= 0 adds a Partial(pop) one. */
@@ -2530,7 +2530,7 @@ static void s_expect_refused(const char *name, int n, dt_tensor *const *in, cons
         dt_tensor_release(&out[1]);
 }
 
-Test(errors, bad_arguments, .timeout = 30)
+Test(errors, bad_arguments, .timeout = 120)
 {
     s_init(DT_WORKERS_THREAD);
     s_env env = s_env_new(1, false);
@@ -2675,9 +2675,9 @@ static void s_kernel_failure(dt_workers mode, int mesh_ndim)
     cr_expect_eq(dt_shutdown(), 0);
 }
 
-Test(errors, kernel_failure_mesh2_thread, .timeout = 30) { s_kernel_failure(DT_WORKERS_THREAD, 1); }
-Test(errors, kernel_failure_mesh2x2_thread, .timeout = 30) { s_kernel_failure(DT_WORKERS_THREAD, 2); }
-Test(errors, kernel_failure_mesh2_process, .timeout = 30) { s_kernel_failure(DT_WORKERS_PROCESS, 1); }
+Test(errors, kernel_failure_mesh2_thread, .timeout = 120) { s_kernel_failure(DT_WORKERS_THREAD, 1); }
+Test(errors, kernel_failure_mesh2x2_thread, .timeout = 120) { s_kernel_failure(DT_WORKERS_THREAD, 2); }
+Test(errors, kernel_failure_mesh2_process, .timeout = 120) { s_kernel_failure(DT_WORKERS_PROCESS, 1); }
 
 static void s_strict(int mesh_ndim)
 {
@@ -2720,8 +2720,8 @@ static void s_strict(int mesh_ndim)
     cr_expect_eq(dt_shutdown(), 0);
 }
 
-Test(errors, strict_mesh2_thread, .timeout = 30) { s_strict(1); }
-Test(errors, strict_mesh2x2_thread, .timeout = 30) { s_strict(2); }
+Test(errors, strict_mesh2_thread, .timeout = 120) { s_strict(1); }
+Test(errors, strict_mesh2x2_thread, .timeout = 120) { s_strict(2); }
 
 /* ---- coverage -------------------------------------------------------------------------------- */
 

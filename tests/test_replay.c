@@ -141,7 +141,7 @@ static void s_square_records(mb_writer *w)
     mb_encode_free(w, 1); /* a constant freed inside: must not free it for later replays */
 }
 
-Test(replay, runs_on_new_inputs_and_keeps_constants, .timeout = 30)
+Test(replay, runs_on_new_inputs_and_keeps_constants, .timeout = 120)
 {
     s_start();
     s_batch b = {0};
@@ -175,7 +175,7 @@ Test(replay, runs_on_new_inputs_and_keeps_constants, .timeout = 30)
     s_stop_worker();
 }
 
-Test(replay, leftovers_are_freed_and_failures_name_the_op, .timeout = 30)
+Test(replay, leftovers_are_freed_and_failures_name_the_op, .timeout = 120)
 {
     s_start();
     s_batch b = {0};
@@ -207,7 +207,7 @@ static void s_expect_broken(s_batch *b, uint64_t graph, const char *why)
               (unsigned long long)graph, err);
 }
 
-Test(replay, hostile_defines_never_crash, .timeout = 30)
+Test(replay, hostile_defines_never_crash, .timeout = 120)
 {
     s_start();
     s_batch b = {0};
@@ -270,7 +270,7 @@ Test(replay, hostile_defines_never_crash, .timeout = 30)
 /* A COMPUTE reads an input as a strided view of its piece: the worker gathers the elements the
  * strides name (a step of 0 repeats one) for the kernel, and an aliasing op (reshape) shares the
  * gathered bytes; a view whose far corner leaves the piece is refused, naming the input. */
-Test(replay, a_compute_reads_strided_views, .timeout = 30)
+Test(replay, a_compute_reads_strided_views, .timeout = 120)
 {
     s_start();
     s_batch b = {0};
@@ -310,7 +310,7 @@ Test(replay, a_compute_reads_strided_views, .timeout = 30)
 
 /* A COMPUTE reads an input as a view of its piece (the controller's views, dtn_tensor.h): the run
  * its record names, and an error naming the input when that run leaves the piece. */
-Test(replay, a_compute_reads_views_and_refuses_one_outside_its_piece, .timeout = 30)
+Test(replay, a_compute_reads_views_and_refuses_one_outside_its_piece, .timeout = 120)
 {
     s_start();
     s_batch b = {0};

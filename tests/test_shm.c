@@ -322,7 +322,7 @@ static void s_expect_refused(s_rig *r, uint64_t id, const char *why)
     free(error);
 }
 
-Test(shm, forged_handles_are_refused, .timeout = 60)
+Test(shm, forged_handles_are_refused, .timeout = 180)
 {
     s_rig r;
     s_rig_start(&r);

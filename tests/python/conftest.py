@@ -5,6 +5,7 @@ installed package:  ../../.venv/bin/python -m pytest
 """
 import os
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -12,6 +13,19 @@ import pytest
 import dtorch
 
 MODES = ("thread", "process")
+
+# How long a test waits for something that must happen (a failure reaching a future, a wake-up, a
+# process leaving): long enough that a loaded machine cannot break it. Tests assert that it came,
+# never how fast; how fast is measured in bench/.
+PATIENCE_S = 60.0
+
+
+def wait_for(condition, timeout=PATIENCE_S):
+    """Polls condition() until it holds or timeout seconds pass; its last value."""
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return condition()
 
 
 def _start(mode):

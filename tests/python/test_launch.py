@@ -5,10 +5,10 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
+from conftest import PATIENCE_S
 from dtorch.launch import worker_commands
 
 # a controller key as dtorch prints them: Z85 holds characters a shell would act on
@@ -128,7 +128,7 @@ def test_a_failing_host_fails_the_launch(fake):
 
 def test_sigterm_ends_every_ssh(tmp_path):
     ssh = _script(tmp_path / "fake-ssh", 'shift\nexec sh -c "$1"\n')
-    worker = _script(tmp_path / "worker", 'echo ready\nexec sleep 60\n')
+    worker = _script(tmp_path / "worker", 'echo ready\nexec sleep 600\n')
     proc = subprocess.Popen([sys.executable, "-m", "dtorch.launch", "--hosts", "h0,h1", "--devices-per-host", "1",
                              "--connect", CONNECT, "--key", "k", "--server-key", SERVER_KEY, "--ssh", ssh,
                              "--worker", worker], stdout=subprocess.PIPE, text=True)
@@ -139,10 +139,8 @@ def test_sigterm_ends_every_ssh(tmp_path):
             assert line, "the launcher ended before its workers said ready"
             ready.add(line.split()[0])
         assert ready == {"[h0]", "[h1]"}
-        start = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
-        assert time.monotonic() - start < 10
+        assert proc.wait(timeout=PATIENCE_S) == 128 + signal.SIGTERM   # its workers would sleep 600 s: not waited for
     finally:
         if proc.poll() is None:
             proc.kill()

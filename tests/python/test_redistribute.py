@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import dtorch
-from conftest import worker_pids
+from conftest import PATIENCE_S, worker_pids
 from dtorch import Partial, Replicate, Shard
 
 OPS = ("sum", "avg", "max", "min")
@@ -657,17 +657,15 @@ def test_death_mid_redistribute(process_mode, sigcont_guard):
     pieces = y._locals_future()
     time.sleep(0.3)  # the live devices are now waiting for device 2's region
     assert not value.done()
-    t0 = time.monotonic()
     os.kill(pids[2], signal.SIGKILL)
     with pytest.raises(Exception) as info:
-        value.result(timeout=10)
-    assert time.monotonic() - t0 < 2.5, "the failure took too long to arrive"
+        value.result(timeout=PATIENCE_S)
     assert not isinstance(info.value, TimeoutError)
     assert "device 2" in str(info.value)
     with pytest.raises(Exception) as info:
-        pieces._wait(10)
+        pieces._wait(PATIENCE_S)
+    assert not isinstance(info.value, TimeoutError)
     assert "device" in str(info.value)
-    assert time.monotonic() - t0 < 2.5
 
     # the dead mesh refuses new work at the call site
     with pytest.raises(Exception, match="device 2"):

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import dtorch
-from conftest import mesh_1d, reference_locals, worker_pids
+from conftest import mesh_1d, reference_locals, wait_for, worker_pids
 from dtorch import Partial, Replicate, Shard
 
 SHM_MIN = 256 << 10  # ACT_SHM_MIN (actors/act_worker.h): pieces and regions from this size up go by handle
@@ -199,15 +199,13 @@ def _mapped_from(pid, owner):
         return [line for line in f if f"memfd:dtorch-{owner}-" in line]
 
 
-def _wait_until(condition, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return condition()
+def _dtorch_shm():
+    """The names in /dev/shm that are this project's (other programs on the machine keep theirs)."""
+    return sorted(name for name in os.listdir("/dev/shm") if "dtorch" in name)
 
 
 def test_killed_worker_leaves_nothing_behind(process_mode):
-    shm_before = sorted(os.listdir("/dev/shm"))
+    shm_before = _dtorch_shm()
     mesh = mesh_1d(2)
     full = _values((1024, 1024), 9)
     x = dtorch.distribute_tensor(full, mesh, [Shard(0)])
@@ -222,11 +220,9 @@ def test_killed_worker_leaves_nothing_behind(process_mode):
     with pytest.raises(Exception, match="device 1 (died|is dead).*killed by signal 9"):
         x.numpy()
     # the controller and the surviving worker let go of the dead worker's memory
-    assert _wait_until(lambda: not _mapped_from(os.getpid(), victim)), _mapped_from(os.getpid(), victim)
-    assert _wait_until(lambda: not _mapped_from(survivor, victim)), _mapped_from(survivor, victim)
-    shm_after = sorted(os.listdir("/dev/shm"))
-    assert shm_after == shm_before
-    assert not [name for name in shm_after if "dtorch" in name]
+    assert wait_for(lambda: not _mapped_from(os.getpid(), victim)), _mapped_from(os.getpid(), victim)
+    assert wait_for(lambda: not _mapped_from(survivor, victim)), _mapped_from(survivor, victim)
+    assert _dtorch_shm() == shm_before == []
     # the survivor keeps its pieces and works on
     alone = dtorch.DeviceMesh("cpu", [0])
     np.testing.assert_array_equal(dtorch.full((600, 300), 2.0, device_mesh=alone).numpy(),

@@ -68,9 +68,9 @@ _RACE = textwrap.dedent("""
     assert not dtorch.is_initialized()
     assert worker_pids() == {{}}, "the second shutdown returned with workers still running"
     assert pending.done(), "the second shutdown returned with a future still pending"
-    syncer.join(10)
+    syncer.join(30)
     assert not syncer.is_alive(), "synchronize() during shutdown never returned"
-    stopper.join(10)
+    stopper.join(30)
     assert not stopper.is_alive()
     y = dtorch.arange(4, device_mesh=mesh, placements=[dtorch.Shard(0)])
     assert np.array_equal(y.numpy(), np.arange(4)), "a fresh start after both shutdowns"
