@@ -17,8 +17,9 @@
 
 /* Bad values and bad types are ValueError and TypeError to a Python user, and RuntimeError to
  * code written against PyTorch (which raises RuntimeError for shape and dtype mismatches): the
- * exceptions are both. */
-static PyObject *s_value_error, *s_type_error;
+ * exceptions are both. Likewise a piece that does not fit in memory is a MemoryError and a
+ * RuntimeError (torch.OutOfMemoryError is one). */
+static PyObject *s_value_error, *s_type_error, *s_memory_error;
 
 static PyObject *s_raise(void)
 {
@@ -31,7 +32,7 @@ static PyObject *s_raise(void)
     case DT_ETYPE: type = s_type_error; break;
     case DT_EINDEX: type = PyExc_IndexError; break;
     case DT_ETIMEDOUT: type = PyExc_TimeoutError; break;
-    case DT_ENOMEM: type = PyExc_MemoryError; break;
+    case DT_ENOMEM: type = s_memory_error; break;
     case DT_EINTR: type = PyExc_KeyboardInterrupt; break;
     default: break;
     }
@@ -2455,10 +2456,17 @@ PyMODINIT_FUNC PyInit__C(void)
         "A bad argument value or shape (a ValueError, and a RuntimeError as PyTorch raises).", value_bases, NULL) : NULL;
     s_type_error = type_bases ? PyErr_NewExceptionWithDoc("dtorch.DTorchTypeError",
         "A bad dtype or argument type (a TypeError, and a RuntimeError as PyTorch raises).", type_bases, NULL) : NULL;
+    PyObject *memory_bases = PyTuple_Pack(2, PyExc_MemoryError, PyExc_RuntimeError);
+    s_memory_error = memory_bases ? PyErr_NewExceptionWithDoc("dtorch.OutOfMemoryError",
+        "Not enough memory on a device (a MemoryError, and a RuntimeError as PyTorch raises).", memory_bases, NULL)
+                                  : NULL;
     Py_XDECREF(value_bases);
     Py_XDECREF(type_bases);
-    if (!s_value_error || !s_type_error || PyModule_AddObjectRef(m, "DTorchValueError", s_value_error) < 0 ||
+    Py_XDECREF(memory_bases);
+    if (!s_value_error || !s_type_error || !s_memory_error ||
+        PyModule_AddObjectRef(m, "DTorchValueError", s_value_error) < 0 ||
         PyModule_AddObjectRef(m, "DTorchTypeError", s_type_error) < 0 ||
+        PyModule_AddObjectRef(m, "OutOfMemoryError", s_memory_error) < 0 ||
         PyModule_AddObjectRef(m, "Mesh", (PyObject *)&s_MeshType) < 0 ||
         PyModule_AddObjectRef(m, "TensorFuture", (PyObject *)&s_FutureType) < 0 ||
         PyModule_AddObjectRef(m, "DTensor", (PyObject *)s_tensor_type) < 0) {

@@ -21,6 +21,7 @@ struct dt_mesh {
     int64_t size;                   /* prod(shape) */
     int64_t *ids;                   /* (size) device ids, row-major */
     char *dim_names[DT_MAX_DIMS];   /* (ndim) or all NULL */
+    size_t memory;                  /* bytes of memory of its smallest device, 0 when unknown */
     uint64_t ready_epoch;           /* runtime epoch in which its devices were last started */
     uint64_t ready_deaths;          /* ... and how many devices had died in it by then */
 };

@@ -2,8 +2,10 @@
 #include "dt_pool.h"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #define S_HUGE (2u << 20)
 #define S_SLOTS 128
@@ -27,8 +29,23 @@ static size_t s_round(size_t size)
     return rounded;
 }
 
+size_t dt_pool_host_memory(void)
+{
+    static _Atomic size_t memory; /* 0 until asked: the answer does not change while we run */
+    size_t m = memory;
+    if (m == 0) {
+        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        if (pages > 0 && page > 0 && (size_t)pages <= SIZE_MAX / (size_t)page)
+            memory = m = (size_t)pages * (size_t)page;
+    }
+    return m;
+}
+
 void *dt_pool_alloc(size_t size)
 {
+    size_t host = dt_pool_host_memory();
+    if (host && size > host)
+        return NULL; /* only an overcommitting kernel would give it, and the first touch kills us */
     if (size < DT_POOL_MEDIUM)
         return malloc(size ? size : 1);
     size = s_round(size);

@@ -13,10 +13,15 @@
 #define DT_POOL_LARGE (1u << 20)        /* ... and from this size up huge-page aligned */
 #define DT_POOL_KEEP (512ull << 20)     /* most bytes kept for reuse */
 
+/* NULL when there is no memory, and for a buffer larger than the host's physical memory, which no
+ * piece can have (the controller refuses such a piece before it sends anything: dt_op's rule) */
 void *dt_pool_alloc(size_t size);
 void dt_pool_free(void *data, size_t size);
 /* Bytes of freed buffers kept for reuse now (this process's, every device of it together). */
 size_t dt_pool_kept(void);
+/* Bytes of physical memory of this host (cached after the first call); 0 when the system does not
+ * say. */
+size_t dt_pool_host_memory(void);
 /* Gives every kept buffer back to the system. */
 void dt_pool_trim(void);
 

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "dt_error.h"
+#include "dt_pool.h"
 
 #define S_HUGE (2u << 20)       /* segments from this size up are whole huge pages */
 #define S_SMALL (64u << 10)     /* ... smaller ones whole multiples of this */
@@ -46,6 +47,14 @@ static void s_link_name(char *buf, size_t n, int pid, uint64_t serial)
 
 dt_shm_seg *dt_shm_seg_new(size_t size)
 {
+    /* a segment is populated at once: one larger than the host would have the kernel's OOM killer
+     * end this process rather than fail the call */
+    size_t host = dt_pool_host_memory();
+    if (host && size > host) {
+        dt_err(DT_ENOMEM, "cannot make a shared memory segment of %zu bytes: the host has %zu bytes of memory",
+               size, host);
+        return NULL;
+    }
     size = s_round(size ? size : 1);
     pthread_mutex_lock(&s_lock);
     for (int i = 0; i < S_SLOTS; i++)

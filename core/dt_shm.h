@@ -28,7 +28,8 @@ typedef struct {
 } dt_shm_seg;
 
 /* A segment of at least size bytes (a kept one when one fits), or NULL (and dt_last_error) when
- * the system gives none (no memfd, no file descriptor left, no memory). */
+ * the system gives none (no memfd, no file descriptor left, no memory, more than the host's
+ * physical memory). */
 dt_shm_seg *dt_shm_seg_new(size_t size);
 /* Gives a segment back: kept for reuse, or closed and unmapped. Accepts NULL. */
 void dt_shm_seg_free(dt_shm_seg *seg);

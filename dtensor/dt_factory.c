@@ -32,7 +32,8 @@ static dt_tensor *s_tensor_new(const char *op, dt_mesh *mesh, int ndim, const in
         return NULL;
     }
     if (dt_layout_check_shape(op, ndim, shape) != 0 ||
-        dt_layout_check_placements(op, mesh->ndim, placements, ndim, t->placements) != 0) {
+        dt_layout_check_placements(op, mesh->ndim, placements, ndim, t->placements) != 0 ||
+        dtn_check_fits(op, mesh, ndim, shape, t->placements, dtype) != 0) {
         dtn_tensor_free(t);
         return NULL;
     }

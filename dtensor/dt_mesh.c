@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dt_dtype.h"
 #include "dt_error.h"
 #include "dtn_tensor.h"
 #include "op_backend.h"
@@ -67,11 +68,52 @@ dt_mesh *dt_mesh_new(const char *device_type, int ndim, const int64_t *shape, co
         for (int d = 0; d < ndim; d++)
             if (!(m->dim_names[d] = strdup(dim_names[d])))
                 goto nomem;
+    const op_backend *b = op_backend_find(device_type);
+    for (int64_t i = 0; b->memory_size && i < size; i++) {
+        size_t bytes = b->memory_size(ids[i]);
+        if (bytes && (!m->memory || bytes < m->memory))
+            m->memory = bytes;
+    }
     return m;
 nomem:
     dt_mesh_release(&m);
     dt_err(DT_ENOMEM, "DeviceMesh: out of memory");
     return NULL;
+}
+
+/* The bytes of a piece of shape, 0 when any dim is empty (no overflow: shapes hold at most 2^48
+ * elements of at most 8 bytes). */
+static size_t s_piece_bytes(int ndim, const int64_t *shape, dt_dtype dtype)
+{
+    return (size_t)dt_layout_numel(ndim, shape) * dt_dtype_size(dtype);
+}
+
+int dtn_check_fits(const char *op, const dt_mesh *mesh, int ndim, const int64_t *shape, const dt_placement *pl,
+                   dt_dtype dtype)
+{
+    if (!mesh->memory)
+        return 0;
+    /* torch.chunk gives the first piece of every split the most: coordinate 0 holds the largest */
+    int64_t coord[DT_MAX_DIMS] = {0}, local[DT_MAX_DIMS], offset[DT_MAX_DIMS];
+    dt_layout_block(mesh->ndim, mesh->shape, coord, pl, ndim, shape, local, offset);
+    if (s_piece_bytes(ndim, local, dtype) <= mesh->memory)
+        return 0;
+    /* the devices may differ: the first whose piece is larger than its memory */
+    const op_backend *b = op_backend_find(mesh->device_type);
+    for (int64_t i = 0; i < mesh->size; i++) {
+        dt_layout_coord(mesh->ndim, mesh->shape, i, coord);
+        dt_layout_block(mesh->ndim, mesh->shape, coord, pl, ndim, shape, local, offset);
+        size_t bytes = s_piece_bytes(ndim, local, dtype), has = b->memory_size(mesh->ids[i]);
+        if (!has || bytes <= has)
+            continue;
+        char piece[160], whole[160];
+        dt_layout_format_shape(ndim, local, piece, sizeof piece);
+        dt_layout_format_shape(ndim, shape, whole, sizeof whole);
+        return dt_err(DT_ENOMEM, "%s: not enough memory: the piece of device %lld, %s of shape %s (of a tensor of "
+                                 "shape %s), takes %zu bytes; the device has %zu bytes of memory",
+                      op, (long long)mesh->ids[i], dt_dtype_name(dtype), piece, whole, bytes, has);
+    }
+    return 0;
 }
 
 dt_mesh *dt_mesh_ref(dt_mesh *mesh)

@@ -371,8 +371,11 @@ int dtn_op_settle(dt_tensor *t, const char *op)
     if (act_capture_active())
         return dt_err(DT_EUNSUPPORTED, "%s: inside dtorch.capture(), a view made before the capture cannot be "
                       "written in place (write into the tensor it views, or make the view inside the capture)", op);
+    int rc = dtn_check_fits(op, t->mesh, t->ndim, t->shape, t->placements, t->dtype);
+    if (rc != 0)
+        return rc;
     dt_mesh *mesh = t->mesh;
-    int rc = act_runtime_begin(op, &mesh, 1);
+    rc = act_runtime_begin(op, &mesh, 1);
     if (rc != 0)
         return rc;
     if ((rc = act_runtime_check_live(op, t->base->epoch)) != 0) {
@@ -458,6 +461,15 @@ int dt_op_run(int id, int n, dt_tensor *const *in, const dt_op_attrs *attrs, int
             s_lay_out(&c, in[0], out[0]);
         return rc;
     }
+    /* what this op makes on the devices (outputs, and inputs moved for it) must fit there */
+    for (int o = def->inplace ? 1 : 0; o < c.nout; o++)
+        if ((rc = dtn_check_fits(def->name, in[0]->mesh, c.out[o].ndim, c.out[o].shape, c.out[o].pl,
+                                 c.out[o].dtype)) != 0)
+            return rc;
+    for (int i = 0; i < n; i++)
+        if (moves[i] && (rc = dtn_check_fits(def->name, in[0]->mesh, c.in[i].ndim, c.in[i].shape, c.want[i],
+                                             c.in[i].dtype)) != 0)
+            return rc;
     /* a large strided view gets pieces of its own the first time an op reads it (one gather on
      * each device, kept): read inline, every op that reads it would gather it again (a weight
      * transposed once, read at every step) */
@@ -488,6 +500,9 @@ int dt_op_run(int id, int n, dt_tensor *const *in, const dt_op_attrs *attrs, int
         int need = 3 + (in[i]->strided ? 2 : 1) * in[i]->ndim;
         pieced[i] = moves[i] || need > room;
         room -= pieced[i] ? 0 : need;
+        if (pieced[i] && (rc = dtn_check_fits(def->name, in[i]->mesh, in[i]->ndim, in[i]->shape, in[i]->placements,
+                                              in[i]->dtype)) != 0)
+            return rc;
     }
     dt_mesh *mesh = in[0]->mesh;
     dt_tensor *made[OP_MAX_OUTPUTS] = {NULL};

@@ -89,6 +89,10 @@ static int s_check(const char *op, dt_tensor *t, dt_mesh *mesh, const dt_placeme
                           op, outer, i, inner, j, j);
         }
     }
+    /* the target's pieces, and a view's own (made for the steps to read) must fit */
+    if (dtn_check_fits(op, mesh, t->ndim, t->shape, dst->pl, t->dtype) != 0 ||
+        (t->base && dtn_check_fits(op, t->mesh, t->ndim, t->shape, t->placements, t->dtype) != 0))
+        return dt_last_error_code();
     return act_runtime_check_live(op, t->epoch);
 }
 

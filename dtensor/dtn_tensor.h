@@ -74,6 +74,14 @@ dt_tensor *dtn_tensor_view(dt_tensor *base, uint64_t base_id, int64_t first, dt_
  * for the views made of it on the controller: whether it must be (live views read its pieces
  * now). When true the caller gives t the new id and dtn_tensor_retire gets the old one. */
 bool dtn_tensor_viewed(dt_tensor *t);
+
+/* 0 when a tensor of shape, dtype and placements pl (normalised) fits on mesh: no device's piece is
+ * larger than that device's memory (op_backend memory_size; a device that cannot tell is not
+ * checked); else DT_ENOMEM naming op, the piece's bytes and the limit. Every op that makes pieces
+ * asks it before it sends a record, so a piece that cannot fit is refused at the call site, the
+ * same way whatever the workers' home (dtensor/dt_mesh.c). */
+int dtn_check_fits(const char *op, const dt_mesh *mesh, int ndim, const int64_t *shape, const dt_placement *pl,
+                   dt_dtype dtype);
 void dtn_tensor_retire(dt_tensor *t, uint64_t old_id);
 /* A view given pieces of its own lets go of its base and of its map, and holds its mesh itself. */
 void dtn_tensor_unview(dt_tensor *view);

@@ -43,6 +43,10 @@ typedef struct {
     void *(*alloc)(size_t size);
     /* gives back what alloc returned */
     void (*free)(void *data, size_t size);
+    /* optional: the bytes of memory device device_id has, as the controller can tell without
+     * using the device (cached by the backend); 0 when it cannot tell. The controller refuses an op
+     * whose piece on a device would be larger (dtn_check_fits), in every worker home alike. */
+    size_t (*memory_size)(int64_t device_id);
     /* optional: gives back what alloc returned on another thread of this process (a peer thread
      * let go of the last reference to a piece it read): the allocating thread's queued work may still
      * use it, so it waits for that first. NULL: free serves every thread. */

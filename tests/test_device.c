@@ -2,7 +2,8 @@
  * this build has no backend for; a device id is of one type; a worker that speaks another
  * protocol or op registry (a stand-in, fake-dtorch-worker, says such a hello through the real
  * controller) is refused with a message naming both sides, and the futures waiting on its
- * device fail with it. */
+ * device fail with it. The memory a CPU device has (the host's), and the controller's check
+ * that no piece is larger. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,8 @@
 #include "act_worker.h"
 #include "dt_error.h"
 #include "dt_layout.h"
+#include "dt_pool.h"
+#include "dtn_tensor.h"
 #include "dtorch.h"
 #include "mb_schema.h"
 #include "op_backend.h"
@@ -292,4 +295,66 @@ Test(hello, registry_hash)
     cr_expect_neq(h, 0);
     cr_expect_eq(op_registry_hash(), h);
     cr_expect_not_null(op_at(0), "the registry has ops");
+}
+
+/* ---- memory: a piece larger than its device's memory is refused where the op is called ------- */
+
+/* The host's memory as /proc/meminfo says it (MemTotal, in KiB): an independent reading. */
+static size_t s_mem_total(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    cr_assert_not_null(f);
+    char line[256];
+    unsigned long long kib = 0;
+    while (fgets(line, sizeof line, f) && sscanf(line, "MemTotal: %llu kB", &kib) != 1)
+        ;
+    fclose(f);
+    cr_assert_gt(kib, 0);
+    return (size_t)kib * 1024;
+}
+
+Test(memory, cpu_device_has_the_host_memory)
+{
+    size_t host = s_mem_total();
+    const op_backend *cpu = op_backend_find("cpu");
+    cr_assert_not_null(cpu->memory_size);
+    cr_expect_eq(cpu->memory_size(0), host);
+    cr_expect_eq(cpu->memory_size(7), host, "every CPU device has the host's memory");
+    cr_expect_eq(dt_pool_host_memory(), host);
+    /* nothing larger is ever asked of the system: it would be granted lazily and kill on touch */
+    cr_expect_null(dt_pool_alloc(host + 1));
+}
+
+/* dtn_check_fits at the edge, where the largest piece is exactly the host's memory or one byte
+ * more (sizes only: nothing is allocated). bool elements are one byte each. */
+Test(memory, largest_piece_decides)
+{
+    int64_t h = (int64_t)s_mem_total();
+    dt_mesh *m4 = s_mesh(0, 4);
+    dt_mesh *m22 = dt_mesh_new("cpu", 2, (int64_t[]){2, 2}, (int64_t[]){0, 1, 2, 3}, NULL);
+    cr_assert_not_null(m22);
+    const dt_placement r[2] = {dt_replicate(), dt_replicate()}, s0[2] = {dt_shard(0), dt_shard(0)},
+                       s01[2] = {dt_shard(0), dt_shard(1)}, p[1] = {dt_partial(DT_REDUCE_SUM)};
+    cr_expect_eq(dtn_check_fits("t", m4, 1, (int64_t[]){h}, r, DT_BOOL), 0, "a replica of exactly the memory");
+    cr_expect_eq(dtn_check_fits("t", m4, 1, (int64_t[]){h + 1}, r, DT_BOOL), DT_ENOMEM, "one byte more");
+    char want[160];
+    snprintf(want, sizeof want, "t: not enough memory: the piece of device 0, bool of shape (%lld,)", (long long)h + 1);
+    s_expect_in(dt_last_error(), want, "replica");
+    snprintf(want, sizeof want, "takes %lld bytes; the device has %lld bytes of memory", (long long)h + 1,
+             (long long)h);
+    s_expect_in(dt_last_error(), want, "replica");
+    cr_expect_eq(dtn_check_fits("t", m4, 1, (int64_t[]){h + 1}, p, DT_BOOL), DT_ENOMEM, "a Partial piece is whole");
+    /* torch.chunk over 4: device 0 holds ceil(n / 4) */
+    cr_expect_eq(dtn_check_fits("t", m4, 1, (int64_t[]){4 * h}, s0, DT_BOOL), 0);
+    cr_expect_eq(dtn_check_fits("t", m4, 1, (int64_t[]){4 * h + 1}, s0, DT_BOOL), DT_ENOMEM);
+    cr_expect_eq(dtn_check_fits("t", m4, 1, (int64_t[]){h}, s0, DT_INT32), 0, "h / 4 int32s of 4 bytes each");
+    cr_expect_eq(dtn_check_fits("t", m4, 1, (int64_t[]){h + 4}, s0, DT_INT64), DT_ENOMEM);
+    /* 2x2: nested chunks (4h + 1 -> 2h + 1 -> h + 1), and a tile of each dim */
+    cr_expect_eq(dtn_check_fits("t", m22, 1, (int64_t[]){4 * h}, s0, DT_BOOL), 0);
+    cr_expect_eq(dtn_check_fits("t", m22, 1, (int64_t[]){4 * h + 1}, s0, DT_BOOL), DT_ENOMEM);
+    cr_expect_eq(dtn_check_fits("t", m22, 2, (int64_t[]){2 * h, 2}, s01, DT_BOOL), 0);
+    cr_expect_eq(dtn_check_fits("t", m22, 2, (int64_t[]){2 * h + 1, 2}, s01, DT_BOOL), DT_ENOMEM);
+    cr_expect_eq(dtn_check_fits("t", m22, 2, (int64_t[]){0, INT64_C(1) << 47}, r, DT_INT64), 0, "empty");
+    dt_mesh_release(&m4);
+    dt_mesh_release(&m22);
 }

@@ -141,6 +141,19 @@ Test(shm, freed_segments_are_reused)
     dt_shm_trim();
 }
 
+/* A segment larger than the host is refused before it is made: it is populated at once, and the
+ * kernel would kill the process for it rather than fail the call. */
+Test(shm, segment_larger_than_the_host_is_refused)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    size_t host = (size_t)pages * (size_t)page;
+    cr_expect_null(dt_shm_seg_new(host + 1));
+    cr_expect_eq(dt_last_error_code(), DT_ENOMEM);
+    char want[128];
+    snprintf(want, sizeof want, "of %zu bytes: the host has %zu bytes of memory", host + 1, host);
+    cr_expect(strstr(dt_last_error(), want), "%s", dt_last_error());
+}
+
 /* ---- a worker that receives forged handles ------------------------------------------------- */
 
 #define S_N 100000                 /* floats in each region: 400,000 bytes, above ACT_SHM_MIN */

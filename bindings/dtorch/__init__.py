@@ -29,7 +29,7 @@ from . import nn, parallel, models, pipelines, profiler, schedulers
 
 _C._register(TensorFuture, DeviceMesh, Placement, _dtype._code_of)
 set_strict, get_strict = _C.set_strict, _C.get_strict
-DTorchValueError, DTorchTypeError = _C.DTorchValueError, _C.DTorchTypeError
+DTorchValueError, DTorchTypeError, OutOfMemoryError = _C.DTorchValueError, _C.DTorchTypeError, _C.OutOfMemoryError
 
 __version__ = "0.1.0"
 

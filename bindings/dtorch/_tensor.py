@@ -11,7 +11,7 @@ from . import _C, _dtype, _factory, _ops, _ops_matmul as _mm, _ops_reduce as _re
 from ._placement import _from_raw
 
 # error codes of dtorch.h -> the exception a Python user expects
-_EXCEPTIONS = {-1: _C.DTorchValueError, -2: _C.DTorchTypeError, -3: IndexError, -5: TimeoutError, -8: MemoryError,
+_EXCEPTIONS = {-1: _C.DTorchValueError, -2: _C.DTorchTypeError, -3: IndexError, -5: TimeoutError, -8: _C.OutOfMemoryError,
                -10: KeyboardInterrupt}
 
 

@@ -59,10 +59,18 @@ static const char *s_scale_div(void *acc, dt_dtype dtype, int64_t n, int64_t div
     return NULL;
 }
 
+/* A CPU device's memory is the host's (every device of a host shares it, each piece fits alone). */
+static size_t s_memory_size(int64_t device_id)
+{
+    (void)device_id;
+    return dt_pool_host_memory();
+}
+
 const op_backend cpu_backend = {
     .name = "cpu",
     .alloc = dt_pool_alloc,
     .free = dt_pool_free,
+    .memory_size = s_memory_size,
     .to_device = s_copy,
     .to_host = s_copy,
     .copy_region = s_copy,

@@ -89,6 +89,28 @@ static int s_ordinal(int64_t id, int count)
     return n ? list[id % n] : (int)(id % count);
 }
 
+/* The GPU's memory, asked of its properties, which takes no context on it (the controller asks
+ * this of the GPU a device id stands for, from any thread); kept per ordinal. */
+static size_t s_memory_size(int64_t device_id)
+{
+    static _Atomic size_t known[64];
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count < 1) {
+        cudaGetLastError();
+        return 0;
+    }
+    int ordinal = s_ordinal(device_id < 0 ? 0 : device_id, count);
+    size_t bytes = ordinal < 64 ? known[ordinal] : 0;
+    struct cudaDeviceProp prop;
+    if (bytes == 0 && cudaGetDeviceProperties(&prop, ordinal) == cudaSuccess) {
+        bytes = prop.totalGlobalMem;
+        if (ordinal < 64)
+            known[ordinal] = bytes;
+    }
+    cudaGetLastError();
+    return bytes;
+}
+
 static const char *s_attach(int64_t device_id)
 {
     if (s_attached)
@@ -442,6 +464,7 @@ const op_backend cuda_backend = {
     .detach = s_detach,
     .alloc = s_alloc,
     .free = s_free,
+    .memory_size = s_memory_size,
     .to_device = s_to_device,
     .to_host = s_to_host,
     .copy_region = s_copy_region,

@@ -1,4 +1,5 @@
 """Bad input: a clear exception at the call site, and the runtime keeps working afterwards."""
+import os
 import re
 
 import numpy as np
@@ -314,3 +315,56 @@ def test_more_bad_calls_are_named(mode, what, call, error, message):
     with pytest.raises(error, match=re.escape(message)):
         call(_x(mesh), mesh)
     _still_works(mesh)
+
+
+# ---- pieces larger than a device's memory -------------------------------------------------------
+
+def _host_bytes():
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _refused(call, op, piece_bytes):
+    """call() raises at the call site, before anything is sent: torch's OutOfMemoryError is a
+    RuntimeError, and Python's own kind is MemoryError; the message names the op, the piece's
+    bytes and the limit (the host's memory, for cpu devices)."""
+    with pytest.raises(dtorch.OutOfMemoryError) as err:
+        call()
+    assert isinstance(err.value, RuntimeError) and isinstance(err.value, MemoryError)
+    text = str(err.value)
+    assert text.startswith(op + ":"), text
+    assert f"takes {piece_bytes} bytes" in text and f"the device has {_host_bytes()} bytes of memory" in text, text
+
+
+def test_piece_larger_than_memory_is_refused_at_the_call_site(mode):
+    """A factory or op whose piece on a device would not fit that device's memory is refused when it
+    is called, the same in both worker modes (a worker process would otherwise grow a shared
+    segment until the kernel killed it). Sizes follow this host's memory: 4 and 16 times it,
+    within the 2^48 elements a tensor may have; nothing that large is ever allocated."""
+    host = _host_bytes()
+    n = min(4 * host // 4, 2 ** 48)  # float32 elements: 4 times the host's memory
+    assert n * 4 > host
+    m1, m4, m22 = MESHES["1"](), MESHES["4"](), MESHES["2x2"]()
+    for make in (dtorch.zeros, dtorch.ones, dtorch.empty, dtorch.rand, dtorch.randn):
+        _refused(lambda: make(n, device_mesh=m1), make.__name__, 4 * n)
+    _refused(lambda: dtorch.full((n,), 2.0, device_mesh=m1), "full", 4 * n)
+    _refused(lambda: dtorch.arange(n, device_mesh=m1), "arange", 8 * n)  # int64
+    # the rule is per piece: sharded over 4 devices, 16 times the host's memory is 4 times it each
+    big = min(16 * host // 4, 2 ** 48)
+    per = -(-big // 4)  # torch.chunk: device 0 holds ceil(big / 4)
+    assert per * 4 > host
+    _refused(lambda: dtorch.zeros(big, device_mesh=m4, placements=[Shard(0)]), "zeros", 4 * per)
+    rows = 4 * 1024
+    cols = -(-big // rows)
+    _refused(lambda: dtorch.zeros((rows, cols), device_mesh=m22, placements=[Shard(0), Shard(1)]), "zeros",
+             4 * (rows // 2) * -(-cols // 2))
+    # a view makes no piece (torch's expand allocates nothing), but an op that writes it out does
+    one = dtorch.ones(1, device_mesh=m1)
+    view = one.expand(n)
+    assert view.shape == (n,)
+    _refused(lambda: view + 1, "add", 4 * n)
+    _refused(lambda: view.contiguous(), "to", 4 * n)  # contiguous() is to() here
+    # ... and so does a redistribute that gathers, or moves an input for an op
+    wide = dtorch.ones(1, device_mesh=m4).expand(big)
+    _refused(lambda: wide.redistribute(m4, [Shard(0)]), "redistribute", 4 * per)
+    for mesh in (m1, m4, m22):
+        _still_works(mesh)
