@@ -14,6 +14,7 @@
 
 #include "dt_dtype.h"
 #include "dt_error.h"
+#include "op_pointwise_math.h"
 #include "op_registry.h"
 
 typedef enum { S_UNARY, S_BINARY, S_WHERE, S_MASKED_FILL, S_CLAMP, S_TO } s_kind;
@@ -125,9 +126,21 @@ static int s_infer(op_call *c)
     case S_CLAMP:
         if (c->attrs.nints < 1 || !(c->attrs.ints[0] & 3))
             return dt_err(DT_EINVAL, "clamp: At least one of 'min' or 'max' must not be None");
+        if (c->attrs.nfloats < 2)
+            return dt_err(DT_EINVAL, "clamp: expected the bounds as two float attributes");
         out->dtype = c->in[0].dtype == DT_BOOL ? DT_INT64 : c->in[0].dtype;
         if (!dt_dtype_is_float(out->dtype) && c->attrs.nints > 1 && c->attrs.ints[1])
             out->dtype = DT_FLOAT32; /* a float bound promotes an integer tensor */
+        /* torch converts each bound to the result's dtype: one that does not fit is an error */
+        for (int b = 0; b < 2; b++) {
+            if (!(c->attrs.ints[0] & (1 << b)))
+                continue;
+            dt_scalar v = {.is_int = false, .f = c->attrs.floats[b]};
+            if (!dt_dtype_is_float(out->dtype) && c->attrs.nints >= 4)
+                v = (dt_scalar){.is_int = true, .i = c->attrs.ints[2 + b]};
+            if (dt_dtype_check_value(name, out->dtype, v) != 0)
+                return DT_EINVAL;
+        }
         return 0;
     case S_UNARY:
         if (s_float_attrs(c) != 0)
@@ -316,6 +329,27 @@ static int s_local_compare(const op_call *c, const int64_t *coord, int64_t *ctx)
     s_tensor_scalar_dtype(c, &d);
     ctx[0] = d;
     return 1;
+}
+
+/* ---- what every backend's kernels share -------------------------------------------------------- */
+
+const char *op_clamp_bounds(const op_kernel *k, dt_dtype cd, double *bounds)
+{
+    const op_attrs *a = k->attrs;
+    if (k->nin != 1 || a->nints < 1 || a->nfloats < 2)
+        return "clamp: bad operands (internal error)";
+    bool has[2] = {(a->ints[0] & 1) != 0, (a->ints[0] & 2) != 0};
+    if (dt_dtype_is_float(cd)) {
+        bounds[0] = has[0] ? a->floats[0] : -INFINITY;
+        bounds[1] = has[1] ? a->floats[1] : INFINITY;
+        return NULL;
+    }
+    int64_t ib[2] = {INT64_MIN, INT64_MAX};
+    for (int b = 0; b < 2; b++)
+        if (has[b])
+            ib[b] = a->nints >= 4 ? a->ints[2 + b] : op_ew_f2i64(a->floats[b]);
+    memcpy(bounds, ib, sizeof ib);
+    return NULL;
 }
 
 /* ---- the rows of OP_POINTWISE ---------------------------------------------------------------- */

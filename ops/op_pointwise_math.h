@@ -59,6 +59,21 @@ OP_EW_FN int64_t op_ew_ipow(int64_t x, int64_t y)
     return r;
 }
 
+/* clamp: min(max(x, lo), hi), as torch's: NaN in x or in a bound gives NaN, and a lower bound above
+ * the upper one gives the upper one. An absent bound is an infinity (floats) or the extreme of
+ * int64 (integers: op_clamp_bounds). */
+OP_EW_FN float op_ew_clamp(float x, float lo, float hi)
+{
+    x = x != x || lo != lo ? x + lo : x < lo ? lo : x;
+    return x != x || hi != hi ? x + hi : x > hi ? hi : x;
+}
+
+OP_EW_FN int64_t op_ew_iclamp(int64_t x, int64_t lo, int64_t hi)
+{
+    x = x < lo ? lo : x;
+    return x > hi ? hi : x;
+}
+
 /* Integer floor division and its remainder, as Python's // and % (and torch's floor_divide and
  * remainder): the quotient rounds toward minus infinity, the remainder takes the divisor's sign.
  * The most negative value divided by -1 wraps, as the other integer ops do. A zero divisor gives 0

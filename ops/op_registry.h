@@ -187,6 +187,12 @@ typedef struct {
 } op_mm_dims;
 op_mm_dims op_mm_layout(int a_ndim, int b_ndim, bool linear);
 
+/* clamp's bounds for a kernel computing in cd (every backend's): for float32, the two doubles
+ * (an absent bound an infinity); for an integer type, the bits of two int64s, exact from
+ * attrs.ints[2..3] where given, else the float attributes converted (an absent bound INT64_MIN or
+ * INT64_MAX). NULL, or why the attributes are not clamp's. */
+const char *op_clamp_bounds(const op_kernel *k, dt_dtype cd, double *bounds);
+
 /* cat and stack on a device (every backend's kernel): the output dim the pieces join along
  * (attrs.ints[0], negative from the end), or -1 when the attributes name none of its dims. */
 int op_cat_dim(const op_kernel *k);

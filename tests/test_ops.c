@@ -838,6 +838,17 @@ S_SCENARIO(pointwise, select_and_clamp)
         }
         s_expect("clamp", 1, &tyi, &(dt_op_attrs){.nints = 2, .ints = {1, 1}, .nfloats = 2, .floats = {-0.5, 0}},
                  DT_FLOAT32, 2, sa, want, 0, what);
+        /* a lower bound above the upper: the upper everywhere (torch: min(max(x, lo), hi)); integer
+         * bounds given exactly in ints[2..3] win over the float ones */
+        for (int i = 0; i < 12; i++)
+            want[i] = -0.5;
+        s_expect("clamp", 1, &tx, &(dt_op_attrs){.nints = 2, .ints = {3, 0}, .nfloats = 2, .floats = {0.75, -0.5}},
+                 DT_FLOAT32, 2, sa, want, 0, what);
+        for (int i = 0; i < 12; i++)
+            want[i] = 2;
+        s_expect("clamp", 1, &tyi,
+                 &(dt_op_attrs){.nints = 4, .ints = {3, 0, 5, 2}, .nfloats = 2, .floats = {-100, 100}}, DT_INT64, 2,
+                 sa, want, 0, what);
         dt_tensor *bad[1] = {NULL};
         cr_expect_eq(dt_op("clamp", 1, &tx, &(dt_op_attrs){.nints = 1, .ints = {0}}, 1, bad), DT_EINVAL);
         cr_expect(strstr(dt_last_error(), "clamp") != NULL, "%s", dt_last_error());

@@ -212,6 +212,7 @@ class _DTensorMethods:
     # ---- ops with a signature of their own (the registry's elementwise ones are on the C type) ----
     masked_fill = _ops.masked_fill
     clamp = clip = _ops.clamp
+    clamp_min, clamp_max = _ops.clamp_min, _ops.clamp_max
 
     def where(self, condition, other):
         return _ops.where(condition, self, other)

@@ -569,20 +569,27 @@ static const char *s_masked_fill(op_kernel *k)
     return s_run(&c, out, cd, s_pick(&s_select, cd), NULL);
 }
 
-/* clamp: p = [lower bound or -inf, upper bound or +inf] */
-S_LOOP1(s_clamp_f32, float, float, x < (float)p[0] ? (float)p[0] : x > (float)p[1] ? (float)p[1] : x)
-S_LOOP1(s_clamp_i32, int32_t, int32_t, (double)x < p[0] ? (T)(int64_t)p[0] : (double)x > p[1] ? (T)(int64_t)p[1] : x)
-S_LOOP1(s_clamp_i64, int64_t, int64_t, (double)x < p[0] ? (T)(int64_t)p[0] : (double)x > p[1] ? (T)(int64_t)p[1] : x)
+/* clamp: p = the bounds of op_clamp_bounds, doubles for float32 and int64s' bits for integers */
+static inline int64_t s_int_bound(const double *p, int i)
+{
+    int64_t v;
+    memcpy(&v, p + i, sizeof v);
+    return v;
+}
+S_LOOP1(s_clamp_f32, float, float, op_ew_clamp(x, (float)p[0], (float)p[1]))
+S_LOOP1(s_clamp_i32, int32_t, int32_t, (T)op_ew_iclamp(x, s_int_bound(p, 0), s_int_bound(p, 1)))
+S_LOOP1(s_clamp_i64, int64_t, int64_t, op_ew_iclamp(x, s_int_bound(p, 0), s_int_bound(p, 1)))
 
-/* clamp(x, min, max): ints[0] bit 0 = has min, bit 1 = has max; floats = [min, max]. */
+/* clamp(x, min, max): ints[0] bit 0 = has min, bit 1 = has max, ints[1] = a bound is a float,
+ * ints[2..3] = the integer bounds (optional); floats = [min, max]. */
 static const char *s_clamp(op_kernel *k)
 {
     static const s_loops loops = {.f32 = s_clamp_f32, .i32 = s_clamp_i32, .i64 = s_clamp_i64};
-    const op_attrs *a = k->attrs;
-    if (k->nin != 1 || a->nints < 1 || a->nfloats < 2)
-        return "clamp: bad operands (internal error)";
-    double bounds[2] = {a->ints[0] & 1 ? a->floats[0] : -INFINITY, a->ints[0] & 2 ? a->floats[1] : INFINITY};
     dt_dtype cd = s_compute(k->out[0].dtype);
+    double bounds[2];
+    const char *why = op_clamp_bounds(k, cd, bounds);
+    if (why)
+        return why;
     s_call c = {0};
     s_piece(&c, &k->in[0], cd);
     return s_run(&c, &k->out[0], cd, s_pick(&loops, cd), bounds);

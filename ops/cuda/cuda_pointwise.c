@@ -190,16 +190,16 @@ const char *cuda_k_masked_fill(cuda_ctx *ctx, op_kernel *k)
     return s_run(&c, out, OP_ID_where, cd, cd, NULL);
 }
 
-/* clamp(x, min, max): ints[0] bit 0 = has min, bit 1 = has max; floats = [min, max]. */
+/* clamp(x, min, max): the bounds of op_clamp_bounds (ints[0] bit 0 = has min, bit 1 = has max). */
 const char *cuda_k_clamp(cuda_ctx *ctx, op_kernel *k)
 {
-    const op_attrs *a = k->attrs;
-    if (k->nin != 1 || a->nints < 1 || a->nfloats < 2)
-        return "clamp: bad operands (internal error)";
+    dt_dtype cd = s_compute(k->out[0].dtype);
+    double bounds[4] = {0};
+    const char *why = op_clamp_bounds(k, cd, bounds);
+    if (why)
+        return why;
     s_call c;
     s_begin(&c, ctx);
-    double bounds[4] = {a->ints[0] & 1 ? a->floats[0] : -INFINITY, a->ints[0] & 2 ? a->floats[1] : INFINITY};
-    dt_dtype cd = s_compute(k->out[0].dtype);
     s_piece(&c, &k->in[0], cd);
     return s_run(&c, &k->out[0], OP_ID_clamp, cd, cd, bounds);
 }

@@ -114,17 +114,14 @@ OP_EW_BINARY_FLOAT(S_D2)
 OP_EW_COMPARE(S_C2)
 OP_EW_LOGICAL(S_C2)
 
-/* clamp: p = [lower bound or -inf, upper bound or +inf] */
+/* clamp: p = the bounds of op_clamp_bounds, doubles for float32 and int64s' bits for integers */
 struct s_clamp_f {
-    __device__ float operator()(float x, const double *p) const
-    {
-        return x < (float)p[0] ? (float)p[0] : x > (float)p[1] ? (float)p[1] : x;
-    }
+    __device__ float operator()(float x, const double *p) const { return op_ew_clamp(x, (float)p[0], (float)p[1]); }
 };
 struct s_clamp_i {
     template <class T> __device__ T operator()(T x, const double *p) const
     {
-        return (double)x < p[0] ? (T)(int64_t)p[0] : (double)x > p[1] ? (T)(int64_t)p[1] : x;
+        return (T)op_ew_iclamp(x, __double_as_longlong(p[0]), __double_as_longlong(p[1]));
     }
 };
 

@@ -535,3 +535,73 @@ def test_like_factories_and_new_ones(mode, mesh_name):
     assert x.new_empty(3).shape == (3,)
     with pytest.raises(TypeError, match="expected a DTensor"):
         dtorch.zeros_like(np.zeros(3))
+
+
+def torch_clamp(a, lo=None, hi=None):
+    """torch.clamp's values: min(max(a, lo), hi), NaN from the input or from a bound propagating,
+    so a lower bound above the upper gives the upper one (numpy's maximum and minimum agree)."""
+    with np.errstate(invalid="ignore"):
+        if lo is not None:
+            a = np.maximum(a, lo)
+        if hi is not None:
+            a = np.minimum(a, hi)
+    return a
+
+
+@pytest.mark.parametrize("mesh_name", MESHES)
+def test_clamp_as_torch(mode, mesh_name):
+    """clamp, clip, clamp_min and clamp_max with number and tensor bounds: a lower bound above the
+    upper gives the upper one everywhere (arange(6).clamp(5, 2) is all 2), NaN in the input or a
+    bound gives NaN, type promotion and range checks as torch's, integers exact to 2^63, on every
+    placement."""
+    mesh = MESHES[mesh_name]()
+    a = values((5, 4), 21)
+    a[1, 2] = a[4, 0] = np.nan
+    lo_row = values((4,), 22) - 1
+    hi_col = values((5, 1), 23)
+    lo_row[3], hi_col[2, 0] = np.nan, -9  # a NaN bound, and an upper bound below every lower one
+    nan = float("nan")
+    for pl in placements_for(mesh, 2):
+        x = dtorch.distribute_tensor(a, mesh, pl)
+        lo, hi = dtorch.distribute_tensor(lo_row, mesh), dtorch.distribute_tensor(hi_col, mesh)
+        what = str(pl)
+        cases = ((x.clamp(5, 2), torch_clamp(a, 5, 2)), (dtorch.clamp(x, -2, 3), torch_clamp(a, -2, 3)),
+                 (x.clip(min=0), torch_clamp(a, 0)), (x.clamp(max=1.5), torch_clamp(a, None, 1.5)),
+                 (x.clamp(min=nan), torch_clamp(a, nan)), (x.clamp(-1, nan), torch_clamp(a, -1, nan)),
+                 (dtorch.clamp_min(x, 0.5), torch_clamp(a, 0.5)),
+                 (x.clamp_max(-0.5), torch_clamp(a, None, -0.5)),
+                 (x.clamp(lo, hi), torch_clamp(a, lo_row, hi_col)), (x.clamp(min=lo), torch_clamp(a, lo_row)),
+                 (dtorch.clamp(x, max=hi), torch_clamp(a, None, hi_col)), (x.clamp_min(lo), torch_clamp(a, lo_row)))
+        for got, want in cases:
+            assert got.dtype == dtorch.float32, what
+            np.testing.assert_array_equal(got.numpy(), want, err_msg=what)
+        assert np.isnan(x.clamp(5, 2).numpy()[1, 2]) and (x.clamp(5, 2).numpy()[0] == 2).all()
+    # integers: the same rule, exact; a float bound makes the result float32, as torch's promotion
+    i = dtorch.arange(6, device_mesh=mesh, placements=[Shard(0)] + [Replicate()] * (mesh.ndim - 1))
+    np.testing.assert_array_equal(i.clamp(min=5, max=2).numpy(), [2, 2, 2, 2, 2, 2])
+    assert i.clamp(5, 2).dtype == dtorch.int64
+    np.testing.assert_array_equal(i.clamp_min(4).numpy(), [4, 4, 4, 4, 4, 5])
+    np.testing.assert_array_equal(dtorch.clamp_max(i, 1).numpy(), [0, 1, 1, 1, 1, 1])
+    big = 2 ** 60 + 1  # not a double: exact only if the bound travels as an integer
+    assert i.clamp(min=big).numpy().tolist() == [big] * 6
+    assert i.clamp(max=-big).numpy().tolist() == [-big] * 6
+    f = i.clamp(min=2.5)
+    assert f.dtype == dtorch.float32
+    np.testing.assert_array_equal(f.numpy(), np.maximum(np.arange(6), 2.5).astype(np.float32))
+    i32 = i.to(dtorch.int32)
+    assert i32.clamp(1, 3).dtype == dtorch.int32
+    np.testing.assert_array_equal(i32.clamp(1, 3).numpy(), np.clip(np.arange(6), 1, 3))
+    with pytest.raises(ValueError, match="cannot be converted to type int32 without overflow"):
+        i32.clamp(min=2 ** 40)
+    with pytest.raises(ValueError, match="cannot be converted to type float16 without overflow"):
+        i.to(dtorch.float16).clamp(max=1e10)
+    flags = dtorch.distribute_tensor(np.array([True, False, True]), mesh)
+    assert flags.clamp(0, 0).dtype == dtorch.int64
+    np.testing.assert_array_equal(flags.clamp(0, 0).numpy(), [0, 0, 0])
+    # tensor bounds promote with the input: int32 clamped by float32 is float32
+    lo_t = dtorch.distribute_tensor(np.array([0.5, 4.5, 1.0, 9.0, -1.0, 2.0], np.float32), mesh)
+    t = i32.clamp(min=lo_t)
+    assert t.dtype == dtorch.float32
+    np.testing.assert_array_equal(t.numpy(), np.maximum(np.arange(6), [0.5, 4.5, 1.0, 9.0, -1.0, 2.0]))
+    with pytest.raises(ValueError, match="At least one of 'min' or 'max' must not be None"):
+        x.clamp()
