@@ -177,6 +177,11 @@ static int s_infer(op_call *c)
             return dt_err(DT_ETYPE, "sub: Subtraction, the `-` operator, with two bool tensors is not supported");
         if (d == DT_BOOL && (c->def->id == OP_ID_floor_divide || c->def->id == OP_ID_remainder))
             return dt_err(DT_ETYPE, "%s: not supported on bool tensors", name);
+        /* numpy's rule, which torch keeps: an integer tensor to a negative integer number (the
+         * tensor's elements to a negative tensor exponent give op_ew_ipow's values, as torch's) */
+        if (c->def->id == OP_ID_pow && c->attrs.has_scalar && !(c->attrs.nints > 0 && c->attrs.ints[0] == 1) &&
+            c->attrs.scalar.is_int && c->attrs.scalar.i < 0 && !dt_dtype_is_float(c->in[0].dtype))
+            return dt_err(DT_EINVAL, "pow: Integers to negative integer powers are not allowed.");
         if (d == DT_BOOL && c->def->id == OP_ID_pow)
             d = DT_INT64;
         break;

@@ -4,6 +4,7 @@ every legal placement (uneven and empty shards included), and the placements PyT
 give without communication."""
 import itertools
 import math
+import re
 
 import numpy as np
 import pytest
@@ -605,3 +606,34 @@ def test_clamp_as_torch(mode, mesh_name):
     np.testing.assert_array_equal(t.numpy(), np.maximum(np.arange(6), [0.5, 4.5, 1.0, 9.0, -1.0, 2.0]))
     with pytest.raises(ValueError, match="At least one of 'min' or 'max' must not be None"):
         x.clamp()
+
+
+@pytest.mark.parametrize("mesh_name", ["1", "3", "4", "2x2"])
+def test_integer_pow_negative_exponents(mode, mesh_name):
+    """An integer tensor to a negative integer number raises as torch does ("Integers to negative
+    integer powers are not allowed."), bool too; a float exponent promotes; an integer tensor of
+    exponents gives torch's integer values (0 for |base| > 1 and for 0, 1 for 1, +-1 for -1)."""
+    mesh = MESHES[mesh_name]()
+    pl = [Shard(0)] + [Replicate()] * (mesh.ndim - 1)
+    base = np.array([0, 1, -1, 2, -1, 3, -3, 5], np.int64)
+    exps = np.array([-1, -1, -1, -1, -2, 2, 3, -7], np.int64)
+    want = np.array([0, 1, -1, 0, 1, 9, -27, 0], np.int64)  # torch's powi
+    for dt in (dtorch.int64, dtorch.int32):
+        x = dtorch.distribute_tensor(base, mesh, pl).to(dt)
+        e = dtorch.distribute_tensor(exps, mesh, pl).to(dt)
+        for bad in (lambda: x ** -1, lambda: dtorch.pow(x, -2), lambda: x.pow(-1), lambda: (x > 0) ** -1):
+            with pytest.raises(ValueError, match=re.escape("Integers to negative integer powers are not allowed.")):
+                bad()
+        with pytest.raises(RuntimeError):  # and a RuntimeError, as torch's
+            x ** -1
+        got = x ** e
+        assert got.dtype == dt
+        np.testing.assert_array_equal(got.numpy(), want)
+        np.testing.assert_array_equal((2 ** e).numpy(), [0, 0, 0, 0, 0, 4, 8, 0])
+        np.testing.assert_array_equal((x ** 2).numpy(), base ** 2)
+        f = x ** -1.0
+        assert f.dtype == dtorch.float32
+        with np.errstate(divide="ignore"):
+            np.testing.assert_array_equal(f.numpy(), base.astype(np.float32) ** np.float32(-1))
+    floats = dtorch.distribute_tensor(base, mesh, pl).to(dtorch.float32)
+    np.testing.assert_array_equal((floats ** -1).numpy()[1:4], [1, -1, 0.5])
