@@ -4,8 +4,8 @@
  * Sharding: the output follows one input's shards (mapped through broadcasting) or is
  * Replicate, whichever moves the fewest bytes; a broadcast dim of an input is Replicate there.
  * Partial passes through the linear cases (neg and casts; sum of two Partials; a Partial times a
- * replicated value or a number; a Partial numerator over a replicated denominator) and is
- * reduced first everywhere else.
+ * replicated value or a finite number; a Partial numerator over a replicated denominator or a
+ * nonzero number) and is reduced first everywhere else.
  *
  * The ops are the rows of OP_POINTWISE (ops/op_table.h); their kernels are in
  * ops/cpu/cpu_pointwise.c. */
@@ -210,6 +210,8 @@ static void s_want_for(const op_call *c, int i, const dt_placement *out_pl, cons
     }
 }
 
+static double s_scalar_value(dt_scalar v) { return v.is_int ? (double)v.i : v.f; }
+
 /* Which inputs may stay Partial (with op) when the output is Partial(op). */
 static bool s_partial_ok(const op_call *c, int op, bool *allow)
 {
@@ -234,10 +236,15 @@ static bool s_partial_ok(const op_call *c, int op, bool *allow)
             allow[i] = true;
         return true;
     case S_P_MUL:
-        allow[0] = true; /* one factor Partial, the other Replicate (or a number) */
-        return true;
+        /* one factor Partial, the other Replicate (or a number); times an infinite number, a zero
+         * contribution would be nan where the whole is infinite: reduced first */
+        allow[0] = !c->attrs.has_scalar || isfinite(s_scalar_value(c->attrs.scalar));
+        return allow[0];
     case S_P_DIV:
-        allow[0] = !(c->attrs.nints > 0 && c->attrs.ints[0]); /* only a Partial numerator */
+        /* only a Partial numerator; over the number 0, a zero contribution would be nan where the
+         * whole is infinite: reduced first (a replicated denominator is not looked into) */
+        allow[0] = !(c->attrs.nints > 0 && c->attrs.ints[0]) &&
+                   !(c->attrs.has_scalar && s_scalar_value(c->attrs.scalar) == 0);
         return allow[0];
     default:
         return false;

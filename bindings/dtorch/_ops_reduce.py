@@ -3,6 +3,7 @@ amin, argmax, argmin, softmax, log_softmax, cumsum, topk, layer_norm, rms_norm. 
 call into the C op registry (ops/op_reduce.c), which checks arguments, works out shapes, dtypes
 and placements (a reduction over a sharded dim gives a Partial result) and sends each device its
 part."""
+import builtins
 import collections
 import numbers
 import warnings
@@ -58,12 +59,13 @@ def var(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
     correction = 1 if correction is None else correction
     if not input.dtype.is_floating_point:
         raise _C.DTorchTypeError(f"var(): floating inputs only (got {input.dtype}), as torch's std and var")
-    dims = range(input.ndim) if dim is None else (dim,) if isinstance(dim, int) else tuple(dim)
+    centred = input - mean(input, dim, keepdim=True)  # checks dim
+    dims = _dims(dim) or range(input.ndim)
     n = 1
     for d in dims:
         n *= input.shape[d]
-    centred = input - mean(input, dim, keepdim=True)
-    return sum(centred * centred, dim, keepdim=keepdim) / float(n - correction)
+    # torch divides by max(0, N - correction): a positive sum over 0 is inf, 0 over 0 is nan
+    return sum(centred * centred, dim, keepdim=keepdim) / float(builtins.max(0, n - correction))
 
 
 def std(input, dim=None, unbiased=None, keepdim=False, *, correction=None):

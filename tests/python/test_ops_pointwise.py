@@ -5,6 +5,7 @@ give without communication."""
 import itertools
 import math
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -271,6 +272,24 @@ def test_partial_rules(thread):
     assert np.array_equal((r / p).numpy(), np.full((2, 3), 2 / 6, np.float32))
     m = dtorch.from_local(parts, mesh, [Partial("max")])
     assert np.array_equal((m + 1).numpy(), np.full((2, 3), 4.0))
+
+
+def test_partial_times_infinity_and_over_zero(mode):
+    """A Partial sum times an infinite number, or over the number 0, is reduced first: per device,
+    a zero contribution would give nan where the whole value gives inf (torch on the whole value:
+    [1, 0] / 0 is [inf, nan]). Finite numbers keep the Partial (linear, no communication)."""
+    mesh = mesh_1d(2)
+    p = dtorch.from_local([np.array([1.0, 0.0], np.float32), np.zeros(2, np.float32)], mesh, [Partial("sum")])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        whole = np.array([1.0, 0.0], np.float32)
+        for got, want in ((p / 0.0, whole / np.float32(0)), (p / 0, whole / np.float32(0)),
+                          (p * math.inf, whole * np.float32(math.inf)), (-math.inf * p, whole * np.float32(-math.inf)),
+                          (p * math.nan, whole * np.float32(math.nan))):
+            np.testing.assert_array_equal(got.numpy(), want)
+            assert got.placements == (Replicate(),)
+    for linear in (p / 4.0, p * 3, 0.5 * p):
+        assert linear.placements == (Partial("sum"),)
+    np.testing.assert_array_equal((p / 4.0).numpy(), [0.25, 0.0])
 
 
 def test_partial_on_2d_mesh(thread):
@@ -606,6 +625,36 @@ def test_clamp_as_torch(mode, mesh_name):
     np.testing.assert_array_equal(t.numpy(), np.maximum(np.arange(6), [0.5, 4.5, 1.0, 9.0, -1.0, 2.0]))
     with pytest.raises(ValueError, match="At least one of 'min' or 'max' must not be None"):
         x.clamp()
+
+
+@pytest.mark.parametrize("mesh_name", MESHES)
+def test_var_std_with_correction_of_n_or_more(mode, mesh_name):
+    """torch divides by max(0, N - correction), as numpy's ddof: N - correction <= 0 gives inf for
+    a nonzero sum of squares and nan for a zero one, never a negative variance; a negative
+    correction divides by more than N; dim=() is every dim. Over sharded and replicated dims."""
+    mesh = MESHES[mesh_name]()
+    a = np.array([[0, 1, 2, 3, 4, 5], [2, 2, 2, 2, 2, 2], [1, -1, 3, 0, 0, 7]], np.float32)
+    for pl in [[Replicate()] * mesh.ndim, [Shard(1)] * mesh.ndim, [Shard(0)] + [Shard(1)] * (mesh.ndim - 1)]:
+        x = dtorch.distribute_tensor(a, mesh, pl)
+        row = dtorch.distribute_tensor(a[0], mesh, [Shard(0)] + [Replicate()] * (mesh.ndim - 1))
+        what = str(pl)
+        assert row.var(correction=10).item() == math.inf, what  # the reported case: 17.5 / 0
+        assert row.std(correction=10).item() == math.inf, what
+        assert row.var(correction=6).item() == math.inf, what
+        assert row.var(correction=-2).item() == 17.5 / 8, what
+        with np.errstate(divide="ignore", invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            for correction in (5, 6, 9, -1, 0):
+                want = np.var(a, axis=1, ddof=correction)
+                # inf and nan where numpy has them, close elsewhere
+                np.testing.assert_allclose(x.var(1, correction=correction).numpy(), want, rtol=1e-6, err_msg=what)
+                np.testing.assert_allclose(x.std(dim=-1, correction=correction).numpy(), np.sqrt(want), rtol=1e-6,
+                                           err_msg=what)
+            got = x.var(1, correction=6).numpy()
+            assert got[0] == got[2] == math.inf and np.isnan(got[1]), "x / 0 is inf, 0 / 0 is nan"
+            np.testing.assert_allclose(x.var(0, correction=3).numpy(), np.var(a, axis=0, ddof=3), rtol=1e-6,
+                                       err_msg=what)
+            close(x.var(dim=()).numpy(), np.var(a, ddof=1))
 
 
 @pytest.mark.parametrize("mesh_name", ["1", "3", "4", "2x2"])
