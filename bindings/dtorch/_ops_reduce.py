@@ -10,6 +10,7 @@ import warnings
 
 from . import _C, _dtype
 from ._ops import ids, maximum, minimum
+from ._placement import Replicate
 
 # torch.return_types.{max,min,topk}: tuples whose fields are also named
 max_result = collections.namedtuple("max", ["values", "indices"])
@@ -47,7 +48,17 @@ def mean(input, dim=None, keepdim=False, *, dtype=None):
 def var(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
     """Variance over dim (an int or a tuple of ints; None: every dim): the mean squared distance
     from the mean, over N - correction (default 1, Bessel's; ``unbiased=False`` is 0), as torch;
-    N - correction <= 0 gives inf or nan. Floating inputs only."""
+    N - correction <= 0 gives inf or nan. Floating inputs only; float16 and bfloat16 are computed
+    in float32 and rounded once, as torch's are."""
+    return _var(input, dim, unbiased, keepdim, correction, False)
+
+
+def std(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    """Standard deviation: the square root of var (same arguments)."""
+    return _var(input, dim, unbiased, keepdim, correction, True)
+
+
+def _var(input, dim, unbiased, keepdim, correction, root):
     if isinstance(dim, bool):  # var(x, False): torch's older signature, unbiased first
         dim, unbiased = None, dim
     if unbiased is not None:
@@ -59,18 +70,24 @@ def var(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
     correction = 1 if correction is None else correction
     if not input.dtype.is_floating_point:
         raise _C.DTorchTypeError(f"var(): floating inputs only (got {input.dtype}), as torch's std and var")
-    centred = input - mean(input, dim, keepdim=True)  # checks dim
+    # 16-bit squares and their sum overflow (float16) or lose bits (bfloat16) where the variance
+    # itself does not: torch accumulates in float32 and rounds the result once
+    wide = input if input.dtype == _dtype.float32 else input.to(_dtype.float32)
+    centred = wide - mean(wide, dim, keepdim=True)  # checks dim
     dims = _dims(dim) or range(input.ndim)
     n = 1
     for d in dims:
         n *= input.shape[d]
     # torch divides by max(0, N - correction): a positive sum over 0 is inf, 0 over 0 is nan
-    return sum(centred * centred, dim, keepdim=keepdim) / float(builtins.max(0, n - correction))
-
-
-def std(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
-    """Standard deviation: the square root of var (same arguments)."""
-    return var(input, dim, unbiased, keepdim, correction=correction).sqrt()
+    out = sum(centred * centred, dim, keepdim=keepdim) / float(builtins.max(0, n - correction))
+    if root:
+        out = out.sqrt()
+    if out.dtype == input.dtype:
+        return out
+    if any(p.is_partial() for p in out.placements):
+        # a cast keeps a Partial sum, rounding each device's contribution: round the sum once
+        out = out.redistribute(placements=[Replicate() if p.is_partial() else p for p in out.placements])
+    return out.to(input.dtype)
 
 
 def amax(input, dim=(), keepdim=False):

@@ -686,3 +686,23 @@ def test_integer_pow_negative_exponents(mode, mesh_name):
             np.testing.assert_array_equal(f.numpy(), base.astype(np.float32) ** np.float32(-1))
     floats = dtorch.distribute_tensor(base, mesh, pl).to(dtorch.float32)
     np.testing.assert_array_equal((floats ** -1).numpy()[1:4], [1, -1, 0.5])
+
+
+@pytest.mark.parametrize("mesh_name", ["1", "3", "2x2"])
+def test_var_std_of_16bit_floats_accumulate_in_float32(mode, mesh_name):
+    """torch computes float16 and bfloat16 variances in float32 and rounds once: 1000 values of
+    +-100 in float16 have squares summing past float16's 65504, but a variance of 10010.01 (10008
+    in float16), not inf."""
+    mesh = MESHES[mesh_name]()
+    alt = np.tile(np.array([100, -100], np.float32), 500)
+    want = np.var(alt.astype(np.float64), ddof=1)
+    for pl in ([Replicate()] * mesh.ndim, [Shard(0)] * mesh.ndim):
+        x = dtorch.distribute_tensor(alt, mesh, pl)
+        h, b = x.to(dtorch.float16), x.to(dtorch.bfloat16)
+        assert h.var().dtype == dtorch.float16 and b.std().dtype == dtorch.bfloat16
+        assert h.var().item() == float(np.float16(np.float32(want))) == 10008.0
+        assert h.std().item() == float(np.float16(np.sqrt(np.float32(want))))
+        assert b.var().item() == float(bf16(np.float32(want)))
+        assert b.std(0).item() == float(bf16(np.sqrt(np.float32(want))))
+        rows = np.full(10, np.float16(np.var(alt[:100], ddof=1)))
+        np.testing.assert_array_equal(h.reshape(10, 100).var(1).numpy(), rows)
