@@ -16,9 +16,10 @@
 static int s_infer(op_call *c)
 {
     const op_arg *x = &c->in[0], *pos = &c->in[1], *freq = &c->in[2];
-    if (x->ndim != 4 || x->shape[3] % 2 != 0)
-        return dt_err(DT_EINVAL, "rope: x must be (batch, heads, seq, head_dim) with an even head_dim, got %d dims",
-                      x->ndim);
+    if (x->ndim != 4)
+        return dt_err(DT_EINVAL, "rope: x must be (batch, heads, seq, head_dim), got %d dims", x->ndim);
+    if (x->shape[3] % 2 != 0)
+        return dt_err(DT_EINVAL, "rope: head_dim must be even, got %lld", (long long)x->shape[3]);
     if (!dt_dtype_is_float(x->dtype))
         return dt_err(DT_ETYPE, "rope: x must be floating, got %s", dt_dtype_name(x->dtype));
     if (pos->ndim != 2 || (pos->shape[0] != 1 && pos->shape[0] != x->shape[0]) || pos->shape[1] != x->shape[2])

@@ -306,6 +306,9 @@ BAD_CALLS = [
     ("x[10]", lambda x, m: x[10], IndexError, "index 10 is out of bounds"),
     ("capture(5)", lambda x, m: dtorch.capture(5), TypeError, "expected a function"),
     ("view(-1, -1)", lambda x, m: x.view(-1, -1), ValueError, "only one dimension can be inferred"),
+    ("rotary_embedding of odd head_dim", lambda x, m: dtorch.nn.functional.rotary_embedding(
+        dtorch.ones((1, 1, 2, 3), device_mesh=m), dtorch.arange(2, device_mesh=m).reshape(1, 2),
+        dtorch.ones(1, device_mesh=m)), ValueError, "rope: head_dim must be even, got 3"),
 ]
 
 
