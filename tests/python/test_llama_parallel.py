@@ -1,7 +1,7 @@
 """Pipeline and context parallelism on the Llama, against the independent numpy Llama
 (llama_reference.py): logits within 1e-4 relative and greedy generation equal to one device's, for
 pp2, pp3 (3 layers on 3 stages and 4 on 3), ulysses2, ring2/3/4 and their combinations with dp and
-tp (up to 16 devices), uneven batches and sequences; stage meshes, layer assignment, the zig-zag
+tp (up to 16 devices), with 1, 2 and 4 key/value heads under ulysses, uneven batches and sequences; stage meshes, layer assignment, the zig-zag
 order (hand tables); proof that Ulysses attends whole sequences on split heads; a stage's worker
 killed mid-generation fails the pending futures naming the device while other meshes keep working."""
 import os
@@ -37,6 +37,16 @@ MESHES = {
     "ulysses2-ring2": ((2, 2), ("ulysses", "ring"), dict(num_key_value_heads=4)),
     "pp2-ring2": ((2, 2), ("pp", "ring"), dict(num_hidden_layers=4)),
     "dp2-pp2-ring2-ulysses2": ((2, 2, 2, 2), ("dp", "pp", "ring", "ulysses"), dict(num_key_value_heads=4)),
+    # fewer k/v heads than tp x ulysses: each repeated over the devices whose query heads read it
+    "ulysses2-kv1": ((2,), ("ulysses",), dict(num_key_value_heads=1)),
+    "ulysses2-kv2": ((2,), ("ulysses",), {}),
+    "tp2-ulysses2-kv1": ((2, 2), ("tp", "ulysses"), dict(num_key_value_heads=1)),
+    "tp2-ulysses2-kv2": ((2, 2), ("tp", "ulysses"), {}),
+    "ulysses2-tp2-kv2": ((2, 2), ("ulysses", "tp"), {}),
+    "pp2-tp2-ulysses2-kv1": ((2, 2, 2), ("pp", "tp", "ulysses"), dict(num_key_value_heads=1)),
+    "pp2-tp2-ulysses2-kv2": ((2, 2, 2), ("pp", "tp", "ulysses"), {}),
+    "ring2-ulysses2-kv1": ((2, 2), ("ring", "ulysses"), dict(num_key_value_heads=1)),
+    "ulysses2-ring2-kv2": ((2, 2), ("ulysses", "ring"), {}),
 }
 
 
@@ -156,21 +166,24 @@ def test_sampling_and_padding_match_one_device(name):
 
 
 @pytest.mark.usefixtures("thread_runtime")
-def test_ulysses_attends_whole_sequences_on_split_heads():
-    model, sd, cfg = build((2,), ("ulysses",), dict(num_key_value_heads=4))
+@pytest.mark.parametrize("kv_heads,k_heads", [(4, 4), (1, 2)])
+def test_ulysses_attends_whole_sequences_on_split_heads(kv_heads, k_heads):
+    """q and k/v split on whole heads over the whole sequence; one k/v head is repeated so that
+    each device holds it whole (k_heads: the heads k has then, over both devices)."""
+    model, sd, cfg = build((2,), ("ulysses",), dict(num_key_value_heads=kv_heads))
     seen = []
     attn = model.model.layers[0].self_attn
     inner = attn.attention
 
     def spy(q, k, v, inputs, scale):
-        seen.append((q.shape, q.placements, k.placements))
+        seen.append((q.shape, q.placements, k.shape, k.placements))
         return inner(q, k, v, inputs, scale)
 
     attn.attention = spy
     ids = tokens((2, 9))
     assert rel(model(ids).logits.numpy(), ref.logits(sd, cfg, ids)) < TOL
     # the whole sequence of 9, the 4 heads split over the 2 devices
-    assert seen == [((2, 4, 9, 8), (Shard(1),), (Shard(1),))]
+    assert seen == [((2, 4, 9, 8), (Shard(1),), (2, k_heads, 9, 8), (Shard(1),))]
     h = model.model.embed_tokens(dtorch.distribute_tensor(ids, model.model.embed_tokens.weight.device_mesh))
     assert h.placements == (Replicate(),)   # before the hooks: the sequence is split by the model's input hook
 
@@ -210,8 +223,10 @@ def test_parallel_plan_errors():
 
     with pytest.raises(ValueError, match="ulysses=3 does not divide the 4 query heads"):
         on((3,), ("ulysses",))
-    with pytest.raises(ValueError, match="ulysses=2 does not divide the 1 key/value heads of each tp device"):
-        on((2, 2), ("tp", "ulysses"))        # 2 k/v heads over tp2 leave 1 per device
+    with pytest.raises(ValueError, match=r"ulysses=2: tp x ulysses = 2 neither divides num_key_value_heads=3"):
+        on((2,), ("ulysses",), num_attention_heads=6, num_key_value_heads=3, head_dim=8)
+    with pytest.raises(ValueError, match=r"ulysses=4: tp x ulysses = 8 neither divides num_key_value_heads=6"):
+        on((2, 4), ("tp", "ulysses"), num_attention_heads=24, num_key_value_heads=6, head_dim=8)
     with pytest.raises(ValueError, match="layers_per_stage"):
         cfg = LlamaConfig.from_dict(ref.tiny_config())
         mesh = dtorch.init_device_mesh("cpu", (2,), mesh_dim_names=("pp",))
@@ -220,7 +235,8 @@ def test_parallel_plan_errors():
         on((2,), ("cp",))
 
 
-@pytest.mark.parametrize("name", ["pp2-tp2", "pp2-ring2", "tp2-ulysses2", "ring3"])
+@pytest.mark.parametrize("name", ["pp2-tp2", "pp2-ring2", "tp2-ulysses2", "ring3", "tp2-ulysses2-kv1",
+                                  "ring2-ulysses2-kv1"])
 def test_process_workers(process_mode, name):
     shape, names, overrides = {"pp2-tp2": ((2, 2), ("pp", "tp"), {})}.get(name) or MESHES[name]
     model, sd, cfg = build(shape, names, overrides)

@@ -5,7 +5,8 @@ is on, in any combination:
 - ``tp``: Megatron column/row parallelism. q/k/v/gate/up ColwiseParallel (heads and the MLP hidden
   dim split), o/down RowwiseParallel (one all-reduce each per block). Key/value heads are split when
   tp divides num_key_value_heads; when tp is a multiple of it, each k/v head is replicated over
-  tp / num_key_value_heads devices (ReplicateHeadsParallel), as vLLM does.
+  tp / num_key_value_heads devices (ReplicateHeadsParallel), as vLLM does. With ulysses the same
+  holds for tp x ulysses, the devices attention splits the heads over.
   Vocabulary parallel at both ends: embed_tokens RowwiseParallel (each device holds V/tp rows and
   looks up those; one all-reduce of the hidden states) and lm_head ColwiseParallel with the logits
   left Shard(-1) over the vocabulary. Replicating them would cost every device the full V x E
@@ -54,7 +55,7 @@ def parallelize_llama(model, device_mesh, *, num_microbatches=None, layers_per_s
                           else mesh.mesh_dim_names)
     config = model.config
     tp, ulysses = sizes.get("tp", 1), sizes.get("ulysses", 1)
-    kv_style = _check_heads(config, tp, ulysses)
+    kv_style, kv_repeat = _check_heads(config, tp, ulysses)
     stages = mesh.unbind("pp") if "pp" in sizes else [mesh]
     layers = stage_layers(config.num_hidden_layers, len(stages), layers_per_stage)
     last = len(stages) - 1
@@ -67,7 +68,7 @@ def parallelize_llama(model, device_mesh, *, num_microbatches=None, layers_per_s
         if tp > 1:
             _tensor_parallel(model, stage["tp"], s == 0, s == last, layers[s], kv_style)
         for i in layers[s]:
-            _context_parallel(model.model.layers[i].self_attn, stage, sizes)
+            _context_parallel(model.model.layers[i].self_attn, stage, sizes, kv_repeat, config.head_dim)
         if len(stages) > 1:
             entry = PipelineStage(stage)
             entries.append(entry)
@@ -91,7 +92,11 @@ def parallelize_llama(model, device_mesh, *, num_microbatches=None, layers_per_s
 
 
 def _check_heads(config, tp, ulysses):
-    """The k/v projections' style for tp; ValueErrors naming the numbers when the heads do not split."""
+    """(the k/v projections' style for tp, how many times Ulysses repeats each k/v head); ValueErrors
+    naming the numbers when the heads do not split. Attention splits the heads over tp x ulysses
+    devices: the k/v heads are split when that divides them and each is repeated over its group of
+    devices when that is a multiple of them (for tp by ReplicateHeadsParallel, which leaves tp heads;
+    for ulysses by repeating each head the tp devices hold before the all-to-all)."""
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     if heads % tp:
         raise ValueError(f"parallelize_llama: tp={tp} does not divide num_attention_heads={heads}")
@@ -99,17 +104,19 @@ def _check_heads(config, tp, ulysses):
         raise ValueError(f"parallelize_llama: ulysses={ulysses} does not divide the {heads // tp} query heads of each "
                          f"tp device (num_attention_heads={heads}, tp={tp})")
     if kv_heads % tp == 0:
-        if kv_heads % (tp * ulysses):
-            raise ValueError(f"parallelize_llama: ulysses={ulysses} does not divide the {kv_heads // tp} key/value "
-                             f"heads of each tp device (num_key_value_heads={kv_heads}, tp={tp})")
-        return ColwiseParallel()
-    if tp % kv_heads == 0:
-        if ulysses > 1:
-            raise ValueError(f"parallelize_llama: ulysses={ulysses} needs the key/value heads split, but tp={tp} is "
-                             f"a multiple of num_key_value_heads={kv_heads} (they are replicated)")
-        return ReplicateHeadsParallel(kv_heads, config.head_dim)
-    raise ValueError(f"parallelize_llama: tp={tp} neither divides num_key_value_heads={kv_heads} nor is a "
-                     "multiple of it")
+        style, after_tp = ColwiseParallel(), kv_heads
+    elif tp % kv_heads == 0:
+        style, after_tp = ReplicateHeadsParallel(kv_heads, config.head_dim), tp
+    else:
+        raise ValueError(f"parallelize_llama: tp={tp} neither divides num_key_value_heads={kv_heads} nor is a "
+                         "multiple of it")
+    split = tp * ulysses
+    if after_tp % split == 0:
+        return style, 1
+    if split % kv_heads == 0:
+        return style, split // after_tp
+    raise ValueError(f"parallelize_llama: ulysses={ulysses}: tp x ulysses = {split} neither divides "
+                     f"num_key_value_heads={kv_heads} nor is a multiple of it")
 
 
 def _tensor_parallel(model, tp_mesh, first, last, layers, kv_style):
@@ -134,14 +141,17 @@ def _tensor_parallel(model, tp_mesh, first, last, layers, kv_style):
         parallelize_module(model, tp_mesh, {f"model.layers.{i}." + path: style for path, style in block.items()})
 
 
-def _context_parallel(attn, stage, sizes):
-    """Ulysses hooks on the projections and the ring in the attention slot, where the mesh has them."""
+def _context_parallel(attn, stage, sizes, kv_repeat, head_dim):
+    """Ulysses hooks on the projections (the k/v heads repeated ``kv_repeat`` times first) and the
+    ring in the attention slot, where the mesh has them."""
     names = stage.mesh_dim_names or ()
     cp = sizes.get("ulysses", 1) * sizes.get("ring", 1)
     if sizes.get("ulysses", 1) > 1:
         sub = stage["ulysses"]
-        for name in ("q_proj", "k_proj", "v_proj"):
-            UlyssesParallel(output=True, cp_size=cp)._apply(getattr(attn, name), sub)
+        UlyssesParallel(output=True, cp_size=cp)._apply(attn.q_proj, sub)
+        for name in ("k_proj", "v_proj"):
+            UlyssesParallel(output=True, cp_size=cp, repeat_heads=kv_repeat, head_dim=head_dim)._apply(
+                getattr(attn, name), sub)
         UlyssesParallel(output=False, cp_size=cp)._apply(attn.o_proj, sub)
     if sizes.get("ring", 1) > 1:
         attn.attention = RingAttention(stage, names.index("ring"))

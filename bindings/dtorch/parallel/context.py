@@ -23,7 +23,7 @@ from .._factory import distribute_tensor
 from .._placement import Replicate, Shard
 from .._tensor import DTensor
 from ..nn.functional import ring_attention
-from .style import ParallelStyle, mesh_dim, place
+from .style import ParallelStyle, mesh_dim, place, repeat_heads
 
 
 def zigzag_order(length, n):
@@ -61,17 +61,23 @@ class UlyssesParallel(ParallelStyle):
     """On a q/k/v projection (``output=True``): its output (B, L, heads * D), split on the sequence
     over the mesh dim, becomes split on the features (whole heads); on the o projection
     (``output=False``): its input goes back to the sequence split. ``cp_size``: the devices of every
-    context-parallel dim together; a forward of fewer tokens stays replicated on the dim."""
+    context-parallel dim together; a forward of fewer tokens stays replicated on the dim.
+    ``repeat_heads`` > 1 (k/v projections with fewer heads than the devices that split them, with
+    ``head_dim``): each head is first repeated that many times next to itself, so that every device
+    gets the whole head its share of the query heads reads (repeat_heads)."""
 
-    def __init__(self, *, output, cp_size):
+    def __init__(self, *, output, cp_size, repeat_heads=1, head_dim=None):
+        if repeat_heads > 1 and not head_dim:
+            raise ValueError("UlyssesParallel: repeat_heads needs head_dim")
         self.output, self.cp_size = output, cp_size
+        self.repeat_heads, self.head_dim = int(repeat_heads), head_dim
 
     def _apply(self, module, device_mesh):
         root, dim = mesh_dim(device_mesh)
         cp = self.cp_size
 
         def to_heads(mod, inputs, y):
-            return place(y, root, dim, Shard(2))
+            return place(repeat_heads(y, self.head_dim, self.repeat_heads), root, dim, Shard(2))
 
         def to_sequence(mod, inputs):
             x = inputs[0]

@@ -313,11 +313,21 @@ class ReplicateHeadsParallel(ParallelStyle):
             return (place(inputs[0], root, dim, Replicate()),) + tuple(inputs[1:])
 
         def prepare_output(mod, inputs, y):
-            lead = y.shape[:-1]
-            heads = y.reshape(*lead, self.num_heads, 1, self.head_dim)
-            wide = heads.expand(*lead, self.num_heads, repeat, self.head_dim).reshape(*lead, size * self.head_dim)
-            return place(wide, root, dim, Shard(-1))
+            return place(repeat_heads(y, self.head_dim, repeat), root, dim, Shard(-1))
 
         module.register_forward_pre_hook(prepare_input)
         module.register_forward_hook(prepare_output)
         return module
+
+
+def repeat_heads(y, head_dim, repeat):
+    """y (..., n * head_dim) with each of its n heads repeated ``repeat`` times next to itself:
+    (..., n * repeat * head_dim). Query head h of grouped-query attention reads the same values
+    through it (its group widens by ``repeat`` as the heads do), so a split of the widened heads
+    can give every device whole heads where a split of the n could not."""
+    if repeat == 1:
+        return y
+    lead = y.shape[:-1]
+    n = y.shape[-1] // head_dim
+    heads = y.reshape(*lead, n, 1, head_dim)
+    return heads.expand(*lead, n, repeat, head_dim).reshape(*lead, n * repeat * head_dim)
