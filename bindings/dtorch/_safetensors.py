@@ -38,8 +38,10 @@ _DTYPES = {
 _NAMES = {dt.name: name for name, (dt, _) in _DTYPES.items()}
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read as it should: the message names the file and the tensor."""
+class CheckpointError(ValueError, OSError):
+    """A checkpoint that cannot be read as it should: the message names the file and the tensor.
+    An OSError, as transformers and diffusers raise for a model directory, config or weights file
+    that is missing or unreadable; a ValueError for what is wrong inside a file."""
 
 
 class SafetensorsFile:
@@ -60,6 +62,8 @@ class SafetensorsFile:
                                           f"({size} bytes): the file is truncated or not safetensors")
                 raw = f.read(n)
                 self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size > 8 + n else None
+        except CheckpointError:
+            raise
         except OSError as e:
             raise CheckpointError(f"{self.path}: cannot read: {e.strerror or e}") from None
         try:

@@ -246,6 +246,48 @@ def test_broken_index_and_directory(tmp_path):
         LlamaForCausalLM.from_pretrained(tmp_path / "nowhere")
 
 
+def _model_classes():
+    from dtorch.models import AutoencoderKL, FluxTransformer2DModel, SD3Transformer2DModel
+    from dtorch.pipelines import FluxPipeline, StableDiffusion3Pipeline
+    from dtorch.schedulers import FlowMatchEulerDiscreteScheduler
+    return {"LlamaForCausalLM": (LlamaForCausalLM, "config.json"),
+            "SD3Transformer2DModel": (SD3Transformer2DModel, "config.json"),
+            "FluxTransformer2DModel": (FluxTransformer2DModel, "config.json"),
+            "AutoencoderKL": (AutoencoderKL, "config.json"),
+            "StableDiffusion3Pipeline": (StableDiffusion3Pipeline, "transformer/config.json"),
+            "FluxPipeline": (FluxPipeline, "transformer/config.json"),
+            "FlowMatchEulerDiscreteScheduler": (FlowMatchEulerDiscreteScheduler, "scheduler_config.json")}
+
+
+@pytest.mark.parametrize("name", ["LlamaForCausalLM", "SD3Transformer2DModel", "FluxTransformer2DModel",
+                                  "AutoencoderKL", "StableDiffusion3Pipeline", "FluxPipeline",
+                                  "FlowMatchEulerDiscreteScheduler"])
+def test_missing_directory_config_or_weights_is_an_os_error(tmp_path, name):
+    """As transformers and diffusers raise it: an OSError (the checkpoint errors stay ValueErrors too)
+    naming what is missing, for a missing directory, a directory without the config, and one with the
+    config (every argument its default) but no weights."""
+    cls, config = _model_classes()[name]
+    missing = tmp_path / "nowhere"
+    with pytest.raises(OSError, match=str(missing)):
+        cls.from_pretrained(str(missing))
+    with pytest.raises(OSError, match="config.json"):
+        cls.from_pretrained(str(tmp_path))
+    if name == "FlowMatchEulerDiscreteScheduler":
+        return   # a config and nothing else
+    (tmp_path / config).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / config).write_text(json.dumps(ref.tiny_config() if name == "LlamaForCausalLM" else {}))
+    with pytest.raises(OSError, match="safetensors"):
+        cls.from_pretrained(str(tmp_path))
+
+
+def test_checkpoint_errors_are_value_and_os_errors(good):
+    path, _, _ = good
+    (path / "model.safetensors").write_bytes(b"\0" * 5)
+    for kind in (ValueError, OSError, CheckpointError):
+        with pytest.raises(kind, match="model.safetensors: not a safetensors file"):
+            LlamaForCausalLM.from_pretrained(path)
+
+
 def test_unused_tensors_warn(good):
     path, cfg, sd = good
     sd["model.layers.0.self_attn.rotary_emb.inv_freq"] = np.ones(4, np.float32)   # old files carry it: ignored

@@ -107,11 +107,11 @@ class LlamaConfig:
         try:
             with open(file) as f:
                 return cls.from_dict(json.load(f))
+        except CheckpointError:
+            raise
         except OSError as e:
             raise CheckpointError(f"{file}: cannot read the config: {e.strerror or e}") from None
         except ValueError as e:
-            if isinstance(e, CheckpointError):
-                raise
             raise CheckpointError(f"{file}: bad config: {e}") from None
 
     def to_dict(self):
