@@ -218,6 +218,39 @@ def test_bad_input_and_config():
         AutoencoderKL.from_config(cfg, block_out_channels=(8, 16, 16))
 
 
+def test_mesh_dim_names():
+    """Named dims are the diffusion models' (a pipeline hands the VAE its transformer's mesh): the
+    batch is split on each of size > 1; an unknown name is a ValueError naming it, however the VAE
+    is made; an unnamed mesh splits the batch on every dim as before."""
+    cfg = tiny("sd")
+    _, sd = build(cfg, 1)
+    z = latents(cfg, batch=5)
+    want = ref.decode(sd, cfg, z)
+    for names in (("dp", "ulysses"), ("ring", "dp"), None):
+        mesh = dtorch.init_device_mesh("cpu", (2, 2), mesh_dim_names=names)
+        model = AutoencoderKL.from_config(cfg, device_mesh=mesh)
+        model.load_state_dict(sd)
+        out = model.decode(z).sample
+        assert out.placements == (Shard(0), Shard(0))
+        assert rel(out.numpy(), want) < TOL
+    for names in (("tp",), ("dp", "cp")):
+        mesh = dtorch.init_device_mesh("cpu", (2,) * len(names), mesh_dim_names=names)
+        bad = names[-1]
+        with pytest.raises(ValueError, match=f"AutoencoderKL: unknown mesh dim name '{bad}'"):
+            AutoencoderKL.from_config(cfg, device_mesh=mesh)
+        with pytest.raises(ValueError, match=f"AutoencoderKL: unknown mesh dim name '{bad}'"):
+            AutoencoderKL(AutoencoderKL.make_config(cfg), device_mesh=mesh)
+
+
+def test_unknown_mesh_dim_name_when_loading(tmp_path):
+    cfg = tiny("sd")
+    model, _ = build(cfg, 1)
+    model.save_pretrained(tmp_path)
+    mesh = dtorch.init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    with pytest.raises(ValueError, match="AutoencoderKL: unknown mesh dim name 'tp'"):
+        AutoencoderKL.from_pretrained(str(tmp_path), device_mesh=mesh)
+
+
 def test_two_devices_in_each_worker_mode(mode):
     cfg = tiny("sd")
     model, sd = build(cfg, 2)

@@ -16,7 +16,9 @@ Layout: the VAE runs on the mesh it was made or loaded on, its weights replicate
 arrays, or DTensors on any mesh, in any placements) are laid out onto that mesh first: with more
 than one device the batch is split, Shard(0) on every mesh dim of size > 1 (data-parallel encode
 and decode; an uneven batch gives uneven pieces), and every layer keeps that split, so outputs come
-back Shard(0) too. Inputs are cast to the VAE's dtype."""
+back Shard(0) too. Inputs are cast to the VAE's dtype. A mesh's dim names, where it has them, are
+the diffusion transformers' (dp, ulysses, ring: a pipeline gives the VAE its transformer's mesh);
+any other is a ValueError naming it."""
 import numpy as np
 
 from .._factory import distribute_tensor, randn, zeros
@@ -27,6 +29,8 @@ from ..nn import functional as F
 from ..nn.containers import ModuleList
 from ..nn.layers import Conv2d, Dropout, GroupNorm, Linear, SiLU
 from ..nn.module import Module
+from ..parallel.style import named_dim_sizes
+from .diffusion_parallel import KNOWN_DIMS
 from .modeling_diffusers import AutoencoderKLOutput, DecoderOutput, DiffusersModel
 
 
@@ -278,6 +282,8 @@ class AutoencoderKL(DiffusersModel):
         self.config = config
         c = config
         _check_act_fn(c.act_fn)
+        if device_mesh is not None and device_mesh.mesh_dim_names is not None:
+            named_dim_sizes(device_mesh, KNOWN_DIMS, type(self).__name__)
         kw = dict(device_mesh=device_mesh, dtype=dtype)
         channels = tuple(c.block_out_channels)
         if len(c.down_block_types) != len(channels) or len(c.up_block_types) != len(channels):
