@@ -1,8 +1,15 @@
-"""dtorch's Llama against transformers.LlamaForCausalLM itself. Not part of the default run (its
-name does not start with test_): it needs torch and transformers, which DTorch does not. Run it
-from tests/python where both are installed:
+"""dtorch's Llama against transformers.LlamaForCausalLM itself: logits and greedy generation of
+grouped-query, multi-query (tied) and llama3-scaled models on one device, dp2 x tp2 and tp2 x
+ulysses2. Not part of the default run (its name does not start with test_): it needs torch and
+transformers, which DTorch does not. Run it from tests/python with a Python that has torch,
+transformers and pytest, and dtorch importable: installed there as into .venv, or built into a
+folder of its own and put on the paths, e.g. with a separate venv /work/refvenv:
 
-    ../../.venv/bin/python -m pytest -q check_transformers.py
+    /work/refvenv/bin/pip install torch transformers numpy safetensors pytest meson-python meson ninja
+    PATH=/work/refvenv/bin:$PATH /work/refvenv/bin/pip install --no-build-isolation --no-deps \
+        --target /tmp/dtorch-ref --config-settings=build-dir=$PWD/build-ref \
+        --config-settings=setup-args=-Dcuda=disabled .                     # from the repository root
+    PYTHONPATH=/tmp/dtorch-ref /work/refvenv/bin/python -m pytest -q check_transformers.py
 """
 import numpy as np
 import pytest
@@ -27,16 +34,21 @@ def rt():
     dtorch.shutdown()
 
 
-@pytest.mark.parametrize("mesh_shape", [(1, 1), (2, 2)], ids=["1", "dp2xtp2"])
+BASE = dict(vocab_size=61, hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=128)
+
+MESHES = {"1": ((1, 1), ("dp", "tp")), "dp2xtp2": ((2, 2), ("dp", "tp")), "tp2xulysses2": ((2, 2), ("tp", "ulysses"))}
+
+
+@pytest.mark.parametrize("mesh_name", list(MESHES))
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_same_as_transformers(tmp_path, name, mesh_shape):
+def test_same_as_transformers(tmp_path, name, mesh_name):
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                   **CONFIGS[name])
+    cfg = transformers.LlamaConfig(**dict(BASE, **CONFIGS[name]))
     theirs = transformers.LlamaForCausalLM(cfg).eval()
     theirs.save_pretrained(tmp_path, safe_serialization=True)
-    mesh = dtorch.init_device_mesh("cpu", mesh_shape, mesh_dim_names=("dp", "tp"))
+    shape, names = MESHES[mesh_name]
+    mesh = dtorch.init_device_mesh("cpu", shape, mesh_dim_names=names)
     ours = LlamaForCausalLM.from_pretrained(tmp_path, device_mesh=mesh)
     ids = np.random.default_rng(0).integers(0, 61, (3, 7))
     with torch.no_grad():
