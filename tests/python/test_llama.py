@@ -253,6 +253,60 @@ def test_bad_input():
     with pytest.raises(ValueError, match="attention_mask"):
         model.generate(np.array([[1, 2]]), 2, attention_mask=np.ones((1, 3)))
     assert model.generate(np.array([[1, 2]]), 0).shape == (1, 2)
+    for bad in (-1, -5):
+        with pytest.raises(ValueError, match=f"max_new_tokens must be >= 0, got {bad}"):
+            model.generate(np.array([[1, 2]]), bad)
+        with pytest.raises(ValueError, match="max_new_tokens"):
+            model.stream(np.array([[1, 2]]), max_new_tokens=bad)
+    with pytest.raises(TypeError, match="max_new_tokens must be an int"):
+        model.generate(np.array([[1, 2]]), 2.5)
+    for bad in (-1.0, float("nan"), float("-inf")):
+        with pytest.raises(ValueError, match="temperature must be a positive float"):
+            model.generate(np.array([[1]]), 2, do_sample=True, temperature=bad)
+
+
+@pytest.mark.parametrize("mesh_name", ["1", "tp2"])
+def test_tiny_and_huge_temperatures(mesh_name):
+    """The sample of softmax(logits / T) tends to the argmax as T -> 0: a positive temperature far
+    below float32's range samples the greedy tokens (numpy's argmax), with top-k and top-p too and
+    captured or not; a huge one samples every token of the vocabulary alike (valid ids, not the
+    argmax's)."""
+    cfg = ref.tiny_config()
+    model, sd = build(cfg, mesh_name)
+    ids = tokens((3, 4), seed=5)
+    want = greedy_reference(sd, cfg, ids, 6)
+    for T in (1e-46, 1e-40, 1e-38, 1e-30, 1e-8):
+        for extra in (dict(), dict(top_k=5), dict(top_p=0.9), dict(top_k=7, top_p=0.5, capture=False)):
+            got = model.generate(ids, 6, do_sample=True, temperature=T, seed=2, **extra)
+            np.testing.assert_array_equal(got, want, err_msg=f"T={T} {extra}")
+    hot = model.generate(ids, 12, do_sample=True, temperature=1e30, seed=2)[:, 4:]
+    assert hot.min() >= 0 and hot.max() < cfg["vocab_size"]
+    assert len(set(hot.ravel().tolist())) > 12          # 36 draws of nearly uniform over 61 tokens
+    assert (hot != greedy_reference(sd, cfg, ids, 12)[:, 4:]).sum() > 18
+
+
+@pytest.mark.parametrize("capture", [True, False])
+def test_nan_logits_name_the_step(capture):
+    """NaN in the logits (here from a NaN embedding row of a token row 0 makes and nothing else
+    holds: the logits after it) is a RuntimeError naming the new token and the row, in greedy and
+    sampled decoding; the runtime and the model keep working after."""
+    cfg = ref.tiny_config()
+    model, sd = build(cfg, "tp2")
+    prompt = tokens((2, 4), seed=5)
+    want = greedy_reference(sd, cfg, prompt, 6)
+    made = want[0, 4:]
+    i = next(i for i, t in enumerate(made) if t not in prompt[0] and t not in made[:i] and t not in want[1])
+    broken = dict(sd)
+    broken["model.embed_tokens.weight"] = sd["model.embed_tokens.weight"].copy()
+    broken["model.embed_tokens.weight"][made[i], 3] = np.nan
+    model.load_state_dict(broken)
+    for kw in (dict(), dict(do_sample=True, temperature=0.7, seed=1)):
+        with pytest.raises(RuntimeError, match=rf"new token {i + 2}: the logits of row\(s\) \[0\] hold NaN"):
+            model.generate(prompt, 6, capture=capture, **kw) if not kw else \
+                model.generate(prompt[:1], 6, capture=capture, top_k=1, **kw)
+    dtorch.synchronize()
+    model.load_state_dict(sd)
+    np.testing.assert_array_equal(model.generate(prompt, 6, capture=capture), want)
 
 
 def test_parallelize_errors():

@@ -169,5 +169,9 @@ def test_sampled_rows_beside_greedy_ones(mode):
         assert len(r.tokens) == 20 and all(0 <= t < cfg["vocab_size"] for t in r.tokens)
         assert sum(a != b for a, b in zip(r.tokens, greedy)) >= 5     # at T=100 over 61 tokens: nearly uniform
     assert hot[0].tokens != hot[1].tokens                             # each row draws its own noise
+    # as T -> 0 the sample is the argmax, also for temperatures whose inverse overflows float32
+    colder = [batcher.submit(prompt, 20, eos_token_id=[], temperature=t) for t in (1e-46, 1e-40, 1e-38, 1e-30)]
+    batcher.run_until_idle()
+    assert [r.tokens for r in colder] == [greedy] * 4
     with pytest.raises(ValueError, match="temperature"):
         batcher.submit(prompt, 2, temperature=-0.5)

@@ -1,6 +1,8 @@
 """Generation for causal language models: a key/value cache and ``generate`` / ``stream`` with
 transformers' arguments. Sampling runs on the devices over the (vocabulary-sharded) logits; only
 the chosen token ids travel to the controller each step."""
+import numbers
+
 import numpy as np
 
 from .. import _dtype, _ops, _runtime
@@ -262,6 +264,10 @@ class GenerationMixin:
     def stream(self, input_ids, max_new_tokens=20, do_sample=False, temperature=1.0, top_k=None, top_p=None,
                seed=None, eos_token_id=None, attention_mask=None, pad_token_id=None, capture=True):
         """An iterator over the new tokens, one numpy (B,) array per step, as ``generate`` makes them."""
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
+            raise TypeError(f"generate: max_new_tokens must be an int, got {type(max_new_tokens).__name__}")
+        if max_new_tokens < 0:
+            raise ValueError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
         prompt = self._prompt(input_ids)
         B, P = prompt.shape
         mask = np.ones((B, P), np.int64) if attention_mask is None else np.asarray(attention_mask)
@@ -321,6 +327,7 @@ class GenerationMixin:
                                    past_key_values=cache, logits_to_keep=1)
                         group[2], group[3] = out.logits[:, -1], position + 1
             tokens = np.concatenate([p.result() for p in pending]).astype(np.int64)
+            _check_chosen(tokens, done, groups[0][2].shape[-1], step)
             tokens[done] = pad
             yield tokens
             if eos:
@@ -374,12 +381,28 @@ class _DecodeStep:
         return tokens
 
 
+def _check_chosen(tokens, done, vocab, step):
+    """Rows still generating whose token is ``vocab`` (what the argmax gives when no entry of a row
+    equals its maximum: the row holds NaN) are a RuntimeError naming the step (1 for the first new
+    token) and the rows. The forwards queued after it read that token; their failure (an
+    embedding index out of range) is never awaited, and their tensors are dropped with the cache."""
+    bad = np.flatnonzero((tokens >= vocab) & ~done)
+    if bad.size:
+        raise RuntimeError(f"generate: new token {step + 1}: the logits of row(s) {bad.tolist()} hold NaN, so no token "
+                           "can be chosen (NaN or infinite values in the model's weights or activations)")
+
+
 def _token_set(eos_token_id):
     if eos_token_id is None:
         return set()
     if isinstance(eos_token_id, (int, np.integer)):
         return {int(eos_token_id)}
     return {int(t) for t in eos_token_id}
+
+
+# Temperatures below this sample as it does: float32 noise scaled by it stays nonzero, and it already
+# leaves only the best token (and exact ties) any chance, as the limit T -> 0 does.
+_MIN_TEMPERATURE = 1e-30
 
 
 class _Sampler:
@@ -389,7 +412,7 @@ class _Sampler:
     def __init__(self, do_sample, temperature, top_k, top_p):
         self.do_sample = bool(do_sample)
         if self.do_sample:
-            if not (isinstance(temperature, (int, float)) and temperature > 0):
+            if isinstance(temperature, bool) or not (isinstance(temperature, (int, float)) and temperature > 0):
                 raise ValueError(f"generate: temperature must be a positive float, got {temperature!r}")
             if top_k is not None and (not isinstance(top_k, (int, np.integer)) or top_k < 0):
                 raise ValueError(f"generate: top_k must be a non-negative int, got {top_k!r}")
@@ -414,18 +437,26 @@ class _Sampler:
 
     def choose(self, logits, noise=None):
         """The next token of each row of logits (b, V); ``noise``: this step's rows of ``noise()``
-        (drawn here when None)."""
+        (drawn here when None). Sampling takes argmax(logits / T + g) with g ~ Gumbel(0, 1), a sample
+        of softmax(logits / T); below T = 1 as argmax(logits + T * g), the same argmax, which cannot
+        overflow however small T is (logits / T would, to a row of infinities) and tends to the
+        argmax of the logits as T -> 0."""
         if self.do_sample:
             logits = self._warp(logits)
             if noise is None:
                 noise = self.noise(logits.shape[0], logits)
-            logits = logits - (-noise.log()).log()                                  # + Gumbel(0, 1)
+            gumbel = -(-noise.log()).log()
+            T = self.temperature
+            if T >= 1.0:
+                logits = (logits / T if T != 1.0 else logits) + gumbel
+            else:
+                logits = logits + gumbel * max(T, _MIN_TEMPERATURE)
         return self._argmax(logits)
 
     def _warp(self, logits):
+        """logits (b, V) with what top-k and top-p leave out at -inf; the temperature is applied by
+        ``choose`` (and to top-p's probabilities here)."""
         V = logits.shape[-1]
-        if self.temperature != 1.0:
-            logits = logits / self.temperature
         if (self.top_k and self.top_k < V) or self.top_p < 1.0:
             # ranking needs whole rows: the vocabulary shards are gathered among the devices (B x V)
             whole = logits.redistribute(logits.device_mesh, [Replicate() if isinstance(p, Shard) and p.dim == 1
@@ -437,7 +468,10 @@ class _Sampler:
                 whole = whole.masked_fill(whole < kth, float("-inf"))
         if self.top_p < 1.0:
             ranked = whole.topk(V, -1).values                                       # (B, V), largest first
-            probs = ranked.softmax(-1)
+            # softmax(ranked / T), from the distances to the best token: <= 0, so no T overflows them
+            scaled = ranked if self.temperature == 1.0 else \
+                (ranked - ranked[:, :1]) / max(self.temperature, _MIN_TEMPERATURE)
+            probs = scaled.softmax(-1)
             before = probs.cumsum(-1) - probs                                       # mass of the better tokens
             # the best token always stays (its mass before is 0), even for top_p = 0
             lowest = ranked.masked_fill(before >= max(self.top_p, 1e-12), float("inf")).amin(-1, keepdim=True)

@@ -11,8 +11,9 @@ ever moves keys. The step has one shape whatever the rows hold, so it is capture
 (dtorch.capture) and replayed: one small record per device and step.
 
 Each request is decoded greedily (its tokens are those of ``generate`` for the same prompt alone)
-or sampled at its own temperature, by the Gumbel-max trick on the devices: the argmax of
-logits / temperature plus Gumbel noise drawn by dtorch's counter-based random numbers.
+or sampled at its own temperature T, by the Gumbel-max trick on the devices: the argmax of
+logits / T plus Gumbel noise drawn by dtorch's counter-based random numbers (below T = 1 that of
+logits plus T times the noise, the same argmax, which tends to the greedy token as T -> 0).
 """
 import collections
 import itertools
@@ -24,7 +25,7 @@ from .. import _dtype
 from .._capture import capture as _capture
 from .._factory import distribute_tensor, rand
 from .._placement import Replicate
-from .generation import StaticCache
+from .generation import _MIN_TEMPERATURE, StaticCache
 
 
 class Request:
@@ -176,7 +177,8 @@ class ContinuousBatcher:
     def _inputs(self, rows, step):
         """The step's inputs on the model's mesh: each row's token (B, 1) and position (B, 1), the
         4-D mask (B, 1, 1, M) of the slots it may see, the slot written (1,), and how each row
-        chooses: its logits' scale (1 / temperature, 1 for greedy) and its noise's (0 for greedy)."""
+        chooses: its logits' scale and its noise's, (1 / T, 1) from temperature T = 1 up, (1, T)
+        below it and (1, 0) for greedy."""
         slot = step % self.M
         ids = np.zeros((self.B, 1), np.int64)
         pos = np.zeros((self.B, 1), np.int64)
@@ -191,8 +193,11 @@ class ContinuousBatcher:
             ids[b, 0] = request.prompt[n] if n < len(request.prompt) else request.tokens[-1]
             pos[b, 0] = n
             mask[b, 0, 0, (request.start + np.arange(n + 1)) % self.M] = True
-            if request.temperature > 0:
-                scale[b, 0], noise[b, 0] = 1.0 / request.temperature, 1.0
+            T = request.temperature
+            if T >= 1.0:
+                scale[b, 0], noise[b, 0] = 1.0 / T, 1.0
+            elif T > 0:     # the same argmax, and no overflow however small T is (generation._Sampler.choose)
+                noise[b, 0] = max(T, _MIN_TEMPERATURE)
         rep = [Replicate()] * self.mesh.ndim
         put = lambda a: distribute_tensor(a, self.mesh, rep)
         return (put(ids), put(pos), put(mask), put(np.array([slot], np.int64)), put(scale), put(noise))
