@@ -6,14 +6,20 @@ counted from the end of the header. A model directory holds one ``model.safetens
 shards listed by ``model.safetensors.index.json`` ({"weight_map": {name: file}}); diffusers names
 the same files ``diffusion_pytorch_model.*`` (``weights_name=``).
 
-Reading memory-maps each file and hands every parameter a numpy view of its bytes (bfloat16 as
-uint16: numpy has none); ``distribute_tensor`` (or ``distribute_bits``) copies each device's piece
-straight out of the mapping, so only the pages of the slices a device holds are read, and no
-whole-tensor copy is made on the controller.
+Reading opens each file once (a regular file only: a FIFO, device or directory is refused before
+anything is read from it), checks the header against the file's size, and reads each tensor's bytes
+with pread, one large read per tensor, into one buffer that ``distribute_bits`` copies each device's
+piece out of (bfloat16 as uint16: numpy has none). Not a memory map: a file that shrinks while it is
+mapped (another process saving into the same directory truncates it) kills the process with SIGBUS
+at the first touch of a page past its new end, which no size check made before the touch can rule
+out; pread returns short instead, which is an error naming the file and the tensor. What it costs
+against a map: one more copy of each byte (page cache to the buffer, by the kernel, without a page
+fault per 4 KiB) and the buffer, as large as the largest tensor, allocated once per load; no more
+bytes are read from the file (each of a tensor's bytes goes to some device either way).
 """
 import json
-import mmap
 import os
+import stat
 import struct
 import sys
 
@@ -44,24 +50,49 @@ class CheckpointError(ValueError, OSError):
     that is missing or unreadable; a ValueError for what is wrong inside a file."""
 
 
+def open_regular(path):
+    """``path`` opened for reading in binary, when it is a regular file; anything else (a FIFO, whose
+    open would wait for a writer, a device, a directory) is a CheckpointError naming it. Opened
+    without blocking and checked on the descriptor itself, so the file checked is the file read.
+    Failing to open it raises the OSError as it is."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode)
+                    else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket")
+            raise CheckpointError(f"{path}: not a regular file ({kind})")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
+
+
+def read_json(path):
+    """The JSON value of a regular file (``open_regular``)."""
+    with open_regular(path) as f:
+        return json.loads(f.read())
+
+
 class SafetensorsFile:
-    """One .safetensors file: its header parsed and checked, its bytes memory-mapped."""
+    """One .safetensors file: its header parsed and checked against the file's size, the file kept
+    open to read the tensors from (``bits``)."""
 
     def __init__(self, path):
         self.path = os.fspath(path)
         try:
-            size = os.path.getsize(self.path)
-            with open(self.path, "rb") as f:
-                head = f.read(8)
-                if size < 8:
-                    raise CheckpointError(f"{self.path}: not a safetensors file ({size} bytes, shorter than the 8-byte "
-                                          "header length)")
-                (n,) = struct.unpack("<Q", head)
-                if n > _MAX_HEADER or 8 + n > size:
-                    raise CheckpointError(f"{self.path}: bad header: its length {n} runs past the end of the file "
-                                          f"({size} bytes): the file is truncated or not safetensors")
-                raw = f.read(n)
-                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size > 8 + n else None
+            self._file = open_regular(self.path)
+            size = os.fstat(self._file.fileno()).st_size
+            head = self._file.read(8)
+            if size < 8:
+                raise CheckpointError(f"{self.path}: not a safetensors file ({size} bytes, shorter than the 8-byte "
+                                      "header length)")
+            (n,) = struct.unpack("<Q", head)
+            if n > _MAX_HEADER or 8 + n > size:
+                raise CheckpointError(f"{self.path}: bad header: its length {n} runs past the end of the file "
+                                      f"({size} bytes): the file is truncated or not safetensors")
+            raw = self._file.read(n)
         except CheckpointError:
             raise
         except OSError as e:
@@ -104,14 +135,31 @@ class SafetensorsFile:
     def shape(self, name):
         return self.entries[name][1]
 
-    def bits(self, name):
-        """The stored items of ``name`` as a read-only numpy view of the mapping (bfloat16 as uint16)."""
+    def nbytes(self, name):
+        code, shape, _ = self.entries[name]
+        return int(np.prod(shape, dtype=np.int64)) * _DTYPES[code][1].itemsize
+
+    def bits(self, name, scratch=None):
+        """The stored items of ``name`` (bfloat16 as uint16), read from the file into an array of their
+        own, or into the front of ``scratch`` (a uint8 array of at least ``nbytes(name)``: the result
+        is a view of it, good until the next read into it). A file that shrank below them since it
+        was opened is a CheckpointError naming it."""
         code, shape, begin = self.entries[name]
         items = _DTYPES[code][1]
-        count = int(np.prod(shape, dtype=np.int64))
-        if count == 0:
-            return np.zeros(shape, dtype=items)
-        return np.frombuffer(self._map, dtype=items, count=count, offset=self._start + begin).reshape(shape)
+        size = self.nbytes(name)
+        raw = np.empty(size, np.uint8) if scratch is None else scratch[:size]
+        buffer = memoryview(raw)
+        at, end = self._start + begin, self._start + begin + size
+        while at < end:
+            try:
+                n = os.preadv(self._file.fileno(), [buffer[at - self._start - begin:]], at)
+            except OSError as e:
+                raise CheckpointError(f"{self.path}: tensor {name!r}: cannot read: {e.strerror or e}") from None
+            if n == 0:
+                raise CheckpointError(f"{self.path}: tensor {name!r}: its bytes end at {end} but the file shrank to "
+                                      f"{os.fstat(self._file.fileno()).st_size} bytes after it was opened")
+            at += n
+        return raw.view(items).reshape(shape)
 
     def numpy(self, name):
         """The values of ``name`` as a numpy array (bfloat16 widened to float32, exactly)."""
@@ -137,10 +185,11 @@ class Checkpoint:
             single = os.path.join(path, single_file)
             if os.path.exists(index):
                 try:
-                    with open(index) as f:
-                        weight_map = json.load(f)["weight_map"]
+                    weight_map = read_json(index)["weight_map"]
                     if not isinstance(weight_map, dict):
                         raise TypeError("weight_map is not an object")
+                except CheckpointError:
+                    raise
                 except (OSError, ValueError, KeyError, TypeError) as e:
                     raise CheckpointError(f"{index}: bad index: {e}") from None
                 self._where = dict(weight_map)
@@ -212,13 +261,16 @@ def load_checkpoint(module, checkpoint, *, skip=(), progress=None):
                                   f"expects {tuple(target.shape)}")
         current[key] = target
     done = {}
+    # every tensor is read into this one buffer: distribute_bits has copied each device's piece out
+    # of it when it returns, and its pages are faulted in once, not once per tensor
+    scratch = np.empty(max([ckpt.file(key).nbytes(key) for key in current] + [0]), np.uint8)
     bar = _progress(len(entries), "Loading weights", progress)
     try:
         for key, owner, name, registry in entries:
             target = current[key]
             if id(target) not in done:
                 f = ckpt.file(key)
-                value = distribute_bits(f.bits(key), f.dtype(key), target.device_mesh, target.placements)
+                value = distribute_bits(f.bits(key, scratch), f.dtype(key), target.device_mesh, target.placements)
                 if value.dtype != target.dtype:
                     value = value.to(target.dtype)
                 done[id(target)] = (target, value)

@@ -288,6 +288,88 @@ def test_checkpoint_errors_are_value_and_os_errors(good):
             LlamaForCausalLM.from_pretrained(path)
 
 
+def _load_in_thread(path):
+    """LlamaForCausalLM.from_pretrained(path) in a thread: (the thread, a list that gets its
+    exception). A load that hangs leaves the thread alive."""
+    import threading
+    errors = []
+
+    def load():
+        try:
+            LlamaForCausalLM.from_pretrained(path)
+        except Exception as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=load, daemon=True)
+    thread.start()
+    return thread, errors
+
+
+@pytest.mark.parametrize("which", ["shard", "single", "index", "config"])
+def test_only_regular_files_are_read(good, which):
+    """A FIFO (which would block the open until someone writes) or a directory where a config, an
+    index or a weights file should be is an OSError naming it, raised without opening it to read."""
+    path, cfg, sd = good
+    if which == "shard":
+        save_file(sd, path / "model-00001-of-00002.safetensors")
+        (path / "model.safetensors").unlink()
+        (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": dict(
+            {k: "model-00001-of-00002.safetensors" for k in sd}, extra="model-00002-of-00002.safetensors")}))
+        odd = path / "model-00002-of-00002.safetensors"
+    else:
+        odd = path / {"single": "model.safetensors", "index": "model.safetensors.index.json",
+                      "config": "config.json"}[which]
+        if odd.exists():
+            odd.unlink()
+    for make in (os.mkfifo, os.mkdir):
+        make(odd)
+        thread, errors = _load_in_thread(path)
+        thread.join(60)
+        if thread.is_alive():
+            fd = os.open(odd, os.O_RDWR)   # lets the blocked open go on, then ends its read
+            os.close(fd)
+            thread.join(60)
+            pytest.fail(f"loading with a {make.__name__[2:]} at {odd.name} hung")
+        (error,) = errors
+        assert isinstance(error, OSError) and f"{odd}: not a regular file" in str(error), error
+        os.rmdir(odd) if make is os.mkdir else odd.unlink()
+
+
+SHRINK = """
+import os, sys
+import numpy as np
+import dtorch
+from dtorch._safetensors import Checkpoint, CheckpointError, load_checkpoint
+from dtorch.models import LlamaConfig, LlamaForCausalLM
+path = sys.argv[1]
+dtorch.init(workers="thread")
+checkpoint = Checkpoint(path)                   # parsed and checked while the file is whole
+file = os.path.join(path, "model.safetensors")
+os.truncate(file, os.path.getsize(file) // 2)  # then someone shrinks it
+model = LlamaForCausalLM(LlamaConfig.from_pretrained(path))
+try:
+    load_checkpoint(model, checkpoint)
+except CheckpointError as e:
+    print("refused:", e)
+x = dtorch.distribute_tensor(np.arange(4.0, dtype=np.float32), dtorch.DeviceMesh("cpu", [0]))
+print("still working:", (x * 2).numpy().tolist())
+"""
+
+
+def test_file_shrinking_after_it_was_opened(good):
+    """A weights file truncated after its header was read and checked: the load fails naming the
+    file and the tensor whose bytes are gone (before: SIGBUS killed the process, so it runs in one
+    of its own), and the process goes on."""
+    import subprocess
+    import sys
+    path, _, _ = good
+    run = subprocess.run([sys.executable, "-c", SHRINK, str(path)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, (run.returncode, run.stderr[-2000:])
+    assert f"refused: {path / 'model.safetensors'}: tensor '" in run.stdout, run.stdout
+    assert "the file shrank to" in run.stdout, run.stdout
+    assert "still working: [0.0, 2.0, 4.0, 6.0]" in run.stdout
+
+
 def test_unused_tensors_warn(good):
     path, cfg, sd = good
     sd["model.layers.0.self_attn.rotary_emb.inv_freq"] = np.ones(4, np.float32)   # old files carry it: ignored

@@ -20,7 +20,7 @@ import numpy as np
 from .. import _dtype, _ops, _ops_view
 from .._factory import arange, distribute_tensor, ones
 from .._placement import Replicate
-from .._safetensors import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
+from .._safetensors import Checkpoint, CheckpointError, load_checkpoint, read_json, save_checkpoint
 from .._tensor import DTensor
 from ..nn import functional as F
 from ..nn.layers import GELU, Embedding, Linear, ReLU, RMSNorm, SiLU
@@ -105,8 +105,7 @@ class LlamaConfig:
     def from_pretrained(cls, path):
         file = path if os.path.isfile(path) else os.path.join(path, "config.json")
         try:
-            with open(file) as f:
-                return cls.from_dict(json.load(f))
+            return cls.from_dict(read_json(file))
         except CheckpointError:
             raise
         except OSError as e:

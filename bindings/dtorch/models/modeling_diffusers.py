@@ -8,7 +8,8 @@ import os
 import warnings
 
 from .. import _dtype
-from .._safetensors import DIFFUSERS_WEIGHTS, Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
+from .._safetensors import (DIFFUSERS_WEIGHTS, Checkpoint, CheckpointError, load_checkpoint, read_json,
+                             save_checkpoint)
 from ..nn.module import Module, default_mesh, meta_device
 
 
@@ -50,8 +51,9 @@ def read_config(path, subfolder=None):
     directory = os.path.join(path, subfolder) if subfolder else path
     file = directory if os.path.isfile(directory) else os.path.join(directory, "config.json")
     try:
-        with open(file) as f:
-            config = json.load(f)
+        config = read_json(file)
+    except CheckpointError:
+        raise
     except OSError as e:
         raise CheckpointError(f"{file}: cannot read the config: {e.strerror or e}") from None
     except ValueError as e:
