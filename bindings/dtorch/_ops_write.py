@@ -101,9 +101,33 @@ def index_copy(x, dim, index, source):
 
 def rotary_embedding(x, position_ids, inv_freq, scaling=1.0):
     """HF Llama's rotary position embedding of x (batch, heads, seq, head_dim), fused: x * cos +
-    rotate_half(x) * sin with angles position_ids (batch or 1, seq) * inv_freq (head_dim / 2,)."""
+    rotate_half(x) * sin with angles position_ids (batch or 1, seq) * inv_freq (head_dim / 2,).
+    position_ids (integers) and inv_freq may be DTensors or host arrays (laid out on x's mesh,
+    replicated)."""
+    if not isinstance(x, _C.DTensor):
+        raise TypeError(f"rotary_embedding: x must be a DTensor, got {type(x).__name__}")
+    position_ids = _on_mesh_of(x, position_ids, "position_ids", np.int64)
+    inv_freq = _on_mesh_of(x, inv_freq, "inv_freq", np.float32)
     if position_ids.dtype is not _dtype.int64:
         position_ids = position_ids.to(_dtype.int64)
     if inv_freq.dtype is not _dtype.float32:
         inv_freq = inv_freq.to(_dtype.float32)
     return _C._op("rope", (x, position_ids, inv_freq), None, (float(scaling),), None)
+
+
+def _on_mesh_of(x, value, name, dtype):
+    """``value`` as a DTensor: itself, or a host array of numbers (integers for an integer ``dtype``)
+    in ``dtype`` replicated on x's mesh; anything else is a TypeError naming it."""
+    if isinstance(value, _C.DTensor):
+        return value
+    from ._factory import distribute_tensor
+    try:
+        array = np.asarray(value)
+    except Exception:
+        array = None
+    kinds = "iu" if np.dtype(dtype).kind == "i" else "iuf"
+    if array is None or array.dtype.kind not in kinds:
+        what = "integers" if kinds == "iu" else "numbers"
+        raise TypeError(f"rotary_embedding: {name} must be a DTensor or an array of {what}, got "
+                        f"{type(value).__name__}" + (f" of {array.dtype}" if array is not None else ""))
+    return distribute_tensor(np.ascontiguousarray(array, dtype=dtype), x.device_mesh)

@@ -83,6 +83,31 @@ def test_rotary_embedding_matches_hf(mode, mesh_name):
                                rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("mesh_name", ["1", "2x2"])
+def test_rotary_embedding_takes_host_positions_and_frequencies(mode, mesh_name):
+    """position_ids and inv_freq as numpy arrays or lists, as they are accepted as DTensors: laid out
+    on x's mesh; anything else is a TypeError naming the argument."""
+    mesh = MESHES[mesh_name]()
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 4, 3, 6)).astype(np.float32)
+    pos = np.array([[0, 1, 2], [5, 6, 9]], np.int64)
+    inv_freq = (1.0 / 500 ** (np.arange(0, 6, 2) / 6)).astype(np.float32)
+    want = _rope_reference(x, pos, inv_freq)
+    dx = dtorch.distribute_tensor(x, mesh, [Shard(1)] + [Replicate()] * (mesh.ndim - 1))
+    rope = dtorch.nn.functional.rotary_embedding
+    for p, f in ((pos, inv_freq), (pos.astype(np.int32), inv_freq.astype(np.float64)), (pos.tolist(), inv_freq),
+                 (dtorch.distribute_tensor(pos, mesh), inv_freq)):
+        out = rope(dx, p, f)
+        assert out.placements == dx.placements
+        np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(TypeError, match="inv_freq"):
+        rope(dx, pos, "abc")
+    with pytest.raises(TypeError, match="position_ids"):
+        rope(dx, pos.astype(np.float32), inv_freq)
+    with pytest.raises(TypeError, match="x must be a DTensor"):
+        rope(x, pos, inv_freq)
+
+
 def _pieces_reference(dst, src, dim, offset, k):
     """shard_assign_ from its definition: piece r of src (torch.chunk into k) lands at `offset`
     within piece r of dst, both split on dim over k devices."""
