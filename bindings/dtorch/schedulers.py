@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 
-from .models.modeling_diffusers import FrozenConfig
+from .models.modeling_diffusers import FrozenConfig, read_config
 
 
 @dataclasses.dataclass
@@ -60,10 +60,7 @@ class FlowMatchEulerDiscreteScheduler:
     @classmethod
     def from_pretrained(cls, path, subfolder=None):
         """The scheduler of ``scheduler_config.json`` in ``path`` (or ``path/subfolder``)."""
-        directory = os.path.join(path, subfolder) if subfolder else path
-        file = directory if os.path.isfile(directory) else os.path.join(directory, cls.config_name)
-        with open(file) as f:
-            return cls(**json.load(f))
+        return cls(**read_config(path, subfolder, cls.config_name))
 
     @classmethod
     def from_config(cls, config):

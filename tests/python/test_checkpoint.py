@@ -335,6 +335,13 @@ def test_only_regular_files_are_read(good, which):
         os.rmdir(odd) if make is os.mkdir else odd.unlink()
 
 
+def test_scheduler_config_must_be_a_regular_file(tmp_path):
+    from dtorch.schedulers import FlowMatchEulerDiscreteScheduler
+    os.mkfifo(tmp_path / "scheduler_config.json")
+    with pytest.raises(OSError, match="scheduler_config.json: not a regular file"):
+        FlowMatchEulerDiscreteScheduler.from_pretrained(str(tmp_path))
+
+
 SHRINK = """
 import os, sys
 import numpy as np

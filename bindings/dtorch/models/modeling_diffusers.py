@@ -46,10 +46,10 @@ class AutoencoderKLOutput:
     latent_dist: object
 
 
-def read_config(path, subfolder=None):
-    """The dict of ``config.json`` in directory ``path`` (or ``path/subfolder``), or of the file."""
+def read_config(path, subfolder=None, name="config.json"):
+    """The dict of the config file ``name`` in directory ``path`` (or ``path/subfolder``), or of the file."""
     directory = os.path.join(path, subfolder) if subfolder else path
-    file = directory if os.path.isfile(directory) else os.path.join(directory, "config.json")
+    file = directory if os.path.isfile(directory) else os.path.join(directory, name)
     try:
         config = read_json(file)
     except CheckpointError:
