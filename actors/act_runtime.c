@@ -10,7 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <sched.h>
+#include <sys/stat.h>
 #include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -136,7 +138,83 @@ static void s_remove_run_dir(void)
     s_dir[0] = 0;
 }
 
-/* Makes the run's ipc directory (mode 0700, a random name under $TMPDIR or /tmp) once. */
+/* The start time of process pid (clock ticks after boot, /proc/<pid>/stat), which tells it from a
+ * later process given the same pid; 0 when there is no such process. */
+static unsigned long long s_start_time(pid_t pid)
+{
+    char path[64], stat[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "re");
+    size_t n = f ? fread(stat, 1, sizeof stat - 1, f) : 0;
+    if (f)
+        fclose(f);
+    stat[n] = 0;
+    const char *at = strrchr(stat, ')'); /* "pid (name) S ...": the name may hold anything */
+    unsigned long long start = 0;
+    for (int field = 2; at && field < 22; field++)
+        at = strchr(at + 1, ' ');
+    if (at)
+        sscanf(at + 1, "%llu", &start);
+    return start;
+}
+
+/* Whether the process that made the run directory dir (an open descriptor) has ended, as its owner
+ * file says ("<pid> <start time>"). A directory without one, or with one that is no file of this
+ * user, is not known to be stale. */
+static bool s_owner_gone(int dir)
+{
+    int fd = openat(dir, "owner", O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+    char text[64] = ""; /* zeroed: read leaves it terminated */
+    ssize_t n = fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == getuid()
+                    ? read(fd, text, sizeof text - 1) : -1;
+    if (fd >= 0)
+        close(fd);
+    int pid;
+    unsigned long long start;
+    if (n <= 0 || sscanf(text, "%d %llu", &pid, &start) != 2 || pid <= 0)
+        return false;
+    return pid != (int)getpid() && s_start_time(pid) != start;
+}
+
+/* Removes the run directories that processes of this user left when they ended without removing
+ * theirs (killed, or stopped by a signal before their exit handlers ran): under tmp, a directory
+ * named as mkdtemp makes them, not a link, this user's, mode 0700, whose owner file names a process
+ * that has ended. Only the files inside are removed (the sockets and the owner file), then the
+ * directory; anything else found there (a directory) leaves it in place. */
+static void s_remove_stale_run_dirs(const char *tmp)
+{
+    DIR *d = opendir(tmp);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        if (strncmp(e->d_name, "dtorch-", 7) != 0 || strlen(e->d_name) != 13)
+            continue;
+        int dir = openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        struct stat st;
+        if (dir < 0)
+            continue;
+        if (fstat(dir, &st) == 0 && st.st_uid == getuid() && (st.st_mode & 07777) == 0700 && s_owner_gone(dir)) {
+            int listing = dup(dir);
+            DIR *inside = listing >= 0 ? fdopendir(listing) : NULL;
+            struct dirent *f;
+            while (inside && (f = readdir(inside)))
+                if (strcmp(f->d_name, ".") && strcmp(f->d_name, ".."))
+                    unlinkat(dir, f->d_name, 0);
+            if (inside)
+                closedir(inside);
+            else if (listing >= 0)
+                close(listing);
+            unlinkat(dirfd(d), e->d_name, AT_REMOVEDIR);
+        }
+        close(dir);
+    }
+    if (d)
+        closedir(d);
+}
+
+/* Makes the run's ipc directory (mode 0700, a random name under $TMPDIR or /tmp) once, with an
+ * owner file naming this process, by which a later run tells a directory left behind; first, such
+ * directories of ended processes are removed. */
 static int s_run_dir(void)
 {
     if (s_dir[0])
@@ -144,10 +222,19 @@ static int s_run_dir(void)
     const char *tmp = getenv("TMPDIR");
     if (!tmp || !*tmp || strlen(tmp) > 24)
         tmp = "/tmp";   /* socket paths must stay short (sun_path) */
+    s_remove_stale_run_dirs(tmp);
     snprintf(s_dir, sizeof s_dir, "%s/dtorch-XXXXXX", tmp);
     if (!mkdtemp(s_dir)) {
         s_dir[0] = 0;
         return dt_err(DT_ESYS, "dtorch: cannot make a private directory for the workers' sockets in %s", tmp);
+    }
+    char path[sizeof s_dir + 16], owner[64];
+    snprintf(path, sizeof path, "%s/owner", s_dir);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    int n = snprintf(owner, sizeof owner, "%d %llu\n", (int)getpid(), s_start_time(getpid()));
+    if (fd >= 0) {
+        if (write(fd, owner, (size_t)n) != n) { /* without it the directory is only never taken for stale */ }
+        close(fd);
     }
     static bool registered;
     if (!registered)

@@ -124,9 +124,9 @@ def reference_locals(full, mesh_shape, placements):
 
 # ---- worker processes --------------------------------------------------------------------------
 
-def worker_pids():
-    """{device id: pid} of this process's dtorch-worker children."""
-    me = os.getpid()
+def worker_pids(parent=None):
+    """{device id: pid} of the dtorch-worker children of parent (this process by default)."""
+    me = os.getpid() if parent is None else parent
     found = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -146,6 +146,32 @@ def worker_pids():
         if b"--device" in argv:
             dev = int(argv[argv.index(b"--device") + 1])
         found[dev] = int(entry)
+    return found
+
+
+def process_gone(pid):
+    """Whether process pid has ended: no such process, or a zombie nobody reaped (a container's
+    first process may not reap the orphans it adopts)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def run_dirs_of(pid):
+    """The run directories (/tmp/dtorch-XXXXXX) whose owner file names process pid."""
+    found = []
+    for name in os.listdir("/tmp"):
+        path = os.path.join("/tmp", name)
+        if not (name.startswith("dtorch-") and len(name) == 13):
+            continue
+        try:
+            with open(os.path.join(path, "owner")) as f:
+                if int(f.read().split()[0]) == pid:
+                    found.append(path)
+        except (OSError, ValueError, IndexError):
+            pass
     return found
 
 

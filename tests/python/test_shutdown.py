@@ -1,14 +1,17 @@
-"""Shutdown racing other threads, and what pending futures say when the runtime stops."""
+"""Shutdown racing other threads, what pending futures say when the runtime stops, and what a
+controller's process killed before it could stop leaves behind."""
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 
+import numpy as np
 import pytest
 
 import dtorch
-from conftest import worker_pids
+from conftest import process_gone, run_dirs_of, worker_pids
 
 
 def test_pending_fetch_at_shutdown_names_the_shutdown(process_mode, sigcont_guard):
@@ -110,3 +113,59 @@ def test_exit_with_redistributes_still_queued(workers):
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "issued"
+
+
+_CONTROLLER = """
+import sys, dtorch
+dtorch.init(workers="process")
+mesh = dtorch.DeviceMesh("cpu", [0, 1])
+print(float(dtorch.arange(4, device_mesh=mesh, placements=[dtorch.Shard(0)]).numpy().sum()), flush=True)
+sys.stdin.read()   # until the test kills it
+"""
+
+
+def _controller():
+    return subprocess.Popen([sys.executable, "-c", _CONTROLLER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+
+
+def _wait_gone(pids, timeout):
+    until = time.monotonic() + timeout
+    while time.monotonic() < until and not all(process_gone(p) for p in pids):
+        time.sleep(0.05)
+    return [p for p in pids if not process_gone(p)]
+
+
+def test_a_killed_runs_directory_goes_at_the_next_start():
+    """The run directory of a controller killed before it could remove it is removed when another
+    process of the user makes its own; a live process's directory, and a directory of the same
+    pattern that no owner file claims, stay."""
+    killed, alive = _controller(), _controller()
+    unclaimed = os.path.join("/tmp", "dtorch-" + os.urandom(3).hex())   # 6 characters, as mkdtemp makes them
+    os.mkdir(unclaimed, 0o700)
+    try:
+        assert killed.stdout.readline().strip() == "6.0"
+        assert alive.stdout.readline().strip() == "6.0"
+        stale, live = run_dirs_of(killed.pid), run_dirs_of(alive.pid)
+        assert len(stale) == 1 and len(live) == 1, (stale, live)
+        workers = list(worker_pids(killed.pid).values())
+        killed.kill()
+        killed.wait()
+        assert _wait_gone(workers, 30) == []
+        assert os.path.isdir(stale[0]), "nothing removed it yet"
+        dtorch.shutdown()
+        dtorch.init(workers="process")
+        try:
+            np.testing.assert_array_equal(dtorch.ones((2,), device_mesh=dtorch.DeviceMesh("cpu", [0])).numpy(),
+                                          np.ones(2, np.float32))
+            assert not os.path.exists(stale[0])
+            assert os.path.isdir(live[0]) and os.path.isdir(unclaimed)
+            assert alive.poll() is None
+        finally:
+            dtorch.shutdown()
+    finally:
+        for p in (killed, alive):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        os.rmdir(unclaimed)
