@@ -47,7 +47,8 @@ static struct {
     s_ctl *ctl;
 } s_shared = {.step = PTHREAD_MUTEX_INITIALIZER};
 
-static void s_routing_id(int64_t device, char *buf, size_t size) { snprintf(buf, size, "d%" PRId64, device); }
+/* The routing id of device's link to the controller (mb_rid.h: with the run's token in process mode). */
+static void s_routing_id(int64_t device, char *buf) { mb_rid_format(buf, 'd', device, act_rt.token); }
 
 static act_device *s_device(act_runtime *rt, int64_t id)
 {
@@ -113,8 +114,8 @@ static void s_send_one(act_runtime *rt, act_device *to, mb_kind kind, mb_writer 
         free(mb_w_release(body));
         return;
     }
-    char rid[32];
-    s_routing_id(to->id, rid, sizeof rid);
+    char rid[MB_RID_MAX];
+    s_routing_id(to->id, rid);
     mb_header h = {MB_VERSION, kind, to->send_seq++, MB_SENDER_CONTROLLER, 1};
     size_t size = body->size;
     mb_send(rt->router, rid, strlen(rid), &h, (mb_buf){mb_w_release(body), size, mb_buf_free, NULL}, NULL, 0);
@@ -123,8 +124,8 @@ static void s_send_one(act_runtime *rt, act_device *to, mb_kind kind, mb_writer 
 /* A message with no body (MB_BYE, MB_HEARTBEAT). */
 static void s_send_empty(act_runtime *rt, act_device *to, mb_kind kind)
 {
-    char rid[32];
-    s_routing_id(to->id, rid, sizeof rid);
+    char rid[MB_RID_MAX];
+    s_routing_id(to->id, rid);
     mb_header h = {MB_VERSION, kind, to->send_seq++, MB_SENDER_CONTROLLER, 0};
     mb_send(rt->router, rid, strlen(rid), &h, (mb_buf){NULL, 0, NULL, NULL}, NULL, 0);
 }
@@ -221,8 +222,8 @@ static void s_device_down(act_runtime *rt, act_device *dev, const char *reason)
 
 static void s_send_batch(s_ctl *c, act_device *dev, act_batch *b)
 {
-    char rid[32];
-    s_routing_id(dev->id, rid, sizeof rid);
+    char rid[MB_RID_MAX];
+    s_routing_id(dev->id, rid);
     mb_header h = {MB_VERSION, MB_OPS, dev->send_seq++, MB_SENDER_CONTROLLER, b->nrecords};
     if (b->pk.failed) {
         act_batch_destroy(b);
@@ -508,6 +509,16 @@ static void s_hello(act_runtime *rt, act_device *dev, mb_message *m)
     }
 }
 
+/* A message whose routing id names no worker of this run: dropped unread, and said on stderr at the
+ * first and at each doubling (a flood gets a few lines). */
+static void s_refuse(act_runtime *rt)
+{
+    uint64_t n = ++rt->refused;
+    if ((n & (n - 1)) == 0)
+        fprintf(stderr, "dtorch: dropped a message on the workers' socket from a process that is not a worker of "
+                "this run (%" PRIu64 " so far)\n", n);
+}
+
 /* Handles every message waiting on the router; the bye of a device sets dev->bye. */
 static void s_drain(s_ctl *c)
 {
@@ -519,10 +530,15 @@ static void s_drain(s_ctl *c)
             return;
         if (rc != 0)
             continue; /* a malformed message is dropped whole; its sender is unknown */
-        int64_t id = -1;
-        bool heartbeat = m.routing_id_len > 1 && m.routing_id[0] == 'h';
-        if (m.routing_id_len > 1 && (m.routing_id[0] == 'd' || heartbeat))
-            id = strtoll((const char *)m.routing_id + 1, NULL, 10);
+        /* who sent it is what the routing id of its link says, proven by the run's token in process
+         * mode: a message under any other name is from a process that is no worker of this run */
+        int64_t id = mb_rid_device(m.routing_id, m.routing_id_len, 'd', rt->token);
+        bool heartbeat = id < 0 && (id = mb_rid_device(m.routing_id, m.routing_id_len, 'h', rt->token)) >= 0;
+        if (id < 0) {
+            s_refuse(rt);
+            mb_message_close(&m);
+            continue;
+        }
         act_device *dev = s_device(rt, id);
         if (!dev && rt->listening && !heartbeat && m.header.kind == MB_HELLO && m.header.sender == (uint32_t)id)
             dev = act_runtime_adopt(id, ""); /* untyped: s_hello takes the type its hello says */

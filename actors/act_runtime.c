@@ -318,6 +318,14 @@ static int s_start(void)
         }
         snprintf(rt->endpoint, sizeof rt->endpoint, "ipc://%s/control-%llu", s_dir, (unsigned long long)rt->epoch);
     }
+    /* the run's secret, which only the worker processes it starts are told (mb_rid.h) */
+    rt->token[0] = 0;
+    if (!rt->listening && rt->workers == DT_WORKERS_PROCESS && mb_token_new(rt->token) != 0) {
+        close(rt->doorbell);
+        rt->doorbell = -1;
+        return dt_last_error_code();
+    }
+    rt->refused = 0;
     dt_idmap_init(&rt->futures);
     const char *silent = getenv("DTORCH_SILENT_TIMEOUT");
     rt->silent_s = silent && atof(silent) > 0 ? atof(silent) : ACT_SILENT_S;
@@ -510,6 +518,7 @@ static act_device *s_device_alloc(act_runtime *rt, int64_t id, const char *devic
     dev->started_at = act_now();
     dev->remote = rt->listening;
     dev->last_op = -1;
+    dev->lifeline = -1;
     atomic_init(&dev->stop, false);
     return dev;
 }
@@ -580,7 +589,7 @@ static int s_ensure_device(act_runtime *rt, const char *op, int64_t id, const ch
     }
     if (!(dev = s_device_new(rt, id, device_type)))
         return dt_last_error_code();
-    int rc = act_spawn_process(dev, rt->endpoint, dev->device_type, rt->worker_path);
+    int rc = act_spawn_process(dev, rt->endpoint, dev->device_type, rt->worker_path, rt->token);
     if (rc != 0) {
         /* kept, dead, until shutdown: the controller may already hold a pointer to it */
         dev->state = ACT_DEV_DEAD;

@@ -18,6 +18,7 @@
 #include "dt_idmap.h"
 #include "dt_shm.h"
 #include "dtorch.h"
+#include "mb_rid.h"
 #include "mb_socket.h"
 #include "mb_writer.h"
 
@@ -30,6 +31,7 @@
 #define ACT_SPIN_S 300e-6              /* the controller, workers and waits poll without sleeping this long after their
                                         * last event (env DTORCH_SPIN_US, 0: block at once) */
 #define ACT_HELLO_TIMEOUT_S 20.0       /* a worker that has not said hello by then is dead */
+#define ACT_RUN_FD 3                   /* where a worker process finds the read end of its pipe from the controller */
 #define ACT_BYE_TIMEOUT_S 2.0          /* how long shutdown waits for workers to stop before killing them */
 #define ACT_HEARTBEAT_S 0.5            /* a worker process says it is alive this often */
 #define ACT_SILENT_S 3.0               /* a worker process not heard from this long is dead (env DTORCH_SILENT_TIMEOUT) */
@@ -65,6 +67,7 @@ typedef struct {
     pthread_t thread;
     bool has_thread;
     pid_t pid;
+    int lifeline;                  /* worker processes: the write end of the pipe its process watches (-1: none) */
     atomic_bool stop;              /* thread workers: leave even without a bye */
     atomic_bool thread_failed;     /* thread workers: it returned with an error (thread_error says which) */
     atomic_uint_fast64_t beats;    /* thread workers: bumped by the thread wherever it is not inside a kernel */
@@ -125,6 +128,9 @@ typedef struct {
     uint64_t seed, stream;         /* random factories */
     pthread_t controller;
     zsock_t *router;               /* controller thread only: the socket every worker talks to */
+    char token[MB_TOKEN_CHARS + 1]; /* worker processes of this host: the run's secret (mb_rid.h); else "" */
+    uint64_t refused;              /* controller thread only: messages dropped whose routing id names no
+                                    * worker of this run (another process on the run's socket) */
     double silent_s;               /* a process worker not heard from this long is dead */
     double stuck_s;                /* a worker thread making no progress this long is stuck */
     bool shm;                      /* controller thread only: worker processes may lend by handle (DTORCH_SHM=0: never) */

@@ -2,6 +2,7 @@
  * the dtorch-worker executable. Only the endpoint differs; the worker code is the same. */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
@@ -147,19 +148,70 @@ int act_spawn_thread(act_device *dev, const char *endpoint, const char *device_t
     return rc;
 }
 
-int act_spawn_process(act_device *dev, const char *endpoint, const char *device_type, const char *worker_path)
+/* A process forked from this one without exec (a Python multiprocessing child) must not hold the
+ * workers' pipes: they would outlive the controller's process in it, and its workers with them. */
+static void s_drop_lifelines_in_child(void)
 {
+    act_runtime *rt = &act_rt;
+    for (int64_t i = 0; rt->devices && i < rt->ndevices; i++)
+        if (rt->devices[i] && rt->devices[i]->lifeline >= 0) {
+            close(rt->devices[i]->lifeline);
+            rt->devices[i]->lifeline = -1;
+        }
+}
+
+static void s_register_atfork(void) { pthread_atfork(NULL, NULL, s_drop_lifelines_in_child); }
+
+static void s_close_lifeline(act_device *dev)
+{
+    if (dev->lifeline >= 0)
+        close(dev->lifeline);
+    dev->lifeline = -1;
+}
+
+int act_spawn_process(act_device *dev, const char *endpoint, const char *device_type, const char *worker_path,
+                      const char *token)
+{
+    static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+    pthread_once(&atfork_once, s_register_atfork);
     if (strchr(worker_path, '/') && access(worker_path, X_OK) != 0)
         return dt_err(DT_ESYS, "cannot run the worker executable '%s': %s", worker_path, strerror(errno));
-    char device[32], parent[32];
+    /* The child's one link to this process that no thread's end can cut: a pipe whose write end only
+     * this process holds (close-on-exec, so no other child inherits it). The run's secret goes first;
+     * then the child waits for the pipe's end, which comes when this process ends, however it ends.
+     * The read end is moved above ACT_RUN_FD so that the child's dup2 always makes a new descriptor. */
+    int ends[2];
+    if (pipe2(ends, O_CLOEXEC) != 0)
+        return dt_err(DT_ESYS, "cannot make a pipe for the worker of device %lld: %s", (long long)dev->id,
+                      strerror(errno));
+    int rd = fcntl(ends[0], F_DUPFD_CLOEXEC, ACT_RUN_FD + 1);
+    int rc = rd < 0 ? errno : 0;
+    close(ends[0]);
+    dev->lifeline = ends[1];
+    size_t len = strlen(token);
+    if (rc == 0 && write(ends[1], token, len) != (ssize_t)len)
+        rc = errno ? errno : EIO;
+    posix_spawn_file_actions_t actions;
+    bool have_actions = rc == 0 && (rc = posix_spawn_file_actions_init(&actions)) == 0;
+    if (have_actions)
+        rc = posix_spawn_file_actions_adddup2(&actions, rd, ACT_RUN_FD);
+    char device[32], fd[16];
     snprintf(device, sizeof device, "%lld", (long long)dev->id);
-    snprintf(parent, sizeof parent, "%d", (int)getpid());
+    snprintf(fd, sizeof fd, "%d", ACT_RUN_FD);
     char *argv[] = {(char *)worker_path, "--connect", (char *)endpoint, "--device", device,
-                    "--device-type", (char *)device_type, "--parent", parent, NULL};
-    int rc = posix_spawnp(&dev->pid, worker_path, NULL, NULL, argv, environ);
-    if (rc != 0)
+                    "--device-type", (char *)device_type, "--run-fd", fd, NULL};
+    if (rc == 0)
+        rc = posix_spawnp(&dev->pid, worker_path, &actions, NULL, argv, environ);
+    if (have_actions)
+        posix_spawn_file_actions_destroy(&actions);
+    if (rd >= 0)
+        close(rd);
+    if (rc != 0) {
+        s_close_lifeline(dev);
+        dev->pid = 0;
         return dt_err(DT_ESYS, "cannot start worker process '%s' for device %lld: %s", worker_path,
                       (long long)dev->id, strerror(rc));
+    }
     return 0;
 }
 
@@ -185,6 +237,7 @@ bool act_spawn_reap(act_device *dev, char *reason, size_t size)
     else
         snprintf(reason, size, "its worker process %d exited with status %d", (int)pid, WEXITSTATUS(status));
     dev->pid = 0;
+    s_close_lifeline(dev);
     return true;
 }
 
@@ -237,19 +290,23 @@ bool act_spawn_stop(act_device *dev, double grace_s)
         pthread_join(dev->thread, NULL);
         dev->has_thread = false;
     }
-    if (dev->pid <= 0)
+    if (dev->pid <= 0) {
+        s_close_lifeline(dev);
         return true;
-    double deadline = act_now() + grace_s;
-    while (act_now() < deadline) {
-        if (waitpid(dev->pid, NULL, WNOHANG) == dev->pid) {
-            dev->pid = 0;
-            return true;
-        }
-        nanosleep(&(struct timespec){0, 5000000}, NULL);
     }
-    kill(dev->pid, SIGKILL);
-    waitpid(dev->pid, NULL, 0);
+    double deadline = act_now() + grace_s;
+    bool gone = false;
+    while (!gone && act_now() < deadline) {
+        gone = waitpid(dev->pid, NULL, WNOHANG) == dev->pid;
+        if (!gone)
+            nanosleep(&(struct timespec){0, 5000000}, NULL);
+    }
+    if (!gone) {
+        kill(dev->pid, SIGKILL);
+        waitpid(dev->pid, NULL, 0);
+    }
     dev->pid = 0;
+    s_close_lifeline(dev);
     return true;
 }
 

@@ -12,7 +12,10 @@
  * says hello. One that cannot open them is joined, publish is never called, and the error says why
  * (dev may be freed, or started again). */
 int act_spawn_thread(act_device *dev, const char *endpoint, const char *device_type, void (*publish)(act_device *));
-int act_spawn_process(act_device *dev, const char *endpoint, const char *device_type, const char *worker_path);
+/* A worker process gets the read end of a pipe as descriptor ACT_RUN_FD: token, the run's secret,
+ * then nothing until this process ends (dev->lifeline keeps the write end until the child is gone). */
+int act_spawn_process(act_device *dev, const char *endpoint, const char *device_type, const char *worker_path,
+                      const char *token);
 /* Process workers: true (and why, in reason) once the process has ended. */
 bool act_spawn_reap(act_device *dev, char *reason, size_t size);
 /* Ends the worker's home: joins the thread, or waits up to grace_s for the process, then kills it.

@@ -1063,6 +1063,7 @@ static int s_next_message(act_worker *w, mb_message *m, bool (*should_stop)(void
 
 typedef struct {
     char endpoint[256];
+    char rid[MB_RID_MAX];       /* its socket's routing id ("h<device>", with the run's token) */
     int64_t device;
     const mb_curve *curve;      /* NULL: plaintext */
     pthread_mutex_t lock;
@@ -1076,9 +1077,7 @@ typedef struct {
 static void *s_heartbeat_main(void *arg)
 {
     s_heartbeat *hb = arg;
-    char rid[32];
-    snprintf(rid, sizeof rid, "h%" PRId64, hb->device);
-    zsock_t *sock = mb_socket_open(MB_DEALER, hb->endpoint, false, rid, hb->curve);
+    zsock_t *sock = mb_socket_open(MB_DEALER, hb->endpoint, false, hb->rid, hb->curve);
     if (sock) {
         zsock_set_sndtimeo(sock, 0); /* one that cannot be queued now (no link yet, or none any more) is dropped */
         zsock_set_linger(sock, 0);   /* and none is worth waiting for at exit */
@@ -1131,8 +1130,6 @@ int act_worker_serve(const act_worker_link *link, bool (*should_stop)(void *arg)
         return dt_err(DT_EINVAL, "device %" PRId64 ": no '%s' device backend in this build (it has %s)", device,
                       link->device_type ? link->device_type : "(null)", names);
     }
-    char rid[32];
-    snprintf(rid, sizeof rid, "d%" PRId64, device);
     act_worker w;
     act_worker_init(&w, device, backend, link->endpoint);
     w.remote = link->remote;
@@ -1140,10 +1137,13 @@ int act_worker_serve(const act_worker_link *link, bool (*should_stop)(void *arg)
     w.connect_s = link->connect_s > 0 ? link->connect_s : ACT_CONNECT_S;
     w.beats = link->beats;
     snprintf(w.peer_host, sizeof w.peer_host, "%s", link->peer_host ? link->peer_host : "127.0.0.1");
+    snprintf(w.token, sizeof w.token, "%s", link->token ? link->token : "");
     if ((w.curve = link->keys != NULL)) {
         w.keys = *link->keys;
         snprintf(w.server_key, sizeof w.server_key, "%s", link->server_key ? link->server_key : "");
     }
+    char rid[MB_RID_MAX];
+    mb_rid_format(rid, 'd', device, w.token);
     mb_curve to_controller = {&w.keys, w.server_key};
     int rc = act_peer_open(&w);
     if (rc == 0)
@@ -1169,6 +1169,7 @@ int act_worker_serve(const act_worker_link *link, bool (*should_stop)(void *arg)
     bool beating = false;
     if (rc == 0 && !w.same_process) {
         snprintf(hb.endpoint, sizeof hb.endpoint, "%s", link->endpoint);
+        mb_rid_format(hb.rid, 'h', device, w.token);
         pthread_t beat;
         beating = pthread_create(&beat, NULL, s_heartbeat_main, &hb) == 0;
         if (beating)

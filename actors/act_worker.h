@@ -10,6 +10,7 @@
 #include "dt_idmap.h"
 #include "dt_shm.h"
 #include "dtorch.h"
+#include "mb_rid.h"
 #include "mb_schema.h"
 #include "mb_socket.h"
 #include "mb_writer.h"
@@ -107,6 +108,8 @@ typedef struct {
     const mb_keypair *keys;     /* the workers' key pair: CURVE on every link; NULL: plaintext */
     const char *server_key;     /* ... and the controller's public key */
     const char *peer_host;      /* remote: the IPv4 address its peer socket binds (where peers reach it) */
+    const char *token;          /* a process the controller started: the run's secret, carried in the routing
+                                 * ids of its links (mb_rid.h); NULL or "": none */
     double silent_s;            /* remote: how long the controller may be silent */
     double connect_s;           /* remote: how long to wait for the controller's first word */
     atomic_uint_fast64_t *beats; /* bumped wherever the worker is not inside a kernel (worker threads) */
@@ -126,6 +129,7 @@ typedef struct act_worker {
     mb_keypair keys;            /* CURVE keys of its links (curve set) */
     char server_key[MB_KEY_CHARS + 1];
     bool curve;
+    char token[MB_TOKEN_CHARS + 1]; /* act_worker_link.token ("" for none) */
     char peer_host[32];         /* remote: the address its peer socket binds */
     char peer_endpoint[64];     /* remote: where its peer socket is bound (told in its hello) */
     dt_idmap endpoints;         /* remote: device + 1 -> the peer endpoint the controller told (malloc'd) */

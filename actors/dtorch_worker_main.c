@@ -1,7 +1,9 @@
 /* dtorch-worker — device actors in a process of their own.
  *
- * Started by the controller on its own host (process workers):
- *     dtorch-worker --connect ipc://DIR/control-N --device ID [--device-type TYPE] [--parent PID]
+ * Started by the controller on its own host (process workers), never by hand:
+ *     dtorch-worker --connect ipc://DIR/control-N --device ID [--device-type TYPE] --run-fd FD
+ *   FD is the read end of a pipe from the controller's process: the run's secret (mb_rid.h), then
+ *   nothing until that process ends, however it ends; the worker then leaves at once.
  * Started on any host by the site's launcher, for a controller that listens (dtorch.init(listen=...)):
  *     dtorch-worker --connect tcp://HOST:PORT --devices TYPE:IDS --key FILE --server-key KEY
  *                   [--peer-address IP] [--silent-timeout S] [--connect-timeout S] [--insecure]
@@ -15,13 +17,14 @@
  *     dtorch-worker --keygen FILE          (writes FILE and FILE_secret, mode 0600)
  */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netdb.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -32,20 +35,54 @@
 
 #define S_MAX_DEVICES 1024 /* devices one process serves */
 
-static pid_t s_parent;
-
-static bool s_orphaned(void *arg) { return s_parent > 0 && getppid() != s_parent; }
+#define S_USAGE                                                                                      \
+    "usage: dtorch-worker --connect tcp://HOST:PORT --devices TYPE:IDS --key FILE --server-key KEY\n"    \
+    "                     [--peer-address IP] [--silent-timeout S] [--connect-timeout S] [--insecure]\n" \
+    "       dtorch-worker --keygen FILE\n"                                                              \
+    "Serves the devices IDS (\"cpu:0-3\", \"cpu:4,5,8-11\") of a controller that listens on tcp (see\n"   \
+    "docs/LAUNCH.md); --keygen writes a key pair. Local worker processes are started by the controller\n" \
+    "itself (dtorch.init(workers=\"process\")), never by hand.\n"
 
 static int s_usage(const char *why)
 {
-    fprintf(stderr,
-            "dtorch-worker: %s\n"
-            "usage: dtorch-worker --connect ENDPOINT --device ID [--device-type TYPE] [--parent PID]\n"
-            "       dtorch-worker --connect tcp://HOST:PORT --devices TYPE:IDS --key FILE --server-key KEY\n"
-            "                     [--peer-address IP] [--silent-timeout S] [--connect-timeout S] [--insecure]\n"
-            "       dtorch-worker --keygen FILE\n",
-            why);
+    fprintf(stderr, "dtorch-worker: %s\n" S_USAGE, why);
     return 2;
+}
+
+/* The secret at the start of the controller's pipe (fd), then a thread that waits for the pipe's end:
+ * only the controller's process holds its write end, so the end comes when that process ends, by an
+ * exit, a crash or kill -9, and the worker leaves at once (what it holds is of use to nobody then). */
+static void *s_watch_controller(void *arg)
+{
+    int fd = (int)(intptr_t)arg;
+    for (;;) {
+        struct pollfd p = {fd, POLLIN, 0};
+        char byte;
+        ssize_t n = poll(&p, 1, -1) < 0 ? -1 : read(fd, &byte, 1);
+        if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN))
+            _exit(0);
+    }
+    return NULL;
+}
+
+static int s_read_secret(int fd, char *token)
+{
+    size_t got = 0;
+    while (got < MB_TOKEN_CHARS) {
+        ssize_t n = read(fd, token + got, MB_TOKEN_CHARS - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -1;
+        got += (size_t)n;
+    }
+    token[got] = 0;
+    pthread_t watcher;
+    if (!mb_token_valid(token, got) ||
+        pthread_create(&watcher, NULL, s_watch_controller, (void *)(intptr_t)fd) != 0)
+        return -1;
+    pthread_detach(watcher);
+    return 0;
 }
 
 /* "cpu:0-3,8" -> type "cpu", ids 0 1 2 3 8. */
@@ -191,17 +228,46 @@ static int s_serve_remote(const char *endpoint, const char *devices, const char 
     return status;
 }
 
+/* A worker process of the controller's own host: it reaches the controller at the ipc endpoint of the
+ * run's directory and proves it is the run's with the secret from the controller's pipe, the only way
+ * in. Anything else (an inproc endpoint, which no other process reaches; an ipc one without the pipe,
+ * as by hand) is refused at once rather than left waiting for a controller that never answers. */
+static int s_serve_local(const char *endpoint, long long device, const char *device_type, long long run_fd)
+{
+    if (!endpoint)
+        return s_usage("--connect tcp://HOST:PORT is required");
+    if (strncmp(endpoint, "ipc://", 6) != 0 || run_fd < 0)
+        return s_usage("--connect takes tcp://HOST:PORT (with --devices); local worker processes are started by "
+                       "the controller, over its own pipe");
+    if (device < 0 || device > DT_MAX_DEVICE_ID)
+        return s_usage("--device takes a device id from 0 to 65535");
+    char token[MB_TOKEN_CHARS + 1];
+    if (s_read_secret((int)run_fd, token) != 0) {
+        fprintf(stderr, "dtorch-worker %lld: no secret from the controller on descriptor %lld\n", device, run_fd);
+        return 2;
+    }
+    act_worker_link link = {.endpoint = endpoint, .device = device, .device_type = device_type, .token = token};
+    int rc = act_worker_serve(&link, NULL, NULL);
+    if (rc != 0)
+        fprintf(stderr, "dtorch-worker %lld: %s\n", device, dt_last_error());
+    return rc == 0 ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
     const char *endpoint = NULL, *device_type = "cpu", *devices = NULL, *key = NULL, *server_key = NULL;
     const char *peer_address = NULL, *keygen = NULL;
-    long long device = -1;
+    long long device = -1, run_fd = -1;
     bool insecure = false;
     const char *env = getenv("DTORCH_SILENT_TIMEOUT");
     double silent_s = env && atof(env) > 0 ? atof(env) : ACT_SILENT_S;
     env = getenv("DTORCH_CONNECT_TIMEOUT");
     double connect_s = env && atof(env) > 0 ? atof(env) : ACT_CONNECT_S;
     for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            fputs(S_USAGE, stdout);
+            return 0;
+        }
         if (strcmp(argv[i], "--insecure") == 0) {
             insecure = true;
             continue;
@@ -216,9 +282,11 @@ int main(int argc, char **argv)
             device = strtoll(value, &end, 10);
         else if (strcmp(argv[i], "--device-type") == 0)
             device_type = value;
-        else if (strcmp(argv[i], "--parent") == 0)
-            s_parent = (pid_t)strtol(value, &end, 10);
-        else if (strcmp(argv[i], "--devices") == 0)
+        else if (strcmp(argv[i], "--run-fd") == 0) {
+            run_fd = strtoll(value, &end, 10);
+            if (*end || run_fd < 0 || run_fd > INT32_MAX)
+                return s_usage("--run-fd takes a file descriptor");
+        } else if (strcmp(argv[i], "--devices") == 0)
             devices = value;
         else if (strcmp(argv[i], "--key") == 0)
             key = value;
@@ -256,15 +324,7 @@ int main(int argc, char **argv)
             return s_usage("--devices serves a listening controller: --connect tcp://HOST:PORT");
         return s_serve_remote(endpoint, devices, key, server_key, peer_address, silent_s, connect_s, insecure);
     }
-    if (!endpoint || device < 0 || device > DT_MAX_DEVICE_ID)
-        return s_usage("--connect and a valid --device are required");
-    if (s_parent > 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != s_parent)
-            return 1;
-    }
-    int rc = act_worker_run(endpoint, device, device_type, s_orphaned, NULL);
-    if (rc != 0)
-        fprintf(stderr, "dtorch-worker %lld: %s\n", device, dt_last_error());
-    return rc == 0 ? 0 : 1;
+    if (endpoint && strncmp(endpoint, "tcp://", 6) == 0 && run_fd < 0)
+        return s_usage("--connect tcp://HOST:PORT serves the devices that --devices names");
+    return s_serve_local(endpoint, device, device_type, run_fd);
 }

@@ -7,16 +7,17 @@
  * a descriptor that is no segment (/dev/null); SYNCs are answered as a worker does. */
 #include <fcntl.h>
 #include <inttypes.h>
-#include <signal.h>
+#include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "dt_dtype.h"
 #include "dt_layout.h"
 #include "dt_shm.h"
+#include "mb_rid.h"
 #include "mb_schema.h"
 #include "mb_socket.h"
 #include "op_registry.h"
@@ -71,22 +72,38 @@ static void s_lend_forged(zsock_t *sock, int64_t device, const char *how)
     dt_shm_trim();
 }
 
+/* Leaves when the controller's pipe ends, as dtorch-worker does. */
+static void *s_watch(void *arg)
+{
+    struct pollfd p = {(int)(intptr_t)arg, POLLIN, 0};
+    char byte;
+    while (poll(&p, 1, -1) < 0 || read(p.fd, &byte, 1) > 0)
+        ;
+    _exit(0);
+}
+
 int main(int argc, char **argv)
 {
     const char *endpoint = NULL, *how = getenv("DTORCH_FAKE_HELLO");
     int64_t device = -1;
+    int run_fd = -1;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--connect") == 0)
             endpoint = argv[i + 1];
         else if (strcmp(argv[i], "--device") == 0)
             device = strtoll(argv[i + 1], NULL, 10);
+        else if (strcmp(argv[i], "--run-fd") == 0)
+            run_fd = atoi(argv[i + 1]);
     }
-    if (!endpoint || device < 0 || !how)
+    /* the run's secret, which its routing id carries: without it nothing it says is heard */
+    char token[MB_TOKEN_CHARS + 1] = "";
+    pthread_t watcher;
+    if (!endpoint || device < 0 || !how || run_fd < 0 || read(run_fd, token, MB_TOKEN_CHARS) != MB_TOKEN_CHARS ||
+        pthread_create(&watcher, NULL, s_watch, (void *)(intptr_t)run_fd) != 0)
         return 2;
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
     zsys_handler_set(NULL);
-    char rid[32];
-    snprintf(rid, sizeof rid, "d%" PRId64, device);
+    char rid[MB_RID_MAX];
+    mb_rid_format(rid, 'd', device, token);
     zsock_t *sock = mb_socket_new(MB_DEALER, endpoint, false, rid);
     if (!sock)
         return 1;

@@ -5,10 +5,12 @@
  * device fail with it. The memory a CPU device has (the host's), and the controller's check
  * that no piece is larger. */
 #include <criterion/criterion.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "act_worker.h"
 #include "dt_error.h"
@@ -19,6 +21,8 @@
 #include "mb_schema.h"
 #include "op_backend.h"
 #include "op_registry.h"
+
+extern char **environ;
 
 #define S_FLT(v) ((dt_scalar){.is_int = false, .f = (v)})
 
@@ -104,19 +108,45 @@ Test(device_type, thread_worker_refuses_unknown)
     s_expect_in(dt_last_error(), "'cpu'", "worker");
 }
 
+/* Runs dtorch-worker with args as the controller starts it: the run's secret on the read end of a
+ * pipe (descriptor 3) whose write end this test holds until the worker has exited. Its output goes
+ * to out; returns its wait status. */
+static int s_run_worker(char *const argv[], char *out, size_t size)
+{
+    int secret[2], output[2];
+    cr_assert_eq(pipe(secret), 0);
+    cr_assert_eq(pipe(output), 0);
+    cr_assert_eq(write(secret[1], "0123456789abcdef0123456789abcdef", 32), 32);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, secret[0], 3);
+    posix_spawn_file_actions_adddup2(&actions, output[1], 1);
+    posix_spawn_file_actions_adddup2(&actions, output[1], 2);
+    pid_t pid;
+    cr_assert_eq(posix_spawn(&pid, argv[0], &actions, NULL, argv, environ), 0);
+    posix_spawn_file_actions_destroy(&actions);
+    close(secret[0]);
+    close(output[1]);
+    size_t n = 0;
+    ssize_t got;
+    while (n + 1 < size && (got = read(output[0], out + n, size - 1 - n)) > 0)
+        n += (size_t)got;
+    out[n] = '\0';
+    int status = 0;
+    waitpid(pid, &status, 0);
+    close(output[0]);
+    close(secret[1]);
+    return status;
+}
+
 Test(device_type, process_worker_refuses_unknown)
 {
-    const char *path = getenv("DTORCH_WORKER_PATH");
+    char *path = getenv("DTORCH_WORKER_PATH");
     cr_assert_not_null(path, "meson test sets DTORCH_WORKER_PATH");
-    char cmd[4200];
-    snprintf(cmd, sizeof cmd, "'%s' --connect ipc:///tmp/dtorch-test-none-%d.ipc --device 2 --device-type tpu 2>&1",
-             path, (int)getpid());
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
-    char out[1024] = "";
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = '\0';
-    int status = pclose(p);
+    char endpoint[64], out[1024];
+    snprintf(endpoint, sizeof endpoint, "ipc:///tmp/dtorch-test-none-%d.ipc", (int)getpid());
+    char *argv[] = {path, "--connect", endpoint, "--device", "2", "--device-type", "tpu", "--run-fd", "3", NULL};
+    int status = s_run_worker(argv, out, sizeof out);
     cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 1, "status %d", status);
     s_expect_in(out, "no 'tpu' device backend", "dtorch-worker");
 }

@@ -5,6 +5,7 @@ import os
 import re
 import socket
 import stat
+import subprocess
 import time
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 
 import dtorch
 from conftest import wait_for
-from remote_tools import (Stranger, curve_keypair, forged_hello, forged_region, peer_messages_received,
+from remote_tools import (WORKER, Stranger, curve_keypair, forged_hello, forged_region, peer_messages_received,
                           start_worker, stop_all, wait_exit)
 
 
@@ -52,6 +53,27 @@ def test_keygen_writes_a_public_file_and_a_private_secret(tmp_path, keys):
         assert "secret-key" in f.read()
     with open(keys["good"]) as f:
         assert "secret-key" not in f.read()
+
+
+def test_the_worker_command_says_how_it_is_used():
+    done = subprocess.run([WORKER, "--help"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: dtorch-worker --connect tcp://HOST:PORT --devices TYPE:IDS") and not done.stderr
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--connect", "inproc://x", "--device", "0"], "--connect takes tcp://HOST:PORT"),
+    (["--connect", "ipc:///tmp/dtorch-none/control-1", "--device", "0"], "started by the controller"),
+    (["--connect", "tcp://127.0.0.1:1", "--device", "0"], "serves the devices that --devices names"),
+    (["--connect", "inproc://x", "--devices", "cpu:0"], "--devices serves a listening controller"),
+    (["--device", "0"], "--connect tcp://HOST:PORT is required"),
+])
+def test_the_worker_command_refuses_what_it_cannot_serve(argv, says):
+    """An endpoint no worker run by hand can reach (inproc, a run directory's ipc socket, which
+    only the controller's own children are let into) is refused at once with status 2, not waited on."""
+    done = subprocess.run([WORKER, *argv], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert says in done.stderr and "usage:" in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize("kwargs, error, match", [

@@ -1,11 +1,14 @@
-"""Shutdown racing other threads, what pending futures say when the runtime stops, and what a
-controller's process killed before it could stop leaves behind."""
+"""Shutdown racing other threads, what pending futures say when the runtime stops, worker processes
+that outlive the threads that started them but not the controller's process, and what a killed
+controller leaves behind."""
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -115,17 +118,49 @@ def test_exit_with_redistributes_still_queued(workers):
     assert done.stdout.strip() == "issued"
 
 
+@pytest.mark.parametrize("how", ["thread", "pool"])
+def test_workers_outlive_the_thread_that_started_them(process_mode, how):
+    """A worker process is started by whichever thread first names its device; it lives until the
+    runtime stops, whatever becomes of that thread (it was killed when the thread ended)."""
+    mesh = dtorch.DeviceMesh("cpu", [0, 1])
+
+    def first_op():
+        return dtorch.ones((2,), device_mesh=mesh).numpy()
+
+    if how == "thread":
+        got = []
+        t = threading.Thread(target=lambda: got.append(first_op()))
+        t.start()
+        t.join()
+        got = got[0]
+    else:
+        with ThreadPoolExecutor(max_workers=1) as pool:   # its thread ends with the with block
+            got = pool.submit(first_op).result()
+    np.testing.assert_array_equal(got, np.ones(2, np.float32))
+    pids = worker_pids()
+    assert sorted(pids) == [0, 1], pids
+    time.sleep(1.0)   # what the end of the thread did to the workers has happened by now
+    assert not any(process_gone(p) for p in pids.values()), pids
+    np.testing.assert_array_equal(dtorch.arange(4, device_mesh=mesh, placements=[dtorch.Shard(0)]).numpy(),
+                                  np.arange(4))
+    assert worker_pids() == pids, "the same workers serve"
+
+
 _CONTROLLER = """
-import sys, dtorch
+import sys, threading, dtorch
 dtorch.init(workers="process")
 mesh = dtorch.DeviceMesh("cpu", [0, 1])
+if sys.argv[1] == "from-a-thread":   # its workers are started by a thread that then ends
+    t = threading.Thread(target=lambda: dtorch.ones((2,), device_mesh=mesh).numpy())
+    t.start()
+    t.join()
 print(float(dtorch.arange(4, device_mesh=mesh, placements=[dtorch.Shard(0)]).numpy().sum()), flush=True)
 sys.stdin.read()   # until the test kills it
 """
 
 
-def _controller():
-    return subprocess.Popen([sys.executable, "-c", _CONTROLLER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+def _controller(how="here"):
+    return subprocess.Popen([sys.executable, "-c", _CONTROLLER, how], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True)
 
 
@@ -134,6 +169,24 @@ def _wait_gone(pids, timeout):
     while time.monotonic() < until and not all(process_gone(p) for p in pids):
         time.sleep(0.05)
     return [p for p in pids if not process_gone(p)]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_workers_leave_when_the_controllers_process_is_killed(sig):
+    """Killed, the controller's process leaves no worker behind: each watches a pipe only that
+    process holds open, whose end comes with the process, however it ends (kill -9 included)."""
+    ctl = _controller("from-a-thread")
+    try:
+        assert ctl.stdout.readline().strip() == "6.0"
+        pids = worker_pids(ctl.pid)
+        assert sorted(pids) == [0, 1], pids
+        ctl.send_signal(sig)
+        ctl.wait(timeout=30)
+        assert _wait_gone(list(pids.values()), 30) == [], "workers outlived the controller's process"
+    finally:
+        if ctl.poll() is None:
+            ctl.kill()
+            ctl.wait()
 
 
 def test_a_killed_runs_directory_goes_at_the_next_start():
