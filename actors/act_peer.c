@@ -87,8 +87,8 @@ int act_peer_open(act_worker *w)
     if (w->same_process) {
         /* `out` too (s_peer_router): every socket a worker thread needs is had at its start, so
          * one that cannot be had stops its start, never a transfer halfway */
-        char own[32];
-        snprintf(own, sizeof own, "w%" PRId64, w->device);
+        char own[MB_RID_MAX];
+        mb_rid_format(own, 'w', w->device, w->token);
         if (!(w->out = mb_socket_new(MB_ROUTER, NULL, false, own)))
             return dt_last_error_code();
         int one = 1;
@@ -114,6 +114,15 @@ static void s_recv_done(act_worker *w, act_recv *r)
     s_recv_free(r);
 }
 
+/* The region of transfer, out of the stash (NULL: none there). */
+static act_recv *s_recv_take(act_worker *w, uint64_t transfer)
+{
+    act_recv *r = dt_idmap_take(&w->received, transfer);
+    if (r)
+        w->recv_bytes -= r->bytes;
+    return r;
+}
+
 void act_peer_close(act_worker *w)
 {
     size_t cursor = 0;
@@ -122,6 +131,7 @@ void act_peer_close(act_worker *w)
     while (dt_idmap_next(&w->received, &cursor, &id, &value))
         s_recv_free(value);
     dt_idmap_destroy(&w->received);
+    w->recv_bytes = 0;
     act_shm_close(w);
     cursor = 0;
     while (dt_idmap_next(&w->peers, &cursor, &id, &value)) {
@@ -173,10 +183,10 @@ zsock_t *act_peer_socket(act_worker *w, int64_t device)
     if (sock)
         return sock;
     act_worker_beat(w);
-    char endpoint[300], rid[32];
+    char endpoint[300], rid[MB_RID_MAX];
     if (!act_peer_endpoint(w, device, endpoint, sizeof endpoint))
         return NULL;
-    snprintf(rid, sizeof rid, "w%" PRId64, w->device);
+    mb_rid_format(rid, 'w', w->device, w->token);
     /* every worker of a run holds the same key pair: a peer's server key is its own public one */
     mb_curve client = {&w->keys, w->keys.public_key};
     sock = mb_socket_open(MB_DEALER, endpoint, false, rid, w->curve ? &client : NULL);
@@ -339,6 +349,50 @@ static const char *s_frame_storage(act_worker *w, zmq_msg_t *frame, act_storage 
     return act_copy_bytes(be->to_device, (*out)->data, data, size);
 }
 
+/* Counts one more of stat, and says so on stderr at the first and then at each doubling: a process
+ * that floods the socket gets a few lines, not one per message. */
+static void s_tell(act_worker *w, mb_stat stat, const char *what)
+{
+    int64_t n = ++w->stats[stat];
+    if ((n & (n - 1)) == 0)
+        fprintf(stderr, "dtorch worker %" PRId64 ": %s (%" PRId64 " so far)\n", w->device, what, n);
+}
+
+/* Stashes got, of bytes, until the ASSEMBLE that claims it, within ACT_RECV_MAX regions and
+ * ACT_RECV_MAX_BYTES bytes. A region past the bytes is kept as a failure that says why, its bytes
+ * let go (a region lent by handle is given back), so that its ASSEMBLE fails instead of waiting; one
+ * past the count is dropped whole. */
+static void s_keep(act_worker *w, uint64_t transfer, act_recv *got, uint64_t bytes)
+{
+    if (w->received.count >= ACT_RECV_MAX) {
+        s_tell(w, MB_STAT_peer_regions_dropped, "dropped a region from a peer: too many were waiting to be assembled");
+        s_recv_done(w, got);
+        return;
+    }
+    if (bytes > ACT_RECV_MAX_BYTES - w->recv_bytes) {
+        char why[DT_ERRMSG_MAX];
+        snprintf(why, sizeof why, "a region of %" PRIu64 " bytes from device %" PRId64 " was let go on arrival: %"
+                 PRIu64 " bytes of regions were already waiting to be assembled (at most %llu)", bytes, got->from,
+                 w->recv_bytes, ACT_RECV_MAX_BYTES);
+        if (got->lent)
+            act_shm_give_back(w, got);
+        act_storage_release(got->storage);
+        free(got->error);
+        got->lent = got->peer = false;
+        got->storage = NULL;
+        got->status = DT_ENOMEM;
+        got->error = strdup(why);
+        bytes = 0;
+        s_tell(w, MB_STAT_peer_regions_dropped, "let go of a region's bytes: too many were waiting to be assembled");
+    }
+    if (dt_idmap_put(&w->received, transfer, got) != 0) {
+        s_recv_done(w, got);
+        return;
+    }
+    got->bytes = bytes;
+    w->recv_bytes += bytes;
+}
+
 /* Decodes one peer message into a stashed region. */
 static void s_stash(act_worker *w, mb_message *m)
 {
@@ -409,33 +463,34 @@ static void s_stash(act_worker *w, mb_message *m)
             got->error = strdup(why);
         }
     }
+    uint64_t bytes = got->status == 0 ? (uint64_t)dt_layout_numel(got->ndim, got->shape) * dt_dtype_size(region.dtype) : 0;
     w->stats[MB_STAT_peer_messages_received]++;
-    if (got->status == 0)
-        w->stats[MB_STAT_peer_bytes_received] +=
-            dt_layout_numel(got->ndim, got->shape) * (int64_t)dt_dtype_size(region.dtype);
-    s_recv_done(w, dt_idmap_take(&w->received, region.transfer));
-    if (dt_idmap_put(&w->received, region.transfer, got) != 0)
-        s_recv_done(w, got);
+    w->stats[MB_STAT_peer_bytes_received] += (int64_t)bytes;
+    s_recv_done(w, s_recv_take(w, region.transfer));
+    s_keep(w, region.transfer, got, bytes);
 }
 
-/* The device a peer message says it is from, when its routing id ("w<device>") agrees; else -2. */
-static int64_t s_peer_sender(const mb_message *m)
+/* The device a peer message comes from: the one its header names, when the routing id of the link
+ * it came on ("w<device>", with the run's token for worker processes) names that device too; else
+ * -2, a message from a process that is no worker of this run or one that names another device. */
+static int64_t s_peer_sender(const act_worker *w, const mb_message *m)
 {
-    char rid[32];
-    snprintf(rid, sizeof rid, "w%" PRIu32, m->header.sender);
-    return m->routing_id_len == strlen(rid) && memcmp(m->routing_id, rid, m->routing_id_len) == 0
-               ? (int64_t)m->header.sender
-               : -2;
+    int64_t named = mb_rid_device(m->routing_id, m->routing_id_len, 'w', w->token);
+    return named >= 0 && named == (int64_t)m->header.sender ? named : -2;
 }
 
 void act_peer_receive(act_worker *w)
 {
     mb_message m;
     while (mb_recv(w->peer, true, true, &m) == 0) {
-        if (m.header.kind == MB_PEER)
+        int64_t from = s_peer_sender(w, &m);
+        if (from < 0)
+            s_tell(w, MB_STAT_peer_messages_refused, "refused a message on its peer socket that no worker of this "
+                   "run sent under its own name");
+        else if (m.header.kind == MB_PEER)
             s_stash(w, &m);
         else if (m.header.kind == MB_RELEASE)
-            act_shm_on_release(w, &m, s_peer_sender(&m));
+            act_shm_on_release(w, &m, from);
         mb_message_close(&m);
     }
 }
@@ -462,7 +517,7 @@ static act_recv *s_await(act_worker *w, uint64_t transfer, int64_t from, char *w
      * spin a while before sleeping, as the worker's own loop does */
     double spin_until = act_now() + act_spin_s();
     for (;;) {
-        act_recv *got = dt_idmap_take(&w->received, transfer);
+        act_recv *got = s_recv_take(w, transfer);
         if (got)
             return got;
         if (dt_idmap_get(&w->dead, (uint64_t)from + 1)) {

@@ -23,6 +23,12 @@
 #define ACT_SMALL_MAX 512u      /* ... of k * 32 bytes, and a worker keeps those it frees for reuse, ... */
 #define ACT_SMALL_KEEP 256      /* ... this many of each size */
 #define ACT_SHM_MIN (256u << 10) /* worker processes: pieces and regions from this size up are shared by handle */
+#define ACT_RECV_MAX 65536      /* regions a worker keeps waiting for the ASSEMBLE that claims them; one past it
+                                 * is dropped whole (peer_regions_dropped): room for thousands of redistributes
+                                 * ahead, while a worker that nothing claims from cannot grow without end */
+#define ACT_RECV_MAX_BYTES (4ull << 30) /* bytes of those regions (wherever they lie: what they keep alive); a
+                                 * region past it is kept as a failure, its bytes let go, so that its ASSEMBLE
+                                 * fails saying why instead of waiting */
 
 /* Bytes of a piece. Immutable once made, so it can be sent, shared by replicas and read by
  * peers in place; it lives until the tensor and every message that uses it let go. */
@@ -73,7 +79,8 @@ typedef struct {
     bool peer;                  /* data is a peer thread's memory, read in place: the backend synchronizes
                                  * before this worker lets go of it */
     act_storage *storage;       /* keeps data alive: the peer's storage, or the received frame as this device's memory */
-    int64_t from;               /* the sender, as its message said */
+    int64_t from;               /* the sender, as its message and the routing id of its link said */
+    uint64_t bytes;             /* what it counts in its worker's recv_bytes */
     bool lent;                  /* it came by handle (worker processes): in the sender's segment */
     act_handle handle;
 } act_recv;
@@ -164,6 +171,7 @@ typedef struct act_worker {
                                  * pipeline has hundreds in flight */
     int nsmall[ACT_SMALL_MAX / ACT_SMALL_STEP];
     dt_idmap received;          /* transfer id -> act_recv */
+    uint64_t recv_bytes;        /* bytes of the regions in received */
     dt_idmap dead;              /* device + 1 -> non-NULL: devices the controller said died */
     act_pending *pending_head, *pending_tail; /* controller messages that came during a wait */
     bool leaving;               /* the controller said bye during a wait */

@@ -354,6 +354,9 @@ typedef struct {
     int64_t pooled_bytes;           /* freed buffers and shared segments its process keeps (threads share them) */
     int64_t loads;                  /* pieces the controller sent it whole (distribute_tensor, from_local) */
     int64_t loaded_bytes;           /* ... their bytes */
+    int64_t peer_messages_refused;  /* messages on its peer socket from no worker of the run (or not from the device
+                                     * they name), dropped unread */
+    int64_t peer_regions_dropped;   /* regions from peers dropped because too many were waiting to be assembled */
 } dt_device_stat;
 /* Waits for every device of mesh to run what was sent to it before, then fills up to max entries,
  * one per device in mesh order. Returns the mesh's size, or a negative error code. */

@@ -36,7 +36,7 @@
 #include "mb_codec.h"
 #include "mb_writer.h"
 
-#define MB_PROTOCOL 11       /* the records below; bumped on any change to them */
+#define MB_PROTOCOL 12       /* the records below; bumped on any change to them */
 #define MB_MAX_IDS 32        /* tensor ids in an IDS field (a COMPUTE's inputs) */
 #define MB_MAX_INTS 16       /* integers in an INTS field (dt_op_attrs.ints) */
 #define MB_MAX_FLOATS 4      /* floats in a FLOATS field (dt_op_attrs.floats) */
@@ -171,7 +171,9 @@ typedef struct { uint32_t n; mb_cursor items; } mb_list;   /* inside the record:
     X(shm_bytes_fetched)      /* bytes of fetched values the controller read from this device's segments */ \
     X(pooled_bytes)           /* freed buffers kept for reuse by the memory pool of the device's process */ \
     X(loads)                  /* pieces the controller sent whole (LOAD records: distribute_tensor, from_local) */ \
-    X(loaded_bytes)           /* ... and their bytes */
+    X(loaded_bytes)           /* ... and their bytes */ \
+    X(peer_messages_refused)  /* peer messages from no worker of the run, or not the device they name */ \
+    X(peer_regions_dropped)   /* regions past what may wait for their ASSEMBLE (act_worker.h, ACT_RECV_MAX) */
 
 #define MB_GEN_STAT(name) MB_STAT_##name,
 typedef enum { MB_STATS(MB_GEN_STAT) MB_NSTATS } mb_stat;

@@ -115,7 +115,10 @@ def device_stats(mesh, reset_peak=False):
     (the part of those bytes that worker processes read from each other's shared memory) and
     ``shm_bytes_fetched`` (bytes of fetched values the controller read from the device's shared
     memory), ``loads``/``loaded_bytes`` (pieces the controller sent it whole, as ``distribute_tensor``,
-    ``from_local`` and checkpoint loading do, and their bytes). ``reset_peak=True`` starts each peak again from what the device holds, after reading
+    ``from_local`` and checkpoint loading do, and their bytes), ``peer_messages_refused`` (messages on
+    its peer socket that came from no worker of the run, or not from the device they named, dropped
+    unread) and ``peer_regions_dropped`` (regions dropped because too many were waiting to be
+    assembled). ``reset_peak=True`` starts each peak again from what the device holds, after reading
     it."""
     return _C._device_stats(mesh, bool(reset_peak))
 

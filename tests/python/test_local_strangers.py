@@ -1,7 +1,7 @@
 """Worker processes of this host (dtorch.init(workers="process")) and other processes of the same
 user that reach the run's directory: a stranger that connects to the controller's socket under a
-device's name before that device's worker says hello is not heard; the run's own workers are, and
-compute as before."""
+device's name before that device's worker says hello, or to a worker's peer socket under another
+device's name, is not heard; the run's own workers are, and compute as before."""
 import os
 import time
 
@@ -68,3 +68,34 @@ def test_a_stranger_cannot_say_hello_for_a_local_worker(tmp_path, monkeypatch, c
         assert info.state == "serving" and info.pid == worker_pids()[0], info
     finally:
         dtorch.shutdown()
+
+
+def _refused(mesh):
+    return [s["peer_messages_refused"] for s in dtorch.device_stats(mesh)]
+
+
+def test_a_stranger_cannot_send_regions_to_a_local_worker(process_mode):
+    """A peer socket hears only the run's workers, each under its own name: a region from a
+    stranger that names itself after device 1, with or without a made-up secret, or that names
+    device 2 while connected as device 1, is refused unread and counted; redistributes between
+    the run's workers go on."""
+    mesh = dtorch.DeviceMesh("cpu", [0, 1])
+    full = np.arange(8, dtype=np.float32)
+    x = dtorch.distribute_tensor(full, mesh, [dtorch.Shard(0)])
+    np.testing.assert_array_equal(x.redistribute(mesh, [dtorch.Replicate()]).numpy(), full)
+    before = dtorch.device_stats(mesh)
+    assert [s["peer_messages_refused"] for s in before] == [0, 0]
+    peer0 = _socket(_run_dir(), peer_of=0)
+    strangers = [Stranger(peer0, "w1"), Stranger(peer0, "w1." + "0" * 32), Stranger(peer0, "w1-x")]
+    for s in strangers:
+        assert s.send(*forged_region(1))
+    assert strangers[0].send(*forged_region(2))
+    assert _wait(lambda: _refused(mesh)[0] >= 4), _refused(mesh)
+    for s in strangers:
+        s.close()
+    after = dtorch.device_stats(mesh)
+    assert [s["peer_messages_refused"] for s in after] == [4, 0]
+    assert [s["peer_messages_received"] for s in after] == [s["peer_messages_received"] for s in before]
+    y = dtorch.distribute_tensor(full * 3, mesh, [dtorch.Shard(0)])
+    np.testing.assert_array_equal(y.redistribute(mesh, [dtorch.Replicate()]).numpy(), full * 3)
+    assert [s["peer_messages_refused"] for s in dtorch.device_stats(mesh)] == [4, 0]
