@@ -5,6 +5,7 @@
  * that they can map each other's shared segments) and maps the segments of values they lend it
  * by handle (act_shm.c). */
 #include <inttypes.h>
+#include <math.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -588,15 +589,29 @@ static bool s_thread_stuck(act_runtime *rt, act_device *dev, double now)
     return true;
 }
 
-/* Process workers: notices the ones that ended; any worker: the ones that never said hello. */
-static void s_check_workers(act_runtime *rt)
+double act_controller_silent_at(const act_runtime *rt, const act_device *dev)
 {
-    double now = act_now();
+    if (dev->state == ACT_DEV_DEAD || dev->bye)
+        return INFINITY;
+    if (dev->remote)
+        return dev->hello ? dev->heard_at + rt->silent_s : INFINITY;
+    if (dev->pid > 0)
+        return (dev->heard_at > 0 ? dev->heard_at : dev->started_at) + rt->silent_s;
+    return INFINITY;
+}
+
+/* Process workers: notices the ones that ended; any worker: the ones that never said hello, and
+ * those that went silent (act_controller_silent_at). Returns the earliest time still ahead at which
+ * a worker could be found silent, for the controller to look again then, not a tick after. */
+static double s_check_workers(act_runtime *rt)
+{
+    double now = act_now(), next = INFINITY;
     for (int64_t i = 0; i < rt->ndevices; i++) {
         act_device *dev = rt->devices[i];
         if (!dev || dev->state == ACT_DEV_DEAD || dev->bye)
             continue; /* a worker that said bye at shutdown and exited did not die */
         char reason[200];
+        bool silent = now >= act_controller_silent_at(rt, dev), heard = dev->heard_at > 0;
         if (act_spawn_reap(dev, reason, sizeof reason))
             s_device_died(rt, dev, reason);
         else if (dev->has_thread && dev->hello && s_thread_stuck(rt, dev, now)) {
@@ -608,25 +623,33 @@ static void s_check_workers(act_runtime *rt)
         }
         else if (!dev->hello && !dev->remote && now - dev->started_at > ACT_HELLO_TIMEOUT_S)
             s_device_died(rt, dev, "its worker did not start in time");
-        else if (dev->remote && dev->hello && now - dev->heard_at > rt->silent_s) {
+        else if (dev->remote && silent) {
             /* stopped, dead, or cut off: a worker on another host cannot be killed from here; it
              * leaves by itself once the controller is silent to it (no heartbeats to the dead) */
             snprintf(reason, sizeof reason, "its worker on host %s (process %lld) has been silent for %.1f s",
                      dev->host, (long long)dev->remote_pid, now - dev->heard_at);
             s_device_died(rt, dev, reason);
-        } else if (dev->pid > 0 && dev->hello && now - dev->heard_at > rt->silent_s &&
-                   act_spawn_process_runnable(dev)) {
+        } else if (dev->pid > 0 && silent && heard && act_spawn_process_runnable(dev)) {
             dev->heard_at = now; /* not silent: starved of CPU on a loaded host (its heartbeat waits to run) */
-        } else if (dev->pid > 0 && dev->hello && now - dev->heard_at > rt->silent_s) {
-            /* stopped, hung in the kernel, or unreachable: it no longer even says it is alive */
-            snprintf(reason, sizeof reason, "its worker process %d has been silent for %.1f s", (int)dev->pid,
-                     now - dev->heard_at);
+        } else if (dev->pid > 0 && silent && (heard || act_spawn_process_stopped(dev))) {
+            /* stopped, hung in the kernel, or unreachable: it no longer even says it is alive; or, before
+             * its first word (its heartbeat starts before its hello), stopped since it was started. One
+             * not heard yet that is not stopped is still starting (a loaded host): the hello bound holds */
+            if (heard)
+                snprintf(reason, sizeof reason, "its worker process %d has been silent for %.1f s%s", (int)dev->pid,
+                         now - dev->heard_at, dev->hello ? "" : " before its hello");
+            else
+                snprintf(reason, sizeof reason, "its worker process %d has been stopped and silent for %.1f s since "
+                         "it was started", (int)dev->pid, now - dev->started_at);
             kill(dev->pid, SIGKILL); /* so that it cannot come back as a second actor for the device */
             s_device_died(rt, dev, reason);
         }
+        double at = act_controller_silent_at(rt, dev);
+        if (at > now && at < next)
+            next = at;
     }
+    return next;
 }
-
 
 /* Says bye to every worker, waits for them to go (killing the ones that do not), fails what is
  * still pending and frees every device. */
@@ -791,8 +814,10 @@ void *act_controller_main(void *arg)
             __atomic_store_n(&s_shared.asleep, true, __ATOMIC_SEQ_CST);
             __atomic_thread_fence(__ATOMIC_SEQ_CST);
             if (!__atomic_load_n(&rt->rung, __ATOMIC_SEQ_CST)) {
+                /* until the next check, rounded up: woken before it, the check would wait a tick more */
+                double wait_ms = ceil((next_check - act_now()) * 1e3);
                 pthread_mutex_unlock(&s_shared.step);
-                rc = zmq_poll(items, 2, ACT_TICK_MS);
+                rc = zmq_poll(items, 2, wait_ms < 0 ? 0 : wait_ms > ACT_TICK_MS ? ACT_TICK_MS : (long)wait_ms);
                 pthread_mutex_lock(&s_shared.step);
             }
             __atomic_store_n(&s_shared.asleep, false, __ATOMIC_RELAXED);
@@ -807,10 +832,10 @@ void *act_controller_main(void *arg)
         s_drain(&c);
         s_send_ready(&c);
         if (act_now() >= next_check) {
-            s_check_workers(rt);
+            double silent_at = s_check_workers(rt);
             if (rt->listening)
                 s_beat(rt);
-            next_check = act_now() + ACT_TICK_MS / 1e3;
+            next_check = fmin(act_now() + ACT_TICK_MS / 1e3, silent_at);
         }
         if (__atomic_load_n(&rt->stopping, __ATOMIC_ACQUIRE))
             break;

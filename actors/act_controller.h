@@ -17,5 +17,12 @@ bool act_controller_help(void);
  * sees the flag at its next look. */
 bool act_controller_asleep(void);
 void act_batch_destroy(act_batch *b);
+/* When the controller judges dev silent if nothing comes from it before (act_now seconds), INFINITY
+ * when its silence is not watched: silent_s after it was last heard, for a worker on another host
+ * once it said hello and for a worker process of this host; for the latter, before anything was
+ * heard from it, silent_s after it was started (then only a stopped process is silent: one that is
+ * still starting has up to ACT_HELLO_TIMEOUT_S). The controller looks at that time, not at its
+ * next tick after it, so the declared bound holds. */
+double act_controller_silent_at(const act_runtime *rt, const act_device *dev);
 
 #endif

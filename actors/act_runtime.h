@@ -86,7 +86,7 @@ typedef struct {
     uint64_t send_seq, recv_seq;
     bool hello;
     bool bye;
-    double heard_at;               /* when it last sent anything (heartbeats included) */
+    double heard_at;               /* when it last sent anything (heartbeats included); 0: nothing yet */
     bool lends;                    /* its worker process was told it may lend by handle (MB_PROCESS) */
     /* a worker that came to a listening controller (dtorch-worker --devices) */
     bool remote;                   /* set before its hello; under lock */

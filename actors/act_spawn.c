@@ -310,8 +310,9 @@ bool act_spawn_stop(act_device *dev, double grace_s)
     return true;
 }
 
-/* Whether the task of a /proc stat file is running or waiting for a CPU. */
-static bool s_stat_runnable(const char *path)
+/* The state letter of the task of a /proc stat file ('R' running or waiting for a CPU, 'S', 'D',
+ * 'T' stopped, ...), 0 when it cannot be read. */
+static char s_stat_state(const char *path)
 {
     char stat[512];
     FILE *f = fopen(path, "r");
@@ -320,32 +321,48 @@ static bool s_stat_runnable(const char *path)
         fclose(f);
     stat[n] = 0;
     const char *after = strrchr(stat, ')'); /* "tid (name) S ...": the name may hold anything */
-    return after && after[1] == ' ' && after[2] == 'R';
+    return after && after[1] == ' ' ? after[2] : 0;
 }
 
 bool act_spawn_thread_runnable(const act_device *dev)
 {
     char path[64];
     snprintf(path, sizeof path, "/proc/self/task/%d/stat", atomic_load(&dev->thread_tid));
-    return atomic_load(&dev->thread_tid) > 0 && s_stat_runnable(path);
+    return atomic_load(&dev->thread_tid) > 0 && s_stat_state(path) == 'R';
 }
 
-bool act_spawn_process_runnable(const act_device *dev)
+/* How many tasks of dev's process are in a state that `of` lists, and how many it has. */
+static int s_tasks_in(const act_device *dev, const char *of, int *ntasks)
 {
     char path[300];
     snprintf(path, sizeof path, "/proc/%d/task", (int)dev->pid);
     DIR *d = dev->pid > 0 ? opendir(path) : NULL;
-    bool runnable = false;
+    int n = 0;
+    *ntasks = 0;
     struct dirent *e;
-    while (d && !runnable && (e = readdir(d))) {
+    while (d && (e = readdir(d))) {
         if (e->d_name[0] == '.')
             continue;
         snprintf(path, sizeof path, "/proc/%d/task/%.20s/stat", (int)dev->pid, e->d_name);
-        runnable = s_stat_runnable(path);
+        char state = s_stat_state(path);
+        ++*ntasks;
+        n += state && strchr(of, state) != NULL;
     }
     if (d)
         closedir(d);
-    return runnable;
+    return n;
+}
+
+bool act_spawn_process_runnable(const act_device *dev)
+{
+    int ntasks;
+    return s_tasks_in(dev, "R", &ntasks) > 0;
+}
+
+bool act_spawn_process_stopped(const act_device *dev)
+{
+    int ntasks, stopped = s_tasks_in(dev, "Tt", &ntasks);
+    return ntasks > 0 && stopped == ntasks;
 }
 
 double act_spawn_thread_cpu(const act_device *dev)

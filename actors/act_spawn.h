@@ -25,6 +25,8 @@ bool act_spawn_stop(act_device *dev, double grace_s);
 bool act_spawn_thread_runnable(const act_device *dev);
 /* Process workers: whether a thread of the process is running or waiting for a CPU. */
 bool act_spawn_process_runnable(const act_device *dev);
+/* Process workers: whether every thread of the process is stopped (SIGSTOP, or a tracer's stop). */
+bool act_spawn_process_stopped(const act_device *dev);
 /* Worker threads: the CPU seconds the thread has used, -1 if unknown. */
 double act_spawn_thread_cpu(const act_device *dev);
 

@@ -1072,8 +1072,9 @@ typedef struct {
     pthread_t thread;
 } s_heartbeat;
 
-/* A worker process says it is alive from a thread of its own, so that a long kernel on the
- * worker's thread does not look like silence; a stopped or hung process goes quiet. */
+/* A worker process says it is alive from a thread of its own, from before its hello on, so that a
+ * long kernel on the worker's thread (or a device that takes long to attach) does not look like
+ * silence; a stopped or hung process goes quiet. */
 static void *s_heartbeat_main(void *arg)
 {
     s_heartbeat *hb = arg;
@@ -1154,16 +1155,6 @@ int act_worker_serve(const act_worker_link *link, bool (*should_stop)(void *arg)
         zsock_set_sndtimeo(w.sock, (int)(w.silent_s * 1000)); /* a link gone that long: the controller is silent too */
     if (link->opened)
         link->opened(link->opened_arg, rc);
-    /* the device is bound on the thread that runs every record; a device that cannot be used
-     * still serves, failing what touches it with the reason (and never hanging the controller) */
-    bool attached = rc == 0 && backend->attach;
-    const char *unusable = attached ? backend->attach(device) : NULL;
-    if (unusable)
-        snprintf(w.unusable, sizeof w.unusable, "%s", unusable);
-    if (rc == 0) {
-        s_hello(&w);
-        rc = s_send(&w, MB_HELLO, 1);
-    }
     s_heartbeat hb = {.device = device, .lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER,
                       .curve = w.curve ? &to_controller : NULL};
     bool beating = false;
@@ -1174,6 +1165,16 @@ int act_worker_serve(const act_worker_link *link, bool (*should_stop)(void *arg)
         beating = pthread_create(&beat, NULL, s_heartbeat_main, &hb) == 0;
         if (beating)
             hb.thread = beat;
+    }
+    /* the device is bound on the thread that runs every record; a device that cannot be used
+     * still serves, failing what touches it with the reason (and never hanging the controller) */
+    bool attached = rc == 0 && backend->attach;
+    const char *unusable = attached ? backend->attach(device) : NULL;
+    if (unusable)
+        snprintf(w.unusable, sizeof w.unusable, "%s", unusable);
+    if (rc == 0) {
+        s_hello(&w);
+        rc = s_send(&w, MB_HELLO, 1);
     }
     while (rc == 0) {
         mb_message m;

@@ -204,3 +204,39 @@ def _on_failure_checks(mesh, x, calls, done):
                                   np.arange(4))
     time.sleep(0.3)
     assert len(calls) == 2, f"neither the shutdown nor the restart calls anything: {calls}"
+
+
+def _wrapped_worker(tmp_path, monkeypatch, before):
+    """Process workers that run the shell line `before`, then the real dtorch-worker (exec keeps
+    the pid, and the pipe from the controller)."""
+    real = os.environ["DTORCH_WORKER_PATH"]
+    wrapper = tmp_path / "wrapped-worker"
+    wrapper.write_text(f"#!/bin/sh\n{before}\nexec '{real}' \"$@\"\n")
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("DTORCH_WORKER_PATH", str(wrapper))
+    monkeypatch.setenv("DTORCH_SILENT_TIMEOUT", "1.0")
+    dtorch.shutdown()
+    dtorch.init(workers="process")
+
+
+def test_a_worker_stopped_before_its_first_word_is_declared_dead(tmp_path, monkeypatch):
+    """A worker process that is stopped before it says anything is judged by the silence bound once
+    it has had that long to start, not only by the much longer bound on its hello."""
+    _wrapped_worker(tmp_path, monkeypatch, "kill -STOP $$")
+    try:
+        with pytest.raises(RuntimeError, match=r"device 0 .*its worker process \d+ has been stopped and silent for "
+                                               r"\d+\.\d s since it was started"):
+            dtorch.ones((2,), device_mesh=dtorch.DeviceMesh("cpu", [0])).numpy()
+    finally:
+        dtorch.shutdown()
+
+
+def test_a_worker_slow_to_start_is_waited_for(tmp_path, monkeypatch):
+    """A worker process that takes longer than the silence bound to say its first word, but is not
+    stopped (a loaded host, a slow disk, a wrapper), is waited for."""
+    _wrapped_worker(tmp_path, monkeypatch, "sleep 2")
+    try:
+        mesh = dtorch.DeviceMesh("cpu", [0, 1])
+        np.testing.assert_array_equal(dtorch.arange(4, device_mesh=mesh, placements=[Shard(0)]).numpy(), np.arange(4))
+    finally:
+        dtorch.shutdown()
