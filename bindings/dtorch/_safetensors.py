@@ -18,6 +18,7 @@ fault per 4 KiB) and the buffer, as large as the largest tensor, allocated once 
 bytes are read from the file (each of a tensor's bytes goes to some device either way).
 """
 import json
+import math
 import os
 import stat
 import struct
@@ -31,6 +32,7 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 DIFFUSERS_WEIGHTS = "diffusion_pytorch_model"  # diffusers' weights_name: its files' common stem
 _MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit
+_MAX_ELEMENTS = 1 << 48          # a DTensor's limit (dt_layout_check_shape)
 
 # safetensors dtype -> (dtorch dtype, numpy dtype of the stored items)
 _DTYPES = {
@@ -111,16 +113,20 @@ class SafetensorsFile:
         where = f"{self.path}: tensor {name!r}"
         if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
             raise CheckpointError(f"{where}: bad header entry {info!r} (needs dtype, shape and data_offsets)")
-        if info["dtype"] not in _DTYPES:
+        if not isinstance(info["dtype"], str) or info["dtype"] not in _DTYPES:
             raise CheckpointError(f"{where}: unsupported dtype {info['dtype']!r} (supported: {', '.join(_DTYPES)})")
         shape, offsets = info["shape"], info["data_offsets"]
-        if not (isinstance(shape, list) and all(isinstance(s, int) and s >= 0 for s in shape)):
+        if not (isinstance(shape, list) and all(type(s) is int and s >= 0 for s in shape)):
             raise CheckpointError(f"{where}: bad shape {shape!r}")
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
+        # counted exactly (a product in int64 wraps: [2**32, 2**32] would need 0 bytes); the dims
+        # other than 0 bound too, as numpy and dtorch take no tensor past them even when empty
+        if math.prod(s for s in shape if s) > _MAX_ELEMENTS:
+            raise CheckpointError(f"{where}: bad shape {shape!r}: more than 2**48 elements")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
                 and 0 <= offsets[0] <= offsets[1]):
             raise CheckpointError(f"{where}: bad data_offsets {offsets!r}")
         items = _DTYPES[info["dtype"]][1]
-        want = int(np.prod(shape, dtype=np.int64)) * items.itemsize
+        want = math.prod(shape) * items.itemsize
         if offsets[1] - offsets[0] != want:
             raise CheckpointError(f"{where}: data_offsets {offsets} hold {offsets[1] - offsets[0]} bytes, but "
                                   f"{info['dtype']} {tuple(shape)} needs {want}")
@@ -192,6 +198,12 @@ class Checkpoint:
                     raise
                 except (OSError, ValueError, KeyError, TypeError) as e:
                     raise CheckpointError(f"{index}: bad index: {e}") from None
+                for key, name in weight_map.items():
+                    # a shard is a file of this directory: a name that leaves it (an absolute path,
+                    # "..") could make the index read any file of the machine, a FIFO or a terminal
+                    if not isinstance(name, str) or not name or os.path.isabs(name) or ".." in name.split("/"):
+                        raise CheckpointError(f"{index}: bad index: tensor {key!r} is in {name!r}, which is not "
+                                              "the name of a file in the directory")
                 self._where = dict(weight_map)
                 files = {name: os.path.join(path, name) for name in sorted(set(weight_map.values()))}
             elif os.path.exists(single):
