@@ -30,6 +30,7 @@ from ..nn.containers import ModuleList
 from ..nn.layers import Conv2d, Dropout, GroupNorm, Linear, SiLU
 from ..nn.module import Module
 from ..parallel.style import named_dim_sizes
+from .config_fields import count, flag, listing, number, optional, text
 from .diffusion_parallel import KNOWN_DIMS
 from .modeling_diffusers import AutoencoderKLOutput, DecoderOutput, DiffusersModel
 
@@ -275,6 +276,14 @@ class AutoencoderKL(DiffusersModel):
         latent_channels=4, norm_num_groups=32, sample_size=32, scaling_factor=0.18215, shift_factor=None,
         latents_mean=None, latents_std=None, force_upcast=True, use_quant_conv=True, use_post_quant_conv=True,
         mid_block_add_attention=True,
+    )
+    config_kinds = dict(
+        in_channels=count(), out_channels=count(), down_block_types=listing(text, nonempty=True),
+        up_block_types=listing(text, nonempty=True), block_out_channels=listing(count(), nonempty=True),
+        layers_per_block=count(), act_fn=text, latent_channels=count(), norm_num_groups=count(), sample_size=count(),
+        scaling_factor=number(above=0), shift_factor=optional(number()), latents_mean=optional(listing(number())),
+        latents_std=optional(listing(number())), force_upcast=flag, use_quant_conv=flag, use_post_quant_conv=flag,
+        mid_block_add_attention=flag,
     )
 
     def __init__(self, config, device_mesh=None, dtype=None):

@@ -27,10 +27,24 @@ from ..nn.layers import GELU, Embedding, Linear, ReLU, RMSNorm, SiLU
 from ..nn.module import Module, default_mesh, meta_device
 from ..nn.containers import ModuleList
 from ..parallel.pipeline import microbatch_slices, rows_of, to_mesh
+from . import config_fields
+from .config_fields import count, either, flag, listing, mapping, number, optional, text
 from .generation import GenerationMixin, StaticCache
 
 _ACTIVATIONS = {"silu": SiLU, "swish": SiLU, "relu": ReLU, "gelu": GELU,
                 "gelu_pytorch_tanh": lambda: GELU("tanh"), "gelu_new": lambda: GELU("tanh")}
+_TOKEN = optional(count(-(1 << 63)))   # token ids: any int (old files give pad_token_id -1)
+_CONFIG_KINDS = dict(vocab_size=count(), hidden_size=count(), intermediate_size=count(), num_hidden_layers=count(),
+                     num_attention_heads=count(), num_key_value_heads=optional(count()), head_dim=optional(count()),
+                     hidden_act=text, max_position_embeddings=count(), rms_norm_eps=number(low=0),
+                     rope_theta=number(above=0), rope_scaling=optional(mapping), attention_bias=flag, mlp_bias=flag,
+                     tie_word_embeddings=flag, torch_dtype=optional(text), bos_token_id=_TOKEN,
+                     eos_token_id=optional(either(count(-(1 << 63)), listing(count(-(1 << 63))))),
+                     pad_token_id=_TOKEN)
+# what each rope_scaling type reads, beside its type
+_ROPE_KINDS = {"default": {}, "linear": dict(factor=number(above=0)),
+               "llama3": dict(factor=number(above=0), low_freq_factor=number(above=0),
+                              high_freq_factor=number(above=0), original_max_position_embeddings=count())}
 _DTYPE_NAMES = {"float32": _dtype.float32, "float16": _dtype.float16, "bfloat16": _dtype.bfloat16,
                 "float": _dtype.float32, "half": _dtype.float16}
 
@@ -62,6 +76,7 @@ class LlamaConfig:
     pad_token_id: Optional[int] = None
 
     def __post_init__(self):
+        config_fields.check("LlamaConfig", dataclasses.asdict(self), _CONFIG_KINDS)
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
         if self.head_dim is None:
@@ -79,14 +94,22 @@ class LlamaConfig:
                              f"(supported: {', '.join(_ACTIVATIONS)})")
         if self.rope_scaling is not None:
             rope_type = self.rope_scaling.get("rope_type", self.rope_scaling.get("type", "default"))
-            if rope_type not in ("default", "linear", "llama3"):
+            if not isinstance(rope_type, str) or rope_type not in _ROPE_KINDS:
                 raise ValueError(f"LlamaConfig: rope_scaling type {rope_type!r} is not supported "
                                  "(supported: default, linear, llama3)")
+            for key, kind in _ROPE_KINDS[rope_type].items():
+                if key not in self.rope_scaling:
+                    raise ValueError(f"LlamaConfig: rope_scaling of type {rope_type!r} needs {key}")
+                kind("LlamaConfig", f"rope_scaling {key}", self.rope_scaling[key])
+            if rope_type == "llama3" and self.rope_scaling["low_freq_factor"] == self.rope_scaling["high_freq_factor"]:
+                raise ValueError("LlamaConfig: rope_scaling's low_freq_factor and high_freq_factor must differ")
 
     @classmethod
     def from_dict(cls, d):
         d = dict(d)
         params = d.pop("rope_parameters", None)
+        for name, value in (("rope_parameters", params), ("rope_scaling", d.get("rope_scaling"))):
+            config_fields.optional(mapping)("LlamaConfig", name, value)
         if params:
             params = dict(params)
             if "rope_theta" in params:   # the newer spelling wins where a file has both

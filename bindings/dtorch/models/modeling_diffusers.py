@@ -11,6 +11,7 @@ from .. import _dtype
 from .._safetensors import (DIFFUSERS_WEIGHTS, Checkpoint, CheckpointError, load_checkpoint, read_json,
                              save_checkpoint)
 from ..nn.module import Module, default_mesh, meta_device
+from . import config_fields
 
 
 class FrozenConfig(dict):
@@ -67,9 +68,11 @@ class DiffusersModel(Module):
     """Base class of the diffusers-format models. A subclass names its config arguments and their
     defaults (``config_defaults``, diffusers' ``__init__`` signature) and builds itself from
     ``self.config`` in ``__init__(config, device_mesh=None, dtype=None)``; ``parallelize(mesh)``
-    lays it out (the default: every parameter replicated over the mesh, as it is made)."""
+    lays it out (the default: every parameter replicated over the mesh, as it is made).
+    ``config_kinds``: each argument's kind (config_fields), checked before the model is built."""
 
     config_defaults = {}
+    config_kinds = {}
 
     @classmethod
     def make_config(cls, config=None, **overrides):
@@ -87,6 +90,7 @@ class DiffusersModel(Module):
                                 f"{', '.join(sorted(cls.config_defaults))})")
             merged[key] = value
         merged["_class_name"] = cls.__name__
+        config_fields.check(cls.__name__, merged, cls.config_kinds)
         return FrozenConfig(merged)
 
     @classmethod

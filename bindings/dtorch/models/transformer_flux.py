@@ -19,6 +19,7 @@ from .._tensor import DTensor
 from ..nn.containers import ModuleList
 from ..nn.layers import GELU, LayerNorm, Linear
 from ..nn.module import Module
+from .config_fields import count, flag, listing, optional
 from .diffusion_layers import (AdaLayerNormContinuous, AdaLayerNormZero, AdaLayerNormZeroSingle, Attention,
                                CombinedTimestepGuidanceTextProjEmbeddings, CombinedTimestepTextProjEmbeddings,
                                FeedForward, modulate, on_mesh)
@@ -135,6 +136,10 @@ class FluxTransformer2DModel(DiffusersModel):
     config_defaults = dict(patch_size=1, in_channels=64, out_channels=None, num_layers=19, num_single_layers=38,
                            attention_head_dim=128, num_attention_heads=24, joint_attention_dim=4096,
                            pooled_projection_dim=768, guidance_embeds=False, axes_dims_rope=(16, 56, 56))
+    config_kinds = dict(patch_size=count(), in_channels=count(), out_channels=optional(count()), num_layers=count(0),
+                        num_single_layers=count(0), attention_head_dim=count(), num_attention_heads=count(),
+                        joint_attention_dim=count(), pooled_projection_dim=count(), guidance_embeds=flag,
+                        axes_dims_rope=listing(count(0), nonempty=True))
 
     def __init__(self, config, device_mesh=None, dtype=None):
         super().__init__()

@@ -19,6 +19,7 @@ from ..nn import functional as F
 from ..nn.containers import ModuleList
 from ..nn.layers import Conv2d, LayerNorm, Linear
 from ..nn.module import MetaTensor, Module
+from .config_fields import count, listing, optional, text
 from .diffusion_layers import (AdaLayerNormContinuous, AdaLayerNormZero, Attention,
                                CombinedTimestepTextProjEmbeddings, FeedForward, modulate)
 from .diffusion_parallel import DiffusionParallel
@@ -137,6 +138,11 @@ class SD3Transformer2DModel(DiffusersModel):
                            num_attention_heads=18, joint_attention_dim=4096, caption_projection_dim=1152,
                            pooled_projection_dim=2048, out_channels=16, pos_embed_max_size=96,
                            dual_attention_layers=(), qk_norm=None)
+    config_kinds = dict(sample_size=count(), patch_size=count(), in_channels=count(), num_layers=count(),
+                        attention_head_dim=count(), num_attention_heads=count(), joint_attention_dim=count(),
+                        caption_projection_dim=count(), pooled_projection_dim=count(), out_channels=optional(count()),
+                        pos_embed_max_size=optional(count()), dual_attention_layers=optional(listing(count(0))),
+                        qk_norm=optional(text))
 
     def __init__(self, config, device_mesh=None, dtype=None):
         super().__init__()
@@ -147,6 +153,9 @@ class SD3Transformer2DModel(DiffusersModel):
         if config.caption_projection_dim != self.inner_dim:
             raise ValueError(f"SD3Transformer2DModel: caption_projection_dim ({config.caption_projection_dim}) must "
                              f"equal num_attention_heads * attention_head_dim ({self.inner_dim})")
+        if config.sample_size < config.patch_size:
+            raise ValueError(f"SD3Transformer2DModel: sample_size ({config.sample_size}) holds no patch of "
+                             f"patch_size ({config.patch_size})")
         self.pos_embed = PatchEmbed(height=config.sample_size, width=config.sample_size, patch_size=config.patch_size,
                                     in_channels=config.in_channels, embed_dim=self.inner_dim,
                                     pos_embed_max_size=config.pos_embed_max_size, **kw)
