@@ -1611,10 +1611,21 @@ static PyObject *s_array(const char *fn, PyObject *data, int *dtype)
     if (s && *dtype < 0)
         PyErr_Format(PyExc_TypeError, "%s: unsupported dtype %s; supported: float32, float16, bfloat16, int32, "
                      "int64, bool (convert first, e.g. array.astype(numpy.float32))", fn, s);
+    /* a dtype's name says nothing of its byte order: a big-endian '>f4' array is "float32" too, and
+     * its bytes would be read as little-endian values; numpy swaps them into a copy */
+    PyObject *native = *dtype >= 0 ? PyObject_GetAttrString(dt, "isnative") : NULL;
+    if (native == Py_False) {
+        PyObject *swapped = PyObject_CallMethod(dt, "newbyteorder", "s", "=");
+        Py_SETREF(array, swapped ? PyObject_CallMethod(array, "astype", "O", swapped) : NULL);
+        Py_XDECREF(swapped);
+    }
+    if ((*dtype >= 0 && !native) || !array)
+        *dtype = -1;
+    Py_XDECREF(native);
     Py_XDECREF(dt);
     Py_XDECREF(name);
     if (*dtype < 0) {
-        Py_DECREF(array);
+        Py_XDECREF(array);
         return NULL;
     }
     if (*dtype == DT_BFLOAT16) {

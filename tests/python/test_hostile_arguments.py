@@ -1,0 +1,29 @@
+"""Arguments that the fuzzer of the C argument conversion (tests/fuzz/python/fuzz_api.py) found
+mishandled: an array of big-endian items was read as little-endian values (a silently wrong
+tensor)."""
+import numpy as np
+import pytest
+
+import dtorch
+from conftest import mesh_1d
+
+
+@pytest.mark.parametrize("dtype", [">f4", ">i8", ">i4", ">f2"])
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_distribute_big_endian_arrays(mode, dtype, n):
+    values = np.array([[1.5, -2, 3], [4, 5, -6.25]]).astype(dtype)
+    mesh = mesh_1d(n)
+    for placements in ([dtorch.Replicate()], [dtorch.Shard(1)]):
+        x = dtorch.distribute_tensor(values, mesh, placements)
+        assert x.dtype.name == np.dtype(dtype).name
+        np.testing.assert_array_equal(x.numpy(), values.astype(np.dtype(dtype).newbyteorder("=")))
+    flipped = values[::-1, ::2]   # strided and big-endian
+    np.testing.assert_array_equal(dtorch.distribute_tensor(flipped, mesh, [dtorch.Shard(0)]).numpy(),
+                                  flipped.astype(np.dtype(dtype).newbyteorder("=")))
+
+
+def test_from_local_big_endian_pieces(mode):
+    pieces = [np.array([1.0, 2.0], dtype=">f4"), np.array([3.0], dtype=">f4")]
+    x = dtorch.from_local(pieces, mesh_1d(2), [dtorch.Shard(0)], shape=(3,))
+    np.testing.assert_array_equal(x.numpy(), [1.0, 2.0, 3.0])
+
