@@ -19,6 +19,10 @@ class Placement:
     def is_partial(self):
         return False
 
+    def _raw(self):
+        # the base class itself, or a subclass of the user's: no layout the runtime knows
+        raise TypeError(f"placements must hold Shard, Replicate or Partial, got {type(self).__name__}")
+
 
 class Shard(Placement):
     """Split tensor dim ``dim`` across the mesh dim, as torch.chunk does (trailing pieces may be

@@ -1,6 +1,7 @@
 """Arguments that the fuzzer of the C argument conversion (tests/fuzz/python/fuzz_api.py) found
 mishandled: an array of big-endian items was read as little-endian values (a silently wrong
-tensor)."""
+tensor), and the Placement base class given as a placement raised an AttributeError from inside
+the extension."""
 import numpy as np
 import pytest
 
@@ -27,3 +28,14 @@ def test_from_local_big_endian_pieces(mode):
     x = dtorch.from_local(pieces, mesh_1d(2), [dtorch.Shard(0)], shape=(3,))
     np.testing.assert_array_equal(x.numpy(), [1.0, 2.0, 3.0])
 
+
+def test_placement_base_class_is_no_layout(mode):
+    mesh = mesh_1d(2)
+    x = dtorch.arange(4, device_mesh=mesh)
+    calls = [lambda: dtorch.zeros(4, device_mesh=mesh, placements=[dtorch.Placement()]),
+             lambda: x.redistribute(mesh, [dtorch.Placement()]),
+             lambda: dtorch.distribute_tensor(np.zeros(4, np.float32), mesh, [dtorch.Placement()])]
+    for call in calls:
+        with pytest.raises(TypeError, match="placements must hold Shard, Replicate or Partial, got Placement"):
+            call()
+    np.testing.assert_array_equal((x + 1).numpy(), [1, 2, 3, 4])
