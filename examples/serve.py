@@ -22,6 +22,7 @@ shape and a smaller one) are written once and served as "15M" and "tiny".
 import argparse
 import asyncio
 import json
+import math
 import os
 import sys
 import threading
@@ -90,6 +91,62 @@ def _error(status, message, kind="invalid_request_error"):
     return web.json_response({"error": {"message": message, "type": kind}}, status=status)
 
 
+class BadRequest(Exception):
+    """A request the server refuses: its HTTP status, message and OpenAI error type."""
+
+    def __init__(self, status, message, kind="invalid_request_error"):
+        super().__init__(message)
+        self.status, self.kind = status, kind
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def parse_request(body, served):
+    """The fields of a /v1/completions body (a parsed JSON value), checked: (served model, prompt
+    ids, max_tokens, temperature, stream). Anything else is a BadRequest: every value arrives from
+    the network, so each is checked for its type before it is used."""
+    if not isinstance(body, dict):
+        raise BadRequest(400, "the body must be a JSON object")
+    name = body.get("model")
+    if not isinstance(name, str):
+        raise BadRequest(400, f"model must be a string, one of: {', '.join(served)}")
+    if name not in served:
+        raise BadRequest(404, f"model {name!r} is not served here (models: {', '.join(served)})", "not_found_error")
+    s = served[name]
+    prompt, max_tokens = body.get("prompt", ""), body.get("max_tokens", 16)
+    temperature = body.get("temperature", 0)
+    if temperature is None:
+        temperature = 0
+    if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not 0 <= temperature < math.inf:
+        raise BadRequest(400, "temperature must be a finite number >= 0 (0: greedy)")
+    for field, default in (("top_p", 1), ("top_k", -1), ("n", 1), ("best_of", 1)):
+        value = body.get(field)
+        if value is not None and not (type(value) in (int, float) and (value == default or
+                                                                          field == "top_k" and value == 0)):
+            raise BadRequest(400, f"{field} is not served here (only temperature sampling and greedy decoding)")
+    stream = body.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        raise BadRequest(400, "stream must be true or false")
+    if isinstance(prompt, str):
+        try:
+            ids = s.tokens.encode(prompt)
+        except UnicodeError:
+            raise BadRequest(400, "prompt is not text (it holds a lone surrogate)") from None
+    elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+        ids = prompt
+    else:
+        raise BadRequest(400, "prompt must be a string or a non-empty list of token ids")
+    vocab = s.model.config.vocab_size
+    bad = [t for t in ids if not 0 <= t < vocab]
+    if bad:
+        raise BadRequest(400, f"prompt: token ids must be in [0, {vocab}), got {bad[0]}")
+    if not _is_int(max_tokens) or max_tokens < 1:
+        raise BadRequest(400, "max_tokens must be a positive integer")
+    return s, ids, max_tokens, temperature, bool(stream)
+
+
 def make_app(served, driver):
     from aiohttp import web
 
@@ -100,31 +157,13 @@ def make_app(served, driver):
     async def completions(request):
         try:
             body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (ValueError, RecursionError):   # not UTF-8, not JSON, nested or numbers past json's limits
             return _error(400, "the body is not JSON")
-        if not isinstance(body, dict):
-            return _error(400, "the body must be a JSON object")
-        name = body.get("model")
-        if name not in served:
-            return _error(404, f"model {name!r} is not served here (models: {', '.join(served)})", "not_found_error")
-        s = served[name]
-        prompt, max_tokens = body.get("prompt", ""), body.get("max_tokens", 16)
-        temperature = body.get("temperature", 0)
-        if temperature is None:
-            temperature = 0
-        if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or temperature < 0:
-            return _error(400, "temperature must be a number >= 0 (0: greedy)")
-        for name_, default in (("top_p", 1), ("top_k", -1), ("n", 1), ("best_of", 1)):
-            if body.get(name_, default) not in (default, None) and not (name_ == "top_k" and body[name_] == 0):
-                return _error(400, f"{name_} is not served here (only temperature sampling and greedy decoding)")
-        if isinstance(prompt, str):
-            ids = s.tokens.encode(prompt)
-        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            ids = prompt
-        else:
-            return _error(400, "prompt must be a string or a non-empty list of token ids")
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-            return _error(400, "max_tokens must be a positive integer")
+        try:
+            s, ids, max_tokens, temperature, stream = parse_request(body, served)
+        except BadRequest as e:
+            return _error(e.status, str(e), e.kind)
+        name = s.name
         loop = asyncio.get_running_loop()
         queue = asyncio.Queue()
         try:
@@ -140,7 +179,7 @@ def make_app(served, driver):
                     "choices": [{"index": 0, "text": text, "token_ids": token_ids, "finish_reason": finish,
                                  "logprobs": None}]}
 
-        if not body.get("stream"):
+        if not stream:
             while await queue.get() is not None:
                 pass
             reply = chunk(s.text(req.tokens), req.tokens, req.finish_reason)

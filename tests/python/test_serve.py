@@ -119,6 +119,15 @@ def test_streaming_sends_each_token_then_done(server):
     ({"model": "a", "prompt": [1], "temperature": -1}, 400, "temperature must be"),
     ({"model": "a", "prompt": [1], "top_p": 0.5}, 400, "top_p is not served"),
     (b"{not json", 400, "not JSON"),
+    # bodies the fuzzer (tests/fuzz/python/fuzz_serve.py) found answered 500
+    ({"model": ["a"], "prompt": [1]}, 400, "model must be a string"),             # unhashable in `in served`
+    ({"model": "a", "prompt": [1, 2**64]}, 400, "token ids must be in [0, 61), got 18446744073709551616"),
+    ({"model": "a", "prompt": "\ud800"}, 400, "prompt is not text"),                # UTF-8 encoding failed
+    (b"[" * 5000, 400, "not JSON"),                                                # RecursionError
+    (b'{"model": "a", "max_tokens": 1' + b"0" * 5000 + b"}", 400, "not JSON"),     # past json's 4300 digits
+    ({"model": "a", "prompt": [1], "temperature": float("inf")}, 400, "temperature must be a finite number"),
+    ({"model": "a", "prompt": [1], "stream": "no"}, 400, "stream must be true or false"),   # streamed before
+    ({"model": "a", "prompt": [1], "n": [1]}, 400, "n is not served"),
 ])
 def test_bad_requests_get_a_clear_error(server, body, status, message):
     got, text = _post(server["url"], body, raw=isinstance(body, bytes))
