@@ -60,6 +60,10 @@ def test_llama_from_pretrained_names_the_field(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(dict(config, rope_scaling="linear")))
     with pytest.raises(TypeError, match="LlamaConfig: config rope_scaling must be an object"):
         LlamaForCausalLM.from_pretrained(tmp_path)
+    for other in ("tie_word_embeddings", ["a", "b"], 3):   # was: dict(...) raised ValueError from inside
+        (tmp_path / "config.json").write_text(json.dumps(other))
+        with pytest.raises(CheckpointError, match="config.json: the config is not a JSON object"):
+            LlamaForCausalLM.from_pretrained(tmp_path)
 
 
 SD3 = dict(sample_size=4, patch_size=2, in_channels=2, num_layers=1, attention_head_dim=4, num_attention_heads=2,

@@ -128,7 +128,10 @@ class LlamaConfig:
     def from_pretrained(cls, path):
         file = path if os.path.isfile(path) else os.path.join(path, "config.json")
         try:
-            return cls.from_dict(read_json(file))
+            config = read_json(file)
+            if not isinstance(config, dict):
+                raise CheckpointError(f"{file}: the config is not a JSON object")
+            return cls.from_dict(config)
         except CheckpointError:
             raise
         except OSError as e:
