@@ -20,7 +20,8 @@ APT_PACKAGES=(gcc libc6-dev pkg-config ninja-build libzmq3-dev libczmq-dev libms
 TEST_APT_PACKAGES=(clang libclang-rt-14-dev   # the fuzz targets (libFuzzer, ASan, UBSan)
                    iproute2)                  # hosts of their own for the tests of remote workers (ip netns)
 PY_BUILD_PACKAGES=(numpy meson-python meson ninja)   # what building and the demo need
-PY_TEST_PACKAGES=(pytest ml_dtypes aiohttp)            # what the tests need besides (aiohttp: examples/serve.py)
+PY_TEST_PACKAGES=(pytest ml_dtypes aiohttp atheris)    # what the tests need besides (aiohttp: examples/serve.py;
+                                                        # atheris: the Python fuzzers, tests only)
 
 # Installs what pip lacks in the venv: $1 is a Python import check, the rest the packages.
 pip_ensure() {
@@ -50,7 +51,7 @@ setup() {
         python3 -m venv "$VENV"
     fi
     pip_ensure "import numpy, mesonpy" "${PY_BUILD_PACKAGES[@]}"
-    [ "${1:-}" != test ] || pip_ensure "import pytest, ml_dtypes, aiohttp" "${PY_TEST_PACKAGES[@]}"
+    [ "${1:-}" != test ] || pip_ensure "import pytest, ml_dtypes, aiohttp, atheris" "${PY_TEST_PACKAGES[@]}"
     echo "== building and installing dtorch into $VENV"
     # A build folder of its own that stays between runs: a second run recompiles only what changed.
     # The demo runs on CPU devices: its build leaves the CUDA backend out (nvcc would take half a
@@ -77,12 +78,19 @@ c_build() {
 # sanitizer report fails, and the input is kept in build-fuzz/findings/. The executions are
 # printed. FUZZ_SCALE multiplies the counts (FUZZ_SCALE=10 for a longer look).
 declare -A FUZZ_RUNS=([envelope]=5000000 [records]=2000000 [worker]=1000000)
+# Then the Python harnesses (tests/fuzz/python, atheris: libFuzzer guided by the coverage of the
+# dtorch package's bytecode) from the seeds each writes, the same way: the safetensors reader, the
+# config.json of every model class, the C extension's argument conversion through the public API,
+# and examples/serve.py's request handling (about 3 minutes in all here). Any exception their
+# contract does not allow, crash or hang fails; the input is kept in build-fuzz/findings/py_*.
+declare -A PYFUZZ_RUNS=([safetensors]=50000 [config]=7000 [api]=40000 [serve]=8000)
 run_fuzz() {
     local status=0
     # (the targets read the wire alone: no CUDA backend, whatever this machine has)
     if ! CC=clang c_build build-fuzz -Dbuildtype=debugoptimized -Db_sanitize=address,undefined -Db_lundef=false \
         -Dfuzz=true -Dtests=false -Dcuda=disabled; then
         echo "the fuzz targets did not build"
+        run_pyfuzz
         return 1
     fi
     rm -rf build-fuzz/corpus build-fuzz/findings && mkdir -p build-fuzz/findings
@@ -100,6 +108,26 @@ run_fuzz() {
             status=1
         fi
     done
+    run_pyfuzz || status=1
+    return $status
+}
+
+run_pyfuzz() {
+    local status=0
+    rm -rf build-fuzz/pycorpus build-fuzz/findings/py_* && mkdir -p build-fuzz/pycorpus build-fuzz/findings
+    for target in safetensors config api serve; do
+        local log=build-fuzz/findings/py_$target.log
+        if (cd build-fuzz/findings && timeout $((1800 * ${FUZZ_SCALE:-1})) "$VENV/bin/python" \
+            "$ROOT/tests/fuzz/python/fuzz_$target.py" "$ROOT/build-fuzz/pycorpus/$target" -seed=1 \
+            -runs=$((PYFUZZ_RUNS[$target] * ${FUZZ_SCALE:-1})) -rss_limit_mb=1024 -timeout=120 \
+            -artifact_prefix=py_$target-) > "$log" 2>&1; then
+            echo "fuzz_$target.py: $(grep -o 'Done [0-9]* runs in [0-9]* second(s)' "$log" | tail -1), no finding"
+        else
+            echo "fuzz_$target.py FAILED:"; grep -E -A4 "Uncaught|ERROR|SUMMARY|Test unit written" "$log" | head -24
+            status=1
+        fi
+    done
+    rm -rf build-fuzz/findings/fuzz-scratch-*   # the files the inputs made (checkpoints, configs)
     return $status
 }
 
