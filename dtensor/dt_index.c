@@ -294,8 +294,10 @@ static dt_tensor *s_index_basic(dt_tensor *t, int n, const dt_index_item *items)
                 return NULL;
             }
             int64_t start = s_bound(it->has_start, it->start, 0, size), stop = s_bound(it->has_stop, it->stop, size, size);
-            /* a step of 1 divides nothing: a 64-bit division is tens of cycles, and most slices step by 1 */
-            int64_t length = stop <= start ? 0 : step == 1 ? stop - start : (stop - start + step - 1) / step;
+            /* a step of 1 divides nothing: a 64-bit division is tens of cycles, and most slices step by 1;
+             * counted as op_view's slice counts it, without stop - start + step, which a step near
+             * 2^63 (x[::2**62]) overflows */
+            int64_t length = stop <= start ? 0 : step == 1 ? stop - start : (stop - start - 1) / step + 1;
             final[nfinal++] = length;
             bool whole = start == 0 && length == size && (step == 1 || size <= 1);
             kind[d] = whole ? -1 : OP_ID_slice;

@@ -39,3 +39,16 @@ def test_placement_base_class_is_no_layout(mode):
         with pytest.raises(TypeError, match="placements must hold Shard, Replicate or Partial, got Placement"):
             call()
     np.testing.assert_array_equal((x + 1).numpy(), [1, 2, 3, 4])
+
+
+@pytest.mark.parametrize("key", [slice(None, None, 2**63 - 1), slice(1, 4, 2**62), slice(0, None, 2**70),
+                                 slice(-3, 2**64, 2**63), slice(3, None, 2**62 + 1)])
+def test_slice_with_a_huge_step(mode, key):
+    """A step past the size picks the first element of the range: its length was counted as
+    (stop - start + step - 1) / step, which overflowed int64 and gave an empty slice."""
+    ref = np.arange(20).reshape(4, 5)
+    for mesh, placements in ((mesh_1d(1), [dtorch.Replicate()]), (mesh_1d(2), [dtorch.Shard(0)]),
+                             (mesh_1d(3), [dtorch.Shard(1)])):
+        x = dtorch.distribute_tensor(ref, mesh, placements)
+        np.testing.assert_array_equal(x[key].numpy(), ref[key])
+        np.testing.assert_array_equal(x[:, key].numpy(), ref[:, key])
