@@ -215,7 +215,7 @@ def call_factory(fdp):
 def call_arange(fdp):
     args = [odd_value(fdp) if fdp.ConsumeIntInRange(0, 2) == 0 else fdp.ConsumeIntInRange(-20, 20)
             for _ in range(fdp.ConsumeIntInRange(1, 3))]
-    nums = [a for a in args if isinstance(a, (int, float, np.integer, np.floating)) and not isinstance(a, bool)]
+    nums = [a for a in args if isinstance(a, (int, float, np.integer, np.floating, np.bool_))]   # bools count 0, 1
     if len(nums) == len(args):
         start, end, step = (0, args[0], 1) if len(args) == 1 else (args[0], args[1], args[2] if len(args) == 3 else 1)
         try:
@@ -230,7 +230,8 @@ def call_arange(fdp):
         kw["dtype"] = odd_value(fdp)
     x = dtorch.arange(*args, **kw)
     v = value_of(x)
-    if len(nums) == len(args) and all(isinstance(a, (int, np.integer)) for a in args) and "dtype" not in kw \
+    if len(nums) == len(args) and all(isinstance(a, (int, np.integer)) and not isinstance(a, bool) for a in args) \
+            and "dtype" not in kw \
             and not any(p.is_partial() for p in x.placements):   # a Partial factory sums every device's value
         want = np.arange(*[int(a) for a in args])
         if v.shape != want.shape or not (v == want).all():
@@ -469,6 +470,7 @@ def test_one_input(data):
 if __name__ == "__main__":
     faulthandler.enable()
     dtorch.init(workers="thread")
+    fuzzlib.at_exit(dtorch.shutdown)
     MESHES.extend(_meshes())
     # -use_cmp=0: the runtime's Python code compares values that differ from run to run (a
     # comparison's operands go into the fuzzer's table of words to try), so that one run's inputs

@@ -119,6 +119,7 @@ def test_one_input(data):
 
 if __name__ == "__main__":
     dtorch.init(workers="thread")
+    fuzzlib.at_exit(dtorch.shutdown)
     DIRS = _checkpoints()
     fuzzlib.limit_memory(8)
     fuzzlib.main(test_one_input, seeds(),

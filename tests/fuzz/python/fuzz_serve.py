@@ -59,10 +59,18 @@ class App:
                                  timeout=ClientTimeout(total=120))
         self.loop.run_until_complete(self.client.start_server())
 
+    def close(self):
+        self.loop.run_until_complete(self.client.close())
+        self.driver.stopping = True
+        self.driver.wake.set()
+        self.driver.join(60)
+        dtorch.shutdown()
+
     def post(self, body):
         async def go():
-            async with self.client.post("/v1/completions", data=body,
-                                        headers={"Content-Type": "application/json"}) as r:
+            # through the client's session: TestClient.post keeps every response until it closes
+            async with self.client.session.post(self.client.make_url("/v1/completions"), data=body,
+                                                headers={"Content-Type": "application/json"}) as r:
                 return r.status, r.headers.get("Content-Type", ""), await r.read()
         return self.loop.run_until_complete(go())
 
@@ -137,6 +145,7 @@ def test_one_input(data):
 if __name__ == "__main__":
     dtorch.init(workers="thread")
     APP = App()
+    fuzzlib.at_exit(APP.close)
     fuzzlib.main(test_one_input, [b"\x00" + json.dumps(b).encode() for b in GOOD]
                  + [b"\x01" + bytes(range(i, i + 40)) for i in range(0, 160, 16)],
                  dictionary=[f'"{f}"' for f in FIELDS] + [f'"{s}"' for s in STRINGS] + [

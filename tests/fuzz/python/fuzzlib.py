@@ -70,6 +70,21 @@ def expect_clear(exc, kinds, what):
                       f"{exc!r}\n{where}") from exc
 
 
+_AT_EXIT = []
+
+
+def at_exit(fn):
+    """Calls ``fn()`` when the process exits: libFuzzer ends it with C's exit() after the last
+    input, where Python's atexit never runs, and a runtime whose worker threads still use their
+    sockets when the C library's own exit handlers close them can crash. Handlers run in the
+    reverse order of registration, so one registered after dtorch.init runs before those."""
+    import ctypes
+    handler = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda _: fn())
+    _AT_EXIT.append(handler)   # kept alive until then
+    if ctypes.CDLL(None).__cxa_atexit(handler, None, None) != 0:
+        raise OSError("__cxa_atexit failed")
+
+
 def limit_memory(gib):
     """Caps the address space, so that an allocation the input sized shows as a MemoryError (a
     finding) instead of swapping the machine."""
