@@ -83,7 +83,7 @@ declare -A FUZZ_RUNS=([envelope]=5000000 [records]=2000000 [worker]=1000000)
 # config.json of every model class, the C extension's argument conversion through the public API,
 # and examples/serve.py's request handling (about 3 minutes in all here). Any exception their
 # contract does not allow, crash or hang fails; the input is kept in build-fuzz/findings/py_*.
-declare -A PYFUZZ_RUNS=([safetensors]=50000 [config]=7000 [api]=40000 [serve]=8000)
+declare -A PYFUZZ_RUNS=([safetensors]=70000 [config]=8000 [api]=70000 [serve]=15000)
 run_fuzz() {
     local status=0
     # (the targets read the wire alone: no CUDA backend, whatever this machine has)
