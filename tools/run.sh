@@ -81,7 +81,7 @@ declare -A FUZZ_RUNS=([envelope]=5000000 [records]=2000000 [worker]=1000000)
 # Then the Python harnesses (tests/fuzz/python, atheris: libFuzzer guided by the coverage of the
 # dtorch package's bytecode) from the seeds each writes, the same way: the safetensors reader, the
 # config.json of every model class, the C extension's argument conversion through the public API,
-# and examples/serve.py's request handling (about 3 minutes in all here). Any exception their
+# and examples/serve.py's request handling (about 2 minutes in all here). Any exception their
 # contract does not allow, crash or hang fails; the input is kept in build-fuzz/findings/py_*.
 declare -A PYFUZZ_RUNS=([safetensors]=70000 [config]=8000 [api]=70000 [serve]=15000)
 run_fuzz() {
