@@ -244,8 +244,10 @@ bool act_peer_send(act_worker *w, mb_cursor *rec)
     mb_send_rec r;
     if (mb_read_send(rec, &r) != 0)
         return false;
-    if (r.offset.n != r.shape.n) {
-        dt_err(DT_EPROTO, "malformed send record: the region's offset and shape disagree");
+    if (r.offset.n != r.shape.n || r.to < 0 || r.to > DT_MAX_DEVICE_ID) {
+        dt_err(DT_EPROTO, "malformed send record: %s", r.offset.n != r.shape.n
+                                                            ? "the region's offset and shape disagree"
+                                                            : "its receiver is no device id");
         return false;
     }
     if (dt_idmap_get(&w->dead, (uint64_t)r.to + 1))
@@ -260,10 +262,7 @@ bool act_peer_send(act_worker *w, mb_cursor *rec)
     }
     const char *why = NULL;
     act_wtensor *t = act_wtensor_lookup(w, r.id, &why);
-    bool fits = t && t->ndim == r.shape.n;
-    for (int d = 0; fits && d < r.shape.n; d++)
-        fits = r.offset.v[d] >= 0 && r.offset.v[d] + r.shape.v[d] <= t->shape[d];
-    if (t && !fits) {
+    if (t && !(t->ndim == r.shape.n && dt_layout_region_inside(r.shape.n, t->shape, r.offset.v, r.shape.v))) {
         why = "a region outside the piece";
         t = NULL;
     }
@@ -636,9 +635,7 @@ static s_source s_part_source(act_worker *w, const mb_part_rec *p, act_wtensor *
             snprintf(why, size, "%s", lookup_why ? lookup_why : "the source piece is missing");
         return from;
     }
-    bool within = src->ndim == ndim;
-    for (int d = 0; within && d < ndim; d++)
-        within = p->src_offset.v[d] >= 0 && p->src_offset.v[d] + p->shape.v[d] <= src->shape[d];
+    bool within = src->ndim == ndim && dt_layout_region_inside(ndim, src->shape, p->src_offset.v, p->shape.v);
     if (!within && !why[0])
         snprintf(why, size, "a region outside the source piece");
     from.data = src->data;
@@ -740,9 +737,7 @@ bool act_peer_assemble(act_worker *w, mb_cursor *rec)
             q++;
             from2 = s_part_source(w, &p2, src, src_strides, lookup_why, r.dtype, &got2, why, sizeof why);
         }
-        bool inside = true;
-        for (int d = 0; d < ndim; d++)
-            inside = inside && p.dst_offset.v[d] >= 0 && p.dst_offset.v[d] + p.shape.v[d] <= r.shape.v[d];
+        bool inside = dt_layout_region_inside(ndim, r.shape.v, p.dst_offset.v, p.shape.v);
         if (!inside && !why[0])
             snprintf(why, sizeof why, "a region outside the piece");
         if (!why[0]) {

@@ -393,6 +393,14 @@ bool act_replay_run(act_worker *w, mb_cursor *rec)
         dt_err(DT_EPROTO, "malformed replay record: %s", g ? "wrong number of inputs" : "no such captured sequence");
         return false;
     }
+    /* each block of fresh ids holds as many as the capture made, none past the last one (UINT64_MAX is
+     * no id, nor is 0) */
+    if (r.tensor_base == 0 || g->tensor_hi - g->tensor_lo > UINT64_MAX - r.tensor_base || r.transfer_base == 0 ||
+        g->transfer_hi - g->transfer_lo > UINT64_MAX - r.transfer_base ||
+        g->stream_hi - g->stream_lo > UINT64_MAX - r.stream_base) {
+        dt_err(DT_EPROTO, "malformed replay record: a block of fresh ids runs past the last id");
+        return false;
+    }
     if (g->error) {
         for (int o = 0; o < g->outs.n; o++)
             if (g->outs.v[o] >= g->tensor_lo && g->outs.v[o] < g->tensor_hi)

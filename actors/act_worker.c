@@ -388,6 +388,8 @@ static void s_make(act_worker *w, int64_t code, mb_cursor *rec, mb_message *m)
             (r.offset.n != r.shape.n || r.global_shape.n != r.shape.n || !dt_dtype_is_float(r.dtype)))
             rc = dt_err(DT_EPROTO, "malformed random record: offset, shape and global shape disagree, or not a "
                                    "float dtype");
+        else if (rc == 0 && !dt_layout_region_inside(r.shape.n, r.global_shape.v, r.offset.v, r.shape.v))
+            rc = dt_err(DT_EPROTO, "malformed random record: the piece lies outside its global shape");
         if (rc == 0) {
             id = r.id;
             if (!(why = s_new_piece(w, r.dtype, &r.shape, &t)))
@@ -398,8 +400,9 @@ static void s_make(act_worker *w, int64_t code, mb_cursor *rec, mb_message *m)
     }
     case MB_OP_ARANGE: {
         mb_arange_rec r;
-        if ((rc = mb_read_arange(rec, &r)) == 0 && r.shape.n != 1)
-            rc = dt_err(DT_EPROTO, "malformed arange record: a range has one dim");
+        if ((rc = mb_read_arange(rec, &r)) == 0 && (r.shape.n != 1 || r.first < 0 || r.first > INT64_MAX - r.shape.v[0]))
+            rc = dt_err(DT_EPROTO, "malformed arange record: a range has one dim, and its first element is >= 0 "
+                                   "with first + size not past INT64_MAX");
         if (rc == 0) {
             id = r.id;
             if (!(why = s_new_piece(w, r.dtype, &r.shape, &t)))
@@ -477,18 +480,20 @@ static const char *s_gather_view(act_worker *w, const mb_view *v, op_local *in, 
 {
     size_t elem = dt_dtype_size(in->dtype);
     int64_t n = dt_layout_numel(v->shape.n, v->shape.v);
+    const void *from = in->data;
     if (!(*made = act_storage_piece(w, (size_t)n * elem)))
         return "out of memory on the device";
+    in->data = (*made)->data;
+    if (n == 0)
+        return NULL; /* nothing read: the strides, which no extent bounds then, are not looked at */
     int64_t src[DT_MAX_DIMS], dst[DT_MAX_DIMS], run = (int64_t)elem;
     for (int d = v->shape.n - 1; d >= 0; d--) {
         src[d] = v->strides[d] * (int64_t)elem;
         dst[d] = run;
         run *= v->shape.v[d];
     }
-    const char *why = n == 0 ? NULL : w->backend->copy_region((*made)->data, dst, (char *)in->data + v->first * (int64_t)elem,
-                                                               src, v->shape.n, v->shape.v, elem);
-    in->data = (*made)->data;
-    return why;
+    return w->backend->copy_region((*made)->data, dst, (const char *)from + v->first * (int64_t)elem, src, v->shape.n,
+                                   v->shape.v, elem);
 }
 
 /* The inputs a COMPUTE reads as views (mb_view): each one's piece is the part of the piece its id

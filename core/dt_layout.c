@@ -42,7 +42,10 @@ void dt_layout_strides(int ndim, const int64_t *shape, size_t elem_size, int64_t
     int64_t s = (int64_t)elem_size;
     for (int d = ndim - 1; d >= 0; d--) {
         strides[d] = s;
-        s *= shape[d] > 1 ? shape[d] : 1;
+        /* only an empty shape's product can pass int64 (a checked shape has at most 2^48 elements,
+         * but any size beside a 0): its strides are never stepped along, so they stop at INT64_MAX */
+        if (__builtin_mul_overflow(s, shape[d] > 1 ? shape[d] : 1, &s))
+            s = INT64_MAX;
     }
 }
 
@@ -69,6 +72,15 @@ int dt_layout_check_shape(const char *op, int ndim, const int64_t *shape)
             return dt_err(DT_EINVAL, "%s: size too large (more than 2^48 elements)", op);
     }
     return 0;
+}
+
+bool dt_layout_region_inside(int ndim, const int64_t *piece, const int64_t *offset, const int64_t *shape)
+{
+    /* offset <= piece - size, with 0 <= size <= piece: no sum that could wrap */
+    for (int d = 0; d < ndim; d++)
+        if (shape[d] < 0 || shape[d] > piece[d] || offset[d] < 0 || offset[d] > piece[d] - shape[d])
+            return false;
+    return true;
 }
 
 int dt_layout_check_placements(const char *op, int mesh_ndim, const dt_placement *placements, int tensor_ndim,

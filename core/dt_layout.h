@@ -42,6 +42,11 @@ void dt_layout_coord(int mesh_ndim, const int64_t *mesh_shape, int64_t flat, int
 /* Checks a shape (ndim in 0..DT_MAX_DIMS, sizes >= 0, numel fits). 0 or DT_EINVAL. */
 int dt_layout_check_shape(const char *op, int ndim, const int64_t *shape);
 
+/* Whether the region of `shape` at `offset` lies inside a piece of `piece` (ndim dims each): along
+ * every dim 0 <= offset and offset + size <= the piece's size. Offsets and sizes may come from a
+ * message: no value can overflow the check. */
+bool dt_layout_region_inside(int ndim, const int64_t *piece, const int64_t *offset, const int64_t *shape);
+
 /* Checks mesh_ndim placements for a tensor of tensor_ndim dims and writes them normalised
  * (Shard(-1) -> Shard(ndim-1)) to out. NULL placements mean all Replicate.
  * 0, DT_EINDEX (shard dim out of range) or DT_EINVAL (bad kind or reduce op). */

@@ -148,9 +148,14 @@ int mb_view_next(const mb_views *views, int *at, int nin, mb_view *out)
     memcpy(out->shape.v, &views->v[p + 3], (size_t)rank * sizeof *out->shape.v);
     if (dt_layout_check_shape("record", out->shape.n, out->shape.v) != 0)
         return dt_err(DT_EPROTO, "malformed compute record: a view's sizes are not a shape");
-    for (int d = 0; d < rank && strided; d++)
-        if ((out->strides[d] = views->v[p + 3 + rank + d]) < 0)
+    for (int d = 0; d < rank && strided; d++) {
+        int64_t stride = views->v[p + 3 + rank + d];
+        if (stride < 0)
             return dt_err(DT_EPROTO, "malformed compute record: a view's stride is negative");
+        /* a dim of one element is never stepped along: whatever its stride says, it reads as 0, so
+         * that no product of it (in elements or bytes) can overflow where the extent does not */
+        out->strides[d] = out->shape.v[d] > 1 ? stride : 0;
+    }
     *at = p + 3 + (int)rank * (strided ? 2 : 1);
     return 1;
 }
@@ -213,7 +218,7 @@ static bool s_get_OUTS(mb_cursor *c, mb_outs *out)
 #define S_DESC_IDS "an array of at most 32 unsigned integers"
 #define S_DESC_INTS "an array of at most 16 integers"
 #define S_DESC_FLOATS "an array of at most 4 numbers"
-#define S_DESC_VIEWS "an array of at most 48 integers"
+#define S_DESC_VIEWS "an array of at most 80 integers"
 #define S_DESC_PARTS "an array of part records"
 #define S_DESC_OUTS "an array of at most 2 out records"
 

@@ -376,7 +376,8 @@ typedef struct {
     int64_t first;   /* elements from the start of the piece */
     mb_dims shape;
     bool strided;
-    int64_t strides[DT_MAX_DIMS]; /* elements between neighbours along each dim (strided only) */
+    int64_t strides[DT_MAX_DIMS]; /* elements between neighbours along each dim (strided only; 0 along
+                                   * a dim of one element, whatever the record said) */
 } mb_view;
 int mb_view_next(const mb_views *views, int *at, int nin, mb_view *out);
 /* One past the last element view v reads (first + 1 for a contiguous one of n elements: first + n),

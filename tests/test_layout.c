@@ -281,6 +281,29 @@ Test(shape, invalid)
     cr_expect_eq(dt_layout_check_shape("t", 2, empty_then_huge), 0, "0 x 2^60 elements");
 }
 
+/* A region named by a message: offsets and sizes of any value, near INT64_MAX included, where
+ * `offset + size <= piece` would wrap negative and pass. */
+Test(shape, region_inside)
+{
+    const int64_t piece[2] = {2, 3};
+    cr_expect(dt_layout_region_inside(2, piece, (const int64_t[]){0, 0}, piece), "the whole piece");
+    cr_expect(dt_layout_region_inside(2, piece, (const int64_t[]){1, 1}, (const int64_t[]){1, 2}), "its corner");
+    cr_expect(dt_layout_region_inside(2, piece, (const int64_t[]){2, 3}, (const int64_t[]){0, 0}),
+              "an empty region at the far end");
+    cr_expect_not(dt_layout_region_inside(2, piece, (const int64_t[]){1, 2}, (const int64_t[]){1, 2}), "one past");
+    cr_expect_not(dt_layout_region_inside(2, piece, (const int64_t[]){-1, 0}, (const int64_t[]){1, 3}), "before");
+    cr_expect_not(dt_layout_region_inside(2, piece, (const int64_t[]){3, 0}, (const int64_t[]){0, 3}),
+                  "an empty region past the end");
+    cr_expect_not(dt_layout_region_inside(2, piece, (const int64_t[]){0, INT64_MAX - 1}, (const int64_t[]){2, 2}),
+                  "INT64_MAX - 1 + 2 wraps");
+    cr_expect_not(dt_layout_region_inside(2, piece, (const int64_t[]){INT64_MAX, INT64_MAX}, (const int64_t[]){1, 1}),
+                  "INT64_MAX + 1 wraps");
+    cr_expect_not(dt_layout_region_inside(2, piece, (const int64_t[]){INT64_MIN, 0}, (const int64_t[]){INT64_MAX, 3}),
+                  "INT64_MIN + INT64_MAX is -1");
+    cr_expect_not(dt_layout_region_inside(2, piece, (const int64_t[]){0, 0}, (const int64_t[]){-1, 3}), "a negative size");
+    cr_expect(dt_layout_region_inside(0, NULL, NULL, NULL), "a scalar's one element");
+}
+
 /* ---- the id map (core/dt_idmap.c): ids come from sockets, so any value must be safe ---------- */
 
 Test(idmap, marker_ids_are_refused_and_found_nowhere)

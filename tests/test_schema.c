@@ -738,6 +738,13 @@ Test(schema, strided_views_and_their_extent)
     cr_expect_eq(mb_view_extent(&empty), 0);
     mb_view huge = {.first = 1, .shape = {2, {3, 2}}, .strided = true, .strides = {INT64_MAX / 2, 1}};
     cr_expect_eq(mb_view_extent(&huge), -1, "a corner past int64");
+    /* a dim of one element is never stepped along: its stride reads as 0, whatever it says */
+    mb_views one = {.n = 7, .v = {0, 2, -2, 1, 3, INT64_MAX, 1}};
+    at = 0;
+    cr_assert_eq(mb_view_next(&one, &at, 1, &got), 1);
+    cr_expect(got.strides[0] == 0 && got.strides[1] == 1, "strides %lld %lld", (long long)got.strides[0],
+              (long long)got.strides[1]);
+    cr_expect_eq(mb_view_extent(&got), 5, "elements 2, 3, 4");
 }
 
 /* A COMPUTE's views: [input, first, rank, sizes...] each, read in turn; integers that do not make
