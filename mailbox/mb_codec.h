@@ -22,6 +22,7 @@
 #define MB_VERSION 2                /* bumped on any incompatible change of the wire format */
 #define MB_MAX_HEADER 64            /* bytes; a header is 5 small integers */
 #define MB_MAX_BODY (64u << 20)     /* bytes of op records or completions in one message */
+#define MB_MAX_PIECE (UINT64_C(8) << 48) /* bytes of the largest piece a record can name: 2^48 elements of 8 */
 #define MB_MAX_DEPTH 16             /* nesting of msgpack containers in one record */
 #define MB_SENDER_CONTROLLER 0xffffffffu /* sender id of the controller; devices send their id */
 

@@ -6,7 +6,9 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <stdlib.h>
 #include <sys/resource.h>
+#include <sys/sysinfo.h>
 #include <unistd.h>
 
 #include "dt_error.h"
@@ -42,6 +44,20 @@ static void s_first_use(void)
     if (files.rlim_cur > 0 && files.rlim_cur < limit)
         limit = (size_t)files.rlim_cur;
     s_limit = limit > INT_MAX ? INT_MAX : (int)limit;
+}
+
+int64_t mb_max_frame(void)
+{
+    /* a frame is received whole into this host's memory before anything reads it */
+    struct sysinfo si;
+    uint64_t held = sysinfo(&si) == 0 ? ((uint64_t)si.totalram + si.totalswap) * si.mem_unit : 0;
+    uint64_t bound = held > 0 && held < MB_MAX_PIECE ? held : MB_MAX_PIECE;
+    const char *env = getenv("DTORCH_MAX_FRAME_MB");
+    char *end;
+    long long mb = env && *env ? strtoll(env, &end, 10) : 0;
+    if (env && *env && *end == 0 && mb > 0 && (uint64_t)mb < bound >> 20)
+        bound = (uint64_t)mb << 20;
+    return (int64_t)(bound > MB_MAX_BODY ? bound : MB_MAX_BODY);
 }
 
 zsock_t *mb_socket_new(mb_role role, const char *endpoint, bool bind, const char *routing_id)
@@ -84,6 +100,11 @@ zsock_t *mb_socket_open(mb_role role, const char *endpoint, bool bind, const cha
     zsock_set_sndhwm(sock, 0);
     zsock_set_rcvhwm(sock, 0);
     zsock_set_linger(sock, MB_LINGER_MS);
+    /* a peer that announces a larger frame is cut off at the frame's header, before ZeroMQ allocates
+     * it (inproc carries no frames of bytes, so it is unaffected); set now: a link takes the bound
+     * its socket had when it was bound or connected */
+    int64_t max_frame = mb_max_frame();
+    zmq_setsockopt(zsock_resolve(sock), ZMQ_MAXMSGSIZE, &max_frame, sizeof max_frame);
     if (routing_id)
         zsock_set_identity(sock, routing_id);
     if (curve && mb_curve_apply(sock, curve) != 0) {
@@ -203,7 +224,9 @@ static int s_push(zmq_msg_t **arr, int *n, int *cap, zmq_msg_t *frame)
     return 0;
 }
 
-/* Stores frame number index of a message (0: routing id, 1: header, 2: body, then payloads). */
+/* Stores frame number index of a message (0: routing id, 1: header, 2: body, then payloads): a
+ * record names at most one payload frame, so a message has no more of them than its header counts
+ * records. */
 static int s_take_frame(mb_message *m, int index, zmq_msg_t *frame, int *cap)
 {
     size_t size = zmq_msg_size(frame);
@@ -216,7 +239,10 @@ static int s_take_frame(mb_message *m, int index, zmq_msg_t *frame, int *cap)
         return 0;
     case 1: return mb_header_decode(zmq_msg_data(frame), size, &m->header);
     case 2: return zmq_msg_move(&m->body, frame) == 0 ? 0 : dt_err(DT_ESYS, "frame move failed");
-    default: return s_push(&m->payloads, &m->npayloads, cap, frame);
+    default:
+        if ((uint32_t)m->npayloads >= m->header.count)
+            return dt_err(DT_EPROTO, "more payload frames than the %u records its header counts", m->header.count);
+        return s_push(&m->payloads, &m->npayloads, cap, frame);
     }
 }
 

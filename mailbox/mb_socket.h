@@ -29,6 +29,13 @@ typedef struct {
 /* The free_fn of a buffer from malloc. */
 void mb_buf_free(void *data, void *hint);
 
+/* The largest frame a socket made here accepts from a link (ZMQ_MAXMSGSIZE): a peer that announces
+ * a larger one is disconnected before it is allocated. A frame holds at most one piece (MB_MAX_PIECE
+ * bytes) and is received whole into this host's memory, so the bound is the smaller of the two (the
+ * memory counted as RAM and swap); DTORCH_MAX_FRAME_MB (MiB) lowers it for a deployment that knows its
+ * largest piece, never below MB_MAX_BODY. Read each time a socket is made. */
+int64_t mb_max_frame(void);
+
 /* A received message. Payload frames may be kept beyond mb_message_close by moving them out
  * (zmq_msg_move) — workers adopt them as tensor storage without a copy. */
 #define MB_MAX_ROUTING_ID 255
@@ -57,7 +64,8 @@ int mb_send(zsock_t *sock, const void *routing_id, size_t routing_id_len, const 
             mb_buf body, const mb_buf *payloads, int npayloads);
 
 /* Receives one message (blocking unless dontwait). Strict: a message with a malformed header
- * or the wrong frame count is drained and rejected with DT_EPROTO. Returns 0, DT_EPROTO,
+ * or the wrong frame count (fewer than a header and a body, or more payload frames than the header
+ * counts records) is drained and rejected with DT_EPROTO. Returns 0, DT_EPROTO,
  * DT_ESYS, or 1 when dontwait and nothing is waiting. On 0, close m with mb_message_close. */
 int mb_recv(zsock_t *sock, bool router, bool dontwait, mb_message *m);
 void mb_message_close(mb_message *m);

@@ -1,5 +1,6 @@
 /* mb_socket over inproc, ipc and tcp: round trips, zero-copy payloads, ordering under bursts,
- * malformed messages drained, and buffers freed when a send fails. */
+ * malformed messages drained (more payload frames than records among them), frames past the bound a
+ * socket takes cut off at their header, and buffers freed when a send fails. */
 #include <criterion/criterion.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -92,7 +93,7 @@ static void s_round_trip(const char *endpoint)
         payloads[i] = (mb_buf){copy, sizes[i], s_count_free, &freed};
     }
     const char body[] = "\x92\x03\xcd\x12\x34"; /* [3, 0x1234] */
-    mb_header h = s_header(MB_HELLO, UINT64_MAX - 1, 3, 1);
+    mb_header h = s_header(MB_HELLO, UINT64_MAX - 1, 3, 3);
     cr_assert_eq(mb_send(p.dealer, NULL, 0, &h, (mb_buf){(void *)body, 5, NULL, NULL}, payloads, 3),
                  0, "%s", dt_last_error());
 
@@ -109,7 +110,7 @@ static void s_round_trip(const char *endpoint)
     /* reply to the routing id just received, payloads copied this time */
     for (int i = 0; i < 3; i++)
         payloads[i] = (mb_buf){expect[i], sizes[i], NULL, NULL};
-    mb_header back = s_header(MB_OPS, 0, MB_SENDER_CONTROLLER, 2);
+    mb_header back = s_header(MB_OPS, 0, MB_SENDER_CONTROLLER, 3);
     cr_assert_eq(mb_send(p.router, m.routing_id, m.routing_id_len, &back,
                          (mb_buf){"\x01\x02", 2, NULL, NULL}, payloads, 3), 0);
     mb_message_close(&m);
@@ -158,7 +159,7 @@ Test(socket, zero_copy_inproc)
     unsigned char *data = malloc(size);
     s_fill(data, size, 9);
     mb_buf payload = {data, size, s_count_free, &freed};
-    mb_header h = s_header(MB_COMPLETIONS, 1, 0, 0);
+    mb_header h = s_header(MB_COMPLETIONS, 1, 0, 1);
     cr_assert_eq(mb_send(p.dealer, NULL, 0, &h, (mb_buf){NULL, 0, NULL, NULL}, &payload, 1), 0);
 
     mb_message m;
@@ -240,6 +241,104 @@ Test(socket, malformed_messages_are_drained)
     mb_message_close(&m);
     cr_assert_eq(mb_recv(p.router, true, true, &m), 1);
     s_pair_destroy(&p);
+}
+
+/* A record names at most one payload frame: a message with more frames than its header counts
+ * records is drained whole, and the next one is read. */
+Test(socket, payload_frames_beyond_the_records_are_drained)
+{
+    char ep[64];
+    snprintf(ep, sizeof ep, "inproc://frames-%d", getpid());
+    s_pair p = s_pair_new(ep);
+    atomic_int freed = 0;
+    mb_buf two[2] = {{malloc(MIB), MIB, s_count_free, &freed}, {malloc(MIB), MIB, s_count_free, &freed}};
+    mb_header h = s_header(MB_COMPLETIONS, 0, 3, 1);
+    cr_assert_eq(mb_send(p.dealer, NULL, 0, &h, (mb_buf){"\x01", 1, NULL, NULL}, two, 2), 0);
+    mb_buf none = {malloc(1), 1, s_count_free, &freed};
+    h = s_header(MB_HEARTBEAT, 1, 3, 0);
+    cr_assert_eq(mb_send(p.dealer, NULL, 0, &h, (mb_buf){NULL, 0, NULL, NULL}, &none, 1), 0);
+    mb_buf one = {malloc(MIB), MIB, s_count_free, &freed};
+    h = s_header(MB_COMPLETIONS, 2, 3, 1);
+    cr_assert_eq(mb_send(p.dealer, NULL, 0, &h, (mb_buf){"\x01", 1, NULL, NULL}, &one, 1), 0);
+
+    mb_message m;
+    cr_assert_eq(mb_recv(p.router, true, false, &m), DT_EPROTO);
+    cr_expect(strstr(dt_last_error(), "more payload frames than the 1 records"), "%s", dt_last_error());
+    cr_assert_eq(mb_recv(p.router, true, false, &m), DT_EPROTO);
+    cr_expect(strstr(dt_last_error(), "more payload frames than the 0 records"), "%s", dt_last_error());
+    s_expect_count(&freed, 3); /* the refused frames are let go at once */
+    cr_assert_eq(mb_recv(p.router, true, false, &m), 0, "%s", dt_last_error());
+    cr_expect_eq(m.header.seq, 2);
+    cr_expect_eq(m.npayloads, 1);
+    mb_message_close(&m);
+    s_expect_count(&freed, 4);
+    s_pair_destroy(&p);
+}
+
+/* The bound every socket takes: a frame holds at most one piece and lands whole in this host's
+ * memory; DTORCH_MAX_FRAME_MB lowers it, never below a body of records. */
+Test(socket, max_frame_bound)
+{
+    unsetenv("DTORCH_MAX_FRAME_MB");
+    int64_t host = mb_max_frame();
+    cr_expect_geq(host, (int64_t)MB_MAX_BODY);
+    cr_expect_leq(host, (int64_t)MB_MAX_PIECE);
+    setenv("DTORCH_MAX_FRAME_MB", "100", 1);
+    cr_expect_eq(mb_max_frame(), (int64_t)100 << 20);
+    setenv("DTORCH_MAX_FRAME_MB", "1", 1);
+    cr_expect_eq(mb_max_frame(), (int64_t)MB_MAX_BODY, "never below a body");
+    setenv("DTORCH_MAX_FRAME_MB", "999999999999", 1);
+    cr_expect_eq(mb_max_frame(), host, "never above what the host holds");
+    setenv("DTORCH_MAX_FRAME_MB", "12x", 1);
+    cr_expect_eq(mb_max_frame(), host, "not a number: ignored");
+    setenv("DTORCH_MAX_FRAME_MB", "-5", 1);
+    cr_expect_eq(mb_max_frame(), host);
+    unsetenv("DTORCH_MAX_FRAME_MB");
+}
+
+/* A peer that sends a frame past the bound of the socket it reaches (here 64 MiB) is cut off at
+ * the frame's header: the receiver gets nothing of that message, and the next message, which the
+ * peer's socket sends once it has connected again, arrives. */
+Test(socket, oversized_frames_cut_the_link, .timeout = 60)
+{
+    setenv("DTORCH_MAX_FRAME_MB", "64", 1);
+    zsock_t *router = mb_socket_new(MB_ROUTER, "tcp://127.0.0.1:*", true, NULL);
+    unsetenv("DTORCH_MAX_FRAME_MB");
+    cr_assert_not_null(router, "%s", dt_last_error());
+    char *bound = zsock_last_endpoint(router);
+    zsock_t *raw = zsock_new(ZMQ_DEALER); /* a plain socket: it sends what it is given */
+    cr_assert_not_null(raw);
+    zsock_set_identity(raw, DEALER_ID);
+    zsock_set_sndhwm(raw, 0);
+    cr_assert_eq(zsock_connect(raw, "%s", bound), 0);
+    free(bound);
+    void *handle = zsock_resolve(raw);
+    char hbuf[MB_MAX_HEADER];
+    mb_header h = s_header(MB_COMPLETIONS, 0, 3, 1);
+    size_t hlen = mb_header_encode(&h, hbuf);
+    size_t big = ((size_t)64 << 20) + 1;
+    zmq_msg_t frame;
+    cr_assert_eq(zmq_msg_init_size(&frame, big), 0);
+    memset(zmq_msg_data(&frame), 7, big);
+    zmq_send(handle, hbuf, hlen, ZMQ_SNDMORE);
+    zmq_send(handle, "\x01", 1, ZMQ_SNDMORE);
+    cr_assert_eq(zmq_msg_send(&frame, handle, 0), (int)big);
+    h.seq = 1;
+    hlen = mb_header_encode(&h, hbuf);
+    zmq_send(handle, hbuf, hlen, ZMQ_SNDMORE);
+    zmq_send(handle, "\x01", 1, ZMQ_SNDMORE);
+    zmq_send(handle, "small", 5, 0);
+
+    zsock_set_rcvtimeo(router, 30000);
+    mb_message m;
+    cr_assert_eq(mb_recv(router, true, false, &m), 0, "%s", dt_last_error());
+    cr_expect_eq(m.header.seq, 1, "the oversized message never arrives, the next one does");
+    cr_expect_eq(m.npayloads, 1);
+    s_expect_frame(&m.payloads[0], "small", 5);
+    mb_message_close(&m);
+    cr_assert_eq(mb_recv(router, true, true, &m), 1);
+    zsock_destroy(&raw);
+    mb_socket_destroy(&router);
 }
 
 Test(socket, dontwait_when_empty)

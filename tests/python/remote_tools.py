@@ -4,6 +4,7 @@ import ctypes
 import ctypes.util
 import os
 import signal
+import socket
 import struct
 import subprocess
 import time
@@ -76,6 +77,63 @@ CONTROLLER = 0xffffffff
 
 def header(kind, seq, sender, count):
     return pack([VERSION, kind, seq, sender, count])
+
+
+# ---- ZMTP 3.0 by hand: a peer that says what libzmq would never send ---------------------------
+
+class RawZmtp:
+    """A plaintext ZMTP 3.0 DEALER over a plain TCP socket (written from the ZMTP spec, rfc 23), so
+    that it can announce a frame of any size without having its bytes."""
+
+    def __init__(self, endpoint, rid):
+        host, port = endpoint[len("tcp://"):].rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=30)
+        # the greeting in the steps libzmq takes: the signature, then the rest once the other side's
+        # signature came; then READY once its greeting is whole, and messages once its READY came
+        self.sock.sendall(b"\xff" + bytes(8) + b"\x7f")
+        self._read(10)
+        self.sock.sendall(b"\x03\x00" + b"NULL".ljust(20, b"\0") + b"\x00" + bytes(31))
+        self._read(54)
+        props = b"".join(bytes([len(k)]) + k + struct.pack(">I", len(v)) + v
+                         for k, v in ((b"Socket-Type", b"DEALER"), (b"Identity", rid.encode())))
+        ready = b"\x05READY" + props
+        self.sock.sendall(b"\x04" + bytes([len(ready)]) + ready)
+        flags, size = self._read(2)
+        assert flags == 4, "a READY command"
+        self._read(size)
+
+    def _read(self, n):
+        got = b""
+        while len(got) < n:
+            chunk = self.sock.recv(n - len(got))
+            assert chunk, "the other side closed the connection during the handshake"
+            got += chunk
+        return got
+
+    def send(self, *frames):
+        for i, f in enumerate(frames):
+            more = 1 if i + 1 < len(frames) else 0
+            self.sock.sendall(bytes([more | 2]) + struct.pack(">Q", len(f)) + f)
+
+    def announce(self, size):
+        """The header of a message's one frame of size bytes, and none of them."""
+        self.sock.sendall(b"\x02" + struct.pack(">Q", size))
+
+    def closed_by_peer(self, timeout):
+        """Whether the other side closes the connection within timeout seconds (what it sends, its
+        greeting and READY, is read and dropped)."""
+        self.sock.settimeout(timeout)
+        try:
+            while self.sock.recv(65536):
+                pass
+        except socket.timeout:
+            return False
+        except ConnectionResetError:
+            pass
+        return True
+
+    def close(self):
+        self.sock.close()
 
 
 # ---- a raw ZeroMQ DEALER --------------------------------------------------------------------

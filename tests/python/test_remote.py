@@ -13,7 +13,7 @@ import pytest
 
 import dtorch
 from conftest import wait_for
-from remote_tools import (WORKER, Stranger, curve_keypair, forged_hello, forged_region, peer_messages_received,
+from remote_tools import (WORKER, RawZmtp, Stranger, curve_keypair, forged_hello, forged_region, peer_messages_received,
                           start_worker, stop_all, wait_exit)
 
 
@@ -213,6 +213,47 @@ def test_the_probes_do_reach_an_insecure_controller_and_worker(keys):
             return info.state == "dead" and "rebuild dtorch-worker" in info.reason
         assert wait_for(refused), "the plaintext hello was never read"
         probe.close()
+    finally:
+        dtorch.shutdown()
+        stop_all(procs)
+
+
+def _dead(device, timeout=30):
+    """The worker info of device once the controller has declared it dead."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            info = dtorch.worker_info(device)
+            if info.state == "dead":
+                return info
+        except ValueError:   # not heard of yet
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"device {device} was not declared dead in {timeout} s")
+
+
+def test_an_insecure_controller_cuts_off_a_frame_past_its_bound(monkeypatch):
+    """Anyone may reach an insecure controller's port. With the bound on a frame set to 64 MiB
+    (DTORCH_MAX_FRAME_MB; by default it is the host's memory), a stranger that announces a 512 MiB
+    frame is cut off at the frame's header, before anything is allocated, and the runtime goes on
+    computing. It first sends a hello that the controller reads (and refuses for its registry), so
+    its framing is not what is refused."""
+    monkeypatch.setenv("DTORCH_MAX_FRAME_MB", "64")
+    dtorch.shutdown()
+    dtorch.init(listen="tcp://127.0.0.1:*", insecure=True)
+    procs = [start_worker(dtorch.listen_address(), "cpu:0-1", insecure=True)]
+    try:
+        dtorch.wait_for_workers([0, 1], timeout=30)
+        stranger = RawZmtp(dtorch.listen_address(), "d6")
+        stranger.send(*forged_hello(6))
+        assert "rebuild dtorch-worker" in _dead(6).reason
+        stranger.announce((512 << 20) + 1)
+        assert stranger.closed_by_peer(30)
+        stranger.close()
+        mesh = dtorch.DeviceMesh("cpu", [0, 1])
+        a = np.arange(1 << 16, dtype=np.float32)
+        x = dtorch.distribute_tensor(a, mesh, [dtorch.Shard(0)])
+        np.testing.assert_array_equal((x * 2).redistribute(mesh, [dtorch.Replicate()]).numpy(), a * 2)
     finally:
         dtorch.shutdown()
         stop_all(procs)
