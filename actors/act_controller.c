@@ -520,6 +520,14 @@ static void s_refuse(act_runtime *rt)
                 "this run (%" PRIu64 " so far)\n", n);
 }
 
+void act_controller_take(act_runtime *rt, act_device *dev, mb_message *m)
+{
+    if (m->header.kind == MB_HELLO)
+        s_hello(rt, dev, m);
+    else if (m->header.kind == MB_COMPLETIONS)
+        s_handle_completions(rt, dev, m);
+}
+
 /* Handles every message waiting on the router; the bye of a device sets dev->bye. */
 static void s_drain(s_ctl *c)
 {
@@ -553,12 +561,10 @@ static void s_drain(s_ctl *c)
             /* from the worker's own heartbeat socket: outside the sequence of its messages */
         } else if (m.header.seq != dev->recv_seq++) {
             s_device_died(rt, dev, "messages arrived out of order");
-        } else if (m.header.kind == MB_HELLO) {
-            s_hello(rt, dev, &m);
-        } else if (m.header.kind == MB_COMPLETIONS) {
-            s_handle_completions(rt, dev, &m);
         } else if (m.header.kind == MB_BYE) {
             dev->bye = true;
+        } else {
+            act_controller_take(rt, dev, &m);
         }
         mb_message_close(&m);
     }

@@ -24,5 +24,8 @@ void act_batch_destroy(act_batch *b);
  * still starting has up to ACT_HELLO_TIMEOUT_S). The controller looks at that time, not at its
  * next tick after it, so the declared bound holds. */
 double act_controller_silent_at(const act_runtime *rt, const act_device *dev);
+/* What the controller does with a HELLO or COMPLETIONS message from dev once it knows the message
+ * is dev's and in order (the fuzz target of the controller calls it; controller thread only). */
+void act_controller_take(act_runtime *rt, act_device *dev, mb_message *m);
 
 #endif

@@ -478,20 +478,24 @@ static int64_t s_peer_sender(const act_worker *w, const mb_message *m)
     return named >= 0 && named == (int64_t)m->header.sender ? named : -2;
 }
 
+void act_peer_take(act_worker *w, mb_message *m)
+{
+    int64_t from = s_peer_sender(w, m);
+    if (from < 0)
+        s_tell(w, MB_STAT_peer_messages_refused, "refused a message on its peer socket that no worker of this "
+               "run sent under its own name");
+    else if (m->header.kind == MB_PEER)
+        s_stash(w, m);
+    else if (m->header.kind == MB_RELEASE)
+        act_shm_on_release(w, m, from);
+    mb_message_close(m);
+}
+
 void act_peer_receive(act_worker *w)
 {
     mb_message m;
-    while (mb_recv(w->peer, true, true, &m) == 0) {
-        int64_t from = s_peer_sender(w, &m);
-        if (from < 0)
-            s_tell(w, MB_STAT_peer_messages_refused, "refused a message on its peer socket that no worker of this "
-                   "run sent under its own name");
-        else if (m.header.kind == MB_PEER)
-            s_stash(w, &m);
-        else if (m.header.kind == MB_RELEASE)
-            act_shm_on_release(w, &m, from);
-        mb_message_close(&m);
-    }
+    while (mb_recv(w->peer, true, true, &m) == 0)
+        act_peer_take(w, &m);
 }
 
 void act_peer_wait(act_worker *w, double *spin_until)
@@ -616,8 +620,9 @@ static s_source s_part_source(act_worker *w, const mb_part_rec *p, act_wtensor *
             return from;
         }
         if (g->status != 0) {
+            /* never an empty why, which would read as no failure: a peer's message may be "" */
             if (!why[0])
-                snprintf(why, size, "%s", g->error ? g->error : "a peer failed");
+                snprintf(why, size, "%s", g->error && g->error[0] ? g->error : "a peer could not send its region");
             return from;
         }
         bool same = g->ndim == ndim && g->dtype == dtype;
@@ -638,6 +643,8 @@ static s_source s_part_source(act_worker *w, const mb_part_rec *p, act_wtensor *
     bool within = src->ndim == ndim && dt_layout_region_inside(ndim, src->shape, p->src_offset.v, p->shape.v);
     if (!within && !why[0])
         snprintf(why, size, "a region outside the source piece");
+    else if (src->dtype != dtype && !why[0]) /* its strides, and the bytes copied, are counted in dtype's elements */
+        snprintf(why, size, "the source piece is %s, not %s", dt_dtype_name(src->dtype), dt_dtype_name(dtype));
     from.data = src->data;
     for (int d = 0; within && d < ndim; d++)
         from.data += p->src_offset.v[d] * src_strides[d];

@@ -258,6 +258,9 @@ bool act_peer_send(act_worker *w, mb_cursor *rec);
 bool act_peer_assemble(act_worker *w, mb_cursor *rec);
 /* Handles every message waiting on the peer socket (stashes regions, takes releases). */
 void act_peer_receive(act_worker *w);
+/* Handles one message from the peer socket as mb_recv gave it (routing id included), and closes
+ * it: what act_peer_receive does with each (the fuzz target of the peer socket calls it). */
+void act_peer_take(act_worker *w, mb_message *m);
 /* Waits up to a poll interval for a message from a peer or the controller, and handles it (a
  * controller message through act_worker_defer): one round of a wait that needs one. It polls
  * without sleeping until *spin_until (act_poll), which the wait sets once when it starts. */

@@ -5,7 +5,8 @@
  * 1's peer socket, where the worker's SENDs arrive. Every such record must end in an error the
  * controller hears (a poisoned piece, a REGION that says it failed), never a read or write outside
  * a piece (ASan runs this too) nor bytes of the worker's heap sent to a peer; and the worker keeps
- * working after. */
+ * working after. Two cases the peer fuzz target found sit with them: an ASSEMBLE whose local source
+ * is of another dtype, and a region that failed with an empty message. */
 #include <criterion/criterion.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -249,6 +250,13 @@ Test(wire, assemble_outside_a_piece_fails, .timeout = 60)
         s_assemble(&r, 10 + (uint64_t)k, 0, 0, src_bad[k], zero, row);
         s_expect_error(&r, "source offset", "a region outside the source piece");
     }
+    /* a part of the float32 source read as int64: twice its bytes */
+    mb_writer wide = {0};
+    mb_encode_assemble(&wide, 15, DT_INT64, 2, S_PIECE, 1, false, 1);
+    mb_encode_part(&wide, MB_PART_COPY, DT_REDUCE_SUM, 0, 0, 2, zero, 2, zero, 2, S_PIECE, 1);
+    mb_encode_fetch(&wide, 15, 15, 0);
+    s_ops(&r, &wide, 2, NULL, 0);
+    s_expect_error(&r, "source dtype", "the source piece is float32, not int64");
     /* a part written outside the new piece, from the local source and from a peer's region */
     const int64_t dst_bad[][2] = {{S_NEAR_MAX, 0}, {0, S_NEAR_MAX}, {1, 1}, {-1, 0}};
     for (int k = 0; k < 4; k++) {
@@ -268,6 +276,14 @@ Test(wire, assemble_outside_a_piece_fails, .timeout = 60)
         s_assemble(&r, transfer, 1, transfer, zero, dst_bad[k], row);
         s_expect_error(&r, "destination offset of a received region", "a region outside the piece");
     }
+    /* a region that says it failed, with an empty message (which once read as no failure at all) */
+    mb_writer failed = {0};
+    mb_encode_region(&failed, 35, DT_EKERNEL, DT_FLOAT32, 2, row, "", 0, 0, 0, NULL, -1, 0, 0, 0);
+    mb_header fh = {MB_VERSION, MB_PEER, r.peer_seq++, 1, 1};
+    size_t fsize = failed.size;
+    cr_assert_eq(mb_send(r.as1, NULL, 0, &fh, (mb_buf){mb_w_release(&failed), fsize, mb_buf_free, NULL}, NULL, 0), 0);
+    s_assemble(&r, 35, 1, 35, zero, zero, row);
+    s_expect_error(&r, "a failed region without a message", "a peer could not send its region");
     /* a true assembly after all that: the rows swapped, one from the local piece, one from device 1 */
     mb_writer body = {0};
     mb_encode_region(&body, 40, 0, DT_FLOAT32, 2, row, NULL, 0, 0, 0, NULL, -1, 0, 0, 0);

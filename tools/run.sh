@@ -73,11 +73,11 @@ c_build() {
     fi
 }
 
-# Each fuzz target from the seeds make_corpus writes, for a fixed number of inputs with a fixed
-# seed (the same inputs on every machine; about 10 minutes in all here): any crash, leak or
-# sanitizer report fails, and the input is kept in build-fuzz/findings/. The executions are
-# printed. FUZZ_SCALE multiplies the counts (FUZZ_SCALE=10 for a longer look).
-declare -A FUZZ_RUNS=([envelope]=5000000 [records]=2000000 [worker]=1000000)
+# Each fuzz target from the seeds make_corpus writes and the wire's dictionary, for a fixed number
+# of inputs with a fixed seed (the same inputs on every machine; about 10 minutes in all here): any
+# crash, leak or sanitizer report fails, and the input is kept in build-fuzz/findings/. The
+# executions are printed. FUZZ_SCALE multiplies the counts (FUZZ_SCALE=10 for a longer look).
+declare -A FUZZ_RUNS=([envelope]=5000000 [records]=2000000 [worker]=1000000 [peer]=250000 [controller]=450000)
 # Then the Python harnesses (tests/fuzz/python, atheris: libFuzzer guided by the coverage of the
 # dtorch package's bytecode) from the seeds each writes, the same way: the safetensors reader, the
 # config.json of every model class, the C extension's argument conversion through the public API,
@@ -95,12 +95,12 @@ run_fuzz() {
     fi
     rm -rf build-fuzz/corpus build-fuzz/findings && mkdir -p build-fuzz/findings
     build-fuzz/tests/fuzz/make_corpus build-fuzz/corpus
-    for target in envelope records worker; do
+    for target in envelope records worker peer controller; do
         local log=build-fuzz/findings/$target.log
         if (cd build-fuzz/findings && UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
             ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1 \
             "$ROOT/build-fuzz/tests/fuzz/fuzz_$target" -seed=1 -runs=$((FUZZ_RUNS[$target] * ${FUZZ_SCALE:-1})) \
-            -rss_limit_mb=2048 \
+            -dict="$ROOT/tests/fuzz/wire.dict" -rss_limit_mb=2048 \
             -timeout=20 "$ROOT/build-fuzz/corpus/$target") > "$log" 2>&1; then
             echo "fuzz_$target: $(grep -o 'Done [0-9]* runs in [0-9]* second(s)' "$log" | tail -1), no finding"
         else

@@ -1,6 +1,8 @@
 /* Writes the seed corpus of the fuzz targets: well-formed inputs of each kind, from the schema's
- * own encoders, so the fuzzers start from records a worker accepts and mutate from there.
- *   make_corpus DIR   writes DIR/envelope, DIR/records and DIR/worker, one file per seed */
+ * own encoders, so the fuzzers start from records a worker (or the controller) accepts and mutate
+ * from there.
+ *   make_corpus DIR   writes DIR/envelope, DIR/records, DIR/worker, DIR/peer and DIR/controller, one
+ *                     file per seed */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +55,217 @@ static void s_worker(const char *name, uint8_t count, const void *payload, uint8
     s_write("worker", name, buf, size);
     free(buf);
     free(mb_w_release(body));
+}
+
+/* peer seed: [flags][count][body length][payload length][payload][body (a REGION or RELEASE)][op records] */
+static void s_peer(const char *name, uint8_t flags, uint8_t count, const void *payload, uint8_t plen, mb_writer *body,
+                   mb_writer *ops)
+{
+    size_t size = 4 + plen + body->size + ops->size;
+    char *buf = malloc(size);
+    buf[0] = (char)flags;
+    buf[1] = (char)count;
+    buf[2] = (char)body->size;
+    buf[3] = (char)plen;
+    memcpy(buf + 4, payload, plen);
+    memcpy(buf + 4 + plen, body->data, body->size);
+    memcpy(buf + 4 + plen + body->size, ops->data, ops->size);
+    s_write("peer", name, buf, size);
+    free(buf);
+    free(mb_w_release(body));
+    free(mb_w_release(ops));
+}
+
+/* controller seed: [flags] then messages, each [device][kind][count][npayloads][payload
+ * lengths][body length (2 bytes)][payloads][body]: appended to *seed by s_message */
+typedef struct {
+    char buf[4096];
+    size_t size;
+} s_seed;
+
+static void s_message(s_seed *seed, uint8_t device, mb_kind kind, uint8_t count, const void *payload, uint8_t plen,
+                      mb_writer *body)
+{
+    char *at = seed->buf + seed->size;
+    at[0] = (char)device;
+    at[1] = kind == MB_COMPLETIONS ? 1 : 0;
+    at[2] = (char)count;
+    at[3] = payload ? 1 : 0;
+    size_t n = 4;
+    if (payload)
+        at[n++] = (char)plen;
+    at[n++] = (char)(body->size >> 8);
+    at[n++] = (char)body->size;
+    if (payload)
+        memcpy(at + n, payload, plen), n += plen;
+    memcpy(at + n, body->data, body->size);
+    seed->size += n + body->size;
+    free(mb_w_release(body));
+}
+
+/* An array of offsets each written as a 9-byte int64 (0xd3), as no encoder here writes a small one:
+ * a mutation of those 8 bytes, or a dictionary word laid over them, reaches any int64 in place. */
+static void s_wide_dims(mb_writer *w, int n, const int64_t *v)
+{
+    mb_w_array(w, (uint32_t)n);
+    for (int d = 0; d < n; d++)
+        s_mb_w_be(w, 0xd3, (uint64_t)v[d], 8);
+}
+
+/* A PART as mb_encode_part writes it, its offsets wide. */
+static void s_wide_part(mb_writer *w, mb_part_mode mode, int64_t from, uint64_t transfer, const int64_t *src,
+                        const int64_t *dst, const int64_t *shape)
+{
+    mb_w_array(w, 8);
+    mb_w_int(w, mode);
+    mb_w_int(w, DT_REDUCE_SUM);
+    mb_w_int(w, from);
+    mb_w_uint(w, transfer);
+    s_wide_dims(w, 2, src);
+    s_wide_dims(w, 2, dst);
+    mb_w_i64s(w, shape, 2);
+    mb_w_int(w, 0);
+}
+
+/* The seeds of a worker's redistribute (fuzz_worker) and of what its peers send (fuzz_peer): the
+ * rig sends devices 0..3's regions back to the worker (device 0), and device 1's segment is its
+ * descriptor 200, serial 1, floats 0, 1, 2, ... (tests/fuzz/fuzz_rig.h) */
+static void s_redistribute_seeds(void)
+{
+    const dt_scalar two = {.is_int = false, .f = 2.0};
+    const int64_t zero[2] = {0, 0}, row[2] = {1, 3}, second[2] = {1, 0};
+    mb_writer w = {0};
+    /* the rows of piece 1 swapped into piece 2: one from the piece, one sent to itself */
+    mb_encode_fill(&w, 1, DT_FLOAT32, 2, S_SHAPE, two);
+    mb_encode_send(&w, 1, 4, 0, 2, second, 2, row);
+    mb_encode_assemble(&w, 2, DT_FLOAT32, 2, S_SHAPE, 1, false, 2);
+    mb_encode_part(&w, MB_PART_COPY, DT_REDUCE_SUM, 0, 0, 2, zero, 2, second, 2, row, 0);
+    mb_encode_part(&w, MB_PART_COPY, DT_REDUCE_SUM, 0, 4, 2, zero, 2, zero, 2, row, 0);
+    mb_encode_fetch(&w, 2, 9, 0);
+    s_worker("redistribute", 4, "", 0, &w);
+    /* an all-reduce's average: a copy and a reduce of the same region, then a division */
+    mb_encode_fill(&w, 1, DT_FLOAT32, 2, S_SHAPE, two);
+    mb_encode_send(&w, 1, 5, 2, 2, zero, 2, S_SHAPE);
+    mb_encode_assemble(&w, 3, DT_FLOAT32, 2, S_SHAPE, 1, true, 3);
+    mb_encode_part(&w, MB_PART_COPY, DT_REDUCE_SUM, 0, 0, 2, zero, 2, zero, 2, S_SHAPE, 0);
+    mb_encode_part(&w, MB_PART_REDUCE, DT_REDUCE_SUM, 2, 5, 2, zero, 2, zero, 2, S_SHAPE, 0);
+    mb_encode_part(&w, MB_PART_DIV, DT_REDUCE_SUM, 0, 0, 2, zero, 2, zero, 2, S_SHAPE, 2);
+    mb_encode_fetch(&w, 3, 9, 0);
+    s_worker("allreduce", 4, "", 0, &w);
+    /* the redistribute again, every offset written wide */
+    mb_encode_fill(&w, 1, DT_FLOAT32, 2, S_SHAPE, two);
+    mb_w_array(&w, 6);
+    mb_w_int(&w, MB_OP_SEND);
+    mb_w_uint(&w, 1);
+    mb_w_uint(&w, 4);
+    mb_w_int(&w, 0);
+    s_wide_dims(&w, 2, second);
+    mb_w_i64s(&w, row, 2);
+    mb_encode_assemble(&w, 2, DT_FLOAT32, 2, S_SHAPE, 1, false, 2);
+    s_wide_part(&w, MB_PART_COPY, 0, 0, zero, second, row);
+    s_wide_part(&w, MB_PART_COPY, 0, 4, zero, zero, row);
+    mb_encode_fetch(&w, 2, 9, 0);
+    s_worker("redistribute_wide", 4, "", 0, &w);
+
+    /* peer: a region of device 1 as a frame, by handle, and one that failed; then the ASSEMBLE that takes it */
+    const float floats[6] = {1, 2, 3, 4, 5, 6};
+    mb_writer ops = {0};
+    const uint8_t from1 = 1 << 4;
+    mb_encode_region(&w, 4, 0, DT_FLOAT32, 2, S_SHAPE, NULL, 0, 0, 0, NULL, -1, 0, 0, 0);
+    mb_encode_assemble(&ops, 2, DT_FLOAT32, 2, S_SHAPE, 0, false, 1);
+    mb_encode_part(&ops, MB_PART_COPY, DT_REDUCE_SUM, 1, 4, 2, zero, 2, zero, 2, S_SHAPE, 0);
+    mb_encode_fetch(&ops, 2, 9, 0);
+    s_peer("frame", from1, 2, floats, sizeof floats, &w, &ops);
+    mb_encode_region(&w, 4, 0, DT_FLOAT32, 2, row, NULL, 0, 0, 0, NULL, -1, 0, 0, 0);
+    mb_encode_fill(&ops, 1, DT_FLOAT32, 2, S_SHAPE, two);
+    mb_encode_assemble(&ops, 2, DT_FLOAT32, 2, S_SHAPE, 1, false, 2);
+    s_wide_part(&ops, MB_PART_COPY, 0, 0, second, zero, row);
+    s_wide_part(&ops, MB_PART_COPY, 1, 4, zero, second, row);
+    mb_encode_fetch(&ops, 2, 9, 0);
+    s_peer("frame_wide", from1, 3, floats, sizeof floats / 2, &w, &ops);
+    mb_encode_region(&w, 4, 0, DT_FLOAT32, 2, S_SHAPE, NULL, 0, 0, 2, (const int64_t[]){12, 4}, 200, 1, 64, 7);
+    mb_encode_assemble(&ops, 2, DT_FLOAT32, 2, S_SHAPE, 0, false, 1);
+    mb_encode_part(&ops, MB_PART_COPY, DT_REDUCE_SUM, 1, 4, 2, zero, 2, zero, 2, S_SHAPE, 0);
+    mb_encode_fetch(&ops, 2, 9, 0);
+    s_peer("lent", from1 | 4, 2, "", 0, &w, &ops);
+    mb_encode_region(&w, 4, DT_EKERNEL, DT_FLOAT32, 2, S_SHAPE, "out of memory", 0, 0, 0, NULL, -1, 0, 0, 0);
+    mb_encode_assemble(&ops, 2, DT_FLOAT32, 2, S_SHAPE, 0, false, 1);
+    mb_encode_part(&ops, MB_PART_COPY, DT_REDUCE_SUM, 1, 4, 2, zero, 2, zero, 2, S_SHAPE, 0);
+    mb_encode_fetch(&ops, 2, 9, 0);
+    s_peer("failed", from1 | 4, 2, "", 0, &w, &ops);
+    /* a reduce of device 1's row into one of this device's own */
+    mb_encode_region(&w, 4, 0, DT_FLOAT32, 2, row, NULL, 0, 0, 0, NULL, -1, 0, 0, 0);
+    mb_encode_fill(&ops, 1, DT_FLOAT32, 2, S_SHAPE, two);
+    mb_encode_assemble(&ops, 2, DT_FLOAT32, 2, S_SHAPE, 1, false, 2);
+    mb_encode_part(&ops, MB_PART_COPY, DT_REDUCE_SUM, 0, 0, 2, zero, 2, zero, 2, S_SHAPE, 0);
+    mb_encode_part(&ops, MB_PART_REDUCE, DT_REDUCE_MAX, 1, 4, 2, zero, 2, second, 2, row, 0);
+    mb_encode_fetch(&ops, 2, 9, 0);
+    s_peer("reduce", from1, 3, floats, sizeof floats / 2, &w, &ops);
+    /* a release of what this device lent: nothing it lent has that hold */
+    mb_encode_release(&w, 1);
+    mb_encode_fill(&ops, 1, DT_FLOAT32, 2, S_SHAPE, two);
+    s_peer("release", 1, 1, "", 0, &w, &ops);
+}
+
+/* The seeds of the controller (fuzz_controller): its futures 1..4 are a FULL fetch of a (2, 3)
+ * Shard(0) over devices 0 and 1, the LOCALS of devices 2 and 3, a SYNC of all four, and a FULL
+ * fetch of a Partial(sum) over devices 0 and 1. */
+static void s_controller_seeds(void)
+{
+    const float row[3] = {1, 2, 3}, whole[6] = {1, 2, 3, 4, 5, 6};
+    const int64_t piece[2] = {1, 3};
+    mb_writer w = {0};
+    s_seed seed = {.size = 1};
+    for (uint8_t d = 0; d < 4; d++) { /* workers the controller started say hello */
+        mb_encode_hello(&w, d, 4242, MB_PROTOCOL, op_registry_hash(), "cpu", "node1", "");
+        s_message(&seed, d, MB_HELLO, 1, NULL, 0, &w);
+    }
+    mb_encode_credit(&w, 0);
+    s_message(&seed, 0, MB_COMPLETIONS, 1, NULL, 0, &w);
+    s_write("controller", "hello", seed.buf, seed.size);
+    seed = (s_seed){.buf = {1}, .size = 1}; /* listening: workers from elsewhere */
+    mb_encode_hello(&w, 0, 4242, MB_PROTOCOL, op_registry_hash(), "cpu", "node1", "tcp://10.0.0.2:40001");
+    s_message(&seed, 0, MB_HELLO, 1, NULL, 0, &w);
+    mb_encode_hello(&w, 1, 4243, MB_PROTOCOL, op_registry_hash(), "cpu", "node2", "tcp://10.0.0.3:40001");
+    s_message(&seed, 1, MB_HELLO, 1, NULL, 0, &w);
+    s_write("controller", "hello_remote", seed.buf, seed.size);
+
+    seed = (s_seed){.buf = {2}, .size = 1}; /* said hello: the fetch's pieces, one from each device */
+    for (uint8_t d = 0; d < 2; d++) {
+        mb_encode_credit(&w, 2);
+        mb_encode_value(&w, 1, d, DT_FLOAT32, 2, piece, 0, -1, 0, 0, 0);
+        s_message(&seed, d, MB_COMPLETIONS, 2, row, sizeof row, &w);
+    }
+    s_write("controller", "fetch", seed.buf, seed.size);
+    seed = (s_seed){.buf = {2}, .size = 1};
+    for (uint8_t d = 2; d < 4; d++) {
+        mb_encode_value(&w, 2, d - 2, DT_FLOAT32, 2, S_SHAPE, 0, -1, 0, 0, 0);
+        s_message(&seed, d, MB_COMPLETIONS, 1, whole, sizeof whole, &w);
+    }
+    s_write("controller", "locals", seed.buf, seed.size);
+    seed = (s_seed){.buf = {2}, .size = 1};
+    for (uint8_t d = 0; d < 4; d++) {
+        mb_encode_value(&w, 3, d, DT_FLOAT32, 0, NULL, -1, -1, 0, 0, 0);
+        s_message(&seed, d, MB_COMPLETIONS, 1, NULL, 0, &w);
+    }
+    s_write("controller", "sync", seed.buf, seed.size);
+    seed = (s_seed){.buf = {2}, .size = 1};
+    for (uint8_t d = 0; d < 2; d++) {
+        mb_encode_value(&w, 4, d, DT_FLOAT32, 2, S_SHAPE, 0, -1, 0, 0, 0);
+        s_message(&seed, d, MB_COMPLETIONS, 1, whole, sizeof whole, &w);
+    }
+    s_write("controller", "partial", seed.buf, seed.size);
+    seed = (s_seed){.buf = {2}, .size = 1};
+    mb_encode_error(&w, 1, 0, DT_EKERNEL, "add failed on device 0: why");
+    mb_encode_credit(&w, 1);
+    s_message(&seed, 0, MB_COMPLETIONS, 2, NULL, 0, &w);
+    s_write("controller", "error", seed.buf, seed.size);
+    seed = (s_seed){.buf = {2 | 4}, .size = 1}; /* device 0 lends its piece by handle */
+    mb_encode_value(&w, 1, 0, DT_FLOAT32, 2, piece, -1, 200, 1, 16, 3);
+    s_message(&seed, 0, MB_COMPLETIONS, 1, NULL, 0, &w);
+    mb_encode_value(&w, 1, 1, DT_FLOAT32, 2, piece, 0, -1, 0, 0, 0);
+    s_message(&seed, 1, MB_COMPLETIONS, 1, row, sizeof row, &w);
+    s_write("controller", "lent", seed.buf, seed.size);
 }
 
 int main(int argc, char **argv)
@@ -139,5 +352,7 @@ int main(int argc, char **argv)
     mb_encode_drop(&w, 1);
     s_worker("replay", 6, recs.data, (uint8_t)recs.size, &w);
     free(mb_w_release(&recs));
+    s_redistribute_seeds();
+    s_controller_seeds();
     return 0;
 }
