@@ -53,7 +53,9 @@ def test_worker_memory_bounded_across_rounds(mode):
         for was, now in zip(base, stats):
             assert now["bytes_in_use"] == was["bytes_in_use"], (was, now)
             assert now["peak_bytes"] <= was["bytes_in_use"] + 2 * piece, (was, now)
-            assert now["pooled_bytes"] <= 4 * piece, (was, now)   # threads of one process share a pool
+            # the pool is the process's (shared by its threads, and in thread mode by earlier tests):
+            # what it keeps may not grow by more than a few pieces over what it kept before
+            assert now["pooled_bytes"] <= was["pooled_bytes"] + 4 * piece, (was, now)
 
 
 def test_tensor_from_before_shutdown(mode):
