@@ -115,7 +115,7 @@ echo "test_cuda: $c_pass passed, ${c_fail:-0} failed, ${c_skip:-0} skipped"
 # ---- the Python suite, on the package staged from build-gpu --------------------------------------
 log "tests/python/test_cuda.py (the package from build-gpu)"
 PKG=$ROOT/build-gpu/pkg
-rm -rf "$PKG" && mkdir -p "$PKG" && cp -r bindings/dtorch "$PKG/" \
+rm -rf "$PKG" && mkdir -p "$PKG" && cp -r bindings/dtorch "$PKG/" && cp -r python/dtorch/. "$PKG/dtorch/" \
     && ln -s "$ROOT"/build-gpu/bindings/_C*.so "$ROOT/build-gpu/dtorch-worker" "$PKG/dtorch/"
 export PYTHONPATH=$PKG
 (cd tests/python && timeout 300 "$PY" -m pytest -q -rs -p no:cacheprovider --junitxml="$LOG/pytest.xml" \

@@ -25,7 +25,7 @@ from ._ops_matmul import bmm, embedding, linear, matmul, mm, scaled_dot_product_
 from ._ops_image import conv2d, group_norm
 from ._ops_reduce import (amax, amin, argmax, argmin, cumsum, layer_norm, log_softmax, max, mean, min, rms_norm,
                           softmax, std, sum, topk, var)
-from . import nn, parallel, models, pipelines, profiler, schedulers
+from . import nn, parallel, models, pipelines, profiler, schedulers, serving
 
 _C._register(TensorFuture, DeviceMesh, Placement, _dtype._code_of)
 set_strict, get_strict = _C.set_strict, _C.get_strict

@@ -5,9 +5,9 @@ from .generation import GenerationMixin, StaticCache
 from .llama import CausalLMOutputWithPast, LlamaConfig, LlamaForCausalLM, LlamaModel
 from .llama_parallel import parallelize_llama
 from .modeling_diffusers import AutoencoderKLOutput, DecoderOutput, Transformer2DModelOutput
-from .serving import ContinuousBatcher, Request
 from .transformer_flux import FluxTransformer2DModel
 from .transformer_sd3 import SD3Transformer2DModel
+from ..serving import ContinuousBatcher, Request   # where they lived first: dtorch.models keeps the names
 
 __all__ = ["AutoencoderKL", "AutoencoderKLOutput", "CausalLMOutputWithPast", "ContinuousBatcher", "DecoderOutput",
            "DiagonalGaussianDistribution", "FluxTransformer2DModel", "GenerationMixin", "LlamaConfig",

@@ -25,7 +25,7 @@ from .. import _dtype
 from .._capture import capture as _capture
 from .._factory import distribute_tensor, rand
 from .._placement import Replicate
-from .generation import _MIN_TEMPERATURE, StaticCache
+from ..models.generation import _MIN_TEMPERATURE, StaticCache
 
 
 class Request:

@@ -1,0 +1,9 @@
+"""dtorch.pipelines: text-to-image pipelines with diffusers' names and arguments, from precomputed
+prompt embeddings. The transformer and the VAE each live on a mesh of their own choosing
+(``device_mesh`` and ``vae_mesh``); the latents cross from one to the other once, after the last step."""
+from .pipeline_flux import FluxPipeline, latent_image_ids, pack_latents, unpack_latents
+from .pipeline_stable_diffusion_3 import StableDiffusion3Pipeline
+from .pipeline_utils import DiffusionPipeline, ImagePipelineOutput, calculate_shift, postprocess, save_png
+
+__all__ = ["DiffusionPipeline", "FluxPipeline", "ImagePipelineOutput", "StableDiffusion3Pipeline", "calculate_shift",
+           "latent_image_ids", "pack_latents", "postprocess", "save_png", "unpack_latents"]
