@@ -7,6 +7,7 @@ import pytest
 import dtorch
 import llama_reference as ref
 from dtorch.models import StaticCache
+from dtorch.parallel.pipeline import schedule_of
 from test_llama import greedy_reference
 from test_llama_parallel import MESHES, build, tokens
 
@@ -64,7 +65,7 @@ def test_a_captured_step_is_one_submission_per_group_and_a_fetch(name):
     the number of layers; without capture it is every op of the forward."""
     shape, names, overrides = CAPTURED[name]
     model, _, _ = build(shape, names, overrides)
-    groups = model.num_microbatches
+    groups = schedule_of(model).n_microbatches
     ids = tokens((2, 4), seed=2)
     model.generate(ids, 2)   # what a model places once (RoPE's frequencies) is placed here
     counts = {}

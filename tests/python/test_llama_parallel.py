@@ -15,7 +15,9 @@ import llama_reference as ref
 from conftest import worker_pids
 from dtorch import Replicate, Shard
 from dtorch.models import LlamaConfig, LlamaForCausalLM, StaticCache, parallelize_llama
+from dtorch.models.cache_utils import RingStaticCache
 from dtorch.parallel.context import zigzag_order
+from dtorch.parallel import ScheduleGPipe
 from dtorch.parallel.pipeline import microbatch_slices, stage_layers
 
 TOL = 1e-4
@@ -91,6 +93,56 @@ def test_stage_layers():
     assert microbatch_slices(2, 4) == [slice(0, 1), slice(1, 2)]
 
 
+@pytest.mark.usefixtures("thread_runtime")
+def test_schedule_gpipe_runs_groups_of_rows():
+    """ScheduleGPipe wraps any module's forward from outside: 5 rows in 3 micro-batches run as
+    forwards of 2, 2 and 1 rows (torch.chunk's split), row arrays cut and other arguments whole,
+    and the outputs join on the batch dim."""
+    class Rows(dtorch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def forward(self, input_ids, scale=1.0, offsets=None):
+            self.calls.append((input_ids.shape[0], scale, None if offsets is None else offsets.shape))
+            x = dtorch.distribute_tensor(np.asarray(input_ids, np.float32), dtorch.DeviceMesh("cpu", [0]))
+            return x * scale + (0 if offsets is None else dtorch.distribute_tensor(offsets, x.device_mesh))
+
+    module = Rows()
+    ScheduleGPipe(3)._apply(module)
+    ids = np.arange(10, dtype=np.float32).reshape(5, 2)
+    offsets = np.ones((1, 2), np.float32)                         # one row: serves every group, not cut
+    np.testing.assert_array_equal(module(ids.tolist(), 2.0, offsets=offsets).numpy(), ids * 2 + 1)
+    assert module.calls == [(2, 2.0, (1, 2)), (2, 2.0, (1, 2)), (1, 2.0, (1, 2))]
+    assert module.pipeline_schedule.microbatches(5) == [slice(0, 2), slice(2, 4), slice(4, 5)]
+    module.calls.clear()
+    assert module.pipeline_schedule.call_microbatch(module, input_ids=ids).shape == (5, 2)   # one group: whole
+    assert module.calls == [(5, 1.0, None)]
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="n_microbatches must be a positive int"):
+            ScheduleGPipe(bad)
+
+
+@pytest.mark.usefixtures("thread_runtime")
+def test_parallelism_is_applied_to_a_built_model_from_outside():
+    """One model object, built and loaded on one device and run there, then laid out over dp x pp x
+    ring x ulysses by parallelize_llama: the same logits as the reference, and its classes untouched
+    (the model's forward is the single-device one; only instances got styles, slots and a schedule)."""
+    cfg = ref.tiny_config(num_hidden_layers=4, num_key_value_heads=4)
+    sd = ref.random_weights(cfg, 3)
+    model = LlamaForCausalLM(LlamaConfig.from_dict(cfg), device_mesh=dtorch.DeviceMesh("cpu", [0]))
+    model.load_state_dict(sd)
+    ids = tokens((4, 8), seed=4)
+    assert rel(model(ids).logits.numpy(), ref.logits(sd, cfg, ids)) < TOL
+    mesh = dtorch.init_device_mesh("cpu", (2, 2, 2, 2), mesh_dim_names=("dp", "pp", "ring", "ulysses"))
+    parallelize_llama(model, mesh)
+    assert model.model.layers[3].self_attn.q_proj.weight.device_mesh == mesh.unbind("pp")[1]
+    assert rel(model(ids).logits.numpy(), ref.logits(sd, cfg, ids)) < TOL
+    assert model.cache_class is RingStaticCache and LlamaForCausalLM.cache_class is StaticCache
+    with pytest.raises(ValueError, match="ring attention needs a cache that knows its slots' positions"):
+        model(ids, past_key_values=StaticCache(9))
+
+
 def test_zigzag_order():
     assert zigzag_order(8, 2).tolist() == [0, 1, 6, 7, 2, 3, 4, 5]
     assert zigzag_order(13, 2).tolist() == [0, 1, 2, 3, 10, 11, 12, 4, 5, 6, 7, 8, 9]
@@ -137,7 +189,7 @@ def test_parameters_live_on_their_stage():
     assert where["model.layers.3.self_attn.o_proj.weight"] == stages[2]
     assert where["model.norm.weight"] == where["lm_head.weight"] == stages[2]
     assert model.model.layers[0].self_attn.q_proj.weight.placements == (Shard(0),)
-    assert model.num_microbatches == 3
+    assert model.pipeline_schedule.n_microbatches == 3
 
 
 @pytest.mark.usefixtures("thread_runtime")
@@ -289,7 +341,8 @@ def test_ring_cache_keeps_each_block_on_its_device():
     model, sd, cfg = build((2,), ("ring",))
     mesh = model.model.embed_tokens.weight.device_mesh
     ids = tokens((1, 10), seed=9)
-    cache = StaticCache(11)
+    cache = model.cache_class(11)
+    assert isinstance(cache, RingStaticCache)
     before = [s["peer_bytes_sent"] for s in dtorch.device_stats(mesh)]
     cache.update_key_index(dtorch.distribute_tensor(zigzag_order(8, 2)[None], mesh, [Shard(1)]), 0)
     k = dtorch.distribute_tensor(np.ones((1, 2, 8, 8), np.float32), mesh, [Shard(2)])
@@ -297,7 +350,7 @@ def test_ring_cache_keeps_each_block_on_its_device():
     assert [s["peer_bytes_sent"] for s in dtorch.device_stats(mesh)] == before
     assert [p.tolist() for p in cache.key_index.to_local()] == [[[0, 1, 6, 7, -1, -1]], [[2, 3, 4, 5, -1, -1]]]
 
-    cache = StaticCache(11)
+    cache = model.cache_class(11)
     logits = [model(ids[:, :8], past_key_values=cache).logits[:, -1]]
     for t in (8, 9):
         logits.append(model(ids[:, t:t + 1], past_key_values=cache).logits[:, -1])

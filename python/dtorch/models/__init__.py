@@ -1,7 +1,8 @@
 """dtorch.models: models with HF transformers' and diffusers' module trees, parameter names and
 checkpoints."""
 from .autoencoder_kl import AutoencoderKL, DiagonalGaussianDistribution
-from .generation import GenerationMixin, StaticCache
+from .cache_utils import RingStaticCache, StaticCache
+from .generation import GenerationMixin
 from .llama import CausalLMOutputWithPast, LlamaConfig, LlamaForCausalLM, LlamaModel
 from .llama_parallel import parallelize_llama
 from .modeling_diffusers import AutoencoderKLOutput, DecoderOutput, Transformer2DModelOutput
@@ -11,5 +12,5 @@ from ..serving import ContinuousBatcher, Request   # where they lived first: dto
 
 __all__ = ["AutoencoderKL", "AutoencoderKLOutput", "CausalLMOutputWithPast", "ContinuousBatcher", "DecoderOutput",
            "DiagonalGaussianDistribution", "FluxTransformer2DModel", "GenerationMixin", "LlamaConfig",
-           "LlamaForCausalLM", "LlamaModel", "Request", "SD3Transformer2DModel", "StaticCache",
+           "LlamaForCausalLM", "LlamaModel", "Request", "RingStaticCache", "SD3Transformer2DModel", "StaticCache",
            "Transformer2DModelOutput", "parallelize_llama"]

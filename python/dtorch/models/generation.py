@@ -5,219 +5,22 @@ import numbers
 
 import numpy as np
 
-from .. import _dtype, _ops, _runtime
+from .. import _ops, _runtime
 from .._capture import CapturedFunction
-from .._factory import arange, distribute_tensor, full, rand, zeros
-from .._ops_write import write_pieces_, write_slice_
-from .._placement import Partial, Replicate, Shard
+from .._factory import arange, distribute_tensor, rand
+from .._placement import Replicate, Shard
 from .._safetensors import _progress
-from .._tensor import DTensor
-from ..parallel.pipeline import microbatch_slices
-
-
-class StaticCache:
-    """Keys and values of every layer, pre-allocated for ``max_cache_len`` slots and laid out like the
-    keys and values themselves (heads split where they are split): (B, Hkv, max_cache_len, D) per
-    layer, made on the first write. ``key_mask`` (B, 1, 1, max_cache_len) marks the slots that hold
-    real tokens (left padding) once a forward was given an attention_mask; ``key_index`` (B|1,
-    slots) the position each slot holds (-1: empty or padding) for attention by positions.
-
-    Slot i holds position i, except for attention by positions whose first keys come split on the
-    sequence along one mesh dim (Ring attention): then the slots are laid out per device
-    (``_SlotBlocks``), each device keeping its own block of the keys where it already is and the
-    later tokens spread over the devices, so no write moves keys between devices."""
-
-    def __init__(self, max_cache_len):
-        if int(max_cache_len) < 1:
-            raise ValueError(f"StaticCache: max_cache_len must be positive, got {max_cache_len}")
-        self.max_cache_len = int(max_cache_len)
-        self.key_cache, self.value_cache = {}, {}
-        self.key_mask = None
-        self.key_index = None
-        self._filled = 0
-        self._blocks = None     # _SlotBlocks when the slots are laid out per device
-        self._writes = None     # (start, the writes of this forward) in that layout
-        self._groups_key, self._groups = None, []   # split(): the micro-batches' rows and caches
-
-    def get_seq_length(self, layer_idx=0):
-        """Slots written so far."""
-        return self._filled
-
-    def get_max_cache_shape(self):
-        return self.max_cache_len
-
-    def _check_room(self, start, n):
-        if start + n > self.max_cache_len:
-            raise ValueError(f"StaticCache: slots up to {start + n} needed, the cache holds {self.max_cache_len}")
-
-    def update(self, layer_idx, key_states, value_states, start):
-        """Writes keys and values (B, Hkv, L, D) of layer ``layer_idx`` at slots [start, start + L)
-        (or where the per-device layout puts them) and returns the layer's whole keys and values
-        (B, Hkv, slots, D). ``start`` may be the slots themselves, an (L,) int64 DTensor (the
-        forward's ``cache_position``): then the devices write where it says, so a captured step
-        writes the right slots on every replay.
-
-        The one place the cache is written: in place, each device into its own slots."""
-        L = key_states.shape[2]
-        if isinstance(start, DTensor):
-            return self._update_at(layer_idx, key_states, value_states, start)
-        self._check_room(start, L)
-        blocks = self._blocks
-        if layer_idx not in self.key_cache:
-            slots = blocks.slots if blocks else self.max_cache_len
-            self.key_cache[layer_idx] = _slots_like(key_states, slots, blocks)
-            self.value_cache[layer_idx] = _slots_like(value_states, slots, blocks)
-        if blocks:
-            if self._writes is None or self._writes[0] != start:
-                raise ValueError("StaticCache: laid out per device, keys are written after their positions "
-                                 "(update_key_index) in the same forward")
-            for x, cache in ((key_states, self.key_cache), (value_states, self.value_cache)):
-                blocks.write(cache[layer_idx], 2, x, self._writes[1])
-        else:
-            write_slice_(self.key_cache[layer_idx], 2, start, key_states)
-            write_slice_(self.value_cache[layer_idx], 2, start, value_states)
-            self._filled = max(self._filled, start + L)
-        return self.key_cache[layer_idx], self.value_cache[layer_idx]
-
-    def _update_at(self, layer_idx, key_states, value_states, slots):
-        if self._blocks:
-            raise ValueError("StaticCache: slots given as a tensor (cache_position) need the plain layout; this cache "
-                             "is laid out per device (ring attention)")
-        if layer_idx not in self.key_cache:
-            self.key_cache[layer_idx] = _slots_like(key_states, self.max_cache_len)
-            self.value_cache[layer_idx] = _slots_like(value_states, self.max_cache_len)
-        self.key_cache[layer_idx].index_copy_(2, slots, key_states)
-        self.value_cache[layer_idx].index_copy_(2, slots, value_states)
-        if layer_idx == min(self.key_cache):
-            # counted as if the slots continue the filled ones, as generation gives them
-            self._filled = min(self.max_cache_len, self._filled + key_states.shape[2])
-        return self.key_cache[layer_idx], self.value_cache[layer_idx]
-
-    def update_key_index(self, index, start):
-        """Writes the positions (B|1, L) of the keys of a forward (before its layers write the keys);
-        returns every slot's (B|1, slots): -1 where nothing was written."""
-        L = index.shape[1]
-        if not isinstance(start, DTensor):
-            self._check_room(start, L)
-        if self.key_index is not None and self.key_index.shape[0] != index.shape[0]:
-            raise ValueError(f"StaticCache: key positions for {index.shape[0]} rows, the cache holds them for "
-                             f"{self.key_index.shape[0]} (give position_ids of the same batch on every step)")
-        if self.key_index is None:
-            self._blocks = _SlotBlocks.for_first(index, self.max_cache_len)
-            slots = self._blocks.slots if self._blocks else self.max_cache_len
-            self.key_index = full((index.shape[0], slots), -1, device_mesh=index.device_mesh,
-                                  placements=_no_partial(index.placements), dtype=_dtype.int64)
-        if isinstance(start, DTensor):
-            if self._blocks:
-                raise ValueError("StaticCache: slots given as a tensor (cache_position) need the plain layout; this "
-                                 "cache is laid out per device (ring attention)")
-            self.key_index.index_copy_(1, start, index)
-        elif self._blocks:
-            self._writes = (start, self._blocks.plan(index, 1))
-            self._blocks.write(self.key_index, 1, index, self._writes[1])
-            self._filled = start + L
-        else:
-            write_slice_(self.key_index, 1, start, index)
-        return self.key_index
-
-    def slots_by_index(self):
-        """Whether the slots can be written at positions held by a tensor (``update`` with a DTensor
-        start): no cache tensor split along the slots (a ring lays them out per device)."""
-        def split_on(x, dim):
-            return x is not None and any(isinstance(p, Shard) and p.dim == dim for p in x.placements)
-        tensors = [(t, 2) for t in list(self.key_cache.values()) + list(self.value_cache.values())]
-        return self._blocks is None and not any(split_on(t, d) for t, d in tensors + [(self.key_index, 1)])
-
-    def split(self, slices):
-        """One cache per group of rows (the micro-batches of a pipeline), made once and kept; the
-        groups must be the same on every call."""
-        key = tuple((s.start, s.stop) for s in slices)
-        if self._groups_key != key:
-            if self._groups_key is not None:
-                raise ValueError("StaticCache: the batch was split into other micro-batches than before")
-            self._groups_key, self._groups = key, [StaticCache(self.max_cache_len) for _ in slices]
-        return self._groups
-
-    def _sync_groups(self):
-        if self._groups:
-            self._filled = max(g._filled for g in self._groups)
-
-
-def _slots_like(x, slots, blocks=None):
-    B, H, _, D = x.shape
-    placements = _no_partial(x.placements)
-    if blocks:
-        placements[blocks.dim] = Shard(2)
-    return zeros(B, H, slots, D, device_mesh=x.device_mesh, placements=placements, dtype=x.dtype)
-
-
-class _SlotBlocks:
-    """Cache slots laid out per device along mesh dim ``dim`` (n devices): device r holds slots
-    [r * per_device, (r + 1) * per_device), filled from the start of its block. A write of keys
-    split on the sequence along ``dim`` puts each device's piece in its own block (shard_assign_:
-    nothing moves); any other write spreads its tokens over the emptiest blocks, in at most n
-    contiguous runs (each a write_slice_ that only the block's device does). Attention by
-    positions reads the slots in any order."""
-
-    def __init__(self, mesh, dim, capacity):
-        self.dim = dim
-        self.n = mesh.shape[dim]
-        self.per_device = -(-capacity // self.n)
-        self.slots = self.n * self.per_device
-        self.fill = [0] * self.n
-
-    @classmethod
-    def for_first(cls, index, capacity):
-        """The layout for a cache whose first positions are ``index``: per device when they are split
-        on the sequence along exactly one mesh dim, else None (slot i holds position i)."""
-        split = [m for m, p in enumerate(index.placements) if isinstance(p, Shard) and p.dim == 1]
-        return cls(index.device_mesh, split[0], capacity) if len(split) == 1 and index.shape[1] > 0 else None
-
-    def _split_here(self, x, seq_dim):
-        return [m for m, p in enumerate(x.placements) if isinstance(p, Shard) and p.dim == seq_dim] == [self.dim]
-
-    def plan(self, index, seq_dim):
-        """The writes of L new positions: ("pieces", offset) or [(slot, a, b), ...] runs of tokens."""
-        L = index.shape[seq_dim]
-        size = -(-L // self.n) if L else 0
-        pieces = [max(0, min(size, L - r * size)) for r in range(self.n)]
-        if self._split_here(index, seq_dim) and len(set(self.fill)) == 1 and \
-                self.fill[0] + size <= self.per_device:
-            offset = self.fill[0]
-            self.fill = [f + p for f, p in zip(self.fill, pieces)]
-            return ("pieces", offset)
-        counts = [0] * self.n
-        for _ in range(L):   # water-filling: each token to the emptiest block with room
-            r = min((r for r in range(self.n) if self.fill[r] + counts[r] < self.per_device),
-                    key=lambda r: self.fill[r] + counts[r])
-            counts[r] += 1
-        runs, a = [], 0
-        for r, k in enumerate(counts):
-            if k:
-                runs.append((r * self.per_device + self.fill[r], a, a + k))
-                self.fill[r] += k
-                a += k
-        return runs
-
-    def write(self, dst, seq_dim, x, writes):
-        """Carries out ``plan``'s writes of x (its new positions on ``seq_dim``) into dst."""
-        if writes and writes[0] == "pieces":
-            write_pieces_(dst, seq_dim, writes[1], x)
-            return
-        if any(isinstance(p, Shard) and p.dim == seq_dim for p in x.placements):   # gathered once, not per run
-            x = x.redistribute(x.device_mesh, [Replicate() if isinstance(p, Shard) and p.dim == seq_dim else p
-                                               for p in _no_partial(x.placements)])
-        for slot, a, b in writes:
-            write_slice_(dst, seq_dim, slot, x if (a, b) == (0, x.shape[seq_dim]) else x.narrow(seq_dim, a, b - a))
-
-
-def _no_partial(placements):
-    return [Replicate() if isinstance(p, Partial) else p for p in placements]
+from ..parallel.pipeline import schedule_of
+from .cache_utils import StaticCache, _no_partial
 
 
 class GenerationMixin:
     """``generate`` and ``stream`` for a model whose forward takes (input_ids, attention_mask,
-    position_ids, past_key_values, logits_to_keep) and returns ``.logits``."""
+    position_ids, past_key_values, logits_to_keep) and returns ``.logits``. Its caches are of the
+    model's ``cache_class`` (a parallelize function may choose another); a pipelined model's rows
+    run in the groups its schedule gives (dtorch.parallel.ScheduleGPipe)."""
+
+    cache_class = StaticCache
 
     def generate(self, input_ids, max_new_tokens=20, do_sample=False, temperature=1.0, top_k=None, top_p=None,
                  seed=None, eos_token_id=None, attention_mask=None, streamer=None, pad_token_id=None, capture=True,
@@ -282,8 +85,8 @@ class GenerationMixin:
         return self._steps(prompt, mask != 0, int(max_new_tokens), warp, seed, eos, int(pad_token_id), bool(capture))
 
     def _steps(self, prompt, real, max_new_tokens, warp, seed, eos, pad, capture=False):
-        """The decode loop. The rows run in groups (the micro-batches of a pipeline; one group
-        otherwise), each with its own cache and next token: a group's next step is queued as soon
+        """The decode loop. The rows run in the groups of the model's pipeline schedule (one group
+        without a pipeline), each with its own cache and next token: a group's next step is queued as soon
         as its token is chosen, so while the last stage finishes one group the first stage already
         runs the next one's step. With ``capture`` the step of every group (choose the tokens,
         then the forward of each) is recorded once and replayed (``_DecodeStep``)."""
@@ -294,10 +97,14 @@ class GenerationMixin:
         padded = not real.all()
         if seed is not None:
             _runtime.manual_seed(seed)
-        call = getattr(self, "_call_rows", self)   # a model that splits batches itself: one group per call
+        schedule = schedule_of(self)
+
+        def call(*args, **kwargs):   # the forward of one group's rows
+            return schedule.call_microbatch(self, **dict(zip(("input_ids",), args)), **kwargs)
+
         groups = []
-        for rows in microbatch_slices(B, getattr(self, "num_microbatches", 1)):
-            cache = StaticCache(P + max_new_tokens)
+        for rows in schedule.microbatches(B):
+            cache = self.cache_class(P + max_new_tokens)
             out = call(prompt[rows], attention_mask=real[rows] if padded else None,
                        position_ids=positions[rows] if padded else None, past_key_values=cache, logits_to_keep=1)
             # [rows, cache, logits (b, V), next positions (b, 1)]

@@ -17,7 +17,7 @@ from typing import Optional
 
 import numpy as np
 
-from .. import _dtype, _ops, _ops_view
+from .. import _dtype, _ops_view
 from .._factory import arange, distribute_tensor, ones
 from .._placement import Replicate
 from .._safetensors import Checkpoint, CheckpointError, load_checkpoint, read_json, save_checkpoint
@@ -26,10 +26,10 @@ from ..nn import functional as F
 from ..nn.layers import GELU, Embedding, Linear, ReLU, RMSNorm, SiLU
 from ..nn.module import Module, default_mesh, meta_device
 from ..nn.containers import ModuleList
-from ..parallel.pipeline import microbatch_slices, rows_of, to_mesh
 from . import config_fields
 from .config_fields import count, either, flag, listing, mapping, number, optional, text
-from .generation import GenerationMixin, StaticCache
+from .cache_utils import StaticCache
+from .generation import GenerationMixin
 
 _ACTIVATIONS = {"silu": SiLU, "swish": SiLU, "relu": ReLU, "gelu": GELU,
                 "gelu_pytorch_tanh": lambda: GELU("tanh"), "gelu_new": lambda: GELU("tanh")}
@@ -314,6 +314,7 @@ class LlamaModel(Module):
                                   for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, device_mesh=device_mesh, dtype=dtype)
         self.rotary_emb = LlamaRotaryEmbedding(config, device_mesh, dtype)
+        self.attention_inputs = causal_attention_inputs   # a slot: context parallelism puts its own
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, cache_position=None):
         """``cache_position`` (L,) int64, HF's: the cache slots the new tokens go to (default: right
@@ -334,9 +335,6 @@ class LlamaModel(Module):
             if cache_position.shape != (L,) or (L and (cache_position.min() < 0 or cache_position.max() >= S)):
                 raise ValueError(f"cache_position must give {L} slot(s) in [0, {S}), got {cache_position.tolist()}")
             cache_position = distribute_tensor(cache_position, mesh)
-        cache_position = to_mesh(cache_position, mesh)                         # a pipeline's first stage
-        if isinstance(position_ids, DTensor):
-            position_ids = to_mesh(position_ids, mesh)
         slots = start if cache_position is None else cache_position          # where the new keys go
         if position_ids is None:
             position_ids = (arange(start, start + L, device_mesh=mesh) if cache_position is None
@@ -349,64 +347,38 @@ class LlamaModel(Module):
         if attention_mask is not None:
             if not isinstance(attention_mask, DTensor):
                 attention_mask = np.asarray(attention_mask) != 0
-            attention_mask = _on_mesh_like(attention_mask, input_ids, mesh)    # (B, K)
-        by_position = any(getattr(layer.self_attn.attention, "by_position", False) for layer in self.layers)
-        if attention_mask is not None and attention_mask.ndim == 4:
-            attn = self._whole_mask(attention_mask, L, S, by_position)
-        elif by_position:
-            attn = self._positions(position_ids, attention_mask, cache, slots, start, L)
-        else:
-            attn = AttentionInputs(mask=self._mask(attention_mask, cache, slots, L, S, mesh))
+            attention_mask = _on_mesh_like(attention_mask, input_ids, mesh)    # (B, K) or (B|1, 1, L, S)
+        attn = self.attention_inputs(attention_mask, position_ids, cache, slots, start, L, S)
         for layer in self.layers:
             h = layer(h, rope, attn, cache, slots)
         return self.norm(h)                                                    # (B, L, E)
 
-    @staticmethod
-    def _whole_mask(mask, L, S, by_position):
-        """A 4-D attention_mask (B|1, 1, L, S), as transformers takes one: the whole mask, true where a
-        query may attend a key slot, with no causal mask of its own (a caller that places tokens in
-        the slots itself, such as continuous batching over a ring of slots, says which are whose)."""
-        if by_position:
-            raise ValueError("a 4-D attention_mask needs attention over slots; this model attends by positions "
-                             "(ring attention)")
-        if mask.ndim != 4 or mask.shape[1] != 1 or mask.shape[2] != L or mask.shape[3] != S:
+
+def causal_attention_inputs(attention_mask, position_ids, cache, slots, start, L, S):
+    """What sdpa_attention needs, once per forward: the (L, S) causal mask over the key slots, and'ed
+    with the (B, 1, 1, S) mask of the real tokens when there is padding (None, plain causal
+    attention, without cache or padding); or a 4-D attention_mask (B|1, 1, L, S), as transformers
+    takes one: the whole mask, true where a query may attend a key slot, with no causal mask of its
+    own (a caller that places tokens in the slots itself, such as continuous batching over a ring of
+    slots, says which are whose). ``slots``: the first new slot ``start``, or the new slots (L,) as a
+    DTensor. The default of LlamaModel's ``attention_inputs`` slot."""
+    mesh = position_ids.device_mesh
+    if attention_mask is not None and attention_mask.ndim == 4:
+        if attention_mask.shape[1] != 1 or attention_mask.shape[2] != L or attention_mask.shape[3] != S:
             raise ValueError(f"a 4-D attention_mask must be (batch, 1, {L}, {S}) for {L} new token(s) over {S} key "
-                             f"slots, got {tuple(mask.shape)}")
-        return AttentionInputs(mask=mask if mask.dtype == _dtype.bool else mask != 0)
-
-    @staticmethod
-    def _mask(attention_mask, cache, start, L, S, mesh):
-        """The (L, S) causal mask over the key slots, and'ed with the (B, 1, 1, S) mask of the real
-        tokens when there is padding; None (plain causal attention) without cache or padding.
-        ``start``: the first new slot, or the new slots (L,) as a DTensor."""
-        key_mask = key_mask_from(attention_mask, S) if attention_mask is not None else None   # (B, 1, 1, S)
-        if cache is not None:
-            if key_mask is not None:
-                cache.key_mask = key_mask
-            key_mask = cache.key_mask
-        if cache is None and key_mask is None:
-            return None
-        slots = arange(S, device_mesh=mesh)                                    # (S,)
-        queries = (start if isinstance(start, DTensor) else arange(start, start + L, device_mesh=mesh)).unsqueeze(1)
-        mask = slots <= queries                                                # (L, S): causal over the slots
-        return mask if key_mask is None else mask & key_mask                   # (B, 1, L, S)
-
-    @staticmethod
-    def _positions(position_ids, attention_mask, cache, slots, start, L):
-        """Query and key positions: the new tokens' positions, -1 for padding; with a cache, the
-        keys are every slot's (written here once for all layers, at ``slots``: the first new slot
-        ``start`` or the slots as a DTensor)."""
-        key_index = position_ids                                               # (B|1, L)
-        if attention_mask is not None:
-            K = attention_mask.shape[1]
-            if K not in (L, start + L):
-                raise ValueError(f"attention_mask covers {K} positions; expected the {L} new tokens or all "
-                                 f"{start + L} so far")
-            real = attention_mask[:, K - L:]                                   # (B, L): the new tokens
-            key_index = _ops.where(real, position_ids, -1)                     # (B, L)
-        if cache is not None:
-            key_index = cache.update_key_index(key_index, slots)               # (B|1, S)
-        return AttentionInputs(query_index=position_ids, key_index=key_index)
+                             f"slots, got {tuple(attention_mask.shape)}")
+        return AttentionInputs(mask=attention_mask if attention_mask.dtype == _dtype.bool else attention_mask != 0)
+    key_mask = key_mask_from(attention_mask, S) if attention_mask is not None else None   # (B, 1, 1, S)
+    if cache is not None:
+        if key_mask is not None:
+            cache.key_mask = key_mask
+        key_mask = cache.key_mask
+    if cache is None and key_mask is None:
+        return AttentionInputs()
+    keys = arange(S, device_mesh=mesh)                                         # (S,)
+    queries = (slots if isinstance(slots, DTensor) else arange(start, start + L, device_mesh=mesh)).unsqueeze(1)
+    mask = keys <= queries                                                     # (L, S): causal over the slots
+    return AttentionInputs(mask=mask if key_mask is None else mask & key_mask)  # (B, 1, L, S)
 
 
 @dataclasses.dataclass
@@ -423,11 +395,7 @@ class CausalLMOutputWithPast:
 
 
 class LlamaForCausalLM(GenerationMixin, Module):
-    """Llama with its language-model head: logits over the vocabulary for every position.
-    ``num_microbatches``: a batch runs in that many groups of rows, one after another (a pipeline
-    keeps its stages busy with them; parallelize_llama sets it); 1 runs it whole."""
-
-    num_microbatches = 1
+    """Llama with its language-model head: logits over the vocabulary for every position."""
 
     def __init__(self, config, device_mesh=None, dtype=None):
         super().__init__()
@@ -446,33 +414,6 @@ class LlamaForCausalLM(GenerationMixin, Module):
                 weight = weight.redistribute(head.device_mesh, head.placements)
             self.lm_head.weight = weight
 
-    def __call__(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False,
-                 logits_to_keep=0, cache_position=None):
-        if not isinstance(input_ids, DTensor):
-            input_ids = self._checked_ids(input_ids)
-        if attention_mask is not None and not isinstance(attention_mask, DTensor):
-            attention_mask = np.asarray(attention_mask) != 0
-        if position_ids is not None and not isinstance(position_ids, DTensor):
-            position_ids = np.asarray(position_ids, dtype=np.int64)
-        kwargs = dict(attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=logits_to_keep)
-        groups = microbatch_slices(input_ids.shape[0], self.num_microbatches)
-        if len(groups) == 1:
-            return self._call_rows(input_ids, past_key_values=past_key_values, use_cache=use_cache,
-                                   cache_position=cache_position, **kwargs)
-        if past_key_values is None and use_cache:
-            past_key_values = StaticCache(input_ids.shape[1])
-        caches = past_key_values.split(groups) if past_key_values is not None else [None] * len(groups)
-        outs = [self._call_rows(**rows_of(dict(kwargs, input_ids=input_ids), g), past_key_values=cache,
-                                cache_position=cache_position) for g, cache in zip(groups, caches)]
-        if past_key_values is not None:
-            past_key_values._sync_groups()
-        logits = _ops_view.cat([o.logits for o in outs], dim=0)                 # (B, L, V)
-        return CausalLMOutputWithPast(logits, past_key_values)
-
-    def _call_rows(self, input_ids, **kwargs):
-        """One forward of the rows given (no split into micro-batches), through the hooks."""
-        return Module.__call__(self, input_ids=input_ids, **kwargs)
-
     def _checked_ids(self, input_ids):
         ids = np.asarray(input_ids)
         if ids.ndim == 1:
@@ -489,14 +430,15 @@ class LlamaForCausalLM(GenerationMixin, Module):
                 logits_to_keep=0, cache_position=None):
         """Logits (B, L, V) for input_ids (B, L): host ids (checked against the vocabulary) or a DTensor.
         attention_mask (B, K): 1 for tokens, 0 for (left) padding, over the cache's slots so far
-        (K may run to the cache's length). past_key_values: a StaticCache to read and extend;
+        (K may run to the cache's length). past_key_values: a cache (StaticCache) to read and extend;
         use_cache=True without one makes one just big enough. logits_to_keep=n: only the last n.
         cache_position (L,): the cache slots of the new tokens (LlamaModel.forward)."""
         if not isinstance(input_ids, DTensor):
             input_ids = distribute_tensor(self._checked_ids(input_ids), self.model.embed_tokens.weight.device_mesh)
         if use_cache and past_key_values is None:
-            past_key_values = StaticCache(input_ids.shape[1])
-        h = self.model(input_ids, attention_mask, position_ids, past_key_values, cache_position=cache_position)
+            past_key_values = self.cache_class(input_ids.shape[1])
+        h = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                       past_key_values=past_key_values, cache_position=cache_position)
         if logits_to_keep:
             h = h[:, -logits_to_keep:, :]
         return CausalLMOutputWithPast(self.lm_head(h), past_key_values)          # logits: (B, L, V)

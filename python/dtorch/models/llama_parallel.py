@@ -18,21 +18,23 @@ is on, in any combination:
   runs (earlier stages take the remainder, or ``layers_per_stage``); embed_tokens lives on the first
   stage, norm and lm_head on the last (a tied lm_head holds a copy there). Each parameter lives on its
   stage's devices only; activations hop to the next stage worker to worker. The batch runs in
-  ``num_microbatches`` groups (default: the number of stages) so that the stages overlap.
+  ``num_microbatches`` groups (default: the number of stages) so that the stages overlap: a
+  ScheduleGPipe wraps the model's forward.
 - ``ulysses``: context parallel by all-to-all (sequence split <-> heads split around attention).
-- ``ring``: context parallel by a true ring (k/v blocks passed device to device, zig-zag layout).
+- ``ring``: context parallel by a true ring (k/v blocks passed device to device, zig-zag layout):
+  RingAttention in every layer's attention slot, ring_attention_inputs (positions, not a mask) in the
+  decoder's attention_inputs slot, and RingStaticCache as the model's cache_class.
 
 An absent name means size 1; an unnamed 1-D mesh is taken as tp.
 """
-import numpy as np
-
 from .._mesh import DeviceMesh
 from .._placement import Replicate, Shard
 from ..parallel import (ColwiseParallel, PrepareModuleInput, ReplicateHeadsParallel, RowwiseParallel,
                         parallelize_module)
-from ..parallel.context import ContextParallelInput, RingAttention, UlyssesParallel
-from ..parallel.pipeline import PipelineStage, forget_moved_per_forward, stage_layers
+from ..parallel.context import ContextParallelInput, RingAttention, UlyssesParallel, ring_attention_inputs
+from ..parallel.pipeline import PipelineStage, ScheduleGPipe, forget_moved_per_forward, stage_layers
 from ..parallel.style import named_dim_sizes, place
+from .cache_utils import RingStaticCache
 
 KNOWN_DIMS = ("dp", "tp", "pp", "ulysses", "ring")
 
@@ -47,48 +49,58 @@ def mesh_sizes(device_mesh):
 def parallelize_llama(model, device_mesh, *, num_microbatches=None, layers_per_stage=None):
     """Lays ``model`` (a LlamaForCausalLM, with values or MetaTensors) out over ``device_mesh`` by its
     dim names; returns the model. Every parameter ends up on the mesh of its stage (the whole mesh
-    without ``pp``), Replicate where the plan says nothing."""
+    without ``pp``), Replicate where the plan says nothing. ``num_microbatches`` (default: the number
+    of stages): the groups of rows a batch runs in (ScheduleGPipe); ``layers_per_stage``: the decoder
+    layers of each stage (default: an even split, the earlier stages taking the remainder)."""
     sizes = mesh_sizes(device_mesh)
     mesh = device_mesh
     if mesh._get_root_mesh() is not mesh or mesh.mesh_dim_names is None and "tp" in sizes:
         mesh = DeviceMesh(mesh.device_type, mesh.mesh, mesh_dim_names=["tp"] if mesh.mesh_dim_names is None
                           else mesh.mesh_dim_names)
     config = model.config
-    tp, ulysses = sizes.get("tp", 1), sizes.get("ulysses", 1)
+    tp, ulysses, ring = sizes.get("tp", 1), sizes.get("ulysses", 1), sizes.get("ring", 1)
     kv_style, kv_repeat = _check_heads(config, tp, ulysses)
+    n_microbatches = _microbatches(num_microbatches, "pp" in sizes and sizes["pp"])
     stages = mesh.unbind("pp") if "pp" in sizes else [mesh]
     layers = stage_layers(config.num_hidden_layers, len(stages), layers_per_stage)
-    last = len(stages) - 1
-    entries = []
+    decoder, first, last = model.model, stages[0], len(stages) - 1
+
+    entries = [PipelineStage(stage) for stage in stages] if len(stages) > 1 else []
+    if entries:   # the decoder's own inputs (positions, slots, mask) move onto the first stage
+        forget_moved_per_forward(decoder, entries)
+        entries[0]._apply(decoder)
     for s, stage in enumerate(stages):
         paths = ((["model.embed_tokens"] if s == 0 else []) + [f"model.layers.{i}" for i in layers[s]]
                  + (["model.norm", "lm_head"] if s == last else []))
         _replicate([model.get_submodule(p) for p in paths], stage)
-        names = set(stage.mesh_dim_names or ())
         if tp > 1:
             _tensor_parallel(model, stage["tp"], s == 0, s == last, layers[s], kv_style)
         for i in layers[s]:
             _context_parallel(model.model.layers[i].self_attn, stage, sizes, kv_repeat, config.head_dim)
-        if len(stages) > 1:
-            entry = PipelineStage(stage)
-            entries.append(entry)
-            for path in paths:
-                entry._apply(model.get_submodule(path))
-        if "dp" in names and s == 0:
-            batch = {name: Replicate() for name in ("input_ids", "attention_mask", "position_ids")}
-            parallelize_module(model, stage["dp"], PrepareModuleInput(
-                input_kwarg_layouts=batch, desired_input_kwarg_layouts={name: Shard(0) for name in batch}))
-    if entries:
-        forget_moved_per_forward(model.model, entries)
-    if ulysses > 1 or sizes.get("ring", 1) > 1:
-        first = stages[0]
+        for path in paths if entries else ():
+            entries[s]._apply(model.get_submodule(path))
+    if "dp" in sizes:
+        batch = {name: Replicate() for name in ("input_ids", "attention_mask", "position_ids")}
+        parallelize_module(decoder, first["dp"], PrepareModuleInput(
+            input_kwarg_layouts=batch, desired_input_kwarg_layouts={name: Shard(0) for name in batch}))
+    if ulysses > 1 or ring > 1:
         dims = [first.mesh_dim_names.index(n) for n in ("ring", "ulysses") if n in first.mesh_dim_names]
-        ContextParallelInput(first, dims, sizes.get("ring", 1))._apply(model.model)
+        ContextParallelInput(first, dims, ring)._apply(decoder)
+    if ring > 1:
+        decoder.attention_inputs = ring_attention_inputs
+        model.cache_class = RingStaticCache
     model.tie_weights()
-    model.num_microbatches = int(num_microbatches) if num_microbatches is not None else len(stages)
-    if model.num_microbatches < 1:
-        raise ValueError(f"parallelize_llama: num_microbatches must be positive, got {num_microbatches}")
+    if n_microbatches > 1:
+        ScheduleGPipe(n_microbatches)._apply(model)
     return model
+
+
+def _microbatches(num_microbatches, stages):
+    if num_microbatches is None:
+        return stages or 1
+    if isinstance(num_microbatches, bool) or int(num_microbatches) != num_microbatches or num_microbatches < 1:
+        raise ValueError(f"parallelize_llama: num_microbatches must be positive, got {num_microbatches}")
+    return int(num_microbatches)
 
 
 def _check_heads(config, tp, ulysses):

@@ -17,9 +17,12 @@ Two ways, each on a mesh dim of its own, and both at once:
 A forward of fewer tokens than the context-parallel devices (decode) keeps its activations
 replicated on those dims.
 """
+import dataclasses
+
 import numpy as np
 
 from .._factory import distribute_tensor
+from .._ops import where
 from .._placement import Replicate, Shard
 from .._tensor import DTensor
 from ..nn.functional import ring_attention
@@ -90,12 +93,45 @@ class UlyssesParallel(ParallelStyle):
         return module
 
 
+@dataclasses.dataclass
+class RingAttentionInputs:
+    """What ring attention needs besides q, k and v, built once per forward for every layer: the
+    position of each query row (``query_index`` (B|1, L)) and each key slot (``key_index`` (B|1,
+    S): -1 for padding or an empty slot). Visibility goes by positions, so the sequence may be laid
+    out in any order."""
+
+    query_index: DTensor
+    key_index: DTensor
+
+
+def ring_attention_inputs(attention_mask, position_ids, cache, slots, start, L, S):
+    """RingAttentionInputs for a forward of L tokens at ``position_ids`` (B|1, L): the new tokens'
+    positions, -1 for padding; with a cache, the keys are every slot's, written into the cache here
+    once for all layers at ``slots`` (the first new slot ``start``, or the slots as a DTensor). What
+    parallelize_llama puts in LlamaModel's ``attention_inputs`` slot with ring attention."""
+    if attention_mask is not None and attention_mask.ndim == 4:
+        raise ValueError("a 4-D attention_mask needs attention over slots; this model attends by positions "
+                         "(ring attention)")
+    key_index = position_ids                                                   # (B|1, L)
+    if attention_mask is not None:
+        K = attention_mask.shape[1]
+        if K not in (L, start + L):
+            raise ValueError(f"attention_mask covers {K} positions; expected the {L} new tokens or all "
+                             f"{start + L} so far")
+        real = attention_mask[:, K - L:]                                       # (B, L): the new tokens
+        key_index = where(real, position_ids, -1)                              # (B, L)
+    if cache is not None:
+        if not hasattr(cache, "update_key_index"):
+            raise ValueError(f"ring attention needs a cache that knows its slots' positions: make it with the "
+                             f"model's cache_class (RingStaticCache), not {type(cache).__name__}")
+        key_index = cache.update_key_index(key_index, slots)                   # (B|1, S)
+    return RingAttentionInputs(query_index=position_ids, key_index=key_index)
+
+
 class RingAttention:
     """A layer's attention as a ring over mesh dim ``dim`` of ``mesh``: the callable a LlamaAttention
     holds in its ``attention`` slot, ``(q, k, v, inputs, scale) -> o`` with q (B, H, L, D) and k, v
-    (B, Hkv, S, D). ``by_position``: the model gives it query and key positions, not a mask."""
-
-    by_position = True
+    (B, Hkv, S, D), and ``inputs`` the RingAttentionInputs of the forward."""
 
     def __init__(self, mesh, dim):
         self.mesh, self.dim = mesh, dim

@@ -8,14 +8,20 @@ inputs that live on another mesh (the previous stage's activations, the position
 moved onto the stage by a cross-mesh redistribute, worker to worker (the controller only writes
 the records), once per forward for all the stage's modules.
 
-The schedule needs no threads. Every op call returns at once and each device runs its own queue
-in order, so issuing micro-batch 0 through every stage, then micro-batch 1, and so on, is GPipe's
-schedule: while the last stage runs micro-batch 0, the first already runs micro-batch 1. In decode
-each micro-batch is a group of sequences with its own cache and its own next token, so stage 0
-starts a group's next step while the later stages finish the other groups' current one.
+The schedule (``ScheduleGPipe``) wraps the model from outside, as torch.distributed.pipelining's
+schedules do: the model class knows nothing of micro-batches. It needs no threads. Every op call
+returns at once and each device runs its own queue in order, so issuing micro-batch 0 through every
+stage, then micro-batch 1, and so on, is GPipe's schedule: while the last stage runs micro-batch 0,
+the first already runs micro-batch 1. In decode each micro-batch is a group of sequences with its
+own cache and its own next token (generation asks the schedule for the groups), so stage 0 starts a
+group's next step while the later stages finish the other groups' current one.
 """
 import dataclasses
+import inspect
 
+import numpy as np
+
+from .._ops_view import cat
 from .._placement import Replicate
 from .._tensor import DTensor
 from .style import ParallelStyle
@@ -117,12 +123,116 @@ def microbatch_slices(batch, num_microbatches):
     return [slice(s, min(s + size, batch)) for s in range(0, batch, size)] if batch else [slice(0, 0)]
 
 
-def rows_of(kwargs, rows):
-    """The arguments of one micro-batch: every array or DTensor with the batch as dim 0 (more than
-    one row) cut to ``rows``; the rest as they are (position ids (1, L) serve every row)."""
+def rows_of(kwargs, rows, batch):
+    """The arguments of one micro-batch: every array or DTensor with the batch's ``batch`` rows as
+    dim 0 of two or more dims cut to ``rows``; the rest as they are (position ids (1, L) serve every
+    row, cache slots (L,) every row)."""
     out = {}
     for name, value in kwargs.items():
-        if value is not None and hasattr(value, "shape") and len(value.shape) > 0 and value.shape[0] > 1:
+        if isinstance(value, (list, tuple)):
+            value = np.asarray(value)
+        if value is not None and len(getattr(value, "shape", ())) > 1 and value.shape[0] == batch > 1:
             value = value[rows]
         out[name] = value
     return out
+
+
+class ScheduleGPipe(ParallelStyle):
+    """GPipe's schedule on a model's forward: a batch of B rows runs as ``n_microbatches`` groups of
+    rows (torch.chunk's split of the batch; fewer when B is smaller), one forward each, issued one
+    after another; the outputs' tensors are concatenated on the batch dim again. Applied to a module
+    (``ScheduleGPipe(4)._apply(model)``), it wraps that module's forward and becomes its
+    ``pipeline_schedule``.
+
+    What the forward takes is split by rows (every array or DTensor with more than one row; see
+    ``rows_of``); a key/value cache (``past_key_values``) by its ``split(slices)``, one cache per
+    group kept from call to call; with ``use_cache`` and no cache, each group makes its own and the
+    output's cache is the cache of their groups (``of_groups``)."""
+
+    def __init__(self, n_microbatches):
+        if isinstance(n_microbatches, bool) or int(n_microbatches) != n_microbatches or n_microbatches < 1:
+            raise ValueError(f"ScheduleGPipe: n_microbatches must be a positive int, got {n_microbatches!r}")
+        self.n_microbatches = int(n_microbatches)
+        self._whole = False
+
+    def _apply(self, module, device_mesh=None):
+        forward = module.forward
+        names = list(inspect.signature(forward).parameters)
+
+        def scheduled(*args, **kwargs):
+            kwargs.update(zip(names, args))
+            return self._step(forward, kwargs)
+
+        module.forward = scheduled
+        module.pipeline_schedule = self
+        return module
+
+    def microbatches(self, batch):
+        """The row slices of the groups a batch of ``batch`` rows runs in."""
+        return microbatch_slices(batch, self.n_microbatches)
+
+    def call_microbatch(self, module, **kwargs):
+        """``module(**kwargs)`` for the rows of one group, as they are (not split again)."""
+        self._whole = True
+        try:
+            return module(**kwargs)
+        finally:
+            self._whole = False
+
+    def _step(self, forward, kwargs):
+        if self._whole:
+            return forward(**kwargs)
+        ids = kwargs.get("input_ids")
+        if isinstance(ids, (list, tuple)):
+            ids = kwargs["input_ids"] = np.asarray(ids)
+        groups = self.microbatches(ids.shape[0]) if len(getattr(ids, "shape", ())) > 1 else [None]
+        if len(groups) == 1:
+            return forward(**kwargs)
+        cache = kwargs.pop("past_key_values", None)
+        caches = cache.split(groups) if cache is not None else [None] * len(groups)
+        outs = [forward(**rows_of(kwargs, rows, ids.shape[0]), **({} if c is None else {"past_key_values": c}))
+                for rows, c in zip(groups, caches)]
+        made = [getattr(o, "past_key_values", None) for o in outs]
+        if cache is None and made[0] is not None:
+            cache = type(made[0]).of_groups(groups, made)
+        return _joined(outs, made, cache)
+
+    def __repr__(self):
+        return f"ScheduleGPipe(n_microbatches={self.n_microbatches})"
+
+
+class NoPipeline:
+    """The schedule of a model that is not pipelined: one group, the plain call."""
+
+    n_microbatches = 1
+
+    def microbatches(self, batch):
+        return [slice(0, batch)]
+
+    def call_microbatch(self, module, **kwargs):
+        return module(**kwargs)
+
+
+def schedule_of(module):
+    """The pipeline schedule a parallelize function put on ``module``, else NoPipeline's."""
+    return getattr(module, "pipeline_schedule", None) or NoPipeline()
+
+
+def _joined(outs, group_caches, cache):
+    """The groups' outputs as one: tensors concatenated on the batch dim, the groups' caches replaced
+    by the cache of them all."""
+    first = outs[0]
+    if isinstance(first, DTensor):
+        return cat(outs, dim=0)
+    if dataclasses.is_dataclass(first):
+        fields = {}
+        for f in dataclasses.fields(first):
+            values = [getattr(o, f.name) for o in outs]
+            if values[0] is not None and values[0] is group_caches[0]:
+                fields[f.name] = cache
+            elif all(isinstance(v, DTensor) for v in values):
+                fields[f.name] = cat(values, dim=0)
+            else:
+                fields[f.name] = values[0]
+        return dataclasses.replace(first, **fields)
+    raise TypeError(f"ScheduleGPipe: cannot join outputs of type {type(first).__name__}")

@@ -15,7 +15,6 @@ import numpy as np
 from .. import _dtype
 from .._factory import distribute_tensor, randn
 from .._runtime import manual_seed
-from .._safetensors import _progress
 from .._tensor import DTensor
 from .._ops_view import cat
 from ..models.modeling_diffusers import read_config

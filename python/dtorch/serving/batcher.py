@@ -25,7 +25,8 @@ from .. import _dtype
 from .._capture import capture as _capture
 from .._factory import distribute_tensor, rand
 from .._placement import Replicate
-from ..models.generation import _MIN_TEMPERATURE, StaticCache
+from ..models.cache_utils import StaticCache
+from ..models.generation import _MIN_TEMPERATURE
 
 
 class Request:
