@@ -1,4 +1,4 @@
-"""Fuzzes the C extension's argument conversion (bindings/dt_python.c) through the public API: the
+"""Fuzzes the C extension's argument conversion (bindings/dtpy_*.c) through the public API: the
 factories' sizes, fill values, dtypes, placements and meshes; arange's bounds; DeviceMesh and
 init_device_mesh; indexing keys; reshape, view, permute and transpose; redistribute's mesh and
 placements; distribute_tensor and from_local with odd arrays and pieces. Workers are threads of
