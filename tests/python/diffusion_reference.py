@@ -109,3 +109,21 @@ def rotate_interleaved(x, cos, sin):
     x0, x1 = x[..., 0::2], x[..., 1::2]
     rotated = np.stack([-x1, x0], -1).reshape(x.shape)
     return x * cos + rotated * sin
+
+
+# ---- layouts ---------------------------------------------------------------------------------------
+
+def image_placements(names, sequence_dim=1):
+    """How the diffusion transformers' plans lay out image tokens on a mesh with dim ``names`` (None:
+    one unnamed device): the batch Shard(0) on dp, the sequence Shard(sequence_dim) on ulysses and
+    ring."""
+    import dtorch
+    return [dtorch.Shard(0) if n == "dp" else dtorch.Shard(sequence_dim) for n in names] if names else \
+        [dtorch.Replicate()]
+
+
+def batch_placements(names):
+    """How the plans lay out text tokens, conditioning vectors and the output: the batch Shard(0) on
+    dp, whole elsewhere."""
+    import dtorch
+    return [dtorch.Shard(0) if n == "dp" else dtorch.Replicate() for n in names] if names else [dtorch.Replicate()]

@@ -1,16 +1,31 @@
-"""Joint image-text attention of the diffusion transformers (DiffusionParallel.attention) on every
-layout the mesh dim names give, against numpy over the concatenated sequence; and ring_attention's
-joint block on its own."""
+"""The diffusion models' parallel plans (parallelize_sd3, parallelize_flux, parallelize_vae). Joint
+image-text attention as the plan puts it in an attention slot, on every layout the mesh dim names
+give, against numpy over the concatenated sequence; ring_attention's joint block on its own; the
+plans' errors; and the plans applied from outside to a model already built and run on one device,
+which then gives the reference's values over dp x ulysses x ring (the model files are
+single-device code: they name no placement that splits and no mesh dim)."""
+import ast
+import inspect
+
 import numpy as np
 import pytest
 
 import dtorch
-from dtorch.models.diffusion_parallel import DiffusionParallel
+from dtorch.models import (AutoencoderKL, FluxTransformer2DModel, SD3Transformer2DModel, parallelize_flux,
+                           parallelize_sd3, parallelize_vae)
+from dtorch.models import autoencoder_kl, diffusion_layers, transformer_flux, transformer_sd3
+from dtorch.models.diffusion_layers import joint_attention
 from dtorch.nn import functional as F
 
-from diffusion_reference import attention
+import flux_reference
+import sd3_reference
+import vae_reference
+from diffusion_reference import attention, batch_placements, image_placements
 
 H, LT, D = 4, 3, 8
+SD3 = dict(sample_size=8, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=D, num_attention_heads=H,
+           joint_attention_dim=12, caption_projection_dim=H * D, pooled_projection_dim=10, out_channels=4,
+           pos_embed_max_size=8)
 
 # (mesh shape, dim names, batch, image tokens): uneven sequence pieces, an empty batch piece on dp
 LAYOUTS = [
@@ -34,18 +49,27 @@ def _inputs(rng, B, L):
     return [rng.standard_normal(s).astype(np.float32) for s in [(B, H, L, D)] * 3 + [(B, H, LT, D)] * 3]
 
 
+def _sd3(mesh):
+    """A small SD3 transformer made on ``mesh`` without any plan (its constructor alone)."""
+    return SD3Transformer2DModel(SD3Transformer2DModel.make_config(SD3), device_mesh=mesh)
+
+
+def _planned_attention(mesh):
+    """The attention slot of an SD3 block after parallelize_sd3 over ``mesh``."""
+    model = parallelize_sd3(_sd3(dtorch.DeviceMesh("cpu", [0])), mesh)
+    return model.transformer_blocks[0].attn.attention
+
+
 @pytest.mark.parametrize("shape,names,B,L", LAYOUTS)
 @pytest.mark.parametrize("context_first", [False, True])
 def test_joint_attention_matches_numpy(thread_runtime, shape, names, B, L, context_first):
     rng = np.random.default_rng(L * 10 + B)
     arrays = _inputs(rng, B, L)
     mesh = _mesh(shape, names)
-    parallel = DiffusionParallel(mesh, H, "test")
-    names = names or ("none",)
-    image = [dtorch.Shard(0) if n == "dp" else dtorch.Shard(2) if n != "none" else dtorch.Replicate() for n in names]
-    text = [dtorch.Shard(0) if n == "dp" else dtorch.Replicate() for n in names]
+    slot = _planned_attention(mesh)
+    image, text = image_placements(names, sequence_dim=2), batch_placements(names)
     tensors = [dtorch.distribute_tensor(a, mesh, image if i < 3 else text) for i, a in enumerate(arrays)]
-    out, context_out = parallel.attention(*tensors, context_first=context_first)
+    out, context_out = slot(*tensors, context_first=context_first)
     q, k, v = (np.concatenate([arrays[i + 3], arrays[i]] if context_first else [arrays[i], arrays[i + 3]], axis=2)
                for i in range(3))
     want = attention(q, k, v)
@@ -60,8 +84,7 @@ def test_joint_attention_without_context(thread_runtime):
     q, k, v = (rng.standard_normal((2, H, 7, D)).astype(np.float32) for _ in range(3))
     mesh = _mesh((2, 2), ("ulysses", "ring"))
     pl = [dtorch.Shard(2), dtorch.Shard(2)]
-    out, context_out = DiffusionParallel(mesh, H, "test").attention(*(dtorch.distribute_tensor(a, mesh, pl)
-                                                                       for a in (q, k, v)))
+    out, context_out = _planned_attention(mesh)(*(dtorch.distribute_tensor(a, mesh, pl) for a in (q, k, v)))
     assert context_out is None
     np.testing.assert_allclose(out.numpy(), attention(q, k, v), rtol=1e-5, atol=1e-6)
 
@@ -90,9 +113,149 @@ def test_ring_joint_block_in_both_modes(mode):
 
 
 def test_layout_errors(thread_runtime):
+    one = dtorch.DeviceMesh("cpu", [0])
     with pytest.raises(ValueError, match="unknown mesh dim name 'tp'"):
-        DiffusionParallel(_mesh((2,), ("tp",)), H, "SD3Transformer2DModel")
+        parallelize_sd3(_sd3(one), _mesh((2,), ("tp",)))
     with pytest.raises(ValueError, match="ulysses size 3 does not divide the 4 attention heads"):
-        DiffusionParallel(_mesh((3,), ("ulysses",)), H, "SD3Transformer2DModel")
+        parallelize_sd3(_sd3(one), _mesh((3,), ("ulysses",)))
     with pytest.raises(ValueError, match="name the dims"):
-        DiffusionParallel(dtorch.DeviceMesh("cpu", [0, 1]), H, "SD3Transformer2DModel")
+        parallelize_sd3(_sd3(one), dtorch.DeviceMesh("cpu", [0, 1]))
+
+
+# ---- the plans applied from outside -------------------------------------------------------------------
+
+FLUX = dict(in_channels=8, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
+            joint_attention_dim=12, pooled_projection_dim=10, axes_dims_rope=(4, 6, 6), guidance_embeds=True)
+VAE = dict(down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+           block_out_channels=(8, 16), layers_per_block=1, norm_num_groups=4, latent_channels=4)
+GRID = ((2, 2, 2), ("dp", "ulysses", "ring"))
+
+
+def _state(model):
+    return {k: v.numpy() for k, v in model.state_dict().items()}
+
+
+def _relative_error(got, want):
+    return float(np.abs(np.asarray(got, np.float64) - want).max() / np.abs(want).max())
+
+
+def _profiled(fn):
+    """(fn(), {op or record name: count} of what devices 0-7 ran, the devices that ran something)."""
+    with dtorch.profiler.profile(*range(8)) as prof:
+        out = fn()
+    events = prof.events()
+    names = {}
+    for e in events:
+        names[e["name"]] = names.get(e["name"], 0) + 1
+    return out, names, {e["device"] for e in events}
+
+
+def test_sd3_built_on_one_device_then_parallelized(mode):
+    """The model made by its constructor alone runs on its one device as single-device code; the same
+    object laid out afterwards by parallelize_sd3 over dp x ulysses x ring runs on all 8 devices,
+    attention as a ring inside the Ulysses head split, and gives the same values (both against the
+    numpy reference), the output's batch split on dp."""
+    rng = np.random.default_rng(4)
+    x = dict(hidden_states=rng.standard_normal((2, 4, 6, 10)).astype(np.float32),
+             encoder_hidden_states=rng.standard_normal((2, 5, 12)).astype(np.float32),
+             pooled_projections=rng.standard_normal((2, 10)).astype(np.float32),
+             timestep=np.array([999.0, 3.5], np.float32))
+    model = _sd3(dtorch.DeviceMesh("cpu", [3]))
+    sd = _state(model)
+    want = sd3_reference.transformer(sd, dict(model.config), x["hidden_states"], x["encoder_hidden_states"],
+                                     x["pooled_projections"], x["timestep"])
+    out, ops, devices = _profiled(lambda: model(**x).sample.numpy())
+    assert devices == {3} and "scaled_dot_product_attention" in ops
+    assert _relative_error(out, want) < 1e-4
+
+    mesh = _mesh(*GRID)
+    assert parallelize_sd3(model, mesh) is model
+    assert model.device_mesh == mesh and all(p.device_mesh == mesh for p in model.parameters())
+    sample = model(**x).sample
+    assert list(sample.placements) == batch_placements(GRID[1])
+    out, ops, devices = _profiled(lambda: model(**x).sample.numpy())
+    assert devices == set(range(8))
+    assert ops.get("attention_block", 0) > 0 and "scaled_dot_product_attention" not in ops
+    assert _relative_error(out, want) < 1e-4
+    with pytest.raises(ValueError, match="SD3Transformer2DModel: already laid out over"):
+        parallelize_sd3(model, mesh)
+
+
+def test_flux_built_on_one_device_then_parallelized(thread_runtime):
+    rng = np.random.default_rng(6)
+    n_image, n_text = 7, 5
+    img_ids = np.zeros((n_image, 3), np.float32)
+    img_ids[:, 1], img_ids[:, 2] = np.arange(n_image) // 3, np.arange(n_image) % 3
+    x = dict(hidden_states=rng.standard_normal((2, n_image, 8)).astype(np.float32),
+             encoder_hidden_states=rng.standard_normal((2, n_text, 12)).astype(np.float32),
+             pooled_projections=rng.standard_normal((2, 10)).astype(np.float32),
+             timestep=np.array([0.9, 0.2], np.float32), img_ids=img_ids,
+             txt_ids=rng.integers(0, 4, (n_text, 3)).astype(np.float32), guidance=np.full(2, 3.5, np.float32))
+    model = FluxTransformer2DModel(FluxTransformer2DModel.make_config(FLUX), device_mesh=dtorch.DeviceMesh("cpu", [0]))
+    sd = _state(model)
+    want = flux_reference.model(sd, dict(model.config), x["hidden_states"], x["encoder_hidden_states"],
+                                x["pooled_projections"], x["timestep"], x["img_ids"], x["txt_ids"], x["guidance"])
+    assert _relative_error(model(**x).sample.numpy(), want) < 1e-4
+
+    mesh = _mesh(*GRID)
+    parallelize_flux(model, mesh)
+    (cos, _), (context_cos, _) = model._rotary_emb(img_ids, x["txt_ids"], n_image, n_text)
+    assert list(cos.placements) == [dtorch.Replicate(), dtorch.Shard(2), dtorch.Shard(2)] and cos.device_mesh == mesh
+    assert list(context_cos.placements) == [dtorch.Replicate()] * 3
+    out, ops, devices = _profiled(lambda: model(**x).sample)
+    assert devices == set(range(8)) and ops.get("attention_block", 0) > 0
+    assert list(out.placements) == batch_placements(GRID[1])
+    assert _relative_error(out.numpy(), want) < 1e-4
+
+
+def test_vae_built_on_one_device_then_parallelized(thread_runtime):
+    z = np.random.default_rng(2).standard_normal((5, 4, 8, 8)).astype(np.float32)
+    for mesh, placements in ((_mesh((2, 2), ("dp", "ring")), [dtorch.Shard(0)] * 2),
+                             (dtorch.DeviceMesh("cpu", [0, 1, 2]), [dtorch.Shard(0)])):
+        vae = AutoencoderKL(AutoencoderKL.make_config(VAE), device_mesh=dtorch.DeviceMesh("cpu", [0]))
+        want = vae_reference.decode(_state(vae), VAE, z)
+        out = vae.decode(z).sample
+        assert list(out.placements) == [dtorch.Replicate()]
+        assert _relative_error(out.numpy(), want) < 1e-4
+        parallelize_vae(vae, mesh)
+        out = vae.decode(z).sample
+        assert out.device_mesh == mesh and list(out.placements) == placements
+        assert _relative_error(out.numpy(), want) < 1e-4
+
+
+@pytest.mark.parametrize("build,parallelize", [
+    (lambda mesh: _sd3(mesh), parallelize_sd3),
+    (lambda mesh: FluxTransformer2DModel(FluxTransformer2DModel.make_config(FLUX), device_mesh=mesh), parallelize_flux),
+    (lambda mesh: AutoencoderKL(AutoencoderKL.make_config(VAE), device_mesh=mesh), parallelize_vae)])
+def test_every_plan_refuses_unknown_dim_names(thread_runtime, build, parallelize):
+    model = build(dtorch.DeviceMesh("cpu", [0]))
+    with pytest.raises(ValueError, match=f"{type(model).__name__}: unknown mesh dim name 'tp'"):
+        parallelize(model, _mesh((2, 2), ("dp", "tp")))
+    with pytest.raises(ValueError, match=f"{type(model).__name__}: unknown mesh dim name 'tp'"):
+        type(model).from_config(dict(model.config), device_mesh=_mesh((2,), ("tp",)))
+    wrong = parallelize_vae if parallelize is not parallelize_vae else parallelize_sd3
+    with pytest.raises(TypeError, match="expected a"):
+        wrong(model, _mesh((2,), ("dp",)))
+
+
+@pytest.mark.parametrize("module", [diffusion_layers, transformer_sd3, transformer_flux, autoencoder_kl])
+def test_model_files_hold_no_parallel_logic(module):
+    """The model files import nothing from dtorch.parallel and of diffusion_parallel only the plan
+    functions (for ``parallelize``) and the dim-name check, hold no layout object (``parallel``),
+    never split a tensor (Shard, Partial) and never name a mesh dim: where a style puts its hooks
+    and slots is diffusion_parallel's."""
+    tree = ast.parse(inspect.getsource(module))
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and node.body
+                  and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    plan = {"parallelize_sd3", "parallelize_flux", "parallelize_vae", "mesh_dim_sizes"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "diffusion_parallel":
+            assert {alias.name for alias in node.names} <= plan
+        elif isinstance(node, ast.ImportFrom):
+            assert "parallel" not in (node.module or ""), node.module
+        if isinstance(node, (ast.Name, ast.alias, ast.Attribute)):
+            name = node.id if isinstance(node, ast.Name) else node.name if isinstance(node, ast.alias) else node.attr
+            assert name not in ("Shard", "Partial", "parallel", "DiffusionParallel"), name
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            assert node.value not in ("dp", "ulysses", "ring", "tp"), node.value

@@ -13,6 +13,7 @@ from dtorch.models import FluxTransformer2DModel
 from dtorch.models.transformer_flux import rotary_table
 
 import flux_reference as ref
+from diffusion_reference import batch_placements, image_placements
 
 pytestmark = pytest.mark.usefixtures("thread_runtime")
 
@@ -97,12 +98,12 @@ def test_rotary_tables_match_the_reference():
 def test_rotary_tables_made_once_per_ids():
     model, _ = model_on("ulysses2xring2", False)
     x = inputs(2, 7, guidance=False)
-    first = model._rotary_emb(x["img_ids"], 7, "img_ids", True)
-    assert model._rotary_emb(x["img_ids"].copy(), 7, "img_ids", True) is first
-    cos = first[0]
+    first = model._rotary_emb(x["img_ids"], x["txt_ids"], 7, 5)
+    assert model._rotary_emb(x["img_ids"].copy(), x["txt_ids"].copy(), 7, 5) is first
+    cos = first[0][0]
     assert tuple(cos.shape) == (1, 1, 7, 16)
     assert cos.placements == (dtorch.Shard(2), dtorch.Shard(2))
-    text_cos = model._rotary_emb(x["txt_ids"], 5, "txt_ids", False)[0]
+    text_cos = first[1][0]
     assert text_cos.placements == (dtorch.Replicate(), dtorch.Replicate())
 
 
@@ -115,11 +116,11 @@ def block_inputs(model, batch, n_image, n_text=5, seed=1):
     c = rng.standard_normal((batch, n_text, INNER)).astype(np.float32)
     temb = rng.standard_normal((batch, INNER)).astype(np.float32)
     x = inputs(batch, n_image, n_text)
-    parallel, mesh = model.parallel, model.parallel.mesh
-    placed = (parallel.image(dtorch.distribute_tensor(h, mesh)), parallel.batch(dtorch.distribute_tensor(c, mesh)),
-              parallel.batch(dtorch.distribute_tensor(temb, mesh)),
-              (model._rotary_emb(x["img_ids"], n_image, "img_ids", True),
-               model._rotary_emb(x["txt_ids"], n_text, "txt_ids", False)))
+    mesh, names = model.device_mesh, model.device_mesh.mesh_dim_names
+    image, batch = image_placements(names), batch_placements(names)
+    placed = (dtorch.distribute_tensor(h, mesh, image), dtorch.distribute_tensor(c, mesh, batch),
+              dtorch.distribute_tensor(temb, mesh, batch),
+              model._rotary_emb(x["img_ids"], x["txt_ids"], n_image, n_text))
     cos, sin = ref.rope(CONFIG["axes_dims_rope"], np.concatenate([x["txt_ids"], x["img_ids"]]))
     return placed, (h, c, temb, cos, sin)
 
@@ -158,7 +159,7 @@ def test_model(name, guidance):
         assert isinstance(out, dtorch.models.modeling_diffusers.Transformer2DModelOutput)
         sample = out.sample
         assert isinstance(sample, dtorch.DTensor) and tuple(sample.shape) == (batch, n_image, 8)
-        assert sample.placements == tuple(model.parallel._placements(None))
+        assert sample.placements == tuple(batch_placements(model.device_mesh.mesh_dim_names))
         check(sample.numpy(), reference_output(sd, model, x))
 
 
@@ -168,7 +169,7 @@ def test_empty_dp_shard_and_tuple_output():
     model, sd = model_on("dp2", True)
     x = inputs(1, 7, seed=3)
     want = reference_output(sd, model, x)
-    mesh = model.parallel.mesh
+    mesh = model.device_mesh
     placed = dict(x, hidden_states=dtorch.distribute_tensor(x["hidden_states"], mesh, [dtorch.Shard(0)]),
                   img_ids=x["img_ids"][None], txt_ids=dtorch.distribute_tensor(x["txt_ids"], mesh))
     (sample,) = model(**placed, return_dict=False)

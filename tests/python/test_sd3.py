@@ -8,6 +8,7 @@ from dtorch.models import SD3Transformer2DModel
 from dtorch.models.transformer_sd3 import sincos_2d
 
 import sd3_reference
+from diffusion_reference import batch_placements, image_placements
 
 pytestmark = pytest.mark.usefixtures("thread_runtime")
 
@@ -94,15 +95,16 @@ def test_one_joint_block_matches_numpy(single, shape, names, last):
     mesh = _mesh(shape, names)
     on_mesh = SD3Transformer2DModel.from_config(CONFIG, device_mesh=mesh, qk_norm=model.config.qk_norm)
     on_mesh.load_state_dict({k: dtorch.distribute_tensor(v, mesh) for k, v in sd.items()})
-    block, parallel = on_mesh.transformer_blocks[index], on_mesh.parallel
+    block = on_mesh.transformer_blocks[index]
     rng = np.random.default_rng(7)
     x = rng.standard_normal((2, 15, 16)).astype(np.float32)
     c = rng.standard_normal((2, 5, 16)).astype(np.float32)
     temb = rng.standard_normal((2, 16)).astype(np.float32)
-    place = lambda a, how: how(dtorch.distribute_tensor(a, mesh))
-    context, hidden = block(place(x, parallel.image), place(c, parallel.batch), place(temb, parallel.batch))
+    place = lambda a, placements: dtorch.distribute_tensor(a, mesh, placements)
+    image, batch = image_placements(names), batch_placements(names)
+    context, hidden = block(place(x, image), place(c, batch), place(temb, batch))
     want_context, want_hidden = sd3_reference.joint_block(sd, prefix[:-1], x, c, temb, 2, model.config.qk_norm, last)
-    assert list(hidden.placements) == list(parallel.image(dtorch.distribute_tensor(x, mesh)).placements)
+    assert list(hidden.placements) == image
     np.testing.assert_allclose(hidden.numpy(), want_hidden, rtol=1e-4, atol=1e-5)
     if last:
         assert context is None
@@ -113,7 +115,7 @@ def test_one_joint_block_matches_numpy(single, shape, names, last):
 def test_return_tuple_and_dtensor_inputs(single):
     model, sd = single
     inputs = _inputs(2, seed=3)
-    mesh = model.parallel.mesh
+    mesh = model.device_mesh
     as_tensors = {k: dtorch.distribute_tensor(v, mesh) for k, v in inputs.items()}
     (out,) = model(**as_tensors, return_dict=False)
     np.testing.assert_allclose(out.numpy(), model(**inputs).sample.numpy(), rtol=1e-6, atol=1e-6)

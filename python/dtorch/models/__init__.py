@@ -1,7 +1,8 @@
 """dtorch.models: models with HF transformers' and diffusers' module trees, parameter names and
-checkpoints."""
+checkpoints, each single-device code laid out over a mesh by its family's parallelize function."""
 from .autoencoder_kl import AutoencoderKL, DiagonalGaussianDistribution
 from .cache_utils import RingStaticCache, StaticCache
+from .diffusion_parallel import parallelize_flux, parallelize_sd3, parallelize_vae
 from .generation import GenerationMixin
 from .llama import CausalLMOutputWithPast, LlamaConfig, LlamaForCausalLM, LlamaModel
 from .llama_parallel import parallelize_llama
@@ -13,4 +14,4 @@ from ..serving import ContinuousBatcher, Request   # where they lived first: dto
 __all__ = ["AutoencoderKL", "AutoencoderKLOutput", "CausalLMOutputWithPast", "ContinuousBatcher", "DecoderOutput",
            "DiagonalGaussianDistribution", "FluxTransformer2DModel", "GenerationMixin", "LlamaConfig",
            "LlamaForCausalLM", "LlamaModel", "Request", "RingStaticCache", "SD3Transformer2DModel", "StaticCache",
-           "Transformer2DModelOutput", "parallelize_llama"]
+           "Transformer2DModelOutput", "parallelize_flux", "parallelize_llama", "parallelize_sd3", "parallelize_vae"]

@@ -12,26 +12,25 @@ quant convs (``use_quant_conv=False``, ``use_post_quant_conv=False``).
 
 Neither ``scaling_factor`` nor ``shift_factor`` is applied here (a pipeline does, as diffusers').
 
-Layout: the VAE runs on the mesh it was made or loaded on, its weights replicated. Inputs (numpy
-arrays, or DTensors on any mesh, in any placements) are laid out onto that mesh first: with more
-than one device the batch is split, Shard(0) on every mesh dim of size > 1 (data-parallel encode
-and decode; an uneven batch gives uneven pieces), and every layer keeps that split, so outputs come
-back Shard(0) too. Inputs are cast to the VAE's dtype. A mesh's dim names, where it has them, are
-the diffusion transformers' (dp, ulysses, ring: a pipeline gives the VAE its transformer's mesh);
-any other is a ValueError naming it."""
+Single-device code: the VAE runs on the mesh it was made or loaded on, its weights replicated, and
+every op follows the placements of its inputs. Inputs (numpy arrays, or DTensors on any mesh) are
+moved onto that mesh (whole, from a host or another mesh; as they are, on it) and cast to the VAE's
+dtype. ``parallelize_vae`` (diffusion_parallel.py), which ``from_config`` and ``from_pretrained``
+call, splits the batch from outside. A mesh's dim names, where it has them, are the diffusion
+transformers' (dp, ulysses, ring: a pipeline gives the VAE its transformer's mesh); any other is a
+ValueError naming it."""
 import numpy as np
 
 from .._factory import distribute_tensor, randn, zeros
-from .._placement import Replicate, Shard
+from .._placement import Replicate
 from .._runtime import manual_seed
 from .._tensor import DTensor
 from ..nn import functional as F
 from ..nn.containers import ModuleList
 from ..nn.layers import Conv2d, Dropout, GroupNorm, Linear, SiLU
 from ..nn.module import Module
-from ..parallel.style import named_dim_sizes
 from .config_fields import count, flag, listing, number, optional, text
-from .diffusion_parallel import KNOWN_DIMS
+from .diffusion_parallel import mesh_dim_sizes, parallelize_vae
 from .modeling_diffusers import AutoencoderKLOutput, DecoderOutput, DiffusersModel
 
 
@@ -261,11 +260,6 @@ class DiagonalGaussianDistribution:
 
 # ---- the model --------------------------------------------------------------------------------------
 
-def batch_placements(device_mesh):
-    """The batch's layout on the VAE's mesh: Shard(0) on every mesh dim of size > 1."""
-    return [Shard(0) if n > 1 else Replicate() for n in device_mesh.shape]
-
-
 class AutoencoderKL(DiffusersModel):
     """diffusers' AutoencoderKL (encoder, decoder, the optional quant convs); see the module's
     docstring for the layout."""
@@ -292,7 +286,7 @@ class AutoencoderKL(DiffusersModel):
         c = config
         _check_act_fn(c.act_fn)
         if device_mesh is not None and device_mesh.mesh_dim_names is not None:
-            named_dim_sizes(device_mesh, KNOWN_DIMS, type(self).__name__)
+            mesh_dim_sizes(device_mesh, type(self).__name__)
         kw = dict(device_mesh=device_mesh, dtype=dtype)
         channels = tuple(c.block_out_channels)
         if len(c.down_block_types) != len(channels) or len(c.up_block_types) != len(channels):
@@ -306,9 +300,9 @@ class AutoencoderKL(DiffusersModel):
         self.quant_conv = Conv2d(2 * latent, 2 * latent, 1, **kw) if c.use_quant_conv else None
         self.post_quant_conv = Conv2d(latent, latent, 1, **kw) if c.use_post_quant_conv else None
 
-    @property
-    def device_mesh(self):
-        return self.decoder.conv_in.weight.device_mesh
+    def parallelize(self, device_mesh):
+        """``parallelize_vae(self, device_mesh)``: the batch split over the mesh; returns self."""
+        return parallelize_vae(self, device_mesh)
 
     @property
     def dtype(self):
@@ -316,19 +310,19 @@ class AutoencoderKL(DiffusersModel):
 
     def _input(self, x, channels, who, name):
         """``x`` (B, channels, H, W), numpy or a DTensor on any mesh, as a DTensor on the VAE's mesh
-        with the batch split (``batch_placements``), in the VAE's dtype."""
+        (whole when it comes from elsewhere), in the VAE's dtype."""
         shape = tuple(x.shape) if isinstance(x, DTensor) else np.shape(x)
         if len(shape) != 4 or shape[1] != channels:
             raise ValueError(f"AutoencoderKL.{who}: {name} must be (batch, {channels}, height, width), got shape "
                              f"{tuple(shape)}")
-        mesh, placements = self.device_mesh, batch_placements(self.device_mesh)
+        mesh = self.device_mesh
         if not isinstance(x, DTensor):
             array = np.asarray(x)
             if array.dtype not in (np.float16, np.float32):
                 array = array.astype(np.float32)
-            x = distribute_tensor(np.ascontiguousarray(array), mesh, placements)
-        elif x.device_mesh != mesh or list(x.placements) != placements:
-            x = x.redistribute(mesh, placements)
+            x = distribute_tensor(np.ascontiguousarray(array), mesh)
+        elif x.device_mesh != mesh:
+            x = x.redistribute(mesh, [Replicate()] * mesh.ndim)
         return x if x.dtype == self.dtype else x.to(self.dtype)
 
     def encode(self, x, return_dict=True):

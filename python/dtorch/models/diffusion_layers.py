@@ -3,8 +3,9 @@ timestep and pooled-text embeddings, adaptive layer norms (modulation by the con
 vector), the feed-forward block, joint attention over image and text tokens, and FLUX's rotary
 embedding. Inference only; every layer takes ``device_mesh=`` and ``dtype=``.
 
-Attention does not lay anything out itself: it asks the model's DiffusionParallel (``parallel``)
-for the joint attention, so one module serves one device, dp, ulysses and ring alike."""
+Single-device code: every op follows the placements of its inputs. Attention calls its
+``attention`` slot for the joint attention, by default ``joint_attention`` here (one device);
+``diffusion_parallel.py`` puts a Ulysses or ring one there (dtorch.parallel.sequence) from outside."""
 import math
 
 import numpy as np
@@ -102,9 +103,9 @@ class CombinedTimestepTextProjEmbeddings(Module):
         self.timestep_embedder = TimestepEmbedding(256, embedding_dim, **kw)
         self.text_embedder = PixArtAlphaTextProjection(pooled_projection_dim, embedding_dim, **kw)
 
-    def forward(self, timestep, pooled_projection, parallel):
-        dtype = pooled_projection.dtype
-        timesteps_emb = self.timestep_embedder(on_mesh(self.time_proj(timestep), parallel, dtype))
+    def forward(self, timestep, pooled_projection):
+        mesh, dtype = pooled_projection.device_mesh, pooled_projection.dtype
+        timesteps_emb = self.timestep_embedder(on_mesh(self.time_proj(timestep), mesh, dtype))
         return timesteps_emb + self.text_embedder(pooled_projection)
 
 
@@ -119,18 +120,19 @@ class CombinedTimestepGuidanceTextProjEmbeddings(Module):
         self.guidance_embedder = TimestepEmbedding(256, embedding_dim, **kw)
         self.text_embedder = PixArtAlphaTextProjection(pooled_projection_dim, embedding_dim, **kw)
 
-    def forward(self, timestep, guidance, pooled_projection, parallel):
-        dtype = pooled_projection.dtype
-        timesteps_emb = self.timestep_embedder(on_mesh(self.time_proj(timestep), parallel, dtype))
-        guidance_emb = self.guidance_embedder(on_mesh(self.time_proj(guidance), parallel, dtype))
+    def forward(self, timestep, guidance, pooled_projection):
+        mesh, dtype = pooled_projection.device_mesh, pooled_projection.dtype
+        timesteps_emb = self.timestep_embedder(on_mesh(self.time_proj(timestep), mesh, dtype))
+        guidance_emb = self.guidance_embedder(on_mesh(self.time_proj(guidance), mesh, dtype))
         return timesteps_emb + guidance_emb + self.text_embedder(pooled_projection)
 
 
-def on_mesh(x, parallel, dtype):
-    """A (B, ...) host array or DTensor laid out as the batch on the model's mesh, in ``dtype``."""
+def on_mesh(x, mesh, dtype):
+    """A host array (put on ``mesh`` whole) or a DTensor on ``mesh``, in ``dtype``."""
     if not isinstance(x, DTensor):
-        x = distribute_tensor(np.ascontiguousarray(x), parallel.mesh)
-    x = parallel.batch(x)
+        x = distribute_tensor(np.ascontiguousarray(x), mesh)
+    elif x.device_mesh != mesh:
+        raise ValueError(f"an input lives on {x.device_mesh}, not on the model's mesh {mesh}")
     return x if x.dtype == dtype else x.to(dtype)
 
 
@@ -241,6 +243,24 @@ def apply_rotary_emb(x, cos, sin):
 
 # ---- attention --------------------------------------------------------------------------------------------------
 
+def joint_attention(query, key, value, context_query=None, context_key=None, context_value=None,
+                    context_first=False, scale=None):
+    """One softmax over the image tokens (query, key, value: (B, H, L, D)) and the text tokens
+    (context_*: (B, H, T, D), or None), every query seeing every key: the two concatenated along
+    the sequence (the text first with ``context_first``), attended, and split again. Returns the
+    image part and the text part (None without a context). The default of Attention's slot."""
+    if context_query is None:
+        return F.scaled_dot_product_attention(query, key, value, scale=scale), None
+    first, second = (query, key, value), (context_query, context_key, context_value)
+    if context_first:
+        first, second = second, first
+    q, k, v = (cat([a, b], dim=2) for a, b in zip(first, second))
+    out = F.scaled_dot_product_attention(q, k, v, scale=scale)
+    n = first[0].shape[2]
+    out_first, out_second = out[:, :, :n], out[:, :, n:]
+    return (out_second, out_first) if context_first else (out_first, out_second)
+
+
 def _qk_norm(kind, dim_head, eps, kw):
     if kind is None:
         return None
@@ -257,7 +277,8 @@ class Attention(Module):
     ``added_kv_proj_dim``), with optional per-head q/k norms (``norm_q``, ``norm_k``,
     ``norm_added_q``, ``norm_added_k``). ``context_pre_only``: the text output is not projected
     (SD3's last block). ``pre_only``: no output projection at all (FLUX's single blocks).
-    ``parallel`` (a DiffusionParallel) is set by the model."""
+    ``attention``: the slot the joint attention runs in (``joint_attention`` here; a parallel plan
+    puts another there)."""
 
     def __init__(self, query_dim, heads=8, dim_head=64, added_kv_proj_dim=None, out_dim=None, bias=True,
                  out_bias=True, added_proj_bias=True, context_pre_only=None, pre_only=False, qk_norm=None, eps=1e-5,
@@ -284,7 +305,7 @@ class Attention(Module):
             if not context_pre_only:
                 self.to_add_out = Linear(inner_dim, out_dim, bias=out_bias, **kw)
         self.added_kv_proj_dim = added_kv_proj_dim
-        self.parallel = None
+        self.attention = joint_attention
 
     def _set_optional(self, name, module):
         if module is not None:
@@ -321,8 +342,8 @@ class Attention(Module):
             if context[0] is not None:
                 context[0] = apply_rotary_emb(context[0], context_cos, context_sin)
                 context[1] = apply_rotary_emb(context[1], context_cos, context_sin)
-        out, context_out = self.parallel.attention(query, key, value, *context, context_first=context_first,
-                                                   scale=1.0 / math.sqrt(self.dim_head))
+        out, context_out = self.attention(query, key, value, *context, context_first=context_first,
+                                          scale=1.0 / math.sqrt(self.dim_head))
         out = self._tokens(out)
         context_out = self._tokens(context_out) if context_out is not None else None
         if not self.pre_only:

@@ -1,159 +1,179 @@
-"""How a diffusion transformer is laid out over a mesh, by the mesh's dim names:
+"""parallelize_sd3, parallelize_flux and parallelize_vae: the diffusion models laid out over a mesh
+from outside, by the mesh's dim names, with dtorch.parallel's styles (torchtitan's shape: the model
+files are single-device code and know nothing of this file but its name in ``parallelize``).
 
 - ``dp``: the batch, which in a pipeline is the classifier-free-guidance pair (unconditional and
-  conditional rows): every activation Shard(0) on dp, weights replicated.
+  conditional rows): Shard(0) where the inputs enter (PrepareModuleInput on the patch embedding,
+  the text projection and the timestep, guidance and pooled-text embeddings); weights replicated.
 - ``ulysses``: the image tokens split on the sequence; around attention an all-to-all turns the
-  sequence split into a split of the heads (whole sequence, some heads per device) and back.
+  sequence split into a split of the heads (whole sequence, some heads per device) and back
+  (UlyssesJointAttention in every attention slot).
 - ``ring``: the image tokens split on the sequence; attention runs as a true ring, the key/value
-  blocks passed device to device (dtorch.nn.functional.ring_attention, non-causal).
+  blocks passed device to device (RingJointAttention in every attention slot).
 
 They compose (``dp2 x ulysses2 x ring2`` on 8 devices). The text tokens (SD3's and FLUX's context
 stream) are few: they stay whole on the context-parallel dims and take part in attention as a
-joint block that every query sees (split by heads on ulysses, a block every ring device holds).
-Between attentions everything is per token, so the image stream stays split end to end and is
-gathered once, at the output. An absent name means size 1; an unknown name, or a ulysses size that
-does not divide the heads, is a ValueError naming it.
-"""
-import numpy as np
+joint block that every query sees. Between attentions everything is per token, so the image stream
+is split once, where it enters (SD3: the patch embedding's output; FLUX: ``x_embedder``'s input),
+and gathered once, at ``proj_out``'s output. FLUX's rotary tables (``pos_embed``'s outputs) are laid
+out like the queries they rotate: the image's split on the sequence, the text's whole. An absent
+name means size 1; an unknown name, or a ulysses size that does not divide the heads, is a
+ValueError naming it.
 
-from .. import _dtype
-from .._factory import distribute_tensor, zeros
+The VAE is data-parallel: the batch split (Shard(0)) over every mesh dim of size > 1, each of dp,
+ulysses and ring alike, or every dim of an unnamed mesh.
+
+A model is laid out once: its weights move onto the mesh (replicated) where they live elsewhere, so
+a model made on one device can be parallelized afterwards; laying it out a second time is refused.
+"""
+from .._mesh import DeviceMesh
 from .._placement import Replicate, Shard
-from ..nn import functional as F
-from .._ops_view import cat
-from ..parallel.style import named_dim_sizes
+from ..parallel import (PrepareModuleInput, PrepareModuleOutput, RingJointAttention, UlyssesJointAttention,
+                        parallelize_module)
+from ..parallel.style import named_dim_sizes, place
 
 KNOWN_DIMS = ("dp", "ulysses", "ring")
+CONTEXT_PARALLEL = ("ulysses", "ring")
 
 
-class DiffusionParallel:
-    """The layout of one diffusion transformer over ``device_mesh``: where activations live
-    (``batch``, ``image``, ``gather``) and joint attention over image and text tokens
-    (``attention``). ``num_heads``: the model's attention heads (ulysses splits them)."""
+def mesh_dim_sizes(device_mesh, who):
+    """{dim name: size} of a mesh for the diffusion models; an unknown name is a ValueError naming it
+    (``who`` says whose), as is an unnamed mesh of more than one device."""
+    return named_dim_sizes(device_mesh, KNOWN_DIMS, who)
 
-    def __init__(self, device_mesh, num_heads, who):
-        self.mesh = device_mesh
-        self.who = who
-        self.sizes = named_dim_sizes(device_mesh, KNOWN_DIMS, who)
-        names = list(device_mesh.mesh_dim_names or ())
-        self.dp = names.index("dp") if "dp" in names else None
-        self.ulysses = names.index("ulysses") if "ulysses" in names else None
-        self.ring = names.index("ring") if "ring" in names else None
-        u = self.sizes.get("ulysses", 1)
-        if num_heads % u:
-            raise ValueError(f"{who}: the ulysses size {u} does not divide the {num_heads} attention heads")
-        self._index = {}
 
-    def __repr__(self):
-        return f"DiffusionParallel({', '.join(f'{k}={v}' for k, v in self.sizes.items()) or 'one device'})"
+def parallelize_sd3(model, device_mesh):
+    """Lays an SD3Transformer2DModel out over ``device_mesh`` by its dim names (dp, ulysses, ring);
+    returns the model."""
+    from .transformer_sd3 import SD3Transformer2DModel
+    mesh, sizes = _begin(model, device_mesh, SD3Transformer2DModel, "parallelize_sd3")
+    _split_batch(model, mesh, ["pos_embed", "context_embedder", "time_text_embed.timestep_embedder",
+                               "time_text_embed.text_embedder"])
+    tokens = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1))
+    _split_image_tokens(model, mesh, {"pos_embed": tokens}, "proj_out")
+    _joint_attention(model, mesh, sizes, [f"transformer_blocks.{i}.attn" for i in range(len(model.transformer_blocks))])
+    return _done(model, mesh)
 
-    # ---- layouts ----------------------------------------------------------------------------------
 
-    def _placements(self, sequence_dim):
-        """Shard(0) on dp, Shard(sequence_dim) on the context-parallel dims (None: Replicate)."""
-        out = [Replicate()] * self.mesh.ndim
-        if self.dp is not None:
-            out[self.dp] = Shard(0)
-        for d in (self.ulysses, self.ring):
-            if d is not None and sequence_dim is not None:
-                out[d] = Shard(sequence_dim)
-        return out
+def parallelize_flux(model, device_mesh):
+    """Lays a FluxTransformer2DModel out over ``device_mesh`` by its dim names (dp, ulysses, ring);
+    returns the model."""
+    from .transformer_flux import FluxTransformer2DModel
+    mesh, sizes = _begin(model, device_mesh, FluxTransformer2DModel, "parallelize_flux")
+    embedders = ["timestep_embedder", "text_embedder"] + (["guidance_embedder"] if model.config.guidance_embeds else [])
+    _split_batch(model, mesh, ["x_embedder", "context_embedder"] + [f"time_text_embed.{e}" for e in embedders])
+    tokens = PrepareModuleInput(input_layouts=Replicate(), desired_input_layouts=Shard(1))
+    # pos_embed gives (cos, sin) of the image tokens, then of the text tokens, as (1, 1, L, D)
+    rotary = (Shard(2), Shard(2), None, None)
+    _split_image_tokens(model, mesh, {"x_embedder": tokens, "pos_embed": PrepareModuleOutput(
+        output_layouts=rotary, desired_output_layouts=rotary)}, "proj_out")
+    _joint_attention(model, mesh, sizes,
+                     [f"transformer_blocks.{i}.attn" for i in range(len(model.transformer_blocks))]
+                     + [f"single_transformer_blocks.{i}.attn" for i in range(len(model.single_transformer_blocks))])
+    model._rotary.clear()   # tables made before were laid out without the plan
+    return _done(model, mesh)
 
-    def _to(self, x, placements):
-        if x.device_mesh != self.mesh:
-            raise ValueError(f"{self.who}: an input lives on {x.device_mesh}, not on the model's mesh {self.mesh}")
-        return x if list(x.placements) == placements else x.redistribute(self.mesh, placements)
 
-    def batch(self, x):
-        """x (B, ...) split on the batch over dp, whole elsewhere: text tokens, timestep and
-        pooled embeddings."""
-        return self._to(x, self._placements(None))
+def parallelize_vae(vae, device_mesh):
+    """Lays an AutoencoderKL out over ``device_mesh``: encode and decode split the batch over every
+    mesh dim of size > 1 (dims named dp, ulysses or ring; an unnamed mesh: all of them); returns the
+    VAE."""
+    from .autoencoder_kl import AutoencoderKL
+    who = _check_model(vae, AutoencoderKL, "parallelize_vae")
+    names = device_mesh.mesh_dim_names
+    if names is not None:
+        mesh_dim_sizes(device_mesh, who)
+    split = [d for d, size in enumerate(device_mesh.shape) if size > 1]
+    if not split:
+        _replicate(vae, device_mesh)
+        return vae
+    mesh = _own_root(device_mesh, names or tuple(f"batch{d}" for d in range(device_mesh.ndim)))
+    _replicate(vae, mesh)
+    paths = ["encoder", "decoder"] + (["post_quant_conv"] if vae.post_quant_conv is not None else [])
+    batch = PrepareModuleInput(input_layouts=Replicate(), desired_input_layouts=Shard(0))
+    for d in split:
+        parallelize_module(vae, mesh[mesh.mesh_dim_names[d]], {path: batch for path in paths})
+    return _done(vae, mesh)
 
-    def image(self, x):
-        """Image tokens (B, L, C): the batch over dp, the sequence over ulysses and ring."""
-        return self._to(x, self._placements(1))
 
-    def gather(self, x):
-        """Image tokens (B, L, C) whole on the context-parallel dims again (the batch stays split)."""
-        return self._to(x, self._placements(None))
+# ---- the steps every plan shares ------------------------------------------------------------------------
 
-    def rotary(self, table, image):
-        """A host rotary table (L, D) as (1, 1, L, D) on the mesh, laid out like the (B, H, L, D)
-        queries of its tokens: split on the sequence over ulysses and ring for the image tokens
-        (``image``), whole for the text; whole on dp either way."""
-        placements = [Replicate()] * self.mesh.ndim
-        for d in (self.ulysses, self.ring):
-            if d is not None and image:
-                placements[d] = Shard(2)
-        return distribute_tensor(np.ascontiguousarray(table)[None, None], self.mesh, placements)
+def _check_model(model, cls, function):
+    if not isinstance(model, cls):
+        raise TypeError(f"{function}: expected a {cls.__name__}, got {type(model).__name__}")
+    who = type(model).__name__
+    if getattr(model, "_laid_out_over", None) is not None:
+        raise ValueError(f"{who}: already laid out over {model._laid_out_over}; build it again to lay it out "
+                         "another way")
+    return who
 
-    # ---- attention ----------------------------------------------------------------------------------
 
-    def attention(self, query, key, value, context_query=None, context_key=None, context_value=None,
-                  context_first=False, scale=None):
-        """Joint attention of the image tokens (query, key, value: (B, H, L, D), the sequence split
-        as ``image`` lays it) and the text tokens (context_*: (B, H, Lt, D), whole), every query
-        seeing every key, as one softmax over the concatenated sequence. Returns the image part
-        (laid out like query) and the text part (whole; None without a context)."""
-        has_context = context_query is not None
-        u, r = self.sizes.get("ulysses", 1), self.sizes.get("ring", 1)
-        if u > 1:  # the sequence split becomes a split of the heads (an all-to-all)
-            query, key, value = (self._move(t, self.ulysses, Shard(1)) for t in (query, key, value))
-            if has_context:  # whole on every device: taking its heads is a local slice
-                context_query, context_key, context_value = (
-                    self._move(t, self.ulysses, Shard(1)) for t in (context_query, context_key, context_value))
-        if r > 1:
-            out, context_out = self._ring(query, key, value, context_query, context_key, context_value, scale)
-        elif has_context:
-            first, second = (query, key, value), (context_query, context_key, context_value)
-            if context_first:
-                first, second = second, first
-            q, k, v = (cat([a, b], dim=2) for a, b in zip(first, second))
-            o = F.scaled_dot_product_attention(q, k, v, scale=scale)
-            n = first[0].shape[2]
-            o_first, o_second = o[:, :, :n], o[:, :, n:]
-            out, context_out = (o_second, o_first) if context_first else (o_first, o_second)
-        else:
-            out, context_out = F.scaled_dot_product_attention(query, key, value, scale=scale), None
-        if u > 1:  # and back: the image tokens split on the sequence, the text whole
-            out = self._move(out, self.ulysses, Shard(2))
-            if context_out is not None:
-                context_out = self._move(context_out, self.ulysses, Replicate())
-        return out, context_out
+def _begin(model, device_mesh, cls, function):
+    """(the mesh to lay the transformer out on, {dim name: size}) after the checks, with the weights
+    moved onto it."""
+    who = _check_model(model, cls, function)
+    sizes = mesh_dim_sizes(device_mesh, who)
+    heads, ulysses = model.config.num_attention_heads, sizes.get("ulysses", 1)
+    if heads % ulysses:
+        raise ValueError(f"{who}: the ulysses size {ulysses} does not divide the {heads} attention heads")
+    mesh = _own_root(device_mesh, device_mesh.mesh_dim_names) if sizes else device_mesh
+    _replicate(model, mesh)
+    return mesh, sizes
 
-    def _move(self, x, dim, placement):
-        if x.placements[dim] == placement:
-            return x
-        placements = list(x.placements)
-        placements[dim] = placement
-        return x.redistribute(self.mesh, placements)
 
-    def _positions(self, length, sequence_split):
-        """Zeros (1, length) int64 as ring_attention's positions (non-causal: every key visible),
-        split on the ring like the tokens they stand for or whole; made once per length."""
-        key = (length, sequence_split)
-        if key not in self._index:
-            placements = [Replicate()] * self.mesh.ndim
-            if sequence_split:
-                placements[self.ring] = Shard(1)
-            self._index[key] = zeros((1, length), dtype=_dtype.int64, device_mesh=self.mesh, placements=placements)
-        return self._index[key]
+def _own_root(device_mesh, names):
+    """``device_mesh`` as a root mesh named ``names``: the styles take its 1-D sub-meshes, which must
+    come from it (a sub-mesh of a bigger mesh, or an unnamed one, becomes a mesh of the same devices)."""
+    if device_mesh._get_root_mesh() is device_mesh and device_mesh.mesh_dim_names == tuple(names):
+        return device_mesh
+    return DeviceMesh(device_mesh.device_type, device_mesh.mesh, mesh_dim_names=names)
 
-    def _ring(self, query, key, value, context_query, context_key, context_value, scale):
-        """The ring: image queries stay where they are while the image key/value blocks travel; the
-        text keys/values are a joint block every device of the ring attends to once. The text
-        queries, whole on the ring, attend to each device's block and the partial results merge."""
-        ring = self.ring
-        L, S = query.shape[2], key.shape[2]
-        joint = {}
-        if context_key is not None:
-            joint = dict(joint_key=context_key, joint_value=context_value,
-                         joint_index=self._positions(context_key.shape[2], False))
-        out = F.ring_attention(query, key, value, self._positions(L, True), self._positions(S, True), ring,
-                               is_causal=False, scale=scale, **joint)
-        context_out = None
-        if context_query is not None:
-            context_out = F.ring_attention(context_query, key, value, self._positions(context_query.shape[2], False),
-                                           self._positions(S, True), ring, is_causal=False, scale=scale, **joint)
-        return out, context_out
 
+def _replicate(model, mesh):
+    """Every parameter and buffer that lives on another mesh moves onto ``mesh``, whole."""
+    moved = {}
+    for module in model.modules():
+        for registry in (module._parameters, module._buffers):
+            for name, t in list(registry.items()):
+                if t is None or t.device_mesh == mesh:
+                    continue
+                if id(t) not in moved:   # a tensor shared by several modules moves once
+                    moved[id(t)] = place(t, mesh, 0, Replicate())
+                setattr(module, name, moved[id(t)])
+
+
+def _split_batch(model, mesh, paths):
+    """The (one) input of each module at ``paths`` split on the batch over dp."""
+    if "dp" in (mesh.mesh_dim_names or ()):
+        batch = PrepareModuleInput(input_layouts=Replicate(), desired_input_layouts=Shard(0))
+        parallelize_module(model, mesh["dp"], {path: batch for path in paths})
+
+
+def _split_image_tokens(model, mesh, enter, leave):
+    """The image tokens split on the sequence over ulysses and ring by the styles ``enter`` ({path:
+    style}) and gathered at the output of the module at ``leave``: split in the mesh's dim order and
+    gathered in the reverse, so that each step is a local slice or an all-gather along one dim."""
+    dims = [name for name in mesh.mesh_dim_names or () if name in CONTEXT_PARALLEL]
+    for name in dims:
+        parallelize_module(model, mesh[name], enter)
+    gather = PrepareModuleOutput(output_layouts=Shard(1), desired_output_layouts=Replicate())
+    for name in reversed(dims):
+        parallelize_module(model, mesh[name], {leave: gather})
+
+
+def _joint_attention(model, mesh, sizes, paths):
+    """Ulysses and the ring in the attention slots of the modules at ``paths``, where their dims
+    have more than one device."""
+    plan = {}
+    if sizes.get("ring", 1) > 1:
+        plan["ring"] = RingJointAttention()
+    if sizes.get("ulysses", 1) > 1:
+        plan["ulysses"] = UlyssesJointAttention()
+    for name, style in plan.items():
+        parallelize_module(model, mesh[name], {path: style for path in paths})
+
+
+def _done(model, mesh):
+    if mesh.mesh_dim_names:   # hooks and slots are in place (an unnamed mesh is one device: none are)
+        model._laid_out_over = mesh
+    return model

@@ -67,8 +67,9 @@ def read_config(path, subfolder=None, name="config.json"):
 class DiffusersModel(Module):
     """Base class of the diffusers-format models. A subclass names its config arguments and their
     defaults (``config_defaults``, diffusers' ``__init__`` signature) and builds itself from
-    ``self.config`` in ``__init__(config, device_mesh=None, dtype=None)``; ``parallelize(mesh)``
-    lays it out (the default: every parameter replicated over the mesh, as it is made).
+    ``self.config`` in ``__init__(config, device_mesh=None, dtype=None)`` as single-device code;
+    ``parallelize(mesh)`` calls its family's parallelize function (diffusion_parallel.py), which
+    lays it out from outside (the default: every parameter replicated over the mesh, as it is made).
     ``config_kinds``: each argument's kind (config_fields), checked before the model is built."""
 
     config_defaults = {}
@@ -125,6 +126,11 @@ class DiffusersModel(Module):
     def parallelize(self, device_mesh):
         """Lays the model out over ``device_mesh`` by its dim names (subclasses); returns self."""
         return self
+
+    @property
+    def device_mesh(self):
+        """The mesh the model's weights live on, where its inputs go."""
+        return next(iter(self.parameters())).device_mesh
 
     def save_pretrained(self, save_directory, max_shard_size="10GB"):
         """Writes config.json and diffusion_pytorch_model.safetensors (or shards and an index past

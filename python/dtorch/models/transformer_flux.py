@@ -6,9 +6,11 @@ attention and an MLP side by side; 3-axis rotary embeddings from the token ids.
 Module tree, parameter names and semantics are diffusers' ``transformer_flux.py``, so
 ``state_dict()`` keys equal a checkpoint's. Unlike diffusers, the single-stream blocks keep the text
 and image tokens as two tensors (everything there is per token but attention, which takes the text
-as its context), so the image stream stays split on the sequence from ``x_embedder`` to the output
-and the text stays whole: the layout is DiffusionParallel's (dp, ulysses, ring). Shapes in
-comments: B batch, N image tokens, T text tokens, C inner dim (heads * head_dim), D head_dim.
+as its context), so that a plan may split the image stream on the sequence from ``x_embedder`` to
+the output and keep the text whole. The file is single-device code: ``parallelize_flux``
+(diffusion_parallel.py) lays the model out from outside by the mesh's dim names (dp, ulysses,
+ring). Shapes in comments: B batch, N image tokens, T text tokens, C inner dim (heads * head_dim),
+D head_dim.
 """
 import numpy as np
 
@@ -23,7 +25,7 @@ from .config_fields import count, flag, listing, optional
 from .diffusion_layers import (AdaLayerNormContinuous, AdaLayerNormZero, AdaLayerNormZeroSingle, Attention,
                                CombinedTimestepGuidanceTextProjEmbeddings, CombinedTimestepTextProjEmbeddings,
                                FeedForward, modulate, on_mesh)
-from .diffusion_parallel import DiffusionParallel
+from .diffusion_parallel import parallelize_flux
 from .modeling_diffusers import DiffusersModel, Transformer2DModelOutput
 
 _FLOAT16_MAX = 65504.0
@@ -44,14 +46,17 @@ def rotary_table(axes_dim, ids, theta=10000):
 
 
 class FluxPosEmbed(Module):
-    """No weights: the rotary tables of the token ids, computed on the host."""
+    """No weights: the rotary tables of the image and the text tokens, computed on the host from
+    their ids (N, 3) and (T, 3): (cos, sin, context_cos, context_sin), float32 (1, 1, N | T, D) as
+    the queries (B, H, N | T, D) they rotate."""
 
     def __init__(self, theta, axes_dim):
         super().__init__()
         self.theta, self.axes_dim = theta, tuple(axes_dim)
 
-    def forward(self, ids):
-        return rotary_table(self.axes_dim, ids, self.theta)
+    def forward(self, img_ids, txt_ids):
+        tables = rotary_table(self.axes_dim, img_ids, self.theta) + rotary_table(self.axes_dim, txt_ids, self.theta)
+        return tuple(t[None, None] for t in tables)
 
 
 def _clip_float16(x):
@@ -166,61 +171,73 @@ class FluxTransformer2DModel(DiffusersModel):
         self.norm_out = AdaLayerNormContinuous(self.inner_dim, self.inner_dim, elementwise_affine=False, eps=1e-6,
                                                **kw)
         self.proj_out = Linear(self.inner_dim, config.patch_size * config.patch_size * self.out_channels, **kw)
-        self.parallel = None
         self._rotary = {}
 
     def parallelize(self, device_mesh):
-        """The layout over ``device_mesh``'s dims dp, ulysses and ring; weights stay replicated."""
-        self.parallel = DiffusionParallel(device_mesh, self.config.num_attention_heads, type(self).__name__)
-        for module in self.modules():
-            if isinstance(module, Attention):
-                module.parallel = self.parallel
-        self._rotary = {}
-        return self
+        """``parallelize_flux(self, device_mesh)``: the layout by the mesh's dim names (dp, ulysses,
+        ring); returns self."""
+        return parallelize_flux(self, device_mesh)
 
     def forward(self, hidden_states, encoder_hidden_states=None, pooled_projections=None, timestep=None,
                 img_ids=None, txt_ids=None, guidance=None, return_dict=True):
-        """The prediction (B, N, patch_size**2 * out_channels), laid out as the batch (split over dp,
-        whole elsewhere). Inputs are DTensors on the model's mesh or host arrays; ``timestep`` and
-        ``guidance`` are scaled by 1000 before their embeddings, as diffusers does."""
+        """The prediction (B, N, patch_size**2 * out_channels). Inputs are DTensors on the model's
+        mesh or host arrays; ``timestep`` and ``guidance`` are scaled by 1000 before their
+        embeddings, as diffusers does."""
         if (guidance is not None) != bool(self.config.guidance_embeds):
             raise ValueError(f"FluxTransformer2DModel: guidance_embeds is {self.config.guidance_embeds}: "
                              f"{'give' if self.config.guidance_embeds else 'give no'} guidance")
-        parallel = self.parallel
-        hidden_states = self.x_embedder(parallel.image(self._on_mesh(hidden_states)))   # (B, N, C)
+        mesh = self.device_mesh
+        hidden_states = self.x_embedder(self._on_mesh(hidden_states))                    # (B, N, C)
         dtype = hidden_states.dtype
-        timestep = on_mesh(timestep, parallel, dtype) * 1000.0
-        pooled_projections = parallel.batch(self._on_mesh(pooled_projections))
+        timestep = on_mesh(timestep, mesh, dtype) * 1000.0
+        pooled_projections = self._on_mesh(pooled_projections)
         if guidance is None:
-            temb = self.time_text_embed(timestep, pooled_projections, parallel)             # (B, C)
+            temb = self.time_text_embed(timestep, pooled_projections)                       # (B, C)
         else:
-            guidance = on_mesh(guidance, parallel, dtype) * 1000.0
-            temb = self.time_text_embed(timestep, guidance, pooled_projections, parallel)
-        encoder_hidden_states = self.context_embedder(parallel.batch(self._on_mesh(encoder_hidden_states)))
+            guidance = on_mesh(guidance, mesh, dtype) * 1000.0
+            temb = self.time_text_embed(timestep, guidance, pooled_projections)
+        encoder_hidden_states = self.context_embedder(self._on_mesh(encoder_hidden_states))  # (B, T, C)
 
-        image_rotary_emb = (self._rotary_emb(img_ids, hidden_states.shape[1], "img_ids", True),
-                            self._rotary_emb(txt_ids, encoder_hidden_states.shape[1], "txt_ids", False))
+        image_rotary_emb = self._rotary_emb(img_ids, txt_ids, hidden_states.shape[1], encoder_hidden_states.shape[1])
         for block in self.transformer_blocks:
             encoder_hidden_states, hidden_states = block(hidden_states, encoder_hidden_states, temb, image_rotary_emb)
         for block in self.single_transformer_blocks:
             encoder_hidden_states, hidden_states = block(hidden_states, encoder_hidden_states, temb, image_rotary_emb)
 
-        output = parallel.gather(self.proj_out(self.norm_out(hidden_states, temb)))
+        output = self.proj_out(self.norm_out(hidden_states, temb))
         if not return_dict:
             return (output,)
         return Transformer2DModelOutput(sample=output)
 
-    def _on_mesh(self, x):
-        """A DTensor as it is; a host array on the mesh in the weights' dtype (numpy has no bfloat16)."""
+    def _on_mesh(self, x, dtype=None):
+        """A DTensor on the model's mesh as it is; a host array put there whole, in ``dtype`` (default
+        the weights': numpy has no bfloat16)."""
+        mesh = self.device_mesh
         if isinstance(x, DTensor):
+            if x.device_mesh != mesh:
+                raise ValueError(f"FluxTransformer2DModel: an input lives on {x.device_mesh}, not on the model's "
+                                 f"mesh {mesh}")
             return x
-        x = distribute_tensor(np.ascontiguousarray(x, dtype=np.float32), self.parallel.mesh)
-        dtype = self.x_embedder.weight.dtype
+        x = distribute_tensor(np.ascontiguousarray(x, dtype=np.float32), mesh)
+        dtype = self.x_embedder.weight.dtype if dtype is None else dtype
         return x if x.dtype == dtype else x.to(dtype)
 
-    def _rotary_emb(self, ids, length, name, image):
-        """(cos, sin) (1, 1, L, D) of ``ids`` (L, 3), laid out like the tokens: made once per ids (a
-        denoising loop passes the same ones every step)."""
+    def _rotary_emb(self, img_ids, txt_ids, n_image, n_text):
+        """((cos, sin) of the image tokens, (cos, sin) of the text tokens), each (1, 1, L, D) float32
+        on the model's mesh, from ``pos_embed``: made once per pair of ids (a denoising loop passes
+        the same ones every step)."""
+        img_ids, txt_ids = self._ids(img_ids, n_image, "img_ids"), self._ids(txt_ids, n_text, "txt_ids")
+        key = tuple((ids.dtype.str, ids.shape, ids.tobytes()) for ids in (img_ids, txt_ids))
+        if key not in self._rotary:
+            if len(self._rotary) >= 8:  # another resolution or prompt length: forget the old tables
+                self._rotary.clear()
+            cos, sin, context_cos, context_sin = (self._on_mesh(t, _dtype.float32)
+                                                  for t in self.pos_embed(img_ids, txt_ids))
+            self._rotary[key] = ((cos, sin), (context_cos, context_sin))
+        return self._rotary[key]
+
+    def _ids(self, ids, length, name):
+        """Token ids (L, 3) as a host array, checked against the tokens they stand for."""
         ids = ids.numpy() if isinstance(ids, DTensor) else np.asarray(ids)
         if ids.ndim == 3:  # diffusers' older (1, L, 3) spelling
             ids = ids[0]
@@ -228,9 +245,4 @@ class FluxTransformer2DModel(DiffusersModel):
         if ids.shape != (length, axes):
             raise ValueError(f"FluxTransformer2DModel: {name} must be ({length}, {axes}) for {length} tokens, "
                              f"got {tuple(ids.shape)}")
-        key = (image, ids.dtype.str, ids.shape, ids.tobytes())
-        if key not in self._rotary:
-            if len(self._rotary) >= 8:  # another resolution or prompt length: forget the old tables
-                self._rotary.clear()
-            self._rotary[key] = tuple(self.parallel.rotary(t, image) for t in self.pos_embed(ids))
-        return self._rotary[key]
+        return ids

@@ -9,8 +9,10 @@ attend to each other in one softmax, and runs an MLP per stream; the last block 
 image stream. A final modulated norm and a projection give each patch's prediction, which is put
 back together as an image.
 
-Parallelism by the mesh's dim names (DiffusionParallel): ``dp`` splits the batch (the guidance
-pair), ``ulysses`` and ``ring`` the image tokens."""
+Single-device code: every op follows the placements of its inputs, and attention runs in each
+block's attention slot. ``parallelize_sd3`` (diffusion_parallel.py) lays the model out from outside
+by the mesh's dim names: ``dp`` splits the batch (the guidance pair), ``ulysses`` and ``ring`` the
+image tokens."""
 import numpy as np
 
 from .._factory import distribute_tensor
@@ -22,7 +24,7 @@ from ..nn.module import MetaTensor, Module
 from .config_fields import count, listing, optional, text
 from .diffusion_layers import (AdaLayerNormContinuous, AdaLayerNormZero, Attention,
                                CombinedTimestepTextProjEmbeddings, FeedForward, modulate)
-from .diffusion_parallel import DiffusionParallel
+from .diffusion_parallel import parallelize_sd3
 from .modeling_diffusers import DiffusersModel, Transformer2DModelOutput
 
 
@@ -169,15 +171,11 @@ class SD3Transformer2DModel(DiffusersModel):
             for i in range(config.num_layers)])
         self.norm_out = AdaLayerNormContinuous(self.inner_dim, self.inner_dim, elementwise_affine=False, eps=1e-6, **kw)
         self.proj_out = Linear(self.inner_dim, config.patch_size ** 2 * self.out_channels, bias=True, **kw)
-        self.parallel = None
 
     def parallelize(self, device_mesh):
-        """Lays the model out over ``device_mesh`` by its dim names (dp, ulysses, ring): the weights
-        stay replicated, the activations are split as DiffusionParallel says."""
-        self.parallel = DiffusionParallel(device_mesh, self.config.num_attention_heads, type(self).__name__)
-        for block in self.transformer_blocks:
-            block.attn.parallel = self.parallel
-        return self
+        """``parallelize_sd3(self, device_mesh)``: the layout by the mesh's dim names (dp, ulysses,
+        ring); returns self."""
+        return parallelize_sd3(self, device_mesh)
 
     def forward(self, hidden_states, encoder_hidden_states=None, pooled_projections=None, timestep=None,
                 block_controlnet_hidden_states=None, joint_attention_kwargs=None, return_dict=True,
@@ -187,36 +185,35 @@ class SD3Transformer2DModel(DiffusersModel):
         if encoder_hidden_states is None or pooled_projections is None or timestep is None:
             raise TypeError("SD3Transformer2DModel.forward needs encoder_hidden_states, pooled_projections and "
                             "timestep")
-        parallel = self.parallel
         latent = self._on_mesh(hidden_states, "hidden_states", 4)
         B, _, height, width = latent.shape
         p = self.config.patch_size
 
-        hidden_states = parallel.image(self.pos_embed(parallel.batch(latent)))  # (B, L, inner): L split on cp dims
-        temb = self.time_text_embed(timestep, parallel.batch(self._on_mesh(pooled_projections, "pooled_projections",
-                                                                          2)), parallel)
-        encoder_hidden_states = self.context_embedder(parallel.batch(self._on_mesh(encoder_hidden_states,
-                                                                                   "encoder_hidden_states", 3)))
+        hidden_states = self.pos_embed(latent)                                  # (B, L, inner)
+        temb = self.time_text_embed(timestep, self._on_mesh(pooled_projections, "pooled_projections", 2))
+        encoder_hidden_states = self.context_embedder(self._on_mesh(encoder_hidden_states, "encoder_hidden_states",
+                                                                    3))       # (B, T, inner)
         for block in self.transformer_blocks:
             encoder_hidden_states, hidden_states = block(hidden_states, encoder_hidden_states, temb)
-        hidden_states = self.proj_out(self.norm_out(hidden_states, temb))
+        hidden_states = self.proj_out(self.norm_out(hidden_states, temb))      # (B, L, p*p*c)
 
         # the patches back together: (B, h*w, p*p*c) -> (B, c, h*p, w*p)
         h, w = height // p, width // p
-        patches = parallel.gather(hidden_states).reshape(B, h, w, p, p, self.out_channels)
+        patches = hidden_states.reshape(B, h, w, p, p, self.out_channels)
         output = patches.permute(0, 5, 1, 3, 2, 4).reshape(B, self.out_channels, h * p, w * p)
         if not return_dict:
             return (output,)
         return Transformer2DModelOutput(sample=output)
 
     def _on_mesh(self, x, name, ndim):
-        """An input as a DTensor on the model's mesh (a host array is distributed)."""
+        """An input as a DTensor on the model's mesh (a host array is put there whole)."""
+        mesh = self.device_mesh
         if not isinstance(x, DTensor):
-            x = distribute_tensor(np.ascontiguousarray(x, dtype=np.float32), self.parallel.mesh)
+            x = distribute_tensor(np.ascontiguousarray(x, dtype=np.float32), mesh)
         if x.ndim != ndim:
             raise ValueError(f"SD3Transformer2DModel: {name} must have {ndim} dims, got shape {tuple(x.shape)}")
-        if x.device_mesh != self.parallel.mesh:
+        if x.device_mesh != mesh:
             raise ValueError(f"SD3Transformer2DModel: {name} lives on {x.device_mesh}, not on the model's mesh "
-                             f"{self.parallel.mesh}")
+                             f"{mesh}")
         dtype = self.proj_out.weight.dtype
         return x if x.dtype == dtype else x.to(dtype)

@@ -74,7 +74,7 @@ class DiffusionPipeline:
         from ..models.autoencoder_kl import AutoencoderKL
         transformer = cls.transformer_class.from_pretrained(path, subfolder="transformer", device_mesh=device_mesh,
                                                              dtype=dtype, progress=progress)
-        vae = AutoencoderKL.from_pretrained(path, subfolder="vae", device_mesh=vae_mesh or transformer.parallel.mesh,
+        vae = AutoencoderKL.from_pretrained(path, subfolder="vae", device_mesh=vae_mesh or transformer.device_mesh,
                                             dtype=dtype, progress=progress)
         scheduler = FlowMatchEulerDiscreteScheduler(**read_config(os.path.join(path, "scheduler",
                                                                                "scheduler_config.json")))
@@ -94,7 +94,7 @@ class DiffusionPipeline:
 
     @property
     def mesh(self):
-        return self.transformer.parallel.mesh
+        return self.transformer.device_mesh
 
     def _latents(self, shape, latents, seed):
         """The starting noise: ``latents`` as given (numpy or DTensor), else N(0, 1) from ``seed``."""
