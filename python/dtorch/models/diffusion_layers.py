@@ -16,7 +16,7 @@ from .._tensor import DTensor
 from .._ops_view import cat, stack
 from ..nn import functional as F
 from ..nn.containers import ModuleList
-from ..nn.layers import GELU, Dropout, LayerNorm, Linear, RMSNorm, SiLU
+from ..nn.layers import Dropout, LayerNorm, Linear, RMSNorm, SiLU
 from ..nn.module import Module
 
 

@@ -17,7 +17,6 @@ import numpy as np
 
 from .._factory import distribute_tensor
 from .._tensor import DTensor
-from ..nn import functional as F
 from ..nn.containers import ModuleList
 from ..nn.layers import Conv2d, LayerNorm, Linear
 from ..nn.module import MetaTensor, Module
