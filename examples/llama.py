@@ -1,8 +1,9 @@
-"""Generate with a Llama checkpoint laid out over a mesh of CPU devices.
+"""Generate with a Llama, Mistral or Qwen2 checkpoint laid out over a mesh of CPU devices.
 
     python llama.py --model DIR --mesh dp=1,tp=2 --prompt "Once upon a time" --max-new-tokens 32
 
-DIR is an HF model directory (config.json and model.safetensors, or a sharded index). Without
+DIR is an HF model directory (config.json and model.safetensors, or a sharded index), whose
+config.json's architecture picks the class (AutoModelForCausalLM). Without
 --model, a random-weight checkpoint of llama2.c's "15M" shape (dim 288, 6 layers, 6 heads, hidden
 768, vocab 32000) is written once to ~/.cache/dtorch/llama-15m-random and used: the tokens are
 noise, the speed is real. With a tokenizer.json in DIR and the `tokenizers` package installed the
@@ -17,7 +18,7 @@ import time
 import numpy as np
 
 import dtorch
-from dtorch.models import LlamaConfig, LlamaForCausalLM
+from dtorch.models import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 TINY_15M = dict(vocab_size=32000, hidden_size=288, intermediate_size=768, num_hidden_layers=6, num_attention_heads=6,
                 num_key_value_heads=6, max_position_embeddings=256, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2)
@@ -61,10 +62,11 @@ class Tokens:
         self.bos, self.vocab = config.bos_token_id, config.vocab_size
 
     def encode(self, text):
+        head = [] if self.bos is None else [self.bos]   # Qwen2's configs name no BOS
         if self.tokenizer is not None:
             ids = self.tokenizer.encode(text).ids
-            return ids if ids and ids[0] == self.bos else [self.bos] + ids
-        return [self.bos] + [(3 + b) % self.vocab for b in text.encode("utf-8")]
+            return ids if ids and ids[0] == self.bos else head + ids
+        return head + [(3 + b) % self.vocab for b in text.encode("utf-8")]
 
     def decode(self, ids):
         if self.tokenizer is not None:
@@ -93,8 +95,8 @@ def main():
     directory = args.model or random_checkpoint()
     mesh = parse_mesh(args.mesh)
     start = time.perf_counter()
-    model = LlamaForCausalLM.from_pretrained(directory, device_mesh=mesh,
-                                             dtype=getattr(dtorch, args.dtype) if args.dtype else None)
+    model = AutoModelForCausalLM.from_pretrained(directory, device_mesh=mesh,
+                                                 dtype=getattr(dtorch, args.dtype) if args.dtype else None)
     dtorch.synchronize()
     print(f"loaded {directory} in {time.perf_counter() - start:.2f} s on {mesh} ({args.workers} workers), "
           f"{model.lm_head.weight.dtype}")

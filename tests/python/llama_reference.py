@@ -6,6 +6,13 @@ convention, q * cos + rotate_half(q) * sin, cos/sin of position * inv_freq repea
 halves; inv_freq = theta^(-2i/D), llama3 scaling by wavelength bands; grouped-query attention by
 repeating each k/v head for its group; causal softmax(q k^T / sqrt(D)) with padded keys hidden;
 SwiGLU MLP down(silu(gate(x)) * up(x)); final norm; lm_head (the embedding when tied).
+
+The variants that share Llama's layers (config.json's model_type): Mistral, whose every layer sees
+only the last ``sliding_window`` positions (query i sees key j iff j <= i and i - j < sliding_window,
+the columns counted as the cache's slots, left padding included: masking_utils'
+sliding_window_overlay); Qwen2, with biases on the q/k/v projections (none on o_proj or the MLP) and
+the same window on layers max_window_layers and up when use_sliding_window is on (or where an
+explicit layer_types says "sliding_attention").
 """
 import math
 
@@ -71,7 +78,9 @@ def hidden_states(weights, cfg, ids, attention_mask=None, position_ids=None):
                                                              cfg.get("rope_scaling"))[None, None, :]
     cos = np.cos(np.concatenate([angles, angles], -1))[:, None]   # (B, 1, L, D)
     sin = np.sin(np.concatenate([angles, angles], -1))[:, None]
-    allowed = np.tril(np.ones((L, L), bool))[None, None] & mask[:, None, None, :]   # (B, 1, L, L)
+    causal = np.tril(np.ones((L, L), bool))
+    allowed_full = causal[None, None] & mask[:, None, None, :]                    # (B, 1, L, L)
+    windows = layer_windows(cfg)
 
     x = w["model.embed_tokens.weight"][ids]
     for i in range(cfg["num_hidden_layers"]):
@@ -88,6 +97,10 @@ def hidden_states(weights, cfg, ids, attention_mask=None, position_ids=None):
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         k, v = np.repeat(k, H // Hkv, axis=1), np.repeat(v, H // Hkv, axis=1)
+        allowed = allowed_full
+        if windows[i] is not None:
+            near = np.subtract.outer(np.arange(L), np.arange(L)) < windows[i]   # query i - key j < window
+            allowed = allowed_full & near[None, None]
         scores = np.where(allowed, q @ k.transpose(0, 1, 3, 2) / math.sqrt(D), -np.inf)
         top = scores.max(-1, keepdims=True)
         e = np.where(allowed, np.exp(scores - np.where(np.isfinite(top), top, 0)), 0.0)
@@ -99,8 +112,25 @@ def hidden_states(weights, cfg, ids, attention_mask=None, position_ids=None):
     return _rms(x, w["model.norm.weight"], eps)
 
 
+def layer_windows(cfg):
+    """The sliding window of each layer (None: it sees every earlier position), from config.json's
+    fields as HF's Mistral and Qwen2 read them; Llama has none."""
+    n, kind = cfg["num_hidden_layers"], cfg.get("model_type", "llama")
+    window = cfg.get("sliding_window")
+    if kind == "mistral":
+        return [window] * n
+    if kind == "qwen2":
+        if not cfg.get("use_sliding_window", False):
+            window = None
+        types = cfg.get("layer_types") or ["sliding_attention" if window is not None and i >= cfg.get(
+            "max_window_layers", 28) else "full_attention" for i in range(n)]
+        return [window if t == "sliding_attention" else None for t in types]
+    return [None] * n
+
+
 def random_weights(cfg, seed=0, dtype=np.float32):
-    """An HF Llama state dict with random values that keep activations of order 1."""
+    """An HF Llama state dict with random values that keep activations of order 1 (Qwen2's: with
+    q/k/v biases)."""
     rng = np.random.default_rng(seed)
     H, E, I, V = cfg["num_attention_heads"], cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     Hkv = cfg.get("num_key_value_heads") or H
@@ -118,11 +148,12 @@ def random_weights(cfg, seed=0, dtype=np.float32):
         for name, rows, cols in (("self_attn.q_proj", H * D, E), ("self_attn.k_proj", Hkv * D, E),
                                  ("self_attn.v_proj", Hkv * D, E), ("self_attn.o_proj", E, H * D)):
             sd[p + name + ".weight"] = mat(rows, cols)
-            if cfg.get("attention_bias"):
-                sd[p + name + ".bias"] = vec(rows)
+            qwen2_bias = cfg.get("model_type") == "qwen2" and name != "self_attn.o_proj"
+            if qwen2_bias or cfg.get("attention_bias") and cfg.get("model_type", "llama") == "llama":
+                sd[p + name + ".bias"] = vec(rows, scale=0.3 if qwen2_bias else 0.1)
         for name, rows, cols in (("mlp.gate_proj", I, E), ("mlp.up_proj", I, E), ("mlp.down_proj", E, I)):
             sd[p + name + ".weight"] = mat(rows, cols)
-            if cfg.get("mlp_bias"):
+            if cfg.get("mlp_bias") and cfg.get("model_type", "llama") == "llama":
                 sd[p + name + ".bias"] = vec(rows)
         sd[p + "input_layernorm.weight"] = vec(E, base=1.0)
         sd[p + "post_attention_layernorm.weight"] = vec(E, base=1.0)

@@ -1,17 +1,22 @@
 """dtorch.models: models with HF transformers' and diffusers' module trees, parameter names and
 checkpoints, each single-device code laid out over a mesh by its family's parallelize function."""
+from .auto import MODEL_FOR_CAUSAL_LM, AutoConfig, AutoModelForCausalLM
 from .autoencoder_kl import AutoencoderKL, DiagonalGaussianDistribution
 from .cache_utils import RingStaticCache, StaticCache
 from .diffusion_parallel import parallelize_flux, parallelize_sd3, parallelize_vae
 from .generation import GenerationMixin
 from .llama import CausalLMOutputWithPast, LlamaConfig, LlamaForCausalLM, LlamaModel
 from .llama_parallel import parallelize_llama
+from .mistral import MistralConfig, MistralForCausalLM
 from .modeling_diffusers import AutoencoderKLOutput, DecoderOutput, Transformer2DModelOutput
+from .qwen2 import Qwen2Config, Qwen2ForCausalLM
 from .transformer_flux import FluxTransformer2DModel
 from .transformer_sd3 import SD3Transformer2DModel
 from ..serving import ContinuousBatcher, Request   # where they lived first: dtorch.models keeps the names
 
-__all__ = ["AutoencoderKL", "AutoencoderKLOutput", "CausalLMOutputWithPast", "ContinuousBatcher", "DecoderOutput",
-           "DiagonalGaussianDistribution", "FluxTransformer2DModel", "GenerationMixin", "LlamaConfig",
-           "LlamaForCausalLM", "LlamaModel", "Request", "RingStaticCache", "SD3Transformer2DModel", "StaticCache",
-           "Transformer2DModelOutput", "parallelize_flux", "parallelize_llama", "parallelize_sd3", "parallelize_vae"]
+__all__ = ["AutoConfig", "AutoModelForCausalLM", "AutoencoderKL", "AutoencoderKLOutput", "CausalLMOutputWithPast",
+           "ContinuousBatcher", "DecoderOutput", "DiagonalGaussianDistribution", "FluxTransformer2DModel",
+           "GenerationMixin", "LlamaConfig", "LlamaForCausalLM", "LlamaModel", "MODEL_FOR_CAUSAL_LM", "MistralConfig",
+           "MistralForCausalLM", "Qwen2Config", "Qwen2ForCausalLM", "Request", "RingStaticCache",
+           "SD3Transformer2DModel", "StaticCache", "Transformer2DModelOutput", "parallelize_flux", "parallelize_llama",
+           "parallelize_sd3", "parallelize_vae"]

@@ -2,9 +2,12 @@
 block, rotary position embeddings (RoPE), grouped-query attention and a SwiGLU feed-forward.
 
 Module tree, parameter names and semantics are those of HF transformers' ``modeling_llama.py``, so
-``state_dict()`` keys equal a checkpoint's. The file is single-device code: it holds no parallel
-logic. ``parallelize_llama`` (llama_parallel.py) lays the parameters out over a mesh from outside,
-and every op here follows the placements its inputs have. Shapes in comments: B batch, L new tokens,
+``state_dict()`` keys equal a checkpoint's. The architectures that differ from Llama by settings
+only run on this code too: their config classes (mistral.py, qwen2.py) subclass LlamaConfig and
+the layers read the settings (which projections have biases, the sliding window of each layer).
+The file is single-device code: it holds no parallel logic. ``parallelize_llama``
+(llama_parallel.py) lays the parameters out over a mesh from outside, and every op here follows
+the placements its inputs have. Shapes in comments: B batch, L new tokens,
 S key slots (L, or the cache's length), H query heads, Hkv key/value heads (as many as the k/v
 projections give: a parallel style may widen them), D head_dim, E hidden size, V vocabulary.
 """
@@ -13,7 +16,7 @@ import json
 import math
 import os
 import warnings
-from typing import Optional
+from typing import ClassVar, Optional
 
 import numpy as np
 
@@ -40,7 +43,8 @@ _CONFIG_KINDS = dict(vocab_size=count(), hidden_size=count(), intermediate_size=
                      rope_theta=number(above=0), rope_scaling=optional(mapping), attention_bias=flag, mlp_bias=flag,
                      tie_word_embeddings=flag, torch_dtype=optional(text), bos_token_id=_TOKEN,
                      eos_token_id=optional(either(count(-(1 << 63)), listing(count(-(1 << 63))))),
-                     pad_token_id=_TOKEN)
+                     pad_token_id=_TOKEN, sliding_window=optional(count()), layer_types=optional(listing(text)))
+LAYER_TYPES = ("full_attention", "sliding_attention")   # transformers' names of what a layer attends to
 # what each rope_scaling type reads, beside its type
 _ROPE_KINDS = {"default": {}, "linear": dict(factor=number(above=0)),
                "llama3": dict(factor=number(above=0), low_freq_factor=number(above=0),
@@ -53,7 +57,23 @@ _DTYPE_NAMES = {"float32": _dtype.float32, "float16": _dtype.float16, "bfloat16"
 class LlamaConfig:
     """HF's LlamaConfig fields (config.json). Reads both spellings in the wild: older files with
     top-level ``rope_theta``, ``rope_scaling`` and ``torch_dtype``, newer ones with
-    ``rope_parameters`` (holding rope_theta and the scaling) and ``dtype``."""
+    ``rope_parameters`` (holding rope_theta and the scaling) and ``dtype``.
+
+    The base of the configs of every architecture that runs on Llama's module code (MistralConfig,
+    Qwen2Config): the fields the layers read, with two that Llama itself does not have,
+    ``sliding_window`` (each layer of type "sliding_attention" sees only that many last positions)
+    and ``layer_types`` (per layer "full_attention" or "sliding_attention"; ``layer_type(i)`` derives
+    it where none is given). A subclass names its ``model_type`` and ``architecture`` (config.json's
+    keys), its own defaults, and in ``_absent`` the fields its transformers config lacks: a file's
+    values for them are ignored, as transformers ignores them, and set by hand they are refused.
+    ``qkv_bias`` and ``o_proj_bias`` say which attention projections have biases."""
+
+    model_type: ClassVar[str] = "llama"
+    architecture: ClassVar[str] = "LlamaForCausalLM"
+    _kinds: ClassVar[dict] = _CONFIG_KINDS
+    # fields transformers' LlamaConfig lacks, with the value its modeling code implies (None:
+    # derived, for layer_types); a file's values are not read
+    _absent: ClassVar[dict] = dict(sliding_window=None, layer_types=None)
 
     vocab_size: int = 32000
     hidden_size: int = 4096
@@ -74,42 +94,89 @@ class LlamaConfig:
     bos_token_id: Optional[int] = 1
     eos_token_id: Optional[object] = 2
     pad_token_id: Optional[int] = None
+    sliding_window: Optional[int] = None
+    layer_types: Optional[list] = None
+
+    @property
+    def qkv_bias(self):
+        """Whether q_proj, k_proj and v_proj have biases (Llama: attention_bias)."""
+        return self.attention_bias
+
+    @property
+    def o_proj_bias(self):
+        return self.attention_bias
+
+    def _default_layer_type(self, i):
+        """Layer i's type where layer_types gives none: one for every layer, sliding when there is a
+        window (Llama has none, Mistral's every layer slides)."""
+        return "sliding_attention" if self.sliding_window is not None else "full_attention"
+
+    def layer_type(self, i):
+        """What layer i attends to: "full_attention" (every earlier position) or "sliding_attention"
+        (the last ``sliding_window`` ones)."""
+        return self.layer_types[i] if self.layer_types is not None else self._default_layer_type(i)
+
+    def _settle(self):
+        """Fields a subclass derives from others before the checks (Qwen2: no window when
+        use_sliding_window is off)."""
 
     def __post_init__(self):
-        config_fields.check("LlamaConfig", dataclasses.asdict(self), _CONFIG_KINDS)
+        owner = type(self).__name__
+        config_fields.check(owner, dataclasses.asdict(self), self._kinds)
+        self._settle()
+        for name, value in self._absent.items():
+            given = getattr(self, name)
+            derived = name == "layer_types" and given is not None and len(given) == self.num_hidden_layers and all(
+                t == self._default_layer_type(i) for i, t in enumerate(given))
+            if given != value and not derived:
+                raise ValueError(f"{owner}: {name} is not a setting of {self.model_type} models (transformers' {owner} "
+                                 f"has no such field; {self.model_type}'s modeling code implies {value!r}), got "
+                                 f"{given!r}")
+        if self.layer_types is not None:
+            if len(self.layer_types) != self.num_hidden_layers:
+                raise ValueError(f"{owner}: layer_types names {len(self.layer_types)} layer(s) but num_hidden_layers "
+                                 f"is {self.num_hidden_layers}")
+            for i, kind in enumerate(self.layer_types):
+                if kind not in LAYER_TYPES:
+                    raise ValueError(f"{owner}: layer_types[{i}] is {kind!r}; supported: {', '.join(LAYER_TYPES)}")
+                if kind == "sliding_attention" and self.sliding_window is None:
+                    raise ValueError(f"{owner}: layer_types[{i}] is sliding_attention but there is no sliding_window "
+                                     "(null, or use_sliding_window is off)")
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
         if self.head_dim is None:
             if self.hidden_size % self.num_attention_heads:
-                raise ValueError(f"LlamaConfig: hidden_size {self.hidden_size} is not a multiple of "
+                raise ValueError(f"{owner}: hidden_size {self.hidden_size} is not a multiple of "
                                  f"num_attention_heads {self.num_attention_heads}; give head_dim")
             self.head_dim = self.hidden_size // self.num_attention_heads
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"LlamaConfig: num_attention_heads {self.num_attention_heads} is not a multiple of "
+            raise ValueError(f"{owner}: num_attention_heads {self.num_attention_heads} is not a multiple of "
                              f"num_key_value_heads {self.num_key_value_heads}")
         if self.head_dim % 2:
-            raise ValueError(f"LlamaConfig: head_dim {self.head_dim} must be even for rotary embeddings")
+            raise ValueError(f"{owner}: head_dim {self.head_dim} must be even for rotary embeddings")
         if self.hidden_act not in _ACTIVATIONS:
-            raise ValueError(f"LlamaConfig: hidden_act {self.hidden_act!r} is not supported "
+            raise ValueError(f"{owner}: hidden_act {self.hidden_act!r} is not supported "
                              f"(supported: {', '.join(_ACTIVATIONS)})")
         if self.rope_scaling is not None:
             rope_type = self.rope_scaling.get("rope_type", self.rope_scaling.get("type", "default"))
             if not isinstance(rope_type, str) or rope_type not in _ROPE_KINDS:
-                raise ValueError(f"LlamaConfig: rope_scaling type {rope_type!r} is not supported "
+                raise ValueError(f"{owner}: rope_scaling type {rope_type!r} is not supported "
                                  "(supported: default, linear, llama3)")
             for key, kind in _ROPE_KINDS[rope_type].items():
                 if key not in self.rope_scaling:
-                    raise ValueError(f"LlamaConfig: rope_scaling of type {rope_type!r} needs {key}")
-                kind("LlamaConfig", f"rope_scaling {key}", self.rope_scaling[key])
+                    raise ValueError(f"{owner}: rope_scaling of type {rope_type!r} needs {key}")
+                kind(owner, f"rope_scaling {key}", self.rope_scaling[key])
             if rope_type == "llama3" and self.rope_scaling["low_freq_factor"] == self.rope_scaling["high_freq_factor"]:
-                raise ValueError("LlamaConfig: rope_scaling's low_freq_factor and high_freq_factor must differ")
+                raise ValueError(f"{owner}: rope_scaling's low_freq_factor and high_freq_factor must differ")
 
     @classmethod
     def from_dict(cls, d):
+        """The config of config.json's fields (either spelling); fields that transformers' config of
+        this architecture does not have are not read (``_absent``), nor any other unknown key."""
         d = dict(d)
         params = d.pop("rope_parameters", None)
         for name, value in (("rope_parameters", params), ("rope_scaling", d.get("rope_scaling"))):
-            config_fields.optional(mapping)("LlamaConfig", name, value)
+            config_fields.optional(mapping)(cls.__name__, name, value)
         if params:
             params = dict(params)
             if "rope_theta" in params:   # the newer spelling wins where a file has both
@@ -121,33 +188,51 @@ class LlamaConfig:
         if d.get("rope_scaling") is not None and d["rope_scaling"].get(
                 "rope_type", d["rope_scaling"].get("type")) == "default":
             d["rope_scaling"] = None
-        names = {f.name for f in dataclasses.fields(cls)}
+        names = {f.name for f in dataclasses.fields(cls)} - set(cls._absent)
         return cls(**{k: v for k, v in d.items() if k in names})
 
     @classmethod
     def from_pretrained(cls, path):
-        file = path if os.path.isfile(path) else os.path.join(path, "config.json")
+        """The config of a model directory's config.json (or of that file). A file of another
+        architecture is a ValueError naming it (the registry, auto.py, says which ones run)."""
+        from .auto import check_architecture
+        config, file = read_config(path)
+        check_architecture(config, file, cls.architecture)
         try:
-            config = read_json(file)
-            if not isinstance(config, dict):
-                raise CheckpointError(f"{file}: the config is not a JSON object")
             return cls.from_dict(config)
         except CheckpointError:
             raise
-        except OSError as e:
-            raise CheckpointError(f"{file}: cannot read the config: {e.strerror or e}") from None
         except ValueError as e:
             raise CheckpointError(f"{file}: bad config: {e}") from None
 
     def to_dict(self):
-        d = dataclasses.asdict(self)
-        d.update(architectures=["LlamaForCausalLM"], model_type="llama")
+        """config.json's fields: this architecture's (none of ``_absent``), its ``architectures`` and
+        ``model_type``."""
+        d = {k: v for k, v in dataclasses.asdict(self).items() if k not in self._absent}
+        d.update(architectures=[self.architecture], model_type=self.model_type)
         return d
 
     def save_pretrained(self, directory):
         os.makedirs(directory, exist_ok=True)
         with open(os.path.join(directory, "config.json"), "w") as f:
             json.dump(self.to_dict(), f, indent=2, sort_keys=True)
+
+
+def read_config(path):
+    """(config.json of a model directory, or the file ``path``, as a dict; the file's path). A file
+    that cannot be read or is no JSON object is a CheckpointError (an OSError) naming it."""
+    file = path if os.path.isfile(path) else os.path.join(path, "config.json")
+    try:
+        config = read_json(file)
+    except CheckpointError:
+        raise
+    except OSError as e:
+        raise CheckpointError(f"{file}: cannot read the config: {e.strerror or e}") from None
+    except ValueError as e:
+        raise CheckpointError(f"{file}: bad config: {e}") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{file}: the config is not a JSON object")
+    return config, file
 
 
 def rope_inv_freq(config):
@@ -197,7 +282,8 @@ class LlamaRotaryEmbedding(Module):
 
 @dataclasses.dataclass
 class AttentionInputs:
-    """What attention needs besides q, k and v, built once per forward for every layer:
+    """What attention needs besides q, k and v, built once per forward for every layer of a type
+    (full or sliding attention):
 
     - ``mask``: the (L, S) or (B, 1, L, S) bool mask of scaled_dot_product_attention; None means
       plain causal attention.
@@ -233,11 +319,11 @@ class LlamaAttention(Module):
         self.head_dim = config.head_dim
         self.scaling = config.head_dim ** -0.5
         E, H, Hkv, D = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim
-        bias = config.attention_bias
+        bias = config.qkv_bias                                                  # Llama: attention_bias; Qwen2: on
         self.q_proj = Linear(E, H * D, bias=bias, device_mesh=device_mesh, dtype=dtype)
         self.k_proj = Linear(E, Hkv * D, bias=bias, device_mesh=device_mesh, dtype=dtype)
         self.v_proj = Linear(E, Hkv * D, bias=bias, device_mesh=device_mesh, dtype=dtype)
-        self.o_proj = Linear(H * D, E, bias=bias, device_mesh=device_mesh, dtype=dtype)
+        self.o_proj = Linear(H * D, E, bias=config.o_proj_bias, device_mesh=device_mesh, dtype=dtype)
         self.attention = sdpa_attention
 
     def forward(self, x, rope, attn, cache, start):
@@ -314,6 +400,9 @@ class LlamaModel(Module):
                                   for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, device_mesh=device_mesh, dtype=dtype)
         self.rotary_emb = LlamaRotaryEmbedding(config, device_mesh, dtype)
+        self.layer_types = [config.layer_type(i) for i in range(config.num_hidden_layers)]
+        # the window of the sliding layers (None when no layer slides)
+        self.sliding_window = config.sliding_window if "sliding_attention" in self.layer_types else None
         self.attention_inputs = causal_attention_inputs   # a slot: context parallelism puts its own
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, cache_position=None):
@@ -348,37 +437,52 @@ class LlamaModel(Module):
             if not isinstance(attention_mask, DTensor):
                 attention_mask = np.asarray(attention_mask) != 0
             attention_mask = _on_mesh_like(attention_mask, input_ids, mesh)    # (B, K) or (B|1, 1, L, S)
-        attn = self.attention_inputs(attention_mask, position_ids, cache, slots, start, L, S)
-        for layer in self.layers:
-            h = layer(h, rope, attn, cache, slots)
+        # {layer type: what its attention needs besides q, k and v}
+        attn = self.attention_inputs(attention_mask, position_ids, cache, slots, start, L, S, self.sliding_window)
+        for layer, layer_type in zip(self.layers, self.layer_types):
+            h = layer(h, rope, attn[layer_type], cache, slots)
         return self.norm(h)                                                    # (B, L, E)
 
 
-def causal_attention_inputs(attention_mask, position_ids, cache, slots, start, L, S):
-    """What sdpa_attention needs, once per forward: the (L, S) causal mask over the key slots, and'ed
-    with the (B, 1, 1, S) mask of the real tokens when there is padding (None, plain causal
-    attention, without cache or padding); or a 4-D attention_mask (B|1, 1, L, S), as transformers
-    takes one: the whole mask, true where a query may attend a key slot, with no causal mask of its
-    own (a caller that places tokens in the slots itself, such as continuous batching over a ring of
-    slots, says which are whose). ``slots``: the first new slot ``start``, or the new slots (L,) as a
-    DTensor. The default of LlamaModel's ``attention_inputs`` slot."""
+def causal_attention_inputs(attention_mask, position_ids, cache, slots, start, L, S, sliding_window=None):
+    """What sdpa_attention needs, once per forward, by layer type (transformers' causal_mask_mapping):
+    {"full_attention": ..., "sliding_attention": ...}, the same inputs for both where there is no
+    ``sliding_window`` (no layer slides) or it hides nothing.
+
+    "full_attention": the (L, S) causal mask over the key slots, and'ed with the (B, 1, 1, S) mask of
+    the real tokens when there is padding (None, plain causal attention, without cache or padding).
+    "sliding_attention": the same, where moreover query slot i sees key slot j only if
+    i - j < sliding_window (transformers' sliding_window_overlay: slots, not positions, so left
+    padding counts); the full mask where the slots are too few for the window to hide any.
+    A 4-D attention_mask (B|1, 1, L, S), as transformers takes one, is the whole mask of every layer,
+    true where a query may attend a key slot, with no causal mask or window of its own (a caller that
+    places tokens in the slots itself, such as continuous batching over a ring of slots, says which
+    are whose). ``slots``: the first new slot ``start``, or the new slots (L,) as a DTensor. The
+    default of LlamaModel's ``attention_inputs`` slot."""
     mesh = position_ids.device_mesh
     if attention_mask is not None and attention_mask.ndim == 4:
         if attention_mask.shape[1] != 1 or attention_mask.shape[2] != L or attention_mask.shape[3] != S:
             raise ValueError(f"a 4-D attention_mask must be (batch, 1, {L}, {S}) for {L} new token(s) over {S} key "
                              f"slots, got {tuple(attention_mask.shape)}")
-        return AttentionInputs(mask=attention_mask if attention_mask.dtype == _dtype.bool else attention_mask != 0)
+        whole = AttentionInputs(mask=attention_mask if attention_mask.dtype == _dtype.bool else attention_mask != 0)
+        return {"full_attention": whole, "sliding_attention": whole}
     key_mask = key_mask_from(attention_mask, S) if attention_mask is not None else None   # (B, 1, 1, S)
     if cache is not None:
         if key_mask is not None:
             cache.key_mask = key_mask
         key_mask = cache.key_mask
-    if cache is None and key_mask is None:
-        return AttentionInputs()
+    windowed = sliding_window is not None and S > sliding_window    # else no slot is far enough to hide
+    if cache is None and key_mask is None and not windowed:
+        return {"full_attention": AttentionInputs(), "sliding_attention": AttentionInputs()}
     keys = arange(S, device_mesh=mesh)                                         # (S,)
     queries = (slots if isinstance(slots, DTensor) else arange(start, start + L, device_mesh=mesh)).unsqueeze(1)
-    mask = keys <= queries                                                     # (L, S): causal over the slots
-    return AttentionInputs(mask=mask if key_mask is None else mask & key_mask)  # (B, 1, L, S)
+    causal = keys <= queries                                                   # (L, S): causal over the slots
+    full = AttentionInputs(mask=causal if key_mask is None else causal & key_mask)   # (B, 1, L, S)
+    if not windowed:
+        return {"full_attention": full, "sliding_attention": full}
+    near = causal & (keys > queries - sliding_window)                         # (L, S): the last `window` slots
+    return {"full_attention": full, "sliding_attention": AttentionInputs(mask=near if key_mask is None
+                                                                          else near & key_mask)}
 
 
 @dataclasses.dataclass
@@ -395,10 +499,17 @@ class CausalLMOutputWithPast:
 
 
 class LlamaForCausalLM(GenerationMixin, Module):
-    """Llama with its language-model head: logits over the vocabulary for every position."""
+    """Llama with its language-model head: logits over the vocabulary for every position. The class
+    of every architecture that runs on Llama's module code: a subclass only names its config class
+    (MistralForCausalLM, Qwen2ForCausalLM); the config's settings do the rest."""
+
+    config_class = LlamaConfig
 
     def __init__(self, config, device_mesh=None, dtype=None):
         super().__init__()
+        if not isinstance(config, self.config_class):
+            raise TypeError(f"{type(self).__name__} takes a {self.config_class.__name__}, got "
+                            f"{type(config).__name__}")
         self.config = config
         self.model = LlamaModel(config, device_mesh, dtype)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False, device_mesh=device_mesh, dtype=dtype)
@@ -451,9 +562,11 @@ class LlamaForCausalLM(GenerationMixin, Module):
         """The model of an HF directory (config.json, model.safetensors or a sharded index), laid out
         over ``device_mesh`` (named dims dp, tp, pp, ulysses, ring; default one CPU device) by
         parallelize_llama, each device reading only its slices of every tensor. ``dtype=None`` keeps
-        the checkpoint's; ``num_microbatches`` and ``layers_per_stage`` go to parallelize_llama."""
+        the checkpoint's; ``num_microbatches`` and ``layers_per_stage`` go to parallelize_llama.
+        config.json must be of this class's architecture (or name none): any other is a ValueError
+        naming it (AutoModelForCausalLM picks the class by it)."""
         from .llama_parallel import parallelize_llama
-        config = LlamaConfig.from_pretrained(path)
+        config = cls.config_class.from_pretrained(path)
         checkpoint = Checkpoint(path)
         if dtype is None:
             dtype = checkpoint.floating_dtype()

@@ -104,11 +104,20 @@ class RingAttentionInputs:
     key_index: DTensor
 
 
-def ring_attention_inputs(attention_mask, position_ids, cache, slots, start, L, S):
+def ring_attention_inputs(attention_mask, position_ids, cache, slots, start, L, S, sliding_window=None):
     """RingAttentionInputs for a forward of L tokens at ``position_ids`` (B|1, L): the new tokens'
     positions, -1 for padding; with a cache, the keys are every slot's, written into the cache here
     once for all layers at ``slots`` (the first new slot ``start``, or the slots as a DTensor). What
-    parallelize_llama puts in LlamaModel's ``attention_inputs`` slot with ring attention."""
+    parallelize_llama puts in LlamaModel's ``attention_inputs`` slot with ring attention; as
+    causal_attention_inputs, by layer type.
+
+    Ring attention applies no sliding window: a model with one is run as long as its S key slots
+    (the cache's, or the L tokens without one) are at most ``sliding_window``, where the window
+    hides nothing; past that, a ValueError."""
+    if sliding_window is not None and S > sliding_window:
+        raise ValueError(f"ring attention applies no sliding window: {S} key slot(s) are more than the model's "
+                         f"sliding_window={sliding_window}, so the window would hide some; keep prompt and new "
+                         "tokens within the window, or lay the model out without ring (ulysses applies it)")
     if attention_mask is not None and attention_mask.ndim == 4:
         raise ValueError("a 4-D attention_mask needs attention over slots; this model attends by positions "
                          "(ring attention)")
@@ -125,7 +134,8 @@ def ring_attention_inputs(attention_mask, position_ids, cache, slots, start, L, 
             raise ValueError(f"ring attention needs a cache that knows its slots' positions: make it with the "
                              f"model's cache_class (RingStaticCache), not {type(cache).__name__}")
         key_index = cache.update_key_index(key_index, slots)                   # (B|1, S)
-    return RingAttentionInputs(query_index=position_ids, key_index=key_index)
+    inputs = RingAttentionInputs(query_index=position_ids, key_index=key_index)
+    return {"full_attention": inputs, "sliding_attention": inputs}
 
 
 class RingAttention:

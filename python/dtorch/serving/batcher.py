@@ -8,7 +8,10 @@ the steps it was fed on, and the step's 4-D attention mask lets each row see onl
 request that arrives while others decode takes a free row at the next step (its prompt goes in a
 token per step, beside the others' decoding), a finished one frees its row at once, and no step
 ever moves keys. The step has one shape whatever the rows hold, so it is captured once
-(dtorch.capture) and replayed: one small record per device and step.
+(dtorch.capture) and replayed: one small record per device and step. The mask is every layer's: for
+a model whose layers all slide (Mistral) it shows each row only its last ``sliding_window`` tokens;
+a model whose layers differ (Qwen2 with max_window_layers) takes only requests the window cannot
+cut.
 
 Each request is decoded greedily (its tokens are those of ``generate`` for the same prompt alone)
 or sampled at its own temperature T, by the Gumbel-max trick on the devices: the argmax of
@@ -70,6 +73,10 @@ class ContinuousBatcher:
             raise ValueError(f"ContinuousBatcher: max_batch must be >= 1 and max_len >= 2, got {max_batch}, {max_len}")
         self.eos = set(np.atleast_1d(config.eos_token_id).tolist()) if config.eos_token_id is not None else set()
         self.mesh = model.model.embed_tokens.weight.device_mesh
+        types = set(model.model.layer_types)
+        # the window the mask applies (every layer slides), or the one requests must stay within
+        self.window = model.model.sliding_window if types == {"sliding_attention"} else None
+        self.mixed_window = model.model.sliding_window if len(types) > 1 else None
         self.cache = StaticCache(self.M)
         self.rows = [None] * self.B
         self.waiting = collections.deque()
@@ -100,6 +107,10 @@ class ContinuousBatcher:
         if max_new_tokens < 1 or len(prompt) + max_new_tokens > self.M + 1:
             raise ValueError(f"submit: a prompt of {len(prompt)} tokens and {max_new_tokens} new ones do not fit the "
                              f"{self.M} slots a request may use")
+        if self.mixed_window is not None and len(prompt) + max_new_tokens - 1 > self.mixed_window:
+            raise ValueError(f"submit: a prompt of {len(prompt)} tokens and {max_new_tokens} new ones run past the "
+                             f"sliding_window={self.mixed_window} of some of the model's layers, and the batcher's "
+                             "mask serves every layer alike: use generate() for it")
         eos = self.eos if eos_token_id is None else set(np.atleast_1d(eos_token_id).tolist())
         request = Request(prompt, int(max_new_tokens), eos, on_token, float(temperature))
         with self.lock:
@@ -193,7 +204,8 @@ class ContinuousBatcher:
             n = request.fed                                # tokens before this one
             ids[b, 0] = request.prompt[n] if n < len(request.prompt) else request.tokens[-1]
             pos[b, 0] = n
-            mask[b, 0, 0, (request.start + np.arange(n + 1)) % self.M] = True
+            seen = np.arange(n + 1) if self.window is None else np.arange(max(0, n + 1 - self.window), n + 1)
+            mask[b, 0, 0, (request.start + seen) % self.M] = True
             T = request.temperature
             if T >= 1.0:
                 scale[b, 0], noise[b, 0] = 1.0 / T, 1.0
