@@ -25,6 +25,13 @@
 extern "C" {
 #endif
 
+/* What is declared here is what libdtorch.so exports: the library is built with every other
+ * symbol hidden (-fvisibility=hidden), and these declarations give its definitions back the
+ * default visibility. */
+#ifdef __GNUC__
+#pragma GCC visibility push(default)
+#endif
+
 #define DT_MAX_DIMS 8        /* most dims of a tensor or a mesh */
 #define DT_MAX_DEVICE_ID 65535 /* device ids are 0..DT_MAX_DEVICE_ID */
 
@@ -400,6 +407,10 @@ const int64_t *dt_future_shape(const dt_future *f, int piece);
 const void *dt_future_data(const dt_future *f, int piece);
 /* cb runs once, when the future completes, on a runtime thread (or now, if already complete) */
 void dt_future_on_done(dt_future *f, void (*cb)(dt_future *f, void *arg), void *arg);
+
+#ifdef __GNUC__
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }

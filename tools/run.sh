@@ -18,7 +18,9 @@ export PATH="$VENV/bin:$PATH"
 APT_PACKAGES=(gcc libc6-dev pkg-config ninja-build libzmq3-dev libczmq-dev libmsgpack-dev libcriterion-dev
               libopenblas-dev python3 python3-venv python3-dev)
 TEST_APT_PACKAGES=(clang libclang-rt-14-dev   # the fuzz targets (libFuzzer, ASan, UBSan)
-                   iproute2)                  # hosts of their own for the tests of remote workers (ip netns)
+                   iproute2                   # hosts of their own for the tests of remote workers (ip netns)
+                   liblzma-dev libgfortran-12-dev)  # tests/test_install.sh: what `pkg-config --static dtorch`
+                                              # names that no -dev above brings (libxml2's -llzma, OpenBLAS's -lgfortran)
 PY_BUILD_PACKAGES=(numpy meson-python meson ninja)   # what building and the demo need
 PY_TEST_PACKAGES=(pytest ml_dtypes aiohttp atheris)    # what the tests need besides (aiohttp: examples/serve.py;
                                                         # atheris: the Python fuzzers, tests only)
