@@ -11,7 +11,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "act_runtime.h"
 #include "act_worker.h"
 #include "dt_dtype.h"
 #include "dt_error.h"
@@ -905,14 +904,12 @@ static bool s_run_record(act_worker *w, mb_cursor *rec, mb_message *m, int64_t c
 static int s_send(act_worker *w, mb_kind kind, uint32_t count)
 {
     mb_header h = {MB_VERSION, kind, w->send_seq++, (uint32_t)w->device, count};
-    size_t size = w->reply.size;
     /* records that did not fit leave the body short of count: the controller takes that for a
      * protocol error and declares the device dead, which is what running out of memory here is */
     w->reply.failed = false;
-    mb_buf body = {mb_w_release(&w->reply), size, mb_buf_free, NULL};
-    int rc = mb_send(w->sock, NULL, 0, &h, body, w->payloads, w->npayloads);
-    if (w->same_process)
-        __atomic_add_fetch(&act_rt.posted, 1, __ATOMIC_RELEASE); /* after the send: a look that sees it finds the message */
+    int rc = mb_send(w->sock, NULL, 0, &h, act_body_frame(&w->reply), w->payloads, w->npayloads);
+    if (w->posted)
+        __atomic_add_fetch(w->posted, 1, __ATOMIC_RELEASE); /* after the send: a look that sees it finds the message */
     w->npayloads = 0;
     w->nreply = 0;
     return rc;
@@ -921,7 +918,7 @@ static int s_send(act_worker *w, mb_kind kind, uint32_t count)
 static int s_run_batch(act_worker *w, mb_message *m)
 {
     mb_body_reader r;
-    if (mb_body_init(&r, zmq_msg_data(&m->body), zmq_msg_size(&m->body), m->header.count) == 0) {
+    if (act_body_open(&r, m) == 0) {
         mb_cursor rec;
         int rc;
         while ((rc = mb_body_next(&r, &rec)) == 1) {
@@ -946,7 +943,7 @@ static void s_note_abort(act_worker *w, mb_message *m)
     mb_body_reader r;
     mb_cursor rec;
     mb_abort_rec dead;
-    if (mb_body_init(&r, zmq_msg_data(&m->body), zmq_msg_size(&m->body), m->header.count) != 0)
+    if (act_body_open(&r, m) != 0)
         return;
     if (mb_body_next(&r, &rec) == 1 && mb_decode_abort(&rec, &dead) == 0 && dead.device >= 0 &&
         dead.device <= DT_MAX_DEVICE_ID) {
@@ -962,7 +959,7 @@ static void s_note_endpoint(act_worker *w, mb_message *m)
     mb_body_reader r;
     mb_cursor rec;
     mb_endpoint_rec peer;
-    if (!w->remote || mb_body_init(&r, zmq_msg_data(&m->body), zmq_msg_size(&m->body), m->header.count) != 0)
+    if (!w->remote || act_body_open(&r, m) != 0)
         return;
     char text[64];
     mb_tcp_addr addr;
@@ -1142,6 +1139,7 @@ int act_worker_serve(const act_worker_link *link, bool (*should_stop)(void *arg)
     w.silent_s = link->silent_s > 0 ? link->silent_s : ACT_SILENT_S;
     w.connect_s = link->connect_s > 0 ? link->connect_s : ACT_CONNECT_S;
     w.beats = link->beats;
+    w.posted = link->posted;
     snprintf(w.peer_host, sizeof w.peer_host, "%s", link->peer_host ? link->peer_host : "127.0.0.1");
     snprintf(w.token, sizeof w.token, "%s", link->token ? link->token : "");
     if ((w.curve = link->keys != NULL)) {

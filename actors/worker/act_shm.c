@@ -18,7 +18,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "act_runtime.h"
 #include "act_worker.h"
 #include "dt_dtype.h"
 #include "dt_error.h"
@@ -101,7 +100,7 @@ static int s_only_record(mb_message *m, int (*decode)(const mb_cursor *, void *)
 {
     mb_body_reader r;
     mb_cursor rec;
-    if (mb_body_init(&r, zmq_msg_data(&m->body), zmq_msg_size(&m->body), m->header.count) != 0)
+    if (act_body_open(&r, m) != 0)
         return DT_EPROTO;
     return mb_body_next(&r, &rec) == 1 && decode(&rec, out) == 0 && mb_body_next(&r, &rec) == 0 ? 0 : DT_EPROTO;
 }
@@ -205,13 +204,12 @@ void act_shm_give_back(act_worker *w, const act_recv *got)
         return; /* a lender that cannot be reached holds its storage until it is told this device died */
     mb_writer body = {0};
     mb_encode_release(&body, got->handle.hold);
-    size_t size = body.size;
     if (body.failed) {
         free(mb_w_release(&body));
         return;
     }
     mb_header h = {MB_VERSION, MB_RELEASE, w->peer_seq++, (uint32_t)w->device, 1};
-    mb_send(sock, NULL, 0, &h, (mb_buf){mb_w_release(&body), size, mb_buf_free, NULL}, NULL, 0);
+    mb_send(sock, NULL, 0, &h, act_body_frame(&body), NULL, 0);
 }
 
 void act_shm_forget(act_worker *w, int64_t device)

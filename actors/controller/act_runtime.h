@@ -15,6 +15,7 @@
 #include <stdbool.h>
 #include <sys/types.h>
 
+#include "act_common.h"
 #include "dt_idmap.h"
 #include "dt_shm.h"
 #include "dtorch.h"
@@ -28,19 +29,13 @@
 #define ACT_TICK_MS 20                 /* controller wakes at least this often: worker processes, unrung outboxes */
 #define ACT_RING_RECORDS 64            /* records queued since the last doorbell that make the user thread ring */
 #define ACT_RING_DELAY_S 0.001         /* ... or the time since the last doorbell that does */
-#define ACT_SPIN_S 300e-6              /* the controller, workers and waits poll without sleeping this long after their
-                                        * last event (env DTORCH_SPIN_US, 0: block at once) */
 #define ACT_HELLO_TIMEOUT_S 20.0       /* a worker that has not said hello by then is dead */
 #define ACT_RUN_FD 3                   /* where a worker process finds the read end of its pipe from the controller */
 #define ACT_BYE_TIMEOUT_S 2.0          /* how long shutdown waits for workers to stop before killing them */
-#define ACT_HEARTBEAT_S 0.5            /* a worker process says it is alive this often */
-#define ACT_SILENT_S 3.0               /* a worker process not heard from this long is dead (env DTORCH_SILENT_TIMEOUT) */
 #define ACT_STUCK_S 10.0               /* a worker thread with work that neither beats, uses CPU nor is runnable
                                         * this long is stuck in a kernel (env DTORCH_STUCK_TIMEOUT): longer
                                         * than a process's silence, since a thread waiting on a lock looks the
                                         * same from outside and 512 threads making links wait seconds for one */
-#define ACT_CONNECT_S 60.0             /* listening: an op waits this long for its devices' workers to connect
-                                        * (env DTORCH_CONNECT_TIMEOUT) */
 
 /* One message's worth of records for one device. */
 typedef struct act_batch {
@@ -206,14 +201,5 @@ void act_runtime_next_stream(uint64_t *seed, uint64_t *stream);
 void act_wait_enter(void);
 void act_wait_leave(void);
 bool act_wait_interrupted(void);
-
-double act_now(void);               /* monotonic seconds */
-/* zmq_poll that first polls without blocking, yielding the core between looks, while the clock is
- * before *spin_until, and blocks for timeout_ms only after that; when it finds events it moves
- * *spin_until ACT_SPIN_S past now. A reply that comes within that long costs no wake-up: on these
- * machines a thread's wake-up is tens of microseconds, a round trip's whole budget. */
-int act_poll(zmq_pollitem_t *items, int n, long timeout_ms, double *spin_until);
-/* How long a thread spins before it blocks: ACT_SPIN_S, or DTORCH_SPIN_US microseconds. */
-double act_spin_s(void);
 
 #endif

@@ -15,7 +15,6 @@
 
 #include "act_runtime.h"
 #include "act_spawn.h"
-#include "act_worker.h"
 #include "dt_error.h"
 
 extern char **environ;
@@ -83,7 +82,7 @@ static void *s_thread_main(void *arg)
     pthread_setname_np(pthread_self(), name);
     atomic_store(&a.dev->thread_tid, (int)gettid());
     act_worker_link link = {.endpoint = a.endpoint, .device = a.device, .device_type = a.device_type,
-                            .beats = a.beats, .opened = s_opened, .opened_arg = &a};
+                            .beats = a.beats, .posted = &act_rt.posted, .opened = s_opened, .opened_arg = &a};
     int rc = act_worker_serve(&link, s_should_stop, a.stop);
     if (!a.told)
         s_opened(&a, rc != 0 ? rc : dt_err(DT_ESYS, "it returned before opening its sockets"));

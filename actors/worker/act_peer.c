@@ -20,7 +20,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "act_runtime.h"
 #include "act_worker.h"
 #include "dt_dtype.h"
 #include "dt_error.h"
@@ -309,7 +308,6 @@ bool act_peer_send(act_worker *w, mb_cursor *rec)
         nframes = 1;
     }
     mb_header h = {MB_VERSION, MB_PEER, w->peer_seq++, (uint32_t)w->device, 1};
-    size_t size = body.size;
     if (body.failed) {
         /* no message at all rather than a truncated one; the receiver's wait ends with the runtime */
         free(mb_w_release(&body));
@@ -318,8 +316,7 @@ bool act_peer_send(act_worker *w, mb_cursor *rec)
         act_shm_unlend(w, lent.hold);
         return true;
     }
-    if (mb_send(sock, rid[0] ? rid : NULL, strlen(rid), &h, (mb_buf){mb_w_release(&body), size, mb_buf_free, NULL},
-                &frame, nframes) == 0) {
+    if (mb_send(sock, rid[0] ? rid : NULL, strlen(rid), &h, act_body_frame(&body), &frame, nframes) == 0) {
         w->stats[MB_STAT_peer_messages_sent]++;
         if (t)
             w->stats[MB_STAT_peer_bytes_sent] += (int64_t)bytes;
@@ -398,7 +395,7 @@ static void s_stash(act_worker *w, mb_message *m)
     mb_body_reader r;
     mb_cursor rec;
     mb_region_rec region;
-    if (mb_body_init(&r, zmq_msg_data(&m->body), zmq_msg_size(&m->body), m->header.count) != 0)
+    if (act_body_open(&r, m) != 0)
         return;
     act_recv *got = calloc(1, sizeof *got);
     if (!got || mb_body_next(&r, &rec) != 1 || mb_decode_region(&rec, &region) != 0) {

@@ -28,10 +28,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "act_runtime.h"
-#include "act_worker.h"
+#include "act_common.h"
 #include "dt_error.h"
 #include "mb_curve.h"
+#include "mb_rid.h"
 
 #define S_MAX_DEVICES 1024 /* devices one process serves */
 

@@ -118,8 +118,7 @@ static void s_send_one(act_runtime *rt, act_device *to, mb_kind kind, mb_writer 
     char rid[MB_RID_MAX];
     s_routing_id(to->id, rid);
     mb_header h = {MB_VERSION, kind, to->send_seq++, MB_SENDER_CONTROLLER, 1};
-    size_t size = body->size;
-    mb_send(rt->router, rid, strlen(rid), &h, (mb_buf){mb_w_release(body), size, mb_buf_free, NULL}, NULL, 0);
+    mb_send(rt->router, rid, strlen(rid), &h, act_body_frame(body), NULL, 0);
 }
 
 /* A message with no body (MB_BYE, MB_HEARTBEAT). */
@@ -231,9 +230,7 @@ static void s_send_batch(s_ctl *c, act_device *dev, act_batch *b)
         s_device_died(c->rt, dev, "the controller ran out of memory encoding its ops");
         return;
     }
-    size_t size = b->pk.size;
-    mb_buf body = {mb_w_release(&b->pk), size, mb_buf_free, NULL};
-    int rc = mb_send(c->router, rid, strlen(rid), &h, body, b->payloads, b->npayloads);
+    int rc = mb_send(c->router, rid, strlen(rid), &h, act_body_frame(&b->pk), b->payloads, b->npayloads);
     b->npayloads = 0; /* mb_send owns them now */
     dev->in_flight += b->nrecords;
     c->sent[dev->id] += b->nrecords;
@@ -362,7 +359,7 @@ static int s_complete(act_runtime *rt, act_device *dev, const mb_cursor *rec, in
 static void s_handle_completions(act_runtime *rt, act_device *dev, mb_message *m)
 {
     mb_body_reader r;
-    if (mb_body_init(&r, zmq_msg_data(&m->body), zmq_msg_size(&m->body), m->header.count) != 0) {
+    if (act_body_open(&r, m) != 0) {
         s_device_died(rt, dev, dt_last_error());
         return;
     }
@@ -467,7 +464,7 @@ static void s_hello(act_runtime *rt, act_device *dev, mb_message *m)
     mb_cursor rec;
     mb_hello_rec hello;
     char why[DT_ERRMSG_MAX + 160] = "";
-    if (mb_body_init(&r, zmq_msg_data(&m->body), zmq_msg_size(&m->body), m->header.count) != 0 ||
+    if (act_body_open(&r, m) != 0 ||
         mb_body_next(&r, &rec) != 1 || mb_decode_hello(&rec, &hello) != 0 || mb_body_next(&r, &rec) != 0) {
         snprintf(why, sizeof why, "device %" PRId64 ": its worker's hello could not be read (%s): rebuild "
                  "dtorch-worker from the same sources", dev->id, dt_last_error());

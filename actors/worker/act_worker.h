@@ -7,6 +7,7 @@
 
 #include <stdatomic.h>
 
+#include "act_common.h"
 #include "dt_idmap.h"
 #include "dt_shm.h"
 #include "dtorch.h"
@@ -104,28 +105,6 @@ typedef struct act_pending {
     mb_message msg;
 } act_pending;
 
-/* How a worker reaches its controller and peers. */
-typedef struct {
-    const char *endpoint;       /* the controller's */
-    int64_t device;
-    const char *device_type;    /* which backend it runs */
-    bool remote;                /* it came to a listening controller (dtorch-worker --connect tcp://...): its
-                                 * peers' sockets are what the controller tells it, and it leaves when the
-                                 * controller goes silent */
-    const mb_keypair *keys;     /* the workers' key pair: CURVE on every link; NULL: plaintext */
-    const char *server_key;     /* ... and the controller's public key */
-    const char *peer_host;      /* remote: the IPv4 address its peer socket binds (where peers reach it) */
-    const char *token;          /* a process the controller started: the run's secret, carried in the routing
-                                 * ids of its links (mb_rid.h); NULL or "": none */
-    double silent_s;            /* remote: how long the controller may be silent */
-    double connect_s;           /* remote: how long to wait for the controller's first word */
-    atomic_uint_fast64_t *beats; /* bumped wherever the worker is not inside a kernel (worker threads) */
-    /* called once its sockets are open (rc 0) or could not be (rc, dt_last_error says why), before
-     * its hello, which waits until it returns; NULL: none */
-    void (*opened)(void *arg, int rc);
-    void *opened_arg;
-} act_worker_link;
-
 typedef struct act_worker {
     int64_t device;
     const op_backend *backend;  /* the device type's memory and kernels */
@@ -146,6 +125,7 @@ typedef struct act_worker {
     double silent_s, connect_s;
     bool orphaned;              /* remote: the controller has been silent too long: leave */
     atomic_uint_fast64_t *beats; /* act_worker_link.beats, or NULL */
+    uint64_t *posted;           /* act_worker_link.posted, or NULL */
     bool read_peers;            /* ... and the backend copies from their memory: regions are read in place */
     bool lends;                 /* a worker process whose segments the controller and peers can map: its large
                                  * pieces live in shared memory and are lent by handle (MB_PROCESS said so) */
@@ -302,13 +282,6 @@ void act_worker_fini(act_worker *w);
 /* Drops the reply being built (its records and payload frames) without sending it. */
 void act_worker_drop_reply(act_worker *w);
 
-/* Runs device's worker with the backend of device_type until the controller says bye or
- * should_stop(arg) turns true: the body of a worker thread and of the dtorch-worker process.
- * DT_EINVAL, before it connects, for a device type this build has no backend for. */
-int act_worker_run(const char *endpoint, int64_t device, const char *device_type, bool (*should_stop)(void *arg),
-                   void *arg);
-/* The same for any link (act_worker_run is a local one, in plaintext). */
-int act_worker_serve(const act_worker_link *link, bool (*should_stop)(void *arg), void *arg);
 /* Says the worker is between kernels: the controller takes a worker thread whose beats and CPU
  * time both stand still while it has work for stuck. */
 void act_worker_beat(act_worker *w);
