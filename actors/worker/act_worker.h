@@ -1,14 +1,18 @@
-/* act_worker — the insides of a device actor, shared by its parts: act_worker.c (the loop, the
- * tensor table and the local ops), act_peer.c (exchanging regions with other workers for
- * redistribute) and act_shm.c (a worker process's pieces in shared memory, lent by handle to its
- * peers and the controller). Internal. */
+/* act_worker — the insides of a device actor, shared by its parts (internal): act_worker.c (the
+ * loop: the link to the controller, its messages and batches), act_worker_records.c (running each
+ * record, answering the controller), act_worker_ops.c (the records that run kernels),
+ * act_worker_storage.c (the memory of pieces and the tensor table), act_peer.c (exchanging regions
+ * with other workers for redistribute), act_shm.c (a worker process's pieces in shared memory,
+ * lent by handle to its peers and the controller) and act_replay.c (captured sequences). */
 #ifndef ACT_WORKER_H
 #define ACT_WORKER_H
 
 #include <stdatomic.h>
 
 #include "act_common.h"
+#include "dt_dtype.h"
 #include "dt_idmap.h"
+#include "dt_layout.h"
 #include "dt_shm.h"
 #include "dtorch.h"
 #include "mb_rid.h"
@@ -174,10 +178,54 @@ typedef struct act_worker {
     mb_buf *payloads;
 } act_worker;
 
+/* ---- act_worker.c: the loop ---- */
+/* A worker's state with no sockets yet (act_worker_serve opens them), and its teardown. */
+void act_worker_init(act_worker *w, int64_t device, const op_backend *backend, const char *endpoint);
+void act_worker_fini(act_worker *w);
+/* A controller message arrived while not in the main loop: MB_ABORT, MB_PROCESS, MB_RELEASE and
+ * MB_BYE act at once, the rest waits in the pending queue. Takes m. */
+void act_worker_defer(act_worker *w, mb_message *m);
+/* Says the worker is between kernels: the controller takes a worker thread whose beats and CPU
+ * time both stand still while it has work for stuck. */
+void act_worker_beat(act_worker *w);
+/* A remote worker: true (and dt_last_error says so) once the controller has been silent too long;
+ * called where the worker waits. */
+bool act_worker_orphaned(act_worker *w);
+
+/* ---- act_worker_records.c: running a record, answering the controller ---- */
+/* Runs the op record at rec (m: the message it came in, for payloads; NULL for a replayed one),
+ * read straight from the bytes: rec then points past it. False for a record it cannot even read
+ * (dt_last_error says why); rec is then left at the record's start, and so is it for a record read
+ * in part only. */
+bool act_worker_run_record(act_worker *w, mb_cursor *rec, mb_message *m);
+/* "<op> failed on device N[ (op k of captured 'name')]: why" into msg. */
+void act_worker_failure(const act_worker *w, char *msg, size_t size, const char *op, const char *why);
+/* Drops the reply being built (its records and payload frames) without sending it. */
+void act_worker_drop_reply(act_worker *w);
+/* Gives back the events and marks of the device's trace (at the worker's end). */
+void act_worker_trace_free(act_worker *w);
+
+/* ---- act_worker_ops.c: the records that run kernels ---- */
+/* An op record that makes a tensor from nothing but its own fields (and payloads): the tensor, or
+ * its poisoned place when it could not be made. */
+void act_worker_make(act_worker *w, int64_t code, mb_cursor *rec, mb_message *m);
+/* COMPUTE: a registered op's kernel on this device's pieces. A poisoned input poisons the
+ * outputs with its (root) message. False for a record it cannot read (dt_last_error says why). */
+bool act_worker_compute(act_worker *w, mb_cursor *rec);
+
+/* ---- act_worker_storage.c: the memory of pieces and the tensor table ---- */
+/* From now on w's thread keeps the storage records and small buffers it lets go of for w's next
+ * pieces; at close, no longer, and what it kept goes back. */
+void act_storage_open(act_worker *w);
+void act_storage_close(act_worker *w);
 /* What a failed allocation of device memory says: why the device is unusable when attach said so,
  * else "out of memory on the device". */
 const char *act_worker_no_memory(const act_worker *w);
-
+/* The bytes of t's elements. */
+static inline size_t act_wtensor_bytes(const act_wtensor *t)
+{
+    return (size_t)dt_layout_numel(t->ndim, t->shape) * dt_dtype_size(t->dtype);
+}
 void act_storage_release(act_storage *st);
 void act_storage_free_fn(void *data, void *hint);
 /* A zeroed storage record with one reference and no bytes yet (NULL when memory ran out): on a
@@ -211,15 +259,7 @@ void act_wtensor_drop(act_worker *w, uint64_t id);
 /* A tensor that could not be made; ops that use it fail with this message. */
 void act_wtensor_poison(act_worker *w, uint64_t id, const char *message);
 
-/* Runs the op record at rec (m: the message it came in, for payloads; NULL for a replayed one),
- * read straight from the bytes: rec then points past it. False for a record it cannot even read
- * (dt_last_error says why); rec is then left at the record's start, and so is it for a record read
- * in part only. */
-bool act_worker_run_record(act_worker *w, mb_cursor *rec, mb_message *m);
-/* "<op> failed on device N[ (op k of captured 'name')]: why" into msg. */
-void act_worker_failure(const act_worker *w, char *msg, size_t size, const char *op, const char *why);
-
-/* act_replay: captured sequences (DEFINE, REPLAY, DROP records). */
+/* ---- act_replay.c: captured sequences (DEFINE, REPLAY, DROP records) ---- */
 bool act_replay_define(act_worker *w, mb_cursor *rec, mb_message *m);
 bool act_replay_run(act_worker *w, mb_cursor *rec);
 bool act_replay_drop(act_worker *w, mb_cursor *rec);
@@ -230,7 +270,7 @@ void act_replay_free(act_worker *w, uint64_t id);
 const char *act_replay_where(const act_worker *w, char *buf, size_t size);
 void act_replay_close(act_worker *w);
 
-/* act_peer: the worker's side of redistribute. */
+/* ---- act_peer.c: the worker's side of redistribute ---- */
 int act_peer_open(act_worker *w);
 void act_peer_close(act_worker *w);
 /* Runs SEND and ASSEMBLE records; false for a record it cannot read. */
@@ -247,8 +287,11 @@ void act_peer_take(act_worker *w, mb_message *m);
 void act_peer_wait(act_worker *w, double *spin_until);
 /* The DEALER to device's peer socket (worker processes), made on first use; NULL + dt_last_error. */
 zsock_t *act_peer_socket(act_worker *w, int64_t device);
+/* The endpoint of device's peer socket: derived from the controller's (local workers) or as the
+ * controller told it (remote). false + dt_last_error when it is not known. */
+bool act_peer_endpoint(const act_worker *w, int64_t device, char *buf, size_t size);
 
-/* act_shm: a worker process's pieces in shared memory. */
+/* ---- act_shm.c: a worker process's pieces in shared memory ---- */
 /* A shared segment of size bytes as storage, when w lends and the backend can use it as device
  * memory; else NULL. */
 act_storage *act_shm_storage_new(const act_worker *w, size_t size);
@@ -272,24 +315,5 @@ void act_shm_on_release(act_worker *w, mb_message *m, int64_t from);
 /* device died: ends what was lent to it, unmaps its segments. */
 void act_shm_forget(act_worker *w, int64_t device);
 void act_shm_close(act_worker *w);
-/* A controller message arrived while not in the main loop: MB_ABORT, MB_PROCESS, MB_RELEASE and
- * MB_BYE act at once, the rest waits in the pending queue. Takes m. */
-void act_worker_defer(act_worker *w, mb_message *m);
-
-/* A worker's state with no sockets yet (act_worker_run opens them), and its teardown. */
-void act_worker_init(act_worker *w, int64_t device, const op_backend *backend, const char *endpoint);
-void act_worker_fini(act_worker *w);
-/* Drops the reply being built (its records and payload frames) without sending it. */
-void act_worker_drop_reply(act_worker *w);
-
-/* Says the worker is between kernels: the controller takes a worker thread whose beats and CPU
- * time both stand still while it has work for stuck. */
-void act_worker_beat(act_worker *w);
-/* A remote worker: true (and dt_last_error says so) once the controller has been silent too long;
- * called where the worker waits. */
-bool act_worker_orphaned(act_worker *w);
-/* The endpoint of device's peer socket: derived from the controller's (local workers) or as the
- * controller told it (remote). false + dt_last_error when it is not known. */
-bool act_peer_endpoint(const act_worker *w, int64_t device, char *buf, size_t size);
 
 #endif
