@@ -890,3 +890,54 @@ bool act_controller_help(void)
     pthread_mutex_unlock(&s_shared.step);
     return stepped;
 }
+
+/* ---- the controller's side of a timeline (dtorch.profiler) ---------------------------------- */
+
+#define S_HOST_TRACE_MAX (1 << 20)
+static pthread_mutex_t s_trace_lock = PTHREAD_MUTEX_INITIALIZER;
+static atomic_bool s_tracing;
+static int64_t *s_host_trace;   /* (n, 3) rows */
+static int64_t s_nhost_trace, s_cap_host_trace;
+
+void act_trace_host(bool on)
+{
+    pthread_mutex_lock(&s_trace_lock);
+    if (on)
+        s_nhost_trace = 0;
+    atomic_store(&s_tracing, on);
+    pthread_mutex_unlock(&s_trace_lock);
+}
+
+void act_trace_batch(int64_t device, int64_t records)
+{
+    if (!atomic_load_explicit(&s_tracing, memory_order_relaxed))
+        return;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    pthread_mutex_lock(&s_trace_lock);
+    if (s_nhost_trace == s_cap_host_trace && s_cap_host_trace < S_HOST_TRACE_MAX) {
+        int64_t cap = s_cap_host_trace ? 2 * s_cap_host_trace : 4096;
+        int64_t *grown = realloc(s_host_trace, (size_t)cap * 3 * sizeof *grown);
+        if (grown) {
+            s_host_trace = grown;
+            s_cap_host_trace = cap;
+        }
+    }
+    if (s_nhost_trace < s_cap_host_trace) {
+        int64_t *row = s_host_trace + 3 * s_nhost_trace++;
+        row[0] = device;
+        row[1] = records;
+        row[2] = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    }
+    pthread_mutex_unlock(&s_trace_lock);
+}
+
+int64_t dt_trace_host(int64_t *rows, int64_t max)
+{
+    pthread_mutex_lock(&s_trace_lock);
+    int64_t n = s_nhost_trace;
+    if (rows && max > 0)
+        memcpy(rows, s_host_trace, (size_t)(n < max ? n : max) * 3 * sizeof *rows);
+    pthread_mutex_unlock(&s_trace_lock);
+    return n;
+}

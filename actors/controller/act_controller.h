@@ -16,7 +16,6 @@ bool act_controller_help(void);
  * raised the doorbell's flag (act_rt.rung) rings the eventfd only then; a spinning controller
  * sees the flag at its next look. */
 bool act_controller_asleep(void);
-void act_batch_destroy(act_batch *b);
 /* When the controller judges dev silent if nothing comes from it before (act_now seconds), INFINITY
  * when its silence is not watched: silent_s after it was last heard, for a worker on another host
  * once it said hello and for a worker process of this host; for the latter, before anything was

@@ -1,5 +1,5 @@
 /* act_runtime — the one runtime of a process: its devices, their outboxes and the controller
- * actor that ships them (internal).
+ * actor that ships them (internal): the controller side's state, which its files share.
  *
  * The user's thread packs op records into per-device outboxes under `lock` and rings the
  * doorbell (an eventfd) when an outbox goes from empty to dirty. The controller thread takes
@@ -141,22 +141,42 @@ typedef struct {
 
 extern act_runtime act_rt;
 
-/* The controller keeps a row [device, records, CLOCK_MONOTONIC ns] per batch it sends while on. */
-void act_trace_host(bool on);
-void act_trace_batch(int64_t device, int64_t records);
+/* ---- act_runtime.c: starting and stopping ---- */
+/* Under the lock, before an op: the runtime started if it is not (in the worker mode DTORCH_WORKERS
+ * names, unless dt_init chose one), and neither stopping nor captured by another thread; else an
+ * error naming op. */
+int act_runtime_ready(const char *op);
+/* Under the lock: the epoch of tensors made now (the running runtime's, tagged inside a capture). */
+uint64_t act_runtime_epoch(void);
+/* Whether a tensor of that epoch can be used now: made by the running runtime, outside a capture
+ * or inside the one running. */
+bool act_runtime_epoch_live(uint64_t epoch);
+/* 0 when a tensor of that epoch is still usable, else DT_ESHUTDOWN naming op (DT_EUNSUPPORTED
+ * for one made inside a capture that has ended: it never held a value). */
+int act_runtime_check_live(const char *op, uint64_t epoch);
+/* Around a wait of the user's thread: the hooks dt_set_wait_hooks set, and whether the wait was
+ * interrupted. */
+void act_wait_enter(void);
+void act_wait_leave(void);
+bool act_wait_interrupted(void);
 
+/* ---- act_runtime_devices.c: the devices and their workers ---- */
+/* The table of devices, made once: fixed for the life of the process, the controller reads it
+ * without the lock. */
+int act_runtime_devices_table(void);
+/* Under the lock, before an op: the workers of the meshes' devices started (or, listening, waited
+ * for); fails if one is dead, or was started for a mesh of another device type. */
+int act_runtime_devices_ready(const char *op, dt_mesh *const *meshes, int nmeshes);
+/* Controller thread, listening: the device a worker that says hello as id comes to serve (made
+ * now if no mesh named it yet). NULL when the id is out of range or out of memory. */
+act_device *act_runtime_adopt(int64_t id, const char *device_type);
+/* Under the lock: notes that device died (for dt_next_device_failure) and wakes its waiters. */
+void act_runtime_note_failure(int64_t device, const char *reason);
 /* Under the lock (between act_runtime_begin and _end): a COMPUTE of op number op is queued for
  * device; a death's message names the last one. */
 static inline void act_runtime_note_op(int64_t device, int op) { act_rt.devices[device]->last_op = op; }
 
-/* Controller thread, listening: the device a worker that says hello as id comes to serve (made
- * now if no mesh named it yet). NULL when the id is out of range or out of memory. */
-act_device *act_runtime_adopt(int64_t id, const char *device_type);
-
-/* Under the lock: notes that device died (for dt_next_device_failure) and wakes its waiters. */
-void act_runtime_note_failure(int64_t device, const char *reason);
-
-/* ---- user-thread side -------------------------------------------------------------------- */
+/* ---- act_runtime_submit.c: the user thread's side of an op ---- */
 /* Starts the runtime if needed and the workers of the meshes' devices; fails if one is dead, or
  * was started for a mesh of another device type. On success the lock is held until
  * act_runtime_end. */
@@ -174,14 +194,6 @@ uint64_t act_runtime_new_tensor_id(void);
 uint64_t act_runtime_new_future_id(void);
 uint64_t act_runtime_new_transfer_id(void);
 uint64_t act_runtime_submitted(void); /* submissions since the process started */
-/* Under the lock: the epoch of tensors made now (the running runtime's, tagged inside a capture). */
-uint64_t act_runtime_epoch(void);
-/* Whether a tensor of that epoch can be used now: made by the running runtime, outside a capture
- * or inside the one running. */
-bool act_runtime_epoch_live(uint64_t epoch);
-/* 0 when a tensor of that epoch is still usable, else DT_ESHUTDOWN naming op (DT_EUNSUPPORTED
- * for one made inside a capture that has ended: it never held a value). */
-int act_runtime_check_live(const char *op, uint64_t epoch);
 /* Registers a pending future so completions can find it; takes a reference. */
 int act_runtime_track(dt_future *f);
 /* The op being submitted is waited for (a fetch, a sync): ring the doorbell at the end. */
@@ -197,9 +209,12 @@ void act_runtime_free_now(const dt_mesh *mesh, uint64_t id);
 void act_runtime_free(uint64_t epoch, dt_mesh *mesh, uint64_t id);
 /* Current random stream, advanced by one per random op. Under the lock. */
 void act_runtime_next_stream(uint64_t *seed, uint64_t *stream);
+/* A batch's end: its records and the payload frames still its own. */
+void act_batch_destroy(act_batch *b);
 
-void act_wait_enter(void);
-void act_wait_leave(void);
-bool act_wait_interrupted(void);
+/* ---- act_controller.c: the controller's side of a timeline ---- */
+/* The controller keeps a row [device, records, CLOCK_MONOTONIC ns] per batch it sends while on. */
+void act_trace_host(bool on);
+void act_trace_batch(int64_t device, int64_t records);
 
 #endif
