@@ -1,6 +1,6 @@
 /* dt_capture — captured op sequences with DTensor handles: what a capture takes and returns
  * (shapes, dtypes, meshes, placements), checked on every replay, and the fresh handles a replay
- * returns. The recording and the records themselves are actors/act_capture.c's. */
+ * returns. The recording and the records themselves are actors/controller/act_capture.c's. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -142,7 +142,7 @@ typedef struct { uint32_t n; mb_cursor items; } mb_list;   /* inside the record:
  * events -> VALUE int64 (n, MB_TRACE_FIELDS), forgotten then */
 #define MB_FIELDS_TRACE(F) F(U64, future) F(I64, piece) F(I64, action)
 
-/* A captured sequence (actors/act_replay.c): `count` op records (FREE, EMPTY, FILL, RANDOM,
+/* A captured sequence (actors/worker/act_replay.c): `count` op records (FREE, EMPTY, FILL, RANDOM,
  * ARANGE, SEND, ASSEMBLE, COMPUTE) back to back in payload frame `frame`, as they were packed
  * while the controller captured; `name` says what made them (for errors). Ids the capture made
  * are [tensor_lo, tensor_hi), its transfers [transfer_lo, transfer_hi), its random streams

@@ -18,7 +18,7 @@
  *
  * Ordering: a device runs its records in order, and a worker writes in place only into storage
  * nobody else holds; a fetch or a redistribute issued before the write holds the old storage,
- * so the worker copies it first and they see the old value (act_worker.c, copy on write).
+ * so the worker copies it first and they see the old value (actors/worker/act_worker_ops.c, copy on write).
  * The kernel is ops/cpu/cpu_write.c. */
 #include <string.h>
 

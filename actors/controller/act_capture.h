@@ -2,7 +2,7 @@
  *
  * While the user's thread captures, every op record it packs goes into a per-device capture
  * buffer instead of the device's outbox: nothing runs. At the end each device gets its records
- * once, in a DEFINE, and keeps them (actors/act_replay.c); a replay is then one REPLAY record
+ * once, in a DEFINE, and keeps them (actors/worker/act_replay.c); a replay is then one REPLAY record
  * per device, whatever the number of ops. Ids the capture made, its transfers and its random
  * streams are blocks that every replay takes afresh, so replays may be in flight together.
  */

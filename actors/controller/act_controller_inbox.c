@@ -2,7 +2,7 @@
  * hello, checked against this controller's protocol and op registry, after which the worker
  * hears of its peers (which processes lend by handle, where remote ones listen); and completions,
  * which return credit and settle futures with values (sent as frames, or lent by handle from a
- * worker process's shared segment, mapped here: act_shm.c) and errors. A message whose routing id
+ * worker process's shared segment, mapped here: actors/worker/act_shm.c) and errors. A message whose routing id
  * names no worker of this run is dropped unread. */
 #include <inttypes.h>
 #include <signal.h>

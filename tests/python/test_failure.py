@@ -87,7 +87,7 @@ def test_sigkill_idle_worker_new_fetch(process_mode):
     _kill(6)
     with pytest.raises(RuntimeError, match="device 6"):
         x.future().result(timeout=PATIENCE_S)
-    # synchronize skips dead devices (act_runtime.c): it returns instead of hanging
+    # synchronize skips dead devices (act_runtime_submit.c): it returns instead of hanging
     dtorch.synchronize()
     # a 2x2 mesh elsewhere works
     m2 = dtorch.DeviceMesh("cpu", [[0, 1], [2, 3]])

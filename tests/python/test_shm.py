@@ -1,5 +1,5 @@
 """Worker processes of one host exchange large regions, and lend large fetched values to the
-controller, through shared memory (memfd segments, actors/act_shm.c); thread workers read each
+controller, through shared memory (memfd segments, actors/worker/act_shm.c); thread workers read each
 other's pieces in place as before.
 
 Every value is compared with numpy: collectives on 2, 3 and 4 devices with uneven shards,
@@ -19,7 +19,7 @@ import dtorch
 from conftest import mesh_1d, reference_locals, wait_for, worker_pids
 from dtorch import Partial, Replicate, Shard
 
-SHM_MIN = 256 << 10  # ACT_SHM_MIN (actors/act_worker.h): pieces and regions from this size up go by handle
+SHM_MIN = 256 << 10  # ACT_SHM_MIN (actors/worker/act_worker.h): pieces and regions from this size up go by handle
 SHAPE = (2051, 1029)  # uneven over 2, 3 and 4 devices on both dims; every all_to_all block above SHM_MIN
 
 
