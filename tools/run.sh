@@ -22,8 +22,9 @@ TEST_APT_PACKAGES=(clang libclang-rt-14-dev   # the fuzz targets (libFuzzer, ASa
                    liblzma-dev libgfortran-12-dev)  # tests/test_install.sh: what `pkg-config --static dtorch`
                                               # names that no -dev above brings (libxml2's -llzma, OpenBLAS's -lgfortran)
 PY_BUILD_PACKAGES=(numpy meson-python meson ninja)   # what building and the demo need
-PY_TEST_PACKAGES=(pytest ml_dtypes aiohttp atheris)    # what the tests need besides (aiohttp: examples/serve.py;
-                                                        # atheris: the Python fuzzers, tests only)
+PY_TEST_PACKAGES=(pytest ml_dtypes aiohttp atheris     # what the tests need besides (aiohttp: examples/serve.py;
+                  tokenizers jinja2)                    # atheris: the Python fuzzers, tests only; tokenizers and
+                                                        # jinja2: dtorch[text], the tokenizer tests)
 
 # Installs what pip lacks in the venv: $1 is a Python import check, the rest the packages.
 pip_ensure() {
@@ -53,7 +54,7 @@ setup() {
         python3 -m venv "$VENV"
     fi
     pip_ensure "import numpy, mesonpy" "${PY_BUILD_PACKAGES[@]}"
-    [ "${1:-}" != test ] || pip_ensure "import pytest, ml_dtypes, aiohttp, atheris" "${PY_TEST_PACKAGES[@]}"
+    [ "${1:-}" != test ] || pip_ensure "import pytest, ml_dtypes, aiohttp, atheris, tokenizers, jinja2" "${PY_TEST_PACKAGES[@]}"
     echo "== building and installing dtorch into $VENV"
     # A build folder of its own that stays between runs: a second run recompiles only what changed.
     # The demo runs on CPU devices: its build leaves the CUDA backend out (nvcc would take half a

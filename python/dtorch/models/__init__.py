@@ -10,13 +10,14 @@ from .llama_parallel import parallelize_llama
 from .mistral import MistralConfig, MistralForCausalLM
 from .modeling_diffusers import AutoencoderKLOutput, DecoderOutput, Transformer2DModelOutput
 from .qwen2 import Qwen2Config, Qwen2ForCausalLM
+from .tokenization import AutoTokenizer, BatchEncoding, IncrementalDetokenizer, PreTrainedTokenizer
 from .transformer_flux import FluxTransformer2DModel
 from .transformer_sd3 import SD3Transformer2DModel
 from ..serving import ContinuousBatcher, Request   # where they lived first: dtorch.models keeps the names
 
-__all__ = ["AutoConfig", "AutoModelForCausalLM", "AutoencoderKL", "AutoencoderKLOutput", "CausalLMOutputWithPast",
-           "ContinuousBatcher", "DecoderOutput", "DiagonalGaussianDistribution", "FluxTransformer2DModel",
-           "GenerationMixin", "LlamaConfig", "LlamaForCausalLM", "LlamaModel", "MODEL_FOR_CAUSAL_LM", "MistralConfig",
-           "MistralForCausalLM", "Qwen2Config", "Qwen2ForCausalLM", "Request", "RingStaticCache",
-           "SD3Transformer2DModel", "StaticCache", "Transformer2DModelOutput", "parallelize_flux", "parallelize_llama",
-           "parallelize_sd3", "parallelize_vae"]
+__all__ = ["AutoConfig", "AutoModelForCausalLM", "AutoTokenizer", "AutoencoderKL", "AutoencoderKLOutput", "BatchEncoding",
+           "CausalLMOutputWithPast", "ContinuousBatcher", "DecoderOutput", "DiagonalGaussianDistribution",
+           "FluxTransformer2DModel", "GenerationMixin", "IncrementalDetokenizer", "LlamaConfig", "LlamaForCausalLM",
+           "LlamaModel", "MODEL_FOR_CAUSAL_LM", "MistralConfig", "MistralForCausalLM", "PreTrainedTokenizer",
+           "Qwen2Config", "Qwen2ForCausalLM", "Request", "RingStaticCache", "SD3Transformer2DModel", "StaticCache",
+           "Transformer2DModelOutput", "parallelize_flux", "parallelize_llama", "parallelize_sd3", "parallelize_vae"]
