@@ -6,8 +6,10 @@ DIR is an HF model directory (config.json and model.safetensors, or a sharded in
 config.json's architecture picks the class (AutoModelForCausalLM). Without
 --model, a random-weight checkpoint of llama2.c's "15M" shape (dim 288, 6 layers, 6 heads, hidden
 768, vocab 32000) is written once to ~/.cache/dtorch/llama-15m-random and used: the tokens are
-noise, the speed is real. With a tokenizer.json in DIR and the `tokenizers` package installed the
-prompt is text; otherwise its UTF-8 bytes become ids 3 + byte (Llama's byte-fallback tokens).
+noise, the speed is real. When DIR has a tokenizer (tokenizer.json) and the text extra is installed
+(pip install "dtorch[text]": tokenizers, jinja2), the prompt is encoded by it (--chat: through the
+model's chat template) and the new tokens print as text while they come; otherwise the prompt's
+UTF-8 bytes become ids 3 + byte (Llama's byte-fallback tokens) and the new tokens print as ids.
 """
 import argparse
 import contextlib
@@ -18,7 +20,7 @@ import time
 import numpy as np
 
 import dtorch
-from dtorch.models import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from dtorch.models import AutoModelForCausalLM, AutoTokenizer, IncrementalDetokenizer, LlamaConfig, LlamaForCausalLM
 
 TINY_15M = dict(vocab_size=32000, hidden_size=288, intermediate_size=768, num_hidden_layers=6, num_attention_heads=6,
                 num_key_value_heads=6, max_position_embeddings=256, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2)
@@ -48,30 +50,40 @@ def parse_mesh(text):
 
 
 class Tokens:
-    """Text <-> ids: the directory's tokenizer.json through `tokenizers`, else bytes."""
+    """Text <-> ids: the directory's tokenizer (dtorch.models.AutoTokenizer) when it has one and the
+    text extra is installed; else ids only."""
 
     def __init__(self, directory, config):
         self.tokenizer = None
-        path = os.path.join(directory, "tokenizer.json")
-        if os.path.exists(path):
+        if os.path.exists(os.path.join(directory, "tokenizer.json")):
             try:
-                from tokenizers import Tokenizer
-                self.tokenizer = Tokenizer.from_file(path)
+                self.tokenizer = AutoTokenizer.from_pretrained(directory)
             except ImportError:
-                print("tokenizer.json found but the `tokenizers` package is not installed: ids only")
+                print('the checkpoint has a tokenizer but the text extra is not installed (pip install "dtorch[text]"): '
+                      "ids only")
         self.bos, self.vocab = config.bos_token_id, config.vocab_size
 
-    def encode(self, text):
+    def encode(self, text, chat=False):
         head = [] if self.bos is None else [self.bos]   # Qwen2's configs name no BOS
-        if self.tokenizer is not None:
-            ids = self.tokenizer.encode(text).ids
-            return ids if ids and ids[0] == self.bos else head + ids
-        return head + [(3 + b) % self.vocab for b in text.encode("utf-8")]
+        if self.tokenizer is None:
+            return head + [(3 + b) % self.vocab for b in text.encode("utf-8")]
+        if chat:
+            return self.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+        return self.tokenizer.encode(text)
 
-    def decode(self, ids):
-        if self.tokenizer is not None:
-            return self.tokenizer.decode(list(ids))
-        return None
+    def printer(self, prompt_ids):
+        """A function that prints each new token as it comes (as text once it is whole, or as its
+        id), called with None at the end."""
+        if self.tokenizer is None:
+            def show(token):
+                print(*([token] if token is not None else []), end=" " if token is not None else "\n", flush=True)
+            return show
+        stream = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=True, prompt_ids=prompt_ids)
+        print(self.tokenizer.decode(prompt_ids, skip_special_tokens=True), end="", flush=True)
+
+        def show(token):
+            print(stream.step(token) if token is not None else stream.finish() + "\n", end="", flush=True)
+        return show
 
 
 def main():
@@ -79,6 +91,7 @@ def main():
     parser.add_argument("--model", help="HF model directory (default: a random-weight 15M checkpoint)")
     parser.add_argument("--mesh", default="dp=1,tp=2", help="mesh dims and sizes, e.g. dp=2,tp=2 or pp=2,tp=2,ring=2 (dims: dp, tp, pp, ulysses, ring)")
     parser.add_argument("--prompt", default="Once upon a time")
+    parser.add_argument("--chat", action="store_true", help="the prompt as a user message in the model's chat template")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--do-sample", action="store_true")
     parser.add_argument("--temperature", type=float, default=1.0)
@@ -102,8 +115,9 @@ def main():
           f"{model.lm_head.weight.dtype}")
 
     tokens = Tokens(directory, model.config)
-    prompt = np.array([tokens.encode(args.prompt)])
+    prompt = np.array([tokens.encode(args.prompt, chat=args.chat)])
     print(f"prompt ({prompt.shape[1]} tokens): {prompt[0].tolist()}")
+    show = tokens.printer(prompt[0].tolist())
     steps = model.stream(prompt, args.max_new_tokens, do_sample=args.do_sample, temperature=args.temperature,
                          top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                          eos_token_id=model.config.eos_token_id if args.model else None)
@@ -114,13 +128,10 @@ def main():
         for step in steps:
             stamps.append(time.perf_counter())
             new.append(int(step[0]))
-            print(new[-1], end=" ", flush=True)
-    print()
+            show(new[-1])
+    show(None)
     if args.trace:
         print(f"device timelines: {profiler.export_chrome_trace(args.trace)} (chrome://tracing or ui.perfetto.dev)")
-    text = tokens.decode(prompt[0].tolist() + new)
-    if text is not None:
-        print(text)
     if stamps:
         prefill = stamps[0] - start
         print(f"prefill: {prompt.shape[1] / prefill:.1f} tokens/s ({prefill * 1e3:.1f} ms for {prompt.shape[1]} "

@@ -321,3 +321,78 @@ def test_import_without_the_text_extra():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "pip install dtorch[text]" in out.stdout
+
+
+# ---- examples/llama.py
+EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples")
+
+
+def test_llama_example_prints_text_as_it_comes(capsys):
+    """The demo's printer: the prompt's text, then each new token's text once whole; all of it is
+    the decode of prompt and new tokens."""
+    sys.path.insert(0, EXAMPLES)
+    try:
+        import llama as example
+    finally:
+        sys.path.remove(EXAMPLES)
+    tok, expected = load("spm")
+
+    class Config:
+        bos_token_id, vocab_size = tok.bos_token_id, len(tok)
+
+    tokens = example.Tokens(os.path.join(FIXTURES, "spm"), Config)
+    for ids in expected["encode"][2:6]:
+        # a prompt of whole characters, as encoding text gives
+        cut = next(k for k in range(3, len(ids)) if "\ufffd" not in tok.decode(ids[:k]))
+        prompt, new = ids[:cut], ids[cut:] + [tok.eos_token_id]
+        capsys.readouterr()
+        show = tokens.printer(prompt)
+        for token in new:
+            show(token)
+        show(None)
+        assert capsys.readouterr().out == tok.decode(prompt + new, skip_special_tokens=True) + "\n"
+    assert tokens.encode("Hi", chat=True) == tok.apply_chat_template([{"role": "user", "content": "Hi"}],
+                                                                      add_generation_prompt=True)
+
+
+WRITE_CHECKPOINT = """
+import sys, dtorch
+from dtorch.models import LlamaConfig, LlamaForCausalLM
+dtorch.init(workers="thread")
+dtorch.manual_seed(0)
+LlamaForCausalLM(LlamaConfig(vocab_size=406, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                             bos_token_id=400, eos_token_id=404)).save_pretrained(sys.argv[1])
+dtorch.shutdown()
+"""
+
+RUN_WITHOUT_TEXT_EXTRA = """
+import runpy, sys
+sys.modules["tokenizers"] = None
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_llama_example_with_and_without_the_text_extra(tmp_path):
+    """The demo on a checkpoint with a tokenizer prints text; without the text extra, ids."""
+    ck = str(tmp_path / "ck")
+    subprocess.run([sys.executable, "-c", WRITE_CHECKPOINT, ck], check=True, timeout=300)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(FIXTURES, "bytelevel", name), ck)
+    args = [os.path.join(EXAMPLES, "llama.py"), "--model", ck, "--mesh", "dp=1,tp=2", "--max-new-tokens", "6",
+            "--prompt", "Café 日本"]
+    text = subprocess.run([sys.executable] + args, capture_output=True, text=True, timeout=300)
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("prompt ("))
+    assert lines[at].endswith(str(AutoTokenizer.from_pretrained(ck).encode("Café 日本")))
+    assert lines[at + 1].startswith("Café 日本")
+    ids = subprocess.run([sys.executable, "-c", RUN_WITHOUT_TEXT_EXTRA] + args, capture_output=True, text=True,
+                         timeout=300)
+    assert ids.returncode == 0, ids.stderr
+    lines = ids.stdout.splitlines()
+    assert any("text extra is not installed" in line for line in lines)
+    at = next(i for i, line in enumerate(lines) if line.startswith("prompt ("))
+    assert lines[at].endswith(str([400] + [3 + b for b in "Café 日本".encode()]))
+    assert all(word.isdigit() for word in lines[at + 1].split()) and lines[at + 1].split()
