@@ -8,10 +8,13 @@ DTorch does not. The files it writes are committed; rerun it from tests/python o
 
     /work/refvenv/bin/python make_text_fixtures.py      # a Python with transformers, tokenizers, jinja2
 
-Three directories under fixtures/tokenizers/:
+Four directories under fixtures/tokenizers/:
 - bytelevel: a GPT-2 / Llama 3 style byte-level BPE (Llama 3's split regex, ByteLevel pre-tokenizer
   and decoder, a TemplateProcessing post-processor that adds <|begin_of_text|>), special tokens at
   the end of the vocabulary as Llama 3 has them, a Llama-3 chat template, padding on the left.
+- qwen2: a byte-level BPE under tokenizer_class Qwen2Tokenizer with Qwen2-Instruct's config (no
+  bos, ChatML tokens), which transformers 5 loads with Qwen2's own normalizer (NFC) and split
+  regex in place of the file's.
 - spm: a sentencepiece-style BPE with byte fallback <0x00>..<0xFF>, written as Llama 2's
   tokenizer.json is (a normalizer that prefixes "▁" and turns spaces into "▁"; the
   Replace/ByteFallback/Fuse/Strip decoder; a TemplateProcessing that adds <s>), tokenizer_class
@@ -67,6 +70,7 @@ TEXTS = [
     "Numbers 3.14159 and 1,000,000; code `x * 2`.",
     "It's what they've said, isn't it ?",
     "zzqx unseen wörds ♞♜ ꙮ",
+    "cafe\u0301 and Ångström written decomposed: A\u030angstro\u0308m",
     # special and added tokens written in the text
     "<s>Hello</s> world <s> again",
     "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>",
@@ -161,7 +165,9 @@ def byte_fallback_vocab(trained, specials):
     return vocab
 
 
-def train_bytelevel():
+def bytelevel_tokenizer(specials):
+    """A byte-level BPE with Llama 3's split regex (digits in runs of up to three), the special
+    tokens added after the vocabulary."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(
@@ -172,9 +178,14 @@ def train_bytelevel():
     trainer = trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     tok.train_from_iterator([CORPUS] * 3, trainer)
+    tok.add_special_tokens(specials)
+    return tok
+
+
+def train_bytelevel():
     specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
                 "<|finetune_right_pad_id|>"]
-    tok.add_special_tokens(specials)
+    tok = bytelevel_tokenizer(specials)
     bos = tok.token_to_id("<|begin_of_text|>")
     tok.post_processor = processors.Sequence([
         processors.ByteLevel(trim_offsets=False),
@@ -190,6 +201,27 @@ def train_bytelevel():
         "model_max_length": 24,
         "clean_up_tokenization_spaces": True,
         "chat_template": LLAMA3_TEMPLATE,
+        "added_tokens_decoder": {str(tok.token_to_id(t)): added_token_entry(t) for t in specials},
+    }
+    return tok, config
+
+
+def train_qwen2():
+    """Qwen2-Instruct's special tokens and config (no bos, no unk: Qwen2Tokenizer's defaults fill
+    unk), its ChatML template; the file keeps Llama 3's regex and no NFC normalizer, which
+    Qwen2Tokenizer replaces with its own (digits one by one, NFC)."""
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = bytelevel_tokenizer(specials)
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    config = {
+        "tokenizer_class": "Qwen2Tokenizer",
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "model_max_length": 40,
+        "split_special_tokens": False,
+        "errors": "replace",
+        "chat_template": CHATML_TEMPLATE,
         "added_tokens_decoder": {str(tok.token_to_id(t)): added_token_entry(t) for t in specials},
     }
     return tok, config
@@ -330,7 +362,8 @@ def expected_outputs(path):
 
 
 def main():
-    for name, make in (("bytelevel", train_bytelevel), ("spm", train_spm), ("spm_bare", train_spm_bare)):
+    for name, make in (("bytelevel", train_bytelevel), ("spm", train_spm), ("spm_bare", train_spm_bare),
+                       ("qwen2", train_qwen2)):
         path = os.path.join(OUT, name)
         shutil.rmtree(path, ignore_errors=True)
         os.makedirs(path)

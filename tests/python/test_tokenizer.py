@@ -3,8 +3,8 @@
 The fixtures (fixtures/tokenizers/<name>/: tokenizer.json, tokenizer_config.json, and
 expected.json with transformers 5's outputs) are written by make_text_fixtures.py: a byte-level
 BPE as Llama 3 ships it, a sentencepiece-style BPE with byte fallback as Llama 2 ships it (under
-LlamaTokenizer), and the same without post-processor and with its special tokens written as
-AddedToken dicts. Their vocabularies are small, so that CJK characters and emoji split over several
+LlamaTokenizer), the same without post-processor and with its special tokens written as
+AddedToken dicts, and a byte-level BPE under Qwen2Tokenizer. Their vocabularies are small, so that CJK characters and emoji split over several
 tokens mid-character: the incremental detokenizer is checked on them against decode.
 """
 import json
@@ -23,7 +23,7 @@ from dtorch.models import AutoTokenizer, IncrementalDetokenizer
 pytestmark = pytest.mark.filterwarnings("ignore:a sequence of .* tokens is longer")
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "tokenizers")
-NAMES = ("bytelevel", "spm", "spm_bare")
+NAMES = ("bytelevel", "spm", "spm_bare", "qwen2")
 
 
 def load(name):
@@ -74,12 +74,14 @@ def test_padding_and_truncation(fixture):
             with pytest.raises(ValueError):
                 tok(case["texts"], **kwargs)
             continue
-        with pytest.warns(UserWarning) if kwargs == dict(padding=True, max_length=6) else _nothing():
+        ignored = kwargs == dict(padding=True, max_length=6)   # transformers warns that max_length is ignored
+        with pytest.warns(UserWarning, match="max_length") if ignored else _nothing():
             got = tok(case["texts"], **kwargs)
         assert got == want, kwargs
         assert got.input_ids is got["input_ids"]
         if len({len(row) for row in want["input_ids"]}) == 1:
-            arrays = tok(case["texts"], return_tensors="np", **kwargs)
+            with pytest.warns(UserWarning, match="max_length") if ignored else _nothing():
+                arrays = tok(case["texts"], return_tensors="np", **kwargs)
             for key in want:
                 assert arrays[key].dtype == np.int64 and arrays[key].tolist() == want[key], (kwargs, key)
 
@@ -277,6 +279,10 @@ def test_missing_and_bad_files(tmp_path):
     (tmp_path / "t" / "tokenizer.json").write_text('{"model": 1}', encoding="utf-8")
     with pytest.raises(OSError, match="tokenizer.json"):
         AutoTokenizer.from_pretrained(tmp_path / "t")
+    os.remove(tmp_path / "t" / "tokenizer.json")
+    os.mkfifo(tmp_path / "t" / "tokenizer.json")   # refused, not waited on for a writer
+    with pytest.raises(OSError, match="FIFO"):
+        AutoTokenizer.from_pretrained(tmp_path / "t")
 
 
 def test_bad_arguments():
@@ -293,6 +299,7 @@ def test_bad_arguments():
             tok("x", **bad)
     with pytest.raises(ValueError, match="different lengths"):
         tok(["a", "a b c d"], return_tensors="np")
+    assert tok([], return_tensors="np")["input_ids"].shape == (0, 0) and tok([])["input_ids"] == []
     for text in (3, None, [b"x"]):
         with pytest.raises(TypeError):
             tok(text)

@@ -12,7 +12,9 @@ follows transformers 5 where it differs from the file alone:
   alone says which special tokens encoding adds;
 - ``tokenizer_class`` LlamaTokenizer (Llama 2, Mistral) on a sentencepiece-style file replaces the
   file's normalizer, pre-tokenizer and decoder with its own (a Metaspace that prefixes "▁" to the
-  first word only, unless ``legacy``) and pads on the left by default;
+  first word only, unless ``legacy``) and pads on the left by default; Qwen2Tokenizer puts its own
+  (NFC, Qwen2's split regex, byte level) in place of the file's, and its default special tokens
+  (<|endoftext|> for unk, eos and pad) where the config names none;
 - ``clean_up_tokenization_spaces`` is not applied to BPE vocabularies.
 
 Chat templates are rendered with jinja2 as transformers renders them (chat_template.py).
@@ -26,7 +28,7 @@ import warnings
 
 import numpy as np
 
-from .._safetensors import CheckpointError, read_json
+from .._safetensors import CheckpointError, open_regular, read_json
 from .chat_template import render_chat
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -265,7 +267,7 @@ class PreTrainedTokenizer:
                 if len({len(r) for r in rows}) > 1:
                     raise ValueError("cannot make an array of rows of different lengths: pass padding=True "
                                      "(and truncation=True) for a batch of equal lengths")
-                out[key] = np.array(rows, dtype=np.int64).reshape(len(rows), -1)
+                out[key] = np.array(rows, dtype=np.int64).reshape(len(rows), max(map(len, rows), default=0))
         elif not batched:
             for key in out:
                 out[key] = out[key][0]
@@ -477,16 +479,24 @@ class AutoTokenizer:
                 defaults = {}
             else:
                 _llama_pipeline(backend, config, tk)
+        elif kind == "Qwen2Tokenizer":
+            _qwen2_pipeline(backend, config, tk)
         defaults.update(_backend_settings(backend))   # the class's defaults < the file's < the config's
         for key, value in defaults.items():
             config.setdefault(key, value)
-        return PreTrainedTokenizer(backend, config, name_or_path=directory)
+        tokenizer = PreTrainedTokenizer(backend, config, name_or_path=directory)
+        if kind == "Qwen2Tokenizer":   # which marks every named special token special
+            backend.add_tokens([tk.AddedToken(t, special=True) for t in tokenizer.all_special_tokens])
+        return tokenizer
 
 
 def _read_text(file):
+    """A regular file's UTF-8 text (open_regular: a FIFO or device is refused before any read)."""
     try:
-        with open(file, encoding="utf-8") as f:
-            return f.read()
+        with open_regular(file) as f:
+            return f.read().decode("utf-8")
+    except CheckpointError:
+        raise
     except UnicodeDecodeError as e:
         raise CheckpointError(f"{file}: not UTF-8 text ({e})") from None
     except OSError as e:
@@ -626,6 +636,21 @@ def _llama_pipeline(backend, config, tk):
     if prefix:
         steps.append(tk.decoders.Strip(content=" ", left=1, right=0))
     backend.decoder = tk.decoders.Sequence(steps)
+
+
+# Qwen2Tokenizer's split: as Llama 3's, but digits one by one
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+                r"|\s+(?!\S)|\s+")
+
+
+def _qwen2_pipeline(backend, config, tk):
+    """transformers 5's Qwen2Tokenizer pipeline around the file's BPE: NFC, Qwen2's split regex,
+    byte-level pieces (a space before the first word with ``add_prefix_space``) and decoder."""
+    backend.normalizer = tk.normalizers.NFC()
+    backend.pre_tokenizer = tk.pre_tokenizers.Sequence([
+        tk.pre_tokenizers.Split(tk.Regex(_QWEN2_SPLIT), behavior="isolated", invert=False),
+        tk.pre_tokenizers.ByteLevel(add_prefix_space=bool(config.get("add_prefix_space")), use_regex=False)])
+    backend.decoder = tk.decoders.ByteLevel()
 
 
 # ---- streams
