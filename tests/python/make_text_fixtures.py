@@ -8,6 +8,9 @@ DTorch does not. The files it writes are committed; rerun it from tests/python o
 
     /work/refvenv/bin/python make_text_fixtures.py      # a Python with transformers, tokenizers, jinja2
 
+Training breaks some ties in an order that changes from run to run (the sentencepiece-style
+alphabet), so a rerun may renumber tokens: each directory's three files go together.
+
 Four directories under fixtures/tokenizers/:
 - bytelevel: a GPT-2 / Llama 3 style byte-level BPE (Llama 3's split regex, ByteLevel pre-tokenizer
   and decoder, a TemplateProcessing post-processor that adds <|begin_of_text|>), special tokens at
