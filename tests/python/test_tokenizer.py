@@ -289,6 +289,9 @@ def test_bad_arguments():
     tok, expected = load("spm")
     with pytest.raises(TypeError, match="use_fast"):
         AutoTokenizer.from_pretrained(os.path.join(FIXTURES, "spm"), use_fast=True)
+    for bad in (dict(model_max_length="long"), dict(padding_side="up"), dict(chat_template=3), dict(bos_token=1)):
+        with pytest.raises(ValueError):
+            AutoTokenizer.from_pretrained(os.path.join(FIXTURES, "spm"), **bad)
     with pytest.raises(TypeError, match="return_offsets"):
         tok("x", return_offsets=True)
     with pytest.raises(TypeError, match="max_len\\b"):

@@ -465,6 +465,11 @@ class AutoTokenizer:
             raise CheckpointError(f"{file}: not found (dtorch reads a tokenizer from its tokenizer.json; a "
                                   "sentencepiece tokenizer.model alone is not supported)")
         config = _read_config(directory)
+        if "model_max_length" in kwargs and not (type(kwargs["model_max_length"]) is int
+                                                 and kwargs["model_max_length"] >= 0):
+            raise ValueError(f"model_max_length must be a non-negative int, got {kwargs['model_max_length']!r}")
+        if "chat_template" in kwargs:
+            kwargs["chat_template"] = _chat_templates(kwargs["chat_template"], "from_pretrained")
         config.update((k, _added_token(v, k, "from_pretrained") if k in SPECIAL_TOKEN_NAMES else v)
                       for k, v in kwargs.items())
         text = _read_text(file)
@@ -606,10 +611,13 @@ def _added_token(value, name, where, special=True):
 def _chat_templates(value, file):
     if value is None or isinstance(value, str):
         return value
+    if isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        return value
     if isinstance(value, list) and all(isinstance(t, dict) and isinstance(t.get("name"), str)
                                        and isinstance(t.get("template"), str) for t in value):
         return {t["name"]: t["template"] for t in value}
-    raise CheckpointError(f"{file}: chat_template must be a string or a list of {{name, template}} objects")
+    raise CheckpointError(f"{file}: chat_template must be a string, a list of {{name, template}} objects or a "
+                          "dict of them")
 
 
 def _backend_settings(backend):
