@@ -1,5 +1,5 @@
 /* op_reduce_math — the softmax's exponential, written once for every backend: the CPU's kernels
- * (ops/cpu/cpu_reduce.c) and CUDA's (ops/cuda/cuda_reduce_kernels.cu) expand the same arithmetic,
+ * (ops/cpu/cpu_reduce_loops.c) and CUDA's (ops/cuda/cuda_reduce_kernels.cu) expand the same arithmetic,
  * so that a softmax gives the same numbers on both (up to the order of its sum). */
 #ifndef OP_REDUCE_MATH_H
 #define OP_REDUCE_MATH_H

@@ -1,5 +1,5 @@
 /* cuda_reduce_kernels — the reductions, softmax, norms, cumsum and topk on the GPU (cuda_kernels.h),
- * in the CPU's compute types (ops/cpu/cpu_reduce.c): float32 sums, NaN-propagating float max/min,
+ * in the CPU's compute types (ops/cpu/cpu_reduce_loops.c): float32 sums, NaN-propagating float max/min,
  * wrapping int64 sums, arg-extremes with the CPU's tie rule, the CPU's softmax exponential
  * (ops/op_reduce_math.h) and its norm formulas. Sums are added in another order than the CPU's, so
  * float results agree to rounding, not bit for bit; everything else (cumsum, which adds in the

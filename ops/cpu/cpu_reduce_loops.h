@@ -1,4 +1,4 @@
-/* cpu_reduce — reductions, scans, softmax, top-k and normalisation over C-contiguous arrays of a
+/* cpu_reduce_loops — reductions, scans, softmax, top-k and normalisation over C-contiguous arrays of a
  * compute type (cpu_ctype: float32 for floating values, int64 for integers).
  *
  * Most kernels see their array as (outer, n, inner): outer blocks of n rows of inner elements,
@@ -6,8 +6,8 @@
  * along the last dim (inner == 1) keeps several partial results side by side for the same reason
  * (which also bounds float32 rounding error better than one running sum).
  * NaN propagates like torch: max/min and argmax/argmin treat NaN as the extreme value. */
-#ifndef CPU_REDUCE_H
-#define CPU_REDUCE_H
+#ifndef CPU_REDUCE_LOOPS_H
+#define CPU_REDUCE_LOOPS_H
 
 #include <stdbool.h>
 #include <stdint.h>
