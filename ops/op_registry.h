@@ -145,7 +145,7 @@ const char *op_check_local(const op_kernel *k);
  * built from other sources disagree on it, and HELLO carries it so that they find out. */
 uint64_t op_registry_hash(void);
 
-/* Strided views (ops/op_view.c). The identity map of a tensor of ndim dims. */
+/* Strided views (ops/op_view_alias.c). The identity map of a tensor of ndim dims. */
 void op_strided_identity(op_strided *s, int ndim);
 /* Whether map s (a view of shape/pl over a frame of frame_shape/frame_pl) reads the same way on
  * every device: each mesh dim places view and frame alike, and a dim sharded in the view is its

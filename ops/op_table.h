@@ -103,8 +103,8 @@
     X(layer_norm,  49, -1, 1)                                                                                          \
     X(rms_norm,    50, -1, 1)
 
-/* ---- views and data movement (ops/op_view.c): name, id, inputs (-1: any), rules (infer, shard),
- * local hook, alias hook (a device's output may be its input's bytes: op_def.alias), view hook (the
+/* ---- views and data movement (ops/op_view.c; the hooks that spare a copy in ops/op_view_alias.c):
+ * name, id, inputs (-1: any), rules (infer, shard), local hook, alias hook (a device's output may be its input's bytes: op_def.alias), view hook (the
  * output needs nothing from the devices: op_def.view), strided hook (nor does a strided output:
  * op_def.strided) --------------------------------------------------------------------------------
  * Attributes (attrs.ints): reshape: the shape (one -1 may be inferred); flatten: start, end;
@@ -113,17 +113,17 @@
  * narrow: dim, start, length; select: dim, index; index_select: dim, wrap (1: negative positions
  * count from the end, as x[idx]); triu/tril: diagonal. */
 #define OP_VIEW(X)                                                                                                                    \
-    X(reshape,     51, 1,  s_infer_reshape,      s_shard_reshape,      NULL,          s_alias_whole, s_view_whole, s_strided_ones)    \
-    X(flatten,     52, 1,  s_infer_reshape,      s_shard_reshape,      NULL,          s_alias_whole, s_view_whole, s_strided_ones)    \
-    X(unsqueeze,   53, 1,  s_infer_reshape,      s_shard_reshape,      NULL,          s_alias_whole, s_view_whole, s_strided_ones)    \
-    X(squeeze,     54, 1,  s_infer_reshape,      s_shard_reshape,      NULL,          s_alias_whole, s_view_whole, s_strided_ones)    \
-    X(permute,     55, 1,  s_infer_permute,      s_shard_permute,      NULL,          NULL,          NULL,         s_strided_permute) \
-    X(expand,      56, 1,  s_infer_expand,       s_shard_expand,       NULL,          NULL,          NULL,         s_strided_expand)  \
+    X(reshape,     51, 1,  s_infer_reshape,      s_shard_reshape,      NULL,          op_alias_whole, op_view_whole, op_strided_ones)    \
+    X(flatten,     52, 1,  s_infer_reshape,      s_shard_reshape,      NULL,          op_alias_whole, op_view_whole, op_strided_ones)    \
+    X(unsqueeze,   53, 1,  s_infer_reshape,      s_shard_reshape,      NULL,          op_alias_whole, op_view_whole, op_strided_ones)    \
+    X(squeeze,     54, 1,  s_infer_reshape,      s_shard_reshape,      NULL,          op_alias_whole, op_view_whole, op_strided_ones)    \
+    X(permute,     55, 1,  s_infer_permute,      s_shard_permute,      NULL,          NULL,          NULL,         op_strided_permute) \
+    X(expand,      56, 1,  s_infer_expand,       s_shard_expand,       NULL,          NULL,          NULL,         op_strided_expand)  \
     X(cat,         57, -1, s_infer_cat,          s_shard_cat,          NULL,          NULL,          NULL,         NULL)              \
     X(stack,       58, -1, s_infer_cat,          s_shard_cat,          NULL,          NULL,          NULL,         NULL)              \
-    X(slice,       59, 1,  s_infer_slice,        s_shard_slice,        s_local_slice, s_alias_slice, s_view_slice, s_strided_slice)   \
-    X(narrow,      60, 1,  s_infer_slice,        s_shard_slice,        s_local_slice, s_alias_slice, s_view_slice, s_strided_slice)   \
-    X(select,      61, 1,  s_infer_slice,        s_shard_slice,        s_local_slice, s_alias_slice, s_view_slice, s_strided_slice)   \
+    X(slice,       59, 1,  s_infer_slice,        s_shard_slice,        s_local_slice, op_alias_slice, op_view_slice, op_strided_slice)   \
+    X(narrow,      60, 1,  s_infer_slice,        s_shard_slice,        s_local_slice, op_alias_slice, op_view_slice, op_strided_slice)   \
+    X(select,      61, 1,  s_infer_slice,        s_shard_slice,        s_local_slice, op_alias_slice, op_view_slice, op_strided_slice)   \
     X(index_select,62, 2,  s_infer_index_select, s_shard_index_select, NULL,          NULL,          NULL,         NULL)              \
     X(triu,        63, 1,  s_infer_tri,          s_shard_same,         s_local_tri,   NULL,          NULL,         NULL)              \
     X(tril,        64, 1,  s_infer_tri,          s_shard_same,         s_local_tri,   NULL,          NULL,         NULL)
