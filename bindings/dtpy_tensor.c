@@ -197,12 +197,14 @@ PyObject *dtpy_tensor_binary(int id, PyObject *a, PyObject *b)
     return dtpy_tensor_run(id, 1, in, &attrs, t->mesh);
 }
 
-/* the ids of the ops behind Python's operators, looked up at import */
+/* the ids of the ops behind Python's operators (the op table's operator column names them) and of
+ * matmul, reshape and permute, looked up at import */
 enum { S_ADD, S_SUB, S_MUL, S_DIV, S_FLOORDIV, S_MOD, S_POW, S_NEG, S_ABS, S_EQ, S_NE, S_LT, S_LE, S_GT, S_GE,
        S_AND, S_OR, S_NOT, S_MATMUL, S_RESHAPE, S_PERMUTE, S_NOPS };
-static const char *const s_operator_ops[S_NOPS] = {"add", "sub", "mul", "div", "floor_divide", "remainder", "pow",
-                                                   "neg", "abs", "eq", "ne", "lt", "le", "gt", "ge", "logical_and",
-                                                   "logical_or", "logical_not", "matmul", "reshape", "permute"};
+static const char *const s_operator_ops[S_NOPS] = {
+    "__add__", "__sub__", "__mul__", "__truediv__", "__floordiv__", "__mod__", "__pow__", "__neg__", "__abs__",
+    "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__and__", "__or__", "__invert__",
+    "matmul", "reshape", "permute"};
 static int s_operator_ids[S_NOPS];
 
 static PyObject *s_operator(int op, PyObject *a, PyObject *b)

@@ -93,6 +93,8 @@ uint64_t dt_ops_submitted(void) { return act_runtime_submitted(); }
 int dt_op_id(const char *name)
 {
     const op_def *def = name ? op_find(name) : NULL;
+    if (!def && name && name[0] == '_')
+        def = op_find_operator(name);
     if (!def)
         return dt_err(DT_EINVAL, "unknown op '%s'", name ? name : "(null)");
     return op_index(def);

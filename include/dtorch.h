@@ -218,7 +218,9 @@ typedef struct {
  * cheapest way), unless strict mode is on. Fills up to max_out new tensors into out; returns
  * how many, or a negative error code. */
 int dt_op(const char *name, int n, dt_tensor *const *inputs, const dt_op_attrs *attrs, int max_out, dt_tensor **out);
-/* The same with the op looked up once: dt_op_id gives its id (or a negative error code). */
+/* The same with the op looked up once: dt_op_id gives its id (or a negative error code). It also
+ * takes the name of the Python operator an elementwise op runs as ("__add__": add, "__floordiv__":
+ * floor_divide, "__invert__": logical_not), which is how the bindings find their operators' ops. */
 int dt_op_id(const char *name);
 int dt_op_run(int id, int n, dt_tensor *const *inputs, const dt_op_attrs *attrs, int max_out, dt_tensor **out);
 /* The registry, as bindings see it: every op's name, id, arity, and how Python calls it. */

@@ -590,7 +590,7 @@ const char *op_sdpa_layout(const op_kernel *k, op_sdpa_dims *d)
 
 /* ---- the rows of OP_MATMUL ------------------------------------------------------------------- */
 
-#define S_DEF(op, num, inputs, infer_fn, shard_fn, local_fn)                                                           \
+#define S_DEF(op, num, kernel, inputs, infer_fn, shard_fn, local_fn)                                                 \
     const op_def op_def_##op = {.name = #op, .id = num, .nin = inputs, .nout = 1, .infer = infer_fn,                 \
                                 .shard = shard_fn, .local = local_fn};
 OP_MATMUL(S_DEF)

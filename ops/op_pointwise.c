@@ -21,7 +21,7 @@ typedef enum { S_UNARY, S_BINARY, S_WHERE, S_MASKED_FILL, S_CLAMP, S_TO } s_kind
 
 /* How an op treats its dtype. */
 typedef enum {
-    S_SAME,     /* the input's; refused for bool */
+    S_SAME,     /* the input's */
     S_FLOATING, /* the input's when floating, else float32 */
     S_PROMOTE,  /* torch's promotion of the operands */
     S_TRUE_DIV, /* promotion, then float32 if not floating */
@@ -29,21 +29,53 @@ typedef enum {
     S_LOGICAL,  /* bool */
 } s_dtype_rule;
 
+/* The types an op's kernels compute in: bits of float32, the integers, bool. */
+enum { S_D_FLOAT = 1, S_D_NUMBER = 3, S_D_ANY = 7, S_D_BOOL = 4 };
+
 /* How a Partial input may pass through. */
 typedef enum { S_P_NONE, S_P_LINEAR, S_P_ADD, S_P_MUL, S_P_DIV } s_partial_rule;
 
 typedef struct {
     s_kind kind;
     s_dtype_rule dtype;
+    int domain;
     s_partial_rule partial;
 } s_info;
 
 /* Each row's kind and rules, by id. */
 static const s_info s_infos[OP_ID_LIMIT] = {
-#define S_INFO(name, id, kind, dtype, partial, ...) [id] = {S_##kind, S_##dtype, S_P_##partial},
+#define S_INFO(name, id, kind, dtype, domain, partial, ...) [id] = {S_##kind, S_##dtype, S_D_##domain, S_P_##partial},
     OP_POINTWISE(S_INFO)
 #undef S_INFO
 };
+
+/* A row's domain is the list of op_pointwise_math.h its line is in, which is what the backends'
+ * kernels compute: a line in another list fails here, and so does a line without a row
+ * ('s_domain_of_<name>' undeclared). A row without a line has no kernel, and fails to link. */
+enum {
+#define S_DOMAIN_OF(name, id, kind, dtype, domain, ...) s_domain_of_##name = S_D_##domain,
+    OP_POINTWISE(S_DOMAIN_OF)
+#undef S_DOMAIN_OF
+};
+#define S_IN(domain, name)                                                                                             \
+    _Static_assert((int)s_domain_of_##name == S_D_##domain, #name ": its domain is not " #domain);
+#define S_IN_FLOAT(name, ...) S_IN(FLOAT, name)
+#define S_IN_NUMBER(name, ...) S_IN(NUMBER, name)
+#define S_IN_ANY(name, ...) S_IN(ANY, name)
+#define S_IN_BOOL(name, ...) S_IN(BOOL, name)
+OP_EW_UNARY_FLOAT(S_IN_FLOAT)
+OP_EW_BINARY_FLOAT(S_IN_FLOAT)
+OP_EW_UNARY_NUMBER(S_IN_NUMBER)
+OP_EW_BINARY_NUMBER(S_IN_NUMBER)
+OP_EW_BINARY_DIVIDING(S_IN_NUMBER)
+OP_EW_BINARY_ANY(S_IN_ANY)
+OP_EW_COMPARE(S_IN_ANY)
+OP_EW_LOGICAL(S_IN_BOOL)
+#undef S_IN_FLOAT
+#undef S_IN_NUMBER
+#undef S_IN_ANY
+#undef S_IN_BOOL
+#undef S_IN
 
 static const s_info *s_of(const op_call *c) { return &s_infos[c->def->id]; }
 
@@ -152,10 +184,6 @@ static int s_infer(op_call *c)
     s_tensor_scalar_dtype(c, &d);
     switch (info->dtype) {
     case S_SAME:
-        if (d == DT_BOOL && (c->def->id == OP_ID_neg || c->def->id == OP_ID_abs || c->def->id == OP_ID_relu ||
-                             c->def->id == OP_ID_floor || c->def->id == OP_ID_ceil || c->def->id == OP_ID_round ||
-                             c->def->id == OP_ID_trunc))
-            return dt_err(DT_ETYPE, "%s: not supported on a bool tensor", name);
         break;
     case S_FLOATING:
         if (!dt_dtype_is_float(d))
@@ -173,10 +201,6 @@ static int s_infer(op_call *c)
         /* torch converts the number to the operation's dtype: one that does not fit is an error */
         if (c->attrs.has_scalar && dt_dtype_check_value(name, d, c->attrs.scalar) != 0)
             return DT_EINVAL;
-        if (d == DT_BOOL && c->def->id == OP_ID_sub)
-            return dt_err(DT_ETYPE, "sub: Subtraction, the `-` operator, with two bool tensors is not supported");
-        if (d == DT_BOOL && (c->def->id == OP_ID_floor_divide || c->def->id == OP_ID_remainder))
-            return dt_err(DT_ETYPE, "%s: not supported on bool tensors", name);
         /* numpy's rule, which torch keeps: an integer tensor to a negative integer number (the
          * tensor's elements to a negative tensor exponent give op_ew_ipow's values, as torch's) */
         if (c->def->id == OP_ID_pow && c->attrs.has_scalar && !(c->attrs.nints > 0 && c->attrs.ints[0] == 1) &&
@@ -185,6 +209,13 @@ static int s_infer(op_call *c)
         if (d == DT_BOOL && c->def->id == OP_ID_pow)
             d = DT_INT64;
         break;
+    }
+    /* the kernels compute in the result's dtype here (SAME, PROMOTE): a bool one needs a bool line */
+    if (d == DT_BOOL && (info->dtype == S_SAME || info->dtype == S_PROMOTE) && !(info->domain & S_D_BOOL)) {
+        if (c->def->id == OP_ID_sub)
+            return dt_err(DT_ETYPE, "sub: Subtraction, the `-` operator, with two bool tensors is not supported");
+        return dt_err(DT_ETYPE, "%s: not supported on %s", name,
+                      info->kind == S_UNARY ? "a bool tensor" : "bool tensors");
     }
     out->dtype = d;
     return 0;
@@ -385,10 +416,10 @@ const char *op_clamp_bounds(const op_kernel *k, dt_dtype cd, double *bounds)
 #define S_LOCAL_COMPARE s_local_compare
 #define S_LOCAL_LOGICAL NULL
 
-#define S_DEF(op, num, kind, dtype, partial, exports, floats)                                                     \
+#define S_DEF(op, num, kind, dtype, domain, partial, exports, py_op, floats)                                       \
     const op_def op_def_##op = {.name = #op, .id = num, .nin = S_NIN_##kind, .nout = 1, .infer = s_infer,      \
                                 .shard = s_shard, .local = S_LOCAL_##dtype,                                       \
                                 .py_sig = (exports) ? S_SIG_##kind : DT_SIG_NONE, .py_exports = exports,          \
-                                .py_floats = floats, .infer_local = true};
+                                .py_operator = py_op, .py_floats = floats, .infer_local = true};
 OP_POINTWISE(S_DEF)
 #undef S_DEF

@@ -77,8 +77,10 @@ OP_EW_FN int64_t op_ew_iclamp(int64_t x, int64_t lo, int64_t hi)
 /* Integer floor division and its remainder, as Python's // and % (and torch's floor_divide and
  * remainder): the quotient rounds toward minus infinity, the remainder takes the divisor's sign.
  * The most negative value divided by -1 wraps, as the other integer ops do. A zero divisor gives 0
- * and says so where a backend can: on the CPU it sets op_ew_zero_division (thread-local), which
- * the kernel turns into the op's error; a GPU kernel has no way to, and gives 0. */
+ * here, and fails the op on every backend (OP_EW_BINARY_DIVIDING): on the CPU this sets
+ * op_ew_zero_division (thread-local), which the kernel turns into the op's error; a GPU kernel marks
+ * a zero divisor itself (ops/cuda/cuda_pointwise_kernels.cu). */
+#define OP_EW_ZERO_DIVISION_ERROR(name) #name ": ZeroDivisionError (an integer divided by zero)"
 #ifdef __CUDACC__
 #define OP_EW_ZERO_DIVISION() ((void)0)
 #else
@@ -178,7 +180,11 @@ OP_EW_FN float op_ew_floordiv(float x, float y)
 /* Binary ops of numbers: name, float32, integer expression. */
 #define OP_EW_BINARY_NUMBER(X)                                                                                         \
     X(sub, x - y, (T)((uint64_t)x - (uint64_t)y))                                                                      \
-    X(pow, powf(x, y), (T)op_ew_ipow(x, y))                                                                            \
+    X(pow, powf(x, y), (T)op_ew_ipow(x, y))
+
+/* ... and those whose integer expression divides: an integer zero divisor fails the op with
+ * OP_EW_ZERO_DIVISION_ERROR on every backend, as torch's CPU kernels do. */
+#define OP_EW_BINARY_DIVIDING(X)                                                                                       \
     X(floor_divide, op_ew_floordiv(x, y), (T)op_ew_ifloordiv(x, y))                                                    \
     X(remainder, op_ew_remainder(x, y), (T)op_ew_iremainder(x, y))
 

@@ -422,7 +422,7 @@ static int s_local(const op_call *c, const int64_t *coord, int64_t *ctx)
 
 /* ---- the rows of OP_REDUCE ------------------------------------------------------------------- */
 
-#define S_DEF(op, num, inputs, outputs)                                                                                \
+#define S_DEF(op, num, kernel, inputs, outputs)                                                                      \
     const op_def op_def_##op = {.name = #op, .id = num, .nin = inputs, .nout = outputs, .infer = s_infer,            \
                                 .shard = s_shard, .local = s_local};
 OP_REDUCE(S_DEF)

@@ -40,6 +40,14 @@ const op_def *op_find(const char *name)
     return NULL;
 }
 
+const op_def *op_find_operator(const char *dunder)
+{
+    for (int i = 0; i < S_COUNT; i++)
+        if (s_ops[i]->py_operator && strcmp(s_ops[i]->py_operator, dunder) == 0)
+            return s_ops[i];
+    return NULL;
+}
+
 int op_count(void) { return S_COUNT; }
 
 const op_def *op_nth(int i) { return i >= 0 && i < S_COUNT ? s_ops[i] : NULL; }

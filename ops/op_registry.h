@@ -104,6 +104,7 @@ struct op_def {
     dt_op_sig py_sig;
     int py_exports;                       /* DT_PY_* bits; 0 with DT_SIG_NONE */
     const char *py_floats;                /* DT_SIG_UNARY: "name=default, ..." of attrs.floats */
+    const char *py_operator;              /* the Python operator that runs it ("__add__"), or "" */
     bool inplace;                         /* output 0 is input 0, written in place (ops/op_write.c) */
     /* optional: whether a device's output 0 may be input 0's own bytes, in the same row-major
      * order from *offset bytes in (reshape, and slices that keep one contiguous run). A worker
@@ -130,6 +131,8 @@ struct op_def {
 const op_def *op_by_id(int id);
 /* The op named name, or NULL. */
 const op_def *op_find(const char *name);
+/* The op that Python's operator runs (its row's operator column: "__add__" gives add), or NULL. */
+const op_def *op_find_operator(const char *dunder);
 /* Every op in ops/op_table.h's order: op_nth(0) .. op_nth(op_count() - 1). */
 int op_count(void);
 const op_def *op_nth(int i);

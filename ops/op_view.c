@@ -748,7 +748,7 @@ static int s_local_tri(const op_call *c, const int64_t *coord, int64_t *ctx)
 
 /* ---- the rows of OP_VIEW ---------------------------------------------------------------------- */
 
-#define S_DEF(op, num, inputs, infer_fn, shard_fn, local_fn, alias_fn, view_fn, strided_fn)                            \
+#define S_DEF(op, num, kernel, inputs, infer_fn, shard_fn, local_fn, alias_fn, view_fn, strided_fn)                  \
     const op_def op_def_##op = {.name = #op, .id = num, .nin = inputs, .nout = 1, .infer = infer_fn,                 \
                                 .shard = shard_fn, .local = local_fn, .alias = alias_fn, .view = view_fn,             \
                                 .strided = strided_fn};

@@ -169,7 +169,7 @@ static int s_shard_index(op_call *c)
     return 0;
 }
 
-#define S_DEF(op, num, inputs, infer_fn, shard_fn, local_fn)                                                       \
+#define S_DEF(op, num, kernel, inputs, infer_fn, shard_fn, local_fn)                                               \
     const op_def op_def_##op = {.name = #op, .id = num, .nin = inputs, .nout = 1, .infer = infer_fn,               \
                                 .shard = shard_fn, .local = local_fn, .inplace = true};
 OP_WRITE(S_DEF)

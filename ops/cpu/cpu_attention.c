@@ -129,7 +129,7 @@ void cpu_attention_merge(int64_t n, int64_t Dv, float *o, float *lse, const floa
 
 /* ---- the kernels of the ops ------------------------------------------------------------------- */
 
-static const char *s_block(op_kernel *k)
+const char *cpu_k_attention_block(op_kernel *k)
 {
     if (!op_attention_block_fits(k))
         return "the local pieces of the operands do not fit together";
@@ -171,7 +171,7 @@ static const char *s_block(op_kernel *k)
     return why;
 }
 
-static const char *s_merge(op_kernel *k)
+const char *cpu_k_attention_merge(op_kernel *k)
 {
     const op_local *parts_o = &k->in[0], *parts_lse = &k->in[1];
     int64_t P, rows, Dv;
@@ -186,8 +186,3 @@ static const char *s_merge(op_kernel *k)
         cpu_attention_merge(rows, Dv, o, lse, po + p * rows * Dv, plse + p * rows);
     return NULL;
 }
-
-const cpu_op_kernel cpu_attention_kernels[OP_ID_LIMIT] = {
-    [OP_ID_attention_block] = s_block,
-    [OP_ID_attention_merge] = s_merge,
-};

@@ -24,8 +24,7 @@ static const void *s_host_view(const void *data) { return data; }
 
 static const char *s_run(const op_def *def, op_kernel *k)
 {
-    cpu_op_kernel kernel = cpu_kernel_for(def->id);
-    return kernel ? kernel(k) : "the op has no CPU kernel";
+    return cpu_kernel_for(def->id)(k); /* every row has one (ops/op_table.h) */
 }
 
 static const char *s_fill(void *dst, dt_dtype dtype, int64_t n, dt_scalar value)

@@ -120,7 +120,7 @@ const char *cpu_conv2d(const op_conv2d_dims *d, const float *x, const float *w, 
 }
 
 /* conv2d: op_conv2d_layout's pieces */
-static const char *s_conv2d(op_kernel *k)
+const char *cpu_k_conv2d(op_kernel *k)
 {
     const op_local *x = &k->in[0], *w = &k->in[1], *b = k->nin == 3 ? &k->in[2] : NULL, *y = &k->out[0];
     op_conv2d_dims d;
@@ -193,7 +193,7 @@ void cpu_group_norm(float *y, const float *x, int64_t C, int64_t S, int64_t G, c
 }
 
 /* group_norm: op_group_norm_layout's pieces */
-static const char *s_group_norm(op_kernel *k)
+const char *cpu_k_group_norm(op_kernel *k)
 {
     const op_local *x = &k->in[0], *y = &k->out[0];
     op_group_norm_dims g;
@@ -253,7 +253,7 @@ void cpu_resample(float *out, const float *x, int64_t P, int64_t IH, int64_t IW,
 }
 
 /* interpolate: op_interpolate_layout's pieces */
-static const char *s_interpolate(op_kernel *k)
+const char *cpu_k_interpolate(op_kernel *k)
 {
     const op_local *x = &k->in[0], *y = &k->out[0];
     op_interpolate_dims d;
@@ -352,7 +352,7 @@ void cpu_pad(void *out, const void *x, size_t elem, int ndim, const int64_t *in_
 }
 
 /* pad: op_pad_layout's pieces */
-static const char *s_pad(op_kernel *k)
+const char *cpu_k_pad(op_kernel *k)
 {
     const op_local *x = &k->in[0], *y = &k->out[0];
     int mode;
@@ -364,10 +364,3 @@ static const char *s_pad(op_kernel *k)
     cpu_pad(y->data, x->data, dt_dtype_size(x->dtype), x->ndim, x->shape, y->shape, left, mode, &fill);
     return NULL;
 }
-
-const cpu_op_kernel cpu_image_kernels[OP_ID_LIMIT] = {
-    [OP_ID_conv2d] = s_conv2d,
-    [OP_ID_group_norm] = s_group_norm,
-    [OP_ID_interpolate] = s_interpolate,
-    [OP_ID_pad] = s_pad,
-};

@@ -384,7 +384,7 @@ const char *cpu_embedding(void *out, const void *weight, int64_t rows, size_t ro
 static cpu_ctype s_ctype(dt_dtype d) { return dt_dtype_is_float(d) ? CPU_F32 : CPU_I64; }
 
 
-static const char *s_mm(op_kernel *k)
+const char *cpu_k_mm(op_kernel *k)
 {
     const op_local *a = &k->in[0], *b = &k->in[1];
     op_local *o = &k->out[0];
@@ -444,7 +444,7 @@ static const char *s_mm(op_kernel *k)
 }
 
 
-static const char *s_embedding(op_kernel *k)
+const char *cpu_k_embedding(op_kernel *k)
 {
     const op_local *idx = &k->in[0], *w = &k->in[1];
     op_local *o = &k->out[0];
@@ -457,7 +457,7 @@ static const char *s_embedding(op_kernel *k)
 }
 
 
-static const char *s_sdpa(op_kernel *k)
+const char *cpu_k_sdpa(op_kernel *k)
 {
     op_sdpa_dims d;
     const char *why = op_sdpa_layout(k, &d);
@@ -509,8 +509,3 @@ static const char *s_sdpa(op_kernel *k)
     free(mvals);
     return why;
 }
-
-const cpu_op_kernel cpu_matmul_kernels[OP_ID_LIMIT] = {
-    [OP_ID_matmul] = s_mm, [OP_ID_mm] = s_mm, [OP_ID_bmm] = s_mm, [OP_ID_linear] = s_mm,
-    [OP_ID_embedding] = s_embedding, [OP_ID_scaled_dot_product_attention] = s_sdpa,
-};

@@ -1,6 +1,6 @@
-/* cpu_ops — the CPU kernel of every op, looked up by its id (ops/op_table.h). Each family's file
- * (ops/cpu/cpu_<family>.c) fills a table of its ops' kernels; cpu_kernel_for looks in them. Also
- * what the families' kernels share to read their pieces. */
+/* cpu_ops — the CPU kernel of every op, looked up by its id: each row of ops/op_table.h names its
+ * kernel, cpu_k_<kernel>, which its family's file defines (ops/cpu/cpu_<family>.c; an op without
+ * one fails to link). Also what the families' kernels share to read their pieces. */
 #ifndef CPU_OPS_H
 #define CPU_OPS_H
 
@@ -11,21 +11,16 @@
  * range, memory). */
 typedef const char *(*cpu_op_kernel)(op_kernel *k);
 
-/* The CPU kernel of op id, or NULL when it has none. */
+/* The CPU kernel of op id, or NULL when no op has that id (every op has one). */
 cpu_op_kernel cpu_kernel_for(int id);
 
 /* A piece as its elements in compute type t (cpu_pointwise.h): the piece itself when it already
  * is, else a converted scratch copy (*scratch set, to be freed). NULL when out of memory. */
 const void *cpu_piece_as(const op_local *in, cpu_ctype t, void **scratch);
 
-/* The families' tables, indexed by id (NULL: not the family's). */
-extern const cpu_op_kernel cpu_pointwise_kernels[OP_ID_LIMIT];
-extern const cpu_op_kernel cpu_reduce_kernels[OP_ID_LIMIT];
-extern const cpu_op_kernel cpu_view_kernels[OP_ID_LIMIT];
-extern const cpu_op_kernel cpu_matmul_kernels[OP_ID_LIMIT];
-extern const cpu_op_kernel cpu_rope_kernels[OP_ID_LIMIT];
-extern const cpu_op_kernel cpu_write_kernels[OP_ID_LIMIT];
-extern const cpu_op_kernel cpu_attention_kernels[OP_ID_LIMIT];
-extern const cpu_op_kernel cpu_image_kernels[OP_ID_LIMIT];
+/* The kernels the rows name (OP_KERNELS). */
+#define OP_KERNEL(name, id, kernel) const char *cpu_k_##kernel(op_kernel *k);
+OP_KERNELS
+#undef OP_KERNEL
 
 #endif

@@ -436,7 +436,7 @@ static const char *s_logical(op_kernel *k, const s_loops *loops) { return s_bina
 
 #define S_GEN_UNARY_FLOAT(name, f)                                                                                     \
     S_LOOP1(s_##name##_f32, float, float, f)                                                                           \
-    static const char *s_k_##name(op_kernel *k)                                                                        \
+    const char *cpu_k_##name(op_kernel *k)                                                                             \
     {                                                                                                                  \
         static const s_loops loops = {.f32 = s_##name##_f32};                                                          \
         return s_unary(k, &loops);                                                                                     \
@@ -447,7 +447,7 @@ OP_EW_UNARY_FLOAT(S_GEN_UNARY_FLOAT)
     S_LOOP1(s_##name##_f32, float, float, f)                                                                           \
     S_LOOP1(s_##name##_i32, int32_t, int32_t, i)                                                                       \
     S_LOOP1(s_##name##_i64, int64_t, int64_t, i)                                                                       \
-    static const char *s_k_##name(op_kernel *k)                                                                        \
+    const char *cpu_k_##name(op_kernel *k)                                                                             \
     {                                                                                                                  \
         static const s_loops loops = {.f32 = s_##name##_f32, .i32 = s_##name##_i32, .i64 = s_##name##_i64};            \
         return s_unary(k, &loops);                                                                                     \
@@ -455,7 +455,7 @@ OP_EW_UNARY_FLOAT(S_GEN_UNARY_FLOAT)
 OP_EW_UNARY_NUMBER(S_GEN_UNARY_NUMBER)
 
 S_LOOP1(s_logical_not_u8, uint8_t, uint8_t, !x)
-static const char *s_k_logical_not(op_kernel *k)
+const char *cpu_k_logical_not(op_kernel *k)
 {
     static const s_loops loops = {.u8 = s_logical_not_u8};
     return s_unary(k, &loops);
@@ -466,32 +466,43 @@ static const char *s_k_logical_not(op_kernel *k)
     S_LOOP2(s_##name##_i32, int32_t, int32_t, i)                                                                       \
     S_LOOP2(s_##name##_i64, int64_t, int64_t, i)                                                                       \
     S_LOOP2(s_##name##_u8, uint8_t, uint8_t, b)                                                                        \
-    static const char *s_k_##name(op_kernel *k)                                                                        \
+    const char *cpu_k_##name(op_kernel *k)                                                                             \
     {                                                                                                                  \
         static const s_loops loops = {s_##name##_f32, s_##name##_i32, s_##name##_i64, s_##name##_u8};                  \
         return s_arith(k, &loops);                                                                                     \
     }
 OP_EW_BINARY_ANY(S_GEN_BINARY_ANY)
 
-_Thread_local int op_ew_zero_division;
-
-/* (integer floor_divide and remainder set op_ew_zero_division for a zero divisor: the op fails) */
 #define S_GEN_BINARY_NUMBER(name, f, i)                                                                                \
     S_LOOP2(s_##name##_f32, float, float, f)                                                                           \
     S_LOOP2(s_##name##_i32, int32_t, int32_t, i)                                                                       \
     S_LOOP2(s_##name##_i64, int64_t, int64_t, i)                                                                       \
-    static const char *s_k_##name(op_kernel *k)                                                                        \
+    const char *cpu_k_##name(op_kernel *k)                                                                             \
+    {                                                                                                                  \
+        static const s_loops loops = {.f32 = s_##name##_f32, .i32 = s_##name##_i32, .i64 = s_##name##_i64};            \
+        return s_arith(k, &loops);                                                                                     \
+    }
+OP_EW_BINARY_NUMBER(S_GEN_BINARY_NUMBER)
+
+_Thread_local int op_ew_zero_division;
+
+/* (their integer expressions set op_ew_zero_division for a zero divisor: the op fails) */
+#define S_GEN_BINARY_DIVIDING(name, f, i)                                                                              \
+    S_LOOP2(s_##name##_f32, float, float, f)                                                                           \
+    S_LOOP2(s_##name##_i32, int32_t, int32_t, i)                                                                       \
+    S_LOOP2(s_##name##_i64, int64_t, int64_t, i)                                                                       \
+    const char *cpu_k_##name(op_kernel *k)                                                                             \
     {                                                                                                                  \
         static const s_loops loops = {.f32 = s_##name##_f32, .i32 = s_##name##_i32, .i64 = s_##name##_i64};            \
         op_ew_zero_division = 0;                                                                                       \
         const char *why = s_arith(k, &loops);                                                                          \
-        return why ? why : op_ew_zero_division ? #name ": ZeroDivisionError (an integer divided by zero)" : NULL;      \
+        return why ? why : op_ew_zero_division ? OP_EW_ZERO_DIVISION_ERROR(name) : NULL;                               \
     }
-OP_EW_BINARY_NUMBER(S_GEN_BINARY_NUMBER)
+OP_EW_BINARY_DIVIDING(S_GEN_BINARY_DIVIDING)
 
 #define S_GEN_BINARY_FLOAT(name, f)                                                                                    \
     S_LOOP2(s_##name##_f32, float, float, f)                                                                           \
-    static const char *s_k_##name(op_kernel *k)                                                                        \
+    const char *cpu_k_##name(op_kernel *k)                                                                             \
     {                                                                                                                  \
         static const s_loops loops = {.f32 = s_##name##_f32};                                                          \
         return s_arith(k, &loops);                                                                                     \
@@ -503,7 +514,7 @@ OP_EW_BINARY_FLOAT(S_GEN_BINARY_FLOAT)
     S_LOOP2(s_##name##_i32, int32_t, uint8_t, e)                                                                       \
     S_LOOP2(s_##name##_i64, int64_t, uint8_t, e)                                                                       \
     S_LOOP2(s_##name##_u8, uint8_t, uint8_t, e)                                                                        \
-    static const char *s_k_##name(op_kernel *k)                                                                        \
+    const char *cpu_k_##name(op_kernel *k)                                                                             \
     {                                                                                                                  \
         static const s_loops loops = {s_##name##_f32, s_##name##_i32, s_##name##_i64, s_##name##_u8};                  \
         return s_compare(k, &loops);                                                                                   \
@@ -512,7 +523,7 @@ OP_EW_COMPARE(S_GEN_COMPARE)
 
 #define S_GEN_LOGICAL(name, e)                                                                                         \
     S_LOOP2(s_##name##_u8, uint8_t, uint8_t, e)                                                                        \
-    static const char *s_k_##name(op_kernel *k)                                                                        \
+    const char *cpu_k_##name(op_kernel *k)                                                                             \
     {                                                                                                                  \
         static const s_loops loops = {.u8 = s_##name##_u8};                                                            \
         return s_logical(k, &loops);                                                                                   \
@@ -536,7 +547,7 @@ S_SELECT(s_select_u8, uint8_t)
 static const s_loops s_select = {s_select_f32, s_select_i32, s_select_i64, s_select_u8};
 
 /* where(cond, a, b), with a number in place of b (ints[0] = 2) or of a (ints[0] = 1). */
-static const char *s_where(op_kernel *k)
+const char *cpu_k_where(op_kernel *k)
 {
     op_local *out = &k->out[0];
     dt_dtype cd = s_compute(out->dtype);
@@ -556,7 +567,7 @@ static const char *s_where(op_kernel *k)
 }
 
 /* masked_fill(x, mask, number) is where(mask, number, x). */
-static const char *s_masked_fill(op_kernel *k)
+const char *cpu_k_masked_fill(op_kernel *k)
 {
     op_local *out = &k->out[0];
     dt_dtype cd = s_compute(out->dtype);
@@ -582,7 +593,7 @@ S_LOOP1(s_clamp_i64, int64_t, int64_t, op_ew_iclamp(x, s_int_bound(p, 0), s_int_
 
 /* clamp(x, min, max): ints[0] bit 0 = has min, bit 1 = has max, ints[1] = a bound is a float,
  * ints[2..3] = the integer bounds (optional); floats = [min, max]. */
-static const char *s_clamp(op_kernel *k)
+const char *cpu_k_clamp(op_kernel *k)
 {
     static const s_loops loops = {.f32 = s_clamp_f32, .i32 = s_clamp_i32, .i64 = s_clamp_i64};
     dt_dtype cd = s_compute(k->out[0].dtype);
@@ -596,7 +607,7 @@ static const char *s_clamp(op_kernel *k)
 }
 
 /* to(dtype): a conversion, straight from the piece into the output. */
-static const char *s_to(op_kernel *k)
+const char *cpu_k_to(op_kernel *k)
 {
     const op_local *in = &k->in[0];
     op_local *out = &k->out[0];
@@ -606,14 +617,3 @@ static const char *s_to(op_kernel *k)
     cpu_convert(out->data, out->dtype, in->data, in->dtype, n);
     return NULL;
 }
-
-#define S_ENTRY(name, ...) [OP_ID_##name] = s_k_##name,
-const cpu_op_kernel cpu_pointwise_kernels[OP_ID_LIMIT] = {
-    OP_EW_UNARY_FLOAT(S_ENTRY) OP_EW_UNARY_NUMBER(S_ENTRY) OP_EW_BINARY_ANY(S_ENTRY) OP_EW_BINARY_NUMBER(S_ENTRY)
-    OP_EW_BINARY_FLOAT(S_ENTRY) OP_EW_COMPARE(S_ENTRY) OP_EW_LOGICAL(S_ENTRY)
-    [OP_ID_logical_not] = s_k_logical_not,
-    [OP_ID_where] = s_where,
-    [OP_ID_masked_fill] = s_masked_fill,
-    [OP_ID_clamp] = s_clamp,
-    [OP_ID_to] = s_to,
-};

@@ -144,7 +144,7 @@ static void s_divide(float *v, int64_t n, int64_t count)
 
 /* sum, mean, amax, amin, max, min: converted pieces go a block of dim-0 rows at a time; when
  * dim 0 is reduced, each block's result is combined into the first one's. */
-static const char *s_cpu_list(op_kernel *k)
+const char *cpu_k_reduce(op_kernel *k)
 {
     const op_local *in = &k->in[0];
     op_local *out = &k->out[0];
@@ -309,11 +309,9 @@ static const char *s_cpu_along(op_kernel *k)
     return why;
 }
 
-const cpu_op_kernel cpu_reduce_kernels[OP_ID_LIMIT] = {
-    [OP_ID_sum] = s_cpu_list,          [OP_ID_mean] = s_cpu_list,          [OP_ID_amax] = s_cpu_list,
-    [OP_ID_amin] = s_cpu_list,         [OP_ID_max] = s_cpu_list,           [OP_ID_min] = s_cpu_list,
-    [OP_ID_max_dim] = s_cpu_along,     [OP_ID_min_dim] = s_cpu_along,      [OP_ID_argmax] = s_cpu_along,
-    [OP_ID_argmin] = s_cpu_along,      [OP_ID_softmax] = s_cpu_along,      [OP_ID_log_softmax] = s_cpu_along,
-    [OP_ID_cumsum] = s_cpu_along,      [OP_ID_topk] = s_cpu_along,         [OP_ID_layer_norm] = s_cpu_along,
-    [OP_ID_rms_norm] = s_cpu_along,
-};
+/* the rows' kernels (ops/op_table.h) that run along a dim */
+const char *cpu_k_arg(op_kernel *k) { return s_cpu_along(k); }
+const char *cpu_k_softmax(op_kernel *k) { return s_cpu_along(k); }
+const char *cpu_k_cumsum(op_kernel *k) { return s_cpu_along(k); }
+const char *cpu_k_topk(op_kernel *k) { return s_cpu_along(k); }
+const char *cpu_k_norm(op_kernel *k) { return s_cpu_along(k); }

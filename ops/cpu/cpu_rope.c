@@ -65,14 +65,10 @@ void cpu_rope(void *out, const void *x, dt_dtype dtype, int64_t B, int64_t H, in
         free(table);
 }
 
-static const char *s_rope(op_kernel *k)
+const char *cpu_k_rope(op_kernel *k)
 {
     const op_local *x = &k->in[0], *pos = &k->in[1];
     cpu_rope(k->out[0].data, x->data, x->dtype, x->shape[0], x->shape[1], x->shape[2], x->shape[3], pos->data,
              pos->shape[0], k->in[2].data, (float)k->attrs->floats[0]);
     return NULL;
 }
-
-const cpu_op_kernel cpu_rope_kernels[OP_ID_LIMIT] = {
-    [OP_ID_rope] = s_rope,
-};

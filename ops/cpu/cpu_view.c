@@ -20,7 +20,7 @@ static int s_norm_dim(int64_t dim, int ndim)
 
 /* reshape / view / flatten / unsqueeze / squeeze: the local output is the local input in the
  * same row-major order (the sharding rule guarantees it), so one memcpy. */
-static const char *s_copy(op_kernel *k)
+const char *cpu_k_reshape(op_kernel *k)
 {
     const op_local *in = &k->in[0];
     op_local *out = &k->out[0];
@@ -33,7 +33,7 @@ static const char *s_copy(op_kernel *k)
 }
 
 /* permute: attrs.ints = the permutation (negative dims allowed). */
-static const char *s_permute(op_kernel *k)
+const char *cpu_k_permute(op_kernel *k)
 {
     const op_local *in = &k->in[0];
     op_local *out = &k->out[0];
@@ -54,7 +54,7 @@ static const char *s_permute(op_kernel *k)
 }
 
 /* expand: size-1 local dims broadcast to the output's local shape (right-aligned). */
-static const char *s_expand(op_kernel *k)
+const char *cpu_k_expand(op_kernel *k)
 {
     const op_local *in = &k->in[0];
     op_local *out = &k->out[0];
@@ -73,7 +73,7 @@ static cpu_ctype s_ctype(dt_dtype d) { return dt_dtype_is_float(d) ? CPU_F32 : d
 
 /* cat, stack: attrs.ints[0] = dim (negative allowed, of the output); inputs are
  * converted to the output dtype and laid side by side along dim. */
-static const char *s_cat(op_kernel *k)
+const char *cpu_k_cat(op_kernel *k)
 {
     op_local *out = &k->out[0];
     size_t elem = dt_dtype_size(out->dtype);
@@ -116,7 +116,7 @@ static const char *s_cat(op_kernel *k)
 
 /* slice / narrow / select: ctx = {dim, start, step} (normalised); the output takes elements
  * start, start + step, ... along dim of the local input; select drops the dim. */
-static const char *s_slice(op_kernel *k)
+const char *cpu_k_slice(op_kernel *k)
 {
     const op_local *in = &k->in[0];
     op_local *out = &k->out[0];
@@ -138,7 +138,7 @@ static _Thread_local char s_why[160];
 
 /* index_select(x, idx): attrs.ints = {dim, wrap}: idx holds int32/int64 positions along dim
  * of the local x (which is whole along dim); wrap = 1 accepts negative positions (x[idx]). */
-static const char *s_index_select(op_kernel *k)
+const char *cpu_k_index_select(op_kernel *k)
 {
     const op_local *x = &k->in[0], *idx = &k->in[1];
     op_local *out = &k->out[0];
@@ -180,7 +180,7 @@ static const char *s_index_select(op_kernel *k)
 
 /* triu / tril on the last two dims: attrs.ints[0] = diagonal; ctx = {row offset, column
  * offset} of this piece in the global matrix. */
-static const char *s_tri(op_kernel *k)
+const char *cpu_k_tri(op_kernel *k)
 {
     bool upper = k->def->id == OP_ID_triu;
     const op_local *in = &k->in[0];
@@ -218,11 +218,3 @@ static const char *s_tri(op_kernel *k)
         }
     return NULL;
 }
-
-const cpu_op_kernel cpu_view_kernels[OP_ID_LIMIT] = {
-    [OP_ID_reshape] = s_copy,           [OP_ID_flatten] = s_copy,  [OP_ID_unsqueeze] = s_copy,
-    [OP_ID_squeeze] = s_copy,           [OP_ID_permute] = s_permute, [OP_ID_expand] = s_expand,
-    [OP_ID_cat] = s_cat,                [OP_ID_stack] = s_cat,     [OP_ID_slice] = s_slice,
-    [OP_ID_narrow] = s_slice,           [OP_ID_select] = s_slice,  [OP_ID_index_select] = s_index_select,
-    [OP_ID_triu] = s_tri,               [OP_ID_tril] = s_tri,
-};

@@ -20,7 +20,7 @@ static size_t s_layout(const op_local *dst, const op_local *src, int64_t *dst_st
     return elem;
 }
 
-static const char *s_slice_assign(op_kernel *k)
+const char *cpu_k_slice_assign(op_kernel *k)
 {
     const op_local *dst = &k->out[0], *src = &k->in[1];
     int dim = (int)k->attrs->ints[0], ndim = dst->ndim;
@@ -40,7 +40,7 @@ static const char *s_slice_assign(op_kernel *k)
 
 /* index_copy_: row i of src (along dim) to row index[i] of dst; the indices are checked first, so
  * a bad one writes nothing. */
-static const char *s_index_copy(op_kernel *k)
+const char *cpu_k_index_copy(op_kernel *k)
 {
     static _Thread_local char why[128];
     const op_local *dst = &k->out[0], *index = &k->in[1], *src = &k->in[2];
@@ -61,8 +61,3 @@ static const char *s_index_copy(op_kernel *k)
                        (const char *)src->data + i * src_strides[dim], src_strides, ndim, shape, elem);
     return NULL;
 }
-
-const cpu_op_kernel cpu_write_kernels[OP_ID_LIMIT] = {
-    [OP_ID_slice_assign_] = s_slice_assign, [OP_ID_shard_assign_] = s_slice_assign,
-    [OP_ID_index_copy_] = s_index_copy,
-};

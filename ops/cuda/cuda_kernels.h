@@ -63,6 +63,7 @@ typedef struct {
     double p[4];                           /* the op's float attributes (clamp: its bounds) */
     void *out;
     int64_t n;
+    int *zero_divisor;                     /* binary ops: set to 1 where operand 1 is 0, or NULL */
 } cuda_ew_args;
 
 /* Op id (ops/op_table.h) in cd; cudaErrorNotSupported when the op has no loop in cd. */

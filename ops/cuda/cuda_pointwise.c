@@ -10,6 +10,7 @@
 #include "cuda_ops.h"
 #include "dt_dtype.h"
 #include "dt_layout.h"
+#include "op_pointwise_math.h"
 
 /* One kernel call: its operands, the copies it made, and its first failure. */
 typedef struct {
@@ -109,7 +110,7 @@ static const char *s_run(s_call *c, op_local *out, int op, dt_dtype cd, dt_dtype
     return c->why;
 }
 
-const char *cuda_k_unary(cuda_ctx *ctx, op_kernel *k)
+static const char *s_unary(cuda_ctx *ctx, op_kernel *k)
 {
     s_call c;
     s_begin(&c, ctx);
@@ -120,11 +121,13 @@ const char *cuda_k_unary(cuda_ctx *ctx, op_kernel *k)
     return s_run(&c, &k->out[0], k->def->id, cd, cd, k->attrs->nfloats ? k->attrs->floats : NULL);
 }
 
-/* a op b in cd giving rd, either a number (attrs.scalar; ints[0] = 1: on the left). */
-static const char *s_binary(cuda_ctx *ctx, op_kernel *k, dt_dtype cd, dt_dtype rd)
+/* a op b in cd giving rd, either a number (attrs.scalar; ints[0] = 1: on the left); zero_divisor:
+ * where the kernel marks a zero b, or NULL. */
+static const char *s_binary(cuda_ctx *ctx, op_kernel *k, dt_dtype cd, dt_dtype rd, int *zero_divisor)
 {
     s_call c;
     s_begin(&c, ctx);
+    c.a.zero_divisor = zero_divisor;
     bool left = k->attrs->nints > 0 && k->attrs->ints[0];
     if (k->nin + k->attrs->has_scalar != 2)
         return "expected two operands (internal error)";
@@ -138,21 +141,64 @@ static const char *s_binary(cuda_ctx *ctx, op_kernel *k, dt_dtype cd, dt_dtype r
     return s_run(&c, &k->out[0], k->def->id, cd, rd, NULL);
 }
 
-const char *cuda_k_arith(cuda_ctx *ctx, op_kernel *k)
+static const char *s_arith(cuda_ctx *ctx, op_kernel *k)
 {
     dt_dtype cd = s_compute(k->out[0].dtype);
-    return s_binary(ctx, k, cd, cd);
+    return s_binary(ctx, k, cd, cd, NULL);
+}
+
+/* An integer zero divisor fails the op with failure, as on the CPU: the kernel marks one in device
+ * memory, and the op waits for the compute stream to read the mark (only the device knows its
+ * divisors, as only it knows the indices of the kernels that index by a tensor). */
+static const char *s_dividing(cuda_ctx *ctx, op_kernel *k, const char *failure)
+{
+    dt_dtype cd = s_compute(k->out[0].dtype);
+    if (cd != DT_INT32 && cd != DT_INT64)
+        return s_binary(ctx, k, cd, cd, NULL);
+    int *mark, found = 0;
+    const char *why = cuda_scratch(ctx, sizeof *mark, (void **)&mark);
+    if (why)
+        return why;
+    why = cuda_check(cudaMemsetAsync(mark, 0, sizeof *mark, ctx->compute), "zero divisor check");
+    if (!why)
+        why = s_binary(ctx, k, cd, cd, mark);
+    if (!why)
+        why = cuda_check(cudaMemcpyAsync(&found, mark, sizeof found, cudaMemcpyDeviceToHost, ctx->compute),
+                         "zero divisor check");
+    cuda_scratch_free(ctx, mark);
+    if (!why)
+        why = cuda_check(cudaStreamSynchronize(ctx->compute), "zero divisor check");
+    return why ? why : found ? failure : NULL;
 }
 
 /* ctx[0]: the dtype the controller says the operands are compared in */
-const char *cuda_k_compare(cuda_ctx *ctx, op_kernel *k)
+static const char *s_compare(cuda_ctx *ctx, op_kernel *k)
 {
     if (k->nctx < 1 || !dt_dtype_valid((int)k->ctx[0]))
         return "comparison: missing its dtype (internal error)";
-    return s_binary(ctx, k, s_compute((dt_dtype)k->ctx[0]), DT_BOOL);
+    return s_binary(ctx, k, s_compute((dt_dtype)k->ctx[0]), DT_BOOL, NULL);
 }
 
-const char *cuda_k_logical(cuda_ctx *ctx, op_kernel *k) { return s_binary(ctx, k, DT_BOOL, DT_BOOL); }
+static const char *s_logical(cuda_ctx *ctx, op_kernel *k) { return s_binary(ctx, k, DT_BOOL, DT_BOOL, NULL); }
+
+/* Each elementwise op's kernel: its line in op_pointwise_math.h (cuda_pointwise_kernels.cu), run by
+ * the driver of the line's list. */
+#define S_KERNEL(name, driver)                                                                                         \
+    const char *cuda_k_##name(cuda_ctx *ctx, op_kernel *k) { return driver; }
+#define S_UNARY(name, ...) S_KERNEL(name, s_unary(ctx, k))
+#define S_ARITH(name, ...) S_KERNEL(name, s_arith(ctx, k))
+#define S_DIVIDING(name, ...) S_KERNEL(name, s_dividing(ctx, k, OP_EW_ZERO_DIVISION_ERROR(name)))
+#define S_COMPARE(name, ...) S_KERNEL(name, s_compare(ctx, k))
+#define S_LOGICAL(name, ...) S_KERNEL(name, s_logical(ctx, k))
+OP_EW_UNARY_FLOAT(S_UNARY)
+OP_EW_UNARY_NUMBER(S_UNARY)
+S_UNARY(logical_not)
+OP_EW_BINARY_ANY(S_ARITH)
+OP_EW_BINARY_NUMBER(S_ARITH)
+OP_EW_BINARY_FLOAT(S_ARITH)
+OP_EW_BINARY_DIVIDING(S_DIVIDING)
+OP_EW_COMPARE(S_COMPARE)
+OP_EW_LOGICAL(S_LOGICAL)
 
 /* where(cond, a, b), with a number in place of b (ints[0] = 2) or of a (ints[0] = 1). */
 const char *cuda_k_where(cuda_ctx *ctx, op_kernel *k)

@@ -27,10 +27,15 @@ template <class T, class O, class F> __global__ void s_unary(cuda_ew_args a, F f
         ((O *)a.out)[i] = (O)f(s_operand<T>(a, 0, i), a.p);
 }
 
+/* (zero_divisor: integer floor_divide and remainder, whose driver fails the op for a zero divisor) */
 template <class T, class O, class F> __global__ void s_binary(cuda_ew_args a, F f)
 {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < a.n; i += (int64_t)gridDim.x * blockDim.x)
-        ((O *)a.out)[i] = (O)f(s_operand<T>(a, 0, i), s_operand<T>(a, 1, i));
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < a.n; i += (int64_t)gridDim.x * blockDim.x) {
+        T y = s_operand<T>(a, 1, i);
+        if (a.zero_divisor && y == T(0))
+            *a.zero_divisor = 1;
+        ((O *)a.out)[i] = (O)f(s_operand<T>(a, 0, i), y);
+    }
 }
 
 template <class T> __global__ void s_select(cuda_ew_args a)
@@ -100,6 +105,7 @@ OP_EW_BINARY_ANY(S_A2)
         template <class T> __device__ T operator()(T x, T y) const { return (i); }                                     \
     };
 OP_EW_BINARY_NUMBER(S_N2)
+OP_EW_BINARY_DIVIDING(S_N2)
 
 #define S_D2(name, f)                                                                                                  \
     struct s_##name##_f {                                                                                              \
@@ -187,6 +193,7 @@ extern "C" cudaError_t cuda_pointwise(int op, dt_dtype cd, const cuda_ew_args *a
             return s_launch2<int64_t, int64_t>(a, s, s_##name##_i());                                                  \
         break;
         OP_EW_BINARY_NUMBER(S_CASE_N2)
+        OP_EW_BINARY_DIVIDING(S_CASE_N2)
 #define S_CASE_D2(name, e)                                                                                             \
     case OP_ID_##name:                                                                                                 \
         if (f)                                                                                                         \

@@ -7,8 +7,9 @@
  * index_select, so it is here.
  *
  * Indices out of range fail the op with the CPU's message. Only the device knows them, so these
- * kernels are the backend's only ones that wait for the compute stream (cuda_index_check): the
- * failure must be this op's, not a later synchronisation's. */
+ * kernels wait for the compute stream (cuda_index_check), as the integer floor_divide and remainder
+ * do for zero divisors (cuda_pointwise.c): the failure must be this op's, not a later
+ * synchronisation's. */
 #include <inttypes.h>
 #include <stdio.h>
 
