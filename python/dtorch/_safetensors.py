@@ -77,6 +77,22 @@ def read_json(path):
         return json.loads(f.read())
 
 
+def read_json_object(file, what="config"):
+    """The JSON object (a dict) of the regular file ``file``, a model's ``what``: a file that cannot
+    be read, is no JSON or holds something else is a CheckpointError (an OSError) naming it."""
+    try:
+        value = read_json(file)
+    except CheckpointError:
+        raise
+    except OSError as e:
+        raise CheckpointError(f"{file}: cannot read the {what}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise CheckpointError(f"{file}: bad {what}: {e}") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{file}: the {what} is not a JSON object")
+    return value
+
+
 class SafetensorsFile:
     """One .safetensors file: its header parsed and checked against the file's size, the file kept
     open to read the tensors from (``bits``)."""

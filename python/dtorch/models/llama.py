@@ -23,7 +23,7 @@ import numpy as np
 from .. import _dtype, _ops_view
 from .._factory import arange, distribute_tensor, ones
 from .._placement import Replicate
-from .._safetensors import Checkpoint, CheckpointError, load_checkpoint, read_json, save_checkpoint
+from .._safetensors import Checkpoint, CheckpointError, load_checkpoint, read_json_object, save_checkpoint
 from .._tensor import DTensor
 from ..nn import functional as F
 from ..nn.layers import GELU, Embedding, Linear, ReLU, RMSNorm, SiLU
@@ -222,17 +222,7 @@ def read_config(path):
     """(config.json of a model directory, or the file ``path``, as a dict; the file's path). A file
     that cannot be read or is no JSON object is a CheckpointError (an OSError) naming it."""
     file = path if os.path.isfile(path) else os.path.join(path, "config.json")
-    try:
-        config = read_json(file)
-    except CheckpointError:
-        raise
-    except OSError as e:
-        raise CheckpointError(f"{file}: cannot read the config: {e.strerror or e}") from None
-    except ValueError as e:
-        raise CheckpointError(f"{file}: bad config: {e}") from None
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{file}: the config is not a JSON object")
-    return config, file
+    return read_json_object(file), file
 
 
 def rope_inv_freq(config):

@@ -8,7 +8,7 @@ import os
 import warnings
 
 from .. import _dtype
-from .._safetensors import (DIFFUSERS_WEIGHTS, Checkpoint, CheckpointError, load_checkpoint, read_json,
+from .._safetensors import (DIFFUSERS_WEIGHTS, Checkpoint, load_checkpoint, read_json_object,
                              save_checkpoint)
 from ..nn.module import Module, default_mesh, meta_device
 from . import config_fields
@@ -51,17 +51,7 @@ def read_config(path, subfolder=None, name="config.json"):
     """The dict of the config file ``name`` in directory ``path`` (or ``path/subfolder``), or of the file."""
     directory = os.path.join(path, subfolder) if subfolder else path
     file = directory if os.path.isfile(directory) else os.path.join(directory, name)
-    try:
-        config = read_json(file)
-    except CheckpointError:
-        raise
-    except OSError as e:
-        raise CheckpointError(f"{file}: cannot read the config: {e.strerror or e}") from None
-    except ValueError as e:
-        raise CheckpointError(f"{file}: bad config: {e}") from None
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{file}: the config is not a JSON object")
-    return config
+    return read_json_object(file)
 
 
 class DiffusersModel(Module):
