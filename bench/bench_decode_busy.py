@@ -45,7 +45,8 @@ def busy_ns(events, begin, end):
 
 def decode(model, tokens, capture):
     """(tokens/s, busy fraction, user-thread µs per step) of `tokens` greedy steps at batch 1."""
-    steps = model.stream(np.full((1, PROMPT), 7, np.int64), max_new_tokens=tokens + 1, capture=capture)
+    steps = model.stream(np.full((1, PROMPT), 7, np.int64), max_new_tokens=tokens + 1, capture=capture,
+                         eos_token_id=None)
     next(steps)  # the prefill and the first token: not timed
     with dtorch.profiler.profile(0) as prof:
         t0, c0 = time.monotonic_ns(), time.thread_time()

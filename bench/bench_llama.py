@@ -145,7 +145,7 @@ def _ops_submitted():
 def dtorch_decode(model, B, tokens, capture=True):
     """(tokens/s, user-thread µs per step, submissions per step) of greedy decode at batch B."""
     prompt = np.full((B, PROMPT), 7, np.int64)
-    steps = model.stream(prompt, max_new_tokens=tokens, capture=capture)
+    steps = model.stream(prompt, max_new_tokens=tokens, capture=capture, eos_token_id=None)
     next(steps)                                          # the prefill and the first token
     t0, c0, n0 = time.perf_counter(), time.thread_time(), _ops_submitted()
     made = sum(1 for _ in steps)

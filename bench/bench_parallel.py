@@ -115,7 +115,7 @@ def bench_pp(directory, args, mode):
         model(ids[:B], logits_to_keep=1).logits.numpy()
 
     def decode(model):
-        for _ in model.stream(ids[:Bd, :8], new):
+        for _ in model.stream(ids[:Bd, :8], new, eos_token_id=None):
             pass
 
     one = _load(directory, (1,), None)
@@ -178,7 +178,7 @@ def bench_controller(directory, args):
         model = _load(directory, shape, names)
 
         def run():
-            steps = model.stream(prompt, new)
+            steps = model.stream(prompt, new, eos_token_id=None)
             next(steps)
             c0, n0 = time.thread_time(), _ops_submitted()
             made = sum(1 for _ in steps)

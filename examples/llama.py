@@ -120,7 +120,7 @@ def main():
     show = tokens.printer(prompt[0].tolist())
     steps = model.stream(prompt, args.max_new_tokens, do_sample=args.do_sample, temperature=args.temperature,
                          top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                         eos_token_id=model.config.eos_token_id if args.model else None)
+                         **({} if args.model else dict(eos_token_id=None)))   # a checkpoint's generation_config
     new, stamps = [], []
     profiler = dtorch.profiler.profile(mesh) if args.trace else contextlib.nullcontext()
     start = time.perf_counter()

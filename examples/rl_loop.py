@@ -103,7 +103,8 @@ def run(steps=6, off_policy=False, rollout_ids=(0, 1), update_ids=(2,), shape="t
     history, version, pending, t_start = [], 0, None, time.monotonic()
     for step in range(steps):
         t0 = time.monotonic() - t_start
-        tokens = policy.generate(prompts, max_new_tokens=new_tokens, do_sample=True, seed=seed + step)
+        tokens = policy.generate(prompts, max_new_tokens=new_tokens, do_sample=True, seed=seed + step, top_k=None,
+                                 eos_token_id=None)     # every token, sampled from the whole softmax
         t1 = time.monotonic() - t_start
         rewards = rewards_of(tokens, prompt_len, target)
         entry = dict(step=step, version=version, reward=float(rewards.mean()), rollout=(t0, t1))

@@ -258,7 +258,7 @@ def test_llama_bfloat16_and_greedy_decode(mode, layout):
     got = model(ids).logits.to(dtorch.float32).numpy()
     assert _rel(got, on_cpu(ids).logits.to(dtorch.float32).numpy()) < 2e-2
     f32, _, _ = _llama("cuda", layout)
-    out = np.asarray(f32.generate(ids, 4))
+    out = np.asarray(f32.generate(ids, 4, eos_token_id=None))
     seq = ids
     for _ in range(4):  # the reference's greedy tokens, one forward per token
         seq = np.concatenate([seq, llama_reference.logits(sd, cfg, seq)[:, -1].argmax(-1)[:, None]], axis=1)

@@ -150,7 +150,7 @@ def test_batcher_matches_generate_as_rows_come_and_go(mode, ids):
     batcher.run_until_idle()
     assert batcher.steps > 10
     for (p, k), r in zip(cases, requests):
-        assert r.tokens == model.generate(p[None], max_new_tokens=k)[0, len(p):].tolist()
+        assert r.tokens == model.generate(p[None], max_new_tokens=k, eos_token_id=None)[0, len(p):].tolist()
         assert r.finish_reason == "length"
     with pytest.raises(ValueError, match="do not fit"):
         batcher.submit([1] * 8, 4)
@@ -168,7 +168,7 @@ def test_sampled_rows_beside_greedy_ones(mode):
     model.load_state_dict(ref.random_weights(cfg, 6))
     batcher = ContinuousBatcher(model, max_batch=4, max_len=32)
     prompt = [5, 17, 29]
-    greedy = model.generate(np.array([prompt]), max_new_tokens=20)[0, 3:].tolist()
+    greedy = model.generate(np.array([prompt]), max_new_tokens=20, eos_token_id=None)[0, 3:].tolist()
     hot = [batcher.submit(prompt, 20, eos_token_id=[], temperature=100.0) for _ in range(2)]
     cold = batcher.submit(prompt, 20, eos_token_id=[], temperature=1e-6)
     plain = batcher.submit(prompt, 20, eos_token_id=[])

@@ -5,6 +5,7 @@ from .autoencoder_kl import AutoencoderKL, DiagonalGaussianDistribution
 from .cache_utils import RingStaticCache, StaticCache
 from .diffusion_parallel import parallelize_flux, parallelize_sd3, parallelize_vae
 from .generation import GenerationMixin
+from .generation_config import GenerationConfig
 from .llama import CausalLMOutputWithPast, LlamaConfig, LlamaForCausalLM, LlamaModel
 from .llama_parallel import parallelize_llama
 from .mistral import MistralConfig, MistralForCausalLM
@@ -15,9 +16,10 @@ from .transformer_flux import FluxTransformer2DModel
 from .transformer_sd3 import SD3Transformer2DModel
 from ..serving import ContinuousBatcher, Request   # where they lived first: dtorch.models keeps the names
 
-__all__ = ["AutoConfig", "AutoModelForCausalLM", "AutoTokenizer", "AutoencoderKL", "AutoencoderKLOutput", "BatchEncoding",
-           "CausalLMOutputWithPast", "ContinuousBatcher", "DecoderOutput", "DiagonalGaussianDistribution",
-           "FluxTransformer2DModel", "GenerationMixin", "IncrementalDetokenizer", "LlamaConfig", "LlamaForCausalLM",
-           "LlamaModel", "MODEL_FOR_CAUSAL_LM", "MistralConfig", "MistralForCausalLM", "PreTrainedTokenizer",
-           "Qwen2Config", "Qwen2ForCausalLM", "Request", "RingStaticCache", "SD3Transformer2DModel", "StaticCache",
-           "Transformer2DModelOutput", "parallelize_flux", "parallelize_llama", "parallelize_sd3", "parallelize_vae"]
+__all__ = ["AutoConfig", "AutoModelForCausalLM", "AutoTokenizer", "AutoencoderKL", "AutoencoderKLOutput",
+           "BatchEncoding", "CausalLMOutputWithPast", "ContinuousBatcher", "DecoderOutput",
+           "DiagonalGaussianDistribution", "FluxTransformer2DModel", "GenerationConfig", "GenerationMixin",
+           "IncrementalDetokenizer", "LlamaConfig", "LlamaForCausalLM", "LlamaModel", "MODEL_FOR_CAUSAL_LM",
+           "MistralConfig", "MistralForCausalLM", "PreTrainedTokenizer", "Qwen2Config", "Qwen2ForCausalLM", "Request",
+           "RingStaticCache", "SD3Transformer2DModel", "StaticCache", "Transformer2DModelOutput", "parallelize_flux",
+           "parallelize_llama", "parallelize_sd3", "parallelize_vae"]

@@ -33,6 +33,7 @@ from . import config_fields
 from .config_fields import count, either, flag, listing, mapping, number, optional, text
 from .cache_utils import StaticCache
 from .generation import GenerationMixin
+from .generation_config import load_generation_config
 
 _ACTIVATIONS = {"silu": SiLU, "swish": SiLU, "relu": ReLU, "gelu": GELU,
                 "gelu_pytorch_tanh": lambda: GELU("tanh"), "gelu_new": lambda: GELU("tanh")}
@@ -567,6 +568,7 @@ class LlamaForCausalLM(GenerationMixin, Module):
         tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
         unused = load_checkpoint(model, checkpoint, skip=tied, progress=progress)
         model.tie_weights()
+        model.generation_config = load_generation_config(path)
         unused = [k for k in unused if k not in tied and not k.endswith("rotary_emb.inv_freq")]
         if unused:
             warnings.warn(f"Some weights of the checkpoint at {path} were not used: {unused}")
