@@ -219,7 +219,7 @@ def test_greedy_generation_past_the_window(mesh_name, capture):
     reference recomputed over the whole sequence each step."""
     model, sd, cfg = build("mistral", mesh_name)
     ids = tokens((2, 4), seed=9)
-    out = model.generate(ids, max_new_tokens=14, capture=capture)
+    out = model.generate(ids, max_new_tokens=14, capture=capture, eos_token_id=None)   # no eos: 14 tokens
     seq = ids
     for _ in range(14):
         seq = np.concatenate([seq, ref.logits(sd, cfg, seq)[:, -1].argmax(-1)[:, None]], axis=1)

@@ -4,8 +4,11 @@ transformers 5's own ``generate`` outputs (cases.json, written by make_generatio
 the eos ids of generation_config.json, max_length, max_new_tokens over max_length, min_new_tokens,
 min_length, repetition_penalty (above and below 1, with left padding), pad_token_id, the attention
 mask inferred from the pad token, num_return_sequences, min_p with temperature, a
-``generation_config=`` object with keyword arguments over it. dtorch loads the same files on one
-device, tp2 and dp2 (and tp2 on worker processes) and must give the same ids, captured and op by op.
+``generation_config=`` object with keyword arguments over it, stop strings with the tokenizer
+(dtorch's AutoTokenizer on the fixture's tokenizer.json). dtorch loads the same files on one device,
+tp2 and dp2 (and tp2 on worker processes) and must give the same ids, captured and op by op.
+Stop strings are also checked against transformers' StopStringCriteria decisions on every prefix of
+a few token sequences, for a byte-level and a sentencepiece-style (byte fallback) vocabulary.
 
 Sampling settings that transformers cannot be compared with (its random numbers differ) are checked
 against a numpy reference of transformers' processors and warpers on the logits of the numpy Llama
@@ -22,14 +25,15 @@ import pytest
 
 import dtorch
 import llama_reference as ref
-from dtorch.models import GenerationConfig, LlamaForCausalLM, LlamaConfig
+from dtorch.models import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+from dtorch.models.stopping_criteria import StopStringCriteria
 from dtorch.parallel.pipeline import schedule_of
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURE = os.path.join(HERE, "fixtures", "generation")
 with open(os.path.join(FIXTURE, "cases.json")) as _f:
     FIXTURES = json.load(_f)
-CASES = {c["name"]: c for c in FIXTURES["cases"] if "stop_strings" not in c["kwargs"]}
+CASES = {c["name"]: c for c in FIXTURES["cases"]}
 MESHES = {"1": ((1,), None), "tp2": ((2,), ("tp",)), "dp2": ((2,), ("dp",))}
 
 pytestmark = pytest.mark.usefixtures("thread_runtime")
@@ -43,6 +47,8 @@ def load(mesh_name="1"):
 
 def run(model, case, **extra):
     kwargs = dict(case["kwargs"], **extra)
+    if "stop_strings" in kwargs:
+        kwargs["tokenizer"] = AutoTokenizer.from_pretrained(FIXTURE)
     if isinstance(kwargs.get("generation_config"), dict):
         kwargs["generation_config"] = GenerationConfig(**kwargs["generation_config"])
     mask = case["attention_mask"]
@@ -112,11 +118,11 @@ def test_same_ids_as_transformers(mesh_name):
     for name, case in CASES.items():
         got = run(model, case)
         assert got.tolist() == case["output"], name
-    assert len(CASES) >= 17
+    assert len(CASES) >= 20
 
 
 @pytest.mark.parametrize("name", ["min_new_tokens blocks eos", "repetition_penalty > 1",
-                                  "left padding, repetition_penalty ignores the pads",
+                                  "left padding, repetition_penalty ignores the pads", "stop_strings without eos",
                                   "min_p=1 keeps only the best after temperature and penalty"])
 def test_same_ids_op_by_op(name):
     model = load("tp2")
@@ -133,6 +139,25 @@ def test_the_cases_are_not_vacuous():
     padded = out["left padding with pad_token_id"]
     assert padded[0][-1] == FIXTURES["pad"] and out["left padding, repetition_penalty ignores the pads"] != padded
     assert len(out["num_return_sequences (top_k=1 sampling)"]) == 6
+    # a row that met its stop string: without eos it goes on with real tokens, with eos it is padded
+    stopped = out["stop_strings without eos"]
+    assert len(stopped[0]) < len(plain[0]) + 7 and stopped[1][-1] != FIXTURES["pad"]
+    assert out["stop_strings with eos, padded"][0][-2:] == [FIXTURES["pad"]] * 2
+
+
+@pytest.mark.parametrize("table, folder", [("stop_string_checks", ""),
+                                           ("sentencepiece_stop_string_checks", "sentencepiece")])
+def test_stop_strings_stop_where_transformers_stops(table, folder):
+    """StopStringCriteria's decision on every prefix of each sequence equals transformers' (stored):
+    stop strings inside one token, over several, running off the first token's start, multi-byte
+    characters split over byte tokens, and matches that end before the last token (no stop)."""
+    tokenizer = AutoTokenizer.from_pretrained(os.path.join(FIXTURE, folder))
+    checks = FIXTURES[table]
+    for check in checks:
+        criteria = StopStringCriteria(tokenizer, check["stop_strings"])
+        got = [criteria(check["ids"][:n]) for n in range(1, len(check["ids"]) + 1)]
+        assert got == check["stops_at"], check
+    assert sum(sum(c["stops_at"]) for c in checks) >= 15 and sum(len(c["stops_at"]) for c in checks) > 500
 
 
 @pytest.mark.parametrize("mesh_name", ["tp2", "dp2"])
@@ -182,6 +207,8 @@ def test_unsupported_settings_and_bad_values():
         model.generate(ids, 3, eos_token_id="x")
     with pytest.raises(ValueError, match="tokenizer"):
         model.generate(ids, 3, stop_strings=["a"])
+    with pytest.raises(TypeError, match="tokenizer= must be a tokenizer with convert_ids_to_tokens"):
+        model.generate(ids, 3, stop_strings=["a"], tokenizer=object())
     with pytest.raises(TypeError, match="generation_config must be a GenerationConfig"):
         model.generate(ids, 3, generation_config=dict(max_new_tokens=2))
     assert model.generate(ids, 2).shape == (1, 5)                  # the model still works after
@@ -277,5 +304,6 @@ def test_num_return_sequences_sampled():
 def test_same_ids_as_transformers_on_worker_processes(process_mode):
     model = load("tp2")
     for name in ("defaults: eos list from generation_config, 20 new tokens", "min_new_tokens blocks eos",
-                 "left padding, repetition_penalty ignores the pads", "generation_config object with kwargs over it"):
+                 "left padding, repetition_penalty ignores the pads", "generation_config object with kwargs over it",
+                 "stop_strings with eos, padded"):
         assert run(model, CASES[name]).tolist() == CASES[name]["output"], name
