@@ -170,6 +170,11 @@ def main():
     case("left padding with a token the row makes, repetition_penalty", likely, mask, max_new_tokens=8,
          repetition_penalty=1.6, pad_token_id=first_made, eos_token_id=None)
     case("attention mask inferred from pad_token_id", batch, None, max_new_tokens=8, pad_token_id=pad)
+    # a pad token at the end of a row: masked too, its position 0, the next ones counting on from it
+    ends = [p[:Ps] for p in prompts]
+    ends[1] = ends[1][:-1] + [pad]
+    case("a pad token at the end of a row is masked", ends, None, max_new_tokens=6, pad_token_id=pad,
+         eos_token_id=None)
     case("num_return_sequences (top_k=1 sampling)", square, sampled=True, max_new_tokens=6, do_sample=True,
          top_k=1, num_return_sequences=3)
     case("min_p=1 keeps only the best after temperature and penalty", square, sampled=True, max_new_tokens=10,

@@ -165,7 +165,8 @@ class GenerationMixin:
         B, P = prompt.shape
         if max_new_tokens <= 0:
             return
-        positions = np.where(real, np.cumsum(real, axis=1) - 1, 1).astype(np.int64)   # HF's, from the mask
+        # transformers 5's positions from the mask: a masked token's is 0 (what follows it counts from there)
+        positions = np.where(real, np.cumsum(real, axis=1) - 1, 0).astype(np.int64)
         padded = not real.all()
         if seed is not None:
             _runtime.manual_seed(seed)
