@@ -71,6 +71,10 @@ class Tokens:
             return self.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
         return self.tokenizer.encode(text)
 
+    def decode(self, ids):
+        """The text of ``ids`` by the checkpoint's tokenizer (special tokens left out); None without one."""
+        return None if self.tokenizer is None else self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
     def printer(self, prompt_ids):
         """A function that prints each new token as it comes (as text once it is whole, or as its
         id), called with None at the end."""
