@@ -1,148 +1,44 @@
-"""examples/serve.py driven over HTTP by a real client (urllib): two models on disjoint meshes,
-requests of both interleaved and more of them than the batch has rows, so that requests join and
-leave running batches; every reply's tokens equal `generate` of the same prompt alone. Also
-streaming (server-sent events), the OpenAI fields, and bad requests. And the ContinuousBatcher
-itself, on meshes of 1 and 2 devices, with the ring of cache slots wrapping around."""
-import concurrent.futures
-import json
+"""The ContinuousBatcher (dtorch.serving), the engine behind dtorch-serve (test_openai_server.py drives
+the server over HTTP): requests join and leave running batches on meshes of every kind (tp, dp, pp,
+ulysses, ring), with the ring of cache slots wrapping around, each greedy request equal to
+`generate` of its prompt alone; per-request sampling against numpy (the frequencies of samples
+against the softmax of the model's logits, with temperature, top-k, top-p and min-p), penalties
+and log-probabilities against numpy over the model's logits, seeds that repeat whatever else
+runs, stop strings and text through a real tokenizer, abort and failure."""
 import os
-import subprocess
-import sys
-import urllib.error
-import urllib.request
 
 import numpy as np
 import pytest
 
 import dtorch
 import llama_reference as ref
-from dtorch.models import ContinuousBatcher, LlamaConfig, LlamaForCausalLM, parallelize_llama
+from dtorch.models import AutoTokenizer, ContinuousBatcher, LlamaConfig, LlamaForCausalLM, parallelize_llama
+from dtorch.serving import SamplingParams
 
-SERVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "serve.py")
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "tokenizers")
+
+MESHES = {"1 device": {"tp": 1}, "tp2": {"tp": 2}, "dp2": {"dp": 2}, "pp2": {"pp": 2}, "ulysses2": {"ulysses": 2},
+          "ring2": {"ring": 2}, "dp2 x tp2": {"dp": 2, "tp": 2}}
 
 
-def _checkpoint(path, seed, **overrides):
+def _model(dims, seed=3, **overrides):
     cfg = ref.tiny_config(**overrides)
-    model = LlamaForCausalLM(LlamaConfig.from_dict(cfg))
-    model.load_state_dict(ref.random_weights(cfg, seed))
-    model.save_pretrained(path)
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    dtorch.shutdown()
-    dtorch.init(workers="thread")
-    root = tmp_path_factory.mktemp("serve")
-    dirs = {"a": _checkpoint(root / "a", 1), "b": _checkpoint(root / "b", 2, num_hidden_layers=3)}
-    dtorch.shutdown()
-    proc = subprocess.Popen([sys.executable, SERVE, "--model", f"a={dirs['a']}", "--devices", "a=0,1",
-                             "--model", f"b={dirs['b']}", "--devices", "b=2", "--max-batch", "3", "--max-len", "24",
-                             "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    if "serving" not in line:
-        proc.kill()
-        raise RuntimeError(f"the server did not start: {line}{proc.stderr.read()}")
-    yield {"url": line.split(" at ")[1].strip(), "dirs": dirs}
-    proc.terminate()
-    proc.communicate(timeout=30)
-
-
-def _post(url, body, raw=False):
-    data = body if raw else json.dumps(body).encode()
-    req = urllib.request.Request(url + "/v1/completions", data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-
-
-def _expected(dirs, cases):
-    """generate() of each prompt alone, greedy, on one device of this process."""
-    dtorch.shutdown()
-    dtorch.init(workers="thread")
-    models = {n: LlamaForCausalLM.from_pretrained(d) for n, d in dirs.items()}
-    want = [models[n].generate(np.array([p]), max_new_tokens=k, eos_token_id=models[n].config.eos_token_id)[0, len(p):]
-            for n, p, k in cases]
-    dtorch.shutdown()
-    # generate pads after an end token; the server stops at it
-    out = []
-    for (n, _, _), w in zip(cases, want):
-        w = w.tolist()
-        eos = models[n].config.eos_token_id
-        out.append(w[:w.index(eos) + 1] if eos in w else w)
-    return out
-
-
-def test_concurrent_requests_to_two_models_match_generate(server):
-    rng = np.random.default_rng(0)
-    cases = [("a" if i % 3 else "b", rng.integers(3, 61, rng.integers(1, 8)).tolist(), int(rng.integers(1, 12)))
-             for i in range(10)]
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        replies = list(pool.map(lambda c: _post(server["url"], {"model": c[0], "prompt": c[1], "max_tokens": c[2]}),
-                                cases))
-    want = _expected(server["dirs"], cases)
-    for (name, prompt, k), (status, text), w in zip(cases, replies, want):
-        assert status == 200, text
-        reply = json.loads(text)
-        choice = reply["choices"][0]
-        assert reply["object"] == "text_completion" and reply["model"] == name
-        assert choice["token_ids"] == w, (name, prompt, k)
-        assert choice["finish_reason"] == ("stop" if len(w) < k else "length")
-        assert reply["usage"] == {"prompt_tokens": len(prompt), "completion_tokens": len(w),
-                                  "total_tokens": len(prompt) + len(w)}
-
-
-def test_streaming_sends_each_token_then_done(server):
-    status, plain = _post(server["url"], {"model": "a", "prompt": [5, 9, 11], "max_tokens": 6})
-    req = urllib.request.Request(server["url"] + "/v1/completions",
-                                 data=json.dumps({"model": "a", "prompt": [5, 9, 11], "max_tokens": 6,
-                                                  "stream": True}).encode())
-    with urllib.request.urlopen(req, timeout=120) as r:
-        assert r.headers["Content-Type"].startswith("text/event-stream")
-        events = [line[len("data: "):] for line in r.read().decode().split("\n\n") if line.startswith("data: ")]
-    assert events[-1] == "[DONE]"
-    chunks = [json.loads(e) for e in events[:-1]]
-    streamed = [t for c in chunks for t in c["choices"][0]["token_ids"]]
-    assert streamed == json.loads(plain)["choices"][0]["token_ids"]
-    assert all(len(c["choices"][0]["token_ids"]) == 1 for c in chunks[:-1])
-    assert chunks[-1]["choices"][0]["finish_reason"] == json.loads(plain)["choices"][0]["finish_reason"]
-
-
-@pytest.mark.parametrize("body, status, message", [
-    ({"model": "zzz", "prompt": [1]}, 404, "not served here"),
-    ({"model": "a", "prompt": []}, 400, "prompt must be"),
-    ({"model": "a", "prompt": [1, 99]}, 400, "token ids must be in [0, 61)"),
-    ({"model": "a", "prompt": [1], "max_tokens": 0}, 400, "max_tokens must be"),
-    ({"model": "a", "prompt": [1] * 20, "max_tokens": 10}, 400, "do not fit"),
-    ({"model": "a", "prompt": [1], "temperature": -1}, 400, "temperature must be"),
-    ({"model": "a", "prompt": [1], "top_p": 0.5}, 400, "top_p is not served"),
-    (b"{not json", 400, "not JSON"),
-    # bodies the fuzzer (tests/fuzz/python/fuzz_serve.py) found answered 500
-    ({"model": ["a"], "prompt": [1]}, 400, "model must be a string"),             # unhashable in `in served`
-    ({"model": "a", "prompt": [1, 2**64]}, 400, "token ids must be in [0, 61), got 18446744073709551616"),
-    ({"model": "a", "prompt": "\ud800"}, 400, "prompt is not text"),                # UTF-8 encoding failed
-    (b"[" * 5000, 400, "not JSON"),                                                # RecursionError
-    (b'{"model": "a", "max_tokens": 1' + b"0" * 5000 + b"}", 400, "not JSON"),     # past json's 4300 digits
-    ({"model": "a", "prompt": [1], "temperature": float("inf")}, 400, "temperature must be a finite number"),
-    ({"model": "a", "prompt": [1], "stream": "no"}, 400, "stream must be true or false"),   # streamed before
-    ({"model": "a", "prompt": [1], "n": [1]}, 400, "n is not served"),
-])
-def test_bad_requests_get_a_clear_error(server, body, status, message):
-    got, text = _post(server["url"], body, raw=isinstance(body, bytes))
-    assert got == status and message in json.loads(text)["error"]["message"], text
-    ok, _ = _post(server["url"], {"model": "b", "prompt": [1, 2], "max_tokens": 2})
-    assert ok == 200
-
-
-@pytest.mark.parametrize("ids", [(0,), (0, 1)], ids=["1 device", "tp2"])
-def test_batcher_matches_generate_as_rows_come_and_go(mode, ids):
-    cfg = ref.tiny_config()
-    mesh = dtorch.DeviceMesh("cpu", list(ids), mesh_dim_names=("tp",))
+    mesh = dtorch.init_device_mesh("cpu", tuple(dims.values()), mesh_dim_names=tuple(dims))
     model = LlamaForCausalLM(LlamaConfig.from_dict(cfg), device_mesh=mesh)
     parallelize_llama(model, mesh)
-    model.load_state_dict(ref.random_weights(cfg, 3))
+    model.load_state_dict(ref.random_weights(cfg, seed))
+    return model
+
+
+def _log_softmax(model, ids):
+    logits = model(np.array([ids])).logits.numpy()[0].astype(np.float64)
+    top = logits.max(-1, keepdims=True)
+    return logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+
+
+@pytest.mark.parametrize("dims", MESHES.values(), ids=MESHES.keys())
+def test_batcher_matches_generate_as_rows_come_and_go(mode, dims):
+    model = _model(dims)
     batcher = ContinuousBatcher(model, max_batch=2, max_len=10)      # 5 requests, 2 rows, 10 slots: it wraps
     rng = np.random.default_rng(1)
     cases = [(rng.integers(3, 61, n), k) for n, k in ((3, 6), (5, 3), (2, 8), (7, 4), (1, 9))]
@@ -161,11 +57,7 @@ def test_batcher_matches_generate_as_rows_come_and_go(mode, ids):
 def test_sampled_rows_beside_greedy_ones(mode):
     """Rows sampled at a temperature share steps with greedy rows without changing them; a tiny
     temperature samples the argmax, a large one other tokens too."""
-    cfg = ref.tiny_config()
-    mesh = dtorch.DeviceMesh("cpu", [0, 1], mesh_dim_names=("tp",))
-    model = LlamaForCausalLM(LlamaConfig.from_dict(cfg), device_mesh=mesh)
-    parallelize_llama(model, mesh)
-    model.load_state_dict(ref.random_weights(cfg, 6))
+    model = _model({"tp": 2}, seed=6)
     batcher = ContinuousBatcher(model, max_batch=4, max_len=32)
     prompt = [5, 17, 29]
     greedy = model.generate(np.array([prompt]), max_new_tokens=20, eos_token_id=None)[0, 3:].tolist()
@@ -175,7 +67,7 @@ def test_sampled_rows_beside_greedy_ones(mode):
     batcher.run_until_idle()
     assert plain.tokens == greedy and cold.tokens == greedy
     for r in hot:
-        assert len(r.tokens) == 20 and all(0 <= t < cfg["vocab_size"] for t in r.tokens)
+        assert len(r.tokens) == 20 and all(0 <= t < 61 for t in r.tokens)
         assert sum(a != b for a, b in zip(r.tokens, greedy)) >= 5     # at T=100 over 61 tokens: nearly uniform
     assert hot[0].tokens != hot[1].tokens                             # each row draws its own noise
     # as T -> 0 the sample is the argmax, also for temperatures whose inverse overflows float32
@@ -184,3 +76,164 @@ def test_sampled_rows_beside_greedy_ones(mode):
     assert [r.tokens for r in colder] == [greedy] * 4
     with pytest.raises(ValueError, match="temperature"):
         batcher.submit(prompt, 2, temperature=-0.5)
+
+
+def test_a_seed_repeats_its_tokens_whatever_runs_beside_it_on_any_mesh(mode):
+    prompt = [5, 17, 29]
+    runs = []
+    for dims, traffic in (({"tp": 1}, 0), ({"tp": 2}, 3), ({"dp": 2}, 2)):
+        model = _model(dims, seed=6)
+        batcher = ContinuousBatcher(model, max_batch=4, max_len=32)
+        for i in range(traffic):         # other rows first, so the seeded one runs in another row
+            batcher.submit([7, 8 + i], 12, eos_token_id=[], temperature=1.0)
+        seeded = [batcher.submit(prompt, 12, eos_token_id=[], temperature=0.9, top_k=20, seed=s) for s in (7, 8)]
+        batcher.run_until_idle()
+        runs.append([r.tokens for r in seeded])
+    assert runs[0] == runs[1] == runs[2]
+    assert runs[0][0] != runs[0][1]
+
+
+def _frequencies(batcher, prompt, n, **params):
+    requests = [batcher.submit(prompt, 1, eos_token_id=[], seed=s, **params) for s in range(n)]
+    batcher.run_until_idle()
+    return np.bincount([r.tokens[0] for r in requests], minlength=61) / n
+
+
+def test_samples_follow_the_softmax_of_the_warped_logits():
+    """The first token of many seeded requests: its frequencies against numpy's probabilities of
+    transformers' warps (temperature, then top-k, top-p, min-p) over the model's logits."""
+    dtorch.shutdown()
+    dtorch.init(workers="thread")
+    try:
+        model = _model({"tp": 2}, seed=4)
+        batcher = ContinuousBatcher(model, max_batch=16, max_len=8)
+        prompt = [5, 17]
+        logits = model(np.array([prompt])).logits.numpy()[0, -1].astype(np.float64)
+        order = np.argsort(-logits)
+        n = 1500
+
+        def softmax(x):
+            e = np.exp(x - x.max())
+            return e / e.sum()
+
+        def check(freq, p):
+            assert freq[p == 0].sum() == 0                             # nothing outside what the warp keeps
+            worst = (np.abs(freq - p) / (np.sqrt(p * (1 - p) / n) + 1e-12)).max()
+            assert worst <= 5, f"a frequency {worst:.1f} standard deviations off its probability"
+            assert 0.5 * np.abs(freq - p).sum() < 0.1
+
+        check(_frequencies(batcher, prompt, n, temperature=1.0), softmax(logits))
+        check(_frequencies(batcher, prompt, n, temperature=0.5), softmax(logits / 0.5))
+        kept = np.full(61, -np.inf)
+        kept[order[:5]] = logits[order[:5]] / 0.7
+        check(_frequencies(batcher, prompt, n, temperature=0.7, top_k=5), softmax(kept))
+        p = softmax(logits / 1.5)
+        nucleus = order[:np.searchsorted(np.cumsum(p[order]), 0.6) + 1]
+        kept = np.full(61, -np.inf)
+        kept[nucleus] = logits[nucleus] / 1.5
+        check(_frequencies(batcher, prompt, n, temperature=1.5, top_p=0.6), softmax(kept))
+        p = softmax(logits / 2.0)
+        kept = np.where(p >= 0.3 * p.max(), logits / 2.0, -np.inf)
+        check(_frequencies(batcher, prompt, n, temperature=2.0, min_p=0.3), softmax(kept))
+    finally:
+        dtorch.shutdown()
+
+
+def _penalized(model, ids, k, presence=0.0, frequency=0.0, repetition=1.0):
+    out = []
+    for _ in range(k):
+        logits = model(np.array([ids + out])).logits.numpy()[0, -1].astype(np.float64)
+        seen = np.isin(np.arange(logits.size), ids + out)
+        logits = np.where(seen, np.where(logits < 0, logits * repetition, logits / repetition), logits)
+        counts = np.bincount(np.array(out, np.int64), minlength=logits.size)
+        out.append(int(np.argmax(logits - frequency * counts - presence * (counts > 0))))
+    return out
+
+
+def test_penalties_and_logprobs_per_row(mode):
+    """One batch holds a plain greedy row, penalized rows and rows asking for log-probabilities (of
+    their prompt too): each gets what it alone would, against numpy over the model's logits."""
+    model = _model({"tp": 2}, seed=8)
+    batcher = ContinuousBatcher(model, max_batch=4, max_len=32)
+    prompt = [5, 17, 29, 5]
+    plain = batcher.submit(prompt, 10, eos_token_id=[])
+    penalized = [batcher.submit(prompt, 10, eos_token_id=[], **p) for p in (
+        dict(repetition_penalty=1.7), dict(presence_penalty=1.5, frequency_penalty=0.5))]
+    logged = batcher.submit(prompt, 6, eos_token_id=[], logprobs=3, prompt_logprobs=2)
+    batcher.run_until_idle()
+    assert plain.tokens == model.generate(np.array([prompt]), max_new_tokens=10, eos_token_id=None)[0, 4:].tolist()
+    assert penalized[0].tokens == _penalized(model, prompt, 10, repetition=1.7)
+    assert penalized[1].tokens == _penalized(model, prompt, 10, presence=1.5, frequency=0.5)
+    assert penalized[0].tokens != plain.tokens and penalized[1].tokens != plain.tokens
+    everything = prompt + logged.tokens
+    lsm = _log_softmax(model, everything)
+    for i, (value, top) in enumerate(logged.prompt_logprobs + logged.logprobs):   # entry i: token i + 1
+        assert value == pytest.approx(lsm[i, everything[i + 1]], abs=1e-5)
+        k = 2 if i < len(prompt) - 1 else 3
+        assert [t for t, _ in top] == np.argsort(-lsm[i], kind="stable")[:k].tolist()
+        assert [v for _, v in top] == pytest.approx(np.sort(lsm[i])[::-1][:k], abs=1e-5)
+    assert len(logged.prompt_logprobs) == len(prompt) - 1 and len(logged.logprobs) == 6
+
+
+def test_text_and_stop_strings_through_a_tokenizer():
+    dtorch.shutdown()
+    dtorch.init(workers="thread")
+    try:
+        tok = AutoTokenizer.from_pretrained(os.path.join(FIXTURES, "spm"))
+        model = _model({"tp": 1}, seed=9, vocab_size=len(tok))
+        batcher = ContinuousBatcher(model, max_batch=3, max_len=40, tokenizer=tok)
+        prompt = tok.encode("Grüße aus Köln")
+        whole = batcher.submit(prompt, 24, eos_token_id=[])
+        seen = []
+        streamed = batcher.submit(prompt, 24, eos_token_id=[], stop=["\x00never"],
+                                  on_token=lambda r, t: seen.append(r.text_ready()))
+        batcher.run_until_idle()
+        text = tok.decode(whole.tokens, skip_special_tokens=True)
+        assert whole.text == text and streamed.text == text
+        # what a stream may show grows as a prefix of the text, holding back what could begin a stop string
+        assert all(text.startswith(s) for s in seen) and seen[-1] == text
+        assert all(len(s) <= len(r) for s, r in zip(seen, seen[1:]))
+        at = next(i for i in range(3, len(text) - 2) if text.find(text[i:i + 2]) == i)
+        cut = batcher.submit(prompt, 24, eos_token_id=[], stop=[text[at:at + 2]])
+        batcher.run_until_idle()
+        assert cut.text == text[:at] and cut.finish_reason == "stop"
+        assert cut.tokens == whole.tokens[:len(cut.tokens)] and len(cut.tokens) < 24
+        with pytest.raises(ValueError, match="stop"):
+            ContinuousBatcher(model, max_batch=1, max_len=8).submit(prompt[:2], 2, stop=["x"])
+    finally:
+        dtorch.shutdown()
+
+
+def test_abort_and_failure_end_requests(mode):
+    model = _model({"tp": 1})
+    batcher = ContinuousBatcher(model, max_batch=1, max_len=32)
+    done = []
+    running = batcher.submit([5, 6], 20, eos_token_id=[], on_token=lambda r, t: t is None and done.append(r))
+    waiting = batcher.submit([5, 6], 20, eos_token_id=[], on_token=lambda r, t: t is None and done.append(r))
+    after = batcher.submit([7, 8], 3, eos_token_id=[])
+    for _ in range(4):
+        batcher.step()
+    batcher.abort(running)
+    batcher.abort(waiting)
+    batcher.run_until_idle()
+    assert running.finish_reason == waiting.finish_reason == "abort"
+    assert len(done) == 2 and {id(r) for r in done} == {id(running), id(waiting)}    # each told once
+    assert len(running.tokens) < 20 and waiting.tokens == []
+    assert after.tokens == model.generate(np.array([[7, 8]]), max_new_tokens=3, eos_token_id=None)[0, 2:].tolist()
+    queued = batcher.submit([5, 6], 4, eos_token_id=[])
+    batcher.fail("device 0 failed")
+    assert queued.finish_reason == "error" and queued.error == "device 0 failed" and queued.wait(0) == []
+    with pytest.raises(RuntimeError, match="device 0 failed"):
+        batcher.submit([5], 2)
+
+
+@pytest.mark.parametrize("params, message", [
+    (dict(temperature=float("nan")), "temperature"), (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"),
+    (dict(top_k=-2), "top_k"), (dict(min_p=2.0), "min_p"), (dict(presence_penalty=3.0), "presence_penalty"),
+    (dict(repetition_penalty=0.0), "repetition_penalty"), (dict(logprobs=21), "logprobs"), (dict(seed=1.5), "seed"),
+    (dict(stop=[""]), "stop"), (dict(top_k=True), "top_k"),
+])
+def test_sampling_params_are_checked(params, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**params)
+    assert SamplingParams(top_k=-1, seed=2 ** 70, stop="x").stop == ("x",)

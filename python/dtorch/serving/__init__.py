@@ -1,5 +1,7 @@
 """dtorch.serving: serving many clients from one model: continuous batching of their requests over
-shared decode steps (``ContinuousBatcher``). The engine knows nothing of HTTP."""
+shared decode steps (``ContinuousBatcher``, each request with its own ``SamplingParams``). The
+engine knows nothing of HTTP."""
 from .batcher import ContinuousBatcher, Request
+from .sampling import SamplingParams
 
-__all__ = ["ContinuousBatcher", "Request"]
+__all__ = ["ContinuousBatcher", "Request", "SamplingParams"]

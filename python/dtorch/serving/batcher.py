@@ -4,106 +4,183 @@ A ``ContinuousBatcher`` keeps ``max_batch`` rows, each serving one request at a 
 StaticCache whose ``max_len`` slots are used as a ring. Every step feeds each busy row one token,
 its request's next prompt token or the token it made last, at that row's own position, and writes
 every row's keys at the same slot, ``step % max_len``: a row's tokens therefore sit in the slots of
-the steps it was fed on, and the step's 4-D attention mask lets each row see only those. So a
-request that arrives while others decode takes a free row at the next step (its prompt goes in a
-token per step, beside the others' decoding), a finished one frees its row at once, and no step
-ever moves keys. The step has one shape whatever the rows hold, so it is captured once
-(dtorch.capture) and replayed: one small record per device and step. The mask is every layer's: for
-a model whose layers all slide (Mistral) it shows each row only its last ``sliding_window`` tokens;
-a model whose layers differ (Qwen2 with max_window_layers) takes only requests the window cannot
-cut.
+the steps it was fed on, and the step's 4-D attention mask lets each row see only those (a model
+laid out for ring attention, which decides by positions, gets instead its slots' positions cleared
+when a row starts a request). So a request that arrives while others decode takes a free row at
+the next step (its prompt goes in a token per step, beside the others' decoding), a finished one
+frees its row at once, and no step ever moves keys. The step has one shape whatever the rows hold,
+so it is captured (dtorch.capture) and replayed: one small record per device and step. The mask is
+every layer's: for a model whose layers all slide (Mistral) it shows each row only its last
+``sliding_window`` tokens; a model whose layers differ (Qwen2 with max_window_layers) takes only
+requests the window cannot cut.
 
-Each request is decoded greedily (its tokens are those of ``generate`` for the same prompt alone)
-or sampled at its own temperature T, by the Gumbel-max trick on the devices: the argmax of
-logits / T plus Gumbel noise drawn by dtorch's counter-based random numbers (below T = 1 that of
-logits plus T times the noise, the same argmax, which tends to the greedy token as T -> 0).
-"""
+Each row chooses its token by its own request's parameters (``SamplingParams``: temperature,
+top-k, top-p, min-p, penalties, seed; serving.sampling does it on the devices), so a greedy
+request's tokens are those of ``generate`` for the same prompt alone whatever else runs beside it.
+The step is captured once per kind of batch (greedy only, with penalties, sampling, ranking,
+log-probabilities: what any of its rows needs), and only the chosen ids come back each step, with
+the log-probabilities when a row asked for them.
+
+With a tokenizer the batcher also gives each request its text as it grows
+(models.IncrementalDetokenizer: the pieces join to the decode of all its tokens, special tokens
+skipped, the end token left out) and ends it at the first of its stop strings, the text cut
+before it; ``Request.text_ready()`` is the text a stream may show (what could still become a stop
+string held back). The engine knows nothing of HTTP: dtorch.serving.server serves it."""
 import collections
 import itertools
+import random
 import threading
 
 import numpy as np
 
-from .. import _dtype
-from .._capture import capture as _capture
-from .._factory import distribute_tensor, rand
+from .._capture import CapturedFunction
+from .._factory import distribute_tensor, zeros
+from .._ops_write import write_slice_
 from .._placement import Replicate
-from ..models.cache_utils import StaticCache
-from ..models.generation import _MIN_TEMPERATURE
+from .. import _dtype, _ops
+from ..models.cache_utils import RingStaticCache, StaticCache
+from .sampling import RowSampler, SamplingParams, row_tables, seed_key
 
 
 class Request:
     """One prompt being served: ``tokens`` grows by a token per step once the prompt is in;
-    ``finish_reason`` is "stop" (an end token) or "length" once it is done."""
+    ``finish_reason`` is "stop" (an end token or a stop string), "length", "abort" (``abort``) or
+    "error" (``error`` says why) once it is done. ``logprobs`` (when asked): per new token
+    (its log-probability, [(id, log-probability)] of the most likely ones); ``prompt_logprobs`` the
+    same for each prompt token after the first. ``text``: the text so far, with a tokenizer."""
 
     _ids = itertools.count()
 
-    def __init__(self, prompt, max_new_tokens, eos, on_token, temperature=0.0):
+    def __init__(self, prompt, max_new_tokens, eos, on_token, params, key, detokenizer=None):
         self.id = next(Request._ids)
-        self.temperature = temperature
         self.prompt = list(prompt)
         self.max_new_tokens = max_new_tokens
         self.eos = eos
         self.on_token = on_token
+        self.params = params
         self.tokens = []
+        self.logprobs = [] if params.logprobs is not None else None
+        self.prompt_logprobs = [] if params.prompt_logprobs is not None else None
+        self.text = ""
         self.finish_reason = None
+        self.error = None
         self.fed = 0            # tokens of it in the cache so far
         self.start = None       # the step it was first fed on
+        self._key = key
+        self._detokenizer = detokenizer
+        self._hold = max((len(s) for s in params.stop), default=1) - 1
+        self._aborted = False
         self._done = threading.Event()
+
+    @property
+    def temperature(self):
+        return self.params.temperature
 
     @property
     def done(self):
         return self.finish_reason is not None
+
+    def text_ready(self):
+        """The text a stream may give out so far: all of it once done, else without its last
+        characters that could still begin a stop string."""
+        return self.text if self.done or not self._hold else self.text[:max(0, len(self.text) - self._hold)]
 
     def wait(self, timeout=None):
         """Waits until it is done; returns its tokens."""
         self._done.wait(timeout)
         return self.tokens
 
+    def _take(self, token):
+        """Adds a token it made; the finish reason that brings, or None. The text grows by what the
+        token completes (an end token adds none: the rest of a split character, if any)."""
+        self.tokens.append(token)
+        detokenizer = self._detokenizer
+        if token in self.eos:
+            if detokenizer is not None:
+                self._add_text(detokenizer.finish())
+            return "stop"
+        if detokenizer is not None and self._add_text(detokenizer.step(token)):
+            return "stop"
+        if len(self.tokens) >= self.max_new_tokens:
+            return "stop" if detokenizer is not None and self._add_text(detokenizer.finish()) else "length"
+        return None
+
+    def _add_text(self, piece):
+        """Appends piece to the text; True when that completed a stop string (the text then ends
+        before it)."""
+        before = len(self.text)
+        self.text += piece
+        if not piece or not self.params.stop:
+            return False
+        found = [i for i in (self.text.find(s, max(0, before - len(s) + 1)) for s in self.params.stop) if i >= 0]
+        if found:
+            self.text = self.text[:min(found)]
+        return bool(found)
+
 
 class ContinuousBatcher:
-    """Serves ``model`` (a LlamaForCausalLM on its mesh) to many requests at once. ``submit``
-    from any thread; ``step`` (or ``run_until_idle``) from the one that drives the model."""
+    """Serves ``model`` (a causal LM of dtorch.models on its mesh) to many requests at once.
+    ``submit`` and ``abort`` from any thread; ``step`` (or ``run_until_idle``, or ``launch`` and
+    ``land``) from the one that drives the model. ``tokenizer``: a dtorch.models tokenizer, for
+    the requests' text and stop strings."""
 
-    def __init__(self, model, max_batch=16, max_len=None, capture=True):
+    def __init__(self, model, max_batch=16, max_len=None, capture=True, tokenizer=None):
         config = model.config
         self.model, self.B = model, int(max_batch)
         self.M = int(max_len or config.max_position_embeddings)
         if self.B < 1 or self.M < 2:
             raise ValueError(f"ContinuousBatcher: max_batch must be >= 1 and max_len >= 2, got {max_batch}, {max_len}")
+        self.tokenizer = tokenizer
+        self.vocab = config.vocab_size
         self.eos = set(np.atleast_1d(config.eos_token_id).tolist()) if config.eos_token_id is not None else set()
-        self.mesh = model.model.embed_tokens.weight.device_mesh
+        self.mesh = model.model.embed_tokens.weight.device_mesh      # where the inputs go (the first stage)
+        self.out_mesh = model.lm_head.weight.device_mesh            # where the logits come out (the last)
         types = set(model.model.layer_types)
         # the window the mask applies (every layer slides), or the one requests must stay within
         self.window = model.model.sliding_window if types == {"sliding_attention"} else None
         self.mixed_window = model.model.sliding_window if len(types) > 1 else None
-        self.cache = StaticCache(self.M)
+        self.by_positions = issubclass(getattr(model, "cache_class", StaticCache), RingStaticCache)
+        self.cache = (RingStaticCache if self.by_positions else StaticCache)(self.M)
         self.rows = [None] * self.B
         self.waiting = collections.deque()
         self.lock = threading.Lock()
         self.steps = 0
-        # one plain step first: it makes the cache's tensors (all rows idle, each seeing its own slot);
-        # then the step captured twice: greedy rows only, and with noise for rows that sample
-        idle = self._inputs([None] * self.B, 0)
-        self._greedy(*idle[:4])
-        self._steps = {False: _capture(self._greedy, *idle[:4]) if capture else self._greedy,
-                       True: _capture(self._forward, *idle) if capture else self._forward}
+        self.error = None
+        self._random = random.Random()
+        self.sampler = RowSampler(self.vocab)
+        # one plain forward first: it makes the cache's tensors and what the sampler keeps (all rows
+        # idle, each seeing its own slot); the captures are made as each kind of step is first needed
+        logits = self._logits(*self._inputs([None] * self.B, 0)[:4])
+        self.sampler.prepare(logits)
+        placements = [Replicate() if p.is_partial() else p for p in logits.placements]
+        # what the rows have seen and made, (B, V) each, laid out like the logits
+        self._state_now = (zeros(self.B, self.vocab, device_mesh=self.out_mesh, placements=placements, dtype=_dtype.bool),
+                           zeros(self.B, self.vocab, device_mesh=self.out_mesh, placements=placements,
+                                 dtype=_dtype.float32))
+        self._step = CapturedFunction(self._run) if capture else self._run
+        if capture:
+            self._step.__qualname__ = "batcher step"
 
     # ---- the client's side -------------------------------------------------------------------
 
-    def submit(self, prompt, max_new_tokens=16, eos_token_id=None, on_token=None, temperature=0.0):
+    def submit(self, prompt, max_new_tokens=16, eos_token_id=None, on_token=None, temperature=0.0, **sampling):
         """Queues a prompt (token ids) for up to max_new_tokens new tokens; returns its Request.
         ``on_token(request, token)`` runs on the driving thread for each new token (and once more
         with None when it is done). ``eos_token_id``: the config's end token(s) by default.
-        ``temperature``: 0 decodes greedily, a positive one samples."""
-        if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not temperature >= 0:
-            raise ValueError(f"submit: temperature must be a number >= 0, got {temperature!r}")
+        ``temperature``: 0 decodes greedily, a positive one samples; ``sampling``: the other fields
+        of SamplingParams (top_p, top_k, min_p, seed, presence_penalty, frequency_penalty,
+        repetition_penalty, logprobs, prompt_logprobs, stop)."""
+        unknown = set(sampling) - {f for f in SamplingParams.__dataclass_fields__ if f != "temperature"}
+        if unknown:
+            raise TypeError(f"submit: unexpected keyword argument {sorted(unknown)[0]!r}")
+        params = SamplingParams(temperature=temperature, **sampling)
         prompt = [int(t) for t in np.asarray(prompt, dtype=np.int64).ravel()]
-        vocab = self.model.config.vocab_size
         if not prompt:
             raise ValueError("submit: the prompt is empty")
-        if min(prompt) < 0 or max(prompt) >= vocab:
-            raise ValueError(f"submit: token ids must be in [0, {vocab}), got {min(prompt)}..{max(prompt)}")
+        if min(prompt) < 0 or max(prompt) >= self.vocab:
+            raise ValueError(f"submit: token ids must be in [0, {self.vocab}), got {min(prompt)}..{max(prompt)}")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)):
+            raise ValueError(f"submit: max_new_tokens must be an int, got {max_new_tokens!r}")
         if max_new_tokens < 1 or len(prompt) + max_new_tokens > self.M + 1:
             raise ValueError(f"submit: a prompt of {len(prompt)} tokens and {max_new_tokens} new ones do not fit the "
                              f"{self.M} slots a request may use")
@@ -111,22 +188,43 @@ class ContinuousBatcher:
             raise ValueError(f"submit: a prompt of {len(prompt)} tokens and {max_new_tokens} new ones run past the "
                              f"sliding_window={self.mixed_window} of some of the model's layers, and the batcher's "
                              "mask serves every layer alike: use generate() for it")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("submit: stop strings need the batcher's tokenizer")
         eos = self.eos if eos_token_id is None else set(np.atleast_1d(eos_token_id).tolist())
-        request = Request(prompt, int(max_new_tokens), eos, on_token, float(temperature))
+        key = seed_key(self._random.getrandbits(64) if params.seed is None else params.seed)
+        detokenizer = None
+        if self.tokenizer is not None:
+            from ..models.tokenization import IncrementalDetokenizer
+            detokenizer = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=True)
+        request = Request(prompt, int(max_new_tokens), eos, on_token, params, key, detokenizer)
         with self.lock:
+            if self.error is not None:
+                raise RuntimeError(f"submit: the model failed: {self.error}")
             self.waiting.append(request)
         return request
+
+    def abort(self, request):
+        """Ends ``request`` at the next step with finish_reason "abort" (a client that left); any thread."""
+        request._aborted = True
 
     def busy(self):
         with self.lock:
             return bool(self.waiting) or any(r is not None for r in self.rows)
 
+    def counts(self):
+        """(requests running, requests waiting)."""
+        with self.lock:
+            return sum(r is not None for r in self.rows), len(self.waiting)
+
     # ---- the driver's side -------------------------------------------------------------------
 
     def launch(self):
-        """Admits waiting requests into free rows and issues one step; returns its pending tokens
-        (B,) (a TensorFuture), or None when no row is busy. ``land`` takes them."""
+        """Admits waiting requests into free rows and issues one step; returns what is pending
+        (for ``land``), or None when no row is busy."""
         with self.lock:
+            for request in [r for r in self.waiting if r._aborted]:
+                self.waiting.remove(request)
+                self._finish(request, "abort")
             for b in range(self.B):
                 if self.rows[b] is None and self.waiting:
                     request = self.waiting.popleft()
@@ -135,42 +233,65 @@ class ContinuousBatcher:
             rows = list(self.rows)
         if all(r is None for r in rows):
             return None
-        inputs = self._inputs(rows, self.steps)
-        sampling = any(r is not None and r.temperature > 0 for r in rows)
-        pending = self._steps[sampling](*(inputs if sampling else inputs[:4])).future()
+        params = [r.params for r in rows if r is not None]
+        sample = any(p.sampled for p in params)
+        flags = (any(p.penalized for p in params), sample, any(p.sorts(self.vocab) for p in params),
+                 any(r.logprobs is not None and r.fed >= len(r.prompt) - 1 or
+                     r.prompt_logprobs is not None and r.fed < len(r.prompt) - 1 for r in rows if r is not None))
+        token, extra, *self._state_now = self._step(*self._inputs(rows, self.steps), *self._state_now, *flags)
+        futures = [token.future()] + ([t.future() for t in extra] if extra is not None else [])
         self._launched = rows
-        return pending
+        return futures
 
     def land(self, pending):
         """The tokens of a launched step: each row that was fed its last prompt token or a made one
         gets a new token; finished requests leave their rows."""
-        made = np.asarray(pending.result()).ravel()
+        made = np.asarray(pending[0].result()).ravel()
+        chosen, top, top_ids = (np.asarray(f.result()) for f in pending[1:]) if len(pending) > 1 else (None,) * 3
         rows, self._launched = self._launched, None
         finished = []
         for b, request in enumerate(rows):
             if request is None:
                 continue
+            if request._aborted:
+                finished.append((b, request, "abort"))
+                continue
+            n = request.fed
             request.fed += 1
-            if request.fed < len(request.prompt):
-                continue                                   # still reading its prompt
+            if n < len(request.prompt) - 1:                    # still reading its prompt
+                if request.prompt_logprobs is not None:
+                    request.prompt_logprobs.append(self._entry(chosen, top, top_ids, b, request.params.prompt_logprobs))
+                continue
             token = int(made[b])
-            request.tokens.append(token)
+            if token >= self.vocab:    # the argmax found no largest value: the row's logits hold NaN
+                request.error = "the model's logits hold NaN (NaN or infinite values in its weights or activations)"
+                finished.append((b, request, "error"))
+                continue
+            reason = request._take(token)
+            if request.logprobs is not None:
+                request.logprobs.append(self._entry(chosen, top, top_ids, b, request.params.logprobs))
+            request.finish_reason = reason
             if request.on_token:
                 request.on_token(request, token)
-            if token in request.eos:
-                request.finish_reason = "stop"
-            elif len(request.tokens) >= request.max_new_tokens:
-                request.finish_reason = "length"
-            if request.done:
-                finished.append((b, request))
+            if reason is not None:
+                finished.append((b, request, reason))
         with self.lock:
-            for b, request in finished:
+            for b, request, _ in finished:
                 self.rows[b] = None
-        for _, request in finished:
-            if request.on_token:
-                request.on_token(request, None)
-            request._done.set()
+        for _, request, reason in finished:
+            self._finish(request, reason)
         self.steps += 1
+
+    def fail(self, error):
+        """Ends every request, running or waiting, with finish_reason "error" and ``error`` (a
+        device of the model failed); later submits raise it."""
+        with self.lock:
+            self.error = str(error)
+            requests = [r for r in self.rows if r is not None] + list(self.waiting)
+            self.rows, self.waiting = [None] * self.B, collections.deque()
+        for request in requests:
+            request.error = self.error
+            self._finish(request, "error")
 
     def step(self):
         """One step: launch and land. False when there was nothing to do."""
@@ -184,47 +305,64 @@ class ContinuousBatcher:
         while self.step():
             pass
 
+    @staticmethod
+    def _finish(request, reason):
+        if request.finish_reason is None or reason in ("abort", "error"):
+            request.finish_reason = reason
+        if request.on_token:
+            request.on_token(request, None)
+        request._done.set()
+
+    @staticmethod
+    def _entry(chosen, top, top_ids, b, k):
+        return float(chosen[b]), [(int(i), float(v)) for i, v in zip(top_ids[b, :k], top[b, :k])]
+
     # ---- the step ----------------------------------------------------------------------------
 
     def _inputs(self, rows, step):
-        """The step's inputs on the model's mesh: each row's token (B, 1) and position (B, 1), the
-        4-D mask (B, 1, 1, M) of the slots it may see, the slot written (1,), and how each row
-        chooses: its logits' scale and its noise's, (1 / T, 1) from temperature T = 1 up, (1, T)
-        below it and (1, 0) for greedy."""
+        """The step's inputs: on the model's first mesh each row's token (B, 1) and position
+        (B, 1), what it may see (the 4-D mask (B, 1, 1, M) of its slots, or with attention by
+        positions the rows (B, 1) starting a request, whose slots' positions are cleared), the slot
+        written (1,); on the logits' mesh the rows' sampling tables (serving.sampling)."""
         slot = step % self.M
         ids = np.zeros((self.B, 1), np.int64)
         pos = np.zeros((self.B, 1), np.int64)
         mask = np.zeros((self.B, 1, 1, self.M), bool)
-        scale = np.ones((self.B, 1), np.float32)
-        noise = np.zeros((self.B, 1), np.float32)
+        table = []
         for b, request in enumerate(rows):
             if request is None:
                 mask[b, 0, 0, slot] = True                 # an idle row sees only its own slot
+                table.append(None)
                 continue
             n = request.fed                                # tokens before this one
-            ids[b, 0] = request.prompt[n] if n < len(request.prompt) else request.tokens[-1]
+            prompt = request.prompt
+            ids[b, 0] = prompt[n] if n < len(prompt) else request.tokens[-1]
             pos[b, 0] = n
             seen = np.arange(n + 1) if self.window is None else np.arange(max(0, n + 1 - self.window), n + 1)
             mask[b, 0, 0, (request.start + seen) % self.M] = True
-            T = request.temperature
-            if T >= 1.0:
-                scale[b, 0], noise[b, 0] = 1.0 / T, 1.0
-            elif T > 0:     # the same argmax, and no overflow however small T is (generation._Sampler.choose)
-                noise[b, 0] = max(T, _MIN_TEMPERATURE)
-        rep = [Replicate()] * self.mesh.ndim
-        put = lambda a: distribute_tensor(a, self.mesh, rep)
-        return (put(ids), put(pos), put(mask), put(np.array([slot], np.int64)), put(scale), put(noise))
+            target = prompt[n + 1] if n + 1 < len(prompt) else -1
+            table.append((request.params, request._key, ids[b, 0], n == 0, n >= len(prompt), len(request.tokens),
+                          target))
+        fl, it = row_tables(table, self.vocab)
+        if self.by_positions:
+            mask = np.array([[r is None or r.fed == 0] for r in rows])
+        put = lambda a, mesh: distribute_tensor(a, mesh, [Replicate()] * mesh.ndim)
+        return (put(ids, self.mesh), put(pos, self.mesh), put(mask, self.mesh), put(np.array([slot], np.int64), self.mesh),
+                put(fl, self.out_mesh), put(it, self.out_mesh))
 
-    def _logits(self, ids, pos, mask, slot):
-        out = self.model(ids, attention_mask=mask, position_ids=pos, past_key_values=self.cache, cache_position=slot)
+    def _logits(self, ids, pos, view, slot):
+        if self.by_positions:
+            # a row starting a request (or idle) forgets its slots' positions: the slots of its
+            # previous request would otherwise be visible to it
+            index = self.cache.key_index
+            if index is not None:
+                write_slice_(index, 0, 0, _ops.where(view, -1, index))
+            out = self.model(ids, position_ids=pos, past_key_values=self.cache, cache_position=slot)
+        else:
+            out = self.model(ids, attention_mask=view, position_ids=pos, past_key_values=self.cache,
+                             cache_position=slot)
         return out.logits[:, -1, :]                                             # (B, V)
 
-    def _greedy(self, ids, pos, mask, slot):
-        return self._logits(ids, pos, mask, slot).argmax(dim=-1).to(_dtype.int64)
-
-    def _forward(self, ids, pos, mask, slot, scale, noise):
-        logits = self._logits(ids, pos, mask, slot)
-        u = rand(logits.shape, device_mesh=logits.device_mesh,
-                 placements=[Replicate() if p.is_partial() else p for p in logits.placements])
-        gumbel = -(-(u * (1 - 2e-7) + 1e-7).log()).log()                       # finite: u is kept off 0 and 1
-        return (logits * scale + gumbel * noise).argmax(dim=-1).to(_dtype.int64)   # (B,)
+    def _run(self, ids, pos, view, slot, fl, it, seen, counts, penalize, sample, sort, logprobs):
+        logits = self._logits(ids, pos, view, slot)
+        return self.sampler.choose(logits, fl, it, seen, counts, penalize, sample, sort, logprobs)
