@@ -2,10 +2,10 @@
 
     .venv/bin/python bench/bench_serve.py [--clients 1,4,16] [--requests 4] [--tokens 32]
 
-Starts examples/serve.py on the 15M-shape random checkpoint (one device) twice: with --max-batch 16
-(continuous batching) and with --max-batch 1 (the same model served one request at a time). For
-each number of clients, every client sends `--requests` streaming requests one after another (a
-prompt of 9 tokens, `--tokens` new ones, greedy) and the arrival time of every token is taken:
+Starts dtorch-serve through examples/serve.py on the 15M-shape random checkpoint (one device) twice:
+with --max-batch 16 (continuous batching) and with --max-batch 1 (the same model served one request
+at a time). For each number of clients, every client sends `--requests` streaming requests one
+after another (a prompt of 9 tokens, `--tokens` new ones, greedy) and the arrival time of every token is taken:
 throughput (new tokens per second over the whole run), time to first token (median and p99) and
 the gap between tokens of one request (p50, p99). It prints figures and never asserts on them.
 """
@@ -35,7 +35,8 @@ def _request(url, prompt, tokens):
     conn = http.client.HTTPConnection(url.hostname, url.port, timeout=300)
     t0 = time.perf_counter()
     conn.request("POST", "/v1/completions", json.dumps({"model": "15M", "prompt": prompt, "max_tokens": tokens,
-                                                        "stream": True}))
+                                                        "temperature": 0, "stream": True,
+                                                        "return_token_ids": True}))
     r = conn.getresponse()
     stamps = []
     for line in r:

@@ -22,9 +22,10 @@ TEST_APT_PACKAGES=(clang libclang-rt-14-dev   # the fuzz targets (libFuzzer, ASa
                    liblzma-dev libgfortran-12-dev)  # tests/test_install.sh: what `pkg-config --static dtorch`
                                               # names that no -dev above brings (libxml2's -llzma, OpenBLAS's -lgfortran)
 PY_BUILD_PACKAGES=(numpy meson-python meson ninja)   # what building and the demo need
-PY_TEST_PACKAGES=(pytest ml_dtypes aiohttp atheris     # what the tests need besides (aiohttp: examples/serve.py;
-                  tokenizers jinja2)                    # atheris: the Python fuzzers, tests only; tokenizers and
-                                                        # jinja2: dtorch[text], the tokenizer tests)
+PY_TEST_PACKAGES=(pytest ml_dtypes atheris             # what the tests need besides (atheris: the Python fuzzers,
+                  tokenizers jinja2                     # tests only; tokenizers, jinja2: dtorch[text]; aiohttp,
+                  aiohttp prometheus_client openai)     # prometheus_client: dtorch[serve], the server; openai: the
+                                                        # official client the server's tests drive it with, tests only)
 
 # Installs what pip lacks in the venv: $1 is a Python import check, the rest the packages.
 pip_ensure() {
@@ -54,7 +55,8 @@ setup() {
         python3 -m venv "$VENV"
     fi
     pip_ensure "import numpy, mesonpy" "${PY_BUILD_PACKAGES[@]}"
-    [ "${1:-}" != test ] || pip_ensure "import pytest, ml_dtypes, aiohttp, atheris, tokenizers, jinja2" "${PY_TEST_PACKAGES[@]}"
+    [ "${1:-}" != test ] || pip_ensure "import pytest, ml_dtypes, atheris, tokenizers, jinja2, aiohttp, prometheus_client, openai" \
+        "${PY_TEST_PACKAGES[@]}"
     echo "== building and installing dtorch into $VENV"
     # A build folder of its own that stays between runs: a second run recompiles only what changed.
     # The demo runs on CPU devices: its build leaves the CUDA backend out (nvcc would take half a
@@ -84,7 +86,7 @@ declare -A FUZZ_RUNS=([envelope]=5000000 [records]=2000000 [worker]=1000000 [pee
 # Then the Python harnesses (tests/fuzz/python, atheris: libFuzzer guided by the coverage of the
 # dtorch package's bytecode) from the seeds each writes, the same way: the safetensors reader, the
 # config.json of every model class, the C extension's argument conversion through the public API,
-# and examples/serve.py's request handling (about 2 minutes in all here). Any exception their
+# and the server's request handling, dtorch.serving (about 2 minutes in all here). Any exception their
 # contract does not allow, crash or hang fails; the input is kept in build-fuzz/findings/py_*.
 declare -A PYFUZZ_RUNS=([safetensors]=70000 [config]=8000 [api]=70000 [serve]=15000)
 run_fuzz() {
