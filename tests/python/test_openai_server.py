@@ -285,6 +285,21 @@ def test_streaming_sends_each_token_id_once(world):
     assert [t for c in chunks for t in c.choices[0].token_ids] == r.greedy(r.tok.encode("Hello wörld"), 9)
 
 
+def test_a_client_that_leaves_a_stream_harms_nothing(world):
+    """Its choice ends (aborted, or finished first: the driver does not wait for the client) and the
+    server goes on serving."""
+    server, _, _ = world
+    before = _metrics(server)
+    with server.client.completions.with_streaming_response.create(model="spm", prompt="Hello", max_tokens=80,
+                                                                  temperature=0, stream=True) as response:
+        next(response.iter_lines())                  # the first event, then the connection closes
+    ended = lambda: sum(v - before.get(k, 0.0) for k, v in _metrics(server).items()
+                        if k.startswith("vllm:request_success_total"))
+    assert wait_for(lambda: ended() == 1)
+    assert _metrics(server)["vllm:num_requests_running"] == 0
+    assert server.client.completions.create(model="spm", prompt="ok", max_tokens=2).choices[0].finish_reason
+
+
 # ---- fields ------------------------------------------------------------------------------------
 
 def test_an_end_token_ends_the_choice_with_stop_and_no_text_of_it(world):

@@ -357,7 +357,7 @@ class Server:
         def on_token(request, token):     # on the driver thread
             now = time.monotonic()
             if token is None:
-                if request.finish_reason in ("stop", "length"):
+                if request.finish_reason != "error":      # stop, length, abort
                     metrics.success.labels(name, request.finish_reason).inc()
                     metrics.e2e.labels(name).observe(now - arrived)
                 post((choice, None, None, None))
