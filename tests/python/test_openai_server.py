@@ -426,7 +426,7 @@ def test_logprobs_are_the_models_log_softmax(world):
     chunks = list(server.client.chat.completions.create(model="byte", messages=messages, max_tokens=5, temperature=0,
                                                         logprobs=True, stream=True))
     streamed = [e.logprob for c in chunks if c.choices[0].logprobs for e in c.choices[0].logprobs.content]
-    assert streamed == pytest.approx([e.logprob for e in chat.choices[0].logprobs.content], abs=1e-6)
+    assert streamed == pytest.approx([e.logprob for e in chat.choices[0].logprobs.content], abs=1e-5)
 
 
 def _penalized_greedy(r, ids, k, presence, frequency, repetition):
@@ -470,6 +470,17 @@ def test_echo_and_n(world):
     chunks = list(server.client.completions.create(model="spm", prompt="Hi there", max_tokens=4, temperature=0,
                                                    echo=True, stream=True))
     assert "".join(c.choices[0].text for c in chunks) == "Hi there" + want
+    # streamed with logprobs: the prompt's come with its text first, as the whole reply has them
+    whole = server.client.completions.create(model="spm", prompt="Hi there", max_tokens=4, temperature=0, echo=True,
+                                             logprobs=2, n=2).choices[0].logprobs
+    chunks = list(server.client.completions.create(model="spm", prompt="Hi there", max_tokens=4, temperature=0,
+                                                   echo=True, logprobs=2, n=2, stream=True))
+    for index in (0, 1):
+        mine = [c.choices[0] for c in chunks if c.choices[0].index == index]
+        assert mine[0].text == "Hi there"
+        streamed = [v for c in mine if c.logprobs for v in c.logprobs.token_logprobs]
+        assert streamed[0] is None and whole.token_logprobs[0] is None
+        assert streamed[1:] == pytest.approx(whole.token_logprobs[1:], abs=1e-5)   # rows' slots differ: rounding
 
 
 # ---- refusals ----------------------------------------------------------------------------------

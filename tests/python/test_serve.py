@@ -72,8 +72,14 @@ def test_sampled_rows_beside_greedy_ones(mode):
     assert hot[0].tokens != hot[1].tokens                             # each row draws its own noise
     # as T -> 0 the sample is the argmax, also for temperatures whose inverse overflows float32
     colder = [batcher.submit(prompt, 20, eos_token_id=[], temperature=t) for t in (1e-46, 1e-40, 1e-38, 1e-30)]
+    # temperatures and repetition penalties past float32's range sample (uniformly, at T -> inf)
+    extreme = [batcher.submit(prompt, 20, eos_token_id=[], temperature=1e300, top_k=30, top_p=0.5, min_p=0.5),
+               batcher.submit(prompt, 20, eos_token_id=[], repetition_penalty=1e300),
+               batcher.submit(prompt, 20, eos_token_id=[], repetition_penalty=1e-300, temperature=1e-300)]
     batcher.run_until_idle()
     assert [r.tokens for r in colder] == [greedy] * 4
+    assert [r.finish_reason for r in extreme] == ["length"] * 3            # no NaN: a token every step
+    assert all(0 <= t < 61 for r in extreme for t in r.tokens)
     with pytest.raises(ValueError, match="temperature"):
         batcher.submit(prompt, 2, temperature=-0.5)
 

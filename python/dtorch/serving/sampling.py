@@ -42,8 +42,11 @@ I_COLUMNS = 7
 MAX_LOGPROBS = 20
 
 # Temperatures below this sample as it does: float32 noise scaled by it stays nonzero, and it already
-# leaves only the best token (and exact ties) any chance, as the limit T -> 0 does.
+# leaves only the best token (and exact ties) any chance, as the limit T -> 0 does. Temperatures and
+# repetition penalties beyond float32's range are taken as the bound they pass (1 / 1e30 leaves
+# every token the same chance already), so that no row's table holds an infinity or a zero.
 MIN_TEMPERATURE = 1e-30
+_MAX_FACTOR = 1e30
 
 _P = 2 ** 31 - 1    # the hash works modulo this prime: every product of two residues fits in int64
 _ROUNDS = (0x2545F491, 0x1B873593, 0x68E31DA4)
@@ -134,7 +137,7 @@ def row_tables(rows, vocab):
         if row is None:
             continue
         p, key, fed, first, output, made, target = row
-        T = p.temperature
+        T = min(p.temperature, _MAX_FACTOR)
         if T >= 1.0:
             fl[b, F_SCALE], fl[b, F_NOISE] = 1.0 / T, 1.0
         elif T > 0:     # argmax(logits + T g): the same argmax as of logits / T + g, and no overflow
@@ -143,7 +146,7 @@ def row_tables(rows, vocab):
         fl[b, F_TOP_P] = p.top_p if p.top_p < 1.0 else 2.0          # 2: never reached, nothing cut
         fl[b, F_MIN_P] = p.min_p
         fl[b, F_PRESENCE], fl[b, F_FREQUENCY], fl[b, F_REPETITION] = \
-            p.presence_penalty, p.frequency_penalty, p.repetition_penalty
+            p.presence_penalty, p.frequency_penalty, min(max(p.repetition_penalty, 1 / _MAX_FACTOR), _MAX_FACTOR)
         it[b] = (fed, first, output, key, made, p.top_k if 0 < p.top_k < vocab else vocab, target)
     return fl, it
 

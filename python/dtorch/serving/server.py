@@ -432,14 +432,7 @@ class Server:
             if chat:
                 await send({"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                             "finish_reason": None})
-            elif echo:
-                r = c.request
-                first = {"index": c.index, "text": c.prompt_text, "logprobs": None, "finish_reason": None}
-                if r.prompt_logprobs is not None:
-                    first["logprobs"] = self._completion_logprobs(m, c, [], [], True)
-                if ids:
-                    first.update(prompt_token_ids=c.prompt, token_ids=[])
-                await send(first)
+        echoed = set()
         left, failed = len(choices), None
         while left:
             c, token, ready, entry = await events.get()
@@ -451,6 +444,16 @@ class Server:
                     continue
                 if r.finish_reason == "abort":
                     continue
+            if echo and c.index not in echoed:
+                # the prompt, with its logprobs: all there once the choice made a token (or ended)
+                echoed.add(c.index)
+                first = {"index": c.index, "text": c.prompt_text, "logprobs": None, "finish_reason": None}
+                if r.prompt_logprobs is not None:
+                    first["logprobs"] = self._completion_logprobs(m, c, [], [], True)
+                if ids:
+                    first.update(prompt_token_ids=c.prompt, token_ids=[])
+                await send(first)
+            if token is None:
                 piece = r.text[c.sent:]
                 c.sent = len(r.text)
                 tokens = []
@@ -465,7 +468,8 @@ class Server:
                           "finish_reason": r.finish_reason if done else None}
             else:
                 choice = {"index": c.index, "text": piece,
-                          "logprobs": self._completion_logprobs(m, c, tokens, [entry], False, c.sent - len(piece))
+                          "logprobs": self._completion_logprobs(m, c, tokens, [entry], False, c.sent - len(piece)
+                                                                + (len(c.prompt_text) if echo else 0))
                           if entry is not None and tokens else None,
                           "finish_reason": r.finish_reason if done else None}
             if done:
