@@ -23,6 +23,68 @@ from .cache_utils import _no_partial
 _MIN_TEMPERATURE = 1e-30
 
 
+# ---- the processors, as functions of the logits (b, V) -------------------------------------------
+# Their parameters are numbers, or (b, 1) DTensors of one value per row (the continuous batcher's
+# requests each have their own: dtorch.serving.sampling).
+
+def repetition_penalty(logits, seen, penalty):
+    """CTRL's rule (transformers' RepetitionPenaltyLogitsProcessor): where ``seen`` (b, V), a logit
+    divided by ``penalty`` where positive, multiplied where negative."""
+    return _ops.where(seen, _ops.where(logits < 0, logits * penalty, logits / penalty), logits)
+
+
+def top_p_filter(logits, ranked, top_p, temperature=None):
+    """logits with the tokens outside each row's top-p at -inf: the smallest set of best tokens
+    whose probability at ``temperature`` (None: 1) reaches ``top_p``. ``ranked``: the rows' whole
+    logits sorted largest first (-inf where top-k already cut). The best token always stays (the
+    mass before it is 0), even for top_p = 0."""
+    # softmax(ranked / T), from the distances to the best token: <= 0, so no T overflows them
+    scaled = ranked if temperature is None else (ranked - ranked[:, :1]) / temperature
+    probs = scaled.softmax(-1)
+    before = probs.cumsum(-1) - probs                                           # mass of the better tokens
+    lowest = ranked.masked_fill(before >= top_p, float("inf")).amin(-1, keepdim=True)
+    return logits.masked_fill(logits < lowest, float("-inf"))
+
+
+def min_p_filter(logits, min_p, temperature):
+    """logits with the tokens whose probability at ``temperature`` is below ``min_p`` times the
+    best one's at -inf, as exp((l_i - l_best) / T) < min_p: one max over the shards, no sum."""
+    return logits.masked_fill(((logits - row_max(logits)) / temperature).exp() < min_p, float("-inf"))
+
+
+def whole_rows(x):
+    """x (b, V) with its vocabulary shards gathered among the devices (ranking needs whole rows)."""
+    placements = [Replicate() if isinstance(p, Shard) and p.dim in (-1, x.ndim - 1) else p
+                  for p in _no_partial(x.placements)]
+    return x if list(x.placements) == placements else x.redistribute(x.device_mesh, placements)
+
+
+def row_max(x):
+    """The max of each row of x (b, V), all-reduced over the vocabulary's shards: (b, 1)."""
+    best = x.amax(-1, keepdim=True)                                            # Partial(max) over shards
+    if any(p.is_partial() for p in best.placements):
+        best = best.redistribute(best.device_mesh, _no_partial(best.placements))
+    return best
+
+
+def first_argmax(x, positions):
+    """The first index of the largest value along the last dim (``positions``: arange(V) split as
+    x's vocabulary is): a max and a min over the (sharded) vocabulary, so only one number per row
+    crosses devices."""
+    return _ops.where(x == row_max(x), positions, x.shape[-1]).amin(-1)
+
+
+def vocab_positions(x, made):
+    """arange(V) split as x's vocabulary (last) dim is, kept in the dict ``made`` per layout."""
+    V = x.shape[-1]
+    split = tuple(Shard(0) if isinstance(p, Shard) and p.dim in (-1, x.ndim - 1) else Replicate()
+                  for p in x.placements)
+    key = (x.device_mesh, V, split)
+    if key not in made:
+        made[key] = arange(V, device_mesh=x.device_mesh, placements=list(split))
+    return made[key]
+
+
 class _Sampler:
     """The next token of each row of logits (b, V): processed, warped, then the argmax, or the
     argmax of logits plus Gumbel noise (a sample of their softmax).
@@ -123,8 +185,7 @@ class _Sampler:
         """The processors that hold in greedy decoding too: the repetition penalty over ``seen``,
         and the eos ids blocked before ``min_new`` new tokens."""
         if seen is not None:
-            penalized = _ops.where(logits < 0, logits * self.penalty, logits / self.penalty)
-            logits = _ops.where(seen, penalized, logits)
+            logits = repetition_penalty(logits, seen, self.penalty)
         if self.min_new:
             mask = self._eos_mask(logits)                                           # (V,)
             if isinstance(step, int):
@@ -140,9 +201,7 @@ class _Sampler:
         V = logits.shape[-1]
         T = max(self.temperature, _MIN_TEMPERATURE)
         if (self.top_k and self.top_k < V) or self.top_p < 1.0:
-            # ranking needs whole rows: the vocabulary shards are gathered among the devices (B x V)
-            whole = logits.redistribute(logits.device_mesh, [Replicate() if isinstance(p, Shard) and p.dim == 1
-                                                             else p for p in _no_partial(logits.placements)])
+            whole = whole_rows(logits)
         if self.top_k and self.top_k < V:
             kth = whole.topk(self.top_k, -1).values[:, -1:]                         # (B, 1)
             logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -150,39 +209,16 @@ class _Sampler:
                 whole = whole.masked_fill(whole < kth, float("-inf"))
         if self.top_p < 1.0:
             ranked = whole.topk(V, -1).values                                       # (B, V), largest first
-            # softmax(ranked / T), from the distances to the best token: <= 0, so no T overflows them
-            scaled = ranked if self.temperature == 1.0 else (ranked - ranked[:, :1]) / T
-            probs = scaled.softmax(-1)
-            before = probs.cumsum(-1) - probs                                       # mass of the better tokens
-            # the best token always stays (its mass before is 0), even for top_p = 0
-            lowest = ranked.masked_fill(before >= max(self.top_p, 1e-12), float("inf")).amin(-1, keepdim=True)
-            logits = logits.masked_fill(logits < lowest, float("-inf"))
+            logits = top_p_filter(logits, ranked, max(self.top_p, 1e-12), None if self.temperature == 1.0 else T)
         if self.min_p:
-            # p_i < min_p * p_best, as exp((l_i - l_best) / T) < min_p: one max over the shards, no sum
-            best = self._row_max(logits)
-            logits = logits.masked_fill(((logits - best) / T).exp() < self.min_p, float("-inf"))
+            logits = min_p_filter(logits, self.min_p, T)
         return logits
 
-    def _row_max(self, x):
-        """The max of each row of x (b, V), all-reduced over the vocabulary's shards: (b, 1)."""
-        best = x.amax(-1, keepdim=True)                                            # Partial(max) over shards
-        if any(p.is_partial() for p in best.placements):
-            best = best.redistribute(best.device_mesh, _no_partial(best.placements))
-        return best
-
     def _argmax(self, x):
-        """The first index of the largest value along the last dim: a max and a min over the
-        (sharded) vocabulary, so only one number per row crosses devices."""
-        return _ops.where(x == self._row_max(x), self._vocab_positions(x), x.shape[-1]).amin(-1)
+        return first_argmax(x, self._vocab_positions(x))
 
     def _vocab_positions(self, x):
-        """arange(V) split as x's vocabulary (last) dim is, made once per layout."""
-        V = x.shape[-1]
-        split = tuple(Shard(0) if isinstance(p, Shard) and p.dim == x.ndim - 1 else Replicate() for p in x.placements)
-        key = (x.device_mesh, V, split)
-        if key not in self._index:
-            self._index[key] = arange(V, device_mesh=x.device_mesh, placements=list(split))
-        return self._index[key]
+        return vocab_positions(x, self._index)
 
     def _eos_mask(self, x):
         """The (V,) bool mask of the eos ids, split as x's vocabulary dim is."""

@@ -11,12 +11,14 @@ each token was made (the presence and frequency penalties). The token a step fee
 row's k-th token sees all before it; a row's first step clears what the row's last request left.
 
 The order is vLLM's and transformers': penalties on the raw logits (repetition as CTRL and
-transformers' RepetitionPenaltyLogitsProcessor: a seen token's logit divided by the penalty where
-positive, multiplied where negative; then minus frequency x count and presence x (count > 0), as
-OpenAI documents them), then for sampled rows temperature, top-k, top-p, min-p, then a sample by
-the Gumbel-max trick: the argmax of logits / T plus Gumbel noise. A greedy row takes the argmax of
-its penalized logits, which no warp changes (each keeps the best token). Log-probabilities are
-the model's raw ones, log_softmax of the logits before any of this (vLLM's default).
+transformers' RepetitionPenaltyLogitsProcessor; then minus frequency x count and presence x
+(count > 0), as OpenAI documents them), then for sampled rows temperature, top-k, top-p, min-p,
+then a sample by the Gumbel-max trick: the argmax of logits / T plus Gumbel noise. The processors
+are generate's own (models/logits_process.py), given a column of per-row values where generate
+gives one number; top-k here ranks whole rows once and cuts each at its own k. A greedy row takes
+the argmax of its penalized logits, which no warp changes (each keeps the best token).
+Log-probabilities are the model's raw ones, log_softmax of the logits before any of this (vLLM's
+default).
 
 The noise of a row is a function of its request's seed, the number of tokens it made so far and
 the token id alone (a counter-based hash in int64 arithmetic on the devices): the same seed gives
@@ -28,8 +30,9 @@ import numbers
 import numpy as np
 
 from .. import _dtype, _ops
-from .._factory import arange
-from .._placement import Replicate, Shard
+from .._placement import Replicate
+from ..models.logits_process import (_MIN_TEMPERATURE as MIN_TEMPERATURE, first_argmax, min_p_filter,
+                                     repetition_penalty, top_p_filter, vocab_positions, whole_rows)
 
 # columns of the float table
 F_SCALE, F_NOISE, F_TEMPERATURE, F_TOP_P, F_MIN_P, F_PRESENCE, F_FREQUENCY, F_REPETITION = range(8)
@@ -41,11 +44,9 @@ I_COLUMNS = 7
 # The most top log-probabilities a token may ask for (OpenAI's chat top_logprobs, vLLM's max_logprobs).
 MAX_LOGPROBS = 20
 
-# Temperatures below this sample as it does: float32 noise scaled by it stays nonzero, and it already
-# leaves only the best token (and exact ties) any chance, as the limit T -> 0 does. Temperatures and
-# repetition penalties beyond float32's range are taken as the bound they pass (1 / 1e30 leaves
-# every token the same chance already), so that no row's table holds an infinity or a zero.
-MIN_TEMPERATURE = 1e-30
+# Temperatures and repetition penalties beyond float32's range are taken as the bound they pass (at
+# T = 1e30 every token has the same chance already; below MIN_TEMPERATURE only the best one), so
+# that no row's table holds an infinity or a zero.
 _MAX_FACTOR = 1e30
 
 _P = 2 ** 31 - 1    # the hash works modulo this prime: every product of two residues fits in int64
@@ -162,7 +163,7 @@ class RowSampler:
 
     def prepare(self, logits):
         self._positions(logits)
-        self._positions(self._whole(logits))
+        self._positions(whole_rows(logits))
 
     def choose(self, logits, fl, it, seen, counts, penalize, sample, sort, logprobs):
         """(tokens (B,), (chosen log-prob (B,), top log-probs (B, K), their ids (B, K)) or None, seen,
@@ -172,50 +173,39 @@ class RowSampler:
         if penalize:
             logits, seen, counts = self._penalize(logits, fl, it, seen, counts)
         if sample:
+            T = fl[:, F_TEMPERATURE:F_TEMPERATURE + 1]
             if sort:
                 logits = self._top_k_top_p(logits, fl, it)
-            logits = self._min_p(logits, fl)
+            logits = min_p_filter(logits, fl[:, F_MIN_P:F_MIN_P + 1], T)
             gumbel = -(-self._uniform(logits, it).log()).log()
             logits = logits * fl[:, F_SCALE:F_SCALE + 1] + gumbel * fl[:, F_NOISE:F_NOISE + 1]
-        token = self._argmax(logits)
+        token = first_argmax(logits, self._positions(logits))
+        if any(p.is_partial() for p in token.placements):
+            token = token.redistribute(token.device_mesh, [Replicate() if p.is_partial() else p
+                                                           for p in token.placements])
         extra = self._logprobs(raw, it, token) if logprobs else None
         return token, extra, seen, counts
 
     def _penalize(self, logits, fl, it, seen, counts):
-        vocab = self._positions(logits)
-        fed = vocab == it[:, I_FED:I_FED + 1]                                   # (B, V)
+        fed = self._positions(logits) == it[:, I_FED:I_FED + 1]                 # (B, V)
         reset = it[:, I_RESET:I_RESET + 1] != 0                                 # (B, 1)
         seen = seen.logical_and(reset.logical_not()).logical_or(fed)
         made = fed.logical_and(it[:, I_OUTPUT:I_OUTPUT + 1] != 0).to(_dtype.float32)
         counts = counts.masked_fill(reset, 0.0) + made
-        rep = fl[:, F_REPETITION:F_REPETITION + 1]
-        logits = _ops.where(seen, _ops.where(logits < 0, logits * rep, logits / rep), logits)
+        logits = repetition_penalty(logits, seen, fl[:, F_REPETITION:F_REPETITION + 1])
         return (logits - counts * fl[:, F_FREQUENCY:F_FREQUENCY + 1]
                 - (counts > 0).to(_dtype.float32) * fl[:, F_PRESENCE:F_PRESENCE + 1]), seen, counts
 
     def _top_k_top_p(self, logits, fl, it):
         """logits with what each row's top-k and top-p leave out at -inf (transformers' order:
         top-p over the probabilities at the row's temperature, among the top-k)."""
-        whole = self._whole(logits)
+        whole = whole_rows(logits)
         ranked = whole.topk(self.vocab, -1).values                              # (B, V), largest first
-        rank = self._positions(whole)
-        cut = rank >= it[:, I_TOP_K:I_TOP_K + 1]
+        cut = self._positions(whole) >= it[:, I_TOP_K:I_TOP_K + 1]              # ranks past each row's k
         kth = ranked.masked_fill(cut, float("inf")).amin(-1, keepdim=True)      # the k-th best
         logits = logits.masked_fill(logits < kth, float("-inf"))
-        ranked = ranked.masked_fill(cut, float("-inf"))
-        # softmax(ranked / T) from the distances to the best token: <= 0, so no T overflows them
-        probs = ((ranked - ranked[:, :1]) / fl[:, F_TEMPERATURE:F_TEMPERATURE + 1]).softmax(-1)
-        before = probs.cumsum(-1) - probs                                       # mass of the better tokens
-        # the best token always stays (its mass before is 0)
-        lowest = ranked.masked_fill(before >= fl[:, F_TOP_P:F_TOP_P + 1], float("inf")).amin(-1, keepdim=True)
-        return logits.masked_fill(logits < lowest, float("-inf"))
-
-    def _min_p(self, logits, fl):
-        """Tokens whose probability at the row's temperature is below min_p times the best one's
-        at -inf: exp((l - l_best) / T) < min_p, one max over the shards, no sum."""
-        best = self._row_max(logits)
-        return logits.masked_fill(((logits - best) / fl[:, F_TEMPERATURE:F_TEMPERATURE + 1]).exp()
-                                  < fl[:, F_MIN_P:F_MIN_P + 1], float("-inf"))
+        return top_p_filter(logits, ranked.masked_fill(cut, float("-inf")), fl[:, F_TOP_P:F_TOP_P + 1],
+                            fl[:, F_TEMPERATURE:F_TEMPERATURE + 1])
 
     def _uniform(self, logits, it):
         """Uniform noise in (0, 1), (B, V) laid out like logits, of (row key, row step, token id)."""
@@ -229,7 +219,7 @@ class RowSampler:
         return u * (1 - 2e-7) + 1e-7                                            # kept off 0 and 1: finite Gumbel
 
     def _logprobs(self, raw, it, token):
-        whole = self._whole(raw)
+        whole = whole_rows(raw)
         lp = whole.log_softmax(-1)                                              # (B, V)
         top = lp.topk(self.K, -1)
         target = it[:, I_TARGET:I_TARGET + 1]
@@ -237,35 +227,6 @@ class RowSampler:
         chosen = _ops.where(self._positions(whole) == target, lp, 0.0).sum(-1)
         return chosen, top.values, top.indices
 
-    def _whole(self, x):
-        """x with its vocabulary (last) dim whole on every device."""
-        placements = [Replicate() if p.is_partial() or isinstance(p, Shard) and p.dim in (-1, x.ndim - 1) else p
-                      for p in x.placements]
-        return x if list(x.placements) == placements else x.redistribute(x.device_mesh, placements)
-
-    def _row_max(self, x):
-        best = x.amax(-1, keepdim=True)                                        # Partial(max) over shards
-        if any(p.is_partial() for p in best.placements):
-            best = best.redistribute(best.device_mesh, [Replicate() if p.is_partial() else p
-                                                        for p in best.placements])
-        return best
-
-    def _argmax(self, x):
-        """The first index of the largest value of each row: a max and a min over the (sharded)
-        vocabulary, so only one number per row crosses devices."""
-        token = _ops.where(x == self._row_max(x), self._positions(x), x.shape[-1]).amin(-1)
-        if any(p.is_partial() for p in token.placements):
-            token = token.redistribute(token.device_mesh, [Replicate() if p.is_partial() else p
-                                                           for p in token.placements])
-        return token
-
     def _positions(self, x):
-        """arange(V) (1, V) split as x's vocabulary (last) dim is, made once per layout."""
-        V = x.shape[-1]
-        split = tuple(Shard(1) if isinstance(p, Shard) and p.dim in (-1, x.ndim - 1) else Replicate()
-                      for p in x.placements)
-        key = (x.device_mesh, V, split)
-        if key not in self._index:
-            self._index[key] = arange(V, device_mesh=x.device_mesh, placements=[Replicate()] * len(split)) \
-                .view(1, V).redistribute(x.device_mesh, list(split))
-        return self._index[key]
+        """arange(V) split as x's vocabulary is, made once per layout."""
+        return vocab_positions(x, self._index)
