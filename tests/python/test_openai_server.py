@@ -139,7 +139,12 @@ def world(tmp_path_factory):
     refs["spm"].eos = [refs["spm"].tok.eos_token_id]
     for name in ("byte-pp", "byte-dp-ulysses", "byte-ring"):
         refs[name] = refs["byte"]
-    server = ServerProcess([byte, "--mesh", "byte=tp=2", "--model", f"spm={spm}", "--model", f"byte-pp={byte}",
+    # spm's weights with a generation_config.json whose top_k=1 is the default of requests that set none
+    topk1 = shutil.copytree(spm, root / "spm-top-k-1")
+    with open(os.path.join(topk1, "generation_config.json"), "w") as f:
+        json.dump({"top_k": 1}, f)
+    server = ServerProcess([byte, "--mesh", "byte=tp=2", "--model", f"spm={spm}", "--model", f"spm-top-k-1={topk1}",
+                            "--model", f"byte-pp={byte}",
                             "--mesh", "byte-pp=pp=2", "--model", f"byte-dp-ulysses={byte}",
                             "--mesh", "byte-dp-ulysses=dp=2,ulysses=2", "--model", f"byte-ring={byte}",
                             "--mesh", "byte-ring=ring=2", "--max-model-len", str(CONTEXT), "--max-num-seqs", "4"])
@@ -159,7 +164,7 @@ PROMPTS = ["Hello wörld", "Ünïcödé — ok?", "日本語のテキスト", "a
 def test_models_lists_every_model_by_its_served_name(world):
     server, _, _ = world
     models = server.client.models.list().data
-    assert [m.id for m in models] == ["byte", "spm", "byte-pp", "byte-dp-ulysses", "byte-ring"]
+    assert [m.id for m in models] == ["byte", "spm", "spm-top-k-1", "byte-pp", "byte-dp-ulysses", "byte-ring"]
     assert all(m.object == "model" and m.max_model_len == CONTEXT for m in models)
 
 
@@ -360,6 +365,17 @@ def test_the_same_seed_gives_the_same_text_whatever_else_runs(world):
     assert len({alone, busy[1], busy[2], busy[4]}) == 4
     several = sample(7, n=3)
     assert several[0].text == alone and len({c.text for c in several}) == 3
+
+
+def test_generation_config_gives_the_defaults(world):
+    server, refs, _ = world
+    r = refs["spm"]
+    greedy = r.greedy(r.tok.encode("Hello"), 10)
+    ask = lambda name, **kw: _ids(server.client.completions.create(
+        model=name, prompt="Hello", max_tokens=10, seed=0, extra_body=dict(kw, return_token_ids=True)).choices[0])
+    assert ask("spm-top-k-1") == greedy                    # its top_k=1 under OpenAI's default temperature 1
+    assert ask("spm") != greedy                             # without it: sampled
+    assert ask("spm-top-k-1", top_k=-1) == ask("spm")       # a request's own field wins
 
 
 def test_sampling_fields_keep_what_they_promise(world):

@@ -55,10 +55,11 @@ class ServedModel:
         self.context = min(limit, int(max_model_len) if max_model_len else min(limit, 4096))
         self.batcher = ContinuousBatcher(self.model, max_batch=max_num_seqs, max_len=self.context, capture=capture,
                                          tokenizer=self.tokenizer)
-        generation = _read_json(os.path.join(directory, "generation_config.json"))
-        self.defaults = {k: generation[k] for k in _GENERATION_DEFAULTS if generation.get(k) is not None}
+        # generation_config.json's settings (the model's own: only those the file sets are not None)
+        generation = self.model.generation_config
+        self.defaults = {k: getattr(generation, k) for k in _GENERATION_DEFAULTS if getattr(generation, k) is not None}
         self.eos = set(self.batcher.eos)
-        for source in (generation.get("eos_token_id"), self.tokenizer and self.tokenizer.eos_token_id):
+        for source in (generation.eos_token_id, self.tokenizer and self.tokenizer.eos_token_id):
             if source is not None and source is not False:
                 self.eos.update(int(t) for t in np.atleast_1d(source).tolist())
         self.error = None
@@ -559,14 +560,3 @@ class Server:
         if self.driver.is_alive():
             self.driver.join()
 
-
-def _read_json(path):
-    """A JSON object file's values; {} when there is no such file."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f)
-    except FileNotFoundError:
-        return {}
-    if not isinstance(value, dict):
-        raise ValueError(f"{path}: not a JSON object")
-    return value
