@@ -12,7 +12,7 @@ from .._safetensors import _progress
 from ..parallel.pipeline import schedule_of
 from .cache_utils import StaticCache
 from .generation_config import FIELDS, GenerationConfig, Settings
-from .logits_process import _MIN_TEMPERATURE, _Sampler   # noqa: F401 (_MIN_TEMPERATURE: the batcher's)
+from .logits_process import _Sampler
 from .stopping_criteria import StopStringCriteria
 
 _UNSET = object()
