@@ -87,7 +87,7 @@ def read_json_object(file, what="config"):
     except OSError as e:
         raise CheckpointError(f"{file}: cannot read the {what}: {e.strerror or e}") from None
     except ValueError as e:
-        raise CheckpointError(f"{file}: bad {what}: {e}") from None
+        raise CheckpointError(f"{file}: bad {what}: not JSON ({e})") from None
     if not isinstance(value, dict):
         raise CheckpointError(f"{file}: the {what} is not a JSON object")
     return value

@@ -28,7 +28,7 @@ import warnings
 
 import numpy as np
 
-from .._safetensors import CheckpointError, open_regular, read_json
+from .._safetensors import CheckpointError, open_regular, read_json_object
 from .chat_template import render_chat
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -515,16 +515,7 @@ def _read_config(directory):
     file = os.path.join(directory, CONFIG_FILE)
     config = {}
     if os.path.exists(file):
-        try:
-            config = read_json(file)
-        except CheckpointError:
-            raise
-        except OSError as e:
-            raise CheckpointError(f"{file}: cannot read: {e.strerror or e}") from None
-        except ValueError as e:
-            raise CheckpointError(f"{file}: not JSON ({e})") from None
-        if not isinstance(config, dict):
-            raise CheckpointError(f"{file}: expected a JSON object, got {type(config).__name__}")
+        config = read_json_object(file, "tokenizer config")
     out = {}
     for key, value in config.items():
         if key in SPECIAL_TOKEN_NAMES:
