@@ -245,6 +245,40 @@ op_mm_dims op_mm_layout(int a_nd, int b_nd, bool linear)
     return d;
 }
 
+const char *op_mm_local(const op_kernel *k, op_mm_dims *d, int64_t *M, int64_t *K, int64_t *N)
+{
+    static const char *misfit = "the local pieces of the operands do not fit together";
+    const op_local *a = &k->in[0], *b = &k->in[1], *o = &k->out[0];
+    int id = k->def->id;
+    bool linear = id == OP_ID_linear;
+    if (k->nin < 2 || k->nin > (linear ? 3 : 2) || k->nout != 1 || a->ndim < 1 || b->ndim < 1 ||
+        (id == OP_ID_mm && (a->ndim != 2 || b->ndim != 2)) || (id == OP_ID_bmm && (a->ndim != 3 || b->ndim != 3)) ||
+        (linear && b->ndim > 2))
+        return misfit;
+    *d = op_mm_layout(a->ndim, b->ndim, linear);
+    *M = d->a_m >= 0 ? a->shape[d->a_m] : 1;
+    *K = a->shape[d->a_k];
+    *N = d->b_n >= 0 ? b->shape[d->b_n] : 1;
+    if (b->shape[d->b_k] != *K || o->ndim != d->nbatch + (d->a_m >= 0) + (d->b_n >= 0) ||
+        (d->o_m >= 0 && o->shape[d->o_m] != *M) || (d->o_n >= 0 && o->shape[d->o_n] != *N))
+        return misfit;
+    for (int j = 0; j < d->nbatch; j++) {
+        int ja = j - (d->nbatch - d->a_nbatch), jb = j - (d->nbatch - d->b_nbatch);
+        if ((ja >= 0 && a->shape[ja] != o->shape[j] && a->shape[ja] != 1) ||
+            (jb >= 0 && b->shape[jb] != o->shape[j] && b->shape[jb] != 1))
+            return "the local batch dims of the operands do not fit together";
+    }
+    if (k->nin == 3) { /* the bias broadcasts into the output */
+        const op_local *v = &k->in[2];
+        if (v->ndim > o->ndim)
+            return misfit;
+        for (int i = 1; i <= v->ndim; i++)
+            if (v->shape[v->ndim - i] != 1 && v->shape[v->ndim - i] != o->shape[o->ndim - i])
+                return misfit;
+    }
+    return NULL;
+}
+
 static int s_infer_mm(op_call *c)
 {
     const char *name = c->def->name;

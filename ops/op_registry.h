@@ -189,6 +189,10 @@ typedef struct {
     bool b_trans;
 } op_mm_dims;
 op_mm_dims op_mm_layout(int a_ndim, int b_ndim, bool linear);
+/* A product's local pieces on a device, as every backend's kernel reads them: their layout (*d)
+ * and M, K, N, checked against the op, each other and the output (a bias, linear's third input,
+ * broadcasting into it). NULL, or why they do not fit: a record from a socket can name any shapes. */
+const char *op_mm_local(const op_kernel *k, op_mm_dims *d, int64_t *M, int64_t *K, int64_t *N);
 
 /* clamp's bounds for a kernel computing in cd (every backend's): for float32, the two doubles
  * (an absent bound an infinity); for an integer type, the bits of two int64s, exact from

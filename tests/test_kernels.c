@@ -5,6 +5,7 @@
 
 #include "cpu_kernels.h"
 #include "cpu_matmul.h"
+#include "cpu_ops.h"
 #include "cpu_rope.h"
 #include "dt_dtype.h"
 
@@ -571,6 +572,55 @@ Test(matmul, skinny_rows_against_a_weight)
             }
         }
     }
+}
+
+/* A product's kernel is handed whatever shapes a record names: pieces that do not make the op
+ * (a 0-D operand, mm of a 3-D tensor, a 3-D weight, K or the output that disagree, a bias that
+ * does not broadcast) are refused with a reason, never read out of bounds; pieces that fit still
+ * run (2x3 @ 3x2 by hand). */
+Test(matmul, refuses_pieces_that_do_not_fit)
+{
+    float a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {1, 0, 0, 1, 1, 1}, bias[3] = {0}, out[16];
+    op_attrs attrs = {0};
+    struct {
+        int op, na, nb, no, nbias;
+        int64_t as[3], bs[3], os[3], biass[2];
+        bool fits;
+    } cases[] = {
+        {OP_ID_matmul, 0, 2, 1, -1, {0}, {3, 2}, {2}, {0}, false},
+        {OP_ID_matmul, 1, 0, 0, -1, {3}, {0}, {0}, {0}, false},
+        {OP_ID_mm, 3, 2, 2, -1, {1, 2, 3}, {3, 2}, {2, 2}, {0}, false},
+        {OP_ID_bmm, 2, 2, 2, -1, {2, 3}, {3, 2}, {2, 2}, {0}, false},
+        {OP_ID_linear, 2, 3, 3, -1, {2, 3}, {1, 2, 3}, {2, 1, 2}, {0}, false},
+        {OP_ID_linear, 0, 2, 1, -1, {0}, {2, 3}, {2}, {0}, false},
+        {OP_ID_linear, 2, 2, 2, 1, {2, 3}, {2, 3}, {2, 2}, {3}, false},
+        {OP_ID_linear, 2, 2, 2, 3, {2, 3}, {2, 3}, {2, 2}, {0}, false},
+        {OP_ID_mm, 2, 2, 2, -1, {2, 3}, {2, 3}, {2, 2}, {0}, false},
+        {OP_ID_mm, 2, 2, 2, -1, {2, 3}, {3, 2}, {2, 3}, {0}, false},
+        {OP_ID_mm, 2, 2, 1, -1, {2, 3}, {3, 2}, {4}, {0}, false},
+        {OP_ID_mm, 2, 2, 2, -1, {2, 3}, {3, 2}, {2, 2}, {0}, true},
+        {OP_ID_linear, 2, 2, 2, 1, {2, 3}, {2, 3}, {2, 2}, {2}, true},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        op_kernel k = {.def = op_by_id(cases[i].op), .attrs = &attrs, .nin = cases[i].nbias >= 0 ? 3 : 2, .nout = 1};
+        k.nctx = 1;
+        k.ctx[0] = cases[i].nbias >= 0;
+        k.in[0] = (op_local){.dtype = DT_FLOAT32, .ndim = cases[i].na, .data = a};
+        k.in[1] = (op_local){.dtype = DT_FLOAT32, .ndim = cases[i].nb, .data = b};
+        k.in[2] = (op_local){.dtype = DT_FLOAT32, .ndim = cases[i].nbias >= 0 ? cases[i].nbias : 0, .data = bias};
+        k.out[0] = (op_local){.dtype = DT_FLOAT32, .ndim = cases[i].no, .data = out};
+        memcpy(k.in[0].shape, cases[i].as, sizeof cases[i].as);
+        memcpy(k.in[1].shape, cases[i].bs, sizeof cases[i].bs);
+        memcpy(k.in[2].shape, cases[i].biass, sizeof cases[i].biass);
+        memcpy(k.out[0].shape, cases[i].os, sizeof cases[i].os);
+        const char *why = cpu_kernel_for(cases[i].op)(&k);
+        cr_expect((why == NULL) == cases[i].fits, "case %zu: %s", i, why ? why : "ran");
+    }
+    /* the last two ran: [[1,2,3],[4,5,6]] @ [[1,0],[0,1],[1,1]] and the same against b read as
+     * a (2, 3) weight: [[1,0,0],[1,1,1]] transposed */
+    float want_linear[4] = {1, 6, 4, 15};
+    for (int j = 0; j < 4; j++)
+        cr_expect(out[j] == want_linear[j], "out[%d] = %g, want %g", j, out[j], want_linear[j]);
 }
 
 /* Rotary embedding against the formula written out by hand for one row: D = 4, so frequencies

@@ -79,7 +79,8 @@ c_build() {
 }
 
 # Each fuzz target from the seeds make_corpus writes and the wire's dictionary, for a fixed number
-# of inputs with a fixed seed (the same inputs on every machine; about 10 minutes in all here): any
+# of inputs with a fixed seed (about 10 minutes in all here; the inputs still differ between
+# machines and runs, since coverage that the worker's threads reach steers the mutations): any
 # crash, leak or sanitizer report fails, and the input is kept in build-fuzz/findings/. The
 # executions are printed. FUZZ_SCALE multiplies the counts (FUZZ_SCALE=10 for a longer look).
 declare -A FUZZ_RUNS=([envelope]=5000000 [records]=2000000 [worker]=1000000 [peer]=250000 [controller]=450000)

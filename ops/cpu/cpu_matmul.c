@@ -389,23 +389,18 @@ const char *cpu_k_mm(op_kernel *k)
     const op_local *a = &k->in[0], *b = &k->in[1];
     op_local *o = &k->out[0];
     bool linear = k->def->id == OP_ID_linear;
-    op_mm_dims d = op_mm_layout(a->ndim, b->ndim, linear);
-    cpu_mm_desc desc = {.nbatch = d.nbatch, .b_trans = linear};
-    desc.M = d.a_m >= 0 ? a->shape[d.a_m] : 1;
-    desc.K = a->shape[d.a_k];
-    desc.N = d.b_n >= 0 ? b->shape[d.b_n] : 1;
-    if (b->shape[d.b_k] != desc.K || (d.o_m >= 0 && o->shape[d.o_m] != desc.M) ||
-        (d.o_n >= 0 && o->shape[d.o_n] != desc.N) || o->ndim != d.nbatch + (d.a_m >= 0) + (d.b_n >= 0))
-        return "the local pieces of the operands do not fit together";
+    op_mm_dims d;
+    cpu_mm_desc desc = {.b_trans = linear};
+    const char *misfit = op_mm_local(k, &d, &desc.M, &desc.K, &desc.N);
+    if (misfit)
+        return misfit;
+    desc.nbatch = d.nbatch;
     int64_t a_st[DT_MAX_DIMS], b_st[DT_MAX_DIMS];
     cpu_contiguous_strides(a->ndim, a->shape, 1, a_st);
     cpu_contiguous_strides(b->ndim, b->shape, 1, b_st);
     for (int j = 0; j < d.nbatch; j++) {
         int ja = j - (d.nbatch - d.a_nbatch), jb = j - (d.nbatch - d.b_nbatch);
         desc.batch[j] = o->shape[j];
-        if ((ja >= 0 && a->shape[ja] != o->shape[j] && a->shape[ja] != 1) ||
-            (jb >= 0 && b->shape[jb] != o->shape[j] && b->shape[jb] != 1))
-            return "the local batch dims of the operands do not fit together";
         desc.a_stride[j] = ja >= 0 && a->shape[ja] == o->shape[j] ? a_st[ja] : 0;
         desc.b_stride[j] = jb >= 0 && b->shape[jb] == o->shape[j] ? b_st[jb] : 0;
     }

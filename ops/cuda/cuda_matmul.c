@@ -121,20 +121,16 @@ const char *cuda_k_mm(cuda_ctx *c, op_kernel *k)
     if (a->dtype != o->dtype || b->dtype != o->dtype || (k->nin == 3 && k->in[2].dtype != o->dtype))
         return "the operands' dtypes differ (internal error)";
     bool linear = k->def->id == OP_ID_linear;
-    op_mm_dims d = op_mm_layout(a->ndim, b->ndim, linear);
-    int64_t M = d.a_m >= 0 ? a->shape[d.a_m] : 1, K = a->shape[d.a_k], N = d.b_n >= 0 ? b->shape[d.b_n] : 1;
-    if (b->shape[d.b_k] != K || (d.o_m >= 0 && o->shape[d.o_m] != M) || (d.o_n >= 0 && o->shape[d.o_n] != N) ||
-        o->ndim != d.nbatch + (d.a_m >= 0) + (d.b_n >= 0))
-        return "the local pieces of the operands do not fit together";
+    op_mm_dims d;
+    int64_t M, K, N;
+    if ((why = op_mm_local(k, &d, &M, &K, &N)))
+        return why;
     int64_t a_st[DT_MAX_DIMS], b_st[DT_MAX_DIMS], a_batch[DT_MAX_DIMS] = {0}, b_batch[DT_MAX_DIMS] = {0};
     dt_layout_strides(a->ndim, a->shape, 1, a_st);
     dt_layout_strides(b->ndim, b->shape, 1, b_st);
     int64_t nb = 1;
     for (int j = 0; j < d.nbatch; j++) {
         int ja = j - (d.nbatch - d.a_nbatch), jb = j - (d.nbatch - d.b_nbatch);
-        if ((ja >= 0 && a->shape[ja] != o->shape[j] && a->shape[ja] != 1) ||
-            (jb >= 0 && b->shape[jb] != o->shape[j] && b->shape[jb] != 1))
-            return "the local batch dims of the operands do not fit together";
         a_batch[j] = ja >= 0 && a->shape[ja] == o->shape[j] ? a_st[ja] : 0;
         b_batch[j] = jb >= 0 && b->shape[jb] == o->shape[j] ? b_st[jb] : 0;
         nb *= o->shape[j];
