@@ -54,6 +54,39 @@ def test_batcher_matches_generate_as_rows_come_and_go(mode, dims):
         batcher.submit([], 4)
 
 
+@pytest.mark.parametrize("dims", [{"tp": 1}, {"tp": 2}], ids=["1 device", "tp2"])
+def test_steps_compute_the_busy_rows_and_prompts_go_in_by_chunks(mode, dims):
+    """A step computes the rows up to the highest busy one rounded up to a bucket (one client, one
+    row), and a prompt but its last token is computed apart in chunks of prefill_chunk tokens: each
+    request still equal to generate of its prompt alone (penalized ones to numpy), as rows are
+    reused, the ring of slots wraps and other rows decode beside the chunks."""
+    model = _model(dims, seed=5)
+    batcher = ContinuousBatcher(model, max_batch=8, max_len=24, prefill_chunk=3)
+    alone = batcher.submit([5, 9, 13, 17, 21, 25, 29], 5, eos_token_id=[])
+    batcher.run_until_idle()
+    assert alone.tokens == model.generate(np.array([[5, 9, 13, 17, 21, 25, 29]]), max_new_tokens=5,
+                                          eos_token_id=None)[0, 7:].tolist()
+    assert batcher.prefills == 2                                  # 6 prompt tokens apart, 3 at a time
+    assert batcher.rows_computed == batcher.steps - 2 == 5        # 5 one-row steps; 2 steps were chunks only
+    rng = np.random.default_rng(4)
+    cases = [(rng.integers(3, 61, n).tolist(), k) for n, k in ((9, 4), (1, 6), (4, 12), (2, 3), (8, 5), (3, 7))]
+    requests = [batcher.submit(p, k, eos_token_id=[]) for p, k in cases[:3]]
+    penalized = batcher.submit(cases[0][0], 6, eos_token_id=[], presence_penalty=1.5, frequency_penalty=0.5)
+    before = batcher.rows_computed, batcher.steps
+    for _ in range(4):
+        batcher.step()
+    requests += [batcher.submit(p, k, eos_token_id=[]) for p, k in cases[3:]]   # while the others decode
+    again = batcher.submit(cases[2][0], 6, eos_token_id=[], presence_penalty=1.5, frequency_penalty=0.5)
+    batcher.run_until_idle()
+    for (p, k), r in zip(cases, requests):
+        assert r.tokens == model.generate(np.array([p]), max_new_tokens=k, eos_token_id=None)[0, len(p):].tolist()
+    assert penalized.tokens == _penalized(model, cases[0][0], 6, presence=1.5, frequency=0.5)
+    assert again.tokens == _penalized(model, cases[2][0], 6, presence=1.5, frequency=0.5)
+    assert batcher.prefills == 2 + sum(-(-(len(p) - 1) // 3) for p, _ in cases + [cases[0], cases[2]])
+    assert batcher.rows_computed - before[0] < 8 * (batcher.steps - before[1])   # never all rows every step
+    assert batcher.rows == [None] * 8
+
+
 def test_sampled_rows_beside_greedy_ones(mode):
     """Rows sampled at a temperature share steps with greedy rows without changing them; a tiny
     temperature samples the argmax, a large one other tokens too."""

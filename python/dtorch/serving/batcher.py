@@ -7,9 +7,20 @@ every row's keys at the same slot, ``step % max_len``: a row's tokens therefore 
 the steps it was fed on, and the step's 4-D attention mask lets each row see only those (a model
 laid out for ring attention, which decides by positions, gets instead its slots' positions cleared
 when a row starts a request). So a request that arrives while others decode takes a free row at
-the next step (its prompt goes in a token per step, beside the others' decoding), a finished one
-frees its row at once, and no step ever moves keys. The step has one shape whatever the rows hold,
-so it is captured (dtorch.capture) and replayed: one small record per device and step. The mask is
+the next step, a finished one frees its row at once, and no step ever moves keys.
+
+A step computes only the rows up to the highest busy one, rounded up to a bucket (1, 2, 4, ... up
+to ``max_batch``, as vLLM sizes its graphs): one client costs a one-row step. A new request takes
+the lowest free row, so the batch grows with the load and shrinks as the high rows finish. Each
+bucket's step has one shape whatever its rows hold, so it is captured (dtorch.capture) per bucket
+and replayed: one small record per device and step. A new request's prompt, all but its last token,
+is computed at admission in forwards of up to ``prefill_chunk`` tokens (its keys written straight
+into its row at the slots of the steps just before, as if it had been fed a token per step), one
+chunk beside each decode step of the others (chunked prefill); the last prompt token goes through
+the step that makes its first token. A model whose rows cannot be taken apart so (pipelined, laid
+out for ring attention, or with its batch split over dp) runs every row each step and takes
+prompts a token per step, as does a request that asks for prompt log-probabilities or a repetition
+penalty (which counts the prompt's tokens as the steps feed them). The mask is
 every layer's: for a model whose layers all slide (Mistral) it shows each row only its last
 ``sliding_window`` tokens; a model whose layers differ (Qwen2 with max_window_layers) takes only
 requests the window cannot cut.
@@ -35,10 +46,12 @@ import numpy as np
 
 from .._capture import CapturedFunction
 from .._factory import distribute_tensor, zeros
+from .._ops_view import cat
 from .._ops_write import write_slice_
-from .._placement import Replicate
+from .._placement import Partial, Replicate, Shard
 from .. import _dtype, _ops
 from ..models.cache_utils import RingStaticCache, StaticCache
+from ..parallel.pipeline import NoPipeline, schedule_of
 from .sampling import RowSampler, SamplingParams, row_tables, seed_key
 
 
@@ -65,7 +78,9 @@ class Request:
         self.finish_reason = None
         self.error = None
         self.fed = 0            # tokens of it in the cache so far
-        self.start = None       # the step it was first fed on
+        self.start = None       # the step whose slot holds its first token
+        self.prefilling = False  # its prompt is being computed in chunks (ContinuousBatcher._prefill)
+        self.stepped = False    # it was in a step
         self._key = key
         self._detokenizer = detokenizer
         self._hold = max((len(s) for s in params.stop), default=1) - 1
@@ -122,14 +137,18 @@ class ContinuousBatcher:
     """Serves ``model`` (a causal LM of dtorch.models on its mesh) to many requests at once.
     ``submit`` and ``abort`` from any thread; ``step`` (or ``run_until_idle``, or ``launch`` and
     ``land``) from the one that drives the model. ``tokenizer``: a dtorch.models tokenizer, for
-    the requests' text and stop strings."""
+    the requests' text and stop strings. ``prefill_chunk``: the most prompt tokens one forward
+    computes beside the decode steps."""
 
-    def __init__(self, model, max_batch=16, max_len=None, capture=True, tokenizer=None):
+    def __init__(self, model, max_batch=16, max_len=None, capture=True, tokenizer=None, prefill_chunk=256):
         config = model.config
         self.model, self.B = model, int(max_batch)
         self.M = int(max_len or config.max_position_embeddings)
         if self.B < 1 or self.M < 2:
             raise ValueError(f"ContinuousBatcher: max_batch must be >= 1 and max_len >= 2, got {max_batch}, {max_len}")
+        if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, (int, np.integer)) or prefill_chunk < 1:
+            raise ValueError(f"ContinuousBatcher: prefill_chunk must be a positive int, got {prefill_chunk!r}")
+        self.prefill_chunk = int(prefill_chunk)
         self.tokenizer = tokenizer
         self.vocab = config.vocab_size
         self.eos = set(np.atleast_1d(config.eos_token_id).tolist()) if config.eos_token_id is not None else set()
@@ -152,6 +171,14 @@ class ContinuousBatcher:
         # idle, each seeing its own slot); the captures are made as each kind of step is first needed
         logits = self._logits(*self._inputs([None] * self.B, 0)[:4])
         self.sampler.prepare(logits)
+        # whether a step may run only the first rows and prompts be computed apart (see the module)
+        caches = list(self.cache.key_cache.values()) + list(self.cache.value_cache.values())
+        self.split_rows = (not self.by_positions and isinstance(schedule_of(model), NoPipeline) and
+                           isinstance(schedule_of(model.model), NoPipeline) and
+                           not any(isinstance(p, Shard) and p.dim == 0 for t in caches for p in t.placements))
+        self.buckets = sorted({min(self.B, 1 << i) for i in range(self.B.bit_length() + 1)})
+        self.prefills = 0        # prompt chunks computed apart
+        self.rows_computed = 0   # rows the steps computed, busy or not (counters the tests read)
         placements = [Replicate() if p.is_partial() else p for p in logits.placements]
         # what the rows have seen and made, (B, V) each, laid out like the logits
         self._state_now = (zeros(self.B, self.vocab, device_mesh=self.out_mesh, placements=placements, dtype=_dtype.bool),
@@ -219,8 +246,10 @@ class ContinuousBatcher:
     # ---- the driver's side -------------------------------------------------------------------
 
     def launch(self):
-        """Admits waiting requests into free rows and issues one step; returns what is pending
-        (for ``land``), or None when no row is busy."""
+        """Admits waiting requests into free rows and issues one step, with a chunk of a prompt
+        computed apart beside it; returns what is pending (for ``land``), or None when no row is
+        busy."""
+        admitted = []
         with self.lock:
             for request in [r for r in self.waiting if r._aborted]:
                 self.waiting.remove(request)
@@ -230,23 +259,47 @@ class ContinuousBatcher:
                     request = self.waiting.popleft()
                     request.start = self.steps
                     self.rows[b] = request
-            rows = list(self.rows)
-        if all(r is None for r in rows):
-            return None
+                    admitted.append((b, request))
+            busy = [b for b, r in enumerate(self.rows) if r is not None]
+            if not busy:
+                return None
+            k = next(n for n in self.buckets if n > busy[-1]) if self.split_rows else self.B
+            rows = self.rows[:k]
+        for b, request in admitted:
+            if self._prefilled_apart(request):
+                request.prefilling = True
+                # its prompt's keys (all but the last token) end in the slots of the steps just
+                # before the one that feeds its last token, a step per chunk from now: each chunk
+                # is written after the steps that write its slots in every row (see _prefill)
+                chunks = -(-(len(request.prompt) - 1) // self.prefill_chunk)
+                request.start = self.steps + chunks - (len(request.prompt) - 1)
+        prefilling = [(b, r) for b, r in enumerate(rows) if r is not None and r.prefilling]
+        rows = [None if r is not None and r.prefilling else r for r in rows]
+        pending = self._launch_step(rows) if any(r is not None for r in rows) else []
+        for b, request in prefilling:
+            self._prefill(b, request)
+        self._launched = rows
+        return pending
+
+    def _prefilled_apart(self, request):
+        params = request.params
+        return (self.split_rows and len(request.prompt) > 1 and params.prompt_logprobs is None and
+                params.repetition_penalty == 1)
+
+    def _launch_step(self, rows):
+        self.rows_computed += len(rows)
         params = [r.params for r in rows if r is not None]
         sample = any(p.sampled for p in params)
         flags = (any(p.penalized for p in params), sample, any(p.sorts(self.vocab) for p in params),
                  any(r.logprobs is not None and r.fed >= len(r.prompt) - 1 or
                      r.prompt_logprobs is not None and r.fed < len(r.prompt) - 1 for r in rows if r is not None))
         token, extra, *self._state_now = self._step(*self._inputs(rows, self.steps), *self._state_now, *flags)
-        futures = [token.future()] + ([t.future() for t in extra] if extra is not None else [])
-        self._launched = rows
-        return futures
+        return [token.future()] + ([t.future() for t in extra] if extra is not None else [])
 
     def land(self, pending):
         """The tokens of a launched step: each row that was fed its last prompt token or a made one
         gets a new token; finished requests leave their rows."""
-        made = np.asarray(pending[0].result()).ravel()
+        made = np.asarray(pending[0].result()).ravel() if pending else None
         chosen, top, top_ids = (np.asarray(f.result()) for f in pending[1:]) if len(pending) > 1 else (None,) * 3
         rows, self._launched = self._launched, None
         finished = []
@@ -275,6 +328,9 @@ class ContinuousBatcher:
                 request.on_token(request, token)
             if reason is not None:
                 finished.append((b, request, reason))
+        for b, request in enumerate(self.rows):
+            if request is not None and request.prefilling and request._aborted:
+                finished.append((b, request, "abort"))
         with self.lock:
             for b, request, _ in finished:
                 self.rows[b] = None
@@ -325,9 +381,9 @@ class ContinuousBatcher:
         positions the rows (B, 1) starting a request, whose slots' positions are cleared), the slot
         written (1,); on the logits' mesh the rows' sampling tables (serving.sampling)."""
         slot = step % self.M
-        ids = np.zeros((self.B, 1), np.int64)
-        pos = np.zeros((self.B, 1), np.int64)
-        mask = np.zeros((self.B, 1, 1, self.M), bool)
+        ids = np.zeros((len(rows), 1), np.int64)
+        pos = np.zeros((len(rows), 1), np.int64)
+        mask = np.zeros((len(rows), 1, 1, self.M), bool)
         table = []
         for b, request in enumerate(rows):
             if request is None:
@@ -341,14 +397,37 @@ class ContinuousBatcher:
             seen = np.arange(n + 1) if self.window is None else np.arange(max(0, n + 1 - self.window), n + 1)
             mask[b, 0, 0, (request.start + seen) % self.M] = True
             target = prompt[n + 1] if n + 1 < len(prompt) else -1
-            table.append((request.params, request._key, ids[b, 0], n == 0, n >= len(prompt), len(request.tokens),
-                          target))
+            # the request's first step clears what the row's last request left (its prompt may have
+            # been computed apart before it)
+            table.append((request.params, request._key, ids[b, 0], not request.stepped, n >= len(prompt),
+                          len(request.tokens), target))
+            request.stepped = True
         fl, it = row_tables(table, self.vocab)
         if self.by_positions:
             mask = np.array([[r is None or r.fed == 0] for r in rows])
         put = lambda a, mesh: distribute_tensor(a, mesh, [Replicate()] * mesh.ndim)
         return (put(ids, self.mesh), put(pos, self.mesh), put(mask, self.mesh), put(np.array([slot], np.int64), self.mesh),
                 put(fl, self.out_mesh), put(it, self.out_mesh))
+
+    def _prefill(self, b, request):
+        """Computes the next chunk of ``request``'s prompt (all but its last token) in row ``b``,
+        apart from the step: its keys go to its row at the slots ``request.start`` gave them."""
+        lo = request.fed
+        hi = min(len(request.prompt) - 1, lo + self.prefill_chunk)
+        q = np.arange(lo, hi)[:, None]
+        keys = np.arange(hi)[None, :]
+        see = keys <= q                                                         # causal over positions
+        if self.window is not None:
+            see &= keys > q - self.window
+        put = lambda a: distribute_tensor(a, self.mesh, [Replicate()] * self.mesh.ndim)
+        slots = (request.start + np.arange(hi)) % self.M
+        rows = _PromptRows(self.cache, b, self.B, put(slots[lo:]), put(slots) if lo else None, hi,
+                           put(np.arange(self.B).reshape(self.B, 1, 1, 1) == b))
+        self.model(put(np.array([request.prompt[lo:hi]], np.int64)), attention_mask=put(see[None, None]),
+                   position_ids=put(q.T.copy()), past_key_values=rows, logits_to_keep=1)
+        request.fed = hi
+        request.prefilling = hi < len(request.prompt) - 1
+        self.prefills += 1
 
     def _logits(self, ids, pos, view, slot):
         if self.by_positions:
@@ -359,10 +438,67 @@ class ContinuousBatcher:
                 write_slice_(index, 0, 0, _ops.where(view, -1, index))
             out = self.model(ids, position_ids=pos, past_key_values=self.cache, cache_position=slot)
         else:
-            out = self.model(ids, attention_mask=view, position_ids=pos, past_key_values=self.cache,
-                             cache_position=slot)
-        return out.logits[:, -1, :]                                             # (B, V)
+            k = ids.shape[0]
+            cache = self.cache if k == self.B else _FirstRows(self.cache, k, self.B)
+            out = self.model(ids, attention_mask=view, position_ids=pos, past_key_values=cache, cache_position=slot)
+        return out.logits[:, -1, :]                                             # (k, V)
 
     def _run(self, ids, pos, view, slot, fl, it, seen, counts, penalize, sample, sort, logprobs):
+        """The step of the first k = ids.shape[0] rows; what the rows have seen and made is kept for
+        all B (the idle rows past k start afresh when they are next used)."""
+        k = ids.shape[0]
         logits = self._logits(ids, pos, view, slot)
-        return self.sampler.choose(logits, fl, it, seen, counts, penalize, sample, sort, logprobs)
+        first = (seen, counts) if k == self.B else (seen.narrow(0, 0, k), counts.narrow(0, 0, k))
+        token, extra, seen_k, counts_k = self.sampler.choose(logits, fl, it, *first, penalize, sample, sort, logprobs)
+        if not penalize:
+            return token, extra, seen, counts
+        if k < self.B:
+            seen_k, counts_k = cat([seen_k, seen.narrow(0, k, self.B - k)]), cat([counts_k, counts.narrow(0, k, self.B - k)])
+        return token, extra, seen_k, counts_k
+
+
+class _FirstRows:
+    """A step's view of the batcher's cache when it runs only the first ``rows`` of its ``full``
+    rows: the new keys are padded with zero rows for the idle rows past them (the one write of a
+    step: every row at the step's slot; no idle row's slot is seen by anyone), and attention reads
+    the first rows only."""
+
+    def __init__(self, cache, rows, full):
+        self.cache, self.rows, self.full = cache, rows, full
+        self.max_cache_len = cache.max_cache_len
+
+    def get_seq_length(self, layer_idx=0):
+        return self.cache.get_seq_length(layer_idx)
+
+    def update(self, layer_idx, key_states, value_states, start):
+        padded = []
+        for x in (key_states, value_states):
+            _, H, L, D = x.shape
+            pad = zeros(self.full - self.rows, H, L, D, device_mesh=x.device_mesh, dtype=x.dtype,
+                        placements=[Replicate() if isinstance(p, Partial) else p for p in x.placements])
+            padded.append(cat([x, pad]))
+        k, v = self.cache.update(layer_idx, *padded, start)
+        return k.narrow(0, 0, self.rows), v.narrow(0, 0, self.rows)
+
+
+class _PromptRows:
+    """The cache as a chunk of one row's prompt computed apart sees it: the chunk's keys (1, H, L, D)
+    go to row ``row`` at ``slots`` (L,), leaving the other rows' keys there as they are, and
+    attention reads that row's keys of the whole prompt so far (``all_slots``, the first ``seen``
+    positions; None for the first chunk, whose own keys are all)."""
+
+    def __init__(self, cache, row, full, slots, all_slots, seen, row_mask):
+        self.cache, self.row, self.slots, self.all_slots, self.row_mask = cache, row, slots, all_slots, row_mask
+        self.max_cache_len = seen
+        self._start = seen - slots.shape[0]
+
+    def get_seq_length(self, layer_idx=0):
+        return self._start
+
+    def update(self, layer_idx, key_states, value_states, start):
+        out = []
+        for x, table in ((key_states, self.cache.key_cache), (value_states, self.cache.value_cache)):
+            t = table[layer_idx]
+            t.index_copy_(2, self.slots, _ops.where(self.row_mask, x.to(t.dtype), t.index_select(2, self.slots)))
+            out.append(x if self.all_slots is None else t.narrow(0, self.row, 1).index_select(2, self.all_slots))
+        return tuple(out)
