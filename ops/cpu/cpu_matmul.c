@@ -283,6 +283,58 @@ void cpu_matmul_skinny(int64_t M, int64_t N, int64_t K, const float *a, const vo
 
 /* ---- attention ------------------------------------------------------------------------------- */
 
+/* x . y and y += a x over n floats: decode's attention, a query row against one key at a time. */
+static float s_dot_plain(const float *x, const float *y, int64_t n)
+{
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; i++)
+        sum += x[i] * y[i];
+    return sum;
+}
+
+static void s_axpy_plain(float a, const float *x, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        y[i] += a * x[i];
+}
+
+#if defined(__x86_64__)
+S_AVX2 static float s_dot_avx2(const float *x, const float *y, int64_t n)
+{
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8), acc1);
+    }
+    for (; i + 8 <= n; i += 8)
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc0);
+    float sum = s_hsum(_mm256_add_ps(acc0, acc1));
+    for (; i < n; i++)
+        sum += x[i] * y[i];
+    return sum;
+}
+
+S_AVX2 static void s_axpy_avx2(float a, const float *x, float *y, int64_t n)
+{
+    __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++)
+        y[i] += a * x[i];
+}
+#endif
+
+static bool s_has_avx2(void)
+{
+#if defined(__x86_64__)
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    return false;
+#endif
+}
+
 /* The keys row i may see before any mask: those before the causal diagonal, or all. */
 static int64_t s_visible(int64_t S, bool causal, int64_t row0, int64_t i)
 {
@@ -308,6 +360,56 @@ static int64_t s_keys_used(int64_t L, int64_t S, const float *mask, int64_t mask
     return used;
 }
 
+/* A few query rows (decode, a short chunk): each visible key's score by a dot product and its value
+ * added in, skipping the keys the mask hides (a batch's ring of slots hides most), where the
+ * product route would score every slot through two BLAS calls per head. */
+static void s_attention_few_rows(int64_t L, int64_t used, int64_t E, int64_t Ev, const float *q, const float *k,
+                                 const float *v, const float *mask, int64_t mask_sl, int64_t mask_ss, bool causal,
+                                 int64_t row0, float scale, float *row, float *out)
+{
+    bool avx2 = s_has_avx2();
+    for (int64_t i = 0; i < L; i++) {
+        const float *qi = q + i * E, *m = mask ? mask + i * mask_sl : NULL;
+        float *oi = out + i * Ev;
+        int64_t visible = s_visible(used, causal, row0, i);
+        float top = -INFINITY;
+        for (int64_t j = 0; j < visible; j++) {
+            float bias = m ? m[j * mask_ss] : 0.0f;
+            if (bias == -INFINITY) {
+                row[j] = -INFINITY;
+                continue;
+            }
+#if defined(__x86_64__)
+            float dot = avx2 ? s_dot_avx2(qi, k + j * E, E) : s_dot_plain(qi, k + j * E, E);
+#else
+            float dot = s_dot_plain(qi, k + j * E, E);
+#endif
+            row[j] = dot * scale + bias;
+            if (row[j] > top)
+                top = row[j];
+        }
+        memset(oi, 0, (size_t)Ev * sizeof *oi);
+        if (top == -INFINITY)
+            continue; /* nothing to attend to: zeros, as torch's safe softmax gives (no NaN) */
+        float sum = 0.0f;
+        for (int64_t j = 0; j < visible; j++) {
+            if (row[j] == -INFINITY)
+                continue;
+            float e = expf(row[j] - top);
+            sum += e;
+#if defined(__x86_64__)
+            if (avx2)
+                s_axpy_avx2(e, v + j * Ev, oi, Ev);
+            else
+#endif
+                s_axpy_plain(e, v + j * Ev, oi, Ev);
+        }
+        float inv = 1.0f / sum;
+        for (int64_t c = 0; c < Ev; c++)
+            oi[c] *= inv;
+    }
+}
+
 void cpu_attention_head(int64_t L, int64_t S, int64_t E, int64_t Ev, const float *q, const float *k, const float *v,
                         const float *mask, int64_t mask_sl, int64_t mask_ss, bool causal, int64_t row0, float scale,
                         float *scores, float *out)
@@ -318,6 +420,10 @@ void cpu_attention_head(int64_t L, int64_t S, int64_t E, int64_t Ev, const float
     if (used == 0) {
         /* no row sees a key: zeros, as torch's safe softmax gives (no NaN) */
         memset(out, 0, (size_t)(L * Ev) * sizeof *out);
+        return;
+    }
+    if (L <= CPU_ATTENTION_FEW_ROWS) {
+        s_attention_few_rows(L, used, E, Ev, q, k, v, mask, mask_sl, mask_ss, causal, row0, scale, scores, out);
         return;
     }
     cpu_blas_threads();

@@ -605,6 +605,9 @@ SDPA_CASES = {
     "2d": ((5, 4), (6, 4), (6, 3), ("bool", (5, 6)), False, False, None),
     # a static cache: each row sees a prefix of the slots (one sees none), the last slots no row sees
     "cache_prefix": ((2, 3, 4, 4), (2, 3, 9, 4), (2, 3, 9, 3), ("prefix", (4, 9)), False, False, None),
+    # decode over a ring of slots: one query row, the slots each row sees scattered, grouped heads,
+    # head dims past the vector width (20: 16 + a tail) and of another size for the values
+    "decode_scattered": ((2, 4, 1, 20), (2, 2, 9, 20), (2, 2, 9, 11), ("bool", (2, 1, 1, 9)), False, True, 0.3),
 }
 
 
