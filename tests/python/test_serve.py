@@ -82,9 +82,24 @@ def test_steps_compute_the_busy_rows_and_prompts_go_in_by_chunks(mode, dims):
         assert r.tokens == model.generate(np.array([p]), max_new_tokens=k, eos_token_id=None)[0, len(p):].tolist()
     assert penalized.tokens == _penalized(model, cases[0][0], 6, presence=1.5, frequency=0.5)
     assert again.tokens == _penalized(model, cases[2][0], 6, presence=1.5, frequency=0.5)
-    assert batcher.prefills == 2 + sum(-(-(len(p) - 1) // 3) for p, _ in cases + [cases[0], cases[2]])
+    # `penalized` was admitted with the request of the same prompt (cases[0]): they share its chunks
+    assert batcher.prefills == 2 + sum(-(-(len(p) - 1) // 3) for p, _ in cases + [cases[2]])
     assert batcher.rows_computed - before[0] < 8 * (batcher.steps - before[1])   # never all rows every step
     assert batcher.rows == [None] * 8
+    # the choices of one prompt admitted together share its chunks, then sample apart
+    chunks = batcher.prefills
+    prompt = cases[4][0]
+    choices = [batcher.submit(prompt, 5, eos_token_id=[], temperature=1.0, seed=s) for s in (1, 2, 3)]
+    greedy = batcher.submit(prompt, 5, eos_token_id=[])
+    batcher.run_until_idle()
+    assert batcher.prefills - chunks == -(-(len(prompt) - 1) // 3)
+    assert greedy.tokens == model.generate(np.array([prompt]), max_new_tokens=5, eos_token_id=None)[0, 8:].tolist()
+    alone = ContinuousBatcher(model, max_batch=1, max_len=24)        # each seed alone: the same tokens
+    for s, r in zip((1, 2, 3), choices):
+        again = alone.submit(prompt, 5, eos_token_id=[], temperature=1.0, seed=s)
+        alone.run_until_idle()
+        assert r.tokens == again.tokens
+    assert len({tuple(r.tokens) for r in choices}) > 1
 
 
 def test_sampled_rows_beside_greedy_ones(mode):

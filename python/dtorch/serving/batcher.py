@@ -17,7 +17,8 @@ and replayed: one small record per device and step. A new request's prompt, all 
 is computed at admission in forwards of up to ``prefill_chunk`` tokens (its keys written straight
 into its row at the slots of the steps just before, as if it had been fed a token per step), one
 chunk beside each decode step of the others (chunked prefill); the last prompt token goes through
-the step that makes its first token. A model whose rows cannot be taken apart so (pipelined, laid
+the step that makes its first token. Requests of one prompt admitted together (the ``n`` choices
+of one HTTP request) share its chunks. A model whose rows cannot be taken apart so (pipelined, laid
 out for ring attention, or with its batch split over dp) runs every row each step and takes
 prompts a token per step, as does a request that asks for prompt log-probabilities or a repetition
 penalty (which counts the prompt's tokens as the steps feed them). The mask is
@@ -276,8 +277,12 @@ class ContinuousBatcher:
         prefilling = [(b, r) for b, r in enumerate(rows) if r is not None and r.prefilling]
         rows = [None if r is not None and r.prefilling else r for r in rows]
         pending = self._launch_step(rows) if any(r is not None for r in rows) else []
+        # requests of one prompt admitted together (a request's n choices) share its chunks
+        groups = {}
         for b, request in prefilling:
-            self._prefill(b, request)
+            groups.setdefault((tuple(request.prompt), request.start, request.fed), []).append((b, request))
+        for members in groups.values():
+            self._prefill(members)
         self._launched = rows
         return pending
 
@@ -409,9 +414,12 @@ class ContinuousBatcher:
         return (put(ids, self.mesh), put(pos, self.mesh), put(mask, self.mesh), put(np.array([slot], np.int64), self.mesh),
                 put(fl, self.out_mesh), put(it, self.out_mesh))
 
-    def _prefill(self, b, request):
-        """Computes the next chunk of ``request``'s prompt (all but its last token) in row ``b``,
-        apart from the step: its keys go to its row at the slots ``request.start`` gave them."""
+    def _prefill(self, members):
+        """Computes the next chunk of a prompt (all but its last token) apart from the step for the
+        requests ``members`` [(row, request)] that share it (the same prompt, slots and progress):
+        its keys go to each one's row at the slots ``request.start`` gave them."""
+        rows_of = [b for b, _ in members]
+        request = members[0][1]
         lo = request.fed
         hi = min(len(request.prompt) - 1, lo + self.prefill_chunk)
         q = np.arange(lo, hi)[:, None]
@@ -421,12 +429,13 @@ class ContinuousBatcher:
             see &= keys > q - self.window
         put = lambda a: distribute_tensor(a, self.mesh, [Replicate()] * self.mesh.ndim)
         slots = (request.start + np.arange(hi)) % self.M
-        rows = _PromptRows(self.cache, b, self.B, put(slots[lo:]), put(slots) if lo else None, hi,
-                           put(np.arange(self.B).reshape(self.B, 1, 1, 1) == b))
+        rows = _PromptRows(self.cache, rows_of[0], put(slots[lo:]), put(slots) if lo else None, hi,
+                           put(np.isin(np.arange(self.B), rows_of).reshape(self.B, 1, 1, 1)))
         self.model(put(np.array([request.prompt[lo:hi]], np.int64)), attention_mask=put(see[None, None]),
                    position_ids=put(q.T.copy()), past_key_values=rows, logits_to_keep=1)
-        request.fed = hi
-        request.prefilling = hi < len(request.prompt) - 1
+        for _, r in members:
+            r.fed = hi
+            r.prefilling = hi < len(r.prompt) - 1
         self.prefills += 1
 
     def _logits(self, ids, pos, view, slot):
@@ -482,12 +491,12 @@ class _FirstRows:
 
 
 class _PromptRows:
-    """The cache as a chunk of one row's prompt computed apart sees it: the chunk's keys (1, H, L, D)
-    go to row ``row`` at ``slots`` (L,), leaving the other rows' keys there as they are, and
-    attention reads that row's keys of the whole prompt so far (``all_slots``, the first ``seen``
-    positions; None for the first chunk, whose own keys are all)."""
+    """The cache as a chunk of a prompt computed apart sees it: the chunk's keys (1, H, L, D) go to
+    the rows ``row_mask`` (B, 1, 1, 1) marks at ``slots`` (L,), leaving the other rows' keys there as
+    they are, and attention reads row ``row``'s keys of the whole prompt so far (``all_slots``, the
+    first ``seen`` positions; None for the first chunk, whose own keys are all)."""
 
-    def __init__(self, cache, row, full, slots, all_slots, seen, row_mask):
+    def __init__(self, cache, row, slots, all_slots, seen, row_mask):
         self.cache, self.row, self.slots, self.all_slots, self.row_mask = cache, row, slots, all_slots, row_mask
         self.max_cache_len = seen
         self._start = seen - slots.shape[0]
