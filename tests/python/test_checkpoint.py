@@ -71,7 +71,7 @@ def test_round_trip(tmp_path, where):
     tp = where[0][-1] if where[1] and "tp" in where[1] else 1
     assert {p.shape for p in q.to_local()} == {(32 // tp, 32)}   # each device holds its slice only
     model.save_pretrained(tmp_path / "b")
-    assert sorted(os.listdir(tmp_path / "b")) == ["config.json", "model.safetensors"]
+    assert sorted(os.listdir(tmp_path / "b")) == ["config.json", "generation_config.json", "model.safetensors"]
     again = LlamaForCausalLM.from_pretrained(tmp_path / "b")
     for key, value in again.state_dict().items():
         np.testing.assert_array_equal(value.numpy(), sd[key], err_msg=key)

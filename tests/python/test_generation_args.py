@@ -110,6 +110,25 @@ def test_generation_config_round_trip(tmp_path):
         eos_token_id=[3, 4], do_sample=True, top_p=0.9, custom_field="kept")
 
 
+def test_save_pretrained_writes_the_generation_config(tmp_path):
+    """A model saved and loaded again keeps its generation settings (the fixture's two eos ids and a
+    setting changed after loading), as transformers' save_pretrained writes generation_config.json;
+    a model without the file writes its config's generation fields."""
+    model = load()
+    model.generation_config.top_k = 7
+    model.save_pretrained(str(tmp_path / "saved"))
+    written = json.loads((tmp_path / "saved" / "generation_config.json").read_text())
+    with open(os.path.join(FIXTURE, "generation_config.json")) as f:
+        want = {k: v for k, v in json.load(f).items() if k != "transformers_version"}
+    assert {k: written[k] for k in want} == want and written["top_k"] == 7
+    again = LlamaForCausalLM.from_pretrained(str(tmp_path / "saved"))
+    assert again.generation_config == model.generation_config
+    plain = LlamaForCausalLM(LlamaConfig(**ref.tiny_config(eos_token_id=5, bos_token_id=1)))
+    plain.save_pretrained(str(tmp_path / "plain"))
+    assert json.loads((tmp_path / "plain" / "generation_config.json").read_text()) == \
+        {"bos_token_id": 1, "eos_token_id": 5}
+
+
 # ---- transformers' outputs ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("mesh_name", list(MESHES))

@@ -575,11 +575,14 @@ class LlamaForCausalLM(GenerationMixin, Module):
         return model.eval()
 
     def save_pretrained(self, save_directory, max_shard_size="5GB"):
-        """Writes config.json and the weights (model.safetensors, or shards with an index past
-        max_shard_size), in the parameters' dtype; a tied lm_head is not written, as transformers."""
+        """Writes config.json, generation_config.json (``generation_config``: the file it was
+        loaded from, else the model config's generation fields, as transformers writes it) and the
+        weights (model.safetensors, or shards with an index past max_shard_size), in the parameters'
+        dtype; a tied lm_head is not written, as transformers."""
         state = self.state_dict()
         if self.config.tie_word_embeddings:
             state.pop("lm_head.weight", None)
         config = dataclasses.replace(self.config, torch_dtype=self.model.embed_tokens.weight.dtype.name)
         config.save_pretrained(save_directory)
+        self.generation_config.save_pretrained(save_directory)
         save_checkpoint(state, save_directory, max_shard_size)
