@@ -201,20 +201,32 @@
     X(interpolate,                  81,  1, s_infer_interpolate, s_shard_interpolate)                                 \
     X(pad,                          82,  1, s_infer_pad,         s_shard_pad)
 
+/* ---- products with quantized weights (ops/op_quant.c): name, id, bits ------------------------------
+ * linear_int8: (input (..., K) float32, qweight (N, ceil(K/4)) int32, scale (N,) float32[, bias (N,)
+ *              float32]) -> (..., N) float32: out = scale[n] * sum_k input[k] * q[n, k] (+ bias), q[n, k]
+ *              the signed byte k of row n's bytes (the int32 words only pad each row to 4 bytes).
+ * linear_int4: (input, qweight (N, ceil(K/8)) int32, scale (N, ceil(K/32)) float32[, bias]): q[n, k] the
+ *              4-bit two's-complement value in byte k/2 of row n (low half for even k), scaled by
+ *              scale[n, k/32]. ctx = [add the bias here, where this piece's features start in the
+ *              input's piece]. */
+#define OP_QUANT(X)                                                                                                    \
+    X(linear_int8,                  89,  8)                                                                            \
+    X(linear_int4,                  90,  4)
+
 /* Every op; a row starts with its name and id whatever its family. */
 #define OP_TABLE(X)                                                                                                    \
-    OP_POINTWISE(X) OP_REDUCE(X) OP_VIEW(X) OP_MATMUL(X) OP_ROPE(X) OP_WRITE(X) OP_ATTENTION(X) OP_IMAGE(X)
+    OP_POINTWISE(X) OP_REDUCE(X) OP_VIEW(X) OP_MATMUL(X) OP_ROPE(X) OP_WRITE(X) OP_ATTENTION(X) OP_IMAGE(X) OP_QUANT(X)
 
 /* OP_KERNEL(name, id, kernel) of every op, for a backend to build its table of kernels and declare
  * them (ops/cpu/cpu_ops.c, ops/cuda/cuda_backend.c): it defines OP_KERNEL, then expands OP_KERNELS.
- * The elementwise, rotary, attention and image ops' kernels are their names; the other families'
+ * The elementwise, rotary, attention, image and quantized ops' kernels are their names; the other families'
  * rows name theirs. */
 #define OP_KERNEL_NAME_(name, id, ...) OP_KERNEL(name, id, name)
 #define OP_KERNEL_COLUMN_(name, id, kernel, ...) OP_KERNEL(name, id, kernel)
 #define OP_KERNELS                                                                                                     \
     OP_POINTWISE(OP_KERNEL_NAME_) OP_REDUCE(OP_KERNEL_COLUMN_) OP_VIEW(OP_KERNEL_COLUMN_)                              \
     OP_MATMUL(OP_KERNEL_COLUMN_) OP_ROPE(OP_KERNEL_NAME_) OP_WRITE(OP_KERNEL_COLUMN_)                                  \
-    OP_ATTENTION(OP_KERNEL_NAME_) OP_IMAGE(OP_KERNEL_NAME_)
+    OP_ATTENTION(OP_KERNEL_NAME_) OP_IMAGE(OP_KERNEL_NAME_) OP_QUANT(OP_KERNEL_NAME_)
 
 /* OP_ID_<name>: the id of each op, for the code that runs one op in particular. */
 #define OP_ID_ENUM_(name, id, ...) OP_ID_##name = (id),

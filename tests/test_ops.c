@@ -471,7 +471,9 @@ static double s_pow(double a, double b, bool integer)
     X(conv2d, "image::conv2d")                                                                                         \
     X(group_norm, "image::group_norm")                                                                                 \
     X(interpolate, "image::interpolate")                                                                               \
-    X(pad, "image::pad")
+    X(pad, "image::pad")                                                                                               \
+    X(linear_int8, "quant::products_against_double")                                                                   \
+    X(linear_int4, "quant::products_against_double")
 
 #define S_ANY false
 #define S_POSITIVE true
