@@ -34,7 +34,8 @@ DIFFUSERS_WEIGHTS = "diffusion_pytorch_model"  # diffusers' weights_name: its fi
 _MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit
 _MAX_ELEMENTS = 1 << 48          # a DTensor's limit (dt_layout_check_shape)
 
-# safetensors dtype -> (dtorch dtype, numpy dtype of the stored items)
+# safetensors dtype -> (dtorch dtype, numpy dtype of the stored items); I8 and U8 hold the bytes of
+# quantized weights (dtorch.quantization), which no DTensor has as its dtype: None
 _DTYPES = {
     "F32": (_dtype.float32, np.dtype("<f4")),
     "F16": (_dtype.float16, np.dtype("<f2")),
@@ -42,8 +43,10 @@ _DTYPES = {
     "I64": (_dtype.int64, np.dtype("<i8")),
     "I32": (_dtype.int32, np.dtype("<i4")),
     "BOOL": (_dtype.bool, np.dtype("bool")),
+    "I8": (None, np.dtype("i1")),
+    "U8": (None, np.dtype("u1")),
 }
-_NAMES = {dt.name: name for name, (dt, _) in _DTYPES.items()}
+_NAMES = {dt.name: name for name, (dt, _) in _DTYPES.items() if dt is not None}
 
 
 class CheckpointError(ValueError, OSError):
@@ -264,7 +267,7 @@ class Checkpoint:
     def floating_dtype(self):
         """The floating dtype most of its floating tensors have (float32 when it has none): the
         dtype a model loaded with ``dtype=None`` keeps."""
-        counts = {dt: n for dt, n in self.dtypes().items() if dt.is_floating_point}
+        counts = {dt: n for dt, n in self.dtypes().items() if dt is not None and dt.is_floating_point}
         return max(counts, key=counts.get) if counts else _dtype.float32
 
 
@@ -284,6 +287,9 @@ def load_checkpoint(module, checkpoint, *, skip=(), progress=None):
         if key not in ckpt:
             raise CheckpointError(f"tensor {key!r} is missing from the checkpoint ({ckpt.describe()})")
         f = ckpt.file(key)
+        if f.dtype(key) is None:
+            raise CheckpointError(f"{f.path}: tensor {key!r} holds {f.entries[key][0]} bytes, which only quantized "
+                                  "weights have (their config.json's quantization_config says how to read them)")
         if f.shape(key) != tuple(target.shape):
             raise CheckpointError(f"{f.path}: tensor {key!r} has shape {f.shape(key)} but the model (from its config) "
                                   f"expects {tuple(target.shape)}")
@@ -321,6 +327,8 @@ def _host(value):
             return "BF16", np.ascontiguousarray((np.ascontiguousarray(array).view(np.uint32) >> 16).astype("<u2"))
         return _NAMES[value.dtype.name], np.ascontiguousarray(array)
     array = np.asarray(value)
+    if array.dtype in (np.int8, np.uint8):   # the bytes of quantized weights
+        return ("I8" if array.dtype == np.int8 else "U8"), np.ascontiguousarray(array)
     if array.dtype.name == "bfloat16":
         return "BF16", np.ascontiguousarray(array).view("<u2")
     dt = _dtype._from_numpy(array.dtype)

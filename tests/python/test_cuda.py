@@ -98,6 +98,29 @@ def test_matmul(mode, dtype, tol):
     np.testing.assert_allclose(got, ref, rtol=tol, atol=tol * 8)
 
 
+@pytest.mark.parametrize("bits,K", [(8, 37), (4, 70)])
+def test_quantized_products(mode, bits, K):
+    """linear_int8 and linear_int4 on one and two cuda devices (rows split) against the float64 product of
+    the dequantized weights, for decode's one row and a prompt's 17."""
+    from dtorch import quantization as Q
+    from dtorch._C import _op
+    from dtorch._ops import ids as op_ids
+    rng = np.random.default_rng(bits)
+    w = rng.standard_normal((7, K)).astype(np.float32)
+    bias = rng.standard_normal(7).astype(np.float32)
+    stored, scale = Q.quantize(w, bits)
+    deq = Q.dequantize(stored, scale, bits, K)
+    for ids, pl in (([0], Replicate()), ([0, 1], Shard(0))):
+        mesh = _cuda_mesh(ids)
+        for M in (1, 17):
+            x = rng.standard_normal((M, K)).astype(np.float32)
+            tensors = (dtorch.distribute_tensor(x, mesh, [Replicate()]),
+                       dtorch.distribute_tensor(Q.to_words(stored), mesh, [pl]),
+                       dtorch.distribute_tensor(scale, mesh, [pl]), dtorch.distribute_tensor(bias, mesh, [pl]))
+            got = _op(op_ids[f"linear_int{bits}"], tensors, None, None, None).numpy()
+            np.testing.assert_allclose(got, x.astype(np.float64) @ deq.T + bias, rtol=1e-5, atol=1e-4)
+
+
 def test_reductions_softmax_and_norms(mode):
     """A Llama block's reductions on a cuda mesh: sums split over devices (Partial), arg-extremes
     with ties, softmax and rms_norm along rows, against numpy."""

@@ -78,10 +78,11 @@ class AutoModelForCausalLM:
                       "from_config(config, ...)")
 
     @classmethod
-    def from_pretrained(cls, path, device_mesh=None, dtype=None, **kwargs):
-        """``<class>.from_pretrained(path, device_mesh, dtype, **kwargs)`` of the class of the
-        checkpoint's architecture (see LlamaForCausalLM.from_pretrained for the arguments)."""
-        return _class_of(path).from_pretrained(path, device_mesh=device_mesh, dtype=dtype, **kwargs)
+    def from_pretrained(cls, path, device_mesh=None, dtype=None, quantization=None, **kwargs):
+        """``<class>.from_pretrained(path, device_mesh, dtype, quantization, **kwargs)`` of the class of
+        the checkpoint's architecture (see LlamaForCausalLM.from_pretrained for the arguments)."""
+        return _class_of(path).from_pretrained(path, device_mesh=device_mesh, dtype=dtype, quantization=quantization,
+                                               **kwargs)
 
     @classmethod
     def from_config(cls, config, device_mesh=None, dtype=None):

@@ -510,7 +510,7 @@ class LlamaForCausalLM(GenerationMixin, Module):
     def tie_weights(self):
         """lm_head shares the input embedding's weight (when the config ties them); on a pipeline,
         where they live on different stages, lm_head holds a copy on its own stage."""
-        if self.config.tie_word_embeddings:
+        if self.config.tie_word_embeddings and isinstance(self.lm_head, Linear):
             weight, head = self.model.embed_tokens.weight, self.lm_head.weight
             if head is not None and head.device_mesh != weight.device_mesh:
                 weight = weight.redistribute(head.device_mesh, head.placements)
@@ -548,28 +548,46 @@ class LlamaForCausalLM(GenerationMixin, Module):
     # ---- checkpoints -----------------------------------------------------------------------------
 
     @classmethod
-    def from_pretrained(cls, path, device_mesh=None, dtype=None, progress=None, num_microbatches=None,
-                        layers_per_stage=None):
+    def from_pretrained(cls, path, device_mesh=None, dtype=None, quantization=None, progress=None,
+                        num_microbatches=None, layers_per_stage=None, quantize_lm_head=False):
         """The model of an HF directory (config.json, model.safetensors or a sharded index), laid out
         over ``device_mesh`` (named dims dp, tp, pp, ulysses, ring; default one CPU device) by
         parallelize_llama, each device reading only its slices of every tensor. ``dtype=None`` keeps
         the checkpoint's; ``num_microbatches`` and ``layers_per_stage`` go to parallelize_llama.
+        ``quantization="int8"`` or ``"int4"`` stores every Linear of the decoder layers quantized
+        (dtorch.quantization: QuantizedLinear), and lm_head too with ``quantize_lm_head=True``; a
+        checkpoint saved quantized loads as it was saved (its config.json's quantization_config).
         config.json must be of this class's architecture (or name none): any other is a ValueError
         naming it (AutoModelForCausalLM picks the class by it)."""
+        from .. import quantization as quant
         from .llama_parallel import parallelize_llama
+        bits = quant.bits_of(quantization)
+        raw, file = read_config(path)
+        saved = quant.bits_of_config(raw.get("quantization_config"), file)
+        if saved is not None and bits is not None and bits != saved:
+            raise ValueError(f"{file}: the checkpoint is quantized to int{saved}; quantization={quantization!r} "
+                             "cannot change that (load it with quantization=None)")
         config = cls.config_class.from_pretrained(path)
         checkpoint = Checkpoint(path)
+        if saved is not None:
+            bits, quantize_lm_head = saved, "lm_head.qweight" in checkpoint
         if dtype is None:
             dtype = checkpoint.floating_dtype()
         mesh = device_mesh if device_mesh is not None else default_mesh()
         with meta_device():
             model = cls(config, device_mesh=mesh, dtype=_dtype._resolve(dtype))
+            names = quant.quantize_modules(model, bits, quantize_lm_head) if bits else []
         parallelize_llama(model, mesh, num_microbatches=num_microbatches, layers_per_stage=layers_per_stage)
         tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
-        unused = load_checkpoint(model, checkpoint, skip=tied, progress=progress)
+        stored = {f"{n}.{p}" for n in names for p in ("qweight", "scale")}
+        aliases = {"lm_head": "model.embed_tokens"} if config.tie_word_embeddings else {}
+        used = set(quant.load_quantized(model, checkpoint, names, bits, saved is not None, aliases))
+        unused = load_checkpoint(model, checkpoint, skip=tied | stored, progress=progress)
         model.tie_weights()
         model.generation_config = load_generation_config(path)
-        unused = [k for k in unused if k not in tied and not k.endswith("rotary_emb.inv_freq")]
+        model.quantized_modules = tuple(names)
+        model.quantization_config = quant.config_of(bits) if bits else None
+        unused = [k for k in unused if k not in tied and k not in used and not k.endswith("rotary_emb.inv_freq")]
         if unused:
             warnings.warn(f"Some weights of the checkpoint at {path} were not used: {unused}")
         return model.eval()
@@ -578,11 +596,26 @@ class LlamaForCausalLM(GenerationMixin, Module):
         """Writes config.json, generation_config.json (``generation_config``: the file it was
         loaded from, else the model config's generation fields, as transformers writes it) and the
         weights (model.safetensors, or shards with an index past max_shard_size), in the parameters'
-        dtype; a tied lm_head is not written, as transformers."""
+        dtype; a tied lm_head is not written, as transformers. A quantized model writes its
+        quantized layers as ``<name>.qweight`` (their bytes) and ``<name>.scale``, and
+        ``quantization_config`` in config.json (dtorch.quantization)."""
+        from .. import quantization as quant
         state = self.state_dict()
-        if self.config.tie_word_embeddings:
+        names = getattr(self, "quantized_modules", ())
+        if self.config.tie_word_embeddings and "lm_head" not in names:
             state.pop("lm_head.weight", None)
+        if names:
+            for key in [f"{n}.{p}" for n in names for p in ("qweight", "scale")]:
+                state.pop(key)
+            state.update(quant.stored_state(self, names, self.quantization_config["bits"]))
         config = dataclasses.replace(self.config, torch_dtype=self.model.embed_tokens.weight.dtype.name)
         config.save_pretrained(save_directory)
         self.generation_config.save_pretrained(save_directory)
+        if names:
+            file = os.path.join(save_directory, "config.json")
+            with open(file) as f:
+                written = json.load(f)
+            written["quantization_config"] = self.quantization_config
+            with open(file, "w") as f:
+                json.dump(written, f, indent=2, sort_keys=True)
         save_checkpoint(state, save_directory, max_shard_size)

@@ -18,6 +18,7 @@ from .._placement import _SHARD, Partial, Placement, Replicate, Shard
 from .._tensor import DTensor
 from ..nn.layers import Embedding, Linear
 from ..nn.module import MetaTensor
+from ..quantization import QuantizedLinear, check_group_split
 
 
 class ParallelStyle:
@@ -135,11 +136,15 @@ class _LinearStyle(ParallelStyle):
         root, dim = mesh_dim(device_mesh)
         if isinstance(module, Linear):
             weight, bias, desired = self._linear
+        elif isinstance(module, QuantizedLinear):
+            weight, bias, desired = self._linear
+            _place_quantized(module, root, dim, weight)
         elif isinstance(module, Embedding):
             weight, bias, desired = self._embedding, None, Replicate()
         else:
             raise NotImplementedError(f"{type(self).__name__} currently only support nn.Linear and nn.Embedding!")
-        _set(module, "weight", place(module.weight, root, dim, weight))
+        if not isinstance(module, QuantizedLinear):
+            _set(module, "weight", place(module.weight, root, dim, weight))
         if bias is not None and getattr(module, "bias", None) is not None:
             _set(module, "bias", place(module.bias, root, dim, bias))
         output = self.output_layouts[0]
@@ -157,6 +162,18 @@ class _LinearStyle(ParallelStyle):
     def __repr__(self):
         return (f"{type(self).__name__}(input_layouts={self.input_layouts}, output_layouts={self.output_layouts}, "
                 f"use_local_output={self.use_local_output})")
+
+
+def _place_quantized(module, root, dim, weight):
+    """A QuantizedLinear's qweight laid out as a float weight would be; its scales split with their
+    rows (Shard(0)), and over the input features int8's per-row scales stay whole while int4's
+    group scales split with their groups (a split that would cut a group is a ValueError)."""
+    along_k = isinstance(weight, Shard) and weight.dim == 1
+    if along_k:
+        check_group_split(module, root.shape[dim])
+    scale = Replicate() if along_k and module.bits == 8 else weight
+    _set(module, "qweight", place(module.qweight, root, dim, weight))
+    _set(module, "scale", place(module.scale, root, dim, scale))
 
 
 class ColwiseParallel(_LinearStyle):
@@ -303,9 +320,9 @@ class ReplicateHeadsParallel(ParallelStyle):
             raise ValueError(f"ReplicateHeadsParallel: the mesh dim's size {size} is not a multiple of the "
                              f"{self.num_heads} heads")
         repeat = size // self.num_heads
-        if not isinstance(module, Linear):
+        if not isinstance(module, (Linear, QuantizedLinear)):
             raise NotImplementedError("ReplicateHeadsParallel currently only supports nn.Linear")
-        for name in ("weight", "bias"):
+        for name in ("weight", "bias", "qweight", "scale"):
             t = getattr(module, name, None)
             _set(module, name, None if t is None else place(t, root, dim, Replicate()))
 
