@@ -1,0 +1,67 @@
+"""Decode tokens/s of quantized Llamas beside the float32 model, measured in one run.
+
+    .venv/bin/python bench/bench_quant.py [--shapes 15M,110M] [--tp 1,2] [--formats fp32,int8,int4]
+                                          [--batch 1] [--tokens 32] [--repeats 3]
+
+It imports the installed ``dtorch`` and bench_llama.py's random-weight checkpoints (llama2.c's 15M
+and 110M shapes, written once into ``bench/.cache/``). For every shape and tp size (a ``(tp,)`` cpu
+mesh, thread workers) it loads the model in each format (``quantization=None``, ``"int8"``,
+``"int4"``) and prints, side by side: greedy decode tokens/s (``model.stream`` from a 16-token
+prompt, the first new token to the last, median of ``--repeats``, the spread beside it) and the
+bytes device 0 holds after loading (``dtorch.memory_stats``); a tp size that would cut an int4 group
+of 32 input features (a ValueError from from_pretrained) says so in its cell. It never asserts on
+the figures.
+"""
+import argparse
+import gc
+import os
+import sys
+
+import dtorch
+from dtorch.models import LlamaForCausalLM
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_llama import _checkpoint, _median, _spread, dtorch_decode  # noqa: E402
+
+FORMATS = {"fp32": None, "int8": "int8", "int4": "int4"}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", default="15M,110M")
+    ap.add_argument("--tp", default="1,2")
+    ap.add_argument("--formats", default="fp32,int8,int4")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    formats = args.formats.split(",")
+    dtorch.init(workers="thread")
+    print(f"decode tok/s, batch {args.batch}, {args.tokens} tokens, median of {args.repeats} (spread); "
+          "MiB held by device 0 after loading")
+    print(f"{'shape':>6} {'tp':>3} " + " ".join(f"{f + ' tok/s':>22} {f + ' MiB':>9}" for f in formats))
+    for shape in args.shapes.split(","):
+        directory = _checkpoint(shape)
+        for tp in (int(t) for t in args.tp.split(",")):
+            mesh = dtorch.init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",))
+            dtorch.ones(1, device_mesh=mesh).numpy()
+            cells = []
+            for name in formats:
+                gc.collect()
+                before = dtorch.memory_stats(mesh)[0]["bytes_in_use"]
+                try:
+                    model = LlamaForCausalLM.from_pretrained(directory, device_mesh=mesh,
+                                                             quantization=FORMATS[name], progress=False)
+                except ValueError:   # tp would cut an int4 group (15M's 288 features are 9 groups)
+                    cells.append(f"{'cuts a group':>22} {'':>9}")
+                    continue
+                held = (dtorch.memory_stats(mesh)[0]["bytes_in_use"] - before) / 2**20
+                dtorch_decode(model, args.batch, 4)                       # warm-up: capture, pools
+                (rate, _, _), runs = _median(lambda: dtorch_decode(model, args.batch, args.tokens), args.repeats)
+                cells.append(f"{rate:8.1f} ({_spread(runs, 0):>11}) {held:9.1f}")
+                del model
+            print(f"{shape:>6} {tp:>3} " + " ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
