@@ -233,6 +233,8 @@ def test_every_plan_refuses_unknown_dim_names(thread_runtime, build, parallelize
         parallelize(model, _mesh((2, 2), ("dp", "tp")))
     with pytest.raises(ValueError, match=f"{type(model).__name__}: unknown mesh dim name 'tp'"):
         type(model).from_config(dict(model.config), device_mesh=_mesh((2,), ("tp",)))
+    with pytest.raises(ValueError, match=f"{type(model).__name__}: unknown mesh dim name 'tp'"):
+        build(_mesh((2,), ("tp",)))                                   # at construction, as every model
     wrong = parallelize_vae if parallelize is not parallelize_vae else parallelize_sd3
     with pytest.raises(TypeError, match="expected a"):
         wrong(model, _mesh((2,), ("dp",)))

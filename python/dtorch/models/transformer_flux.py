@@ -25,7 +25,7 @@ from .config_fields import count, flag, listing, optional
 from .diffusion_layers import (AdaLayerNormContinuous, AdaLayerNormZero, AdaLayerNormZeroSingle, Attention,
                                CombinedTimestepGuidanceTextProjEmbeddings, CombinedTimestepTextProjEmbeddings,
                                FeedForward, modulate, on_mesh)
-from .diffusion_parallel import parallelize_flux
+from .diffusion_parallel import mesh_dim_sizes, parallelize_flux
 from .modeling_diffusers import DiffusersModel, Transformer2DModelOutput
 
 _FLOAT16_MAX = 65504.0
@@ -149,6 +149,8 @@ class FluxTransformer2DModel(DiffusersModel):
     def __init__(self, config, device_mesh=None, dtype=None):
         super().__init__()
         self.config = config
+        if device_mesh is not None and device_mesh.mesh_dim_names is not None:
+            mesh_dim_sizes(device_mesh, type(self).__name__)     # an unknown dim name, refused at once
         if sum(config.axes_dims_rope) != config.attention_head_dim or any(d % 2 for d in config.axes_dims_rope):
             raise ValueError(f"FluxTransformer2DModel: axes_dims_rope {tuple(config.axes_dims_rope)} must be even "
                              f"and add up to attention_head_dim {config.attention_head_dim}")

@@ -23,7 +23,7 @@ from ..nn.module import MetaTensor, Module
 from .config_fields import count, listing, optional, text
 from .diffusion_layers import (AdaLayerNormContinuous, AdaLayerNormZero, Attention,
                                CombinedTimestepTextProjEmbeddings, FeedForward, modulate)
-from .diffusion_parallel import parallelize_sd3
+from .diffusion_parallel import mesh_dim_sizes, parallelize_sd3
 from .modeling_diffusers import DiffusersModel, Transformer2DModelOutput
 
 
@@ -148,6 +148,8 @@ class SD3Transformer2DModel(DiffusersModel):
     def __init__(self, config, device_mesh=None, dtype=None):
         super().__init__()
         self.config = config
+        if device_mesh is not None and device_mesh.mesh_dim_names is not None:
+            mesh_dim_sizes(device_mesh, type(self).__name__)     # an unknown dim name, refused at once
         kw = dict(device_mesh=device_mesh, dtype=dtype)
         self.out_channels = config.out_channels if config.out_channels is not None else config.in_channels
         self.inner_dim = config.num_attention_heads * config.attention_head_dim
