@@ -428,17 +428,141 @@ static int s_local(const op_call *c, const int64_t *coord, int64_t *ctx)
 OP_REDUCE(S_DEF)
 #undef S_DEF
 
+/* ---- the pieces on a device (every backend's kernels) -----------------------------------------
+ * A record from a socket can name any pieces: each op's are checked against what infer gives for
+ * them before a kernel reads a byte, by sizes alone (no product that could pass int64: an empty
+ * piece may have any size beside its 0). */
+
+static const char s_misfit[] = "the local pieces of the operands do not fit together";
+
+static bool s_same_shape(const op_local *a, const op_local *b)
+{
+    return a->ndim == b->ndim && !memcmp(a->shape, b->shape, (size_t)a->ndim * sizeof *a->shape);
+}
+
+/* Whether out is in without the dims of mask, or with them of size 1 (keepdim). */
+static bool s_reduced_shape(const op_local *in, uint32_t mask, const op_local *out)
+{
+    bool keep = out->ndim == in->ndim;
+    if (!keep && out->ndim != in->ndim - __builtin_popcount(mask))
+        return false;
+    for (int d = 0, o = 0; d < in->ndim; d++) {
+        bool reduced = mask & (1u << d);
+        if (reduced && !keep)
+            continue;
+        if (out->shape[o++] != (reduced ? 1 : in->shape[d]))
+            return false;
+    }
+    return true;
+}
+
 const char *op_reduce_layout(const op_kernel *k, uint32_t *mask, int64_t *extent, int64_t *n_out)
 {
     const op_local *in = &k->in[0], *out = &k->out[0];
+    int id = k->def->id;
     if (k->nctx < 2)
         return "reduction: missing arguments (internal error)";
+    if (k->nin != 1 || k->nout != 1 || k->ctx[0] < 0 || ((uint64_t)k->ctx[0] & ~(uint64_t)s_all_dims(in->ndim)))
+        return s_misfit;
     *mask = (uint32_t)k->ctx[0];
+    if (!s_reduced_shape(in, *mask, out) || (id == OP_ID_mean && !dt_dtype_is_float(out->dtype)) ||
+        (id != OP_ID_sum && id != OP_ID_mean && out->dtype != in->dtype))
+        return s_misfit;
     *n_out = dt_layout_numel(out->ndim, out->shape);
     *extent = 1;
-    for (int d = 0; d < in->ndim; d++)
+    if (dt_layout_numel(in->ndim, in->shape) == 0)
+        *extent = 0; /* a 0 in a kept dim would have emptied the output */
+    for (int d = 0; d < in->ndim && *extent; d++)
         if (*mask & (1u << d))
             *extent *= in->shape[d];
+    return NULL;
+}
+
+/* The output of an op along dim of in (-1: every element): keepdim's size 1 there, or no dim. */
+static bool s_along_shape(const op_local *in, int dim, const op_local *out)
+{
+    if (in->ndim == 0 || (dim < 0 && out->ndim == 0))
+        return out->ndim == 0;
+    bool keep = out->ndim == in->ndim;
+    if (!keep && (dim < 0 || out->ndim != in->ndim - 1))
+        return false;
+    for (int d = 0, o = 0; d < in->ndim; d++) {
+        bool along = dim < 0 || d == dim;
+        if (along && !keep)
+            continue;
+        if (out->shape[o++] != (along ? 1 : in->shape[d]))
+            return false;
+    }
+    return true;
+}
+
+/* The norms: rows of ctx[0] elements, a weight and a bias of a row's elements where ctx[1] says. */
+static const char *s_norm_layout(const op_kernel *k, int64_t numel, int64_t *outer, int64_t *n, int64_t *inner)
+{
+    const op_local *in = &k->in[0], *out = &k->out[0];
+    int64_t d = k->ctx[0], flags = k->ctx[1];
+    if (flags < 0 || flags > (k->def->id == OP_ID_rms_norm ? 1 : 3) ||
+        k->nin != 1 + __builtin_popcount((unsigned)flags) || k->nout != 1 || !s_same_shape(in, out) ||
+        out->dtype != in->dtype || !dt_dtype_is_float(in->dtype) || d < 0 || (d ? numel % d : numel) != 0)
+        return s_misfit;
+    for (int i = 1; i < k->nin; i++)
+        if (dt_layout_numel(k->in[i].ndim, k->in[i].shape) != d || !dt_dtype_is_float(k->in[i].dtype))
+            return s_misfit;
+    if (numel)
+        *outer = numel / d, *n = d, *inner = 1;
+    return NULL;
+}
+
+const char *op_along_layout(const op_kernel *k, int64_t *outer, int64_t *n, int64_t *inner)
+{
+    const op_local *in = &k->in[0], *out = &k->out[0];
+    int id = k->def->id;
+    bool norm = id == OP_ID_layer_norm || id == OP_ID_rms_norm;
+    int64_t numel = dt_layout_numel(in->ndim, in->shape), dim = k->nctx > 0 ? k->ctx[0] : -2;
+    *outer = *n = *inner = 0;
+    if (k->nctx < (norm ? 2 : 1))
+        return "missing arguments (internal error)";
+    if (norm)
+        return s_norm_layout(k, numel, outer, n, inner);
+    bool whole = dim == -1 && (id == OP_ID_argmax || id == OP_ID_argmin);
+    if (k->nin != 1 || k->nout != k->def->nout || (!whole && (dim < 0 || dim >= (in->ndim ? in->ndim : 1))))
+        return s_misfit;
+    int64_t extent = whole ? numel : in->ndim ? in->shape[dim] : 1;
+    switch (id) {
+    case OP_ID_softmax:
+    case OP_ID_log_softmax:
+    case OP_ID_cumsum:
+        if (!s_same_shape(in, out) || (id != OP_ID_cumsum && !dt_dtype_is_float(out->dtype)))
+            return s_misfit;
+        break;
+    case OP_ID_topk: {
+        int64_t top = s_int(k->attrs, 0, 1);
+        op_local want = *in;
+        if (in->ndim)
+            want.shape[dim] = top;
+        if (top < 0 || top > extent || in->dtype == DT_BOOL || out->dtype != in->dtype ||
+            k->out[1].dtype != DT_INT64 || !s_same_shape(&want, out) || !s_same_shape(&want, &k->out[1]))
+            return s_misfit;
+        break;
+    }
+    default: { /* max/min along a dim (values, positions), argmax/argmin (positions) */
+        bool arg = id == OP_ID_argmax || id == OP_ID_argmin;
+        const op_local *at = &k->out[arg ? 0 : 1];
+        if (!s_along_shape(in, (int)dim, out) || at->dtype != DT_INT64 || (arg && in->dtype == DT_BOOL) ||
+            (!arg && (out->dtype != in->dtype || !s_same_shape(out, at))) ||
+            (extent == 0 && dt_layout_numel(out->ndim, out->shape) > 0))
+            return s_misfit;
+    }
+    }
+    if (numel == 0)
+        return NULL; /* nothing to read (the sizes of an empty piece need not multiply within int64) */
+    *outer = 1, *n = extent, *inner = 1;
+    for (int d = 0; d < in->ndim && !whole; d++) {
+        if (d < dim)
+            *outer *= in->shape[d];
+        else if (d > dim)
+            *inner *= in->shape[d];
+    }
     return NULL;
 }
 

@@ -248,8 +248,17 @@ typedef struct {
 const char *op_slice_layout(const op_kernel *k, op_slice_dims *s);
 
 /* sum, mean, amax, amin, max, min on a device: ctx = [mask of the reduced dims, ...]; the mask, the
- * elements each output folds together, and the output's elements. NULL, or why ctx is missing. */
+ * elements each output folds together (0 for an empty piece), and the output's elements. NULL, or
+ * why the pieces do not fit together (a mask of dims the piece lacks, an output that is not the
+ * piece reduced, a dtype infer would not give). */
 const char *op_reduce_layout(const op_kernel *k, uint32_t *mask, int64_t *extent, int64_t *n_out);
+/* max/min along a dim, argmax/argmin, softmax, log_softmax, cumsum, topk (ctx[0] = the dim, -1 for
+ * argmax/argmin over every element) and layer_norm, rms_norm (ctx = [elements per row, has_weight |
+ * has_bias << 1]) on a device: the input piece as outer blocks of n rows of inner elements along the
+ * dim (norms: rows of n, inner 1; every element: (1, numel, 1)), all 0 when it is empty. NULL, or why
+ * the pieces do not fit together (a dim the piece lacks, outputs or a weight of other shapes or
+ * dtypes than infer gives, topk's k past the dim). */
+const char *op_along_layout(const op_kernel *k, int64_t *outer, int64_t *n, int64_t *inner);
 /* The value of max/min over nothing in dtype d: what a device with an empty shard contributes to a
  * Partial(max|min), so that the others' values win. */
 dt_scalar op_reduce_identity(dt_dtype d, bool max);

@@ -37,27 +37,6 @@ static int64_t s_min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 static int64_t s_attr(const op_attrs *a, int i, int64_t otherwise) { return i < a->nints ? a->ints[i] : otherwise; }
 
-/* (outer, n, inner) of a C-contiguous shape seen along dim (-1: the whole array as one row). */
-static void s_split(int ndim, const int64_t *shape, int dim, int64_t *outer, int64_t *n, int64_t *inner)
-{
-    *outer = 1;
-    *n = 1;
-    *inner = 1;
-    if (dim < 0) {
-        *n = dt_layout_numel(ndim, shape);
-        return;
-    }
-    for (int d = 0; d < ndim; d++) {
-        if (d < dim)
-            *outer *= shape[d];
-        else if (d == dim)
-            *n = shape[d];
-        else
-            *inner *= shape[d];
-    }
-}
-
-
 /* Converting to cast (what a dtype= argument asks for) first loses what the compute type would
  * keep: to a 16-bit float, or to bool. */
 static bool s_lossy(dt_dtype from, dt_dtype cast)
@@ -248,15 +227,9 @@ static const char *s_cpu_along(op_kernel *k)
     int id = k->def->id;
     bool norm = id == OP_ID_layer_norm || id == OP_ID_rms_norm, arg = id == OP_ID_argmax || id == OP_ID_argmin;
     int64_t outer, n, inner, out_block;
-    if (k->nctx < (norm ? 2 : 1))
-        return "missing arguments (internal error)";
-    if (norm) {
-        n = k->ctx[0];
-        inner = 1;
-        outer = n ? dt_layout_numel(in->ndim, in->shape) / n : 0;
-    } else {
-        s_split(in->ndim, in->shape, (int)k->ctx[0], &outer, &n, &inner);
-    }
+    const char *bad = op_along_layout(k, &outer, &n, &inner);
+    if (bad)
+        return bad;
     switch (id) {
     case OP_ID_max_dim: case OP_ID_min_dim: case OP_ID_argmax: case OP_ID_argmin: out_block = n ? inner : 0; break;
     case OP_ID_topk: out_block = s_attr(k->attrs, 0, 1) * inner; break;

@@ -115,12 +115,14 @@ const char *cuda_k_reduce(cuda_ctx *c, op_kernel *k)
  * every element (argmax/argmin without a dim: the position in the flattened piece) */
 const char *cuda_k_arg(cuda_ctx *c, op_kernel *k)
 {
+    const char *why;
     const op_local *in = &k->in[0];
     int id = k->def->id;
     bool arg = id == OP_ID_argmax || id == OP_ID_argmin;
-    if (k->nctx < 1 || k->nout != (arg ? 1 : 2))
-        return "missing arguments (internal error)";
-    if (dt_layout_numel(in->ndim, in->shape) == 0)
+    int64_t outer, n, inner;
+    if ((why = op_along_layout(k, &outer, &n, &inner)))
+        return why;
+    if (outer * n * inner == 0)
         return NULL;
     int dim = (int)k->ctx[0];
     uint32_t mask = dim < 0 ? (in->ndim ? (1u << in->ndim) - 1u : 0u) : 1u << dim;
@@ -138,12 +140,9 @@ const char *cuda_k_softmax(cuda_ctx *c, op_kernel *k)
     const char *why;
     const op_local *in = &k->in[0];
     op_local *out = &k->out[0];
-    if (k->nctx < 1)
-        return "softmax: missing its dim (internal error)";
-    int dim = (int)k->ctx[0];
-    int64_t outer = 1, n = 1, inner = 1;
-    for (int d = 0; d < in->ndim; d++)
-        *(d < dim ? &outer : d == dim ? &n : &inner) *= in->shape[d];
+    int64_t outer, n, inner;
+    if ((why = op_along_layout(k, &outer, &n, &inner)))
+        return why;
     if (outer * n * inner == 0)
         return NULL;
     const void *x;
@@ -164,29 +163,19 @@ const char *cuda_k_norm(cuda_ctx *c, op_kernel *k)
 {
     const op_local *in = &k->in[0];
     op_local *out = &k->out[0];
-    if (k->nctx < 2)
-        return "missing arguments (internal error)";
-    int64_t d = k->ctx[0], flags = k->ctx[1];
-    int64_t rows = d ? dt_layout_numel(in->ndim, in->shape) / d : 0;
+    const char *why;
+    int64_t rows, d, inner;
+    if ((why = op_along_layout(k, &rows, &d, &inner)))
+        return why;
     if (rows == 0)
         return NULL;
+    int64_t flags = k->ctx[1];
     const op_local *w = flags & 1 ? &k->in[1] : NULL, *b = flags & 2 ? &k->in[flags & 1 ? 2 : 1] : NULL;
-    if (k->nin != 1 + (w != NULL) + (b != NULL) || !dt_dtype_is_float(in->dtype) ||
-        (w && !dt_dtype_is_float(w->dtype)) || (b && !dt_dtype_is_float(b->dtype)))
-        return "norm: bad operands (internal error)";
     float eps = k->attrs->nfloats > 0 ? (float)k->attrs->floats[0] : FLT_EPSILON;
     return cuda_check(cuda_norm(k->def->id == OP_ID_rms_norm, in->data, in->dtype, out->data, out->dtype, rows, d,
                                 w ? w->data : NULL, w ? w->dtype : DT_FLOAT32, b ? b->data : NULL,
                                 b ? b->dtype : DT_FLOAT32, eps, c->compute),
                       "norm kernel");
-}
-
-/* (outer, n, inner) of a piece along dim */
-static void s_along(const op_local *p, int dim, int64_t *outer, int64_t *n, int64_t *inner)
-{
-    *outer = *n = *inner = 1;
-    for (int d = 0; d < p->ndim; d++)
-        *(d < dim ? outer : d == dim ? n : inner) *= p->shape[d];
 }
 
 /* cumsum: ctx[0] = the dim; the input as torch sees it after converting it to the output's dtype,
@@ -196,10 +185,9 @@ const char *cuda_k_cumsum(cuda_ctx *c, op_kernel *k)
     const char *why;
     const op_local *in = &k->in[0];
     op_local *out = &k->out[0];
-    if (k->nctx < 1)
-        return "cumsum: missing its dim (internal error)";
     int64_t outer, n, inner;
-    s_along(in, (int)k->ctx[0], &outer, &n, &inner);
+    if ((why = op_along_layout(k, &outer, &n, &inner)))
+        return why;
     if (outer * n * inner == 0)
         return NULL;
     bool floating = dt_dtype_is_float(out->dtype);
@@ -220,15 +208,12 @@ const char *cuda_k_topk(cuda_ctx *c, op_kernel *k)
 {
     const char *why;
     const op_local *in = &k->in[0];
-    if (k->nctx < 1 || k->nout != 2 || k->attrs->nints < 1)
-        return "topk: missing arguments (internal error)";
-    int64_t outer, n, inner, top = k->attrs->ints[0];
+    int64_t outer, n, inner, top = k->attrs->nints > 0 ? k->attrs->ints[0] : 1;
     bool largest = k->attrs->nints < 3 || k->attrs->ints[2] != 0;
-    s_along(in, (int)k->ctx[0], &outer, &n, &inner);
+    if ((why = op_along_layout(k, &outer, &n, &inner)))
+        return why;
     if (outer * inner * top == 0)
         return NULL;
-    if (in->dtype == DT_BOOL || top > n)
-        return "topk: bad operands (internal error)";
     if (n > INT32_MAX)
         return "topk: slices of more than 2^31 - 1 elements have no CUDA kernel yet";
     bool floating = dt_dtype_is_float(in->dtype);

@@ -1,0 +1,267 @@
+/* The CPU kernels of the ops whose infer does not hold for local pieces, fed pieces that a COMPUTE
+ * record from a socket could name and the controller never makes: a dim out of range, a shape or
+ * dtype that does not fit the others, counts and offsets that overflow int64. Each is refused with
+ * a reason before the kernel touches a byte (the pieces are heap blocks of exactly numel * dtype
+ * size, so a read or write past one is AddressSanitizer's to see, and an overflow UBSan's); beside
+ * them, pieces that fit still run and give the values worked out by hand. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_ops.h"
+#include "dt_dtype.h"
+#include "dt_layout.h"
+
+#define F32 DT_FLOAT32
+#define I32 DT_INT32
+#define I64 DT_INT64
+#define BOOL DT_BOOL
+#define BIG (INT64_C(1) << 40)
+
+/* a shape as (ndim, sizes) */
+#define S(...) (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__}
+
+/* A kernel's call: its pieces on the heap, attributes and ctx. */
+typedef struct {
+    op_kernel k;
+    op_attrs attrs;
+} s_call;
+
+static s_call *s_new(int op)
+{
+    s_call *c = calloc(1, sizeof *c);
+    cr_assert(c && op_by_id(op));
+    c->k.def = op_by_id(op);
+    c->k.attrs = &c->attrs;
+    return c;
+}
+
+/* A piece of exactly numel * dtype size bytes, zeros; the sizes past ndim are stale nonsense, as a
+ * worker's view of a piece can leave them. */
+static op_local s_piece(dt_dtype dtype, int ndim, const int64_t *shape)
+{
+    op_local p = {.dtype = dtype, .ndim = ndim};
+    for (int d = 0; d < DT_MAX_DIMS; d++)
+        p.shape[d] = d < ndim ? shape[d] : 7;
+    size_t bytes = (size_t)dt_layout_numel(ndim, p.shape) * dt_dtype_size(dtype);
+    p.data = calloc(bytes, 1);
+    cr_assert(p.data || !bytes);
+    return p;
+}
+
+static op_local *s_in(s_call *c, dt_dtype dtype, int ndim, const int64_t *shape)
+{
+    c->k.in[c->k.nin] = s_piece(dtype, ndim, shape);
+    return &c->k.in[c->k.nin++];
+}
+
+static op_local *s_out(s_call *c, dt_dtype dtype, int ndim, const int64_t *shape)
+{
+    c->k.out[c->k.nout] = s_piece(dtype, ndim, shape);
+    return &c->k.out[c->k.nout++];
+}
+
+static void s_ints(s_call *c, int n, const int64_t *v)
+{
+    c->attrs.nints = n;
+    memcpy(c->attrs.ints, v, (size_t)n * sizeof *v);
+}
+
+static void s_ctx(s_call *c, int n, const int64_t *v)
+{
+    c->k.nctx = n;
+    memcpy(c->k.ctx, v, (size_t)n * sizeof *v);
+}
+
+static void s_floats(s_call *c, int n, const double *v)
+{
+    c->attrs.nfloats = n;
+    memcpy(c->attrs.floats, v, (size_t)n * sizeof *v);
+}
+
+static const char *s_run(s_call *c) { return cpu_kernel_for(c->k.def->id)(&c->k); }
+
+static void s_free(s_call *c)
+{
+    for (int i = 0; i < c->k.nin; i++)
+        free(c->k.in[i].data);
+    for (int o = 0; o < c->k.nout; o++)
+        if (c->k.def->inplace && o == 0)
+            continue; /* input 0's bytes */
+        else
+            free(c->k.out[o].data);
+    free(c);
+}
+
+/* The kernel refuses c's pieces, saying why. */
+static void s_refused(s_call *c, const char *what)
+{
+    const char *why = s_run(c);
+    cr_expect(why != NULL, "%s %s: ran", c->k.def->name, what);
+    s_free(c);
+}
+
+/* The kernel runs c's pieces. */
+static void s_runs(s_call *c, const char *what)
+{
+    const char *why = s_run(c);
+    cr_expect(why == NULL, "%s %s: %s", c->k.def->name, what, why ? why : "");
+}
+
+/* ---- reductions ------------------------------------------------------------------------------ */
+
+Test(hostile, list_reductions)
+{
+    s_call *c = s_new(OP_ID_sum);
+    s_in(c, F32, S(2, 3));
+    s_out(c, F32, S(1));
+    s_ctx(c, S(2, 3));
+    s_refused(c, "into an output of fewer elements than the kept dims");
+
+    c = s_new(OP_ID_sum);
+    s_in(c, F32, S(2, 3));
+    s_out(c, F32, S(2, 3));
+    s_ctx(c, S(1 << 5, 1));
+    s_refused(c, "over a dim past the piece's");
+
+    c = s_new(OP_ID_amax);
+    s_in(c, I32, S(2, 3));
+    s_out(c, I64, S(2));
+    s_ctx(c, S(2, 3));
+    s_refused(c, "into another dtype than its input's");
+
+    c = s_new(OP_ID_mean);
+    s_in(c, I64, S(2, 3));
+    s_out(c, I64, S(2));
+    s_ctx(c, S(2, 3));
+    s_refused(c, "into an integer output");
+
+    /* an empty piece whose reduced dims multiply past int64: nothing to do */
+    c = s_new(OP_ID_sum);
+    s_in(c, F32, S(0, BIG, BIG));
+    s_out(c, F32, S(0));
+    s_ctx(c, S(6, 1));
+    s_runs(c, "of an empty piece with huge reduced dims");
+    s_free(c);
+
+    /* fits: [[1, 2, 3], [4, 5, 6]] summed over dim 1 (kept) is [[6], [15]] */
+    c = s_new(OP_ID_sum);
+    float *x = s_in(c, F32, S(2, 3))->data, *y = s_out(c, F32, S(2, 1))->data;
+    for (int i = 0; i < 6; i++)
+        x[i] = (float)(i + 1);
+    s_ctx(c, S(2, 3));
+    s_runs(c, "over dim 1");
+    cr_expect(y[0] == 6.0f && y[1] == 15.0f, "sum: %g %g", y[0], y[1]);
+    s_free(c);
+}
+
+Test(hostile, along_a_dim)
+{
+    s_call *c = s_new(OP_ID_argmax);
+    s_in(c, F32, S(2, 3));
+    s_out(c, I64, S(2));
+    s_ctx(c, S(5));
+    s_ints(c, S(0, 5));
+    s_refused(c, "along dim 5 of a 2-D piece");
+
+    c = s_new(OP_ID_argmax);
+    s_in(c, F32, S(2, 3));
+    s_out(c, F32, S(2));
+    s_ctx(c, S(1));
+    s_refused(c, "into float32 positions");
+
+    c = s_new(OP_ID_max_dim);
+    s_in(c, F32, S(2, 3));
+    s_out(c, F32, S(2));
+    s_out(c, I64, S(1));
+    s_ctx(c, S(1));
+    s_refused(c, "with positions of another shape than its values");
+
+    c = s_new(OP_ID_topk);
+    s_in(c, F32, S(2, 3));
+    s_out(c, F32, S(2, 5));
+    s_out(c, I64, S(2, 5));
+    s_ints(c, S(5, 1, 1, 1));
+    s_ctx(c, S(1));
+    s_refused(c, "of k = 5 along a dim of 3");
+
+    c = s_new(OP_ID_topk);
+    s_in(c, F32, S(2, 3));
+    s_out(c, F32, S(2, 1));
+    s_out(c, I64, S(2, 1));
+    s_ints(c, S(2, 1, 1, 1));
+    s_ctx(c, S(1));
+    s_refused(c, "of k = 2 into outputs of 1");
+
+    c = s_new(OP_ID_softmax);
+    s_in(c, F32, S(2, 3));
+    s_out(c, F32, S(2));
+    s_ctx(c, S(1));
+    s_refused(c, "into an output of another shape");
+
+    c = s_new(OP_ID_cumsum);
+    s_in(c, F32, S(2, 3));
+    s_out(c, F32, S(2, 3));
+    s_ctx(c, S(-1));
+    s_refused(c, "along dim -1 (only argmax and argmin run over every element)");
+
+    /* softmax along dim 0 of an empty piece whose later dims multiply past int64 */
+    c = s_new(OP_ID_softmax);
+    s_in(c, F32, S(0, BIG, BIG));
+    s_out(c, F32, S(0, BIG, BIG));
+    s_ctx(c, S(0));
+    s_runs(c, "of an empty piece");
+    s_free(c);
+
+    /* fits: argmax of [[1, 5, 2], [7, 0, 3]] along dim 1 is [1, 0] */
+    c = s_new(OP_ID_argmax);
+    float *x = s_in(c, F32, S(2, 3))->data;
+    int64_t *at = s_out(c, I64, S(2))->data;
+    memcpy(x, (float[]){1, 5, 2, 7, 0, 3}, sizeof(float[6]));
+    s_ints(c, S(0, 1));
+    s_ctx(c, S(1));
+    s_runs(c, "along dim 1");
+    cr_expect(at[0] == 1 && at[1] == 0, "argmax: %lld %lld", (long long)at[0], (long long)at[1]);
+    s_free(c);
+}
+
+Test(hostile, norms)
+{
+    s_call *c = s_new(OP_ID_layer_norm);
+    s_in(c, F32, S(2, 3));
+    s_in(c, F32, S(2));
+    s_out(c, F32, S(2, 3));
+    s_ctx(c, S(3, 1));
+    s_refused(c, "with a weight of 2 for rows of 3");
+
+    c = s_new(OP_ID_layer_norm);
+    s_in(c, F32, S(2, 3));
+    s_in(c, F32, S(3));
+    s_out(c, F32, S(2, 3));
+    s_ctx(c, S(3, 3));
+    s_refused(c, "told of a weight and a bias, given one tensor");
+
+    c = s_new(OP_ID_rms_norm);
+    s_in(c, F32, S(2, 3));
+    s_out(c, F32, S(2, 3));
+    s_ctx(c, S(4, 0));
+    s_refused(c, "in rows of 4 of a piece of 6");
+
+    c = s_new(OP_ID_rms_norm);
+    s_in(c, F32, S(2, 3));
+    s_out(c, F32, S(3));
+    s_ctx(c, S(3, 0));
+    s_refused(c, "into a smaller output");
+
+    /* fits: rms_norm of [3, 4] (eps 0) is [3, 4] / sqrt(12.5) */
+    c = s_new(OP_ID_rms_norm);
+    float *x = s_in(c, F32, S(1, 2))->data, *y = s_out(c, F32, S(1, 2))->data;
+    x[0] = 3, x[1] = 4;
+    s_ctx(c, S(2, 0));
+    s_floats(c, 1, (double[]){0.0});
+    s_runs(c, "of one row");
+    float r = 1.0f / sqrtf(12.5f);
+    cr_expect(fabsf(y[0] - 3 * r) < 1e-6f && fabsf(y[1] - 4 * r) < 1e-6f, "rms_norm: %g %g", y[0], y[1]);
+    s_free(c);
+}
