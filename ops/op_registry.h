@@ -208,6 +208,18 @@ int op_cat_dim(const op_kernel *k);
  * not line up (nothing from a socket is trusted). */
 const char *op_cat_block(const op_kernel *k, int i, int dim, int64_t *pos, int64_t *shape);
 
+/* The other views on a device (ops/op_view_local.c, every backend's kernel): NULL, or why the
+ * pieces and attributes do not fit together as the controller makes them (nothing from a socket is
+ * trusted). permute: perm[i] the input dim of output dim i (attrs.ints, a permutation of the input's
+ * dims). expand: the input broadcasts to the output (right-aligned). index_select: *dim the input's
+ * dim that int32 or int64 positions (at most 1-D) select along (attrs.ints[0]). triu/tril: the global
+ * row and column of the piece's first element (ctx) and the diagonal (attrs.ints[0]), clamped far
+ * beyond any dim so that no sum of them overflows. */
+const char *op_permute_local(const op_kernel *k, int *perm);
+const char *op_expand_local(const op_kernel *k);
+const char *op_index_select_local(const op_kernel *k, int *dim);
+const char *op_tri_local(const op_kernel *k, int64_t *row0, int64_t *col0, int64_t *diag);
+
 /* How scaled_dot_product_attention's kernels read their local pieces (ops/op_matmul.c, for every
  * backend): q (..., L, E) holds nbatch matrices of L rows, k (..., S, E) and v (..., S, Ev) those of
  * the key/value heads; query matrix b attends to key/value matrix (b / Hq) * H + (b % Hq) / group.
@@ -244,7 +256,8 @@ typedef struct {
     int64_t start, step;
     int64_t shape[DT_MAX_DIMS];
 } op_slice_dims;
-/* NULL (an empty block: shape holds a 0), or why the pieces do not match. */
+/* NULL (an empty block: shape holds a 0; a block of one element along dim: step 1), or why the
+ * pieces do not match (ops/op_view_local.c). */
 const char *op_slice_layout(const op_kernel *k, op_slice_dims *s);
 
 /* sum, mean, amax, amin, max, min on a device: ctx = [mask of the reduced dims, ...]; the mask, the

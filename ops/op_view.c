@@ -413,32 +413,6 @@ static int s_shard_expand(op_call *c)
 
 /* ---- cat / stack ----------------------------------------------------------------------------- */
 
-int op_cat_dim(const op_kernel *k)
-{
-    int n = k->out[0].ndim;
-    if (k->attrs->nints < 1)
-        return -1;
-    int64_t dim = k->attrs->ints[0] < 0 ? k->attrs->ints[0] + (n > 0 ? n : 1) : k->attrs->ints[0];
-    return dim >= 0 && dim < n ? (int)dim : -1;
-}
-
-const char *op_cat_block(const op_kernel *k, int i, int dim, int64_t *pos, int64_t *shape)
-{
-    bool stack = k->def->id == OP_ID_stack;
-    const op_local *in = &k->in[i], *out = &k->out[0];
-    if (in->ndim != out->ndim - (stack ? 1 : 0))
-        return "cat: local pieces do not line up (internal error)";
-    for (int d = 0, r = 0; d < out->ndim; d++)
-        shape[d] = stack && d == dim ? 1 : in->shape[r++];
-    for (int d = 0; d < out->ndim; d++)
-        if (d != dim && shape[d] != out->shape[d])
-            return "cat: local pieces do not line up (internal error)";
-    if (*pos + shape[dim] > out->shape[dim])
-        return "cat: local pieces do not line up (internal error)";
-    *pos += shape[dim];
-    return NULL;
-}
-
 static int s_infer_cat(op_call *c)
 {
     bool stack = s_code(c) == OP_ID_stack;

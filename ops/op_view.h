@@ -1,5 +1,6 @@
-/* op_view — what the view family's two files share: op_view.c (the ops' shapes and shardings, and
- * their op_defs) and op_view_alias.c (the hooks by which an output needs no copy). */
+/* op_view — what the view family's files share: op_view.c (the ops' shapes and shardings, and
+ * their op_defs), op_view_alias.c (the hooks by which an output needs no copy) and op_view_local.c
+ * (the pieces on a device). */
 #ifndef OP_VIEW_H
 #define OP_VIEW_H
 

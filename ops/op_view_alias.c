@@ -1,37 +1,13 @@
 /* op_view_alias — the view ops whose outputs need no copy (op_def's alias, view and strided hooks of
  * the rows of OP_VIEW): a device's output that is its input's own bytes (reshape, a slice that keeps
  * one contiguous run), an output no device needs to hear of, and a strided view of what the input
- * reads (op_strided_*); and where a slice's block lies in its device's piece (op_slice_layout).
- * The ops' shapes and shardings are in op_view.c. */
+ * reads (op_strided_*). The ops' shapes and shardings are in op_view.c, where a slice's block lies in
+ * its device's piece (op_slice_layout) in op_view_local.c. */
 #include <string.h>
 
 #include "dt_dtype.h"
 #include "dt_layout.h"
 #include "op_view.h"
-
-/* ---- a slice's block in its device's piece (every backend's kernel, and op_alias_slice) ---------- */
-
-const char *op_slice_layout(const op_kernel *k, op_slice_dims *s)
-{
-    bool drop = k->def->id == OP_ID_select;
-    const op_local *in = &k->in[0], *out = &k->out[0];
-    if (k->nctx < 3)
-        return "slice: missing arguments (internal error)";
-    s->dim = (int)k->ctx[0];
-    s->start = k->ctx[1];
-    s->step = k->ctx[2];
-    if (s->dim < 0 || s->dim >= in->ndim || out->ndim != in->ndim - (drop ? 1 : 0) || out->dtype != in->dtype)
-        return "slice: piece does not match (internal error)";
-    for (int d = 0, r = 0; d < in->ndim; d++)
-        s->shape[d] = drop && d == s->dim ? 1 : out->shape[r++];
-    for (int d = 0; d < in->ndim; d++)
-        if (d != s->dim && s->shape[d] != in->shape[d])
-            return "slice: piece does not match (internal error)";
-    if (dt_layout_numel(in->ndim, s->shape) > 0 &&
-        (s->start < 0 || s->step < 1 || s->start + (s->shape[s->dim] - 1) * s->step >= in->shape[s->dim]))
-        return "slice: range outside the local piece (internal error)";
-    return NULL;
-}
 
 /* ---- outputs that are their input's bytes (op_def.alias) -------------------------------------- */
 

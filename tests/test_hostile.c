@@ -265,3 +265,95 @@ Test(hostile, norms)
     cr_expect(fabsf(y[0] - 3 * r) < 1e-6f && fabsf(y[1] - 4 * r) < 1e-6f, "rms_norm: %g %g", y[0], y[1]);
     s_free(c);
 }
+
+/* ---- views and data movement ----------------------------------------------------------------- */
+
+Test(hostile, views)
+{
+    s_call *c = s_new(OP_ID_permute);
+    s_in(c, F32, S(2, 3));
+    s_out(c, F32, S(2, 2));
+    s_ints(c, S(0, 0));
+    s_refused(c, "by [0, 0], which names dim 0 twice");
+
+    c = s_new(OP_ID_permute);
+    s_in(c, F32, S(2, 3));
+    s_out(c, BOOL, S(3, 2));
+    s_ints(c, S(1, 0));
+    s_refused(c, "into a bool output of a float32 input");
+
+    c = s_new(OP_ID_expand);
+    s_in(c, F32, S(1, 3));
+    s_out(c, BOOL, S(2, 3));
+    s_refused(c, "into a bool output of a float32 input");
+
+    c = s_new(OP_ID_index_select);
+    s_in(c, F32, S(2, 3));
+    s_in(c, I64, S(7));
+    s_out(c, F32, S(2, 3));
+    s_ints(c, S(5, 0));
+    s_refused(c, "along dim 5 of a 2-D piece");
+
+    c = s_new(OP_ID_index_select);
+    s_in(c, F32, S(2, 3));
+    s_in(c, F32, S(2));
+    s_out(c, F32, S(2, 3));
+    s_ints(c, S(0, 0));
+    s_refused(c, "by float32 positions");
+
+    c = s_new(OP_ID_index_select);
+    s_in(c, F32, S(2, 3));
+    s_in(c, I64, S(1));
+    s_out(c, F32, S(1, 2));
+    s_ints(c, S(0, 0));
+    s_refused(c, "into rows shorter than the input's");
+
+    c = s_new(OP_ID_triu);
+    s_in(c, F32, S(3, 3));
+    s_out(c, F32, S(2, 2));
+    s_ctx(c, S(0, 0));
+    s_refused(c, "into a smaller output");
+
+    c = s_new(OP_ID_slice);
+    s_in(c, F32, S(4));
+    s_out(c, F32, S(2));
+    s_ctx(c, S(0, 1, INT64_MAX));
+    s_refused(c, "of two elements a step of INT64_MAX apart");
+
+    c = s_new(OP_ID_cat);
+    s_in(c, F32, S(0, INT64_C(1) << 62));
+    s_in(c, F32, S(0, INT64_C(1) << 62));
+    s_out(c, F32, S(0, INT64_C(1) << 62));
+    s_ints(c, S(1));
+    s_refused(c, "of two pieces of 2^62 into 2^62 along dim 1");
+
+    /* fits: a row far below the diagonal's reach keeps nothing of triu */
+    c = s_new(OP_ID_triu);
+    float *x = s_in(c, F32, S(2, 2))->data, *y = s_out(c, F32, S(2, 2))->data;
+    memcpy(x, (float[]){1, 2, 3, 4}, sizeof(float[4]));
+    s_ctx(c, S(INT64_MAX, 0));
+    s_runs(c, "of rows from INT64_MAX on");
+    for (int i = 0; i < 4; i++)
+        cr_expect(y[i] == 0.0f, "triu: y[%d] = %g", i, y[i]);
+    s_free(c);
+
+    /* fits: one element at 2 with any step */
+    c = s_new(OP_ID_slice);
+    x = s_in(c, F32, S(4))->data, y = s_out(c, F32, S(1))->data;
+    memcpy(x, (float[]){1, 2, 3, 4}, sizeof(float[4]));
+    s_ctx(c, S(0, 2, INT64_MAX));
+    s_runs(c, "of one element");
+    cr_expect(y[0] == 3.0f, "slice: %g", y[0]);
+    s_free(c);
+
+    /* fits: [[1, 2, 3], [4, 5, 6]] permuted by [1, 0] */
+    c = s_new(OP_ID_permute);
+    x = s_in(c, F32, S(2, 3))->data, y = s_out(c, F32, S(3, 2))->data;
+    memcpy(x, (float[]){1, 2, 3, 4, 5, 6}, sizeof(float[6]));
+    s_ints(c, S(-1, 0));
+    s_runs(c, "by [-1, 0]");
+    const float want[6] = {1, 4, 2, 5, 3, 6};
+    for (int i = 0; i < 6; i++)
+        cr_expect(y[i] == want[i], "permute: y[%d] = %g, want %g", i, y[i], want[i]);
+    s_free(c);
+}

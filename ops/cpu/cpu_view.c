@@ -12,12 +12,6 @@
 #include "dt_dtype.h"
 #include "dt_layout.h"
 
-static int s_norm_dim(int64_t dim, int ndim)
-{
-    int64_t n = ndim > 0 ? ndim : 1;
-    return (int)(dim < 0 ? dim + n : dim);
-}
-
 /* reshape / view / flatten / unsqueeze / squeeze: the local output is the local input in the
  * same row-major order (the sharding rule guarantees it), so one memcpy. */
 const char *cpu_k_reshape(op_kernel *k)
@@ -39,15 +33,13 @@ const char *cpu_k_permute(op_kernel *k)
     op_local *out = &k->out[0];
     size_t elem = dt_dtype_size(in->dtype);
     int64_t in_strides[DT_MAX_DIMS], src[DT_MAX_DIMS], dst[DT_MAX_DIMS];
-    if (k->attrs->nints != in->ndim || out->ndim != in->ndim)
-        return "permutation does not match the piece (internal error)";
+    int perm[DT_MAX_DIMS];
+    const char *why = op_permute_local(k, perm);
+    if (why)
+        return why;
     cpu_contiguous_strides(in->ndim, in->shape, elem, in_strides);
-    for (int i = 0; i < in->ndim; i++) {
-        int p = s_norm_dim(k->attrs->ints[i], in->ndim);
-        if (p < 0 || p >= in->ndim || out->shape[i] != in->shape[p])
-            return "permutation does not match the piece (internal error)";
-        src[i] = in_strides[p];
-    }
+    for (int i = 0; i < in->ndim; i++)
+        src[i] = in_strides[perm[i]];
     cpu_contiguous_strides(out->ndim, out->shape, elem, dst);
     cpu_copy_block(out->data, dst, in->data, src, out->ndim, out->shape, elem);
     return NULL;
@@ -58,13 +50,9 @@ const char *cpu_k_expand(op_kernel *k)
 {
     const op_local *in = &k->in[0];
     op_local *out = &k->out[0];
-    if (in->ndim > out->ndim)
-        return "expand: piece has more dims than the output (internal error)";
-    for (int d = 0; d < in->ndim; d++) {
-        int64_t a = in->shape[d], b = out->shape[d + out->ndim - in->ndim];
-        if (a != b && a != 1)
-            return "expand: local piece does not broadcast to the output piece (internal error)";
-    }
+    const char *why = op_expand_local(k);
+    if (why)
+        return why;
     cpu_broadcast(out->data, out->ndim, out->shape, in->data, in->ndim, in->shape, dt_dtype_size(in->dtype));
     return NULL;
 }
@@ -90,9 +78,11 @@ const char *cpu_k_cat(op_kernel *k)
         if (why)
             return why;
         int64_t n = dt_layout_numel(in->ndim, in->shape);
+        if (n == 0)
+            continue; /* nothing to copy, and an empty output's strides may not multiply */
         const void *src = in->data;
         void *converted = NULL;
-        if (in->dtype != out->dtype && n > 0) {
+        if (in->dtype != out->dtype) {
             cpu_ctype t = s_ctype(out->dtype);
             void *tmp = malloc((size_t)n * cpu_ctype_size(t));
             converted = malloc((size_t)n * elem);
@@ -142,11 +132,12 @@ const char *cpu_k_index_select(op_kernel *k)
 {
     const op_local *x = &k->in[0], *idx = &k->in[1];
     op_local *out = &k->out[0];
-    int dim = s_norm_dim(k->attrs->ints[0], x->ndim);
+    int dim;
+    const char *why = op_index_select_local(k, &dim);
+    if (why)
+        return why;
     bool wrap = k->attrs->nints > 1 && k->attrs->ints[1];
     int64_t m = dt_layout_numel(idx->ndim, idx->shape), size = x->shape[dim];
-    if (out->ndim != x->ndim || out->shape[dim] != m)
-        return "index_select: piece does not match (internal error)";
     int64_t *pos = malloc((size_t)(m ? m : 1) * sizeof *pos);
     if (!pos)
         return "out of memory on the device";
@@ -162,6 +153,10 @@ const char *cpu_k_index_select(op_kernel *k)
             return wrap ? s_why : "index out of range in self";
         }
         pos[j] = v;
+    }
+    if (dt_layout_numel(out->ndim, out->shape) == 0) {
+        free(pos); /* nothing to copy, and an empty piece's sizes may not multiply */
+        return NULL;
     }
     int64_t outer = 1, inner = (int64_t)dt_dtype_size(x->dtype);
     for (int d = 0; d < dim; d++)
@@ -185,17 +180,13 @@ const char *cpu_k_tri(op_kernel *k)
     bool upper = k->def->id == OP_ID_triu;
     const op_local *in = &k->in[0];
     op_local *out = &k->out[0];
-    if (k->nctx < 2 || in->ndim < 2 || out->ndim != in->ndim)
-        return "tri: piece does not match (internal error)";
-    int64_t diag = k->attrs->nints > 0 ? k->attrs->ints[0] : 0;
-    const int64_t lim = INT64_C(1) << 60; /* far beyond any dim; keeps the sums below from overflowing */
-    diag = diag > lim ? lim : diag < -lim ? -lim : diag;
+    int64_t r0, c0, diag;
+    const char *why = op_tri_local(k, &r0, &c0, &diag);
+    if (why || dt_layout_numel(in->ndim, in->shape) == 0)
+        return why;
     int64_t rows = in->shape[in->ndim - 2], cols = in->shape[in->ndim - 1];
     int64_t batch = dt_layout_numel(in->ndim - 2, in->shape);
     size_t elem = dt_dtype_size(in->dtype);
-    int64_t r0 = k->ctx[0], c0 = k->ctx[1];
-    if (batch * rows * cols == 0)
-        return NULL;
     const char *src = in->data;
     char *dst = out->data;
     for (int64_t b = 0; b < batch; b++)

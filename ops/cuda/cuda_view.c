@@ -21,12 +21,6 @@
 
 static _Thread_local char s_why[160];
 
-static int s_norm_dim(int64_t dim, int ndim)
-{
-    int64_t n = ndim > 0 ? ndim : 1;
-    return (int)(dim < 0 ? dim + n : dim);
-}
-
 /* C-contiguous byte strides of a piece */
 static void s_strides(const op_local *p, int64_t *strides)
 {
@@ -83,15 +77,13 @@ const char *cuda_k_permute(cuda_ctx *c, op_kernel *k)
     const op_local *in = &k->in[0];
     op_local *out = &k->out[0];
     int64_t in_strides[DT_MAX_DIMS], src[DT_MAX_DIMS], dst[DT_MAX_DIMS];
-    if (k->attrs->nints != in->ndim || out->ndim != in->ndim || out->dtype != in->dtype)
-        return "permutation does not match the piece (internal error)";
+    int perm[DT_MAX_DIMS];
+    const char *why = op_permute_local(k, perm);
+    if (why)
+        return why;
     s_strides(in, in_strides);
-    for (int i = 0; i < in->ndim; i++) {
-        int p = s_norm_dim(k->attrs->ints[i], in->ndim);
-        if (p < 0 || p >= in->ndim || out->shape[i] != in->shape[p])
-            return "permutation does not match the piece (internal error)";
-        src[i] = in_strides[p];
-    }
+    for (int i = 0; i < in->ndim; i++)
+        src[i] = in_strides[perm[i]];
     s_strides(out, dst);
     return cuda_backend.copy_region(out->data, dst, in->data, src, out->ndim, out->shape, dt_dtype_size(in->dtype));
 }
@@ -102,13 +94,12 @@ const char *cuda_k_expand(cuda_ctx *c, op_kernel *k)
     const op_local *in = &k->in[0];
     op_local *out = &k->out[0];
     int64_t in_strides[DT_MAX_DIMS], src[DT_MAX_DIMS], dst[DT_MAX_DIMS];
-    if (in->ndim > out->ndim || out->dtype != in->dtype)
-        return "expand: piece has more dims than the output (internal error)";
+    const char *why = op_expand_local(k);
+    if (why)
+        return why;
     s_strides(in, in_strides);
     for (int d = 0; d < out->ndim; d++) {
         int j = d - (out->ndim - in->ndim);
-        if (j >= 0 && in->shape[j] != out->shape[d] && in->shape[j] != 1)
-            return "expand: local piece does not broadcast to the output piece (internal error)";
         src[d] = j >= 0 && in->shape[j] == out->shape[d] ? in_strides[j] : 0;
     }
     s_strides(out, dst);
@@ -135,9 +126,11 @@ const char *cuda_k_cat(cuda_ctx *c, op_kernel *k)
         if ((why = op_cat_block(k, i, dim, &pos, shape)))
             return why;
         int64_t n = dt_layout_numel(in->ndim, in->shape);
+        if (n == 0)
+            continue; /* nothing to copy, and an empty output's strides may not multiply */
         const void *src = in->data;
         void *converted = NULL;
-        if (in->dtype != out->dtype && n > 0) {
+        if (in->dtype != out->dtype) {
             why = cuda_scratch(c, (size_t)n * elem, &converted);
             if (!why)
                 why = cuda_check(cuda_convert(converted, out->dtype, in->data, in->dtype, n, c->compute), "conversion");
@@ -179,13 +172,11 @@ const char *cuda_k_index_select(cuda_ctx *c, op_kernel *k)
     const char *why;
     const op_local *x = &k->in[0], *idx = &k->in[1];
     op_local *out = &k->out[0];
-    int dim = s_norm_dim(k->attrs->ints[0], x->ndim);
+    int dim;
+    if ((why = op_index_select_local(k, &dim)))
+        return why;
     bool wrap = k->attrs->nints > 1 && k->attrs->ints[1];
-    if (dim < 0 || dim >= x->ndim)
-        return "index_select: piece does not match (internal error)";
     int64_t m = dt_layout_numel(idx->ndim, idx->shape), size = x->shape[dim], at, v;
-    if (out->ndim != x->ndim || out->shape[dim] != m || out->dtype != x->dtype)
-        return "index_select: piece does not match (internal error)";
     if ((why = cuda_index_check(c, idx, wrap ? -size : 0, size, &at, &v)))
         return why;
     if (at >= 0) {
@@ -195,6 +186,8 @@ const char *cuda_k_index_select(cuda_ctx *c, op_kernel *k)
                  size);
         return s_why;
     }
+    if (dt_layout_numel(out->ndim, out->shape) == 0)
+        return NULL; /* nothing to copy, and an empty piece's sizes may not multiply */
     int64_t outer = dt_layout_numel(dim, x->shape), inner = dt_layout_numel(x->ndim - dim - 1, x->shape + dim + 1);
     return cuda_check(cuda_gather_rows(out->data, x->data, idx->data, idx->dtype, outer, m, size, 0, wrap ? size : 0,
                                        (size_t)inner * dt_dtype_size(x->dtype), c->compute),
@@ -227,13 +220,12 @@ const char *cuda_k_tri(cuda_ctx *c, op_kernel *k)
 {
     const op_local *in = &k->in[0];
     op_local *out = &k->out[0];
-    if (k->nctx < 2 || in->ndim < 2 || out->ndim != in->ndim || out->dtype != in->dtype)
-        return "tri: piece does not match (internal error)";
-    int64_t diag = k->attrs->nints > 0 ? k->attrs->ints[0] : 0;
-    const int64_t lim = INT64_C(1) << 60; /* far beyond any dim; keeps the sums from overflowing */
-    diag = diag > lim ? lim : diag < -lim ? -lim : diag;
+    int64_t r0, c0, diag;
+    const char *why = op_tri_local(k, &r0, &c0, &diag);
+    if (why || dt_layout_numel(in->ndim, in->shape) == 0)
+        return why;
     int64_t rows = in->shape[in->ndim - 2], cols = in->shape[in->ndim - 1];
     return cuda_check(cuda_tri(out->data, in->data, dt_dtype_size(in->dtype), dt_layout_numel(in->ndim - 2, in->shape),
-                               rows, cols, k->ctx[0], k->ctx[1], diag, k->def->id == OP_ID_triu, c->compute),
+                               rows, cols, r0, c0, diag, k->def->id == OP_ID_triu, c->compute),
                       "triu/tril");
 }
