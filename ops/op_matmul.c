@@ -585,26 +585,50 @@ static int s_local_sdpa(const op_call *c, const int64_t *coord, int64_t *ctx)
     return 1;
 }
 
+const char *op_embedding_local(const op_kernel *k, int64_t *n)
+{
+    const op_local *idx = &k->in[0], *w = &k->in[1], *o = &k->out[0];
+    if (k->nctx < 2 || k->nin != 2 || k->nout != 1 || (idx->dtype != DT_INT32 && idx->dtype != DT_INT64) ||
+        w->ndim != 2 || o->ndim != idx->ndim + 1 || o->dtype != w->dtype || o->shape[idx->ndim] != w->shape[1] ||
+        memcmp(o->shape, idx->shape, (size_t)idx->ndim * sizeof *idx->shape) || k->ctx[0] < 0)
+        return "the local pieces of the operands do not fit together";
+    *n = dt_layout_numel(idx->ndim, idx->shape);
+    return NULL;
+}
+
 const char *op_sdpa_layout(const op_kernel *k, op_sdpa_dims *d)
 {
+    static const char misfit[] = "the local pieces of the operands do not fit together";
     const op_local *q = &k->in[0], *kk = &k->in[1], *v = &k->in[2], *mask = k->nin == 4 ? &k->in[3] : NULL;
     const op_local *o = &k->out[0];
     int nd = q->ndim;
-    if (k->nin < 3 || k->nin > 4 || nd < 2 || kk->ndim != nd || v->ndim != nd || (mask && mask->ndim > nd))
-        return "the local pieces of the operands do not fit together";
+    if (k->nin < 3 || k->nin > 4 || k->nout != 1 || nd < 2 || kk->ndim != nd || v->ndim != nd ||
+        (mask && mask->ndim > nd))
+        return misfit;
+    if (!dt_dtype_is_float(q->dtype) || kk->dtype != q->dtype || v->dtype != q->dtype || !dt_dtype_is_float(o->dtype) ||
+        (mask && mask->dtype != DT_BOOL && !dt_dtype_is_float(mask->dtype)))
+        return misfit;
     *d = (op_sdpa_dims){.nd = nd, .L = q->shape[nd - 2], .E = q->shape[nd - 1], .S = kk->shape[nd - 2],
                         .Ev = v->shape[nd - 1], .Hq = nd >= 3 ? q->shape[nd - 3] : 1,
                         .H = nd >= 3 ? kk->shape[nd - 3] : 1};
     d->group = d->H ? d->Hq / d->H : 1;
     d->nbatch = dt_layout_numel(nd - 2, q->shape);
-    if (d->H * d->group != d->Hq || o->ndim != nd || o->shape[nd - 1] != d->Ev || o->shape[nd - 2] != d->L ||
-        dt_layout_numel(nd - 2, kk->shape) * d->group != d->nbatch)
-        return "the local pieces of the operands do not fit together";
+    if (d->H * d->group != d->Hq || kk->shape[nd - 1] != d->E || v->shape[nd - 2] != d->S || o->ndim != nd ||
+        o->shape[nd - 1] != d->Ev || o->shape[nd - 2] != d->L)
+        return misfit;
+    /* batch dims: k and v alike, q and the output alike, q and k alike but for the heads */
+    for (int i = 0; i < nd - 2; i++)
+        if (v->shape[i] != kk->shape[i] || o->shape[i] != q->shape[i] || (i != nd - 3 && kk->shape[i] != q->shape[i]))
+            return misfit;
     const op_attrs *a = k->attrs;
     d->causal = a->nints > 0 && a->ints[0];
     bool has_scale = a->nints > 2 && a->ints[2] && a->nfloats > 0;
     d->scale = has_scale ? (float)a->floats[0] : (float)(1.0 / sqrt((double)d->E));
     d->row0 = k->nctx > 0 ? k->ctx[0] : 0;
+    if (d->row0 < 0)
+        return misfit;
+    if (d->row0 > d->S)
+        d->row0 = d->S; /* every key is visible from there on: row0 + i cannot overflow */
     if (!mask)
         return NULL;
     int64_t weights[DT_MAX_DIMS], mst[DT_MAX_DIMS];

@@ -238,8 +238,14 @@ typedef struct {
                                          it broadcasts (all 0 without a mask) */
 } op_sdpa_dims;
 
-/* The dims of kernel k's pieces: NULL, or why they do not fit together. */
+/* The dims of kernel k's pieces (row0 clamped to S, past which it changes nothing): NULL, or why
+ * they do not fit together (shapes or dtypes infer would not give, a negative row0). */
 const char *op_sdpa_layout(const op_kernel *k, op_sdpa_dims *d);
+
+/* embedding on a device (every backend's kernel): *n the positions (int32 or int64) whose rows of the
+ * 2-D weight make the output (the positions' shape, then the weight's row), ctx = [the weight's first
+ * row here (>= 0), the vocabulary size]. NULL, or why the pieces do not fit together. */
+const char *op_embedding_local(const op_kernel *k, int64_t *n);
 
 /* attention_block on a device (every backend's kernel): whether its pieces fit together as the
  * controller made them (q, k, v of one floating dtype, int64 positions, float32 outputs and

@@ -357,3 +357,80 @@ Test(hostile, views)
         cr_expect(y[i] == want[i], "permute: y[%d] = %g, want %g", i, y[i], want[i]);
     s_free(c);
 }
+
+/* ---- products' family: embedding, attention; rotary embedding ------------------------------- */
+
+Test(hostile, embedding)
+{
+    s_call *c = s_new(OP_ID_embedding);
+    s_in(c, I64, S(3));
+    s_in(c, F32, S(4, 2));
+    s_out(c, F32, 0, NULL);
+    s_ctx(c, S(0, 4));
+    s_refused(c, "into a 0-D output");
+
+    c = s_new(OP_ID_embedding);
+    s_in(c, I64, S(3));
+    s_in(c, F32, S(4, 2));
+    s_out(c, BOOL, S(3, 2));
+    s_ctx(c, S(0, 4));
+    s_refused(c, "of float32 rows into a bool output");
+
+    c = s_new(OP_ID_embedding);
+    s_in(c, F32, S(3));
+    s_in(c, F32, S(4, 2));
+    s_out(c, F32, S(3, 2));
+    s_ctx(c, S(0, 4));
+    s_refused(c, "by float32 positions");
+
+    c = s_new(OP_ID_embedding);
+    s_in(c, I64, S(3));
+    s_in(c, F32, S(4, 2));
+    s_out(c, F32, S(3, 2));
+    s_ctx(c, S(INT64_MIN, 4));
+    s_refused(c, "of a shard said to start at row INT64_MIN");
+
+    /* fits: rows 1..4 of a vocabulary of 5 here; positions 4, 0, 2 read local rows 3, none, 1 */
+    c = s_new(OP_ID_embedding);
+    int64_t *idx = s_in(c, I64, S(3))->data;
+    float *w = s_in(c, F32, S(4, 2))->data, *y = s_out(c, F32, S(3, 2))->data;
+    memcpy(idx, (int64_t[]){4, 0, 2}, sizeof(int64_t[3]));
+    for (int i = 0; i < 8; i++)
+        w[i] = (float)i;
+    s_ctx(c, S(1, 5));
+    s_runs(c, "of a shard of rows");
+    const float want[6] = {6, 7, 0, 0, 2, 3};
+    for (int i = 0; i < 6; i++)
+        cr_expect(y[i] == want[i], "embedding: y[%d] = %g, want %g", i, y[i], want[i]);
+    s_free(c);
+}
+
+static s_call *s_sdpa(int64_t Bq, int64_t Eq, int64_t Ek, int64_t Sk, int64_t Sv, int64_t Bo, dt_dtype out)
+{
+    s_call *c = s_new(OP_ID_scaled_dot_product_attention);
+    s_in(c, F32, S(Bq, 2, Eq));
+    s_in(c, F32, S(Bq, Sk, Ek));
+    s_in(c, F32, S(Bq, Sv, 4));
+    s_out(c, out, S(Bo, 2, 4));
+    s_ctx(c, S(0));
+    return c;
+}
+
+Test(hostile, sdpa)
+{
+    s_refused(s_sdpa(1, 4, 2, 3, 3, 1, F32), "with keys of 2 for queries of 4");
+    s_refused(s_sdpa(1, 4, 4, 3, 2, 1, F32), "with 2 values for 3 keys");
+    s_refused(s_sdpa(2, 4, 4, 3, 3, 1, F32), "into an output of one batch of two");
+    s_refused(s_sdpa(1, 4, 4, 3, 3, 1, I32), "into an int32 output");
+
+    /* fits: a causal row from INT64_MAX on sees both keys (equal scores): the values' mean, 3 */
+    s_call *c = s_new(OP_ID_scaled_dot_product_attention);
+    float *q = s_in(c, F32, S(1, 1, 1))->data, *k = s_in(c, F32, S(1, 2, 1))->data;
+    float *v = s_in(c, F32, S(1, 2, 1))->data, *y = s_out(c, F32, S(1, 1, 1))->data;
+    q[0] = 1, k[0] = k[1] = 0, v[0] = 2, v[1] = 4;
+    s_ints(c, S(1, 0, 0));
+    s_ctx(c, S(INT64_MAX));
+    s_runs(c, "of a causal row from INT64_MAX");
+    cr_expect(fabsf(y[0] - 3.0f) < 1e-6f, "sdpa: %g", y[0]);
+    s_free(c);
+}

@@ -549,10 +549,10 @@ const char *cpu_k_embedding(op_kernel *k)
 {
     const op_local *idx = &k->in[0], *w = &k->in[1];
     op_local *o = &k->out[0];
-    int64_t n = dt_layout_numel(idx->ndim, idx->shape);
-    if (k->nctx < 2 || w->ndim != 2 || o->shape[o->ndim - 1] != w->shape[1] ||
-        dt_layout_numel(o->ndim, o->shape) != n * w->shape[1])
-        return "the local pieces of the operands do not fit together";
+    int64_t n;
+    const char *why = op_embedding_local(k, &n);
+    if (why)
+        return why;
     return cpu_embedding(o->data, w->data, w->shape[0], (size_t)w->shape[1] * dt_dtype_size(w->dtype), idx->data,
                          idx->dtype, n, k->ctx[0], k->ctx[1]);
 }
@@ -567,15 +567,19 @@ const char *cpu_k_sdpa(op_kernel *k)
     const op_local *q = &k->in[0], *kk = &k->in[1], *v = &k->in[2], *mask = k->nin == 4 ? &k->in[3] : NULL;
     op_local *o = &k->out[0];
     int nd = d.nd;
-    int64_t L = d.L, S = d.S, E = d.E, Ev = d.Ev;
+    int64_t L = d.L, S = d.S, E = d.E, Ev = d.Ev, nscores;
+    int64_t nout = dt_layout_numel(o->ndim, o->shape), nmask = mask ? dt_layout_numel(mask->ndim, mask->shape) : 0;
+    if (nout == 0)
+        return NULL;
+    if (__builtin_mul_overflow(L, S, &nscores)) /* L and S of pieces without elements (E = 0) */
+        return "out of memory on the device";
     /* the mask as additive float32 */
     float *mvals = NULL;
     void *sq, *sk, *sv, *so = NULL;
     const float *pq = cpu_piece_as(q, CPU_F32, &sq), *pk = cpu_piece_as(kk, CPU_F32, &sk),
                 *pv = cpu_piece_as(v, CPU_F32, &sv);
-    int64_t nout = dt_layout_numel(o->ndim, o->shape), nmask = mask ? dt_layout_numel(mask->ndim, mask->shape) : 0;
-    float *po = o->dtype == DT_FLOAT32 ? o->data : (so = malloc((size_t)(nout ? nout : 1) * sizeof(float)));
-    float *scores = malloc((size_t)(L * S > 0 ? L * S : 1) * sizeof(float));
+    float *po = o->dtype == DT_FLOAT32 ? o->data : (so = malloc((size_t)nout * sizeof(float)));
+    float *scores = malloc((size_t)(nscores > 0 ? nscores : 1) * sizeof(float));
     if (mask && (mvals = malloc((size_t)(nmask ? nmask : 1) * sizeof(float)))) {
         if (mask->dtype == DT_BOOL) {
             const uint8_t *mb = mask->data;

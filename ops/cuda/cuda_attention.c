@@ -43,9 +43,6 @@ const char *cuda_k_sdpa(cuda_ctx *c, op_kernel *k)
         return why;
     const op_local *q = &k->in[0], *mask = k->nin == 4 ? &k->in[3] : NULL;
     op_local *o = &k->out[0];
-    if (!dt_dtype_is_float(q->dtype) || k->in[1].dtype != q->dtype || k->in[2].dtype != q->dtype ||
-        !dt_dtype_is_float(o->dtype) || (mask && mask->dtype != DT_BOOL && !dt_dtype_is_float(mask->dtype)))
-        return "the local pieces of the operands do not fit together";
     if (d.nbatch * d.L == 0 || d.Ev == 0)
         return NULL;
     if ((why = s_fits(c, k->def->name, d.E, d.Ev)))

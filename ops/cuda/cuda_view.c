@@ -201,10 +201,9 @@ const char *cuda_k_embedding(cuda_ctx *c, op_kernel *k)
     const char *why;
     const op_local *idx = &k->in[0], *w = &k->in[1];
     op_local *o = &k->out[0];
-    int64_t n = dt_layout_numel(idx->ndim, idx->shape), at, v;
-    if (k->nctx < 2 || w->ndim != 2 || o->ndim < 1 || o->shape[o->ndim - 1] != w->shape[1] ||
-        dt_layout_numel(o->ndim, o->shape) != n * w->shape[1] || o->dtype != w->dtype)
-        return "the local pieces of the operands do not fit together";
+    int64_t n, at, v;
+    if ((why = op_embedding_local(k, &n)))
+        return why;
     if ((why = cuda_index_check(c, idx, 0, k->ctx[1], &at, &v)))
         return why;
     if (at >= 0)
