@@ -200,6 +200,11 @@ const char *op_mm_local(const op_kernel *k, op_mm_dims *d, int64_t *M, int64_t *
  * INT64_MAX). NULL, or why the attributes are not clamp's. */
 const char *op_clamp_bounds(const op_kernel *k, dt_dtype cd, double *bounds);
 
+/* rope on a device (every backend's kernel): NULL when x (B, H, S, D) of a floating dtype, positions
+ * (B or 1, S) int64, inv_freq (D/2,) float32, the scaling and the output (x's shape and dtype) fit
+ * together, or why not. */
+const char *op_rope_local(const op_kernel *k);
+
 /* cat and stack on a device (every backend's kernel): the output dim the pieces join along
  * (attrs.ints[0], negative from the end), or -1 when the attributes name none of its dims. */
 int op_cat_dim(const op_kernel *k);

@@ -57,6 +57,18 @@ static int s_shard(op_call *c)
     return 0;
 }
 
+const char *op_rope_local(const op_kernel *k)
+{
+    const op_local *x = &k->in[0], *pos = &k->in[1], *freq = &k->in[2], *out = &k->out[0];
+    if (k->nin != 3 || k->nout != 1 || k->attrs->nfloats < 1 || x->ndim != 4 || !dt_dtype_is_float(x->dtype) ||
+        out->dtype != x->dtype || out->ndim != 4 || memcmp(out->shape, x->shape, sizeof *x->shape * 4) ||
+        pos->ndim != 2 || pos->dtype != DT_INT64 || pos->shape[1] != x->shape[2] ||
+        (pos->shape[0] != 1 && pos->shape[0] != x->shape[0]) || freq->ndim != 1 || freq->dtype != DT_FLOAT32 ||
+        freq->shape[0] != x->shape[3] / 2)
+        return "rope: the local pieces of the operands do not fit together";
+    return NULL;
+}
+
 #define S_DEF(op, num, inputs)                                                                                     \
     const op_def op_def_##op = {.name = #op, .id = num, .nin = inputs, .nout = 1, .infer = s_infer, .shard = s_shard};
 OP_ROPE(S_DEF)

@@ -434,3 +434,31 @@ Test(hostile, sdpa)
     cr_expect(fabsf(y[0] - 3.0f) < 1e-6f, "sdpa: %g", y[0]);
     s_free(c);
 }
+
+static s_call *s_rope(int xnd, dt_dtype pos, int64_t half, int64_t D_out)
+{
+    s_call *c = s_new(OP_ID_rope);
+    s_in(c, F32, xnd, (int64_t[]){1, 1, 1, 2});
+    s_in(c, pos, S(1, 1));
+    s_in(c, F32, S(half));
+    s_out(c, F32, S(1, 1, 1, D_out));
+    s_floats(c, 1, (double[]){2.0});
+    return c;
+}
+
+Test(hostile, rope)
+{
+    s_refused(s_rope(3, I64, 1, 2), "of a 3-D x");
+    s_refused(s_rope(4, I32, 1, 2), "at int32 positions");
+    s_refused(s_rope(4, I64, 0, 2), "with no frequencies for a head of 2");
+    s_refused(s_rope(4, I64, 1, 1), "into a smaller output");
+
+    /* fits: [1, 0] at position 0, scaled by 2 */
+    s_call *c = s_rope(4, I64, 1, 2);
+    float *x = c->k.in[0].data, *y = c->k.out[0].data;
+    x[0] = 1, x[1] = 0;
+    ((float *)c->k.in[2].data)[0] = 1;
+    s_runs(c, "of one pair");
+    cr_expect(y[0] == 2.0f && y[1] == 0.0f, "rope: %g %g", y[0], y[1]);
+    s_free(c);
+}

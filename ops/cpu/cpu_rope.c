@@ -7,6 +7,7 @@
 
 #include "cpu_ops.h"
 #include "dt_dtype.h"
+#include "dt_layout.h"
 
 static inline float s_get(const void *x, dt_dtype dtype, int64_t i)
 {
@@ -68,6 +69,9 @@ void cpu_rope(void *out, const void *x, dt_dtype dtype, int64_t B, int64_t H, in
 const char *cpu_k_rope(op_kernel *k)
 {
     const op_local *x = &k->in[0], *pos = &k->in[1];
+    const char *why = op_rope_local(k);
+    if (why || dt_layout_numel(x->ndim, x->shape) == 0)
+        return why;
     cpu_rope(k->out[0].data, x->data, x->dtype, x->shape[0], x->shape[1], x->shape[2], x->shape[3], pos->data,
              pos->shape[0], k->in[2].data, (float)k->attrs->floats[0]);
     return NULL;

@@ -9,11 +9,9 @@ const char *cuda_k_rope(cuda_ctx *c, op_kernel *k)
 {
     const op_local *x = &k->in[0], *pos = &k->in[1], *freq = &k->in[2];
     op_local *out = &k->out[0];
-    if (k->nin != 3 || k->attrs->nfloats < 1 || x->ndim != 4 || !dt_dtype_is_float(x->dtype) ||
-        out->dtype != x->dtype || pos->ndim != 2 || pos->dtype != DT_INT64 || pos->shape[1] != x->shape[2] ||
-        (pos->shape[0] != 1 && pos->shape[0] != x->shape[0]) || freq->ndim != 1 || freq->dtype != DT_FLOAT32 ||
-        freq->shape[0] != x->shape[3] / 2)
-        return "rope: the local pieces of the operands do not fit together (internal error)";
+    const char *why = op_rope_local(k);
+    if (why)
+        return why;
     return cuda_check(cuda_rope(out->data, x->data, x->dtype, x->shape[0], x->shape[1], x->shape[2], x->shape[3],
                                 pos->data, pos->shape[0], freq->data, (float)k->attrs->floats[0], c->compute),
                       "rope kernel");
