@@ -194,6 +194,15 @@ op_mm_dims op_mm_layout(int a_ndim, int b_ndim, bool linear);
  * broadcasting into it). NULL, or why they do not fit: a record from a socket can name any shapes. */
 const char *op_mm_local(const op_kernel *k, op_mm_dims *d, int64_t *M, int64_t *K, int64_t *N);
 
+/* The writes in place on a device (ops/op_write.c, every backend's kernel): dst is output 0, input 0's
+ * bytes, of input 0's shape and dtype. slice_assign_, shard_assign_ (dst, src; ints [dim, start];
+ * ctx[0] where this piece starts on dim): the part [*lo, *hi) of the region, in global positions along
+ * dim, that falls in this piece (empty when either piece is). index_copy_ (dst, index, src; ints
+ * [dim]): the *n positions, a 1-D (or 0-D) int64 index, and src of dst's sizes but *n on dim. NULL, or
+ * why the pieces do not fit together. */
+const char *op_slice_assign_local(const op_kernel *k, int *dim, int64_t *lo, int64_t *hi);
+const char *op_index_copy_local(const op_kernel *k, int *dim, int64_t *n);
+
 /* clamp's bounds for a kernel computing in cd (every backend's): for float32, the two doubles
  * (an absent bound an infinity); for an integer type, the bits of two int64s, exact from
  * attrs.ints[2..3] where given, else the float attributes converted (an absent bound INT64_MIN or

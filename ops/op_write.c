@@ -169,6 +169,58 @@ static int s_shard_index(op_call *c)
     return 0;
 }
 
+/* ---- the pieces on a device (every backend's kernels) ----------------------------------------- */
+
+static const char s_misfit[] = "the local pieces of the operands do not fit together";
+
+/* Whether dst (output 0, input 0's bytes) and src fit: dst as input 0 says, src of its rank and
+ * dtype with its sizes but on dim. */
+static bool s_fits(const op_kernel *k, int nin, int64_t dim, const op_local *src)
+{
+    const op_local *dst = &k->out[0], *in = &k->in[0];
+    if (k->nin != nin || k->nout != 1 || dim < 0 || dim >= dst->ndim || in->dtype != dst->dtype ||
+        in->ndim != dst->ndim || memcmp(in->shape, dst->shape, (size_t)dst->ndim * sizeof *dst->shape) ||
+        src->ndim != dst->ndim || src->dtype != dst->dtype)
+        return false;
+    for (int d = 0; d < dst->ndim; d++)
+        if (d != dim && src->shape[d] != dst->shape[d])
+            return false;
+    return true;
+}
+
+const char *op_slice_assign_local(const op_kernel *k, int *dim, int64_t *lo, int64_t *hi)
+{
+    const op_local *dst = &k->out[0], *src = &k->in[1];
+    if (k->attrs->nints < 2 || k->nctx < 1 || !s_fits(k, 2, k->attrs->ints[0], src))
+        return s_misfit;
+    *dim = (int)k->attrs->ints[0];
+    *lo = *hi = 0;
+    if (dt_layout_numel(dst->ndim, dst->shape) == 0 || dt_layout_numel(src->ndim, src->shape) == 0)
+        return NULL;
+    /* the region [start, start + n) in global positions, clipped to this piece [piece0, piece0 + size):
+     * with both pieces holding elements, n and size are below 2^48, and no global position of such a
+     * piece is past 2^62 */
+    int64_t start = k->attrs->ints[1], piece0 = k->ctx[0], lim = INT64_C(1) << 62;
+    if (start < 0 || start > lim || piece0 < 0 || piece0 > lim)
+        return s_misfit;
+    int64_t end = start + src->shape[*dim], piece_end = piece0 + dst->shape[*dim];
+    *lo = start > piece0 ? start : piece0;
+    *hi = end < piece_end ? end : piece_end;
+    if (*hi < *lo)
+        *hi = *lo;
+    return NULL;
+}
+
+const char *op_index_copy_local(const op_kernel *k, int *dim, int64_t *n)
+{
+    const op_local *index = &k->in[1], *src = &k->in[2];
+    if (k->attrs->nints < 1 || !s_fits(k, 3, k->attrs->ints[0], src) || index->dtype != DT_INT64 || index->ndim > 1)
+        return s_misfit;
+    *dim = (int)k->attrs->ints[0];
+    *n = dt_layout_numel(index->ndim, index->shape);
+    return src->shape[*dim] == *n ? NULL : s_misfit;
+}
+
 #define S_DEF(op, num, kernel, inputs, infer_fn, shard_fn, local_fn)                                               \
     const op_def op_def_##op = {.name = #op, .id = num, .nin = inputs, .nout = 1, .infer = infer_fn,               \
                                 .shard = shard_fn, .local = local_fn, .inplace = true};

@@ -462,3 +462,80 @@ Test(hostile, rope)
     cr_expect(y[0] == 2.0f && y[1] == 0.0f, "rope: %g %g", y[0], y[1]);
     s_free(c);
 }
+
+/* ---- writes in place ------------------------------------------------------------------------- */
+
+/* dst is input 0 and output 0 (of out_dtype: what the record says) */
+static s_call *s_write(int op, int dnd, const int64_t *dshape, dt_dtype out_dtype)
+{
+    s_call *c = s_new(op);
+    op_local *dst = s_in(c, F32, dnd, dshape);
+    c->k.out[c->k.nout++] = *dst;
+    c->k.out[0].dtype = out_dtype;
+    return c;
+}
+
+Test(hostile, writes)
+{
+    s_call *c = s_write(OP_ID_slice_assign_, S(4), F32);
+    s_in(c, F32, S(2));
+    s_ints(c, S(5, 0));
+    s_ctx(c, S(0));
+    s_refused(c, "along dim 5 of a 1-D piece");
+
+    c = s_write(OP_ID_slice_assign_, S(2, 2), F32);
+    s_in(c, F32, S(3, 1));
+    s_ints(c, S(1, 0));
+    s_ctx(c, S(0));
+    s_refused(c, "of a src of 3 rows into 2");
+
+    c = s_write(OP_ID_slice_assign_, S(4), F32);
+    s_in(c, F32, S(2));
+    s_ints(c, S(0, INT64_MAX));
+    s_ctx(c, S(0));
+    s_refused(c, "at INT64_MAX");
+
+    c = s_write(OP_ID_slice_assign_, S(4), I64);
+    s_in(c, F32, S(2));
+    s_ints(c, S(0, 1));
+    s_ctx(c, S(0));
+    s_refused(c, "into its float32 input as int64");
+
+    c = s_write(OP_ID_index_copy_, S(4), F32);
+    s_in(c, I32, S(2));
+    s_in(c, F32, S(2));
+    s_ints(c, S(0));
+    s_refused(c, "at int32 positions");
+
+    c = s_write(OP_ID_index_copy_, S(4), F32);
+    s_in(c, I64, S(3, 0));
+    s_in(c, F32, S(3));
+    s_ints(c, S(0));
+    s_refused(c, "at a 2-D (3, 0) index");
+
+    c = s_write(OP_ID_index_copy_, S(4), F32);
+    s_in(c, I64, S(1));
+    s_in(c, F32, S(2));
+    s_ints(c, S(0));
+    s_refused(c, "of 2 rows at 1 position");
+
+    /* fits: [1, 2] at 1 of four zeros; [5, 6] at positions 2, 0 of three zeros */
+    c = s_write(OP_ID_slice_assign_, S(4), F32);
+    float *dst = c->k.in[0].data, *src = s_in(c, F32, S(2))->data;
+    src[0] = 1, src[1] = 2;
+    s_ints(c, S(0, 1));
+    s_ctx(c, S(0));
+    s_runs(c, "of two elements");
+    cr_expect(dst[0] == 0 && dst[1] == 1 && dst[2] == 2 && dst[3] == 0, "slice_assign_: %g %g %g %g", dst[0], dst[1],
+              dst[2], dst[3]);
+    s_free(c);
+    c = s_write(OP_ID_index_copy_, S(3), F32);
+    dst = c->k.in[0].data;
+    int64_t *at = s_in(c, I64, S(2))->data;
+    src = s_in(c, F32, S(2))->data;
+    at[0] = 2, at[1] = 0, src[0] = 5, src[1] = 6;
+    s_ints(c, S(0));
+    s_runs(c, "of two rows");
+    cr_expect(dst[0] == 6 && dst[1] == 0 && dst[2] == 5, "index_copy_: %g %g %g", dst[0], dst[1], dst[2]);
+    s_free(c);
+}

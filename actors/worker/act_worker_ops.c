@@ -270,9 +270,10 @@ static bool s_compute_run(act_worker *w, op_kernel *k, const uint64_t *out_ids, 
     act_wtensor *made[OP_MAX_OUTPUTS] = {NULL};
     act_wtensor *written = NULL; /* an in-place op's output 0: input 0 itself */
     if (k->def->inplace && k->nin > 0 && k->nout > 0) {
-        if (out_ids[0] != in0 || k->out[0].ndim != k->in[0].ndim ||
+        if (out_ids[0] != in0 || k->out[0].ndim != k->in[0].ndim || k->out[0].dtype != k->in[0].dtype ||
             memcmp(k->out[0].shape, k->in[0].shape, (size_t)k->in[0].ndim * sizeof k->in[0].shape[0]) != 0)
-            return false;
+            return !dt_err(DT_EPROTO, "malformed compute record: an in-place op's output is not its input 0 (the same "
+                           "id, shape and dtype)");
         written = act_wtensor_lookup(w, in0, &why);
         if (written && !(why = s_own_storage(w, written)))
             k->out[0].data = k->in[0].data = written->data;

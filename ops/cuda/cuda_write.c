@@ -12,39 +12,24 @@
 #include "dt_dtype.h"
 #include "dt_layout.h"
 
-/* Whether src fits dst (same rank and dtype, equal sizes but on dim). */
-static bool s_fits(const op_local *dst, const op_local *src, int dim)
-{
-    if (dst->ndim != src->ndim || dst->dtype != src->dtype || dim < 0 || dim >= dst->ndim)
-        return false;
-    for (int d = 0; d < dst->ndim; d++)
-        if (d != dim && dst->shape[d] != src->shape[d])
-            return false;
-    return true;
-}
-
 /* slice_assign_, shard_assign_: attrs.ints = [dim, start]; ctx[0] = where this piece starts on dim */
 const char *cuda_k_slice_assign(cuda_ctx *c, op_kernel *k)
 {
     const op_local *dst = &k->out[0], *src = &k->in[1];
-    if (k->attrs->nints < 2 || k->nctx < 1 || !s_fits(dst, src, (int)k->attrs->ints[0]))
-        return "slice_assign_: pieces do not fit (internal error)";
-    int dim = (int)k->attrs->ints[0];
-    int64_t start = k->attrs->ints[1], piece0 = k->ctx[0];
-    /* the region [start, start + n) in global positions, clipped to this piece [piece0, piece0 + size) */
-    int64_t lo = start > piece0 ? start : piece0;
-    int64_t hi = start + src->shape[dim] < piece0 + dst->shape[dim] ? start + src->shape[dim] : piece0 + dst->shape[dim];
-    if (hi <= lo)
-        return NULL;
+    int dim;
+    int64_t lo, hi;
+    const char *why = op_slice_assign_local(k, &dim, &lo, &hi);
+    if (why || hi == lo)
+        return why;
     size_t elem = dt_dtype_size(dst->dtype);
     int64_t dst_strides[DT_MAX_DIMS], src_strides[DT_MAX_DIMS], shape[DT_MAX_DIMS];
     dt_layout_strides(dst->ndim, dst->shape, elem, dst_strides);
     dt_layout_strides(src->ndim, src->shape, elem, src_strides);
     memcpy(shape, src->shape, sizeof shape);
     shape[dim] = hi - lo;
-    return cuda_backend.copy_region((char *)dst->data + (lo - piece0) * dst_strides[dim], dst_strides,
-                                    (const char *)src->data + (lo - start) * src_strides[dim], src_strides, dst->ndim,
-                                    shape, elem);
+    return cuda_backend.copy_region((char *)dst->data + (lo - k->ctx[0]) * dst_strides[dim], dst_strides,
+                                    (const char *)src->data + (lo - k->attrs->ints[1]) * src_strides[dim], src_strides,
+                                    dst->ndim, shape, elem);
 }
 
 /* index_copy_(dst, index (n,) int64, src): attrs.ints = [dim] */
@@ -53,10 +38,10 @@ const char *cuda_k_index_copy(cuda_ctx *c, op_kernel *k)
     static _Thread_local char why_buf[128];
     const char *why;
     const op_local *dst = &k->out[0], *index = &k->in[1], *src = &k->in[2];
-    int dim = k->attrs->nints > 0 ? (int)k->attrs->ints[0] : -1;
-    int64_t n = index->ndim ? index->shape[0] : 1, size, at, v;
-    if (!s_fits(dst, src, dim) || index->dtype != DT_INT64 || src->shape[dim] != n)
-        return "index_copy_: pieces do not fit (internal error)";
+    int dim;
+    int64_t n, size, at, v;
+    if ((why = op_index_copy_local(k, &dim, &n)))
+        return why;
     size = dst->shape[dim];
     if ((why = cuda_index_check(c, index, 0, size, &at, &v)))
         return why;
@@ -65,9 +50,9 @@ const char *cuda_k_index_copy(cuda_ctx *c, op_kernel *k)
                  (long long)v, dim, (long long)size);
         return why_buf;
     }
+    if (dt_layout_numel(src->ndim, src->shape) == 0)
+        return NULL; /* nothing to copy, and an empty piece's sizes may not multiply */
     int64_t outer = dt_layout_numel(dim, dst->shape), inner = dt_layout_numel(dst->ndim - dim - 1, dst->shape + dim + 1);
-    if (outer * n * inner == 0)
-        return NULL;
     int64_t *winner;
     if ((why = cuda_scratch(c, (size_t)size * sizeof *winner, (void **)&winner)))
         return why;
