@@ -300,9 +300,11 @@ static int s_shard_pad(op_call *c)
 
 const char *op_conv2d_layout(const op_kernel *k, op_conv2d_dims *d)
 {
+    static const char misfit[] = "conv2d: the pieces do not fit together (internal error)";
     const op_local *x = &k->in[0], *w = &k->in[1], *b = k->nin == 3 ? &k->in[2] : NULL, *y = &k->out[0];
     const int64_t *a = k->attrs->ints;
-    if ((k->nin != 2 && k->nin != 3) || k->attrs->nints != 9 || x->ndim != 4 || w->ndim != 4 || y->ndim != 4)
+    if ((k->nin != 2 && k->nin != 3) || k->nout != 1 || k->attrs->nints != 9 || x->ndim != 4 || w->ndim != 4 ||
+        y->ndim != 4)
         return "conv2d: malformed arguments (internal error)";
     *d = (op_conv2d_dims){.N = x->shape[0], .C = x->shape[1], .H = x->shape[2], .W = x->shape[3], .O = w->shape[0],
                           .kH = w->shape[2], .kW = w->shape[3], .OH = y->shape[2], .OW = y->shape[3],
@@ -310,18 +312,32 @@ const char *op_conv2d_layout(const op_kernel *k, op_conv2d_dims *d)
                           .groups = a[8]};
     bool dtypes = w->dtype == x->dtype && y->dtype == x->dtype && (!b || b->dtype == x->dtype) &&
                   dt_dtype_is_float(x->dtype);
-    if (!dtypes || d->groups < 1 || d->C != w->shape[1] * d->groups || d->O % d->groups != 0 || y->shape[0] != d->N ||
-        y->shape[1] != d->O || (b && (b->ndim != 1 || b->shape[0] != d->O)) || a[0] < 1 || a[1] < 1 || a[2] < 0 ||
-        a[4] < 0 || a[6] < 1 || a[7] < 1)
-        return "conv2d: the pieces do not fit together (internal error)";
-    /* every output position's taps stay within the padded input (the kernels read no further) */
+    int64_t C;
+    if (!dtypes || d->groups < 1 || __builtin_mul_overflow(w->shape[1], d->groups, &C) || d->C != C ||
+        d->O % d->groups != 0 || y->shape[0] != d->N || y->shape[1] != d->O || (b && (b->ndim != 1 || b->shape[0] != d->O)) ||
+        a[0] < 1 || a[1] < 1 || a[2] < 0 || a[3] < 0 || a[4] < 0 || a[5] < 0 || a[6] < 1 || a[7] < 1)
+        return misfit;
+    /* every output position's taps stay within the padded input (the kernels read no further), with
+     * no sum or product past int64: the padded input is held below 2^62, a stride of an axis of one
+     * output position selects nothing (1), and the columns of one output row (K * OW) fit */
     for (int i = 0; i < 2; i++) {
-        int64_t in = i ? d->W : d->H, k_ = i ? d->kW : d->kH, out = i ? d->OW : d->OH;
-        int64_t padded = in + (i ? a[4] + a[5] : a[2] + a[3]);
-        if (out > 0 && (out - 1) * d->stride[i] + (k_ - 1) * d->dilation[i] >= padded)
-            return "conv2d: the pieces do not fit together (internal error)";
+        int64_t in = i ? d->W : d->H, k_ = i ? d->kW : d->kH, out = i ? d->OW : d->OH, padded, reach, taps;
+        if (__builtin_add_overflow(in, a[2 + 2 * i], &padded) || __builtin_add_overflow(padded, a[3 + 2 * i], &padded) ||
+            padded > (INT64_C(1) << 62))
+            return misfit;
+        if (out <= 1)
+            d->stride[i] = 1;
+        if (out > 0 && (__builtin_mul_overflow(out - 1, d->stride[i], &reach) ||
+                        __builtin_mul_overflow(k_ - 1, d->dilation[i], &taps) ||
+                        __builtin_add_overflow(reach, taps, &reach) || reach >= padded))
+            return misfit;
     }
-    return NULL;
+    if (dt_layout_numel(4, y->shape) == 0) {
+        d->N = 0; /* nothing to compute, and an empty piece's sizes may not multiply */
+        return NULL;
+    }
+    int64_t K = d->C / d->groups * d->kH * d->kW, row;
+    return __builtin_mul_overflow(K, d->OW, &row) ? misfit : NULL;
 }
 
 bool op_conv2d_direct(const op_conv2d_dims *d)
@@ -338,7 +354,9 @@ const char *op_group_norm_layout(const op_kernel *k, op_group_norm_dims *d)
     int64_t G = k->attrs->ints[0], flags = k->attrs->ints[1];
     if (G < 1 || x->shape[1] % G != 0 || flags < 0 || flags > 3 || k->nin != 1 + __builtin_popcount((unsigned)flags))
         return "group_norm: malformed arguments (internal error)";
-    *d = (op_group_norm_dims){.N = x->shape[0], .C = x->shape[1], .S = dt_layout_numel(x->ndim - 2, x->shape + 2),
+    /* S of an empty piece is 0: its sizes may not multiply */
+    int64_t S = dt_layout_numel(x->ndim, x->shape) ? dt_layout_numel(x->ndim - 2, x->shape + 2) : 0;
+    *d = (op_group_norm_dims){.N = x->shape[0], .C = x->shape[1], .S = S,
                               .G = G, .weight = flags & 1 ? &k->in[1] : NULL,
                               .bias = flags & 2 ? &k->in[flags & 1 ? 2 : 1] : NULL,
                               .eps = (float)k->attrs->floats[0]};
@@ -361,13 +379,23 @@ const char *op_interpolate_layout(const op_kernel *k, op_interpolate_dims *d)
         !dt_dtype_is_float(x->dtype) || !dt_dtype_is_float(y->dtype) || y->shape[0] != x->shape[0] ||
         y->shape[1] != x->shape[1])
         return "interpolate: malformed arguments (internal error)";
+    if (k->attrs->ints[0] < 0 || k->attrs->ints[0] > 2 || (k->attrs->ints[1] != 0 && k->attrs->ints[1] != 1))
+        return "interpolate: malformed arguments (internal error)";
     *d = (op_interpolate_dims){.mode = (int)k->attrs->ints[0], .align_corners = (int)k->attrs->ints[1],
                                .nspatial = ns, .P = x->shape[0] * x->shape[1], .IH = ns == 2 ? x->shape[2] : 1,
                                .IW = x->shape[x->ndim - 1], .OH = ns == 2 ? y->shape[2] : 1,
                                .OW = y->shape[y->ndim - 1]};
-    if (d->mode < 0 || d->mode > 2 || (d->align_corners != 0 && d->align_corners != 1) ||
-        ((d->IH == 0 || d->IW == 0) && d->P > 0 && d->OH > 0 && d->OW > 0))
+    if ((d->IH == 0 || d->IW == 0) && d->P > 0 && d->OH > 0 && d->OW > 0)
         return "interpolate: malformed arguments (internal error)";
+    /* a scale factor's source positions (o / factor, below out / factor) are floats that must become
+     * int64 without overflow: a factor torch would take (the output is about input x factor) is far
+     * within that */
+    for (int i = 0; i < ns; i++) {
+        double f = k->attrs->floats[i];
+        int64_t out = i == ns - 1 ? d->OW : d->OH;
+        if (f > 0 && !((double)out / f < 0x1p62))
+            return "interpolate: malformed arguments (internal error)";
+    }
     return NULL;
 }
 
@@ -391,26 +419,29 @@ void op_interpolate_sources(const op_kernel *k, const op_interpolate_dims *d, in
 
 const char *op_pad_layout(const op_kernel *k, int *mode, int64_t *left, uint64_t *fill)
 {
+    static const char misfit[] = "pad: the pieces do not fit together (internal error)";
     const op_local *x = &k->in[0], *y = &k->out[0];
     int npairs = (k->attrs->nints - 1) / 2;
-    if (k->attrs->nints < 1 || npairs > x->ndim || y->ndim != x->ndim || x->dtype != y->dtype)
+    if (k->nin != 1 || k->nout != 1 || k->attrs->nints < 1 || npairs > x->ndim || y->ndim != x->ndim ||
+        x->dtype != y->dtype)
         return "pad: malformed arguments (internal error)";
     *mode = (int)k->attrs->ints[0];
-    if (*mode < 0 || *mode > 2)
+    if (k->attrs->ints[0] < 0 || k->attrs->ints[0] > 2)
         return "pad: malformed arguments (internal error)";
-    for (int d = 0; d < x->ndim; d++)
-        left[d] = 0;
-    for (int i = 0; i < npairs; i++)
-        left[x->ndim - 1 - i] = k->attrs->ints[1 + 2 * i];
+    /* every dim: the output is the input with left[d] and right elements added (negative: cropped),
+     * each within 2^62, so that no position the kernels work out overflows */
+    const int64_t lim = INT64_C(1) << 62;
     for (int d = 0; d < x->ndim; d++) {
-        bool padded = d >= x->ndim - npairs;
-        if ((!padded && y->shape[d] != x->shape[d]) || y->shape[d] < 0 ||
-            (padded && y->shape[d] > 0 && x->shape[d] == 0 && *mode != 0))
-            return "pad: the pieces do not fit together (internal error)";
-        /* reflect and replicate read within the input; the output's cropped edges too */
-        int64_t right = y->shape[d] - x->shape[d] - left[d];
-        if (padded && *mode == 1 && (left[d] >= x->shape[d] || right >= x->shape[d]) && y->shape[d] > 0)
-            return "pad: the pieces do not fit together (internal error)";
+        int i = x->ndim - 1 - d;
+        bool padded = i < npairs;
+        int64_t l = padded ? k->attrs->ints[1 + 2 * i] : 0, r = padded ? k->attrs->ints[2 + 2 * i] : 0, size;
+        if (l < -lim || l > lim || r < -lim || r > lim || __builtin_add_overflow(x->shape[d], l, &size) ||
+            __builtin_add_overflow(size, r, &size) || size != y->shape[d])
+            return misfit;
+        /* replicate and reflect read within the input; reflect's edges are shorter than it */
+        if (y->shape[d] > 0 && ((*mode != 0 && x->shape[d] == 0) || (*mode == 1 && (l >= x->shape[d] || r >= x->shape[d]))))
+            return misfit;
+        left[d] = l;
     }
     *fill = 0;
     double v = *mode == 0 && k->attrs->nfloats > 0 ? k->attrs->floats[0] : 0.0;
@@ -418,8 +449,11 @@ const char *op_pad_layout(const op_kernel *k, int *mode, int64_t *left, uint64_t
     case DT_FLOAT32: { float f = (float)v; memcpy(fill, &f, sizeof f); break; }
     case DT_FLOAT16: { uint16_t h = dt_f32_to_f16((float)v); memcpy(fill, &h, sizeof h); break; }
     case DT_BFLOAT16: { uint16_t h = dt_f32_to_bf16((float)v); memcpy(fill, &h, sizeof h); break; }
-    case DT_INT32: { int32_t i = isfinite(v) ? (int32_t)v : 0; memcpy(fill, &i, sizeof i); break; }
-    case DT_INT64: { int64_t i = isfinite(v) ? (int64_t)v : 0; memcpy(fill, &i, sizeof i); break; }
+    /* integers truncate toward zero, saturating, NaN 0 (cpu_fill's conversion) */
+    case DT_INT32: { int32_t i = v != v ? 0 : v <= INT32_MIN ? INT32_MIN : v >= INT32_MAX ? INT32_MAX : (int32_t)v;
+                     memcpy(fill, &i, sizeof i); break; }
+    case DT_INT64: { int64_t i = v != v ? 0 : v < -0x1p63 ? INT64_MIN : v >= 0x1p63 ? INT64_MAX : (int64_t)v;
+                     memcpy(fill, &i, sizeof i); break; }
     default: { uint8_t b = v != 0; memcpy(fill, &b, sizeof b); break; }
     }
     return NULL;

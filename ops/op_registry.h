@@ -302,7 +302,9 @@ dt_scalar op_reduce_identity(dt_dtype d, bool max);
 
 /* conv2d (input (N, C, H, W), weight (O, C / groups, kH, kW)[, bias (O,)]); ints [stride_h,
  * stride_w, pad_top, pad_bottom, pad_left, pad_right, dilation_h, dilation_w, groups]. The weight
- * piece may hold some of the output channels (groups = 1): the output piece has as many. */
+ * piece may hold some of the output channels (groups = 1): the output piece has as many. N is 0 when
+ * the output has no element (the kernels then compute nothing: the sizes of an empty piece need not
+ * multiply within int64); the stride of an axis of one output position is 1. */
 typedef struct {
     int64_t N, C, H, W, O, kH, kW, OH, OW;
     int64_t stride[2], pad_top, pad_left, dilation[2], groups;

@@ -539,3 +539,92 @@ Test(hostile, writes)
     cr_expect(dst[0] == 6 && dst[1] == 0 && dst[2] == 5, "index_copy_: %g %g %g", dst[0], dst[1], dst[2]);
     s_free(c);
 }
+
+/* ---- images ---------------------------------------------------------------------------------- */
+
+Test(hostile, images)
+{
+    s_call *c = s_new(OP_ID_conv2d);
+    s_in(c, F32, S(1, 1, 3, 3));
+    s_in(c, F32, S(1, 1, 1, 1));
+    s_out(c, F32, S(1, 1, 3, 3));
+    s_ints(c, S(INT64_MAX, 1, 0, 0, 0, 0, 1, 1, 1));
+    s_refused(c, "of a stride of INT64_MAX over 3 output rows");
+
+    c = s_new(OP_ID_interpolate);
+    s_in(c, F32, S(1, 1, 2));
+    s_out(c, F32, S(1, 1, 4));
+    s_ints(c, S(0, 0, 4));
+    s_floats(c, 1, (double[]){1e-300});
+    s_refused(c, "by a scale factor of 1e-300");
+
+    c = s_new(OP_ID_pad);
+    s_in(c, F32, S(3));
+    s_out(c, F32, S(10));
+    s_ints(c, S(0, 1, 1));
+    s_refused(c, "of 3 by 1 and 1 into 10");
+
+    c = s_new(OP_ID_pad);
+    s_in(c, F32, S(3));
+    s_out(c, F32, S(3));
+    s_ints(c, S(0, INT64_MIN, 0));
+    s_refused(c, "by INT64_MIN");
+
+    /* empty pieces whose other dims multiply past int64: nothing to compute */
+    c = s_new(OP_ID_conv2d);
+    s_in(c, F32, S(0, BIG, BIG, BIG));
+    s_in(c, F32, S(0, BIG, 1, 1));
+    s_out(c, F32, S(0, 0, 1, 1));
+    s_ints(c, S(1, 1, 0, 0, 0, 0, 1, 1, 1));
+    s_runs(c, "of no images");
+    s_free(c);
+    c = s_new(OP_ID_group_norm);
+    s_in(c, F32, S(0, 4, BIG, BIG));
+    s_out(c, F32, S(0, 4, BIG, BIG));
+    s_ints(c, S(2, 0));
+    s_floats(c, 1, (double[]){1e-5});
+    s_runs(c, "of no images");
+    s_free(c);
+    /* ... and an empty input padded into one element of the fill value, its huge dims cropped */
+    c = s_new(OP_ID_pad);
+    s_in(c, F32, S(0, BIG, BIG));
+    float *y = s_out(c, F32, S(1, 1, 1))->data;
+    s_ints(c, S(0, 0, -(BIG - 1), 0, -(BIG - 1), 1, 0));
+    s_floats(c, 1, (double[]){2.5});
+    s_runs(c, "of an empty piece");
+    cr_expect(y[0] == 2.5f, "pad: %g", y[0]);
+    s_free(c);
+
+    /* fits: [1, 2, 3] reflected by 2 and 1 is [3, 2, 1, 2, 3, 2] */
+    c = s_new(OP_ID_pad);
+    float *x = s_in(c, F32, S(3))->data;
+    y = s_out(c, F32, S(6))->data;
+    memcpy(x, (float[]){1, 2, 3}, sizeof(float[3]));
+    s_ints(c, S(1, 2, 1));
+    s_runs(c, "reflecting");
+    const float want[6] = {3, 2, 1, 2, 3, 2};
+    for (int i = 0; i < 6; i++)
+        cr_expect(y[i] == want[i], "pad: y[%d] = %g, want %g", i, y[i], want[i]);
+    s_free(c);
+
+    /* fits: [1, 2] to 4 by nearest is [1, 1, 2, 2]; a 1x1 convolution by 2 doubles */
+    c = s_new(OP_ID_interpolate);
+    x = s_in(c, F32, S(1, 1, 2))->data;
+    y = s_out(c, F32, S(1, 1, 4))->data;
+    x[0] = 1, x[1] = 2;
+    s_ints(c, S(0, 0, 4));
+    s_floats(c, 1, (double[]){0});
+    s_runs(c, "by nearest");
+    cr_expect(y[0] == 1 && y[1] == 1 && y[2] == 2 && y[3] == 2, "interpolate: %g %g %g %g", y[0], y[1], y[2], y[3]);
+    s_free(c);
+    c = s_new(OP_ID_conv2d);
+    x = s_in(c, F32, S(1, 1, 2, 2))->data;
+    float *w = s_in(c, F32, S(1, 1, 1, 1))->data;
+    y = s_out(c, F32, S(1, 1, 2, 2))->data;
+    memcpy(x, (float[]){1, 2, 3, 4}, sizeof(float[4]));
+    w[0] = 2;
+    s_ints(c, S(1, 1, 0, 0, 0, 0, 1, 1, 1));
+    s_runs(c, "of a 1x1 kernel");
+    cr_expect(y[0] == 2 && y[1] == 4 && y[2] == 6 && y[3] == 8, "conv2d: %g %g %g %g", y[0], y[1], y[2], y[3]);
+    s_free(c);
+}

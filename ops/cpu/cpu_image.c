@@ -125,12 +125,10 @@ const char *cpu_k_conv2d(op_kernel *k)
     const op_local *x = &k->in[0], *w = &k->in[1], *b = k->nin == 3 ? &k->in[2] : NULL, *y = &k->out[0];
     op_conv2d_dims d;
     const char *bad = op_conv2d_layout(k, &d);
-    if (bad)
-        return bad;
+    if (bad || d.N == 0)
+        return bad; /* N = 0: no output element */
     int64_t N = d.N;
     int64_t in_n = d.C * d.H * d.W, out_n = d.O * d.OH * d.OW;
-    if (N == 0 || out_n == 0)
-        return NULL;
     bool f32 = x->dtype == DT_FLOAT32;
     void *sw = NULL, *sb = NULL;
     const float *pw = cpu_piece_as(w, CPU_F32, &sw), *pb = b ? cpu_piece_as(b, CPU_F32, &sb) : NULL;
@@ -301,8 +299,13 @@ static void s_fill(void *dst, size_t elem, const void *fill, int64_t n)
 void cpu_pad(void *out, const void *x, size_t elem, int ndim, const int64_t *in_shape, const int64_t *out_shape,
              const int64_t *left, int mode, const void *fill)
 {
-    if (dt_layout_numel(ndim, out_shape) == 0)
+    int64_t n_out = dt_layout_numel(ndim, out_shape);
+    if (n_out == 0)
         return;
+    if (dt_layout_numel(ndim, in_shape) == 0) {
+        s_fill(out, elem, fill, n_out); /* every position is padding (op_pad_layout: constant) */
+        return;
+    }
     /* rows along the last dim (a 0-d tensor is one row of one element) */
     int64_t Li = ndim ? in_shape[ndim - 1] : 1, Lo = ndim ? out_shape[ndim - 1] : 1, l = ndim ? left[ndim - 1] : 0;
     int lead = ndim ? ndim - 1 : 0;

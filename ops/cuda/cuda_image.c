@@ -62,12 +62,10 @@ const char *cuda_k_conv2d(cuda_ctx *c, op_kernel *k)
 {
     op_conv2d_dims d;
     const char *why = op_conv2d_layout(k, &d);
-    if (why)
-        return why;
+    if (why || d.N == 0)
+        return why; /* N = 0: no output element */
     const op_local *x = &k->in[0], *w = &k->in[1], *b = k->nin == 3 ? &k->in[2] : NULL, *y = &k->out[0];
     int64_t plane = d.OH * d.OW, K = d.C / d.groups * d.kH * d.kW, in_n = d.C * d.H * d.W, out_n = d.O * plane;
-    if (d.N == 0 || out_n == 0)
-        return NULL;
     size_t elem = dt_dtype_size(x->dtype);
     bool f32 = x->dtype == DT_FLOAT32;
     int64_t per_row = K * d.OW * (int64_t)elem;
@@ -101,7 +99,7 @@ const char *cuda_k_group_norm(cuda_ctx *c, op_kernel *k)
 {
     op_group_norm_dims g;
     const char *why = op_group_norm_layout(k, &g);
-    if (why)
+    if (why || g.N * g.C * g.S == 0)
         return why;
     const op_local *x = &k->in[0];
     return cuda_check(cuda_group_norm(k->out[0].data, x->data, x->dtype, g.N, g.C, g.S, g.G,
@@ -115,7 +113,7 @@ const char *cuda_k_interpolate(cuda_ctx *c, op_kernel *k)
 {
     op_interpolate_dims d;
     const char *why = op_interpolate_layout(k, &d);
-    if (why)
+    if (why || d.P == 0 || d.OH == 0 || d.OW == 0)
         return why;
     const double *sf = k->attrs->floats;
     cuda_resample_args a = {.mode = d.mode, .align_corners = d.align_corners, .nspatial = d.nspatial, .P = d.P,
