@@ -72,10 +72,14 @@ static int s_infer_conv(op_call *c)
     if (w->shape[0] % groups != 0)
         return dt_err(DT_EINVAL, "conv2d: Given groups=%lld, expected weight to be divisible by %lld at dimension 0, "
                       "but got weight of size %s instead", (long long)groups, (long long)groups, ws);
-    if (x->shape[1] != w->shape[1] * groups)
+    int64_t channels;
+    if (__builtin_mul_overflow(w->shape[1], groups, &channels))
+        return dt_err(DT_EINVAL, "conv2d: Given groups=%lld, weight of size %s, expected input%s to have more "
+                      "channels than int64 holds", (long long)groups, ws, xs);
+    if (x->shape[1] != channels)
         return dt_err(DT_EINVAL, "conv2d: Given groups=%lld, weight of size %s, expected input%s to have %lld "
-                      "channels, but got %lld channels instead", (long long)groups, ws, xs,
-                      (long long)(w->shape[1] * groups), (long long)x->shape[1]);
+                      "channels, but got %lld channels instead", (long long)groups, ws, xs, (long long)channels,
+                      (long long)x->shape[1]);
     if (c->nin == 3) {
         const op_arg *b = &c->in[2];
         if (b->ndim != 1 || b->shape[0] != w->shape[0]) {
@@ -84,8 +88,15 @@ static int s_infer_conv(op_call *c)
                           "elements, but got bias of size %s instead", ws, (long long)w->shape[0], bs);
         }
     }
-    int64_t ph = x->shape[2] + a[2] + a[3], pw = x->shape[3] + a[4] + a[5];
-    int64_t kh = a[6] * (w->shape[2] - 1) + 1, kw = a[7] * (w->shape[3] - 1) + 1;
+    int64_t ph, pw, kh, kw;
+    if (__builtin_add_overflow(x->shape[2], a[2], &ph) || __builtin_add_overflow(ph, a[3], &ph) ||
+        __builtin_add_overflow(x->shape[3], a[4], &pw) || __builtin_add_overflow(pw, a[5], &pw) ||
+        __builtin_mul_overflow(a[6], w->shape[2] - 1, &kh) || __builtin_mul_overflow(a[7], w->shape[3] - 1, &kw) ||
+        __builtin_add_overflow(kh, 1, &kh) || __builtin_add_overflow(kw, 1, &kw))
+        return dt_err(DT_EINVAL, "conv2d: the padded input (%s with padding %lld, %lld, %lld, %lld) or the dilated "
+                      "kernel (%s with dilation %lld, %lld) has more elements per side than int64 holds", xs,
+                      (long long)a[2], (long long)a[3], (long long)a[4], (long long)a[5], ws, (long long)a[6],
+                      (long long)a[7]);
     if (w->shape[2] < 1 || w->shape[3] < 1 || ph < kh || pw < kw)
         return dt_err(DT_EINVAL, "conv2d: Calculated padded input size per channel: (%lld x %lld). Kernel size: "
                       "(%lld x %lld). Kernel size can't be greater than actual input size", (long long)ph,

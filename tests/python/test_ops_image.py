@@ -210,6 +210,13 @@ def test_conv2d_bad_arguments(mode):
         F.conv2d(x, w, stride=(1, 1, 1))
     with pytest.raises(TypeError):
         F.conv2d(x, np.zeros((6, 4, 3, 3)))
+    # sizes whose sums and products pass int64 are refused with what they are, not wrapped
+    with pytest.raises(ValueError, match="dilated kernel .* than int64 holds"):
+        F.conv2d(x, w, dilation=2**62)
+    with pytest.raises(ValueError, match="padded input .* than int64 holds"):
+        F.conv2d(x, w, padding=2**62)
+    with pytest.raises(ValueError, match="more channels than int64 holds"):
+        F.conv2d(x, dtorch.zeros((0, 4, 3, 3), device_mesh=mesh), groups=2**62)
     # the runtime keeps working
     _close(F.conv2d(x, w).numpy(), np.zeros((2, 6, 3, 3)), "after errors")
 
