@@ -268,6 +268,86 @@ static void s_controller_seeds(void)
     s_write("controller", "lent", seed.buf, seed.size);
 }
 
+/* The worker seeds of one COMPUTE of each op whose kernel checks its own pieces (every op but the
+ * elementwise ones, whose infer a worker checks): its inputs filled as pieces 1.. (zeros: valid
+ * positions), the attributes and ctx the controller sends for the op on one device, its outputs as
+ * pieces 10 and 11 (a write in place: piece 1), then a fetch. The fuzzer mutates the pieces' shapes,
+ * dtypes and the integers around what each kernel accepts. */
+typedef struct {
+    dt_dtype dtype;
+    int ndim;
+    int64_t shape[4];
+} s_spec;
+
+#define S_SPECS(...) (int)(sizeof((s_spec[]){__VA_ARGS__}) / sizeof(s_spec)), (s_spec[]){__VA_ARGS__}
+#define S_INTS(...) (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__}
+#define S_NONE 0, NULL
+#define F32(...) {DT_FLOAT32, (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), {__VA_ARGS__}}
+#define I64(...) {DT_INT64, (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), {__VA_ARGS__}}
+
+static void s_kernel_seed(const char *op, int nin, const s_spec *in, int nout, const s_spec *out, int nints,
+                          const int64_t *ints, int nfloats, const double *floats, int nctx, const int64_t *ctx)
+{
+    const op_def *def = op_find(op);
+    mb_writer w = {0};
+    uint64_t ids[8];
+    for (int i = 0; i < nin; i++) {
+        ids[i] = (uint64_t)i + 1;
+        mb_encode_fill(&w, ids[i], in[i].dtype, in[i].ndim, in[i].shape, (dt_scalar){.is_int = true, .i = 0});
+    }
+    mb_encode_compute(&w, op_index(def), nin, ids, nints, ints, nfloats, floats, NULL, nctx, ctx, 0, NULL,
+                      (uint32_t)nout);
+    for (int o = 0; o < nout; o++)
+        mb_encode_out(&w, def->inplace && o == 0 ? 1 : 10 + (uint64_t)o, out[o].dtype, out[o].ndim, out[o].shape);
+    mb_encode_fetch(&w, def->inplace ? 1 : 10, 9, 0);
+    char name[64];
+    snprintf(name, sizeof name, "kernel_%s", op);
+    s_worker(name, (uint8_t)(nin + 2), "", 0, &w);
+}
+
+static void s_kernel_seeds(void)
+{
+    const double eps[1] = {1e-5};
+    s_kernel_seed("sum", S_SPECS(F32(2, 3)), S_SPECS(F32(2)), S_INTS(0, -1, 1), S_NONE, S_INTS(2, 3));
+    s_kernel_seed("argmax", S_SPECS(F32(2, 3)), S_SPECS(I64(2)), S_INTS(0, 1), S_NONE, S_INTS(1));
+    s_kernel_seed("max_dim", S_SPECS(F32(2, 3)), S_SPECS(F32(2), I64(2)), S_INTS(1, 0), S_NONE, S_INTS(1));
+    s_kernel_seed("topk", S_SPECS(F32(2, 3)), S_SPECS(F32(2, 2), I64(2, 2)), S_INTS(2, 1, 1, 1), S_NONE, S_INTS(1));
+    s_kernel_seed("softmax", S_SPECS(F32(2, 3)), S_SPECS(F32(2, 3)), S_INTS(1, -1), S_NONE, S_INTS(1));
+    s_kernel_seed("cumsum", S_SPECS(F32(2, 3)), S_SPECS(F32(2, 3)), S_INTS(0, -1), S_NONE, S_INTS(0));
+    s_kernel_seed("layer_norm", S_SPECS(F32(2, 3), F32(3), F32(3)), S_SPECS(F32(2, 3)), S_INTS(3, 3), 1, eps,
+                  S_INTS(3, 3));
+    s_kernel_seed("reshape", S_SPECS(F32(2, 3)), S_SPECS(F32(3, 2)), S_INTS(3, 2), S_NONE, S_NONE);
+    s_kernel_seed("permute", S_SPECS(F32(2, 3)), S_SPECS(F32(3, 2)), S_INTS(1, 0), S_NONE, S_NONE);
+    s_kernel_seed("expand", S_SPECS(F32(1, 3)), S_SPECS(F32(2, 3)), S_INTS(2, 3), S_NONE, S_NONE);
+    s_kernel_seed("cat", S_SPECS(F32(2, 3), F32(1, 3)), S_SPECS(F32(3, 3)), S_INTS(0), S_NONE, S_NONE);
+    s_kernel_seed("slice", S_SPECS(F32(4, 3)), S_SPECS(F32(2, 3)), S_INTS(0, 1, 4, 2), S_NONE, S_INTS(0, 1, 2));
+    s_kernel_seed("index_select", S_SPECS(F32(4, 3), I64(2)), S_SPECS(F32(2, 3)), S_INTS(0, 0), S_NONE, S_NONE);
+    s_kernel_seed("triu", S_SPECS(F32(3, 3)), S_SPECS(F32(3, 3)), S_INTS(0), S_NONE, S_INTS(0, 0));
+    s_kernel_seed("matmul", S_SPECS(F32(2, 3), F32(3, 2)), S_SPECS(F32(2, 2)), S_NONE, S_NONE, S_NONE);
+    s_kernel_seed("linear", S_SPECS(F32(2, 3), F32(2, 3), F32(2)), S_SPECS(F32(2, 2)), S_NONE, S_NONE, S_INTS(1));
+    s_kernel_seed("embedding", S_SPECS(I64(3), F32(4, 2)), S_SPECS(F32(3, 2)), S_NONE, S_NONE, S_INTS(0, 4));
+    s_kernel_seed("scaled_dot_product_attention", S_SPECS(F32(1, 2, 4), F32(1, 3, 4), F32(1, 3, 4)),
+                  S_SPECS(F32(1, 2, 4)), S_INTS(1, 0, 0), S_NONE, S_INTS(0));
+    s_kernel_seed("rope", S_SPECS(F32(1, 1, 2, 4), I64(1, 2), F32(2)), S_SPECS(F32(1, 1, 2, 4)), S_NONE, 1,
+                  (const double[]){1.0}, S_NONE);
+    s_kernel_seed("slice_assign_", S_SPECS(F32(4, 3), F32(2, 3)), S_SPECS(F32(4, 3)), S_INTS(0, 1), S_NONE, S_INTS(0));
+    s_kernel_seed("index_copy_", S_SPECS(F32(4, 3), I64(2), F32(2, 3)), S_SPECS(F32(4, 3)), S_INTS(0), S_NONE,
+                  S_NONE);
+    s_kernel_seed("attention_block",
+                  S_SPECS(F32(1, 1, 2, 4), F32(1, 1, 3, 4), F32(1, 1, 3, 4), I64(1, 2), I64(1, 3)),
+                  S_SPECS(F32(1, 1, 2, 4), F32(1, 1, 2)), S_INTS(1), 1, (const double[]){0.5}, S_NONE);
+    s_kernel_seed("attention_merge", S_SPECS(F32(2, 1, 2, 4), F32(2, 1, 2)), S_SPECS(F32(1, 1, 2, 4), F32(1, 1, 2)),
+                  S_INTS(2), S_NONE, S_NONE);
+    s_kernel_seed("conv2d", S_SPECS(F32(1, 2, 4, 4), F32(3, 2, 3, 3), F32(3)), S_SPECS(F32(1, 3, 2, 2)),
+                  S_INTS(1, 1, 0, 0, 0, 0, 1, 1, 1), S_NONE, S_NONE);
+    s_kernel_seed("group_norm", S_SPECS(F32(1, 4, 2, 2), F32(4), F32(4)), S_SPECS(F32(1, 4, 2, 2)), S_INTS(2, 3), 1,
+                  eps, S_NONE);
+    s_kernel_seed("interpolate", S_SPECS(F32(1, 1, 2, 2)), S_SPECS(F32(1, 1, 4, 4)), S_INTS(1, 0, 4, 4), 2,
+                  (const double[]){0, 0}, S_NONE);
+    s_kernel_seed("pad", S_SPECS(F32(1, 2, 3)), S_SPECS(F32(1, 2, 5)), S_INTS(1, 1, 1), 1, (const double[]){0},
+                  S_NONE);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -353,6 +433,7 @@ int main(int argc, char **argv)
     s_worker("replay", 6, recs.data, (uint8_t)recs.size, &w);
     free(mb_w_release(&recs));
     s_redistribute_seeds();
+    s_kernel_seeds();
     s_controller_seeds();
     return 0;
 }
