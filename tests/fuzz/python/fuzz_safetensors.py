@@ -33,7 +33,7 @@ with atheris.instrument_imports(include=["dtorch"]):
 SPLIT = b"\x00\x00SHARD\x00\x00"
 WORK = fuzzlib.scratch_dir("safetensors")
 KINDS = (st.CheckpointError, OSError, ValueError)
-_ITEMS = {"F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "BOOL": 1}
+_ITEMS = {"F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "BOOL": 1, "I8": 1, "U8": 1}
 
 
 def _file(entries, data, metadata=True, pad=0):
@@ -61,7 +61,7 @@ def seeds():
 
 
 _NAMES = ["w", "v", "u", "__metadata__", ""]
-_DTYPE_NAMES = list(_ITEMS) + ["F64", "f32", "U8", ""]
+_DTYPE_NAMES = list(_ITEMS) + ["F64", "f32", "U16", ""]
 
 
 def _structured_file(fdp):
