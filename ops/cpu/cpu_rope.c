@@ -25,14 +25,14 @@ static inline void s_set(void *x, dt_dtype dtype, int64_t i, float v)
         ((uint16_t *)x)[i] = dtype == DT_BFLOAT16 ? dt_f32_to_bf16(v) : dt_f32_to_f16(v);
 }
 
-void cpu_rope(void *out, const void *x, dt_dtype dtype, int64_t B, int64_t H, int64_t S, int64_t D,
+const char *cpu_rope(void *out, const void *x, dt_dtype dtype, int64_t B, int64_t H, int64_t S, int64_t D,
               const int64_t *positions, int64_t pos_batch, const float *inv_freq, float scaling)
 {
     int64_t half = D / 2;
     float stack[2 * 256];
     float *table = half <= 256 ? stack : malloc((size_t)(2 * half) * sizeof *table);
     if (!table)
-        return;
+        return "out of memory on the device";
     float *cs = table, *sn = table + half;
     for (int64_t b = 0; b < B; b++) {
         for (int64_t s = 0; s < S; s++) {
@@ -64,6 +64,7 @@ void cpu_rope(void *out, const void *x, dt_dtype dtype, int64_t B, int64_t H, in
     }
     if (table != stack)
         free(table);
+    return NULL;
 }
 
 const char *cpu_k_rope(op_kernel *k)
@@ -72,7 +73,6 @@ const char *cpu_k_rope(op_kernel *k)
     const char *why = op_rope_local(k);
     if (why || dt_layout_numel(x->ndim, x->shape) == 0)
         return why;
-    cpu_rope(k->out[0].data, x->data, x->dtype, x->shape[0], x->shape[1], x->shape[2], x->shape[3], pos->data,
-             pos->shape[0], k->in[2].data, (float)k->attrs->floats[0]);
-    return NULL;
+    return cpu_rope(k->out[0].data, x->data, x->dtype, x->shape[0], x->shape[1], x->shape[2], x->shape[3],
+                    pos->data, pos->shape[0], k->in[2].data, (float)k->attrs->floats[0]);
 }
