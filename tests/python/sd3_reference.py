@@ -34,10 +34,17 @@ def patch_embed(sd, x, p, max_size):
     return tokens + table[top:top + h, left:left + wd].reshape(1, h * wd, -1)
 
 
-def joint_block(sd, prefix, x, c, temb, heads, qk_norm, last):
-    """One JointTransformerBlock: returns (text stream or None, image stream)."""
+def joint_block(sd, prefix, x, c, temb, heads, qk_norm, last, dual=False):
+    """One JointTransformerBlock: returns (text stream or None, image stream). ``dual``: SD3.5's
+    second attention over the image tokens alone (norm1 gives nine chunks, the last three its shift,
+    scale and gate over the same layer-normed tokens)."""
     pre = prefix + "."
-    shift, scale, gate, shift_mlp, scale_mlp, gate_mlp = R.ada_chunks(sd, pre + "norm1", temb, 6)
+    if dual:
+        (shift, scale, gate, shift_mlp, scale_mlp, gate_mlp, shift2, scale2,
+         gate2) = R.ada_chunks(sd, pre + "norm1", temb, 9)
+        nx2 = R.modulate(R.layer_norm(x, 1e-6), scale2, shift2)
+    else:
+        shift, scale, gate, shift_mlp, scale_mlp, gate_mlp = R.ada_chunks(sd, pre + "norm1", temb, 6)
     nx = R.modulate(R.layer_norm(x, 1e-6), scale, shift)
     if last:
         c_scale, c_shift = R.ada_chunks(sd, pre + "norm1_context", temb, 2)
@@ -57,6 +64,12 @@ def joint_block(sd, prefix, x, c, temb, heads, qk_norm, last):
     o = R.tokens(R.attention(np.concatenate([q, cq], 2), np.concatenate([k, ck], 2), np.concatenate([v, cv], 2)))
     L = x.shape[1]
     x = x + gate[:, None] * R.linear(sd, a + "to_out.0", o[:, :L])
+    if dual:
+        a2 = pre + "attn2."
+        proj2 = lambda name: R.heads(R.linear(sd, a2 + name, nx2), heads)
+        o2 = R.tokens(R.attention(R.qk_norm(sd, a2 + "norm_q", proj2("to_q"), qk_norm),
+                                  R.qk_norm(sd, a2 + "norm_k", proj2("to_k"), qk_norm), proj2("to_v")))
+        x = x + gate2[:, None] * R.linear(sd, a2 + "to_out.0", o2)
     x = x + gate_mlp[:, None] * R.feed_forward(sd, pre + "ff", R.modulate(R.layer_norm(x, 1e-6), scale_mlp, shift_mlp))
     if last:
         return None, x
@@ -75,7 +88,7 @@ def transformer(sd, config, latent, context, pooled, timestep):
     c = R.linear(sd, "context_embedder", context)
     for i in range(config["num_layers"]):
         c, x = joint_block(sd, f"transformer_blocks.{i}", x, c, temb, heads, config.get("qk_norm"),
-                           i == config["num_layers"] - 1)
+                           i == config["num_layers"] - 1, i in tuple(config.get("dual_attention_layers") or ()))
     scale, shift = R.ada_chunks(sd, "norm_out", temb, 2)
     x = R.linear(sd, "proj_out", R.modulate(R.layer_norm(x, 1e-6), scale, shift))
     B, _, H, W = latent.shape

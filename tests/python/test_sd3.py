@@ -1,5 +1,8 @@
 """SD3Transformer2DModel against the numpy reference (sd3_reference.py) on every layout its mesh
 dim names give, with uneven sequence pieces; its checkpoints; its errors."""
+import json
+import os
+
 import numpy as np
 import pytest
 
@@ -8,6 +11,7 @@ from dtorch.models import SD3Transformer2DModel
 from dtorch.models.transformer_sd3 import sincos_2d
 
 import sd3_reference
+from test_architectures import read_safetensors
 from diffusion_reference import batch_placements, image_placements
 
 pytestmark = pytest.mark.usefixtures("thread_runtime")
@@ -37,11 +41,20 @@ def _state(model):
     return {k: v.numpy() for k, v in model.state_dict().items()}
 
 
-@pytest.fixture(scope="module", params=[None, "rms_norm"])
+# SD3 medium (no q/k norms), SD3.5 large (RMS q/k norms), SD3.5 medium (those and dual attention in
+# the first block)
+VARIANTS = [dict(qk_norm=None), dict(qk_norm="rms_norm"), dict(qk_norm="rms_norm", dual_attention_layers=(0,))]
+
+
+@pytest.fixture(scope="module", params=VARIANTS, ids=["sd3", "sd35_large", "sd35_medium"])
 def single(request):
     dtorch.manual_seed(5)
-    model = SD3Transformer2DModel.from_config(CONFIG, qk_norm=request.param)
+    model = SD3Transformer2DModel.from_config(CONFIG, **request.param)
     return model, _state(model)
+
+
+def _variant(model):
+    return dict(qk_norm=model.config.qk_norm, dual_attention_layers=model.config.dual_attention_layers)
 
 
 def _reference(sd, model, inputs):
@@ -65,6 +78,14 @@ def test_module_tree_and_position_table(single):
     assert sd["transformer_blocks.1.norm1_context.linear.weight"].shape == (32, 16)
     if model.config.qk_norm:
         assert "transformer_blocks.0.attn.norm_added_k.weight" in keys
+    if model.config.dual_attention_layers:
+        # the second attention: image projections and their q/k norms, no text projections; norm1
+        # gives nine chunks (the second attention's shift, scale and gate last)
+        for key in ("attn2.to_q.weight", "attn2.to_out.0.bias", "attn2.norm_q.weight", "attn2.norm_k.weight"):
+            assert "transformer_blocks.0." + key in keys, key
+        assert not any(k.startswith("transformer_blocks.0.attn2.add_") for k in keys)
+        assert sd["transformer_blocks.0.norm1.linear.weight"].shape == (9 * 16, 16)
+    assert not any(k.startswith("transformer_blocks.1.attn2.") for k in keys)
     table = sd3_reference.pos_table(16, 8, 8 // 2)
     np.testing.assert_allclose(sd["pos_embed.pos_embed"][0], table, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(sincos_2d(16, 8, 4), table, rtol=1e-12, atol=1e-12)
@@ -74,7 +95,7 @@ def test_module_tree_and_position_table(single):
 def test_forward_matches_numpy(single, shape, names):
     model, sd = single
     mesh = _mesh(shape, names)
-    on_mesh = SD3Transformer2DModel.from_config(CONFIG, device_mesh=mesh, qk_norm=model.config.qk_norm)
+    on_mesh = SD3Transformer2DModel.from_config(CONFIG, device_mesh=mesh, **_variant(model))
     on_mesh.load_state_dict({k: dtorch.distribute_tensor(v, mesh) for k, v in sd.items()})
     for B in (2, 1):  # batch 1 on dp: an empty piece
         inputs = _inputs(B)
@@ -93,7 +114,7 @@ def test_one_joint_block_matches_numpy(single, shape, names, last):
     index = 1 if last else 0
     prefix = f"transformer_blocks.{index}."
     mesh = _mesh(shape, names)
-    on_mesh = SD3Transformer2DModel.from_config(CONFIG, device_mesh=mesh, qk_norm=model.config.qk_norm)
+    on_mesh = SD3Transformer2DModel.from_config(CONFIG, device_mesh=mesh, **_variant(model))
     on_mesh.load_state_dict({k: dtorch.distribute_tensor(v, mesh) for k, v in sd.items()})
     block = on_mesh.transformer_blocks[index]
     rng = np.random.default_rng(7)
@@ -103,7 +124,8 @@ def test_one_joint_block_matches_numpy(single, shape, names, last):
     place = lambda a, placements: dtorch.distribute_tensor(a, mesh, placements)
     image, batch = image_placements(names), batch_placements(names)
     context, hidden = block(place(x, image), place(c, batch), place(temb, batch))
-    want_context, want_hidden = sd3_reference.joint_block(sd, prefix[:-1], x, c, temb, 2, model.config.qk_norm, last)
+    want_context, want_hidden = sd3_reference.joint_block(sd, prefix[:-1], x, c, temb, 2, model.config.qk_norm, last,
+                                                          dual=index in (model.config.dual_attention_layers or ()))
     assert list(hidden.placements) == image
     np.testing.assert_allclose(hidden.numpy(), want_hidden, rtol=1e-4, atol=1e-5)
     if last:
@@ -149,5 +171,42 @@ def test_bad_input(single):
         SD3Transformer2DModel.from_config(CONFIG, device_mesh=_mesh((4,), ("ulysses",)))
     with pytest.raises(TypeError, match="unknown config argument 'num_heads'"):
         SD3Transformer2DModel.from_config(CONFIG, num_heads=3)
-    with pytest.raises(NotImplementedError, match="dual attention"):
-        SD3Transformer2DModel.from_config(CONFIG, dual_attention_layers=(0,))
+
+
+# ---- SD3.5 medium against diffusers ----------------------------------------------------------------------
+
+SD35 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "sd35")
+
+
+def _sd35_expected():
+    with np.load(os.path.join(SD35, "expected.npz")) as f:
+        return {k: f[k] for k in f.files}
+
+
+def test_sd35_fixture_agrees_with_the_numpy_reference():
+    """The stored diffusers output (make_sd35_fixture.py) is what the numpy reference computes from
+    the stored weights: reference and fixture check each other, and the dual attention and the q/k
+    norms matter (the output without them is far off)."""
+    expected = _sd35_expected()
+    sd = read_safetensors(os.path.join(SD35, "diffusion_pytorch_model.safetensors"))
+    config = SD3Transformer2DModel.make_config(json.load(open(os.path.join(SD35, "config.json"))))
+    assert tuple(config.dual_attention_layers) == (0,) and config.qk_norm == "rms_norm"
+    args = [expected[k] for k in ("hidden_states", "encoder_hidden_states", "pooled_projections", "timestep")]
+    want = sd3_reference.transformer(sd, dict(config), *args)
+    np.testing.assert_allclose(want, expected["sample"], rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    silent = {k: np.zeros_like(v) if k.startswith("transformer_blocks.0.attn2.to_out") else v for k, v in sd.items()}
+    for weights, without in ((silent, {}), (sd, dict(qk_norm=None))):
+        other = sd3_reference.transformer(weights, dict(config, **without), *args)
+        assert np.abs(other - expected["sample"]).max() > 0.05 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("shape,names", [((1,), None), ((2,), ("dp",)), ((2,), ("ulysses",)), ((2,), ("ring",))])
+def test_sd35_checkpoint_from_diffusers(shape, names):
+    """SD3.5-medium-shaped weights as diffusers saved them load by their names and give diffusers'
+    output, on one device and split on the batch, by Ulysses and by the ring."""
+    expected = _sd35_expected()
+    model = SD3Transformer2DModel.from_pretrained(SD35, device_mesh=_mesh(shape, names))
+    inputs = {k: expected[k] for k in ("hidden_states", "encoder_hidden_states", "pooled_projections", "timestep")}
+    out = model(**inputs).sample.numpy()
+    want = expected["sample"]
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())

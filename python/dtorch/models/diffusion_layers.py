@@ -159,6 +159,28 @@ class AdaLayerNormZero(Module):
         return modulate(self.norm(x), scale_msa, shift_msa), gate_msa, shift_mlp, scale_mlp, gate_mlp
 
 
+class SD35AdaLayerNormZeroX(Module):
+    """SD3.5's AdaLayerNormZero for blocks with a second (image-only) attention: linear(silu(emb))
+    chunked into nine: shift, scale, gate (attention), shift, scale, gate (MLP) and shift, scale,
+    gate (the second attention), whose input is the same normed tokens modulated by its own pair."""
+
+    def __init__(self, embedding_dim, norm_type="layer_norm", bias=True, device_mesh=None, dtype=None):
+        super().__init__()
+        if norm_type != "layer_norm":
+            raise NotImplementedError(f"SD35AdaLayerNormZeroX: norm_type {norm_type!r} (only 'layer_norm')")
+        self.silu = SiLU()
+        self.linear = Linear(embedding_dim, 9 * embedding_dim, bias=bias, device_mesh=device_mesh, dtype=dtype)
+        self.norm = LayerNorm(embedding_dim, elementwise_affine=False, eps=1e-6)
+
+    def forward(self, x, emb):
+        """(attention input, gate, MLP shift, MLP scale, MLP gate, second attention input, its gate)."""
+        (shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp, shift_msa2, scale_msa2,
+         gate_msa2) = self.linear(self.silu(emb)).chunk(9, dim=1)
+        normed = self.norm(x)
+        return (modulate(normed, scale_msa, shift_msa), gate_msa, shift_mlp, scale_mlp, gate_mlp,
+                modulate(normed, scale_msa2, shift_msa2), gate_msa2)
+
+
 class AdaLayerNormZeroSingle(Module):
     """FLUX's single-stream block norm: shift, scale and gate from linear(silu(emb))."""
 

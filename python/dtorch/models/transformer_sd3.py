@@ -7,7 +7,9 @@ comes from the timestep and the pooled text embedding. Each joint block modulate
 that vector (adaptive layer norm: shift, scale and gate per sub-layer), lets image and text tokens
 attend to each other in one softmax, and runs an MLP per stream; the last block keeps only the
 image stream. A final modulated norm and a projection give each patch's prediction, which is put
-back together as an image.
+back together as an image. SD3.5 adds per-head RMS norms on the queries and keys (``qk_norm``,
+both streams) and, in the blocks ``dual_attention_layers`` names (SD3.5 medium), a second
+attention over the image tokens alone, modulated by its own shift, scale and gate.
 
 Single-device code: every op follows the placements of its inputs, and attention runs in each
 block's attention slot. ``parallelize_sd3`` (diffusion_parallel.py) lays the model out from outside
@@ -22,7 +24,7 @@ from ..nn.layers import Conv2d, LayerNorm, Linear
 from ..nn.module import MetaTensor, Module
 from .config_fields import count, listing, optional, text
 from .diffusion_layers import (AdaLayerNormContinuous, AdaLayerNormZero, Attention,
-                               CombinedTimestepTextProjEmbeddings, FeedForward, modulate)
+                               CombinedTimestepTextProjEmbeddings, FeedForward, SD35AdaLayerNormZeroX, modulate)
 from .diffusion_parallel import mesh_dim_sizes, parallelize_sd3
 from .modeling_diffusers import DiffusersModel, Transformer2DModelOutput
 
@@ -85,16 +87,17 @@ class PatchEmbed(Module):
 
 class JointTransformerBlock(Module):
     """One MMDiT block: both streams modulated, joint attention, an MLP per stream (the text
-    stream's output only where the block is not the last: ``context_pre_only``)."""
+    stream's output only where the block is not the last: ``context_pre_only``). With
+    ``use_dual_attention`` (SD3.5 medium) the image stream also runs a second attention over its own
+    tokens only (``attn2``), its input and gate from the extra chunks of ``norm1``
+    (SD35AdaLayerNormZeroX), added after the joint attention's output."""
 
     def __init__(self, dim, num_attention_heads, attention_head_dim, context_pre_only=False, qk_norm=None,
                  use_dual_attention=False, device_mesh=None, dtype=None):
         super().__init__()
-        if use_dual_attention:
-            raise NotImplementedError("SD3Transformer2DModel: dual attention layers (SD3.5 medium) are not supported")
         kw = dict(device_mesh=device_mesh, dtype=dtype)
-        self.context_pre_only = context_pre_only
-        self.norm1 = AdaLayerNormZero(dim, **kw)
+        self.context_pre_only, self.use_dual_attention = context_pre_only, use_dual_attention
+        self.norm1 = SD35AdaLayerNormZeroX(dim, **kw) if use_dual_attention else AdaLayerNormZero(dim, **kw)
         if context_pre_only:
             self.norm1_context = AdaLayerNormContinuous(dim, dim, elementwise_affine=False, eps=1e-6, **kw)
         else:
@@ -102,6 +105,11 @@ class JointTransformerBlock(Module):
         self.attn = Attention(query_dim=dim, heads=num_attention_heads, dim_head=attention_head_dim,
                               added_kv_proj_dim=dim, out_dim=dim, context_pre_only=context_pre_only, bias=True,
                               qk_norm=qk_norm, eps=1e-6, **kw)
+        if use_dual_attention:
+            self.attn2 = Attention(query_dim=dim, heads=num_attention_heads, dim_head=attention_head_dim, out_dim=dim,
+                                   bias=True, qk_norm=qk_norm, eps=1e-6, **kw)
+        else:
+            object.__setattr__(self, "attn2", None)
         self.norm2 = LayerNorm(dim, elementwise_affine=False, eps=1e-6)
         self.ff = FeedForward(dim, dim_out=dim, activation_fn="gelu-approximate", **kw)
         if not context_pre_only:
@@ -109,7 +117,11 @@ class JointTransformerBlock(Module):
             self.ff_context = FeedForward(dim, dim_out=dim, activation_fn="gelu-approximate", **kw)
 
     def forward(self, hidden_states, encoder_hidden_states, temb):
-        norm_hidden, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.norm1(hidden_states, emb=temb)
+        if self.use_dual_attention:
+            norm_hidden, gate_msa, shift_mlp, scale_mlp, gate_mlp, norm_hidden2, gate_msa2 = self.norm1(
+                hidden_states, emb=temb)
+        else:
+            norm_hidden, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.norm1(hidden_states, emb=temb)
         if self.context_pre_only:
             norm_context = self.norm1_context(encoder_hidden_states, temb)
         else:
@@ -118,6 +130,9 @@ class JointTransformerBlock(Module):
         attn_output, context_attn_output = self.attn(norm_hidden, encoder_hidden_states=norm_context)
 
         hidden_states = hidden_states + gate_msa.unsqueeze(1) * attn_output
+        if self.use_dual_attention:
+            attn_output2, _ = self.attn2(norm_hidden2)
+            hidden_states = hidden_states + gate_msa2.unsqueeze(1) * attn_output2
         ff_output = self.ff(modulate(self.norm2(hidden_states), scale_mlp, shift_mlp))
         hidden_states = hidden_states + gate_mlp.unsqueeze(1) * ff_output
 
