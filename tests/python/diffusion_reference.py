@@ -116,10 +116,10 @@ def rotate_interleaved(x, cos, sin):
 def image_placements(names, sequence_dim=1):
     """How the diffusion transformers' plans lay out image tokens on a mesh with dim ``names`` (None:
     one unnamed device): the batch Shard(0) on dp, the sequence Shard(sequence_dim) on ulysses and
-    ring."""
+    ring, whole on tp (which splits the heads and the MLPs' hidden channels inside each block)."""
     import dtorch
-    return [dtorch.Shard(0) if n == "dp" else dtorch.Shard(sequence_dim) for n in names] if names else \
-        [dtorch.Replicate()]
+    kinds = {"dp": dtorch.Shard(0), "tp": dtorch.Replicate()}
+    return [kinds.get(n, dtorch.Shard(sequence_dim)) for n in names] if names else [dtorch.Replicate()]
 
 
 def batch_placements(names):

@@ -114,8 +114,12 @@ def test_ring_joint_block_in_both_modes(mode):
 
 def test_layout_errors(thread_runtime):
     one = dtorch.DeviceMesh("cpu", [0])
-    with pytest.raises(ValueError, match="unknown mesh dim name 'tp'"):
-        parallelize_sd3(_sd3(one), _mesh((2,), ("tp",)))
+    with pytest.raises(ValueError, match="unknown mesh dim name 'pp'"):
+        parallelize_sd3(_sd3(one), _mesh((2,), ("pp",)))
+    with pytest.raises(ValueError, match="tp size 3 does not divide the 4 attention heads"):
+        parallelize_sd3(_sd3(one), _mesh((3,), ("tp",)))
+    with pytest.raises(ValueError, match="ulysses size 4 does not divide the 2 attention heads of each tp device"):
+        parallelize_sd3(_sd3(one), _mesh((2, 4), ("tp", "ulysses")))
     with pytest.raises(ValueError, match="ulysses size 3 does not divide the 4 attention heads"):
         parallelize_sd3(_sd3(one), _mesh((3,), ("ulysses",)))
     with pytest.raises(ValueError, match="name the dims"):
@@ -229,12 +233,12 @@ def test_vae_built_on_one_device_then_parallelized(thread_runtime):
     (lambda mesh: AutoencoderKL(AutoencoderKL.make_config(VAE), device_mesh=mesh), parallelize_vae)])
 def test_every_plan_refuses_unknown_dim_names(thread_runtime, build, parallelize):
     model = build(dtorch.DeviceMesh("cpu", [0]))
-    with pytest.raises(ValueError, match=f"{type(model).__name__}: unknown mesh dim name 'tp'"):
-        parallelize(model, _mesh((2, 2), ("dp", "tp")))
-    with pytest.raises(ValueError, match=f"{type(model).__name__}: unknown mesh dim name 'tp'"):
-        type(model).from_config(dict(model.config), device_mesh=_mesh((2,), ("tp",)))
-    with pytest.raises(ValueError, match=f"{type(model).__name__}: unknown mesh dim name 'tp'"):
-        build(_mesh((2,), ("tp",)))                                   # at construction, as every model
+    with pytest.raises(ValueError, match=f"{type(model).__name__}: unknown mesh dim name 'pp'"):
+        parallelize(model, _mesh((2, 2), ("dp", "pp")))
+    with pytest.raises(ValueError, match=f"{type(model).__name__}: unknown mesh dim name 'pp'"):
+        type(model).from_config(dict(model.config), device_mesh=_mesh((2,), ("pp",)))
+    with pytest.raises(ValueError, match=f"{type(model).__name__}: unknown mesh dim name 'pp'"):
+        build(_mesh((2,), ("pp",)))                                   # at construction, as every model
     wrong = parallelize_vae if parallelize is not parallelize_vae else parallelize_sd3
     with pytest.raises(TypeError, match="expected a"):
         wrong(model, _mesh((2,), ("dp",)))
@@ -261,3 +265,125 @@ def test_model_files_hold_no_parallel_logic(module):
             assert name not in ("Shard", "Partial", "parallel", "DiffusionParallel"), name
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
             assert node.value not in ("dp", "ulysses", "ring", "tp"), node.value
+
+
+# ---- tensor parallelism -----------------------------------------------------------------------------
+
+SD35 = dict(SD3, qk_norm="rms_norm", dual_attention_layers=(0,))
+TP_LAYOUTS = [((2,), ("tp",)), ((2, 2), ("tp", "ring")), ((2, 2), ("tp", "ulysses")), ((2, 2), ("ulysses", "tp")),
+              ((2, 2), ("dp", "tp"))]
+
+
+def _sd3_inputs(seed):
+    rng = np.random.default_rng(seed)
+    return dict(hidden_states=rng.standard_normal((2, 4, 6, 10)).astype(np.float32),
+                encoder_hidden_states=rng.standard_normal((2, 5, 12)).astype(np.float32),
+                pooled_projections=rng.standard_normal((2, 10)).astype(np.float32),
+                timestep=np.array([999.0, 3.5], np.float32))
+
+
+def _flux_inputs(seed, n_image=7, n_text=5):
+    rng = np.random.default_rng(seed)
+    img_ids = np.zeros((n_image, 3), np.float32)
+    img_ids[:, 1], img_ids[:, 2] = np.arange(n_image) // 3, np.arange(n_image) % 3
+    return dict(hidden_states=rng.standard_normal((2, n_image, 8)).astype(np.float32),
+                encoder_hidden_states=rng.standard_normal((2, n_text, 12)).astype(np.float32),
+                pooled_projections=rng.standard_normal((2, 10)).astype(np.float32),
+                timestep=np.array([0.9, 0.2], np.float32), img_ids=img_ids,
+                txt_ids=rng.integers(0, 4, (n_text, 3)).astype(np.float32), guidance=np.full(2, 3.5, np.float32))
+
+
+def _on_layout(cls, config, state, shape, names):
+    model = cls.from_config(config, device_mesh=_mesh(shape, names))
+    model.load_state_dict({k: dtorch.distribute_tensor(v, model.device_mesh) for k, v in state.items()})
+    return model
+
+
+def _sd3_want(model, sd, x):
+    return sd3_reference.transformer(sd, dict(model.config), x["hidden_states"], x["encoder_hidden_states"],
+                                     x["pooled_projections"], x["timestep"])
+
+
+def _flux_want(model, sd, x):
+    return flux_reference.model(sd, dict(model.config), x["hidden_states"], x["encoder_hidden_states"],
+                                x["pooled_projections"], x["timestep"], x["img_ids"], x["txt_ids"], x["guidance"])
+
+
+def test_tp_layouts_match_one_device_and_numpy(mode):
+    """SD3.5 medium's shape (dual attention, q/k norms) over tp2, tp2 x ring2, tp2 x ulysses2 (both
+    dim orders) and dp2 x tp2, and FLUX over tp2, tp2 x ring2 and dp2 x tp2: the same output as the
+    model on one device and as the numpy reference, in both worker modes."""
+    one = dtorch.DeviceMesh("cpu", [0])
+    sd3 = SD3Transformer2DModel.from_config(SD35, device_mesh=one)
+    sd3_state, x = _state(sd3), _sd3_inputs(8)
+    single = sd3(**x).sample.numpy()
+    want = _sd3_want(sd3, sd3_state, x)
+    assert _relative_error(single, want) < 1e-4
+    for shape, names in TP_LAYOUTS:
+        out = _on_layout(SD3Transformer2DModel, SD35, sd3_state, shape, names)(**x).sample
+        assert list(out.placements) == batch_placements(names), names
+        assert _relative_error(out.numpy(), single) < 1e-4 and _relative_error(out.numpy(), want) < 1e-4, names
+
+    flux = FluxTransformer2DModel.from_config(FLUX, device_mesh=one)
+    flux_state, x = _state(flux), _flux_inputs(9)
+    single = flux(**x).sample.numpy()
+    want = _flux_want(flux, flux_state, x)
+    assert _relative_error(single, want) < 1e-4
+    for shape, names in (((2,), ("tp",)), ((2, 2), ("tp", "ring")), ((2, 2), ("dp", "tp"))):
+        out = _on_layout(FluxTransformer2DModel, FLUX, flux_state, shape, names)(**x).sample
+        assert list(out.placements) == batch_placements(names), names
+        assert _relative_error(out.numpy(), single) < 1e-4 and _relative_error(out.numpy(), want) < 1e-4, names
+
+
+def test_tp3_on_three_heads(thread_runtime):
+    """Three heads over tp3 (each device one head, a third of every MLP), alone and with the ring."""
+    sd3_config = dict(SD35, num_attention_heads=3, caption_projection_dim=3 * D)
+    flux_config = dict(FLUX, num_attention_heads=3)
+    for cls, config, inputs, want_of in ((SD3Transformer2DModel, sd3_config, _sd3_inputs(10), _sd3_want),
+                                         (FluxTransformer2DModel, flux_config, _flux_inputs(11), _flux_want)):
+        model = cls.from_config(config, device_mesh=dtorch.DeviceMesh("cpu", [0]))
+        state = _state(model)
+        want = want_of(model, state, inputs)
+        for shape, names in (((3,), ("tp",)), ((3, 2), ("tp", "ring"))):
+            out = _on_layout(cls, config, state, shape, names)(**inputs).sample.numpy()
+            assert _relative_error(out, want) < 1e-4, (cls.__name__, names)
+
+
+def test_tp_splits_the_weights(thread_runtime):
+    """On tp2 every device holds half of each q/k/v projection's rows (its heads) and half of each
+    output projection's columns, half of each MLP's hidden channels, and of FLUX's single-block
+    proj_out half the output rows; the modulation linears and the per-head q/k norms stay whole.
+    Each piece is checked against the numpy split of the whole weight."""
+    mesh = _mesh((2,), ("tp",))
+    one = dtorch.DeviceMesh("cpu", [0])
+    sd3 = SD3Transformer2DModel.from_config(SD35, device_mesh=one)
+    flux = FluxTransformer2DModel.from_config(FLUX, device_mesh=one)
+    for model, split_rows, split_columns, whole in (
+            (sd3, ["transformer_blocks.0.attn.to_q", "transformer_blocks.0.attn.add_k_proj",
+                   "transformer_blocks.0.attn2.to_v", "transformer_blocks.1.ff.net.0.proj",
+                   "transformer_blocks.0.ff_context.net.0.proj"],
+             ["transformer_blocks.0.attn.to_out.0", "transformer_blocks.0.attn.to_add_out",
+              "transformer_blocks.0.attn2.to_out.0", "transformer_blocks.1.ff.net.2"],
+             ["transformer_blocks.0.norm1.linear.weight", "transformer_blocks.0.attn.norm_q.weight",
+              "transformer_blocks.0.attn2.norm_k.weight", "proj_out.weight", "context_embedder.weight"]),
+            (flux, ["transformer_blocks.0.attn.to_k", "single_transformer_blocks.0.attn.to_q",
+                    "single_transformer_blocks.0.proj_mlp", "single_transformer_blocks.0.proj_out"],
+             ["transformer_blocks.0.attn.to_out.0", "transformer_blocks.0.ff_context.net.2"],
+             ["single_transformer_blocks.0.norm.linear.weight", "single_transformer_blocks.0.attn.norm_k.weight",
+              "transformer_blocks.0.attn.norm_added_q.weight"])):
+        state = _state(model)
+        (parallelize_sd3 if model is sd3 else parallelize_flux)(model, mesh)
+        params = dict(model.named_parameters())
+        for path in split_rows:
+            w, b = state[path + ".weight"], state[path + ".bias"]
+            pieces = params[path + ".weight"].to_local()
+            assert [p.shape for p in pieces] == [(w.shape[0] // 2, w.shape[1])] * 2, path
+            np.testing.assert_array_equal(np.concatenate(pieces, 0), w)
+            np.testing.assert_array_equal(np.concatenate(params[path + ".bias"].to_local(), 0), b)
+        for path in split_columns:
+            w = state[path + ".weight"]
+            pieces = params[path + ".weight"].to_local()
+            assert [p.shape for p in pieces] == [(w.shape[0], w.shape[1] // 2)] * 2, path
+            np.testing.assert_array_equal(np.concatenate(pieces, 1), w)
+        for key in whole:
+            assert [p.shape for p in params[key].to_local()] == [state[key].shape] * 2, key

@@ -29,6 +29,9 @@ MESHES = {
     "ring2": ((2,), ("ring",)),
     "ulysses2xring2": ((2, 2), ("ulysses", "ring")),
     "dp2xulysses2xring2": ((2, 2, 2), ("dp", "ulysses", "ring")),
+    "tp2": ((2,), ("tp",)),
+    "tp2xring2": ((2, 2), ("tp", "ring")),
+    "dp2xtp2": ((2, 2), ("dp", "tp")),
 }
 
 
@@ -253,9 +256,13 @@ def test_guidance_given_to_the_wrong_model():
         dev(**inputs(2, 7, guidance=False))
 
 
-def test_mesh_dim_named_tp():
-    with pytest.raises(ValueError, match="'tp'"):
-        FluxTransformer2DModel.from_config(CONFIG, device_mesh=make_mesh_dims((2,), ("tp",)))
+def test_tp_not_dividing_heads():
+    with pytest.raises(ValueError, match="tp size 3 does not divide the 2 attention heads"):
+        FluxTransformer2DModel.from_config(CONFIG, device_mesh=make_mesh_dims((3,), ("tp",)))
+    with pytest.raises(ValueError, match="ulysses size 2 does not divide the 1 attention heads of each tp device"):
+        FluxTransformer2DModel.from_config(CONFIG, device_mesh=make_mesh_dims((2, 2), ("ulysses", "tp")))
+    with pytest.raises(ValueError, match="unknown mesh dim name 'pp'"):
+        FluxTransformer2DModel.from_config(CONFIG, device_mesh=make_mesh_dims((2,), ("pp",)))
 
 
 def test_ulysses_not_dividing_heads():

@@ -21,7 +21,8 @@ CONFIG = dict(sample_size=8, patch_size=2, in_channels=4, num_layers=2, attentio
               pos_embed_max_size=8)
 
 MESHES = [((1,), None), ((2,), ("dp",)), ((2,), ("ulysses",)), ((2,), ("ring",)), ((3,), ("ring",)),
-          ((2, 2), ("ulysses", "ring")), ((2, 2, 2), ("dp", "ulysses", "ring"))]
+          ((2, 2), ("ulysses", "ring")), ((2, 2, 2), ("dp", "ulysses", "ring")),
+          ((2,), ("tp",)), ((2, 2), ("tp", "ring")), ((2, 2), ("dp", "tp"))]
 
 
 def _mesh(shape, names):
@@ -165,8 +166,12 @@ def test_bad_input(single):
         model(**dict(inputs, encoder_hidden_states=inputs["encoder_hidden_states"][0]))
     with pytest.raises(TypeError, match="needs encoder_hidden_states"):
         model(inputs["hidden_states"])
-    with pytest.raises(ValueError, match="unknown mesh dim name 'tp'"):
-        SD3Transformer2DModel.from_config(CONFIG, device_mesh=_mesh((2,), ("tp",)))
+    with pytest.raises(ValueError, match="unknown mesh dim name 'pp'"):
+        SD3Transformer2DModel.from_config(CONFIG, device_mesh=_mesh((2,), ("pp",)))
+    with pytest.raises(ValueError, match="tp size 4 does not divide the 2 attention heads"):
+        SD3Transformer2DModel.from_config(CONFIG, device_mesh=_mesh((4,), ("tp",)))
+    with pytest.raises(ValueError, match="ulysses size 2 does not divide the 1 attention heads of each tp device"):
+        SD3Transformer2DModel.from_config(CONFIG, device_mesh=_mesh((2, 2), ("tp", "ulysses")))
     with pytest.raises(ValueError, match="ulysses size 4 does not divide the 2 attention heads"):
         SD3Transformer2DModel.from_config(CONFIG, device_mesh=_mesh((4,), ("ulysses",)))
     with pytest.raises(TypeError, match="unknown config argument 'num_heads'"):

@@ -233,7 +233,7 @@ def test_mesh_dim_names():
         out = model.decode(z).sample
         assert out.placements == (Shard(0), Shard(0))
         assert rel(out.numpy(), want) < TOL
-    for names in (("tp",), ("dp", "cp")):
+    for names in (("pp",), ("dp", "cp")):
         mesh = dtorch.init_device_mesh("cpu", (2,) * len(names), mesh_dim_names=names)
         bad = names[-1]
         with pytest.raises(ValueError, match=f"AutoencoderKL: unknown mesh dim name '{bad}'"):
@@ -246,8 +246,8 @@ def test_unknown_mesh_dim_name_when_loading(tmp_path):
     cfg = tiny("sd")
     model, _ = build(cfg, 1)
     model.save_pretrained(tmp_path)
-    mesh = dtorch.init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
-    with pytest.raises(ValueError, match="AutoencoderKL: unknown mesh dim name 'tp'"):
+    mesh = dtorch.init_device_mesh("cpu", (2,), mesh_dim_names=("pp",))
+    with pytest.raises(ValueError, match="AutoencoderKL: unknown mesh dim name 'pp'"):
         AutoencoderKL.from_pretrained(str(tmp_path), device_mesh=mesh)
 
 

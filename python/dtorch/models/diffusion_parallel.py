@@ -5,34 +5,47 @@ files are single-device code and know nothing of this file but its name in ``par
 - ``dp``: the batch, which in a pipeline is the classifier-free-guidance pair (unconditional and
   conditional rows): Shard(0) where the inputs enter (PrepareModuleInput on the patch embedding,
   the text projection and the timestep, guidance and pooled-text embeddings); weights replicated.
+- ``tp``: Megatron tensor parallelism inside each block: the q/k/v projections of both streams
+  (``to_q``/``to_k``/``to_v`` and ``add_q_proj``/``add_k_proj``/``add_v_proj``) ColwiseParallel, so
+  each device holds and computes its heads (the per-head q/k norms run on them where they are);
+  the output projections (``to_out.0``, ``to_add_out``) RowwiseParallel; each feed-forward's first
+  linear ColwiseParallel and its second RowwiseParallel (one all-reduce per projection out). SD3.5's
+  second attention (``attn2``) is split the same way. FLUX's single-stream blocks split q/k/v and
+  ``proj_mlp`` likewise; their ``proj_out`` reads the concatenation [attention, MLP], whose
+  per-device pieces are not one contiguous block of its columns, so attention's and the MLP's
+  outputs are gathered whole there and ``proj_out`` is ColwiseParallel over its output channels,
+  gathered after (its weight still split, at two all-gathers instead of one all-reduce). The
+  adaptive norms' modulation linears, the embedders and the final projection stay replicated.
 - ``ulysses``: the image tokens split on the sequence; around attention an all-to-all turns the
   sequence split into a split of the heads (whole sequence, some heads per device) and back
   (UlyssesJointAttention in every attention slot).
 - ``ring``: the image tokens split on the sequence; attention runs as a true ring, the key/value
   blocks passed device to device (RingJointAttention in every attention slot).
 
-They compose (``dp2 x ulysses2 x ring2`` on 8 devices). The text tokens (SD3's and FLUX's context
+They compose (``dp2 x ulysses2 x ring2`` on 8 devices, ``dp2 x tp2``, ``tp2 x ring2``, ``tp2 x
+ulysses2``): tp splits the heads first, and Ulysses and the ring work within each tp slice of
+heads (Ulysses splits that slice further). The text tokens (SD3's and FLUX's context
 stream) are few: they stay whole on the context-parallel dims and take part in attention as a
 joint block that every query sees. Between attentions everything is per token, so the image stream
 is split once, where it enters (SD3: the patch embedding's output; FLUX: ``x_embedder``'s input),
 and gathered once, at ``proj_out``'s output. FLUX's rotary tables (``pos_embed``'s outputs) are laid
 out like the queries they rotate: the image's split on the sequence, the text's whole. An absent
-name means size 1; an unknown name, or a ulysses size that does not divide the heads, is a
-ValueError naming it.
+name means size 1; an unknown name, a tp size that does not divide the heads, or a ulysses size
+that does not divide each tp device's heads, is a ValueError naming it.
 
 The VAE is data-parallel: the batch split (Shard(0)) over every mesh dim of size > 1, each of dp,
-ulysses and ring alike, or every dim of an unnamed mesh.
+tp, ulysses and ring alike, or every dim of an unnamed mesh.
 
 A model is laid out once: its weights move onto the mesh (replicated) where they live elsewhere, so
 a model made on one device can be parallelized afterwards; laying it out a second time is refused.
 """
 from .._mesh import DeviceMesh
 from .._placement import Replicate, Shard
-from ..parallel import (PrepareModuleInput, PrepareModuleOutput, RingJointAttention, UlyssesJointAttention,
-                        parallelize_module)
+from ..parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput, RingJointAttention,
+                        RowwiseParallel, UlyssesJointAttention, parallelize_module)
 from ..parallel.style import named_dim_sizes, place
 
-KNOWN_DIMS = ("dp", "ulysses", "ring")
+KNOWN_DIMS = ("dp", "tp", "ulysses", "ring")
 CONTEXT_PARALLEL = ("ulysses", "ring")
 
 
@@ -43,21 +56,31 @@ def mesh_dim_sizes(device_mesh, who):
 
 
 def parallelize_sd3(model, device_mesh):
-    """Lays an SD3Transformer2DModel out over ``device_mesh`` by its dim names (dp, ulysses, ring);
-    returns the model."""
+    """Lays an SD3Transformer2DModel out over ``device_mesh`` by its dim names (dp, tp, ulysses,
+    ring); returns the model."""
     from .transformer_sd3 import SD3Transformer2DModel
     mesh, sizes = _begin(model, device_mesh, SD3Transformer2DModel, "parallelize_sd3")
     _split_batch(model, mesh, ["pos_embed", "context_embedder", "time_text_embed.timestep_embedder",
                                "time_text_embed.text_embedder"])
     tokens = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1))
     _split_image_tokens(model, mesh, {"pos_embed": tokens}, "proj_out")
-    _joint_attention(model, mesh, sizes, [f"transformer_blocks.{i}.attn" for i in range(len(model.transformer_blocks))])
+    attentions = [f"transformer_blocks.{i}.attn" for i in range(len(model.transformer_blocks))]
+    attentions += [f"transformer_blocks.{i}.attn2" for i, block in enumerate(model.transformer_blocks)
+                   if block.attn2 is not None]
+    if sizes.get("tp", 1) > 1:
+        plan = {}
+        for i, block in enumerate(model.transformer_blocks):
+            plan.update(_megatron_block(f"transformer_blocks.{i}", block))
+            if block.attn2 is not None:
+                plan.update(_megatron_attention(f"transformer_blocks.{i}.attn2", block.attn2))
+        parallelize_module(model, mesh["tp"], plan)
+    _joint_attention(model, mesh, sizes, attentions)
     return _done(model, mesh)
 
 
 def parallelize_flux(model, device_mesh):
-    """Lays a FluxTransformer2DModel out over ``device_mesh`` by its dim names (dp, ulysses, ring);
-    returns the model."""
+    """Lays a FluxTransformer2DModel out over ``device_mesh`` by its dim names (dp, tp, ulysses,
+    ring); returns the model."""
     from .transformer_flux import FluxTransformer2DModel
     mesh, sizes = _begin(model, device_mesh, FluxTransformer2DModel, "parallelize_flux")
     embedders = ["timestep_embedder", "text_embedder"] + (["guidance_embedder"] if model.config.guidance_embeds else [])
@@ -67,6 +90,13 @@ def parallelize_flux(model, device_mesh):
     rotary = (Shard(2), Shard(2), None, None)
     _split_image_tokens(model, mesh, {"x_embedder": tokens, "pos_embed": PrepareModuleOutput(
         output_layouts=rotary, desired_output_layouts=rotary)}, "proj_out")
+    if sizes.get("tp", 1) > 1:
+        plan = {}
+        for i, block in enumerate(model.transformer_blocks):
+            plan.update(_megatron_block(f"transformer_blocks.{i}", block))
+        for i, block in enumerate(model.single_transformer_blocks):
+            plan.update(_megatron_single_block(f"single_transformer_blocks.{i}", block))
+        parallelize_module(model, mesh["tp"], plan)
     _joint_attention(model, mesh, sizes,
                      [f"transformer_blocks.{i}.attn" for i in range(len(model.transformer_blocks))]
                      + [f"single_transformer_blocks.{i}.attn" for i in range(len(model.single_transformer_blocks))])
@@ -113,9 +143,13 @@ def _begin(model, device_mesh, cls, function):
     moved onto it."""
     who = _check_model(model, cls, function)
     sizes = mesh_dim_sizes(device_mesh, who)
-    heads, ulysses = model.config.num_attention_heads, sizes.get("ulysses", 1)
-    if heads % ulysses:
-        raise ValueError(f"{who}: the ulysses size {ulysses} does not divide the {heads} attention heads")
+    heads, ulysses, tp = model.config.num_attention_heads, sizes.get("ulysses", 1), sizes.get("tp", 1)
+    if heads % tp:
+        raise ValueError(f"{who}: the tp size {tp} does not divide the {heads} attention heads")
+    if heads % (tp * ulysses):
+        raise ValueError(f"{who}: the ulysses size {ulysses} does not divide the {heads // tp} attention heads of "
+                         f"each tp device ({heads} heads, tp size {tp})" if tp > 1 else
+                         f"{who}: the ulysses size {ulysses} does not divide the {heads} attention heads")
     mesh = _own_root(device_mesh, device_mesh.mesh_dim_names) if sizes else device_mesh
     _replicate(model, mesh)
     return mesh, sizes
@@ -159,6 +193,52 @@ def _split_image_tokens(model, mesh, enter, leave):
     gather = PrepareModuleOutput(output_layouts=Shard(1), desired_output_layouts=Replicate())
     for name in reversed(dims):
         parallelize_module(model, mesh[name], {leave: gather})
+
+
+def _megatron_attention(prefix, attn):
+    """{path: style} of one attention over tp: the q/k/v projections of both streams split by heads
+    (column-parallel: each device computes its heads, the per-head q/k norms on them where they
+    are), the output projections row-parallel (one all-reduce each)."""
+    plan = {f"{prefix}.{name}": ColwiseParallel() for name in ("to_q", "to_k", "to_v")}
+    if attn.added_kv_proj_dim is not None:
+        plan.update({f"{prefix}.{name}": ColwiseParallel() for name in ("add_q_proj", "add_k_proj", "add_v_proj")})
+        if not attn.context_pre_only:
+            plan[f"{prefix}.to_add_out"] = RowwiseParallel()
+    if not attn.pre_only:
+        plan[f"{prefix}.to_out.0"] = RowwiseParallel()
+    return plan
+
+
+def _megatron_feed_forward(prefix):
+    """The MLP's hidden dim split: its first projection column-parallel, its second row-parallel."""
+    return {f"{prefix}.net.0.proj": ColwiseParallel(), f"{prefix}.net.2": RowwiseParallel()}
+
+
+def _megatron_block(prefix, block):
+    """{path: style} over tp of an SD3 JointTransformerBlock or a FLUX double-stream block: the joint
+    attention and each stream's MLP; the adaptive norms' modulation stays whole."""
+    plan = _megatron_attention(f"{prefix}.attn", block.attn)
+    plan.update(_megatron_feed_forward(f"{prefix}.ff"))
+    if getattr(block, "ff_context", None) is not None:
+        plan.update(_megatron_feed_forward(f"{prefix}.ff_context"))
+    return plan
+
+
+def _megatron_single_block(prefix, block):
+    """{path: style} over tp of a FLUX single-stream block: q/k/v by heads and ``proj_mlp`` by its
+    hidden dim (column-parallel), then attention's and the MLP's outputs gathered whole and
+    ``proj_out`` column-parallel over its output channels, gathered once more. Its input is the
+    concatenation [attention, MLP], whose per-device pieces (some heads, some hidden channels) are
+    not one contiguous block of its columns: a row-parallel proj_out would need its weight's
+    columns regrouped, which a checkpoint read by its placements cannot give."""
+    plan = _megatron_attention(f"{prefix}.attn", block.attn)
+    whole = Replicate()
+    plan[f"{prefix}.proj_mlp"] = ColwiseParallel()
+    plan[f"{prefix}.act_mlp"] = PrepareModuleOutput(output_layouts=Shard(-1), desired_output_layouts=whole)
+    plan[f"{prefix}.attn"] = PrepareModuleOutput(output_layouts=(Shard(-1), Shard(-1)),
+                                                 desired_output_layouts=(whole, whole))
+    plan[f"{prefix}.proj_out"] = ColwiseParallel(output_layouts=whole)
+    return plan
 
 
 def _joint_attention(model, mesh, sizes, paths):

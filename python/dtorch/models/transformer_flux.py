@@ -8,7 +8,7 @@ Module tree, parameter names and semantics are diffusers' ``transformer_flux.py`
 and image tokens as two tensors (everything there is per token but attention, which takes the text
 as its context), so that a plan may split the image stream on the sequence from ``x_embedder`` to
 the output and keep the text whole. The file is single-device code: ``parallelize_flux``
-(diffusion_parallel.py) lays the model out from outside by the mesh's dim names (dp, ulysses,
+(diffusion_parallel.py) lays the model out from outside by the mesh's dim names (dp, tp, ulysses,
 ring). Shapes in comments: B batch, N image tokens, T text tokens, C inner dim (heads * head_dim),
 D head_dim.
 """
@@ -176,8 +176,8 @@ class FluxTransformer2DModel(DiffusersModel):
         self._rotary = {}
 
     def parallelize(self, device_mesh):
-        """``parallelize_flux(self, device_mesh)``: the layout by the mesh's dim names (dp, ulysses,
-        ring); returns self."""
+        """``parallelize_flux(self, device_mesh)``: the layout by the mesh's dim names (dp, tp,
+        ulysses, ring); returns self."""
         return parallelize_flux(self, device_mesh)
 
     def forward(self, hidden_states, encoder_hidden_states=None, pooled_projections=None, timestep=None,

@@ -13,8 +13,8 @@ attention over the image tokens alone, modulated by its own shift, scale and gat
 
 Single-device code: every op follows the placements of its inputs, and attention runs in each
 block's attention slot. ``parallelize_sd3`` (diffusion_parallel.py) lays the model out from outside
-by the mesh's dim names: ``dp`` splits the batch (the guidance pair), ``ulysses`` and ``ring`` the
-image tokens."""
+by the mesh's dim names: ``dp`` splits the batch (the guidance pair), ``tp`` the heads and MLP
+channels inside each block, ``ulysses`` and ``ring`` the image tokens."""
 import numpy as np
 
 from .._factory import distribute_tensor
@@ -189,8 +189,8 @@ class SD3Transformer2DModel(DiffusersModel):
         self.proj_out = Linear(self.inner_dim, config.patch_size ** 2 * self.out_channels, bias=True, **kw)
 
     def parallelize(self, device_mesh):
-        """``parallelize_sd3(self, device_mesh)``: the layout by the mesh's dim names (dp, ulysses,
-        ring); returns self."""
+        """``parallelize_sd3(self, device_mesh)``: the layout by the mesh's dim names (dp, tp,
+        ulysses, ring); returns self."""
         return parallelize_sd3(self, device_mesh)
 
     def forward(self, hidden_states, encoder_hidden_states=None, pooled_projections=None, timestep=None,
