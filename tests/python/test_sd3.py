@@ -205,10 +205,12 @@ def test_sd35_fixture_agrees_with_the_numpy_reference():
         assert np.abs(other - expected["sample"]).max() > 0.05 * np.abs(want).max()
 
 
-@pytest.mark.parametrize("shape,names", [((1,), None), ((2,), ("dp",)), ((2,), ("ulysses",)), ((2,), ("ring",))])
+@pytest.mark.parametrize("shape,names", [((1,), None), ((2,), ("dp",)), ((2,), ("ulysses",)), ((2,), ("ring",)),
+                                         ((2,), ("tp",)), ((2, 2), ("tp", "ulysses"))])
 def test_sd35_checkpoint_from_diffusers(shape, names):
     """SD3.5-medium-shaped weights as diffusers saved them load by their names and give diffusers'
-    output, on one device and split on the batch, by Ulysses and by the ring."""
+    output, on one device and split on the batch, by Ulysses, by the ring and by tp (each device
+    reading its slices of the checkpoint)."""
     expected = _sd35_expected()
     model = SD3Transformer2DModel.from_pretrained(SD35, device_mesh=_mesh(shape, names))
     inputs = {k: expected[k] for k in ("hidden_states", "encoder_hidden_states", "pooled_projections", "timestep")}
