@@ -64,20 +64,24 @@ def randomize(model, seed):
 
 def clip_inputs(rng, eos):
     """Rows of ids ending in eos, right-padded with the eos (as CLIP's tokenizers pad): one full row, two
-    padded ones; with a real eos also an eos inside a row's tokens and a row without any."""
-    ids = rng.integers(3, 58, (4, LENGTH))
+    padded ones. Legacy eos 2: the eos is the largest id (63), so the argmax finds it, and no id is 2.
+    A real eos (60): ids above it occur, so the argmax would not find it, a row has a second eos
+    inside its tokens (the first counts) and a row has none (position 0)."""
+    legacy = eos == 2
+    ids = rng.integers(3, 58 if legacy else VOCAB, (4, LENGTH))
+    ids[ids == eos] = eos + 1
     mask = np.ones((4, LENGTH), np.int64)
-    ids[0, -1] = eos
+    token = 63 if legacy else eos
+    ids[0, -1] = token
     for row, real in ((1, 7), (2, 4)):
-        ids[row, real - 1:] = eos
+        ids[row, real - 1:] = token
         mask[row, real:] = 0
-    if eos == 2:       # legacy: the eos is the largest id, so the argmax finds it
-        ids[ids == 2] = 63
-        ids[3, 5:] = 63
+    if legacy:
+        ids[3, 5:] = token
         mask[3, 6:] = 0
     else:
-        ids[3, 2] = eos   # the first eos counts; padding (mask 0) past a row with no eos
         ids[2, 1] = eos
+        ids[1, 2] = 63
         mask[3, 9:] = 0
         ids[3, 9:] = 1
     return ids, mask
