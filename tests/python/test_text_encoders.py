@@ -112,7 +112,8 @@ def test_the_fixtures_tell_the_rules_apart():
     np.testing.assert_array_equal(t5["hidden_states"][-1], t5["last_hidden_state"])
     assert rel(t5["unmasked"], t5["last_hidden_state"]) > 1e-2
     # transformers' choice, computed here: the pooled state is the final state at these positions
-    for name, rule in (("clip", lambda ids, eos: ids.argmax(-1)), ("clip_eos", lambda ids, eos: (ids == eos).argmax(-1))):
+    for name, rule in (("clip", lambda ids, eos: ids.argmax(-1)),
+                       ("clip_eos", lambda ids, eos: (ids == eos).argmax(-1))):
         directory, e = fixture(name)
         with open(os.path.join(directory, "config.json")) as f:
             eos = json.load(f)["eos_token_id"]
@@ -139,6 +140,16 @@ def test_layouts_split_heads_and_batch():
     assert layer.self_attn.k_proj.weight.placements[1] == Shard(0)
     assert layer.mlp.fc2.weight.placements[1] == Shard(1)
     assert all(p.is_replicate() for p in clip.text_projection.weight.placements)
+
+
+@pytest.mark.parametrize("name", ["clip_proj", "t5"])
+def test_half_precision(name):
+    """dtype= casts the float32 checkpoint as it loads; the states stay within bfloat16's rounding."""
+    directory, expected = fixture(name)
+    model = CLASSES[name].from_pretrained(directory, dtype="bfloat16", device_mesh=mesh_of("dp2xtp2"))
+    out = model(expected["input_ids"], attention_mask=expected["attention_mask"])
+    assert out.last_hidden_state.dtype == dtorch.bfloat16
+    assert rel(out.last_hidden_state.numpy(), expected["last_hidden_state"]) < 5e-2
 
 
 # ---- checkpoints --------------------------------------------------------------------------------------
@@ -198,10 +209,11 @@ def test_missing_files_are_oserrors(tmp_path):
 @pytest.mark.parametrize("name", ["clip_proj", "t5"])
 def test_bad_meshes_are_value_errors_naming_them(name):
     directory, _ = fixture(name)
-    with pytest.raises(ValueError, match="'pp'"):
-        CLASSES[name].from_pretrained(directory, device_mesh=dtorch.init_device_mesh("cpu", (2,), mesh_dim_names=("pp",)))
-    with pytest.raises(ValueError, match="tp=3 does not divide num_attention_heads=4"):
-        CLASSES[name].from_pretrained(directory, device_mesh=dtorch.init_device_mesh("cpu", (3,), mesh_dim_names=("tp",)))
+    for shape, names, message in (((2,), ("pp",), "'pp'"), ((2, 2), ("dp", "cp"), "'cp'"),
+                                  ((3,), ("tp",), "tp=3 does not divide num_attention_heads=4")):
+        with pytest.raises(ValueError, match=message):
+            CLASSES[name].from_pretrained(directory, device_mesh=dtorch.init_device_mesh("cpu", shape,
+                                                                                        mesh_dim_names=names))
 
 
 def test_bad_inputs_are_value_errors():

@@ -68,8 +68,8 @@ def relative_position_buckets(length, num_buckets, max_distance):
     distance = np.abs(relative)
     max_exact = half // 2
     with np.errstate(divide="ignore"):
-        far = (np.log(distance.astype(np.float32) / np.float32(max_exact)) / np.float32(math.log(max_distance / max_exact))
-               * np.float32(half - max_exact))
+        far = (np.log(distance.astype(np.float32) / np.float32(max_exact))
+               / np.float32(math.log(max_distance / max_exact)) * np.float32(half - max_exact))
     far = max_exact + np.where(distance < max_exact, 0, far).astype(np.int64)
     far = np.minimum(far, half - 1)
     return buckets + np.where(distance < max_exact, distance, far)
