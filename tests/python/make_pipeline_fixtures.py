@@ -20,8 +20,9 @@ fixture small; long prompts are truncated to it.
 
 Weights are redrawn at scales that keep activations of order 1 (the libraries' own inits make most
 outputs nearly zero). Each directory's expected.npz holds what diffusers computes on it:
-``encode_prompt`` for the cases of CASES (prefix ``<case>.``), and the images of 2-step runs from
-fixed latents (``<run>.latents`` in, ``<run>.images`` out), all float32.
+``encode_prompt`` for the cases of SD3_CASES / FLUX_CASES (prefix ``<case>.``), and the images of
+2-step runs from fixed latents (``<run>.latents`` in, ``<run>.images`` out), all float32; cases.json
+beside it the arguments of each (``encode``: the encode_prompt cases; ``run``, ``cfg``: the runs).
 """
 import json
 import os
@@ -138,11 +139,13 @@ def arrays(prefix, values):
     return {f"{prefix}.{k}": v.detach().float().numpy() for k, v in values.items()}
 
 
-def save(pipe, name, expected):
+def save(pipe, name, expected, cases):
     path = os.path.join(OUT, name)
     shutil.rmtree(path, ignore_errors=True)
     pipe.save_pretrained(path, safe_serialization=True)
     np.savez_compressed(os.path.join(path, "expected.npz"), **expected)
+    with open(os.path.join(path, "cases.json"), "w") as f:
+        json.dump(cases, f, indent=1)
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
     print(f"{name}: {size // 1024} KiB")
 
@@ -151,29 +154,40 @@ PROMPTS = ["a red fox sitting in the snow", "An astronaut riding a horse on the 
            "on the old masters' starry night oil painting"]       # the second passes CLIP_MAX tokens
 
 
+SD3_CASES = {
+    # one prompt, guidance from "" (the default negative), the default max_sequence_length (256)
+    "enc_default": dict(prompt="a cat wearing sunglasses"),
+    # two prompts, per-encoder prompts and negatives, two images each, clip_skip, a short T5 length
+    "enc_full": dict(prompt=PROMPTS, prompt_2=["a bowl of fruit", "mountains at night"],
+                     negative_prompt=["blurry", "dark, low quality"], negative_prompt_3=["ugly", "watermark"],
+                     num_images_per_prompt=2, clip_skip=1, max_sequence_length=10),
+    # no guidance: no negatives
+    "enc_noguide": dict(prompt=PROMPTS, do_classifier_free_guidance=False, max_sequence_length=7),
+    # what the run below encodes
+    "enc_run": dict(prompt=PROMPTS, negative_prompt=["blurry", "dark"], max_sequence_length=10),
+}
+# a 2-step run from prompts with a negative prompt and guidance (latents: run.latents)
+SD3_RUN = dict(prompt=PROMPTS, negative_prompt=["blurry", "dark"], height=16, width=16, num_inference_steps=2,
+               guidance_scale=4.0, max_sequence_length=10)
+FLUX_CASES = {"enc_default": dict(prompt="a cat wearing sunglasses"),
+              "enc_full": dict(prompt=PROMPTS, prompt_2=["a bowl of fruit", "mountains at night"],
+                               num_images_per_prompt=2, max_sequence_length=10),
+              "enc_run": dict(prompt=PROMPTS, max_sequence_length=10)}
+FLUX_RUN = dict(prompt=PROMPTS, height=16, width=16, num_inference_steps=2, guidance_scale=3.5, max_sequence_length=10)
+# true classifier-free guidance with a negative prompt (latents: cfg.latents)
+FLUX_CFG = dict(prompt="a red fox", negative_prompt="blurry", true_cfg_scale=2.0, height=16, width=16,
+                num_inference_steps=2, max_sequence_length=10)
+
+
 def sd3_expected(pipe, latents):
-    cases = {
-        # one prompt, guidance from "" (the default negative), the default max_sequence_length (256)
-        "enc_default": dict(prompt="a cat wearing sunglasses", prompt_2=None, prompt_3=None),
-        # two prompts, per-encoder prompts and negatives, two images each, clip_skip, a short T5 length
-        "enc_full": dict(prompt=PROMPTS, prompt_2=["a bowl of fruit", "mountains at night"], prompt_3=None,
-                         negative_prompt=["blurry", "dark, low quality"], negative_prompt_3=["ugly", "watermark"],
-                         num_images_per_prompt=2, clip_skip=1, max_sequence_length=10),
-        # no guidance: no negatives
-        "enc_noguide": dict(prompt=PROMPTS, prompt_2=None, prompt_3=None, do_classifier_free_guidance=False,
-                            max_sequence_length=7),
-    }
     out = {}
-    for case, kw in cases.items():
-        pe, npe, ppe, nppe = pipe.encode_prompt(**kw)
+    for case, kw in SD3_CASES.items():
+        pe, npe, ppe, nppe = pipe.encode_prompt(**dict(dict(prompt_2=None, prompt_3=None), **kw))
         values = dict(prompt_embeds=pe, pooled_prompt_embeds=ppe)
         if npe is not None:
             values.update(negative_prompt_embeds=npe, negative_pooled_prompt_embeds=nppe)
         out.update(arrays(case, values))
-    # a 2-step run from prompts with a negative prompt and guidance
-    images = pipe(prompt=PROMPTS, negative_prompt=["blurry", "dark"], height=16, width=16, num_inference_steps=2,
-                  guidance_scale=4.0, latents=torch.from_numpy(latents), max_sequence_length=10,
-                  output_type="np").images
+    images = pipe(**SD3_RUN, latents=torch.from_numpy(latents), output_type="np").images
     out["run.latents"], out["run.images"] = latents, np.asarray(images, np.float32)
     return out
 
@@ -194,9 +208,9 @@ def make_sd3(clip, t5):
     latents = np.random.default_rng(6).standard_normal((2, 4, 8, 8)).astype(np.float32)
     with torch.no_grad():
         pipe = StableDiffusion3Pipeline(**parts)
-        save(pipe, "sd3", sd3_expected(pipe, latents))
+        save(pipe, "sd3", sd3_expected(pipe, latents), dict(encode=SD3_CASES, run=SD3_RUN))
         pipe = StableDiffusion3Pipeline(**dict(parts, text_encoder_3=None, tokenizer_3=None))
-        save(pipe, "sd3_no_t5", sd3_expected(pipe, latents))
+        save(pipe, "sd3_no_t5", sd3_expected(pipe, latents), dict(encode=SD3_CASES, run=SD3_RUN))
 
 
 def make_flux(clip, t5):
@@ -213,24 +227,17 @@ def make_flux(clip, t5):
                         tokenizer=clip_tok, text_encoder_2=t5_encoder(t5_tok, 14), tokenizer_2=t5_tok)
     out = {}
     with torch.no_grad():
-        cases = {"enc_default": dict(prompt="a cat wearing sunglasses"),
-                 "enc_full": dict(prompt=PROMPTS, prompt_2=["a bowl of fruit", "mountains at night"],
-                                  num_images_per_prompt=2, max_sequence_length=10)}
-        for case, kw in cases.items():
+        for case, kw in FLUX_CASES.items():
             pe, ppe, ids = pipe.encode_prompt(**kw)
             out.update(arrays(case, dict(prompt_embeds=pe, pooled_prompt_embeds=ppe, text_ids=ids)))
         rng = np.random.default_rng(15)
         latents = rng.standard_normal((2, 16, 16)).astype(np.float32)        # packed: 4 x 4 tokens of 16
-        images = pipe(prompt=PROMPTS, height=16, width=16, num_inference_steps=2, guidance_scale=3.5,
-                      latents=torch.from_numpy(latents), max_sequence_length=10, output_type="np").images
+        images = pipe(**FLUX_RUN, latents=torch.from_numpy(latents), output_type="np").images
         out["run.latents"], out["run.images"] = latents, np.asarray(images, np.float32)
-        # true classifier-free guidance with a negative prompt
         latents = rng.standard_normal((1, 16, 16)).astype(np.float32)
-        images = pipe(prompt="a red fox", negative_prompt="blurry", true_cfg_scale=2.0, height=16, width=16,
-                      num_inference_steps=2, latents=torch.from_numpy(latents), max_sequence_length=10,
-                      output_type="np").images
+        images = pipe(**FLUX_CFG, latents=torch.from_numpy(latents), output_type="np").images
         out["cfg.latents"], out["cfg.images"] = latents, np.asarray(images, np.float32)
-    save(pipe, "flux", out)
+    save(pipe, "flux", out, dict(encode=FLUX_CASES, run=FLUX_RUN, cfg=FLUX_CFG))
 
 
 def main():

@@ -7,6 +7,7 @@ cross from one to the other once, after the last step."""
 import dataclasses
 import json
 import os
+import shutil
 import struct
 import zlib
 
@@ -19,6 +20,7 @@ from .._tensor import DTensor
 from .._ops_view import cat
 from ..models.modeling_diffusers import read_config
 from ..schedulers import FlowMatchEulerDiscreteScheduler
+from .prompt_encoding import MODEL_INDEX, encoder_mesh, load_text_components, read_model_index, to_mesh
 
 
 @dataclasses.dataclass
@@ -58,30 +60,55 @@ def save_png(image, path):
 
 class DiffusionPipeline:
     """What the pipelines share: loading the components of a diffusers pipeline directory
-    (``transformer/``, ``vae/``, ``scheduler/``; text encoders are not loaded), the latents' noise,
-    and decoding."""
+    (model_index.json; ``transformer/``, ``vae/``, ``scheduler/``, and the text encoders with their
+    tokenizers where the directory has them), the latents' noise, and decoding."""
 
     transformer_class = None
+    components = {}          # component name -> the class names model_index.json may give it
+    text_pairs = ()          # (text encoder, its tokenizer) names, in the pipeline's order
 
-    def __init__(self, transformer, scheduler, vae):
+    def __init__(self, transformer, scheduler, vae, **text_components):
         self.transformer, self.scheduler, self.vae = transformer, scheduler, vae
         self.vae_scale_factor = 2 ** (len(vae.config.block_out_channels) - 1)
+        names = [name for pair in self.text_pairs for name in pair]
+        unknown = sorted(set(text_components) - set(names))
+        if unknown:
+            raise TypeError(f"{type(self).__name__}() got unexpected component(s): {', '.join(unknown)}")
+        for name in names:
+            setattr(self, name, text_components.get(name))
+        self._source = None      # the directory the text components were read from
 
     @classmethod
-    def from_pretrained(cls, path, device_mesh=None, vae_mesh=None, dtype=None, progress=None):
+    def from_pretrained(cls, path, device_mesh=None, vae_mesh=None, text_encoder_mesh=None, dtype=None,
+                        progress=None):
         """The pipeline of a diffusers directory: the transformer laid out over ``device_mesh`` (by its
-        dim names: dp, ulysses, ring), the VAE on ``vae_mesh`` (default: the transformer's mesh)."""
+        dim names: dp, ulysses, ring), the VAE on ``vae_mesh`` (default: the transformer's mesh), the
+        text encoders on ``text_encoder_mesh`` (by its dim names dp, tp; default: the first device
+        of the transformer's mesh alone, where diffusers keeps them). A directory saved without text
+        encoders (``[null, null]`` or no entry in model_index.json) loads without them: the
+        pipeline then runs from prompt embeddings only."""
         from ..models.autoencoder_kl import AutoencoderKL
+        name = cls.__name__
+        index = read_model_index(path, name, cls.components)
         transformer = cls.transformer_class.from_pretrained(path, subfolder="transformer", device_mesh=device_mesh,
                                                              dtype=dtype, progress=progress)
         vae = AutoencoderKL.from_pretrained(path, subfolder="vae", device_mesh=vae_mesh or transformer.device_mesh,
                                             dtype=dtype, progress=progress)
         scheduler = FlowMatchEulerDiscreteScheduler(**read_config(os.path.join(path, "scheduler",
                                                                                "scheduler_config.json")))
-        return cls(transformer, scheduler, vae)
+        text = load_text_components(path, index, cls.text_pairs,
+                                    encoder_mesh(transformer.device_mesh, text_encoder_mesh), dtype, name)
+        pipe = cls(transformer, scheduler, vae, **text)
+        pipe._source = os.fspath(path)
+        return pipe
+
+    @property
+    def has_text_encoders(self):
+        return all(getattr(self, name) is not None for name in self.text_pairs[0])
 
     def save_pretrained(self, directory):
-        """Writes the components in diffusers' layout (model_index.json and one folder each)."""
+        """Writes the components in diffusers' layout (model_index.json and one folder each). Text
+        encoders and tokenizers read by from_pretrained are copied from their folders as they were."""
         os.makedirs(directory, exist_ok=True)
         self.transformer.save_pretrained(os.path.join(directory, "transformer"))
         self.vae.save_pretrained(os.path.join(directory, "vae"))
@@ -89,7 +116,19 @@ class DiffusionPipeline:
         index = {"_class_name": type(self).__name__,
                  "transformer": ["diffusers", type(self.transformer).__name__],
                  "vae": ["diffusers", "AutoencoderKL"], "scheduler": ["diffusers", type(self.scheduler).__name__]}
-        with open(os.path.join(directory, "model_index.json"), "w") as f:
+        for name in (n for pair in self.text_pairs for n in pair):
+            if getattr(self, name) is None:
+                index[name] = [None, None]
+                continue
+            source = os.path.join(self._source, name) if self._source else None
+            if source is None or not os.path.isdir(source):
+                raise ValueError(f"{type(self).__name__}.save_pretrained: {name} was not read from a pipeline "
+                                 "directory, and DTorch writes text encoders and tokenizers only by copying theirs")
+            if os.path.abspath(source) != os.path.abspath(os.path.join(directory, name)):
+                shutil.copytree(source, os.path.join(directory, name), dirs_exist_ok=True)
+            with open(os.path.join(self._source, MODEL_INDEX), encoding="utf-8") as f:
+                index[name] = json.load(f)[name]
+        with open(os.path.join(directory, MODEL_INDEX), "w") as f:
             json.dump(index, f, indent=2)
 
     @property
@@ -111,9 +150,10 @@ class DiffusionPipeline:
 
     def _host(self, x, name, ndim):
         if x is None:
-            raise ValueError(f"{type(self).__name__}: {name} is required (DTorch runs no text encoder: pass the "
-                             "prompt's embeddings)")
-        if not isinstance(x, DTensor):
+            raise ValueError(f"{type(self).__name__}: {name} is required with prompt embeddings")
+        if isinstance(x, DTensor):
+            x = to_mesh(x, self.mesh)
+        else:
             x = distribute_tensor(np.ascontiguousarray(x, dtype=np.float32), self.mesh)
         if x.ndim != ndim:
             raise ValueError(f"{type(self).__name__}: {name} must have {ndim} dims, got shape {tuple(x.shape)}")
@@ -124,14 +164,37 @@ class DiffusionPipeline:
         if height % multiple or width % multiple:
             raise ValueError(f"height and width must be multiples of {multiple}, got {height} x {width}")
 
-    def _prompts(self, prompt_embeds, pooled_prompt_embeds, num_images_per_prompt):
+    def _prompts(self, prompt_embeds, pooled_prompt_embeds, num_images_per_prompt, name="prompt_embeds",
+                 pooled_name="pooled_prompt_embeds"):
         """The prompt's embeddings on the transformer's mesh, each row repeated per image."""
-        prompt_embeds = self._host(prompt_embeds, "prompt_embeds", 3)
-        pooled_prompt_embeds = self._host(pooled_prompt_embeds, "pooled_prompt_embeds", 2)
+        prompt_embeds = self._host(prompt_embeds, name, 3)
+        pooled_prompt_embeds = self._host(pooled_prompt_embeds, pooled_name, 2)
+        if prompt_embeds.shape[0] != pooled_prompt_embeds.shape[0]:
+            raise ValueError(f"{type(self).__name__}: {name} has {prompt_embeds.shape[0]} rows and {pooled_name} "
+                             f"{pooled_prompt_embeds.shape[0]}: they must match")
         if num_images_per_prompt > 1:
             prompt_embeds = repeat_rows(prompt_embeds, num_images_per_prompt)
             pooled_prompt_embeds = repeat_rows(pooled_prompt_embeds, num_images_per_prompt)
         return prompt_embeds, pooled_prompt_embeds
+
+    def _check_images_per_prompt(self, n):
+        if type(n) is not int or n < 1:
+            raise ValueError(f"{type(self).__name__}: num_images_per_prompt must be a positive int, got {n!r}")
+
+    def _check_prompt_or_embeds(self, prompt, prompt_embeds, *others):
+        """diffusers' rule: a prompt or its embeddings, never both."""
+        name = type(self).__name__
+        if prompt is not None and prompt_embeds is not None:
+            raise ValueError(f"{name}: pass prompt or prompt_embeds, not both")
+        if prompt is None and prompt_embeds is None:
+            raise ValueError(f"{name}: pass prompt (or prompt_embeds with pooled_prompt_embeds)")
+        for value, other in others:
+            if value is not None and prompt_embeds is not None:
+                raise ValueError(f"{name}: pass {other} or prompt_embeds, not both")
+
+    def _check_negative_or_embeds(self, negative_prompt, negative_prompt_embeds, *others):
+        if negative_prompt_embeds is not None and any(p is not None for p in (negative_prompt, *others)):
+            raise ValueError(f"{type(self).__name__}: pass negative prompts or negative_prompt_embeds, not both")
 
     def _with_negative(self, prompt_embeds, pooled_prompt_embeds, negative, negative_pooled):
         """The guidance batch: the negative rows, then the positive ones."""
