@@ -1,15 +1,18 @@
 """Text-to-image with an SD3-style pipeline on a mesh of CPU devices, written to a PNG.
 
     python diffusion.py --mesh dp=2,ulysses=2 --steps 8 --out image.png
-    python diffusion.py --model DIR --prompt-embeds embeds.npz --height 1024 --width 1024
+    python diffusion.py --model DIR --prompt "a red fox in the snow" --height 1024 --width 1024
+    python diffusion.py --model DIR --prompt-embeds embeds.npz
 
-DIR is a diffusers pipeline directory (transformer/, vae/, scheduler/; the text encoders are not
-used). Without --model, a small random-weight SD3-shaped pipeline (4 joint blocks of 4 heads, a
-4-level VAE: 8x down, as SD3's) is written once to ~/.cache/dtorch/sd3-tiny-random and used: the image is noise, the
-speed and the parallelism are real. DTorch runs no text encoder: --prompt-embeds names an .npz with
-prompt_embeds (1, T, joint_attention_dim) and pooled_prompt_embeds (1, pooled_projection_dim)
-(negative_* optional); without it, seeded random embeddings stand in. The mesh's dims: dp (the
-guidance pair), ulysses and ring (the image tokens). The VAE decodes on the first device.
+DIR is a diffusers SD3 pipeline directory (model_index.json; transformer/, vae/, scheduler/, and
+the text encoders with their tokenizers). --prompt (and --negative-prompt) go through its text
+encoders, which run on the first device; --prompt-embeds names an .npz with prompt_embeds (1, T,
+joint_attention_dim) and pooled_prompt_embeds (1, pooled_projection_dim) (negative_* optional) for
+a directory without them. Without --model, a small random-weight SD3-shaped pipeline (4 joint
+blocks of 4 heads, a 4-level VAE: 8x down, as SD3's; no text encoders) is written once to
+~/.cache/dtorch/sd3-tiny-random and used with seeded random embeddings: the image is noise, the
+speed and the parallelism are real. The mesh's dims: dp (the guidance pair), ulysses and ring (the
+image tokens). The VAE decodes on the first device.
 """
 import argparse
 import os
@@ -61,6 +64,8 @@ def main():
     parser.add_argument("--model", help="a diffusers SD3 pipeline directory (default: a tiny random one)")
     parser.add_argument("--mesh", default="dp=2,ulysses=2", help="mesh dims and sizes (dims: dp, ulysses, ring)")
     parser.add_argument("--workers", default="thread", choices=["thread", "process"])
+    parser.add_argument("--prompt", help="the prompt (needs a --model directory with text encoders)")
+    parser.add_argument("--negative-prompt", help="the negative prompt (with --prompt)")
     parser.add_argument("--prompt-embeds", help=".npz with prompt_embeds and pooled_prompt_embeds (negative_* too)")
     parser.add_argument("--height", type=int, default=256)
     parser.add_argument("--width", type=int, default=256)
@@ -69,6 +74,8 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="image.png")
     args = parser.parse_args()
+    if args.prompt is not None and (args.prompt_embeds or not args.model):
+        parser.error("--prompt needs --model (a directory with text encoders) and no --prompt-embeds")
 
     dtorch.init(workers=args.workers)
     directory = args.model or random_pipeline()
@@ -79,7 +86,10 @@ def main():
     print(f"loaded {directory} in {time.perf_counter() - start:.2f} s: transformer on {mesh}, VAE on {vae_mesh} "
           f"({args.workers} workers)")
 
-    embeds = prompt_embeddings(args.prompt_embeds, pipe.transformer.config)
+    if args.prompt is not None:
+        embeds = dict(prompt=args.prompt, negative_prompt=args.negative_prompt)
+    else:
+        embeds = prompt_embeddings(args.prompt_embeds, pipe.transformer.config)
     call = dict(embeds, height=args.height, width=args.width, guidance_scale=args.guidance_scale, seed=args.seed)
     pipe(**dict(call, num_inference_steps=1, output_type="latent"))       # warm-up: the first step's setup
     start = time.perf_counter()
