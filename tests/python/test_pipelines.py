@@ -178,7 +178,7 @@ def test_bad_calls(weights):
     pipe = StableDiffusion3Pipeline(_on(SD3Transformer2DModel, SD3, sd3_state, one),
                                     FlowMatchEulerDiscreteScheduler(shift=3.0), _on(AutoencoderKL, VAE, vae_state, one))
     embeds = _embeds(np.random.default_rng(5), 1)
-    with pytest.raises(ValueError, match="pass prompt \(or prompt_embeds"):
+    with pytest.raises(ValueError, match=r"pass prompt \(or prompt_embeds"):
         pipe(height=8, width=8)
     with pytest.raises(ValueError, match="multiples of 4"):
         pipe(**embeds, height=10, width=8)
