@@ -29,8 +29,8 @@ class FluxPipeline(DiffusionPipeline):
 
     def _encode(self, prompt, prompt_2, num_images_per_prompt, max_sequence_length):
         if not self.has_text_encoders:
-            raise ValueError("FluxPipeline: this pipeline has no text encoders (its directory had none): pass "
-                             "prompt_embeds and pooled_prompt_embeds instead of a prompt")
+            raise ValueError("FluxPipeline: this pipeline has no text encoders (its directory's model_index.json "
+                             "names none): pass prompt_embeds and pooled_prompt_embeds instead of a prompt")
         if len(prompt) != len(prompt_2):
             raise ValueError(f"prompt and prompt_2 must be as many, got {len(prompt)} and {len(prompt_2)}")
         pooled = self.text_encoder(token_ids(self.tokenizer, prompt, self.tokenizer.model_max_length)).pooler_output

@@ -44,8 +44,9 @@ class StableDiffusion3Pipeline(DiffusionPipeline):
     def _encode(self, prompt, prompt_2, prompt_3, num_images_per_prompt, clip_skip, max_sequence_length):
         """(embeddings, pooled) of lists of prompts, on the transformer's mesh, each row repeated per image."""
         if not self.has_text_encoders:
-            raise ValueError("StableDiffusion3Pipeline: this pipeline has no text encoders (its directory had "
-                             "none): pass prompt_embeds and pooled_prompt_embeds instead of a prompt")
+            raise ValueError("StableDiffusion3Pipeline: this pipeline has no text encoders (its directory's "
+                             "model_index.json names none): pass prompt_embeds and pooled_prompt_embeds instead "
+                             "of a prompt")
         if clip_skip is not None and (type(clip_skip) is not int or clip_skip < 0):
             raise ValueError(f"clip_skip must be a non-negative int, got {clip_skip!r}")
         if not len(prompt) == len(prompt_2) == len(prompt_3):

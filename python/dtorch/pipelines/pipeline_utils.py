@@ -85,8 +85,8 @@ class DiffusionPipeline:
         dim names: dp, ulysses, ring), the VAE on ``vae_mesh`` (default: the transformer's mesh), the
         text encoders on ``text_encoder_mesh`` (by its dim names dp, tp; default: the first device
         of the transformer's mesh alone, where diffusers keeps them). A directory saved without text
-        encoders (``[null, null]`` or no entry in model_index.json) loads without them: the
-        pipeline then runs from prompt embeddings only."""
+        encoders (``[null, null]`` or no entry in model_index.json, or no model_index.json at all)
+        loads without them: the pipeline then runs from prompt embeddings only."""
         from ..models.autoencoder_kl import AutoencoderKL
         name = cls.__name__
         index = read_model_index(path, name, cls.components)

@@ -28,13 +28,13 @@ T5_TOKENIZERS = ("T5Tokenizer", "T5TokenizerFast")
 def read_model_index(path, pipeline, components):
     """``path``'s model_index.json as {component: class name or None}, checked: ``components`` maps
     each name the pipeline knows to the class names it accepts, and ``required`` ones must be there.
-    A name the pipeline does not know (other than IGNORED) with a class is refused."""
+    A name the pipeline does not know (other than IGNORED) with a class is refused. A directory
+    without model_index.json is read as transformer/, vae/ and scheduler/ alone (no text encoders)."""
     file = os.path.join(os.fspath(path), MODEL_INDEX)
     if not os.path.isdir(os.fspath(path)):
         raise FileNotFoundError(f"{pipeline}.from_pretrained: {path}: no such pipeline directory")
-    if not os.path.isfile(file):
-        raise FileNotFoundError(f"{pipeline}.from_pretrained: {file}: not found (a diffusers pipeline directory "
-                                "has a model_index.json naming its components)")
+    if not os.path.exists(file):   # as DTorch's pipelines were first saved: the three folders alone
+        return {"transformer": None, "vae": None, "scheduler": None}
     try:
         with open(file, encoding="utf-8") as f:
             index = json.load(f)
@@ -59,7 +59,7 @@ def read_model_index(path, pipeline, components):
                              f"load there (it loads {' or '.join(components[name])})")
         found[name] = entry[1]
     for name in ("transformer", "vae", "scheduler"):
-        if found.get(name) is None:
+        if name not in found or found[name] is None:
             raise ValueError(f"{pipeline}.from_pretrained: {file} names no {name}, which the pipeline needs")
     for name, cls in found.items():
         if cls is not None and not os.path.isdir(os.path.join(os.fspath(path), name)):
