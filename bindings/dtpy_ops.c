@@ -1,5 +1,6 @@
 /* The ops of the registry as Python callables, and the calls that run any op: _op (raw attributes),
- * _cut (split, chunk, unbind), _ring_attention, and set_strict (raise rather than redistribute).
+ * _cut (split, chunk, unbind), _ring_attention, _halo_conv2d and _halo_interpolate, and set_strict
+ * (raise rather than redistribute).
  *
  * One Op per registry row that says how Python calls it (dt_op_info.sig): dtorch.<name>,
  * DTensor.<name> (an Op binds as a method, like a function) and nn.functional.<name>. */
@@ -333,6 +334,57 @@ static PyObject *s_ring_attention(PyObject *mod, PyObject *args)
                          ((dtpy_Tensor *)tensors[0])->mesh);
 }
 
+/* _halo_conv2d(input, weight, bias or None, ints (9), mesh_dim) and _halo_interpolate(input, ints,
+ * floats, mesh_dim): the image ops over an input split on a spatial dim (dtensor/dt_halo.c) */
+static PyObject *s_halo_conv2d(PyObject *mod, PyObject *args)
+{
+    const char *fn = "conv2d";
+    PyObject *tensors[3], *ints_o, *dim_o;
+    dt_tensor *in[3] = {NULL};
+    int64_t ints[9], dim;
+    if (!PyArg_ParseTuple(args, "OOOOO", &tensors[0], &tensors[1], &tensors[2], &ints_o, &dim_o))
+        return NULL;
+    for (int i = 0; i < 3; i++)
+        if ((i < 2 || tensors[i] != Py_None) && dtpy_arg_tensor(fn, i, tensors[i], &in[i]) != 0)
+            return NULL;
+    int n = dtpy_arg_ints(fn, "ints", ints_o, ints, 9);
+    if (n < 0 || dtpy_arg_int(fn, "mesh_dim", dim_o, &dim) != 0)
+        return NULL;
+    if (n != 9)
+        return PyErr_Format(PyExc_ValueError, "%s(): expected 9 ints, got %d", fn, n);
+    int mesh_dim = dim < INT_MIN ? INT_MIN : dim > INT_MAX ? INT_MAX : (int)dim; /* out of range either way */
+    return dtpy_tensor_wrap(dt_halo_conv2d(in[0], in[1], in[2], ints, mesh_dim), ((dtpy_Tensor *)tensors[0])->mesh);
+}
+
+static PyObject *s_halo_interpolate(PyObject *mod, PyObject *args)
+{
+    const char *fn = "interpolate";
+    PyObject *x_o, *ints_o, *floats_o, *dim_o;
+    dt_tensor *x;
+    int64_t ints[4], dim;
+    double floats[2];
+    if (!PyArg_ParseTuple(args, "OOOO", &x_o, &ints_o, &floats_o, &dim_o) || dtpy_arg_tensor(fn, 0, x_o, &x) != 0)
+        return NULL;
+    int nints = dtpy_arg_ints(fn, "ints", ints_o, ints, 4);
+    if (nints < 0 || dtpy_arg_int(fn, "mesh_dim", dim_o, &dim) != 0)
+        return NULL;
+    PyObject *fast = PySequence_Fast(floats_o, "interpolate(): floats must be a sequence of numbers");
+    if (!fast)
+        return NULL;
+    Py_ssize_t nfloats = PySequence_Fast_GET_SIZE(fast);
+    int rc = nfloats > 2 ? -1 : 0;
+    if (rc)
+        PyErr_Format(PyExc_ValueError, "%s(): at most 2 scale factors, got %zd", fn, nfloats);
+    for (Py_ssize_t i = 0; i < nfloats && rc == 0; i++)
+        rc = dtpy_arg_float(fn, "floats", PySequence_Fast_GET_ITEM(fast, i), &floats[i]);
+    Py_DECREF(fast);
+    if (rc)
+        return NULL;
+    int mesh_dim = dim < INT_MIN ? INT_MIN : dim > INT_MAX ? INT_MAX : (int)dim;
+    return dtpy_tensor_wrap(dt_halo_interpolate(x, nints, ints, (int)nfloats, floats, mesh_dim),
+                            ((dtpy_Tensor *)x_o)->mesh);
+}
+
 static PyObject *s_set_strict(PyObject *mod, PyObject *arg)
 {
     int strict = PyObject_IsTrue(arg);
@@ -348,6 +400,8 @@ static PyMethodDef s_methods[] = {
     {"_op", (PyCFunction)(void (*)(void))s_op, METH_FASTCALL, NULL},
     {"_cut", s_cut, METH_VARARGS, NULL},
     {"_ring_attention", s_ring_attention, METH_VARARGS, NULL},
+    {"_halo_conv2d", s_halo_conv2d, METH_VARARGS, NULL},
+    {"_halo_interpolate", s_halo_interpolate, METH_VARARGS, NULL},
     {"_registry", s_registry, METH_NOARGS,
      "Every op: (name, id, inputs, outputs, signature kind, exports, float attributes, callable or None)."},
     {"set_strict", s_set_strict, METH_O, "Make ops raise instead of redistributing their inputs."},

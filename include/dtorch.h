@@ -295,6 +295,18 @@ dt_tensor *dt_ring_attention_joint(dt_tensor *q, dt_tensor *k, dt_tensor *v, dt_
                                    dt_tensor *joint_key, dt_tensor *joint_value, dt_tensor *joint_index, int mesh_dim,
                                    bool is_causal, bool has_scale, double scale);
 
+/* Image ops over an input split along a spatial dim (dtensor/dt_halo.c): x Shard(2) or Shard(3)
+ * along mesh_dim (rows or columns) and Replicate or Shard(0) on the other mesh dims, weight and bias
+ * Replicate. Each device computes its own torch.chunk share of the output along that dim from its
+ * own rows and the few of its neighbours' the op reads (the halo, fetched worker to worker); the
+ * output has x's placements. conv2d: ints are the op's 9 (stride h, w; padding top, bottom, left,
+ * right; dilation h, w; groups), bias may be NULL. interpolate: ints [mode, align_corners, output
+ * sizes], floats the scale factors, as the op takes them; only nearest or nearest-exact with a
+ * power-of-two scale on the split dim. NULL with DT_EINVAL naming what does not fit. */
+dt_tensor *dt_halo_conv2d(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, const int64_t *ints, int mesh_dim);
+dt_tensor *dt_halo_interpolate(dt_tensor *x, int nints, const int64_t *ints, int nfloats, const double *floats,
+                               int mesh_dim);
+
 /* Strict mode: an op whose inputs would need a redistribute fails instead, naming the op and
  * the placements. */
 void dt_set_strict(bool strict);

@@ -1,10 +1,17 @@
 """The ops of convolutional image models with torch.nn.functional's names and signatures: conv2d,
 group_norm, interpolate and pad. Each turns torch's arguments into the C op's attributes (ops/op_image.c
-checks shapes and dtypes and picks placements: batch shards stay, spatial shards are gathered)."""
+checks shapes and dtypes and picks placements: batch shards stay, spatial shards are gathered).
+
+An image split on a spatial dim (Shard(2) or Shard(3): by rows or columns) along one mesh dim, and
+Replicate or Shard(0) on the others, stays split through conv2d, group_norm and nearest interpolate
+by a power of two (a VAE decoder's ops): each device computes its own torch.chunk share of the
+output, conv2d and interpolate from its own rows and the few of its neighbours' they read, fetched
+worker to worker (dtensor/dt_halo.c); group_norm from statistics per (sample, group) summed over the
+devices (a few floats each). The output is split as the input was."""
 import math
 import numbers
 
-from . import _C
+from . import _C, _dtype
 from ._ops import ids
 
 
@@ -30,11 +37,31 @@ def _tensor(fn, name, v):
     return v
 
 
+def _split_image(input, others=()):
+    """The mesh dim along which ``input`` (N, C, *spatial) is split on a spatial dim, when the image
+    ops can run over the split: one such mesh dim, the input Replicate or Shard(0) on every other,
+    the tensors ``others`` (weight, bias) Replicate; otherwise None (the op's own rule: a gather)."""
+    if not isinstance(input, _C.DTensor) or input.ndim < 3:
+        return None
+    split = None
+    for m, p in enumerate(input.placements):
+        if p.is_shard() and p.dim % input.ndim >= 2:
+            if split is not None:
+                return None
+            split = m
+        elif not (p.is_replicate() or p.is_shard(0)):
+            return None
+    for t in others:
+        if t is not None and not (isinstance(t, _C.DTensor) and all(p.is_replicate() for p in t.placements)):
+            return None
+    return split
+
+
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """A 2-D convolution (cross-correlation, as torch's) of input (N, C, H, W) or (C, H, W) with
     weight (O, C / groups, kH, kW), plus bias (O,); padding an int, a pair, "valid" or "same"
     (stride 1; with an even kernel the extra row and column go at the bottom and right). float32
-    inside."""
+    inside. An input split on a spatial dim stays split (see the module's docstring)."""
     _tensor("conv2d", "input", input)
     _tensor("conv2d", "weight", weight)
     if bias is not None:
@@ -64,18 +91,26 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     unbatched = input.ndim == 3
     if unbatched:
         input = input.unsqueeze(0)
-    tensors = (input, weight) if bias is None else (input, weight, bias)
-    out = _C._op(ids["conv2d"], tensors, (sh, sw) + pads + (dh, dw, int(groups)), None, None)
+    ints = (sh, sw) + pads + (dh, dw, int(groups))
+    split = _split_image(input, (weight, bias)) if input.ndim == 4 else None
+    if split is not None:
+        out = _C._halo_conv2d(input, weight, bias, ints, split)
+    else:
+        tensors = (input, weight) if bias is None else (input, weight, bias)
+        out = _C._op(ids["conv2d"], tensors, ints, None, None)
     return out.squeeze(0) if unbatched else out
 
 
 def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     """Group normalisation of input (N, C, *): each sample's C channels in num_groups groups,
     each group normalised over its channels and spatial positions (biased variance), then times
-    weight (C,) and plus bias (C,) per channel where given; float32 inside."""
+    weight (C,) and plus bias (C,) per channel where given; float32 inside. An input split on a
+    spatial dim stays split (see the module's docstring)."""
     _tensor("group_norm", "input", input)
     if not _is_int(num_groups):
         raise TypeError(f"group_norm(): argument 'num_groups' must be int, not {type(num_groups).__name__}")
+    if _split_image(input, (weight, bias)) is not None and num_groups > 0 and input.shape[1] % num_groups == 0:
+        return _group_norm_split(input, int(num_groups), weight, bias, float(eps))
     tensors, flags = [input], 0
     if weight is not None:
         tensors.append(_tensor("group_norm", "weight", weight))
@@ -84,6 +119,26 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
         tensors.append(_tensor("group_norm", "bias", bias))
         flags |= 2
     return _C._op(ids["group_norm"], tuple(tensors), (int(num_groups), flags), (float(eps),), None)
+
+
+def _group_norm_split(input, groups, weight, bias, eps):
+    """group_norm of an input split on a spatial dim, as the op computes it (float32 inside, biased
+    variance of the deviations from the mean), from the per-(sample, group) means each device takes
+    of its own rows: Partial, summed across the devices, only they move."""
+    n, c, spatial = input.shape[0], input.shape[1], tuple(input.shape[2:])
+    x = input if input.dtype == _dtype.float32 else input.to(_dtype.float32)
+    x = x.reshape(n, groups, c // groups, *spatial)
+    dims = tuple(range(2, x.ndim))
+    mean = x.mean(dim=dims, keepdim=True)
+    centered = x - mean
+    var = (centered * centered).mean(dim=dims, keepdim=True)
+    out = (centered * (var + eps).rsqrt()).reshape(n, c, *spatial)
+    channel = (1, c) + (1,) * len(spatial)
+    if weight is not None:
+        out = out * weight.to(_dtype.float32).reshape(*channel)
+    if bias is not None:
+        out = out + bias.to(_dtype.float32).reshape(*channel)
+    return out if input.dtype == _dtype.float32 else out.to(input.dtype)
 
 
 _MODES = {"nearest": 0, "linear": 1, "bilinear": 1, "nearest-exact": 2}
@@ -158,8 +213,15 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corne
         raise ValueError("either size or scale_factor should be defined")
     if recompute_scale_factor and size is not None:
         raise ValueError("recompute_scale_factor is not meaningful with an explicit size.")
-    return _C._op(ids["interpolate"], (input,), (_MODES[mode], int(bool(align_corners))) + tuple(sizes),
-                  tuple(scales), None)
+    ints = (_MODES[mode], int(bool(align_corners))) + tuple(sizes)
+    split = _split_image(input) if mode != "linear" and mode != "bilinear" else None
+    if split is not None:
+        axis = input.placements[split].dim % input.ndim
+        rows, out_rows = input.shape[axis], sizes[axis - 2]
+        scale = out_rows // rows if rows > 0 else 0
+        if scale >= 1 and scale * rows == out_rows and scale & (scale - 1) == 0 and scales[axis - 2] in (0.0, scale):
+            return _C._halo_interpolate(input, ints, tuple(scales), split)
+    return _C._op(ids["interpolate"], (input,), ints, tuple(scales), None)
 
 
 _PAD_MODES = {"constant": 0, "reflect": 1, "replicate": 2}

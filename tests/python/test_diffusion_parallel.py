@@ -254,7 +254,7 @@ def test_model_files_hold_no_parallel_logic(module):
     docstrings = {id(node.body[0].value) for node in ast.walk(tree)
                   if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and node.body
                   and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
-    plan = {"parallelize_sd3", "parallelize_flux", "parallelize_vae", "mesh_dim_sizes"}
+    plan = {"parallelize_sd3", "parallelize_flux", "parallelize_vae", "mesh_dim_sizes", "vae_mesh_dim_sizes"}
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module == "diffusion_parallel":
             assert {alias.name for alias in node.names} <= plan

@@ -16,9 +16,11 @@ Single-device code: the VAE runs on the mesh it was made or loaded on, its weigh
 every op follows the placements of its inputs. Inputs (numpy arrays, or DTensors on any mesh) are
 moved onto that mesh (whole, from a host or another mesh; as they are, on it) and cast to the VAE's
 dtype. ``parallelize_vae`` (diffusion_parallel.py), which ``from_config`` and ``from_pretrained``
-call, splits the batch from outside. A mesh's dim names, where it has them, are the diffusion
-transformers' (dp, ulysses, ring: a pipeline gives the VAE its transformer's mesh); any other is a
-ValueError naming it."""
+call, splits the batch from outside, and the decoded image's height over a mesh dim named
+``height`` (each device decodes its own rows, fetching the few its convolutions read from its
+neighbours). A mesh's dim names, where it has them, are the diffusion transformers' (dp, ulysses,
+ring: a pipeline gives the VAE its transformer's mesh unless given ``vae_mesh``) and ``height``; any
+other is a ValueError naming it."""
 import numpy as np
 
 from .._factory import distribute_tensor, randn, zeros
@@ -30,7 +32,7 @@ from ..nn.containers import ModuleList
 from ..nn.layers import Conv2d, Dropout, GroupNorm, Linear, SiLU
 from ..nn.module import Module
 from .config_fields import count, flag, listing, number, optional, text
-from .diffusion_parallel import mesh_dim_sizes, parallelize_vae
+from .diffusion_parallel import parallelize_vae, vae_mesh_dim_sizes
 from .modeling_diffusers import AutoencoderKLOutput, DecoderOutput, DiffusersModel
 
 
@@ -69,7 +71,9 @@ class ResnetBlock2D(Module):
 class SpatialSelfAttention(Module):
     """diffusers' Attention as the VAE's mid block makes it: a group norm, then single-head (head
     dim = channels) self-attention over the H*W positions (``to_q``, ``to_k``, ``to_v``,
-    ``to_out.0``), plus the input."""
+    ``to_out.0``), plus the input. ``attention`` is the slot the attention runs in: (query, key,
+    value) of (B, 1, H*W, C) -> the output (B, 1, H*W, C), scaled_dot_product_attention by default
+    (parallelize_vae puts a ring over the image's rows there)."""
 
     def __init__(self, channels, groups=32, eps=1e-6, device_mesh=None, dtype=None):
         super().__init__()
@@ -80,12 +84,13 @@ class SpatialSelfAttention(Module):
         self.to_k = Linear(channels, channels, **kw)
         self.to_v = Linear(channels, channels, **kw)
         self.to_out = ModuleList([Linear(channels, channels, **kw), Dropout(0.0)])
+        self.attention = F.scaled_dot_product_attention
 
     def forward(self, hidden_states):
         B, C, H, W = hidden_states.shape
         tokens = self.group_norm(hidden_states).view(B, C, H * W).transpose(1, 2)   # (B, L = H*W, C)
-        out = F.scaled_dot_product_attention(self.to_q(tokens), self.to_k(tokens), self.to_v(tokens))
-        out = self.to_out[1](self.to_out[0](out))
+        out = self.attention(*(proj(tokens).unsqueeze(1) for proj in (self.to_q, self.to_k, self.to_v)))
+        out = self.to_out[1](self.to_out[0](out.squeeze(1)))
         return out.transpose(1, 2).reshape(B, C, H, W) + hidden_states
 
     def extra_repr(self):
@@ -286,7 +291,7 @@ class AutoencoderKL(DiffusersModel):
         c = config
         _check_act_fn(c.act_fn)
         if device_mesh is not None and device_mesh.mesh_dim_names is not None:
-            mesh_dim_sizes(device_mesh, type(self).__name__)
+            vae_mesh_dim_sizes(device_mesh, type(self).__name__)
         kw = dict(device_mesh=device_mesh, dtype=dtype)
         channels = tuple(c.block_out_channels)
         if len(c.down_block_types) != len(channels) or len(c.up_block_types) != len(channels):

@@ -33,26 +33,44 @@ out like the queries they rotate: the image's split on the sequence, the text's 
 name means size 1; an unknown name, a tp size that does not divide the heads, or a ulysses size
 that does not divide each tp device's heads, is a ValueError naming it.
 
-The VAE is data-parallel: the batch split (Shard(0)) over every mesh dim of size > 1, each of dp,
-tp, ulysses and ring alike, or every dim of an unnamed mesh.
+The VAE splits the batch (Shard(0)) over every mesh dim of size > 1, each of dp, tp, ulysses and
+ring alike, or every dim of an unnamed mesh. A VAE's mesh may also have a dim named ``height``: the
+decoder splits the image along its height over it (Shard(2) of (batch, channels, height, width),
+each device its torch.chunk share of the rows at every resolution), so that one large image decodes
+on several devices with the memory per device falling with their number. The latents enter the
+decoder split by rows; each convolution fetches the few rows above and below its own that it reads
+from its neighbours, worker to worker; each nearest upsampling keeps the rows of the output the
+device owns; each group norm sums its statistics (a few floats per sample and group) across the
+devices; the image comes out split by rows. Encoding splits the batch over ``height`` as over the
+other dims.
 
 A model is laid out once: its weights move onto the mesh (replicated) where they live elsewhere, so
 a model made on one device can be parallelized afterwards; laying it out a second time is refused.
 """
+from .. import _dtype
+from .._factory import zeros
 from .._mesh import DeviceMesh
 from .._placement import Replicate, Shard
 from ..parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput, RingJointAttention,
                         RowwiseParallel, UlyssesJointAttention, parallelize_module)
+from ..nn import functional as F
 from ..parallel.style import named_dim_sizes, place
 
 KNOWN_DIMS = ("dp", "tp", "ulysses", "ring")
 CONTEXT_PARALLEL = ("ulysses", "ring")
+VAE_DIMS = KNOWN_DIMS + ("height",)
 
 
 def mesh_dim_sizes(device_mesh, who):
     """{dim name: size} of a mesh for the diffusion models; an unknown name is a ValueError naming it
     (``who`` says whose), as is an unnamed mesh of more than one device."""
     return named_dim_sizes(device_mesh, KNOWN_DIMS, who)
+
+
+def vae_mesh_dim_sizes(device_mesh, who):
+    """{dim name: size} of a VAE's mesh: the diffusion models' names and ``height``; an unknown name
+    is a ValueError naming it."""
+    return named_dim_sizes(device_mesh, VAE_DIMS, who)
 
 
 def parallelize_sd3(model, device_mesh):
@@ -106,24 +124,57 @@ def parallelize_flux(model, device_mesh):
 
 def parallelize_vae(vae, device_mesh):
     """Lays an AutoencoderKL out over ``device_mesh``: encode and decode split the batch over every
-    mesh dim of size > 1 (dims named dp, ulysses or ring; an unnamed mesh: all of them); returns the
-    VAE."""
+    mesh dim of size > 1 (dims named dp, ulysses or ring; an unnamed mesh: all of them), except that
+    decode splits the image's height over a dim named ``height`` (encode its batch); returns the VAE."""
     from .autoencoder_kl import AutoencoderKL
     who = _check_model(vae, AutoencoderKL, "parallelize_vae")
     names = device_mesh.mesh_dim_names
     if names is not None:
-        mesh_dim_sizes(device_mesh, who)
+        vae_mesh_dim_sizes(device_mesh, who)
     split = [d for d, size in enumerate(device_mesh.shape) if size > 1]
     if not split:
         _replicate(vae, device_mesh)
         return vae
     mesh = _own_root(device_mesh, names or tuple(f"batch{d}" for d in range(device_mesh.ndim)))
     _replicate(vae, mesh)
-    paths = ["encoder", "decoder"] + (["post_quant_conv"] if vae.post_quant_conv is not None else [])
+    decode = ["decoder"] + (["post_quant_conv"] if vae.post_quant_conv is not None else [])
     batch = PrepareModuleInput(input_layouts=Replicate(), desired_input_layouts=Shard(0))
+    rows = PrepareModuleInput(input_layouts=Replicate(), desired_input_layouts=Shard(2))
     for d in split:
-        parallelize_module(vae, mesh[mesh.mesh_dim_names[d]], {path: batch for path in paths})
+        name = mesh.mesh_dim_names[d]
+        plan = {"encoder": batch}
+        plan.update({path: rows if name == "height" else batch for path in decode})
+        if name == "height" and vae.post_quant_conv is not None:
+            del plan["post_quant_conv"]   # the decoder's input is split by rows where it enters
+        parallelize_module(vae, mesh[name], plan)
+        if name == "height":
+            for attention in vae.decoder.mid_block.attentions:
+                attention.attention = _RowsAttention(mesh, d)
     return _done(vae, mesh)
+
+
+class _RowsAttention:
+    """The VAE decoder's mid-block attention over an image split by rows: a non-causal ring over the
+    ``height`` dim (the key/value blocks passed device to device, never gathered) where the tokens
+    are split along it in torch.chunk layout (the rows divide evenly); scaled_dot_product_attention
+    otherwise (the tokens came whole: the latent's few rows, gathered)."""
+
+    def __init__(self, mesh, dim):
+        self.mesh, self.dim, self._positions = mesh, dim, {}
+
+    def __call__(self, query, key, value):
+        if query.placements[self.dim] != Shard(2):
+            return F.scaled_dot_product_attention(query, key, value)
+        length = query.shape[2]
+        if length not in self._positions:
+            placements = [Replicate()] * self.mesh.ndim
+            placements[self.dim] = Shard(1)
+            self._positions = {length: zeros((1, length), dtype=_dtype.int64, device_mesh=self.mesh, placements=placements)}
+        index = self._positions[length]
+        return F.ring_attention(query, key, value, index, index, self.dim, is_causal=False)
+
+    def __repr__(self):
+        return f"RowsAttention(mesh_dim={self.dim})"
 
 
 # ---- the steps every plan shares ------------------------------------------------------------------------
