@@ -55,7 +55,7 @@ void dtn_halo_conv_window(int64_t in, int64_t kernel, int64_t stride, int64_t pa
     w->used = 1;
     w->lo = lo < 0 ? 0 : lo > in ? in : lo;
     w->hi = hi > in ? in : hi < w->lo ? w->lo : hi;
-    w->pad_lo = w->lo - lo;
+    w->pad_lo = w->lo - lo < 0 ? 0 : w->lo - lo > len ? len : w->lo - lo; /* all padding: len */
     w->pad_hi = len - w->pad_lo - (w->hi - w->lo);
 }
 
