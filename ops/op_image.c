@@ -1,7 +1,8 @@
 /* op_image — the ops of convolutional image models (a VAE, a patch embedding): conv2d, group_norm,
  * interpolate and pad, with torch.nn.functional's semantics; the kernels are ops/cpu/cpu_image.c.
  *
- * Sharding, per mesh dim (spatial dims are never kept split: a Shard of H or W is gathered):
+ * Sharding, per mesh dim (spatial dims are never kept split here: a Shard of H or W is gathered;
+ * dtensor/dt_halo.c runs conv2d and nearest interpolate over such a split without gathering):
  *   conv2d       input Shard(0) (batch) with weight and bias Replicate gives Shard(0); otherwise a
  *                weight Shard(0) (output channels; groups = 1) with the input Replicate and the
  *                bias Shard(0) gives an output Shard(1); a Partial(sum|avg) input with weight

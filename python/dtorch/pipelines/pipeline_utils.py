@@ -82,9 +82,10 @@ class DiffusionPipeline:
     def from_pretrained(cls, path, device_mesh=None, vae_mesh=None, text_encoder_mesh=None, dtype=None,
                         progress=None):
         """The pipeline of a diffusers directory: the transformer laid out over ``device_mesh`` (by its
-        dim names: dp, ulysses, ring), the VAE on ``vae_mesh`` (default: the transformer's mesh), the
-        text encoders on ``text_encoder_mesh`` (by its dim names dp, tp; default: the first device
-        of the transformer's mesh alone, where diffusers keeps them). A directory saved without text
+        dim names: dp, tp, ulysses, ring), the VAE on ``vae_mesh`` (default: the transformer's mesh; a
+        dim named ``height`` there splits the decoded image's rows over its devices), the text encoders
+        on ``text_encoder_mesh`` (by its dim names dp, tp; default: the first device of the
+        transformer's mesh alone, where diffusers keeps them). A directory saved without text
         encoders (``[null, null]`` or no entry in model_index.json, or no model_index.json at all)
         loads without them: the pipeline then runs from prompt embeddings only."""
         from ..models.autoencoder_kl import AutoencoderKL
