@@ -176,7 +176,7 @@ static void s_decode_shapes(double scale)
         int64_t N = shapes[s][0], K = shapes[s][1];
         float *w = malloc((size_t)(N * K) * sizeof *w), *copy = malloc((size_t)(N * K) * sizeof *w);
         uint16_t *wb = malloc((size_t)(N * K) * sizeof *wb);
-        float *x = malloc((size_t)(8 * K) * sizeof *x), *y = malloc((size_t)(8 * N) * sizeof *y);
+        float *x = malloc((size_t)(16 * K) * sizeof *x), *y = malloc((size_t)(16 * N) * sizeof *y);
         if (!w || !copy || !wb || !x || !y)
             s_die("malloc");
         for (int64_t i = 0; i < N * K; i++) {
@@ -184,11 +184,11 @@ static void s_decode_shapes(double scale)
             wb[i] = (uint16_t)(0x3f00 + i % 64);
         }
         memset(copy, 1, (size_t)(N * K) * sizeof *copy);
-        for (int64_t i = 0; i < 8 * K; i++)
+        for (int64_t i = 0; i < 16 * K; i++)
             x[i] = (float)(i % 7) / 7.0f;
         double bytes = (double)(N * K) * sizeof(float), t_copy;
         S_TIME(t_copy, repeats, memcpy(copy, w, (size_t)bytes));
-        for (int M = 1; M <= 8; M *= 2) {
+        for (int M = 1; M <= 16; M = M < 8 ? 2 * M : M + 4) {
             double t_gemm, t_gemv, t_skinny, t_bf16;
             S_TIME(t_gemm, repeats, cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, (int)N, (int)K, 1.0f, x,
                                                 (int)K, w, (int)K, 0.0f, y, (int)N));

@@ -45,9 +45,10 @@ int cpu_blas_threads(void)
 static void s_gemm_f32(int64_t M, int64_t N, int64_t K, const float *a, const float *b, bool b_trans, bool accumulate,
                        float *c)
 {
-    /* up to 4 rows the weight-streaming kernel beats sgemm (measured: bench_matmul); beyond, the
-     * products are no longer bound by reading the weight and sgemm's blocking wins */
-    if (b_trans && M <= 4) {
+    /* up to CPU_SKINNY_MAX_M rows the weight-streaming kernel beats sgemm, which packs the whole
+     * weight first (bench_matmul's decode shapes: 1.0-3x at 3-16 rows); beyond, sgemm's blocking
+     * wins */
+    if (b_trans && M <= CPU_SKINNY_MAX_M) {
         cpu_matmul_skinny(M, N, K, a, b, DT_FLOAT32, c, accumulate);
         return;
     }
@@ -158,6 +159,8 @@ static inline float s_weight(const void *b, dt_dtype dtype, int64_t i)
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define S_AVX2 __attribute__((target("avx2,fma,f16c")))
+/* the loops over a block's registers unroll whole, so its accumulators stay in registers */
+#define S_UNROLL _Pragma("GCC unroll 16")
 
 /* 8 weights from element i of b, widened to float32. */
 S_AVX2 static inline __m256 s_load8(const void *b, dt_dtype dtype, int64_t i)
@@ -211,6 +214,58 @@ S_AVX2 static inline __attribute__((always_inline)) void s_row(int M, int U, dt_
     }
 }
 
+/* A block of NB weight rows (j ..) against MB rows of A (m0 ..): NB * MB dot products over K,
+ * each in its own accumulator; the NB weight vectors of a step are loaded once and serve all MB
+ * rows (NB * MB + NB <= 16 registers). */
+S_AVX2 static inline __attribute__((always_inline)) void s_block(int NB, int MB, dt_dtype dtype, int64_t j,
+                                                                 int64_t m0, int64_t N, int64_t K, const float *a,
+                                                                 const void *b, float *c, bool accumulate)
+{
+    __m256 acc[12];
+    S_UNROLL
+    for (int i = 0; i < NB * MB; i++)
+        acc[i] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+        __m256 w[3];
+        S_UNROLL
+        for (int n = 0; n < NB; n++)
+            w[n] = s_load8(b, dtype, (j + n) * K + k);
+        S_UNROLL
+        for (int m = 0; m < MB; m++) {
+            __m256 x = _mm256_loadu_ps(a + (m0 + m) * K + k);
+            S_UNROLL
+            for (int n = 0; n < NB; n++)
+                acc[n * MB + m] = _mm256_fmadd_ps(x, w[n], acc[n * MB + m]);
+        }
+    }
+    for (int n = 0; n < NB; n++)
+        for (int m = 0; m < MB; m++) {
+            float sum = s_hsum(acc[n * MB + m]);
+            for (int64_t t = k; t < K; t++)
+                sum += a[(m0 + m) * K + t] * s_weight(b, dtype, (j + n) * K + t);
+            float *out = c + (m0 + m) * N + j + n;
+            *out = accumulate ? *out + sum : sum;
+        }
+}
+
+/* NB weight rows against every row of A, four rows of A at a time: the weight rows stay in L1
+ * while A's blocks pass over them, so the weight is still read from memory once. */
+S_AVX2 static inline __attribute__((always_inline)) void s_rows_nb(int NB, dt_dtype dtype, int64_t j, int64_t M,
+                                                                   int64_t N, int64_t K, const float *a,
+                                                                   const void *b, float *c, bool accumulate)
+{
+    int64_t m0 = 0;
+    for (; m0 + 4 <= M; m0 += 4)
+        s_block(NB, 4, dtype, j, m0, N, K, a, b, c, accumulate);
+    switch (M - m0) {
+    case 3: s_block(NB, 3, dtype, j, m0, N, K, a, b, c, accumulate); break;
+    case 2: s_block(NB, 2, dtype, j, m0, N, K, a, b, c, accumulate); break;
+    case 1: s_block(NB, 1, dtype, j, m0, N, K, a, b, c, accumulate); break;
+    default: break;
+    }
+}
+
 S_AVX2 static inline __attribute__((always_inline)) void s_skinny_avx2_m(int M, dt_dtype dtype, int64_t N, int64_t K,
                                                                          const float *a, const void *b, float *c,
                                                                          bool accumulate)
@@ -218,10 +273,21 @@ S_AVX2 static inline __attribute__((always_inline)) void s_skinny_avx2_m(int M, 
     /* The weight is read once, in its own order: row after row, one sequential stream. Streaming
      * several rows at once (8 interleaved streams of K elements) starves the hardware prefetcher
      * when K is short (decode's K of 288-2048): bench_matmul's 32000 x 288 and x 768 shapes read
-     * at about half the bandwidth that way. */
-    const int U = M == 1 ? 4 : M <= 4 ? 2 : 1;
-    for (int64_t j = 0; j < N; j++)
-        s_row(M, U, dtype, j, N, K, a, b, c, accumulate);
+     * at about half the bandwidth that way. One or two rows of A take one weight row at a time,
+     * every row's accumulators in registers; from three on, blocks of 3 adjacent weight rows x 4 rows
+     * of A do the arithmetic (the products stop being bound by the weight's bytes), and 3
+     * adjacent rows are still close to one stream. */
+    if (M <= 2) {
+        const int U = M == 1 ? 4 : 2;
+        for (int64_t j = 0; j < N; j++)
+            s_row(M, U, dtype, j, N, K, a, b, c, accumulate);
+        return;
+    }
+    int64_t j = 0;
+    for (; j + 3 <= N; j += 3)
+        s_rows_nb(3, dtype, j, M, N, K, a, b, c, accumulate);
+    for (; j < N; j++)
+        s_rows_nb(1, dtype, j, M, N, K, a, b, c, accumulate);
 }
 
 #define S_CASE(M, D)                                                                                              \
@@ -232,8 +298,10 @@ S_AVX2 static inline __attribute__((always_inline)) void s_skinny_avx2_m(int M, 
     S_AVX2 static void NAME(int64_t M, int64_t N, int64_t K, const float *a, const void *b, float *c,          \
                             bool accumulate)                                                                  \
     {                                                                                                         \
-        switch (M) { S_CASE(1, D) S_CASE(2, D) S_CASE(3, D) S_CASE(4, D) S_CASE(5, D) S_CASE(6, D)            \
-                     S_CASE(7, D) S_CASE(8, D) }                                                              \
+        switch (M) {                                                                                          \
+            S_CASE(1, D) S_CASE(2, D) S_CASE(4, D) S_CASE(8, D) S_CASE(16, D)                                 \
+        default: s_skinny_avx2_m((int)M, D, N, K, a, b, c, accumulate);                                       \
+        }                                                                                                     \
     }
 S_DTYPE_KERNEL(s_skinny_f32_avx2, DT_FLOAT32)
 S_DTYPE_KERNEL(s_skinny_bf16_avx2, DT_BFLOAT16)

@@ -41,7 +41,7 @@ const char *cpu_matmul_run(const cpu_mm_desc *d, cpu_ctype t, const void *a, con
  * are widened on the fly, so the cost is the bytes of B: OpenBLAS's sgemm runs 3-13x slower than
  * that when M is small, and converting a 16-bit B first would read it twice.
  * Meant for M <= CPU_SKINNY_MAX_M. */
-#define CPU_SKINNY_MAX_M 8
+#define CPU_SKINNY_MAX_M 16
 void cpu_matmul_skinny(int64_t M, int64_t N, int64_t K, const float *a, const void *b, dt_dtype b_dtype, float *c,
                        bool accumulate);
 

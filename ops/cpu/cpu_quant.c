@@ -1,7 +1,7 @@
 /* cpu_quant — the CPU kernels of the products with quantized weights (linear_int8, linear_int4;
  * ops/op_quant.c reads their pieces).
  *
- * Decode's few rows (up to CPU_SKINNY_MAX_M) stream the weight's bytes once, row after row, and
+ * Decode's few rows (up to S_FEW_ROWS) stream the weight's bytes once, row after row, and
  * widen them to float32 in registers: the cost is the quantized bytes, a quarter (int8) or an
  * eighth (int4) of float32's. More rows dequantize a block of weight rows into float32 at a time
  * and hand it to sgemm, so no float copy of the whole weight is ever made. AVX2 and FMA are taken
@@ -14,6 +14,7 @@
 #include "cpu_ops.h"
 #include "op_quant.h"
 
+#define S_FEW_ROWS 8     /* rows of A that stream the quantized weight (their accumulators fit the registers) */
 #define S_BLOCK_ROWS 64 /* weight rows dequantized per sgemm */
 
 /* ---- the portable path ----------------------------------------------------------------------- */
@@ -64,11 +65,11 @@ S_AVX2 static inline __attribute__((always_inline)) void s_row_avx2(int M, const
                                                                     int64_t lda, const uint8_t *q,
                                                                     const float *scale, float *sums)
 {
-    __m256 acc[CPU_SKINNY_MAX_M];
+    __m256 acc[S_FEW_ROWS];
     for (int m = 0; m < M; m++)
         acc[m] = _mm256_setzero_ps();
     int64_t k = 0;
-    float tail[CPU_SKINNY_MAX_M] = {0};
+    float tail[S_FEW_ROWS] = {0};
     if (d->bits == 8) {
         for (; k + 16 <= d->K; k += 16) {
             __m128i b = _mm_loadu_si128((const __m128i *)(q + k));
@@ -135,7 +136,7 @@ static void s_few_rows(const op_quant_dims *d, const float *x, const uint8_t *q,
     if (s_has_avx2())
         row = s_row_avx2_any;
 #endif
-    float sums[CPU_SKINNY_MAX_M];
+    float sums[S_FEW_ROWS];
     for (int64_t n = 0; n < d->N; n++) {
         row(d, x, d->K_x, q + n * d->row_bytes, scale + n * d->groups, sums);
         for (int64_t m = 0; m < d->M; m++)
@@ -199,10 +200,10 @@ static const char *s_linear(op_kernel *k)
         return NULL;
     }
     /* sgemm takes int sizes: larger pieces go row by row through the streaming path */
-    if (d.M <= CPU_SKINNY_MAX_M || d.K > INT32_MAX || d.K_x > INT32_MAX || d.N > INT32_MAX || d.M > INT32_MAX) {
-        for (int64_t m0 = 0; m0 < d.M; m0 += CPU_SKINNY_MAX_M) {
+    if (d.M <= S_FEW_ROWS || d.K > INT32_MAX || d.K_x > INT32_MAX || d.N > INT32_MAX || d.M > INT32_MAX) {
+        for (int64_t m0 = 0; m0 < d.M; m0 += S_FEW_ROWS) {
             op_quant_dims part = d;
-            part.M = d.M - m0 < CPU_SKINNY_MAX_M ? d.M - m0 : CPU_SKINNY_MAX_M;
+            part.M = d.M - m0 < S_FEW_ROWS ? d.M - m0 : S_FEW_ROWS;
             s_few_rows(&part, x + m0 * d.K_x, q, scale, bias, out + m0 * d.N);
         }
         return NULL;
