@@ -256,18 +256,23 @@ class Checkpoint:
         """Where the tensors are, for error messages."""
         return ", ".join(f.path for f in self.files.values())
 
-    def dtypes(self):
-        """How many tensors of each dtype the checkpoint holds."""
+    def dtypes(self, exclude=()):
+        """How many tensors of each dtype the checkpoint holds (not counting the keys ``exclude``)."""
         counts = {}
         for key in self._where:
+            if key in exclude:
+                continue
             dt = self.file(key).dtype(key)
             counts[dt] = counts.get(dt, 0) + 1
         return counts
 
     def floating_dtype(self):
         """The floating dtype most of its floating tensors have (float32 when it has none): the
-        dtype a model loaded with ``dtype=None`` keeps."""
-        counts = {dt: n for dt, n in self.dtypes().items() if dt is not None and dt.is_floating_point}
+        dtype a model loaded with ``dtype=None`` keeps. The tensors of a quantized layer (those
+        beside a ``<layer>.qweight``: its scales, float32 in DTorch's layout, float16 in GPTQ's) are
+        not counted: they say nothing of the model's dtype."""
+        quantized = {key for key in self._where if key.rpartition(".")[0] + ".qweight" in self._where}
+        counts = {dt: n for dt, n in self.dtypes(quantized).items() if dt is not None and dt.is_floating_point}
         return max(counts, key=counts.get) if counts else _dtype.float32
 
 

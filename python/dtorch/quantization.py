@@ -173,12 +173,13 @@ class QuantizedLinear(Module):
                 f"int{self.bits}")
 
 
-def quantize_modules(model, bits, quantize_lm_head=False):
-    """Replaces every Linear of ``model.model.layers`` (and lm_head with ``quantize_lm_head``) by a
-    QuantizedLinear of the same shape on the same mesh (MetaTensors inside meta_device()); returns
-    their dotted names."""
+def quantize_modules(model, bits, quantize_lm_head=False, only=None):
+    """Replaces every Linear of ``model.model.layers`` (and lm_head with ``quantize_lm_head``) for
+    which ``only(name)`` holds (every one without ``only``) by a QuantizedLinear of the same shape on
+    the same mesh (MetaTensors inside meta_device()); returns their dotted names."""
     names = [name for name, m in model.named_modules()
-             if isinstance(m, Linear) and (name.startswith("model.layers.") or (quantize_lm_head and name == "lm_head"))]
+             if isinstance(m, Linear) and (name.startswith("model.layers.") or (quantize_lm_head and name == "lm_head"))
+             and (only is None or only(name))]
     for name in names:
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model

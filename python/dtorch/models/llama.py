@@ -556,19 +556,26 @@ class LlamaForCausalLM(GenerationMixin, Module):
         the checkpoint's; ``num_microbatches`` and ``layers_per_stage`` go to parallelize_llama.
         ``quantization="int8"`` or ``"int4"`` stores every Linear of the decoder layers quantized
         (dtorch.quantization: QuantizedLinear), and lm_head too with ``quantize_lm_head=True``; a
-        checkpoint saved quantized loads as it was saved (its config.json's quantization_config).
+        checkpoint saved quantized loads as it was saved (its config.json's quantization_config), and
+        a 4-bit symmetric GPTQ checkpoint (``quant_method: "gptq"`` in config.json's
+        quantization_config or a quantize_config.json) loads into the int4 layout without
+        requantizing (dtorch.gptq; ``quantization`` may then be None or "int4"; any other quantized
+        format is a ValueError naming it); save_pretrained writes it in DTorch's int4 layout.
         config.json must be of this class's architecture (or name none): any other is a ValueError
         naming it (AutoModelForCausalLM picks the class by it)."""
+        from .. import gptq
         from .. import quantization as quant
         from .llama_parallel import parallelize_llama
         bits = quant.bits_of(quantization)
         raw, file = read_config(path)
-        saved = quant.bits_of_config(raw.get("quantization_config"), file)
+        gptq_config = gptq.read_config(path, raw, file)
+        saved = 4 if gptq_config else quant.bits_of_config(raw.get("quantization_config"), file)
         if saved is not None and bits is not None and bits != saved:
-            raise ValueError(f"{file}: the checkpoint is quantized to int{saved}; quantization={quantization!r} "
+            kind = "4-bit GPTQ (read as int4)" if gptq_config else f"int{saved}"
+            raise ValueError(f"{file}: the checkpoint is quantized to {kind}; quantization={quantization!r} "
                              "cannot change that (load it with quantization=None)")
         config = cls.config_class.from_pretrained(path)
-        checkpoint = Checkpoint(path)
+        checkpoint = Checkpoint(path, gptq.weights_name(path) if gptq_config else "model")
         if saved is not None:
             bits, quantize_lm_head = saved, "lm_head.qweight" in checkpoint
         if dtype is None:
@@ -576,12 +583,18 @@ class LlamaForCausalLM(GenerationMixin, Module):
         mesh = device_mesh if device_mesh is not None else default_mesh()
         with meta_device():
             model = cls(config, device_mesh=mesh, dtype=_dtype._resolve(dtype))
-            names = quant.quantize_modules(model, bits, quantize_lm_head) if bits else []
+            # a GPTQ checkpoint may leave Linears in float (modules_in_block_to_quantize): those it has a
+            # qweight of are quantized
+            only = (lambda name: f"{name}.qweight" in checkpoint) if gptq_config else None
+            names = quant.quantize_modules(model, bits, quantize_lm_head, only) if bits else []
         parallelize_llama(model, mesh, num_microbatches=num_microbatches, layers_per_stage=layers_per_stage)
         tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
         stored = {f"{n}.{p}" for n in names for p in ("qweight", "scale")}
         aliases = {"lm_head": "model.embed_tokens"} if config.tie_word_embeddings else {}
-        used = set(quant.load_quantized(model, checkpoint, names, bits, saved is not None, aliases))
+        if gptq_config:
+            used = set(gptq.load(model, checkpoint, names, gptq_config))
+        else:
+            used = set(quant.load_quantized(model, checkpoint, names, bits, saved is not None, aliases))
         unused = load_checkpoint(model, checkpoint, skip=tied | stored, progress=progress)
         model.tie_weights()
         model.generation_config = load_generation_config(path)
