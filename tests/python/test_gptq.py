@@ -165,7 +165,9 @@ def write_gptq(directory, cfg, seed, group_size=64, fmt="gptq", quant=None, side
     q = dict(quant_method="gptq", bits=4, group_size=group_size, desc_act=False, sym=True, damp_percent=0.01,
              true_sequential=True, checkpoint_format=fmt)
     q.update(quant or {})
-    config = dict(cfg, torch_dtype="float16", architectures=["LlamaForCausalLM"], model_type="llama")
+    kind = cfg.get("model_type", "llama")
+    arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}[kind]
+    config = dict(cfg, torch_dtype="float16", architectures=[arch], model_type=kind)
     if side_file:
         q.pop("quant_method")
         with open(os.path.join(directory, "quantize_config.json"), "w") as f:
@@ -215,6 +217,19 @@ def test_v2_side_file_base_name_and_the_auto_class(tmp_path, thread_runtime):
                        weights_name="gptq_model-4bit-128g")
     model = AutoModelForCausalLM.from_pretrained(tmp_path, dtype="float32", quantization="int4",
                                                  device_mesh=dtorch.init_device_mesh("cpu", (2,), mesh_dim_names=("tp",)))
+    assert rel(model(IDS).logits.numpy(), ref.logits(dense, cfg, IDS)) < 1e-4
+
+
+@pytest.mark.parametrize("kind", ["mistral", "qwen2"])
+def test_mistral_and_qwen2(tmp_path, thread_runtime, kind):
+    """Qwen2's q/k/v biases stay float (float16 in the file, as GPTQ writes them) beside the
+    quantized weights; the auto class picks the architecture."""
+    cfg = gptq_config(num_hidden_layers=1, model_type=kind)
+    dense = write_gptq(tmp_path, cfg, 7, float_dtype=np.float16)
+    assert (kind == "qwen2") == ("model.layers.0.self_attn.q_proj.bias" in dense)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, dtype="float32",
+                                                 device_mesh=dtorch.init_device_mesh("cpu", (2,), mesh_dim_names=("tp",)))
+    assert type(model).__name__ == {"mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}[kind]
     assert rel(model(IDS).logits.numpy(), ref.logits(dense, cfg, IDS)) < 1e-4
 
 
