@@ -2,6 +2,7 @@
 #include "dt_pool.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -16,6 +17,7 @@ static struct {
     size_t size;
 } s_kept[S_SLOTS];
 static size_t s_kept_bytes;
+static atomic_int s_thp; /* whether the kernel takes MADV_HUGEPAGE: 0 not known yet, 1 yes, 2 no */
 
 /* Rounded so that buffers of nearly the same size are interchangeable: large ones to whole huge
  * pages, medium ones to the next power of two. */
@@ -64,8 +66,26 @@ void *dt_pool_alloc(size_t size)
     void *data = NULL;
     if (posix_memalign(&data, S_HUGE, size) != 0)
         return NULL;
-    madvise(data, size, MADV_HUGEPAGE);
+    atomic_store(&s_thp, madvise(data, size, MADV_HUGEPAGE) == 0 ? 1 : 2);
     return data;
+}
+
+bool dt_pool_huge_pages(void)
+{
+    int thp = atomic_load(&s_thp);
+    if (thp == 0) { /* asked before any large buffer was made: ask the kernel with a mapping of our own */
+        void *probe = mmap(NULL, S_HUGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        thp = probe != MAP_FAILED && madvise(probe, S_HUGE, MADV_HUGEPAGE) == 0 ? 1 : 2;
+        if (probe != MAP_FAILED)
+            munmap(probe, S_HUGE);
+        atomic_store(&s_thp, thp);
+    }
+    return thp == 1;
+}
+
+bool dt_pool_advised(const void *data, size_t size)
+{
+    return size >= DT_POOL_LARGE && data && ((uintptr_t)data & (S_HUGE - 1)) == 0 && dt_pool_huge_pages();
 }
 
 void dt_pool_free(void *data, size_t size)
@@ -89,6 +109,8 @@ void dt_pool_free(void *data, size_t size)
     pthread_mutex_unlock(&s_lock);
     free(data);
 }
+
+void dt_pool_give_back(void *data) { free(data); }
 
 void dt_pool_trim(void)
 {

@@ -7,6 +7,7 @@
 #ifndef DT_POOL_H
 #define DT_POOL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #define DT_POOL_MEDIUM (64u << 10)      /* buffers from this size up are pooled ... */
@@ -17,6 +18,16 @@
  * piece can have (the controller refuses such a piece before it sends anything: dt_op's rule) */
 void *dt_pool_alloc(size_t size);
 void dt_pool_free(void *data, size_t size);
+/* Gives what dt_pool_alloc returned back to the system at once, keeping nothing (a buffer of the
+ * controller's that a worker process received a copy of). */
+void dt_pool_give_back(void *data);
+/* Whether data (size bytes) is a buffer this pool made 2 MiB-aligned and advised for transparent huge
+ * pages (MADV_HUGEPAGE, before anything touched it) on a kernel that took the advice: one of
+ * DT_POOL_LARGE bytes or more that dt_pool_alloc returned, or a slice of one from its start. What
+ * the kernel then gives (AnonHugePages) depends on the machine's state and is not promised. */
+bool dt_pool_advised(const void *data, size_t size);
+/* Whether the kernel takes MADV_HUGEPAGE (has transparent huge pages); asked once. */
+bool dt_pool_huge_pages(void);
 /* Bytes of freed buffers kept for reuse now (this process's, every device of it together). */
 size_t dt_pool_kept(void);
 /* Bytes of physical memory of this host (cached after the first call); 0 when the system does not

@@ -10,6 +10,7 @@
 #include "dt_dtype.h"
 #include "dt_error.h"
 #include "dt_layout.h"
+#include "dt_pool.h"
 #include "dtn_tensor.h"
 #include "mb_schema.h"
 #include "op_backend.h"
@@ -184,26 +185,39 @@ dt_tensor *dt_arange(dt_mesh *mesh, dt_scalar start, dt_scalar end, dt_scalar st
     return t;
 }
 
-/* A payload buffer that several devices' messages share (replicas of one piece). */
+/* A payload buffer that several devices' messages share (replicas of one piece). A large one comes
+ * from the pool, 2 MiB-aligned and advised for huge pages before the copy into it touches a page: a
+ * worker thread adopts the frame as the piece's storage (weights live there, read for every token),
+ * and a worker process copies a frame of its own into such memory (act_worker_ops.c: s_load). */
 typedef struct {
     atomic_int refs;
     size_t size;
-    max_align_t data[];
+    void *data;          /* inline, or the pool's for DT_POOL_LARGE bytes and more */
+    max_align_t inline_data[];
 } s_shared;
 
 static void s_shared_release(void *data, void *hint)
 {
     s_shared *s = hint;
-    if (atomic_fetch_sub(&s->refs, 1) == 1)
-        free(s);
+    if (atomic_fetch_sub(&s->refs, 1) != 1)
+        return;
+    if (s->data != s->inline_data)   /* not kept: a worker process has its copy, a thread let go of it */
+        dt_pool_give_back(s->data);
+    free(s);
 }
 
 static s_shared *s_shared_new(size_t size)
 {
-    s_shared *s = malloc(sizeof *s + (size ? size : 1));
-    if (s) {
-        atomic_init(&s->refs, 1);
-        s->size = size;
+    bool pooled = size >= DT_POOL_LARGE;
+    s_shared *s = malloc(sizeof *s + (pooled ? 0 : size ? size : 1));
+    if (!s)
+        return NULL;
+    atomic_init(&s->refs, 1);
+    s->size = size;
+    s->data = pooled ? dt_pool_alloc(size) : s->inline_data;
+    if (!s->data) {
+        free(s);
+        return NULL;
     }
     return s;
 }

@@ -173,7 +173,8 @@ typedef struct { uint32_t n; mb_cursor items; } mb_list;   /* inside the record:
     X(loads)                  /* pieces the controller sent whole (LOAD records: distribute_tensor, from_local) */ \
     X(loaded_bytes)           /* ... and their bytes */ \
     X(peer_messages_refused)  /* peer messages from no worker of the run, or not the device they name */ \
-    X(peer_regions_dropped)   /* regions past what may wait for their ASSEMBLE (act_worker.h, ACT_RECV_MAX) */
+    X(peer_regions_dropped)   /* regions past what may wait for their ASSEMBLE (act_worker.h, ACT_RECV_MAX) */ \
+    X(huge_page_bytes)        /* of bytes_in_use: in the pool's memory advised for huge pages (dt_pool_advised) */
 
 #define MB_GEN_STAT(name) MB_STAT_##name,
 typedef enum { MB_STATS(MB_GEN_STAT) MB_NSTATS } mb_stat;

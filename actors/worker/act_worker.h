@@ -45,6 +45,8 @@ typedef struct {
     bool adopted;               /* data lives in msg, a received frame */
     zmq_msg_t msg;
     dt_shm_seg *seg;            /* data is this shared segment's (a worker process that lends), or NULL */
+    bool huge;                  /* data is the pool's memory advised for huge pages (dt_pool_advised):
+                                 * its size counts in huge_page_bytes while it is held */
     struct act_worker *owner;   /* the worker whose thread made it (NULL: none); the last release on
                                  * another thread gives its bytes back with the backend's free_elsewhere */
     int held;                   /* entries of its worker's tensor table that use it (views share one):

@@ -10,6 +10,7 @@
 #include "dt_dtype.h"
 #include "dt_error.h"
 #include "dt_layout.h"
+#include "dt_pool.h"
 #include "mb_schema.h"
 #include "op_backend.h"
 #include "op_registry.h"
@@ -28,22 +29,38 @@ static const char *s_alloc(const act_worker *w, act_wtensor *t)
 }
 
 /* LOAD: the payload frame becomes the storage without a copy when the backend can use host
- * memory as it is, else it is copied to the device. */
+ * memory as it is, else it is copied to the device. A large piece (weights, mostly: read for every
+ * token for as long as they live) must sit in memory advised for huge pages: a thread's frame is
+ * the controller's pool buffer, advised already (dt_factory.c), but a frame ZeroMQ received in a
+ * worker process is malloc's, which the kernel backs with 4 KiB pages; that one is copied, once,
+ * into the pool's memory, where the kernel has huge pages to give (else it is adopted too). */
 static const char *s_load(act_worker *w, act_wtensor *t, int64_t frame, mb_message *m)
 {
     size_t size = act_wtensor_bytes(t);
     if (frame < 0 || frame >= m->npayloads || zmq_msg_size(&m->payloads[frame]) != size)
         return "malformed record (payload missing or of the wrong size)";
     zmq_msg_t *src = &m->payloads[frame];
+    const op_backend *be = w->backend;
     w->stats[MB_STAT_loads]++;
     w->stats[MB_STAT_loaded_bytes] += (int64_t)size;
-    if (w->backend->adopt_host && w->backend->adopt_host(zmq_msg_data(src), size) &&
-        (t->storage = act_storage_adopt(src))) {
+    bool host = be->adopt_host && be->adopt_host(zmq_msg_data(src), size);
+    bool advised = dt_pool_advised(zmq_msg_data(src), size);
+    bool copy = size >= DT_POOL_LARGE && !advised && be->alloc == dt_pool_alloc && dt_pool_huge_pages();
+    if (host && !copy && (t->storage = act_storage_adopt(src))) {
+        t->storage->huge = advised && be->alloc == dt_pool_alloc;
         t->data = t->storage->data;
         return NULL;
     }
-    const char *why = s_alloc(w, t);
-    return why ? why : act_copy_bytes(w->backend->to_device, t->data, zmq_msg_data(src), size);
+    const char *why = NULL;
+    if (host && copy) {   /* the pool's memory, never a shared segment's */
+        if ((t->storage = act_storage_new(be, size)))
+            t->data = t->storage->data;
+        else
+            why = act_worker_no_memory(w);
+    } else {
+        why = s_alloc(w, t);
+    }
+    return why ? why : act_copy_bytes(be->to_device, t->data, zmq_msg_data(src), size);
 }
 
 /* Makes the storage of a new tensor of dtype and shape; *out is the tensor even on failure. */

@@ -8,6 +8,7 @@
 
 #include "act_worker.h"
 #include "dt_error.h"
+#include "dt_pool.h"
 #include "dt_shm.h"
 #include "mb_schema.h"
 #include "op_backend.h"
@@ -106,6 +107,7 @@ act_storage *act_storage_new(const op_backend *backend, size_t size)
     st->size = size;
     st->backend = backend;
     st->owner = s_self;
+    st->huge = backend->alloc == dt_pool_alloc && dt_pool_advised(st->data, size);
     return st;
 }
 
@@ -161,6 +163,7 @@ static void s_hold(act_worker *w, act_storage *st)
     if (st && st->held++ == 0) {
         int64_t *stats = w->stats;
         stats[MB_STAT_bytes_in_use] += (int64_t)st->size;
+        stats[MB_STAT_huge_page_bytes] += st->huge ? (int64_t)st->size : 0;
         if (stats[MB_STAT_bytes_in_use] > stats[MB_STAT_peak_bytes])
             stats[MB_STAT_peak_bytes] = stats[MB_STAT_bytes_in_use];
     }
@@ -168,8 +171,10 @@ static void s_hold(act_worker *w, act_storage *st)
 
 static void s_unhold(act_worker *w, act_storage *st)
 {
-    if (st && --st->held == 0)
+    if (st && --st->held == 0) {
         w->stats[MB_STAT_bytes_in_use] -= (int64_t)st->size;
+        w->stats[MB_STAT_huge_page_bytes] -= st->huge ? (int64_t)st->size : 0;
+    }
 }
 
 void act_wtensor_set_storage(act_worker *w, act_wtensor *t, act_storage *st)

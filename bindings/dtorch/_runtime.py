@@ -117,8 +117,12 @@ def device_stats(mesh, reset_peak=False):
     memory), ``loads``/``loaded_bytes`` (pieces the controller sent it whole, as ``distribute_tensor``,
     ``from_local`` and checkpoint loading do, and their bytes), ``peer_messages_refused`` (messages on
     its peer socket that came from no worker of the run, or not from the device they named, dropped
-    unread) and ``peer_regions_dropped`` (regions dropped because too many were waiting to be
-    assembled). ``reset_peak=True`` starts each peak again from what the device holds, after reading
+    unread), ``peer_regions_dropped`` (regions dropped because too many were waiting to be
+    assembled) and ``huge_page_bytes`` (of ``bytes_in_use``: pieces in 2 MiB-aligned memory advised
+    for transparent huge pages, MADV_HUGEPAGE, where the kernel took the advice: those of 1 MiB and
+    more that the controller sent whole, as checkpoint loading does, in both worker modes, and a
+    worker thread's computed ones; whether the kernel then backs them with huge pages is up to its
+    state). ``reset_peak=True`` starts each peak again from what the device holds, after reading
     it."""
     return _C._device_stats(mesh, bool(reset_peak))
 

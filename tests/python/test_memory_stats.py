@@ -159,3 +159,42 @@ def test_a_large_strided_view_is_gathered_once_and_a_small_one_each_time(mode):
     twice = small * 2.0
     assert [u - b for u, b in zip(_in_use(mesh), base)] == [8 * 256 * 4] * 2  # twice alone
     np.testing.assert_allclose(twice.numpy(), a[:, :8].T * 2, rtol=1e-6)
+
+
+def _kernel_takes_huge_page_advice():
+    """Whether madvise(MADV_HUGEPAGE) succeeds here (a kernel with transparent huge pages), asked of
+    a mapping of this test's own: what DTorch's counter should then show."""
+    import mmap
+    if not hasattr(mmap, "MADV_HUGEPAGE"):
+        return False
+    m = mmap.mmap(-1, 4 << 20)
+    try:
+        m.madvise(mmap.MADV_HUGEPAGE)
+        return True
+    except OSError:
+        return False
+    finally:
+        m.close()
+
+
+def test_loaded_pieces_sit_in_memory_advised_for_huge_pages(mode):
+    """device_stats' huge_page_bytes: the bytes of a device's pieces that lie in 2 MiB-aligned
+    memory advised for transparent huge pages (MADV_HUGEPAGE) before its first touch, where the
+    kernel takes the advice. A piece the controller sends whole (distribute_tensor: checkpoint
+    loading's path) of 1 MiB or more counts in both worker modes; a 64 KiB one does not. Whether the
+    kernel then backs it with huge pages (AnonHugePages) is the machine's state, not asserted."""
+    mesh = dtorch.DeviceMesh("cpu", [0, 1])
+    advised = _kernel_takes_huge_page_advice()
+    base = dtorch.device_stats(mesh)
+    assert all(s["huge_page_bytes"] >= 0 for s in base)
+    big = dtorch.distribute_tensor(np.ones((2048, 1024), np.float32), mesh, [Shard(0)])      # 4 MiB a device
+    small = dtorch.distribute_tensor(np.ones((64, 256), np.float32), mesh, [Replicate()])   # 64 KiB
+    held = dtorch.device_stats(mesh)
+    for b, h in zip(base, held):
+        assert h["bytes_in_use"] - b["bytes_in_use"] == (4 << 20) + (64 << 10)
+        assert h["huge_page_bytes"] - b["huge_page_bytes"] == ((4 << 20) if advised else 0)
+    np.testing.assert_array_equal(big.numpy(), 1)
+    del big, small
+    gc.collect()
+    after = dtorch.device_stats(mesh)
+    assert [a["huge_page_bytes"] for a in after] == [b["huge_page_bytes"] for b in base]
