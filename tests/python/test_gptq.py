@@ -342,3 +342,19 @@ def test_refused_loads(small_dir, tmp_path, thread_runtime):
     with pytest.raises(ValueError, match="in_features=32 \\(1 groups of 32\\) over tp=2"):
         LlamaForCausalLM.from_pretrained(tmp_path, device_mesh=tp2)
     assert LlamaForCausalLM.from_pretrained(tmp_path, dtype="float32")(IDS).logits.shape == (2, 5, 61)
+
+
+def test_desc_act_with_groups_in_order(small_dir, tmp_path, thread_runtime):
+    """desc_act=True whose g_idx is i // group_size (act-order that left the groups in order) maps
+    exactly and loads; without its g_idx it is refused, naming the tensor."""
+    want = LlamaForCausalLM.from_pretrained(small_dir, dtype="float32")(IDS).logits.numpy()
+    directory = with_config(small_dir, tmp_path / "in_order", {"desc_act": True})
+    got = LlamaForCausalLM.from_pretrained(directory, dtype="float32")(IDS).logits.numpy()
+    np.testing.assert_array_equal(got, want)
+    bare = tmp_path / "bare"
+    os.makedirs(bare)
+    os.link(directory / "config.json", bare / "config.json")
+    f = SafetensorsFile(small_dir / "model.safetensors")
+    save_file({k: f.bits(k) for k in f.entries if not k.endswith(".g_idx")}, bare / "model.safetensors")
+    with pytest.raises(ValueError, match="desc_act=True but 'model.layers.0.self_attn.q_proj.g_idx'.* is missing"):
+        LlamaForCausalLM.from_pretrained(bare)
