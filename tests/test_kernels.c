@@ -6,6 +6,7 @@
 #include "cpu_kernels.h"
 #include "cpu_matmul.h"
 #include "cpu_ops.h"
+#include "cpu_reduce_loops.h"
 #include "cpu_rope.h"
 #include "dt_dtype.h"
 
@@ -663,4 +664,28 @@ Test(rope, rotate_half_pairs_by_position)
                               "(%d,%d,%d,%d): %f want %f", b, h, s, i, dt_bf16_to_f32(ob[row + i]), want);
                 }
             }
+}
+
+/* An attention row's weights: exp(x - top) against libm's (double) within 2e-7 relative, a hidden
+ * key (-inf) exactly 0, shifts down to the clamp at -88 (0 below it) and the returned sum equal to
+ * the weights' sum. */
+Test(attention, exp_shifted_sum)
+{
+    enum { N = 37 };
+    float x[N];
+    for (int i = 0; i < N; i++)
+        x[i] = i == 5 ? -INFINITY : (float)i * -2.5f + 3.0f; /* 3 down to -87 */
+    float top = 3.0f, copy[N];
+    memcpy(copy, x, sizeof x);
+    float sum = cpu_exp_shifted_sum(x, N, top);
+    double want_sum = 0.0;
+    for (int i = 0; i < N; i++) {
+        double want = i == 5 ? 0.0 : exp((double)copy[i] - top);
+        if (i == 5)
+            cr_assert(x[i] == 0.0f, "a hidden key's weight is %g", x[i]);
+        else
+            cr_assert(fabs(x[i] - want) <= 2e-7 * want + 1e-37, "exp(%g): %g, want %g", copy[i] - top, x[i], want);
+        want_sum += x[i];
+    }
+    cr_assert(fabs(sum - want_sum) <= 1e-6 * want_sum, "sum %g, want %g", sum, want_sum);
 }

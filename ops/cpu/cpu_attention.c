@@ -12,6 +12,7 @@
 
 #include "cpu_matmul.h"
 #include "cpu_ops.h"
+#include "cpu_reduce_loops.h"
 
 static inline bool s_visible(int64_t key, int64_t query, bool causal) { return key >= 0 && (!causal || key <= query); }
 
@@ -30,21 +31,20 @@ static void s_block_rows(int64_t L, int64_t S, int64_t D, int64_t Dv, const floa
         memset(scores, 0, (size_t)(L * S) * sizeof *scores);
     for (int64_t i = 0; i < L; i++) {
         float *row = scores + i * S, top = -INFINITY;
-        for (int64_t j = 0; j < S; j++)
-            if (s_visible(k_pos[j], q_pos[i], causal) && row[j] > top)
+        for (int64_t j = 0; j < S; j++) {
+            if (!s_visible(k_pos[j], q_pos[i], causal))
+                row[j] = -INFINITY; /* its weight comes out exactly 0 */
+            else if (row[j] > top)
                 top = row[j];
+        }
         if (top == -INFINITY) {
             memset(row, 0, (size_t)S * sizeof *row);
             lse[i] = -INFINITY;
             continue;
         }
-        double sum = 0.0;
-        for (int64_t j = 0; j < S; j++) {
-            row[j] = s_visible(k_pos[j], q_pos[i], causal) ? expf(row[j] - top) : 0.0f;
-            sum += row[j];
-        }
-        lse[i] = top + (float)log(sum);
-        float inv = (float)(1.0 / sum);
+        float sum = cpu_exp_shifted_sum(row, S, top);
+        lse[i] = top + logf(sum);
+        float inv = 1.0f / sum;
         for (int64_t j = 0; j < S; j++)
             row[j] *= inv;
     }

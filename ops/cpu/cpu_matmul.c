@@ -12,6 +12,7 @@
 
 #include "cpu_kernels.h"
 #include "cpu_ops.h"
+#include "cpu_reduce_loops.h"
 #include "dt_dtype.h"
 #include "dt_layout.h"
 
@@ -518,13 +519,7 @@ void cpu_attention_head(int64_t L, int64_t S, int64_t E, int64_t Ev, const float
             memset(row, 0, (size_t)used * sizeof *row);
             continue;
         }
-        float sum = 0.0f;
-        for (int64_t j = 0; j < visible; j++) {
-            float e = row[j] == -INFINITY ? 0.0f : expf(row[j] - top);
-            row[j] = e;
-            sum += e;
-        }
-        float inv = 1.0f / sum;
+        float inv = 1.0f / cpu_exp_shifted_sum(row, visible, top);
         for (int64_t j = 0; j < visible; j++)
             row[j] *= inv;
         for (int64_t j = visible; j < used; j++)

@@ -268,6 +268,18 @@ void cpu_arg_run(bool largest, cpu_ctype t, int64_t *index, void *values, const 
 
 /* ---- softmax, cumsum ------------------------------------------------------------------------ */
 
+float cpu_exp_shifted_sum(float *x, int64_t n, float top)
+{
+    for (int64_t r = 0; r < n; r++)
+        x[r] = op_softmax_clamp(x[r] - top);
+    for (int64_t r = 0; r < n; r++)
+        x[r] = op_softmax_exp(x[r]);
+    float total = 0.0f;
+    if (n > 0)
+        s_sum_f32(&total, x, 1, n, 1);
+    return total;
+}
+
 /* A NaN in a row needs no care: it turns the row's sum, hence every output of the row, to NaN. */
 const char *cpu_softmax_run(bool log, float *out, const float *in, int64_t outer, int64_t n, int64_t inner)
 {

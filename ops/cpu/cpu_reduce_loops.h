@@ -35,6 +35,11 @@ void cpu_arg_run(bool largest, cpu_ctype t, int64_t *index, void *values, const 
 /* out = softmax (or log_softmax) of in along n, float32, max-shifted. NULL, or why not. */
 const char *cpu_softmax_run(bool log, float *out, const float *in, int64_t outer, int64_t n, int64_t inner);
 
+/* An attention row's weights before normalising: x[j] = exp(x[j] - top) in place over n floats
+ * (-inf, a hidden key, gives exactly 0; NaN stays NaN), by softmax's vectorised exponential;
+ * returns their sum. top is the row's largest visible value (finite). */
+float cpu_exp_shifted_sum(float *x, int64_t n, float top);
+
 /* out = running sum of in along n. */
 void cpu_cumsum_run(cpu_ctype t, void *out, const void *in, int64_t outer, int64_t n, int64_t inner);
 
