@@ -17,6 +17,12 @@ follows transformers 5 where it differs from the file alone:
   (<|endoftext|> for unk, eos and pad) where the config names none;
 - ``clean_up_tokenization_spaces`` is not applied to BPE vocabularies.
 
+A directory without tokenizer.json is read from the files before it, as transformers converts
+them (tokenizer_files.py): vocab.json + merges.txt under tokenizer_class CLIPTokenizer or
+GPT2Tokenizer, spiece.model under T5Tokenizer (with special_tokens_map.json when the config has no
+added_tokens_decoder). CLIPTokenizer's decode (from either kind of file) turns the end-of-word
+suffix "</w>" into spaces and strips the ends, as transformers' does.
+
 Chat templates are rendered with jinja2 as transformers renders them (chat_template.py).
 
 Both libraries are the optional extra ``dtorch[text]``, imported when a tokenizer is first loaded.
@@ -29,6 +35,7 @@ import warnings
 import numpy as np
 
 from .._safetensors import CheckpointError, open_regular, read_json_object
+from . import tokenizer_files
 from .chat_template import render_chat
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -78,6 +85,8 @@ def _check_kwargs(where, kwargs):
 
 class PreTrainedTokenizer:
     """A model directory's tokenizer (see the module's doc). Made by ``AutoTokenizer.from_pretrained``."""
+
+    _word_suffix = None   # CLIP's "</w>": decode turns it into a space and strips the text
 
     def __init__(self, backend, config, name_or_path=""):
         """``backend``: the `tokenizers.Tokenizer` of tokenizer.json; ``config``: tokenizer_config.json's
@@ -346,6 +355,8 @@ class PreTrainedTokenizer:
         if not isinstance(ids, (list, tuple)):
             raise TypeError(f"decode takes token ids (an int, a list of ints or an array), got {type(ids).__name__}")
         text = self._backend.decode([_check_id(i) for i in ids], skip_special_tokens=bool(skip_special_tokens))
+        if self._word_suffix:
+            text = text.replace(self._word_suffix, " ").strip()
         clean = self.clean_up_tokenization_spaces if clean_up_tokenization_spaces is None else clean_up_tokenization_spaces
         if clean and type(self._backend.model).__name__ != "BPE":   # transformers skips it for BPE
             text = clean_up_tokenization(text)
@@ -461,10 +472,13 @@ class AutoTokenizer:
         if not os.path.isdir(directory):
             raise CheckpointError(f"{directory}: no such tokenizer directory")
         file = os.path.join(directory, TOKENIZER_FILE)
-        if not os.path.exists(file):
-            raise CheckpointError(f"{file}: not found (dtorch reads a tokenizer from its tokenizer.json; a "
-                                  "sentencepiece tokenizer.model alone is not supported)")
         config = _read_config(directory)
+        kind = config.get("tokenizer_class")
+        from_files = not os.path.exists(file)
+        if from_files and not tokenizer_files.can_build(directory, kind):
+            raise tokenizer_files.missing_tokenizer_error(directory, kind)
+        if from_files and "added_tokens_decoder" not in config:   # transformers reads it only then
+            config.update(tokenizer_files.special_map(directory))
         if "model_max_length" in kwargs and not (type(kwargs["model_max_length"]) is int
                                                  and kwargs["model_max_length"] >= 0):
             raise ValueError(f"model_max_length must be a non-negative int, got {kwargs['model_max_length']!r}")
@@ -472,12 +486,16 @@ class AutoTokenizer:
             kwargs["chat_template"] = _chat_templates(kwargs["chat_template"], "from_pretrained")
         config.update((k, _added_token(v, k, "from_pretrained") if k in SPECIAL_TOKEN_NAMES else v)
                       for k, v in kwargs.items())
+        if from_files:
+            backend, config = tokenizer_files.build(directory, kind, config, tk)
+            tokenizer = PreTrainedTokenizer(backend, config, name_or_path=directory)
+            tokenizer_files.finish(tokenizer, kind, config, tk)
+            return tokenizer
         text = _read_text(file)
         try:
             backend = tk.Tokenizer.from_str(text)
         except Exception as e:
             raise CheckpointError(f"{file}: not a tokenizer the `tokenizers` library can read: {e}") from None
-        kind = config.get("tokenizer_class")
         defaults = dict(_CLASS_DEFAULTS.get(kind, {}))
         if kind == "LlamaTokenizer":
             if '"ByteLevel"' in text:   # a Llama 3 file under Llama 2's class name: read as it is
@@ -492,6 +510,8 @@ class AutoTokenizer:
         tokenizer = PreTrainedTokenizer(backend, config, name_or_path=directory)
         if kind == "Qwen2Tokenizer":   # which marks every named special token special
             backend.add_tokens([tk.AddedToken(t, special=True) for t in tokenizer.all_special_tokens])
+        if kind == "CLIPTokenizer" and getattr(backend.model, "end_of_word_suffix", None):
+            tokenizer._word_suffix = backend.model.end_of_word_suffix
         return tokenizer
 
 
@@ -549,7 +569,12 @@ def _read_config(directory):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
                 raise CheckpointError(f"{file}: model_max_length must be a non-negative number, got {value!r}")
             out[key] = int(min(value, VERY_LARGE_INTEGER * 10))
-        elif key in ("clean_up_tokenization_spaces", "split_special_tokens", "legacy", "add_prefix_space"):
+        elif key == "extra_ids" and value is not None:
+            if type(value) is not int or not 0 <= value <= 100_000:
+                raise CheckpointError(f"{file}: extra_ids must be an int in [0, 100000], got {value!r}")
+            out[key] = value
+        elif key in ("clean_up_tokenization_spaces", "split_special_tokens", "legacy", "add_prefix_space",
+                     "add_bos_token", "add_eos_token"):
             if value is not None and not isinstance(value, bool):
                 raise CheckpointError(f"{file}: {key} must be true or false, got {value!r}")
             if value is not None:
