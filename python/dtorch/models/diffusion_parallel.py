@@ -27,7 +27,9 @@ ulysses2``): tp splits the heads first, and Ulysses and the ring work within eac
 heads (Ulysses splits that slice further). The text tokens (SD3's and FLUX's context
 stream) are few: they stay whole on the context-parallel dims and take part in attention as a
 joint block that every query sees. Between attentions everything is per token, so the image stream
-is split once, where it enters (SD3: the patch embedding's output; FLUX: ``x_embedder``'s input),
+is split once, where it enters (SD3: the patch embedding's patch tokens and position-table rows,
+before its projection, so that each device embeds only its own tokens; FLUX: ``x_embedder``'s
+input, the packed tokens, before its projection likewise),
 and gathered once, at ``proj_out``'s output. FLUX's rotary tables (``pos_embed``'s outputs) are laid
 out like the queries they rotate: the image's split on the sequence, the text's whole. An absent
 name means size 1; an unknown name, a tp size that does not divide the heads, or a ulysses size
@@ -81,7 +83,9 @@ def parallelize_sd3(model, device_mesh):
     _split_batch(model, mesh, ["pos_embed", "context_embedder", "time_text_embed.timestep_embedder",
                                "time_text_embed.text_embedder"])
     tokens = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1))
-    _split_image_tokens(model, mesh, {"pos_embed": tokens}, "proj_out")
+    # the patch tokens and their position-table rows split before the projection: each device
+    # projects and positions its own tokens only
+    _split_image_tokens(model, mesh, {"pos_embed.patches": tokens, "pos_embed.positions": tokens}, "proj_out")
     attentions = [f"transformer_blocks.{i}.attn" for i in range(len(model.transformer_blocks))]
     attentions += [f"transformer_blocks.{i}.attn2" for i, block in enumerate(model.transformer_blocks)
                    if block.attn2 is not None]

@@ -19,6 +19,7 @@ import numpy as np
 
 from .._factory import distribute_tensor
 from .._tensor import DTensor
+from ..nn import functional as F
 from ..nn.containers import ModuleList
 from ..nn.layers import Conv2d, LayerNorm, Linear
 from ..nn.module import MetaTensor, Module
@@ -44,9 +45,57 @@ def sincos_2d(embed_dim, grid_size, base_size, interpolation_scale=1.0):
     return np.concatenate([sincos_1d(embed_dim // 2, col), sincos_1d(embed_dim // 2, row)], axis=1)
 
 
+class Patches(Module):
+    """Latents (B, C, H, W) -> their patches as tokens (B, H/p * W/p, C * p * p), row-major over the
+    patch grid, each token's values in the order of the patch embedding's kernel (C, p, p). No
+    weights: a module so that a layout can split its output (the tokens) from outside."""
+
+    def __init__(self, patch_size):
+        super().__init__()
+        self.patch_size = patch_size
+
+    def forward(self, latent):
+        B, C, H, W = latent.shape
+        p = self.patch_size
+        grid = latent.reshape(B, C, H // p, p, W // p, p).permute(0, 2, 4, 1, 3, 5)
+        return grid.reshape(B, (H // p) * (W // p), C * p * p)
+
+
+class PatchPositions(Module):
+    """(height, width) in patches -> (1, height * width) indices into the flattened position table of
+    ``max_size`` x ``max_size``: the rows of the table cropped around its centre, row-major. No
+    weights: a module so that a layout can split its output like the tokens; the indices are kept
+    per image size and mesh (they are constants)."""
+
+    def __init__(self, max_size):
+        super().__init__()
+        self.max_size = max_size
+        object.__setattr__(self, "_made", {})
+
+    def forward(self, height, width, device_mesh):
+        size = self.max_size
+        if height > size or width > size:
+            raise ValueError(f"PatchEmbed: the image is {height} x {width} patches, larger than the position table's "
+                             f"{size} x {size} (pos_embed_max_size)")
+        key = (height, width, device_mesh)
+        if key not in self._made:
+            top, left = (size - height) // 2, (size - width) // 2
+            rows = (np.arange(top, top + height)[:, None] * size + np.arange(left, left + width)[None, :])
+            self._made.clear()
+            self._made[key] = distribute_tensor(rows.reshape(1, -1).astype(np.int64), device_mesh)
+        return self._made[key]
+
+
 class PatchEmbed(Module):
     """Latents (B, C, H, W) -> patch tokens (B, H/p * W/p, embed_dim) plus the position table
-    cropped around the image's centre (``pos_embed``: (1, max^2, embed_dim), in the checkpoint)."""
+    cropped around the image's centre (``pos_embed``: (1, max^2, embed_dim), in the checkpoint).
+
+    diffusers' convolution with kernel and stride p is, token by token, the product of the patch's
+    values with the kernel: the latent is cut into patch tokens (``patches``), projected by the
+    kernel's weight as a linear map, and the position rows are picked by index (``positions``).
+    Every op from there on is per token, so where a layout splits the tokens (``patches``' and
+    ``positions``' outputs, as parallelize_sd3 does over ulysses and ring), each device projects and
+    positions only its own tokens."""
 
     def __init__(self, height=224, width=224, patch_size=16, in_channels=3, embed_dim=768, pos_embed_max_size=None,
                  interpolation_scale=1, device_mesh=None, dtype=None):
@@ -57,6 +106,8 @@ class PatchEmbed(Module):
         self.pos_embed_max_size = pos_embed_max_size
         self.proj = Conv2d(in_channels, embed_dim, kernel_size=patch_size, stride=patch_size, bias=True,
                            device_mesh=device_mesh, dtype=dtype)
+        self.patches = Patches(patch_size)
+        self.positions = PatchPositions(pos_embed_max_size)
         shape = (1, pos_embed_max_size ** 2, embed_dim)
         table = sincos_2d(embed_dim, pos_embed_max_size, height // patch_size, interpolation_scale)
         if isinstance(self.proj.weight, MetaTensor):
@@ -67,13 +118,8 @@ class PatchEmbed(Module):
 
     def cropped_pos_embed(self, height, width):
         """The table for an image of height x width patches, taken from the centre of the grid."""
-        size = self.pos_embed_max_size
-        if height > size or width > size:
-            raise ValueError(f"PatchEmbed: the image is {height} x {width} patches, larger than the position table's "
-                             f"{size} x {size} (pos_embed_max_size)")
-        top, left = (size - height) // 2, (size - width) // 2
-        grid = self.pos_embed.reshape(1, size, size, self.embed_dim)
-        return grid[:, top:top + height, left:left + width, :].reshape(1, height * width, self.embed_dim)
+        rows = self.positions(height, width, self.pos_embed.device_mesh)
+        return F.embedding(rows, self.pos_embed.reshape(self.pos_embed_max_size ** 2, self.embed_dim))
 
     def forward(self, latent):
         B, C, H, W = latent.shape
@@ -81,7 +127,8 @@ class PatchEmbed(Module):
         if H % p or W % p:
             raise ValueError(f"PatchEmbed: the latent's height and width ({H}, {W}) must be multiples of the patch "
                              f"size {p}")
-        tokens = self.proj(latent).flatten(2).transpose(1, 2)                  # (B, H/p * W/p, embed_dim)
+        weight = self.proj.weight
+        tokens = F.linear(self.patches(latent), weight.reshape(weight.shape[0], C * p * p), self.proj.bias)
         return tokens + self.cropped_pos_embed(H // p, W // p)
 
 
