@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_diffusion.py                     # 256 and 1024 image tokens
     .venv/bin/python bench/bench_diffusion.py --tokens 256 --repeats 3
     .venv/bin/python bench/bench_diffusion.py --vae 512,1024 --repeats 1   # the VAE decode split by rows
+    .venv/bin/python bench/bench_diffusion.py --prompts --ref-python /work/refvenv/bin/python --repeats 3
 
 The model: 4 joint blocks of 8 heads x 32 (width 256), 32 text tokens, random weights, float32. A
 step is one forward of the guidance pair (batch 2: the unconditional and the conditional rows) on
@@ -14,10 +15,24 @@ SD-shaped VAE (4 blocks of 16, 32, 64 and 64 channels, 4 latent channels, random
 4 devices split by rows (a mesh dim named ``height``), with each device's peak. Figures are medians of
 ``--repeats`` steps after one warm-up, with the spread, and the peak bytes each device held above
 what it held before the step (dtorch.device_stats), for ring2 against one device.
+
+With ``--prompts`` it times instead, on two small random-weight diffusers pipeline directories
+(SD3-shaped: CLIP-L, CLIP-G and T5 text encoders; FLUX-shaped: CLIP-L and T5; see _BUILD), first
+the text encoders alone (batch 2, padded to 77 and to the pipeline's T5 length) on one device and
+on dp2, then a whole run from prompt to numpy image (text encoders, ``--steps`` denoising steps,
+VAE decode) on one device and on two (SD3: dp2, the guidance pair split; FLUX: ulysses2), beside
+transformers' and diffusers' pipelines with torch on ``--threads`` threads, loading the same
+files, in the same run through ``--ref-python`` (a Python with torch, transformers and diffusers,
+a venv of its own, run as a subprocess as bench_serve.py's --hf-python). The directories are
+written once into bench/.cache by that Python with diffusers' own save_pretrained. Steps per second
+come from the difference between a run of ``--steps`` steps and one of 1 step: (steps - 1) / (its
+seconds - the 1-step run's), the text encoders and the decode cancelling out.
 """
 import argparse
 import os
+import json
 import statistics
+import subprocess
 import sys
 import time
 
@@ -27,7 +42,10 @@ import numpy as np  # noqa: E402
 import dtorch  # noqa: E402
 from dtorch.models import SD3Transformer2DModel  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.join(HERE, "..", "tests", "python")
+CACHE = os.path.join(HERE, ".cache", "diffusion_pipelines")
+sys.path.insert(0, TESTS)
 import diffusion_reference  # noqa: E402
 import sd3_reference  # noqa: E402
 
@@ -84,6 +102,195 @@ def _bench_vae(sizes, repeats):
             del vae
 
 
+# ---- prompt to image, beside transformers and diffusers -----------------------------------------
+
+PROMPT, NEGATIVE = "a red fox sitting in the snow at sunset, highly detailed", "blurry, low quality"
+PIPELINES = {"sd3": dict(guidance_scale=7.0, negative_prompt=NEGATIVE, encoders=(("text_encoder", 77),
+                                                                               ("text_encoder_2", 77),
+                                                                               ("text_encoder_3", 256))),
+             "flux": dict(guidance_scale=3.5, negative_prompt=None, encoders=(("text_encoder", 77),
+                                                                            ("text_encoder_2", 512)))}
+
+# Run by --ref-python once: the two pipeline directories, written by diffusers' save_pretrained with
+# the tokenizers and the order-1 random weights of the tests' fixtures (make_pipeline_fixtures.py),
+# at sizes a 2-core machine runs in seconds: SD3-shaped (CLIP-L 128 wide, CLIP-G 192, T5 320 = their
+# sum, 4 layers each; 4 joint blocks of 8 heads x 32; a VAE of 16 latent channels, blocks 16, 32, 64,
+# 64) and FLUX-shaped (CLIP-L, T5; 2 double- and 4 single-stream blocks of 8 heads x 32).
+_BUILD = """
+import os, sys
+sys.path.insert(0, sys.argv[2])
+import torch
+import make_pipeline_fixtures as fx
+from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, T5Config, T5EncoderModel
+from diffusers import (AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel,
+                       SD3Transformer2DModel, StableDiffusion3Pipeline)
+out = sys.argv[1]
+fx.CLIP_MAX = 77
+torch.manual_seed(0)
+clip_vocab, t5_vocab = fx.clip_vocab(), fx.t5_vocab()
+clip_tok, clip_tok_2 = fx.clip_tokenizer(*clip_vocab), fx.clip_tokenizer(*clip_vocab, pad_token="!")
+t5_tok = fx.t5_tokenizer(t5_vocab)
+
+def clip(cls, tok, seed, hidden, heads, act):
+    config = CLIPTextConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=4 * hidden, projection_dim=hidden,
+                            num_hidden_layers=4, num_attention_heads=heads, max_position_embeddings=77, hidden_act=act,
+                            bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    return fx.randomize(cls(config), seed)
+
+def t5(seed):
+    config = T5Config(vocab_size=len(t5_tok), d_model=320, d_kv=64, d_ff=512, num_layers=4, num_heads=5,
+                      feed_forward_proj="gated-gelu", is_encoder_decoder=False, use_cache=False)
+    return fx.randomize(T5EncoderModel(config), seed)
+
+def vae(seed, scaling, shift):
+    return fx.randomize(AutoencoderKL(in_channels=3, out_channels=3, block_out_channels=(16, 32, 64, 64),
+                                      down_block_types=("DownEncoderBlock2D",) * 4,
+                                      up_block_types=("UpDecoderBlock2D",) * 4, latent_channels=16,
+                                      norm_num_groups=8, layers_per_block=1, scaling_factor=scaling,
+                                      shift_factor=shift, use_quant_conv=False, use_post_quant_conv=False), seed)
+
+sd3 = StableDiffusion3Pipeline(
+    transformer=fx.randomize(SD3Transformer2DModel(
+        sample_size=32, patch_size=2, in_channels=16, num_layers=4, attention_head_dim=32, num_attention_heads=8,
+        joint_attention_dim=320, caption_projection_dim=256, pooled_projection_dim=320, out_channels=16,
+        pos_embed_max_size=64), 1),
+    scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), vae=vae(2, 1.5305, 0.0609),
+    text_encoder=clip(CLIPTextModelWithProjection, clip_tok, 3, 128, 2, "quick_gelu"), tokenizer=clip_tok,
+    text_encoder_2=clip(CLIPTextModelWithProjection, clip_tok_2, 4, 192, 3, "gelu"), tokenizer_2=clip_tok_2,
+    text_encoder_3=t5(5), tokenizer_3=t5_tok)
+sd3.save_pretrained(os.path.join(out, "sd3"), safe_serialization=True)
+flux = FluxPipeline(
+    transformer=fx.randomize(FluxTransformer2DModel(
+        patch_size=1, in_channels=64, num_layers=2, num_single_layers=4, attention_head_dim=32,
+        num_attention_heads=8, joint_attention_dim=320, pooled_projection_dim=128, axes_dims_rope=(8, 12, 12),
+        guidance_embeds=True), 11),
+    scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
+                                              base_image_seq_len=256, max_image_seq_len=4096),
+    vae=vae(12, 0.3611, 0.1159), text_encoder=clip(CLIPTextModel, clip_tok, 13, 128, 2, "quick_gelu"),
+    tokenizer=clip_tok, text_encoder_2=t5(14), tokenizer_2=t5_tok)
+flux.save_pretrained(os.path.join(out, "flux"), safe_serialization=True)
+"""
+
+# Run by --ref-python: the same directories through transformers and diffusers on torch threads; one
+# JSON line per figure: [what, pipeline, name, threads, [seconds of each repeat]].
+_REF = """
+import json, sys, time
+import numpy as np
+import torch, transformers, diffusers
+torch.set_grad_enabled(False)
+args = json.loads(sys.argv[1])
+classes = dict(sd3=diffusers.StableDiffusion3Pipeline, flux=diffusers.FluxPipeline)
+def timed(fn, repeats):
+    fn()
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter(); fn(); out.append(time.perf_counter() - t0)
+    return out
+for threads in args["threads"]:
+    torch.set_num_threads(threads)
+    for name, spec in args["pipelines"].items():
+        pipe = classes[name].from_pretrained(spec["path"], dtype=torch.float32)
+        pipe.set_progress_bar_config(disable=True)
+        for part, length in spec["encoders"]:
+            encoder = getattr(pipe, part)
+            ids = torch.from_numpy(np.random.default_rng(0).integers(0, encoder.config.vocab_size, (2, length)))
+            fn = lambda: encoder(ids, output_hidden_states=True)
+            print(json.dumps(["encoder", name, part, threads, timed(fn, args["repeats"])]), flush=True)
+        for steps in (1, args["steps"]):
+            kw = dict(prompt=args["prompt"], height=args["size"], width=args["size"], num_inference_steps=steps,
+                      guidance_scale=spec["guidance_scale"], output_type="np")
+            if spec["negative_prompt"]:
+                kw["negative_prompt"] = spec["negative_prompt"]
+            fn = lambda: pipe(**kw, generator=torch.Generator().manual_seed(0)).images
+            print(json.dumps(["image", name, steps, threads, timed(fn, args["repeats"])]), flush=True)
+"""
+
+
+def _build_directories(python):
+    """bench/.cache's pipeline directories, written by ``python``'s diffusers the first time."""
+    if all(os.path.exists(os.path.join(CACHE, name, "model_index.json")) for name in PIPELINES):
+        return
+    if python is None:
+        sys.exit(f"bench_diffusion --prompts: {CACHE} holds no pipeline directories yet; pass --ref-python (a Python "
+                 "with torch, transformers and diffusers) once to write them")
+    os.makedirs(CACHE, exist_ok=True)
+    subprocess.run([python, "-c", _BUILD, CACHE, os.path.abspath(TESTS)], check=True)
+
+
+def _reference(python, repeats, steps, size, threads):
+    """{(what, pipeline, name or steps, threads): seconds of each repeat} from transformers and
+    diffusers on ``python``."""
+    spec = {name: dict(path=os.path.join(CACHE, name), encoders=p["encoders"], guidance_scale=p["guidance_scale"],
+                       negative_prompt=p["negative_prompt"]) for name, p in PIPELINES.items()}
+    args = json.dumps(dict(pipelines=spec, repeats=repeats, steps=steps, size=size, threads=threads, prompt=PROMPT))
+    out = subprocess.run([python, "-c", _REF, args], check=True, capture_output=True, text=True).stdout
+    return {tuple(row[:4]): row[4] for row in (json.loads(line) for line in out.splitlines() if line.startswith("["))}
+
+
+def _timed(fn, repeats):
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def _line(label, times, unit=1e3, suffix="ms", digits=1):
+    mid, low, high = (t * unit for t in _median(times))
+    return f"  {label:42s} {mid:9.{digits}f} {suffix} ({low:.{digits}f}-{high:.{digits}f})"
+
+
+def _bench_prompts(args, threads, ref):
+    """The text encoders alone, then prompt to image, DTorch's layouts beside torch's threads (``ref``:
+    _reference's figures, measured before DTorch's workers started)."""
+    from dtorch.models import CLIPTextModel, CLIPTextModelWithProjection, T5EncoderModel
+    from dtorch.pipelines import FluxPipeline, StableDiffusion3Pipeline
+    classes = {"sd3": (StableDiffusion3Pipeline, (CLIPTextModelWithProjection, CLIPTextModelWithProjection,
+                                                  T5EncoderModel), ("dp",)),
+               "flux": (FluxPipeline, (CLIPTextModel, T5EncoderModel), ("ulysses",))}
+    one = dtorch.DeviceMesh("cpu", [0])
+    for name, spec in PIPELINES.items():
+        path = os.path.join(CACHE, name)
+        pipeline, encoders, split = classes[name]
+        two = dtorch.DeviceMesh("cpu", [0, 1], mesh_dim_names=split)
+        print(f"\n== {name}: text encoders alone, batch 2, float32")
+        for (part, length), cls in zip(spec["encoders"], encoders):
+            for label, mesh in (("one device", one), ("dp2", dtorch.DeviceMesh("cpu", [0, 1], mesh_dim_names=("dp",)))):
+                encoder = cls.from_pretrained(path, subfolder=part, device_mesh=mesh)
+                ids = np.random.default_rng(0).integers(0, encoder.config.vocab_size, (2, length))
+                times = _timed(lambda: encoder(ids, output_hidden_states=True).last_hidden_state.numpy(), args.repeats)
+                print(_line(f"{part} ({length} tokens), {label}", times))
+                del encoder
+            for t in threads:
+                if ("encoder", name, part, t) in ref:
+                    print(_line(f"{part}, torch {t} thread{'s' if t > 1 else ''}", ref[("encoder", name, part, t)]))
+        print(f"\n== {name}: prompt to numpy image, {args.size}x{args.size}, {args.steps} steps"
+              + (", guidance pair (batch 2)" if spec["negative_prompt"] else ", batch 1")
+              + "; seconds per image, steps/s from (steps - 1) / (its seconds - a 1-step run's)")
+        rows = {}
+        for label, mesh in (("one device", one), (split[0] + "2", two)):
+            pipe = pipeline.from_pretrained(path, device_mesh=mesh)
+            kw = dict(prompt=PROMPT, height=args.size, width=args.size, guidance_scale=spec["guidance_scale"],
+                      output_type="np", seed=0, progress=False)
+            if spec["negative_prompt"]:
+                kw["negative_prompt"] = spec["negative_prompt"]
+            rows[f"DTorch, {label}"] = {steps: _timed(lambda: pipe(**kw, num_inference_steps=steps).images,
+                                                      args.repeats) for steps in (1, args.steps)}
+            del pipe
+        for t in threads:
+            if ("image", name, args.steps, t) in ref:
+                rows[f"diffusers, torch {t} thread{'s' if t > 1 else ''}"] = {
+                    steps: ref[("image", name, steps, t)] for steps in (1, args.steps)}
+        for label, by in rows.items():
+            whole, first = statistics.median(by[args.steps]), statistics.median(by[1])
+            rate = (args.steps - 1) / (whole - first) if args.steps > 1 and whole > first else float("nan")
+            print(_line(label, by[args.steps], 1, "s per image", 2) + f"  {rate:6.2f} steps/s")
+    print("\nload average after: %.2f %.2f %.2f (figures are for the record only where it stayed under 1.5)"
+          % os.getloadavg())
+
+
 def _median(values):
     return statistics.median(values), min(values), max(values)
 
@@ -93,8 +300,22 @@ def main():
     parser.add_argument("--tokens", default="256,1024", help="image tokens per step (squares)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--vae", default="", help="image sizes for the VAE decode split by rows (e.g. 512,1024)")
+    parser.add_argument("--prompts", action="store_true", help="the text encoders and prompt to image instead")
+    parser.add_argument("--ref-python", help="a Python with torch, transformers and diffusers: theirs beside")
+    parser.add_argument("--threads", default="1,2", help="torch's thread counts for the reference")
+    parser.add_argument("--steps", type=int, default=4, help="denoising steps of a prompt-to-image run")
+    parser.add_argument("--size", type=int, default=256, help="the image's height and width (--prompts)")
     args = parser.parse_args()
+    if args.prompts:
+        _build_directories(args.ref_python)
+        print("load average before: %.2f %.2f %.2f" % os.getloadavg())
+        threads = [int(t) for t in args.threads.split(",")]
+        ref = _reference(args.ref_python, args.repeats, args.steps, args.size, threads) if args.ref_python else {}
     dtorch.init(workers="thread")
+    if args.prompts:
+        _bench_prompts(args, threads, ref)
+        dtorch.shutdown()
+        return
     if args.vae:
         _bench_vae([int(s) for s in args.vae.split(",")], args.repeats)
         dtorch.shutdown()
