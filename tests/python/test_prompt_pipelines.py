@@ -122,6 +122,39 @@ def test_images_match_diffusers_on_meshes(workers):
         dtorch.init(workers="thread")
 
 
+VAE_HEIGHT = [((2,), ("height",)), ((3,), ("height",)), ((2, 2), ("dp", "height"))]
+
+
+@pytest.mark.parametrize("workers", ["thread", "process"])
+def test_vae_split_by_rows_through_from_pretrained(workers):
+    """from_pretrained with a vae_mesh that has a dim named height: the decoder's image comes out split
+    by rows over it (8 latent rows: even on 2 devices, 3, 3 and 2 on 3; the images' batch over dp
+    beside it), and the images are the one-device pipeline's and diffusers' within 1e-4."""
+    dtorch.shutdown()
+    dtorch.init(workers=workers)
+    try:
+        for cls, name, runs in ((StableDiffusion3Pipeline, "sd3", ("run",)), (FluxPipeline, "flux", ("run", "cfg"))):
+            path, cases, want = _fixture(name)
+            single = cls.from_pretrained(path, device_mesh=_one())
+            base = {run: single(**cases[run], latents=want[f"{run}.latents"]).images for run in runs}
+            for shape, names in VAE_HEIGHT:
+                devices = np.arange(1, 1 + int(np.prod(shape))).reshape(shape).tolist()
+                vae_mesh = dtorch.DeviceMesh("cpu", devices, mesh_dim_names=names)
+                pipe = cls.from_pretrained(path, device_mesh=_one(), vae_mesh=vae_mesh)
+                rows = []
+                pipe.vae.decoder.register_forward_hook(lambda module, args, out: rows.append(out.placements))
+                for run in runs:
+                    images = pipe(**cases[run], latents=want[f"{run}.latents"]).images
+                    what = f"{name} {run} images, vae on {names} {shape}"
+                    _close(images, base[run], what + " against one device")
+                    _close(images, want[f"{run}.images"], what + " against diffusers")
+                height = names.index("height")
+                assert rows and all(p[height] == dtorch.Shard(2) for p in rows), rows
+    finally:
+        dtorch.shutdown()
+        dtorch.init(workers="thread")
+
+
 def test_default_text_encoder_mesh_is_the_first_device():
     path, _, _ = _fixture("flux")
     mesh = dtorch.DeviceMesh("cpu", [2, 3], mesh_dim_names=("ulysses",))
