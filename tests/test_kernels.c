@@ -689,3 +689,45 @@ Test(attention, exp_shifted_sum)
     }
     cr_assert(fabs(sum - want_sum) <= 1e-6 * want_sum, "sum %g, want %g", sum, want_sum);
 }
+
+/* One attention head over more query rows than a block holds (S = 4100 keys: blocks of 16 rows,
+ * so 40 rows go as 16, 16 and 8), causal from row0 = 4070 (the rows see 4071 to 4110 keys, the last
+ * ones all) with a mask that hides every third key and one whole row: against softmax written in
+ * double precision, row by row. */
+Test(attention, head_in_blocks_of_rows)
+{
+    enum { L = 40, S = 4100, E = 3, EV = 2, ROW0 = 4070 };
+    cr_assert_eq(cpu_attention_block_rows(L, S), 16);
+    static float q[L * E], k[S * E], v[S * EV], mask[L * S], scores[16 * S], out[L * EV];
+    for (int i = 0; i < L * E; i++)
+        q[i] = (float)((i * 7) % 13) / 6.0f - 1.0f;
+    for (int i = 0; i < S * E; i++)
+        k[i] = (float)((i * 11) % 17) / 8.0f - 1.0f;
+    for (int i = 0; i < S * EV; i++)
+        v[i] = (float)((i * 5) % 19) / 9.0f - 1.0f;
+    for (int i = 0; i < L; i++)
+        for (int j = 0; j < S; j++)
+            mask[i * S + j] = i == 21 || j % 3 == 0 ? -INFINITY : (float)((i + j) % 5) / 10.0f;
+    const float scale = 0.5f;
+    cpu_attention_head(L, S, E, EV, q, k, v, mask, S, 1, true, ROW0, scale, scores, out);
+    static double w[S];
+    for (int i = 0; i < L; i++) {
+        double top = -INFINITY, sum = 0.0;
+        int visible = ROW0 + i + 1 < S ? ROW0 + i + 1 : S;
+        for (int j = 0; j < visible; j++) {
+            double x = mask[i * S + j];
+            for (int e = 0; e < E; e++)
+                x += scale * (double)q[i * E + e] * k[j * E + e];
+            w[j] = x;
+            top = x > top ? x : top;
+        }
+        for (int j = 0; j < visible; j++)
+            sum += w[j] = top == -INFINITY ? 0.0 : exp(w[j] - top);
+        for (int c = 0; c < EV; c++) {
+            double want = 0.0;
+            for (int j = 0; j < visible && sum > 0; j++)
+                want += w[j] / sum * v[j * EV + c];
+            cr_assert(fabs(out[i * EV + c] - want) < 1e-5, "row %d col %d: %f, want %f", i, c, out[i * EV + c], want);
+        }
+    }
+}

@@ -479,9 +479,38 @@ static void s_attention_few_rows(int64_t L, int64_t used, int64_t E, int64_t Ev,
     }
 }
 
+int64_t cpu_attention_block_rows(int64_t L, int64_t S)
+{
+    /* about 256 KiB of scores per block, within L2 beside the keys and values it reads; at least
+     * 16 rows, so the products keep their shape */
+    int64_t rows = S > 0 ? (256 * 1024 / (int64_t)sizeof(float)) / S : L;
+    rows = rows < 16 ? 16 : rows;
+    return rows < L ? rows : L;
+}
+
+static void s_attention_block(int64_t L, int64_t S, int64_t E, int64_t Ev, const float *q, const float *k,
+                              const float *v, const float *mask, int64_t mask_sl, int64_t mask_ss, bool causal,
+                              int64_t row0, float scale, float *scores, float *out);
+
 void cpu_attention_head(int64_t L, int64_t S, int64_t E, int64_t Ev, const float *q, const float *k, const float *v,
                         const float *mask, int64_t mask_sl, int64_t mask_ss, bool causal, int64_t row0, float scale,
                         float *scores, float *out)
+{
+    /* Blocks of query rows, each scored against the keys it can see, normalised and multiplied
+     * by the values before the next: the scores never exceed one block's (no L x S matrix for a
+     * long sequence), stay in cache between the two products, and a causal block stops at the
+     * last key its last row sees. */
+    int64_t block = cpu_attention_block_rows(L, S);
+    for (int64_t i0 = 0; i0 < L; i0 += block) {
+        int64_t rows = L - i0 < block ? L - i0 : block;
+        s_attention_block(rows, S, E, Ev, q + i0 * E, k, v, mask ? mask + i0 * mask_sl : NULL, mask_sl, mask_ss,
+                          causal, row0 + i0, scale, scores, out + i0 * Ev);
+    }
+}
+
+static void s_attention_block(int64_t L, int64_t S, int64_t E, int64_t Ev, const float *q, const float *k,
+                              const float *v, const float *mask, int64_t mask_sl, int64_t mask_ss, bool causal,
+                              int64_t row0, float scale, float *scores, float *out)
 {
     if (L == 0 || Ev == 0)
         return;
@@ -634,7 +663,7 @@ const char *cpu_k_sdpa(op_kernel *k)
     int64_t nout = dt_layout_numel(o->ndim, o->shape), nmask = mask ? dt_layout_numel(mask->ndim, mask->shape) : 0;
     if (nout == 0)
         return NULL;
-    if (__builtin_mul_overflow(L, S, &nscores)) /* L and S of pieces without elements (E = 0) */
+    if (__builtin_mul_overflow(cpu_attention_block_rows(L, S), S, &nscores)) /* pieces without elements (E = 0) */
         return "out of memory on the device";
     /* the mask as additive float32 */
     float *mvals = NULL;

@@ -49,9 +49,11 @@ void cpu_matmul_skinny(int64_t M, int64_t N, int64_t K, const float *a, const vo
  * k (S, E), v (S, Ev) C-contiguous. mask: NULL or additive float values, element (i, j) at
  * mask[i * mask_sl + j * mask_ss] (strides 0 broadcast); causal hides key j > row0 + i (row0:
  * the global index of this piece's first query row). A row that sees no key gives zeros.
- * scores: scratch of L * S floats. Up to CPU_ATTENTION_FEW_ROWS query rows (decode) are scored
- * key by key, skipping the keys the mask hides; more go through two BLAS products. */
+ * scores: scratch of cpu_attention_block_rows(L, S) * S floats: the rows go in blocks of that many.
+ * Up to CPU_ATTENTION_FEW_ROWS query rows (decode) are scored key by key, skipping the keys the
+ * mask hides; more go through two BLAS products per block. */
 #define CPU_ATTENTION_FEW_ROWS 4
+int64_t cpu_attention_block_rows(int64_t L, int64_t S);
 void cpu_attention_head(int64_t L, int64_t S, int64_t E, int64_t Ev, const float *q, const float *k, const float *v,
                         const float *mask, int64_t mask_sl, int64_t mask_ss, bool causal, int64_t row0, float scale,
                         float *scores, float *out);
