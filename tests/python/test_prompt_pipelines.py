@@ -155,6 +155,24 @@ def test_vae_split_by_rows_through_from_pretrained(workers):
         dtorch.init(workers="thread")
 
 
+def test_default_vae_mesh_splits_rows_over_the_transformers_devices():
+    """Without vae_mesh the VAE sits on the transformer's devices as one height dim, so one image's
+    decode is split by rows over all of them (a dp2 x ulysses2 transformer: 4 devices), and the images
+    are diffusers'; a one-device transformer keeps the VAE on its mesh."""
+    path, cases, want = _fixture("sd3")
+    mesh = dtorch.DeviceMesh("cpu", [[2, 3], [4, 5]], mesh_dim_names=("dp", "ulysses"))
+    pipe = StableDiffusion3Pipeline.from_pretrained(path, device_mesh=mesh)
+    assert pipe.vae.device_mesh.mesh_dim_names == ("height",)
+    assert pipe.vae.device_mesh.tolist() == [2, 3, 4, 5]
+    rows = []
+    pipe.vae.decoder.register_forward_hook(lambda module, args, out: rows.append(out.placements))
+    images = pipe(**cases["run"], latents=want["run.latents"]).images
+    _close(images, want["run.images"], "sd3 images, the VAE on the default mesh")
+    assert rows == [(dtorch.Shard(2),)], rows
+    one = _one()
+    assert StableDiffusion3Pipeline.from_pretrained(path, device_mesh=one).vae.device_mesh == one
+
+
 def test_default_text_encoder_mesh_is_the_first_device():
     path, _, _ = _fixture("flux")
     mesh = dtorch.DeviceMesh("cpu", [2, 3], mesh_dim_names=("ulysses",))

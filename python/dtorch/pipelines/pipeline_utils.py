@@ -2,8 +2,9 @@
 starting noise, prompt embeddings onto the mesh, the VAE's decode and the image's postprocessing.
 
 The transformer and the VAE each live on a mesh of their own choosing (``device_mesh`` and
-``vae_mesh``: the VAE may sit on one device, a sub-mesh, or the transformer's mesh); the latents
-cross from one to the other once, after the last step."""
+``vae_mesh``: the VAE may sit on one device, a sub-mesh, or the transformer's devices, by default as
+one ``height`` dim that splits the decoded image's rows); the latents cross from one to the other
+once, after the last step."""
 import dataclasses
 import json
 import os
@@ -15,12 +16,23 @@ import numpy as np
 
 from .. import _dtype
 from .._factory import distribute_tensor, randn
+from .._mesh import DeviceMesh
 from .._runtime import manual_seed
 from .._tensor import DTensor
 from .._ops_view import cat
 from ..models.modeling_diffusers import read_config
 from ..schedulers import FlowMatchEulerDiscreteScheduler
 from .prompt_encoding import MODEL_INDEX, encoder_mesh, load_text_components, read_model_index, to_mesh
+
+
+def rows_mesh(mesh):
+    """The devices of ``mesh`` as one dim named ``height``: the VAE's default mesh, over which its
+    decoder splits the image's rows (a batch of one image uses every device; dp would leave all but
+    one idle)."""
+    ids = np.asarray(mesh.mesh).ravel()
+    if ids.size == 1:
+        return mesh
+    return DeviceMesh(mesh.device_type, ids.tolist(), mesh_dim_names=("height",))
 
 
 @dataclasses.dataclass
@@ -82,8 +94,9 @@ class DiffusionPipeline:
     def from_pretrained(cls, path, device_mesh=None, vae_mesh=None, text_encoder_mesh=None, dtype=None,
                         progress=None):
         """The pipeline of a diffusers directory: the transformer laid out over ``device_mesh`` (by its
-        dim names: dp, tp, ulysses, ring), the VAE on ``vae_mesh`` (default: the transformer's mesh; a
-        dim named ``height`` there splits the decoded image's rows over its devices), the text encoders
+        dim names: dp, tp, ulysses, ring), the VAE on ``vae_mesh`` (a dim named ``height`` there splits
+        the decoded image's rows over its devices; default: the transformer's devices as one ``height``
+        dim, so that the decode of even one image uses them all), the text encoders
         on ``text_encoder_mesh`` (by its dim names dp, tp; default: the first device of the
         transformer's mesh alone, where diffusers keeps them). A directory saved without text
         encoders (``[null, null]`` or no entry in model_index.json, or no model_index.json at all)
@@ -93,8 +106,9 @@ class DiffusionPipeline:
         index = read_model_index(path, name, cls.components)
         transformer = cls.transformer_class.from_pretrained(path, subfolder="transformer", device_mesh=device_mesh,
                                                              dtype=dtype, progress=progress)
-        vae = AutoencoderKL.from_pretrained(path, subfolder="vae", device_mesh=vae_mesh or transformer.device_mesh,
-                                            dtype=dtype, progress=progress)
+        vae = AutoencoderKL.from_pretrained(path, subfolder="vae",
+                                            device_mesh=vae_mesh or rows_mesh(transformer.device_mesh), dtype=dtype,
+                                            progress=progress)
         scheduler = FlowMatchEulerDiscreteScheduler(**read_config(os.path.join(path, "scheduler",
                                                                                "scheduler_config.json")))
         text = load_text_components(path, index, cls.text_pairs,
