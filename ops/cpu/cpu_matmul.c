@@ -160,6 +160,7 @@ static inline float s_weight(const void *b, dt_dtype dtype, int64_t i)
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define S_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define S_CACHED_WEIGHT (16 << 20) /* bytes of weight beyond which the block kernel prefetches it */
 /* the loops over a block's registers unroll whole, so its accumulators stay in registers */
 #define S_UNROLL _Pragma("GCC unroll 16")
 
@@ -252,10 +253,17 @@ S_AVX2 static inline __attribute__((always_inline)) void s_block(int NB, int MB,
 
 /* NB weight rows against every row of A, four rows of A at a time: the weight rows stay in L1
  * while A's blocks pass over them, so the weight is still read from memory once. */
-S_AVX2 static inline __attribute__((always_inline)) void s_rows_nb(int NB, dt_dtype dtype, int64_t j, int64_t M,
-                                                                   int64_t N, int64_t K, const float *a,
+S_AVX2 static inline __attribute__((always_inline)) void s_rows_nb(int NB, bool fetch, dt_dtype dtype, int64_t j,
+                                                                   int64_t M, int64_t N, int64_t K, const float *a,
                                                                    const void *b, float *c, bool accumulate)
 {
+    /* the weight rows two blocks ahead, from memory while these compute: a weight larger than the
+     * caches (an lm_head's) is otherwise fetched only as the loads reach it */
+    if (fetch && j + 3 * NB <= N) {
+        const char *ahead = (const char *)b + (j + 2 * NB) * K * (int64_t)dt_dtype_size(dtype);
+        for (int64_t off = 0; off < NB * K * (int64_t)dt_dtype_size(dtype); off += 64)
+            _mm_prefetch(ahead + off, _MM_HINT_T0);
+    }
     int64_t m0 = 0;
     for (; m0 + 4 <= M; m0 += 4)
         s_block(NB, 4, dtype, j, m0, N, K, a, b, c, accumulate);
@@ -284,11 +292,12 @@ S_AVX2 static inline __attribute__((always_inline)) void s_skinny_avx2_m(int M, 
             s_row(M, U, dtype, j, N, K, a, b, c, accumulate);
         return;
     }
+    bool fetch = N * K * (int64_t)dt_dtype_size(dtype) > S_CACHED_WEIGHT;
     int64_t j = 0;
     for (; j + 3 <= N; j += 3)
-        s_rows_nb(3, dtype, j, M, N, K, a, b, c, accumulate);
+        s_rows_nb(3, fetch, dtype, j, M, N, K, a, b, c, accumulate);
     for (; j < N; j++)
-        s_rows_nb(1, dtype, j, M, N, K, a, b, c, accumulate);
+        s_rows_nb(1, false, dtype, j, M, N, K, a, b, c, accumulate);
 }
 
 #define S_CASE(M, D)                                                                                              \
