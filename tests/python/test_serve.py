@@ -62,8 +62,17 @@ def test_steps_compute_the_busy_rows_and_prompts_go_in_by_chunks(mode, dims):
     reused, the ring of slots wraps and other rows decode beside the chunks."""
     model = _model(dims, seed=5)
     batcher = ContinuousBatcher(model, max_batch=8, max_len=24, prefill_chunk=3)
+    # a chunk runs the decoder alone: its keys are all it is for, and the lm_head would read its
+    # whole weight for logits nobody uses
+    heads, chunks_run = [], []
+    hook = model.lm_head.register_forward_hook(lambda module, args, out: heads.append(1))
+    prefill = batcher._prefill
+    batcher._prefill = lambda members: (chunks_run.append(len(heads)), prefill(members), chunks_run.append(len(heads)))
     alone = batcher.submit([5, 9, 13, 17, 21, 25, 29], 5, eos_token_id=[])
     batcher.run_until_idle()
+    hook.remove()
+    del batcher._prefill
+    assert len(chunks_run) == 4 and chunks_run[0::2] == chunks_run[1::2], chunks_run    # no lm_head in a chunk
     assert alone.tokens == model.generate(np.array([[5, 9, 13, 17, 21, 25, 29]]), max_new_tokens=5,
                                           eos_token_id=None)[0, 7:].tolist()
     assert batcher.prefills == 2                                  # 6 prompt tokens apart, 3 at a time

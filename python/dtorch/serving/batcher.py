@@ -431,8 +431,10 @@ class ContinuousBatcher:
         slots = (request.start + np.arange(hi)) % self.M
         rows = _PromptRows(self.cache, rows_of[0], put(slots[lo:]), put(slots) if lo else None, hi,
                            put(np.isin(np.arange(self.B), rows_of).reshape(self.B, 1, 1, 1)))
-        self.model(put(np.array([request.prompt[lo:hi]], np.int64)), attention_mask=put(see[None, None]),
-                   position_ids=put(q.T.copy()), past_key_values=rows, logits_to_keep=1)
+        # the decoder alone: a chunk's keys are all it is for, its logits would cost the lm_head's
+        # whole weight read (the prompt's last token goes through the step, which makes its logits)
+        self.model.model(input_ids=put(np.array([request.prompt[lo:hi]], np.int64)),
+                         attention_mask=put(see[None, None]), position_ids=put(q.T.copy()), past_key_values=rows)
         for _, r in members:
             r.fed = hi
             r.prefilling = hi < len(r.prompt) - 1
