@@ -12,7 +12,8 @@ import pytest
 
 import dtorch
 import llama_reference as ref
-from dtorch.models import AutoTokenizer, ContinuousBatcher, LlamaConfig, LlamaForCausalLM, parallelize_llama
+from dtorch.models import (AutoTokenizer, ContinuousBatcher, LlamaConfig, LlamaForCausalLM, MistralConfig,
+                           MistralForCausalLM, parallelize_llama)
 from dtorch.serving import SamplingParams
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "tokenizers")
@@ -28,6 +29,40 @@ def _model(dims, seed=3, **overrides):
     parallelize_llama(model, mesh)
     model.load_state_dict(ref.random_weights(cfg, seed))
     return model
+
+
+@pytest.mark.parametrize("dims, window", [({"tp": 1}, None), ({"tp": 2}, None), ({"tp": 2}, 3)],
+                         ids=["1 device", "tp2", "tp2, a window of 3"])
+def test_prompts_admitted_together_go_through_one_forward(mode, dims, window):
+    """Prompts admitted at one step that fit one chunk are computed in one forward, right-aligned in
+    a batch (the shorter ones' columns hidden), their keys written to their rows: each request equal
+    to generate of its prompt alone, the choices of one prompt sharing its row of the batch, with
+    a sliding window (Mistral) too; a prompt longer than the chunk goes apart."""
+    if window is None:
+        model = _model(dims, seed=7)
+    else:
+        cfg = ref.tiny_config(model_type="mistral", sliding_window=window)
+        mesh = dtorch.init_device_mesh("cpu", tuple(dims.values()), mesh_dim_names=tuple(dims))
+        model = MistralForCausalLM(MistralConfig.from_dict(cfg), device_mesh=mesh)
+        parallelize_llama(model, mesh)
+        model.load_state_dict(ref.random_weights(cfg, 7))
+    batcher = ContinuousBatcher(model, max_batch=8, max_len=20, prefill_chunk=5)
+    rng = np.random.default_rng(9)
+    prompts = [rng.integers(3, 61, n).tolist() for n in (2, 6, 4, 1, 3, 9)]
+    requests = [batcher.submit(p, 6, eos_token_id=[], logprobs=0) for p in prompts]
+    requests.append(batcher.submit(prompts[2], 6, eos_token_id=[], temperature=1.0, seed=4))   # beside its twin
+    batcher.run_until_idle()
+    # prompts of 1, 5, 3 and 2 tokens before their last in one forward; the 8 of the 9-token one in 2
+    assert batcher.prefills == 1 + 2
+    alone = ContinuousBatcher(model, max_batch=1, max_len=20)       # one at a time: each prompt apart
+    for p, r in zip(prompts, requests):
+        assert r.tokens == model.generate(np.array([p]), max_new_tokens=6, eos_token_id=None)[0, len(p):].tolist()
+        again = alone.submit(p, 6, eos_token_id=[], logprobs=0)
+        alone.run_until_idle()
+        assert np.allclose([lp for lp, _ in r.logprobs], [lp for lp, _ in again.logprobs], atol=1e-5), p
+    twin = alone.submit(prompts[2], 6, eos_token_id=[], temperature=1.0, seed=4)
+    alone.run_until_idle()
+    assert requests[-1].tokens == twin.tokens
 
 
 def _log_softmax(model, ids):
@@ -91,8 +126,11 @@ def test_steps_compute_the_busy_rows_and_prompts_go_in_by_chunks(mode, dims):
         assert r.tokens == model.generate(np.array([p]), max_new_tokens=k, eos_token_id=None)[0, len(p):].tolist()
     assert penalized.tokens == _penalized(model, cases[0][0], 6, presence=1.5, frequency=0.5)
     assert again.tokens == _penalized(model, cases[2][0], 6, presence=1.5, frequency=0.5)
-    # `penalized` was admitted with the request of the same prompt (cases[0]): they share its chunks
-    assert batcher.prefills == 2 + sum(-(-(len(p) - 1) // 3) for p, _ in cases + [cases[2]])
+    # `penalized` was admitted with the request of the same prompt (cases[0]): they share its 3
+    # chunks, beside cases[2]'s one; of the four admitted later, the three prompts that fit one chunk
+    # (cases[3], cases[5] and `again`'s, 1 to 3 tokens apart) go through one forward together, beside
+    # cases[4]'s 3 chunks
+    assert batcher.prefills == 2 + (3 + 1) + (3 + 1)
     assert batcher.rows_computed - before[0] < 8 * (batcher.steps - before[1])   # never all rows every step
     assert batcher.rows == [None] * 8
     # the choices of one prompt admitted together share its chunks, then sample apart

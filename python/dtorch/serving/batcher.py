@@ -18,7 +18,10 @@ is computed at admission in forwards of up to ``prefill_chunk`` tokens (its keys
 into its row at the slots of the steps just before, as if it had been fed a token per step), one
 chunk beside each decode step of the others (chunked prefill); the last prompt token goes through
 the step that makes its first token. Requests of one prompt admitted together (the ``n`` choices
-of one HTTP request) share its chunks. A model whose rows cannot be taken apart so (pipelined, laid
+of one HTTP request) share its chunks, and the prompts admitted at one step that fit one chunk go
+through one forward together (a batch of them, right-aligned: they all end at the slot before
+their last token's), so a burst of new clients costs one pass over the weights, not one each; a
+chunk runs the decoder alone (its logits would cost the lm_head's whole weight). A model whose rows cannot be taken apart so (pipelined, laid
 out for ring attention, or with its batch split over dp) runs every row each step and takes
 prompts a token per step, as does a request that asks for prompt log-probabilities or a repetition
 penalty (which counts the prompt's tokens as the steps feed them). The mask is
@@ -281,8 +284,16 @@ class ContinuousBatcher:
         groups = {}
         for b, request in prefilling:
             groups.setdefault((tuple(request.prompt), request.start, request.fed), []).append((b, request))
+        # prompts whose whole chunk is still ahead and fits one chunk end at the same slot (this
+        # step's): they go through one forward together, the rest a chunk each
+        whole = [m for m in groups.values() if m[0][1].fed == 0 and len(m[0][1].prompt) - 1 <= self.prefill_chunk]
+        if len({m[0][1].start + len(m[0][1].prompt) for m in whole}) > 1:        # (admitted together, they end
+            whole = []                                                          # at one slot; else apart)
+        if len(whole) > 1:
+            self._prefill_together(whole)
         for members in groups.values():
-            self._prefill(members)
+            if len(whole) < 2 or not any(members is m for m in whole):
+                self._prefill(members)
         self._launched = rows
         return pending
 
@@ -440,6 +451,41 @@ class ContinuousBatcher:
             r.prefilling = hi < len(r.prompt) - 1
         self.prefills += 1
 
+    def _prefill_together(self, groups):
+        """Computes the prompts of ``groups`` (each [(row, request)] sharing a prompt) in one forward,
+        each all but its last token and in one chunk: they all end at this step's slot, so they go
+        right-aligned in a batch of one row per prompt, each over its own columns of the causal mask
+        (the columns before a shorter prompt hidden), and each prompt's keys go to its requests' rows
+        at the slots before this step's."""
+        lengths = [len(m[0][1].prompt) - 1 for m in groups]
+        L, end = max(lengths), groups[0][0][1].start + lengths[0] - 1      # the slot of every last key
+        ids = np.zeros((len(groups), L), np.int64)
+        pos = np.zeros((len(groups), L), np.int64)
+        mine = np.zeros((len(groups), L), bool)                                # the columns of each prompt
+        for g, (members, n) in enumerate(zip(groups, lengths)):
+            ids[g, L - n:] = members[0][1].prompt[:n]
+            pos[g, L - n:] = np.arange(n)
+            mine[g, L - n:] = True
+        see = np.tril(np.ones((L, L), bool))[None] & mine[:, None, :]           # (G, L, L)
+        if self.window is not None:
+            see &= pos[:, None, :] > pos[:, :, None] - self.window
+        which = np.zeros(self.B, np.int64)                                     # each batch row's prompt
+        keep = np.zeros((self.B, 1, L, 1), bool)                               # and the slots it writes
+        for g, members in enumerate(groups):
+            for b, _ in members:
+                which[b] = g
+                keep[b, 0, :, 0] = mine[g]
+        put = lambda a: distribute_tensor(a, self.mesh, [Replicate()] * self.mesh.ndim)
+        slots = (end + np.arange(1 - L, 1)) % self.M
+        rows = _PromptsTogether(self.cache, put(slots), put(which), put(keep), L)
+        self.model.model(input_ids=put(ids), attention_mask=put(see[:, None]), position_ids=put(pos),
+                         past_key_values=rows)
+        for members in groups:
+            for _, r in members:
+                r.fed = len(r.prompt) - 1
+                r.prefilling = False
+        self.prefills += 1
+
     def _logits(self, ids, pos, view, slot):
         if self.by_positions:
             # a row starting a request (or idle) forgets its slots' positions: the slots of its
@@ -490,6 +536,27 @@ class _FirstRows:
             padded.append(cat([x, pad]))
         k, v = self.cache.update(layer_idx, *padded, start)
         return k.narrow(0, 0, self.rows), v.narrow(0, 0, self.rows)
+
+
+class _PromptsTogether:
+    """The cache as several prompts computed in one forward see it (ContinuousBatcher's
+    _prefill_together): the keys of batch row g (G, H, L, D) go to the cache rows whose ``which``
+    (B,) is g, at ``slots`` (L,), where ``keep`` (B, 1, L, 1) is set (the other rows and the columns
+    before a shorter prompt keep theirs); attention reads the forward's own keys."""
+
+    def __init__(self, cache, slots, which, keep, length):
+        self.cache, self.slots, self.which, self.keep = cache, slots, which, keep
+        self.max_cache_len = length
+
+    def get_seq_length(self, layer_idx=0):
+        return 0
+
+    def update(self, layer_idx, key_states, value_states, start):
+        for x, table in ((key_states, self.cache.key_cache), (value_states, self.cache.value_cache)):
+            t = table[layer_idx]
+            new = x.to(t.dtype).index_select(0, self.which)
+            t.index_copy_(2, self.slots, _ops.where(self.keep, new, t.index_select(2, self.slots)))
+        return key_states, value_states
 
 
 class _PromptRows:
