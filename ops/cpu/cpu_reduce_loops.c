@@ -268,12 +268,12 @@ void cpu_arg_run(bool largest, cpu_ctype t, int64_t *index, void *values, const 
 
 /* ---- softmax, cumsum ------------------------------------------------------------------------ */
 
-/* Attention spends much of its time here: an AVX2 clone (8 lanes and FMA) beside the baseline
- * one, chosen when the library loads. */
+/* Attention spends much of its time here: an AVX2 clone beside the baseline one, chosen when the
+ * library loads (static: a clone set's symbols would otherwise leave the shared library). */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 __attribute__((target_clones("avx2", "default")))
 #endif
-float cpu_exp_shifted_sum(float *x, int64_t n, float top)
+static float s_exp_shifted_sum(float *x, int64_t n, float top)
 {
     for (int64_t r = 0; r < n; r++)
         x[r] = op_softmax_clamp(x[r] - top);
@@ -284,6 +284,8 @@ float cpu_exp_shifted_sum(float *x, int64_t n, float top)
         s_sum_f32(&total, x, 1, n, 1);
     return total;
 }
+
+float cpu_exp_shifted_sum(float *x, int64_t n, float top) { return s_exp_shifted_sum(x, n, top); }
 
 /* A NaN in a row needs no care: it turns the row's sum, hence every output of the row, to NaN. */
 const char *cpu_softmax_run(bool log, float *out, const float *in, int64_t outer, int64_t n, int64_t inner)
