@@ -9,6 +9,7 @@
 #include "cpu_reduce_loops.h"
 #include "cpu_rope.h"
 #include "dt_dtype.h"
+#include "op_pointwise_math.h"
 
 #define S_INT(v) ((dt_scalar){.is_int = true, .i = (v)})
 #define S_FLT(v) ((dt_scalar){.is_int = false, .f = (v)})
@@ -664,6 +665,53 @@ Test(rope, rotate_half_pairs_by_position)
                               "(%d,%d,%d,%d): %f want %f", b, h, s, i, dt_bf16_to_f32(ob[row + i]), want);
                 }
             }
+}
+
+/* ---- the activations' exponential ---------------------------------------------------------- */
+
+/* The spacing of float32 at v (a finite double): 2^-149 below the normal range. */
+static double s_ulp32(double v)
+{
+    float f = fabsf((float)v);
+    return f < 0x1p-126f ? 0x1p-149 : (double)nextafterf(f, INFINITY) - f;
+}
+
+/* op_ew_exp against exp in double precision over every 509th float (both signs, every exponent):
+ * within 1.25 ulp of the float result wherever that is finite and nonzero (subnormal results
+ * included), and exactly 0 or infinity where expf rounds to them, with the thresholds expf has. */
+Test(activations, exp_sweep_against_double)
+{
+    double worst = 0.0;
+    for (uint64_t b = 0; b <= 0xffffffffu; b += 509) {
+        uint32_t bits = (uint32_t)b;
+        float x;
+        memcpy(&x, &bits, sizeof x);
+        if (x != x)
+            continue;
+        double want = exp((double)x);
+        float got = op_ew_exp(x), want32 = (float)want;
+        if (want32 == 0.0f || want32 == INFINITY) {
+            cr_assert(got == want32, "exp(%a) = %a, want %a", x, got, want32);
+            continue;
+        }
+        double err = fabs(got - want) / s_ulp32(want);
+        cr_assert(err <= 1.25, "exp(%a) = %a, want %a (%.3f ulp)", x, got, want, err);
+        worst = err > worst ? err : worst;
+    }
+    cr_assert(worst > 0.5, "the sweep measured something (worst %.3f ulp)", worst);
+}
+
+Test(activations, exp_extremes)
+{
+    cr_assert(op_ew_exp(INFINITY) == INFINITY);
+    cr_assert(op_ew_exp(-INFINITY) == 0.0f);
+    cr_assert(isnan(op_ew_exp(NAN)) && isnan(op_ew_exp(-NAN)));
+    cr_assert(op_ew_exp(0.0f) == 1.0f && op_ew_exp(-0.0f) == 1.0f);
+    cr_assert(op_ew_exp(1e30f) == INFINITY && op_ew_exp(-1e30f) == 0.0f);
+    /* ln(FLT_MAX) = 88.7228391...: the float below it stays finite, the one above overflows */
+    cr_assert(isfinite(op_ew_exp(88.72283172607422f)) && op_ew_exp(88.72283935546875f) == INFINITY);
+    cr_assert(op_ew_exp(-103.0f) > 0.0f && op_ew_exp(-103.0f) < 0x1p-126f, "subnormal, not flushed");
+    cr_assert(op_ew_exp(-104.0f) == 0.0f, "exp(-104) = 6.8e-46 rounds to 0");
 }
 
 /* An attention row's weights: exp(x - top) against libm's (double) within 2e-7 relative, a hidden

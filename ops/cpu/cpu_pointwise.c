@@ -299,9 +299,11 @@ static const char *s_run(s_call *c, op_local *out, dt_dtype rd, s_loop loop, con
     return c->why;
 }
 
-/* Loops of one operand (x) and of two (x, y) for elements of TYPE into OTYPE; inside, T is TYPE. */
-#define S_LOOP1(fn, TYPE, OTYPE, EXPR)                                                                                 \
-    static void fn(void *out, const void *const *in, const int64_t *step, int64_t n, const double *p)                \
+/* Loops of one operand (x) and of two (x, y) for elements of TYPE into OTYPE; inside, T is TYPE.
+ * S_LOOP1_ATTR's ATTR prefixes the function (S_CLONES). */
+#define S_LOOP1(fn, TYPE, OTYPE, EXPR) S_LOOP1_ATTR(, fn, TYPE, OTYPE, EXPR)
+#define S_LOOP1_ATTR(ATTR, fn, TYPE, OTYPE, EXPR)                                                                      \
+    ATTR static void fn(void *out, const void *const *in, const int64_t *step, int64_t n, const double *p)           \
     {                                                                                                                  \
         typedef TYPE T;                                                                                                \
         OTYPE *o = out;                                                                                                \
@@ -434,8 +436,18 @@ static const char *s_compare(op_kernel *k, const s_loops *loops)
 
 static const char *s_logical(op_kernel *k, const s_loops *loops) { return s_binary(k, loops, DT_BOOL, DT_BOOL); }
 
+/* The float functions' loops have an AVX2 clone (8 lanes) beside the baseline one, chosen when the
+ * library loads: the activations' exponential (op_ew_exp) vectorises, and the VAE's silu and a
+ * diffusion model's gelu_tanh spend real time here. Neither clone contracts a multiply and an add
+ * into an FMA (ISO C mode), so both give the same bits, and CUDA's (-fmad=false) the same arithmetic. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define S_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define S_CLONES
+#endif
+
 #define S_GEN_UNARY_FLOAT(name, f)                                                                                     \
-    S_LOOP1(s_##name##_f32, float, float, f)                                                                           \
+    S_LOOP1_ATTR(S_CLONES, s_##name##_f32, float, float, f)                                                            \
     const char *cpu_k_##name(op_kernel *k)                                                                             \
     {                                                                                                                  \
         static const s_loops loops = {.f32 = s_##name##_f32};                                                          \

@@ -1,8 +1,9 @@
 /* cuda_pointwise_kernels — the elementwise ops (OP_POINTWISE in ops/op_table.h) on the GPU, in
  * their compute types: one expression per op and type, the CPU's (ops/op_pointwise_math.h), applied
  * by one kernel per (op, type) over a broadcast, strided set of operands (cuda_kernels.h). The
- * float32 functions are CUDA's (expf, logf, ...: within a few ulps of glibc's, not bit for bit);
- * integer, bool and selection ops give the CPU's bits. */
+ * float32 functions are CUDA's (logf, tanhf, erff, ...: within a few ulps of glibc's, not bit for
+ * bit), but for the exponential of exp, sigmoid, silu, gelu_tanh and softplus: op_ew_exp, the CPU's
+ * arithmetic; integer, bool and selection ops give the CPU's bits. */
 #include "cuda_kernels.h"
 #include "cuda_layout.h"
 #include "op_table.h"

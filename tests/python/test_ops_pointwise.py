@@ -124,6 +124,108 @@ def test_erf_and_softplus(mode, mesh_name):
     assert not hasattr(dtorch, "softplus") and not hasattr(dtorch.DTensor, "softplus"), "torch has neither"
 
 
+# The activations' exponential (ops/op_pointwise_math.h, op_ew_exp) over a dense sweep: every
+# hundredth of [-110, 110], magnitudes from 1e-45 to 3e38 of both signs, and the named extremes.
+_MAGS = np.logspace(-45, 38.5, 4000)
+SWEEP = np.concatenate([np.linspace(-110, 110, 22001), _MAGS, -_MAGS,
+                        [0.0, -0.0, 1e-45, -1e-45, 1e-3, -1e-3, 10, -10, 88, -88, 88.72, 88.73, -88.73,
+                         -103.9, -104, 100, -100, np.inf, -np.inf, np.nan]]).astype(np.float32)
+GELU_TANH_2U = lambda a: 2 * math.sqrt(2 / math.pi) * (a + 0.044715 * a ** 3)
+# name: (the function in double precision, the argument of its exponential, the op). gelu_tanh's
+# reference is x / (1 + exp(-2u)), the same function as 0.5 x (1 + tanh(u)), which loses every digit
+# to cancellation in double precision where tanh(u) is near -1.
+ACTIVATIONS = {
+    "exp": (np.exp, lambda a: a, dtorch.exp),
+    "sigmoid": (lambda a: 1 / (1 + np.exp(-a)), np.negative, dtorch.sigmoid),
+    "silu": (lambda a: a / (1 + np.exp(-a)), np.negative, dtorch.nn.functional.silu),
+    "gelu_tanh": (lambda a: a / (1 + np.exp(-GELU_TANH_2U(a))), lambda a: -GELU_TANH_2U(a),
+                  lambda x: dtorch.nn.functional.gelu(x, approximate="tanh")),
+    "softplus": (np_softplus, lambda a: a, dtorch.nn.functional.softplus),
+}
+
+
+def ulp32(v):
+    """The spacing of float32 at each value of v (2^-149 below the normal range)."""
+    f = np.abs(np.asarray(v, np.float64)).astype(np.float32)
+    return np.where(f < 2.0 ** -126, 2.0 ** -149, np.nextafter(f, np.float32(np.inf)).astype(np.float64) - f)
+
+
+def activation_bound(name, a, ref):
+    """How far the float32 result may lie from the double one: 3 ulp (exp: 1.25; measured: 1.1 for
+    exp, 2.3 for sigmoid and silu, 1.5 for softplus), plus what the formula itself gives up, as it
+    does with libm's expf and in torch: the rounding of gelu_tanh's argument u, relative 2^-22 |2u|
+    (178 ulp at x = -9.7, where 2u = -81); and where the exponential of -x (of -2u) overflows float32,
+    x / (1 + exp(-x)) is 0 for a result below 3e-37."""
+    with np.errstate(all="ignore"):
+        arg = ACTIVATIONS[name][1](a)
+        bound = (1.25 if name == "exp" else 3.0) * ulp32(ref)
+        if name == "gelu_tanh":
+            bound += 2.0 ** -22 * np.abs(arg) * np.abs(ref)
+        if name in ("sigmoid", "silu", "gelu_tanh"):
+            bound += np.where(arg > 88.72, 3e-37, 0.0)
+    return bound
+
+
+@pytest.mark.parametrize("name", ACTIVATIONS)
+def test_activations_dense_sweep_against_double(thread, name):
+    """Each activation against numpy in double precision within its bound, and NaN and the
+    infinities where torch gives them: exp(-inf) = 0, exp(inf) = inf, sigmoid(-inf) = 0, softplus(-inf)
+    = 0; silu(-inf) and gelu_tanh(-inf) are NaN (-inf / inf, as torch's x / (1 + exp(-x)))."""
+    ref_fn, _, op = ACTIVATIONS[name]
+    a = SWEEP.astype(np.float64)
+    for mesh in (mesh_1d(1), mesh_1d(2)):
+        got = op(dtorch.distribute_tensor(SWEEP, mesh, [Shard(0)])).numpy().astype(np.float64)
+        with np.errstate(all="ignore"):
+            ref = ref_fn(a)
+            ref32 = ref.astype(np.float32).astype(np.float64)
+            err = np.abs(got - ref)
+        special = ~np.isfinite(ref32)
+        assert np.array_equal(got[special], ref32[special], equal_nan=True), \
+            f"{name}{list(SWEEP[special][got[special] != ref32[special]])}"
+        err = err[~special]
+        bound = activation_bound(name, a, ref)[~special]
+        worst = np.argmax(err / bound)
+        assert np.all(err <= bound), f"{name}({SWEEP[~special][worst]!r}) = {got[~special][worst]!r}, want {ref[~special][worst]!r}"
+    extremes = {"exp": [(-np.inf, 0.0), (np.inf, np.inf), (np.nan, np.nan), (-0.0, 1.0)],
+                "sigmoid": [(-np.inf, 0.0), (np.inf, 1.0), (np.nan, np.nan)],
+                "silu": [(-np.inf, np.nan), (np.inf, np.inf), (np.nan, np.nan), (-0.0, -0.0)],
+                "gelu_tanh": [(-np.inf, np.nan), (np.inf, np.inf), (np.nan, np.nan), (-0.0, -0.0)],
+                "softplus": [(-np.inf, 0.0), (np.inf, np.inf), (np.nan, np.nan)]}[name]
+    x = np.array([v for v, _ in extremes], np.float32)
+    got = op(dtorch.distribute_tensor(x, mesh_1d(1))).numpy()
+    want = np.array([w for _, w in extremes], np.float32)
+    assert np.array_equal(got, want, equal_nan=True), f"{name}({list(x)}) = {list(got)}, want {list(want)}"
+    number = ~np.isnan(want)
+    assert np.array_equal(np.signbit(got[number]), np.signbit(want[number])), "the sign of a zero"
+
+
+@pytest.mark.parametrize("dtype", [dtorch.float16, dtorch.bfloat16])
+@pytest.mark.parametrize("name", ACTIVATIONS)
+def test_activations_sweep_16bit(thread, name, dtype):
+    """16-bit inputs, computed in float32: within the float32 bound of the stored 16-bit input's
+    value, plus half an ulp of the 16-bit result (its rounding), NaN and infinities as the float32
+    reference rounds them."""
+    ref_fn, _, op = ACTIVATIONS[name]
+    mesh = mesh_1d(2)
+    x = dtorch.distribute_tensor(SWEEP, mesh, [Shard(0)]).to(dtype)
+    a = x.numpy().astype(np.float64)  # the 16-bit values, exactly
+    got = op(x)
+    assert got.dtype == dtype
+    got = got.numpy().astype(np.float64)
+    with np.errstate(all="ignore"):
+        ref = ref_fn(a)
+        ref16 = dtorch.distribute_tensor(ref.astype(np.float32), mesh, [Shard(0)]).to(dtype).numpy().astype(np.float64)
+    special = ~np.isfinite(ref16)
+    assert np.array_equal(got[special], ref16[special], equal_nan=True)
+    mant, tiny = (10, 2.0 ** -24) if dtype == dtorch.float16 else (7, 2.0 ** -133)
+    with np.errstate(all="ignore"):
+        half_ulp = np.maximum(2.0 ** (np.floor(np.log2(np.abs(ref))) - mant - 1), tiny / 2)
+        err = np.abs(got - ref)[~special]
+    bound = (activation_bound(name, a, ref) + half_ulp)[~special]
+    worst = np.argmax(err / bound)
+    assert np.all(err <= bound), f"{name}({a[~special][worst]!r}) = {got[~special][worst]!r}, want {ref[~special][worst]!r}"
+
+
 @pytest.mark.parametrize("dtype", [dtorch.float16, dtorch.bfloat16])
 def test_unary_16bit(thread, dtype):
     mesh = mesh_1d(2)
