@@ -22,6 +22,11 @@ Figures, for thread workers and then process workers (``dtorch.init(workers=...)
     function (k ops issued one by one) and replayed by ``dtorch.capture`` (one record per device):
     µs per call: the user thread's CPU time in the loop, and the wall time with ``synchronize()``,
     beside numpy's k adds on a 1-element array.
+
+With ``--activations``, instead: silu and gelu_tanh (``F.gelu(x, approximate="tanh")``) of 1M and
+16M float32 elements on a 1-device mesh, each call with its ``synchronize()``, median ms of
+``--repeats`` calls after one warm-up (set ``--repeats`` to 11 or so), beside numpy's float32
+``x / (1 + exp(-x))`` (silu) in the same run.
 """
 import argparse
 import os
@@ -200,6 +205,37 @@ def _mode(workers, args):
             "chains": chains}
 
 
+def _activations(args):
+    dtorch.shutdown()
+    dtorch.init(workers="thread")
+    mesh = dtorch.DeviceMesh(args.device, [0])
+    F = dtorch.nn.functional
+    ops = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+    print(f"activations: dtorch {dtorch.__version__} from {os.path.dirname(dtorch.__file__)}, one {args.device} "
+          f"device, median of {args.repeats} calls (ms)")
+    print(f"  {'op':10} {'elements':>9} {'DTorch':>9} {'numpy silu':>11}")
+    for n in (1 << 20, 1 << 24):
+        a = np.random.default_rng(0).standard_normal(n).astype(np.float32) * 4
+        x = dtorch.distribute_tensor(a, mesh)
+        np_times = []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            a / (np.float32(1) + np.exp(-a))
+            np_times.append(time.perf_counter() - t0)
+        for name, op in ops.items():
+            op(x)
+            dtorch.synchronize()
+            times = []
+            for _ in range(args.repeats):
+                t0 = time.perf_counter()
+                y = op(x)
+                dtorch.synchronize()
+                times.append(time.perf_counter() - t0)
+                del y
+            print(f"  {name:10} {n:9d} {statistics.median(times) * 1e3:9.2f} {statistics.median(np_times) * 1e3:11.2f}")
+    dtorch.shutdown()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=100_000, help="ops per timed loop")
@@ -207,7 +243,11 @@ def main():
     parser.add_argument("--fetches", type=int, default=5000, help="timed fetch round trips")
     parser.add_argument("--modes", default="thread,process", help="comma-separated worker modes")
     parser.add_argument("--device", default="cpu", help="the mesh's device type (cuda: two actors per GPU)")
+    parser.add_argument("--activations", action="store_true", help="time silu and gelu_tanh of 1M and 16M floats")
     args = parser.parse_args()
+    if args.activations:
+        _activations(args)
+        return
 
     np_us = _best(lambda: _numpy_loop(args.n), args.repeats) / args.n * 1e6
     np_add_us = _best(lambda: _numpy_add_loop(args.n), args.repeats) / args.n * 1e6
