@@ -1,6 +1,7 @@
-/* cpu_image — the CPU kernels of the image ops (ops/op_image.c): conv2d by im2col and OpenBLAS'
- * sgemm (one product per group, by chunks of output rows), group_norm, interpolate and pad. The
- * math runs in float32; 16-bit pieces are converted an image (or a piece) at a time. */
+/* cpu_image — the CPU kernels of the image ops (ops/op_image.c): conv2d through oneDNN where the
+ * build has it and it takes the case (cpu_dnnl.c), else by im2col and OpenBLAS' sgemm (one product
+ * per group, by chunks of output rows), group_norm, interpolate and pad. The math runs in float32;
+ * 16-bit pieces are converted an image (or a piece) at a time. */
 #include "cpu_image.h"
 
 #include <cblas.h>
@@ -9,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_dnnl.h"
 #include "cpu_matmul.h"
 #include "cpu_ops.h"
 #include "dt_dtype.h"
@@ -119,6 +121,17 @@ const char *cpu_conv2d(const op_conv2d_dims *d, const float *x, const float *w, 
     return NULL;
 }
 
+/* The bottom (axis 0) or right (1) pad that oneDNN's size rule (in + pads - dilated kernel) / stride + 1
+ * = out asks for: the least that reaches the last output position's taps, or -1 when the input
+ * holds more than a stride of unread rows (or columns) past them (the conv declines to oneDNN). */
+static int64_t s_far_pad(const op_conv2d_dims *d, int axis)
+{
+    int64_t in = axis ? d->W : d->H, out = axis ? d->OW : d->OH, k = axis ? d->kW : d->kH;
+    int64_t near = axis ? d->pad_left : d->pad_top, s = d->stride[axis];
+    int64_t need = (out - 1) * s + (k - 1) * d->dilation[axis] + 1 - in - near;
+    return need >= 0 ? need : need > -s ? 0 : -1;
+}
+
 /* conv2d: op_conv2d_layout's pieces */
 const char *cpu_k_conv2d(op_kernel *k)
 {
@@ -132,6 +145,18 @@ const char *cpu_k_conv2d(op_kernel *k)
     bool f32 = x->dtype == DT_FLOAT32;
     void *sw = NULL, *sb = NULL;
     const float *pw = cpu_piece_as(w, CPU_F32, &sw), *pb = b ? cpu_piece_as(b, CPU_F32, &sb) : NULL;
+    if (!pw || (b && !pb)) {
+        free(sw);
+        free(sb);
+        return s_oom;
+    }
+    int64_t pad_bottom = s_far_pad(&d, 0), pad_right = s_far_pad(&d, 1);
+    /* float32: every image in one oneDNN call */
+    if (f32 && cpu_dnnl_conv2d(&d, N, pad_bottom, pad_right, x->data, pw, pb, y->data)) {
+        free(sw);
+        free(sb);
+        return NULL;
+    }
     /* the scratch comes from the pool: a fresh column buffer per call faulted its pages in again on
      * every call (a third of a VAE decode's time) */
     int64_t ncol = cpu_conv2d_col_size(&d);
@@ -140,14 +165,15 @@ const char *cpu_k_conv2d(op_kernel *k)
     float *col = ncol ? dt_pool_alloc(col_size) : NULL;
     float *xs = f32 ? NULL : dt_pool_alloc(xs_size);
     float *ys = f32 ? NULL : dt_pool_alloc(ys_size);
-    const char *why = !pw || (b && !pb) || (ncol && !col) || (!f32 && (!xs || !ys)) ? s_oom : NULL;
+    const char *why = (ncol && !col) || (!f32 && (!xs || !ys)) ? s_oom : NULL;
     for (int64_t n = 0; n < N && !why; n++) {
         const float *xn = f32 ? (const float *)x->data + n * in_n : xs;
         float *yn = f32 ? (float *)y->data + n * out_n : ys;
         if (!f32)
             cpu_to_ctype(xs, CPU_F32, (const char *)x->data + n * in_n * (int64_t)dt_dtype_size(x->dtype), x->dtype,
                          in_n);
-        why = cpu_conv2d(&d, xn, pw, pb, yn, col);
+        if (f32 || !cpu_dnnl_conv2d(&d, 1, pad_bottom, pad_right, xn, pw, pb, yn))
+            why = cpu_conv2d(&d, xn, pw, pb, yn, col);
         if (!why && !f32)
             cpu_from_ctype((char *)y->data + n * out_n * (int64_t)dt_dtype_size(y->dtype), y->dtype, ys, CPU_F32,
                            out_n);
