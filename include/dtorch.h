@@ -380,6 +380,8 @@ typedef struct {
     int64_t peer_regions_dropped;   /* regions from peers dropped because too many were waiting to be assembled */
     int64_t huge_page_bytes;        /* of bytes_in_use: pieces in 2 MiB-aligned memory advised for transparent huge
                                      * pages (MADV_HUGEPAGE) where the kernel took the advice */
+    int64_t onednn_convs;           /* conv2d kernels that ran through oneDNN (a CPU device of a build with it; else
+                                     * 0: im2col and sgemm ran them) */
 } dt_device_stat;
 /* Waits for every device of mesh to run what was sent to it before, then fills up to max entries,
  * one per device in mesh order. Returns the mesh's size, or a negative error code. */

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cpu_backend.h"
+#include "cpu_dnnl.h"
 #include "dt_error.h"
 #ifdef DTORCH_HAVE_CUDA
 #include "cuda_backend.h"
@@ -34,6 +35,8 @@ const op_backend *op_backend_find(const char *device_type)
 }
 
 const op_backend *op_backend_host(void) { return &cpu_backend; }
+
+int64_t op_backend_onednn_convs(void) { return cpu_dnnl_convs(); }
 
 void op_backend_names(char *buf, size_t size)
 {

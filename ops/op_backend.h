@@ -124,5 +124,8 @@ const op_backend *op_backend_host(void);
 int op_backend_check(const char *op, const char *device_type);
 /* The device types this build serves, for messages: "'cpu'". */
 void op_backend_names(char *buf, size_t size);
+/* The conv2d kernels the calling thread (a device's) ran through oneDNN (ops/cpu/cpu_dnnl.h): 0 in a
+ * build without it. */
+int64_t op_backend_onednn_convs(void);
 
 #endif

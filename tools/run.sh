@@ -15,7 +15,7 @@ VENV=$ROOT/.venv
 # meson-python, meson and the tests find those and never one that happens to be on this machine.
 export PATH="$VENV/bin:$PATH"
 
-APT_PACKAGES=(gcc libc6-dev pkg-config ninja-build libzmq3-dev libczmq-dev libmsgpack-dev libcriterion-dev
+APT_PACKAGES=(gcc libc6-dev pkg-config ninja-build libzmq3-dev libczmq-dev libmsgpack-dev libcriterion-dev libdnnl-dev
               libopenblas-dev python3 python3-venv python3-dev)
 TEST_APT_PACKAGES=(clang libclang-rt-14-dev   # the fuzz targets (libFuzzer, ASan, UBSan)
                    iproute2                   # hosts of their own for the tests of remote workers (ip netns)

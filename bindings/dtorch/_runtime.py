@@ -122,7 +122,8 @@ def device_stats(mesh, reset_peak=False):
     for transparent huge pages, MADV_HUGEPAGE, where the kernel took the advice: those of 1 MiB and
     more that the controller sent whole, as checkpoint loading does, in both worker modes, and a
     worker thread's computed ones; whether the kernel then backs them with huge pages is up to its
-    state). ``reset_peak=True`` starts each peak again from what the device holds, after reading
+    state) and ``onednn_convs`` (conv2d kernels the device ran through oneDNN: a CPU device of a
+    build that found it; 0 where im2col and sgemm ran them all). ``reset_peak=True`` starts each peak again from what the device holds, after reading
     it."""
     return _C._device_stats(mesh, bool(reset_peak))
 

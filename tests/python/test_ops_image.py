@@ -174,9 +174,54 @@ def test_conv2d_dtypes_and_unbatched(mode):
     _close(got.numpy(), ref[0], "unbatched")
 
 
+def _onednn_convs(mesh):
+    return [s["onednn_convs"] for s in dtorch.device_stats(mesh)]
+
+
+def test_conv2d_onednn_path(mode):
+    """In a build with oneDNN every conv2d kernel here runs through it (device_stats' onednn_convs
+    counts one per device per float32 call, one per image for 16-bit dtypes; 0 in a build without):
+    odd sizes, stride 2, padding 0 and 1, bias or not, batches of 2 and 3, and an image split by
+    rows over 3 devices (each device's piece has its own pads: the top one's top pad, none for the
+    middle one, the bottom one's bottom pad), against the definition within 1e-5."""
+    per = 1 if dtorch._C._HAVE_ONEDNN else 0
+    rng = np.random.default_rng(5)
+    mesh = MESHES["3"]()
+    R = [Replicate()]
+    cases = [
+        # (x shape, w shape, x placements, kwargs, reference pads, stride)
+        ((2, 16, 12, 13), (8, 16, 3, 3), [Shard(2)], dict(padding=1), (1, 1, 1, 1), (1, 1)),
+        ((2, 9, 17, 11), (5, 9, 3, 3), [Shard(2)], dict(stride=2), (0, 0, 0, 0), (2, 2)),
+        ((3, 5, 11, 9), (7, 5, 3, 3), [Shard(0)], dict(padding=1, stride=2), (1, 1, 1, 1), (2, 2)),
+        ((3, 8, 9, 7), (4, 8, 1, 1), R, dict(), (0, 0, 0, 0), (1, 1)),
+    ]
+    for xs, ws, pl, kw, pads, stride in cases:
+        x = rng.standard_normal(xs).astype(np.float32)
+        w = rng.standard_normal(ws).astype(np.float32)
+        b = rng.standard_normal(ws[0]).astype(np.float32)
+        for bias in (b, None):
+            before = _onednn_convs(mesh)
+            got = F.conv2d(_make(x, mesh, pl), _make(w, mesh, R), None if bias is None else _make(b, mesh, R), **kw)
+            what = f"x {xs} w {ws} {pl} {kw} bias {bias is not None}"
+            _close(got.numpy(), conv2d_ref(x, w, bias, stride, pads), what)
+            # a batch shard of 3 over 3 devices and a row split both leave each device one piece
+            assert [a - c for a, c in zip(_onednn_convs(mesh), before)] == [per] * 3, what
+    # 16-bit: converted to float32 an image at a time, each image one oneDNN call
+    x = rng.standard_normal((2, 8, 6, 5)).astype(np.float32)
+    w = rng.standard_normal((4, 8, 3, 3)).astype(np.float32)
+    before = _onednn_convs(mesh)
+    xt = dtorch.distribute_tensor(x, mesh, R).to(dtorch.bfloat16)
+    wt = dtorch.distribute_tensor(w, mesh, R).to(dtorch.bfloat16)
+    got = F.conv2d(xt, wt, padding=1)
+    ref = conv2d_ref(xt.to(dtorch.float32).numpy(), wt.to(dtorch.float32).numpy(), pads=(1, 1, 1, 1))
+    _close(got.to(dtorch.float32).numpy(), ref, "bfloat16", rtol=2e-2)
+    assert [a - c for a, c in zip(_onednn_convs(mesh), before)] == [2 * per] * 3
+
+
 def test_conv2d_large_image_chunks_im2col(thread_runtime):
     """Columns past 64 MiB go by chunks of output rows: 256 channels x 3x3 x 128 x 64 (the kernel is
-    the same in both worker modes: thread workers only)."""
+    the same in both worker modes: thread workers only). A build with oneDNN runs it there instead;
+    tests/test_conv.c checks im2col's chunks themselves."""
     rng = np.random.default_rng(4)
     mesh = MESHES["1"]()
     x = rng.standard_normal((1, 256, 130, 64)).astype(np.float32)
