@@ -305,6 +305,66 @@ def test_text_and_stop_strings_through_a_tokenizer():
         dtorch.shutdown()
 
 
+@pytest.mark.parametrize("dims", [{"tp": 1}, {"tp": 2}, {"pp": 2}, {"dp": 2}], ids=["1 device", "tp2", "pp2", "dp2"])
+def test_the_next_step_is_issued_before_the_last_one_lands(mode, dims):
+    """In a steady decode each step is issued while the one before is still pending: a token's
+    on_token runs when the step after it is already issued, each row fed on the devices the token
+    the pending step makes it; every request equal to generate of its prompt alone. A model that
+    runs all its rows every step (pipelined, dp) lands each step before the next."""
+    model = _model(dims, seed=2)
+    batcher = ContinuousBatcher(model, max_batch=4, max_len=32)
+    issued = {}
+
+    def seen(request, token):
+        if token is not None:
+            issued.setdefault(request.id, []).append(batcher.launched)
+
+    prompts = [[5, 9 + i] for i in range(3)] + [[7]]
+    requests = [batcher.submit(p, 10, eos_token_id=[], on_token=seen) for p in prompts]
+    batcher.run_until_idle()
+    for p, r in zip(prompts, requests):
+        assert r.tokens == model.generate(np.array([p]), max_new_tokens=10, eos_token_id=None)[0, len(p):].tolist()
+        assert r.finish_reason == "length"
+    # step 0 takes the 2-token prompts' first tokens (apart, or fed where all rows run) and the
+    # 1-token one's only one; steps 1..10 make tokens 1..10 of the others (9 of the 1-token one)
+    assert batcher.steps == batcher.launched == 11
+    if "pp" in dims or "dp" in dims:
+        assert batcher.overlapped == 0
+        assert issued[requests[0].id] == list(range(2, 12))          # step i lands before step i + 1 is issued
+        return
+    assert batcher.overlapped == 10                                  # every step after the first
+    # token j of a 2-token prompt comes from step j + 1, landed once step j + 2 is issued (the
+    # last one, which no step after feeds, at the end); of the 1-token prompt from step j, landed
+    # once step j + 1 is (its last one beside the others' last step)
+    assert issued[requests[0].id] == list(range(3, 12)) + [11]
+    assert issued[requests[3].id] == list(range(2, 12))
+    assert batcher.dropped == 0
+
+
+def test_a_row_ended_by_an_end_token_drops_the_token_of_the_step_after(mode):
+    """A request that ends by an end token at step N was fed in step N + 1 already (issued before
+    N landed): that token is dropped, never shown to on_token nor counted, and the row, re-used by
+    a waiting request while N + 1 is still pending, gives that one only its own tokens."""
+    model = _model({"tp": 1}, seed=11)
+    prompt, other = [5, 17, 29], [8, 3, 44, 12]
+    greedy = model.generate(np.array([prompt]), max_new_tokens=10, eos_token_id=None)[0, 3:].tolist()
+    at = next(i for i in range(2, 10) if greedy[i] not in greedy[:i])          # an id first made at token i
+    batcher = ContinuousBatcher(model, max_batch=1, max_len=32)
+    shown, beside = [], []
+    prefill = batcher._prefill          # whether a step that fed `ended` is pending as a prompt goes in
+    batcher._prefill = lambda members: (beside.append(any(r is ended for s in batcher._inflight for r in s.rows)),
+                                        prefill(members))
+    ended = batcher.submit(prompt, 10, eos_token_id=[greedy[at]], on_token=lambda r, t: shown.append(t))
+    after = batcher.submit(other, 6, eos_token_id=[])
+    batcher.run_until_idle()
+    assert beside == [False, True]      # `after` took the row while the step whose token is dropped ran
+    assert ended.tokens == greedy[:at + 1] and ended.finish_reason == "stop"
+    assert shown == greedy[:at + 1] + [None]
+    assert batcher.dropped == 1
+    assert after.tokens == model.generate(np.array([other]), max_new_tokens=6, eos_token_id=None)[0, 4:].tolist()
+    assert after.finish_reason == "length" and batcher.overlapped > 0
+
+
 def test_abort_and_failure_end_requests(mode):
     model = _model({"tp": 1})
     batcher = ContinuousBatcher(model, max_batch=1, max_len=32)

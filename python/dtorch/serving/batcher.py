@@ -36,6 +36,22 @@ The step is captured once per kind of batch (greedy only, with penalties, sampli
 log-probabilities: what any of its rows needs), and only the chosen ids come back each step, with
 the log-probabilities when a row asked for them.
 
+The host's work on a step's tokens overlaps the devices' work on the next (vLLM's async
+scheduling): ``launch`` may be called while the step before is still pending, and then issues the
+next step at once. A row that the pending step makes a token for is fed that token on the devices:
+its id goes in as -1 and the captured step takes the pending step's token output (a DTensor it
+already returned) in its place, in the sampling table's fed-token column too (the penalties);
+its position, slots and token count (the seed's counter) are advanced by the pending step on the
+host. ``land_before`` then fetches the pending step's tokens and runs the requests' bookkeeping
+(callbacks, text, stop strings, streams) while the devices compute. A row whose request surely
+ends with the pending step (its max_new_tokens) is not fed; one that ends there by an end token
+or a stop string was fed anyway, and that token is dropped when its step lands (never shown nor
+counted): each launched step keeps its own rows, so a row freed and taken by a waiting request
+meanwhile never gets another's token. The step before is landed first where this cannot apply: a
+model whose steps run every row (see above), a step of another bucket, waiting requests that
+need a row past the pending step's bucket. ``step`` launches one and lands the one before
+(``run_until_idle`` lands all).
+
 With a tokenizer the batcher also gives each request its text as it grows
 (models.IncrementalDetokenizer: the pieces join to the decode of all its tokens, special tokens
 skipped, the end token left out) and ends it at the first of its stop strings, the text cut
@@ -56,7 +72,7 @@ from .._placement import Partial, Replicate, Shard
 from .. import _dtype, _ops
 from ..models.cache_utils import RingStaticCache, StaticCache
 from ..parallel.pipeline import NoPipeline, schedule_of
-from .sampling import RowSampler, SamplingParams, row_tables, seed_key
+from .sampling import I_COLUMNS, I_FED, RowSampler, SamplingParams, row_tables, seed_key
 
 
 class Request:
@@ -85,6 +101,8 @@ class Request:
         self.start = None       # the step whose slot holds its first token
         self.prefilling = False  # its prompt is being computed in chunks (ContinuousBatcher._prefill)
         self.stepped = False    # it was in a step
+        self.queued = 0         # steps launched that feed it and are not landed yet
+        self.queued_made = 0    # of those, the ones that make a token of it
         self._key = key
         self._detokenizer = detokenizer
         self._hold = max((len(s) for s in params.stop), default=1) - 1
@@ -140,7 +158,7 @@ class Request:
 class ContinuousBatcher:
     """Serves ``model`` (a causal LM of dtorch.models on its mesh) to many requests at once.
     ``submit`` and ``abort`` from any thread; ``step`` (or ``run_until_idle``, or ``launch`` and
-    ``land``) from the one that drives the model. ``tokenizer``: a dtorch.models tokenizer, for
+    ``land_before`` / ``land``) from the one that drives the model. ``tokenizer``: a dtorch.models tokenizer, for
     the requests' text and stop strings. ``prefill_chunk``: the most prompt tokens one forward
     computes beside the decode steps."""
 
@@ -167,7 +185,11 @@ class ContinuousBatcher:
         self.rows = [None] * self.B
         self.waiting = collections.deque()
         self.lock = threading.Lock()
-        self.steps = 0
+        self.steps = 0           # steps landed
+        self.launched = 0        # steps issued: the next one writes slot launched % max_len
+        self.overlapped = 0      # steps issued while the one before was still on the devices
+        self.dropped = 0         # tokens made for a request that had ended at the step before
+        self._inflight = collections.deque()     # the _Launched steps not landed yet, oldest first
         self.error = None
         self._random = random.Random()
         self.sampler = RowSampler(self.vocab)
@@ -181,6 +203,10 @@ class ContinuousBatcher:
                            isinstance(schedule_of(model.model), NoPipeline) and
                            not any(isinstance(p, Shard) and p.dim == 0 for t in caches for p in t.placements))
         self.buckets = sorted({min(self.B, 1 << i) for i in range(self.B.bit_length() + 1)})
+        # whether a step may be issued before the one before it lands, its rows fed on the devices
+        # with the tokens that one makes (they come out where the ids go in)
+        self.overlap = self.split_rows and self.mesh == self.out_mesh
+        self._no_last = {}       # per bucket, the (k,) token input of a step that takes none from the last
         self.prefills = 0        # prompt chunks computed apart
         self.rows_computed = 0   # rows the steps computed, busy or not (counters the tests read)
         placements = [Replicate() if p.is_partial() else p for p in logits.placements]
@@ -252,22 +278,33 @@ class ContinuousBatcher:
     def launch(self):
         """Admits waiting requests into free rows and issues one step, with a chunk of a prompt
         computed apart beside it; returns what is pending (for ``land``), or None when no row is
-        busy."""
+        busy. Called while the step before is still pending (``launch`` then ``land_before``, as
+        the server drives it), it issues the next step beside it when it can (see the module):
+        the rows that step makes a token for take it on the devices; else it lands that step
+        first."""
+        while self._inflight and not self._may_overlap():
+            self._land_oldest()
+        prev = self._inflight[-1] if self._inflight else None
         admitted = []
         with self.lock:
             for request in [r for r in self.waiting if r._aborted]:
                 self.waiting.remove(request)
                 self._finish(request, "abort")
-            for b in range(self.B):
+            # beside a pending step only the rows of its bucket: the next one takes its tokens row for row
+            for b in range(self.B if prev is None else prev.k):
                 if self.rows[b] is None and self.waiting:
                     request = self.waiting.popleft()
-                    request.start = self.steps
+                    request.start = self.launched
                     self.rows[b] = request
                     admitted.append((b, request))
             busy = [b for b, r in enumerate(self.rows) if r is not None]
-            if not busy:
-                return None
-            k = next(n for n in self.buckets if n > busy[-1]) if self.split_rows else self.B
+            k = (next(n for n in self.buckets if n > busy[-1]) if self.split_rows else self.B) if busy else 0
+        if prev is not None and k != prev.k:       # (its rows cannot have left: none landed since)
+            self._land_before(None)
+            prev = None
+        if not busy:
+            return None
+        with self.lock:
             rows = self.rows[:k]
         for b, request in admitted:
             if self._prefilled_apart(request):
@@ -276,10 +313,23 @@ class ContinuousBatcher:
                 # before the one that feeds its last token, a step per chunk from now: each chunk
                 # is written after the steps that write its slots in every row (see _prefill)
                 chunks = -(-(len(request.prompt) - 1) // self.prefill_chunk)
-                request.start = self.steps + chunks - (len(request.prompt) - 1)
+                request.start = self.launched + chunks - (len(request.prompt) - 1)
         prefilling = [(b, r) for b, r in enumerate(rows) if r is not None and r.prefilling]
-        rows = [None if r is not None and r.prefilling else r for r in rows]
-        pending = self._launch_step(rows) if any(r is not None for r in rows) else []
+        # a row whose request ends with the token of the pending step (its max_new_tokens) is not fed
+        rows = [None if r is not None and (r.prefilling or len(r.tokens) + r.queued_made >= r.max_new_tokens) else r
+                for r in rows]
+        if prev is not None and not prefilling and all(r is None for r in rows):
+            self._land_before(None)                # nothing to do before the pending step lands
+            return self.launch()
+        record = _Launched(rows, k)
+        if any(r is not None for r in rows):
+            self.overlapped += prev is not None
+            record.token, record.pending = self._launch_step(rows, prev)
+            for b, request in enumerate(rows):
+                if request is not None:
+                    record.makes[b] = request.fed + request.queued >= len(request.prompt) - 1
+                    request.queued += 1
+                    request.queued_made += record.makes[b]
         # requests of one prompt admitted together (a request's n choices) share its chunks
         groups = {}
         for b, request in prefilling:
@@ -294,33 +344,74 @@ class ContinuousBatcher:
         for members in groups.values():
             if len(whole) < 2 or not any(members is m for m in whole):
                 self._prefill(members)
-        self._launched = rows
-        return pending
+        self._inflight.append(record)
+        self.launched += 1
+        return record
+
+    def _may_overlap(self):
+        """Whether the next step may be issued before the pending one lands: one is pending, and
+        the waiting requests that would be admitted fit the rows of its bucket."""
+        if not self.overlap or len(self._inflight) != 1:
+            return False
+        k = self._inflight[0].k
+        with self.lock:
+            waiting = sum(not r._aborted for r in self.waiting)
+            return waiting <= sum(r is None for r in self.rows[:k]) or all(r is not None for r in self.rows)
 
     def _prefilled_apart(self, request):
         params = request.params
         return (self.split_rows and len(request.prompt) > 1 and params.prompt_logprobs is None and
                 params.repetition_penalty == 1)
 
-    def _launch_step(self, rows):
+    def _launch_step(self, rows, prev):
+        """Issues the step of ``rows``; (its tokens, their futures and the log-probabilities')."""
         self.rows_computed += len(rows)
-        params = [r.params for r in rows if r is not None]
+        live = [r for r in rows if r is not None]
+        params = [r.params for r in live]
         sample = any(p.sampled for p in params)
         flags = (any(p.penalized for p in params), sample, any(p.sorts(self.vocab) for p in params),
-                 any(r.logprobs is not None and r.fed >= len(r.prompt) - 1 or
-                     r.prompt_logprobs is not None and r.fed < len(r.prompt) - 1 for r in rows if r is not None))
-        token, extra, *self._state_now = self._step(*self._inputs(rows, self.steps), *self._state_now, *flags)
-        return [token.future()] + ([t.future() for t in extra] if extra is not None else [])
+                 any(r.logprobs is not None and r.fed + r.queued >= len(r.prompt) - 1 or
+                     r.prompt_logprobs is not None and r.fed + r.queued < len(r.prompt) - 1 for r in live))
+        last = None
+        if self.overlap:
+            # the tokens of the pending step, for the rows that take theirs from it
+            last = prev.token if any(r.queued_made for r in live) else self._no_last.get(len(rows))
+            if last is None:
+                last = self._no_last[len(rows)] = zeros(len(rows), device_mesh=self.out_mesh, dtype=_dtype.int64)
+        token, extra, *self._state_now = self._step(*self._inputs(rows, self.launched), last, *self._state_now, *flags)
+        return token, [token.future()] + ([t.future() for t in extra] if extra is not None else [])
 
     def land(self, pending):
-        """The tokens of a launched step: each row that was fed its last prompt token or a made one
-        gets a new token; finished requests leave their rows."""
+        """Lands the launched step ``pending`` (and any launched before it): each row that was fed
+        its last prompt token or a made one gets a new token; finished requests leave their rows."""
+        while any(r is pending for r in self._inflight):
+            self._land_oldest()
+
+    def land_before(self, pending):
+        """Lands the steps launched before ``pending`` (every one still pending when it is None),
+        leaving ``pending`` on the devices; returns how many it landed."""
+        return self._land_before(pending)
+
+    def _land_before(self, pending):
+        n = 0
+        while self._inflight and self._inflight[0] is not pending:
+            self._land_oldest()
+            n += 1
+        return n
+
+    def _land_oldest(self):
+        record = self._inflight.popleft()
+        pending = record.pending
         made = np.asarray(pending[0].result()).ravel() if pending else None
         chosen, top, top_ids = (np.asarray(f.result()) for f in pending[1:]) if len(pending) > 1 else (None,) * 3
-        rows, self._launched = self._launched, None
         finished = []
-        for b, request in enumerate(rows):
+        for b, request in enumerate(record.rows):
             if request is None:
+                continue
+            request.queued -= 1
+            request.queued_made -= record.makes[b]
+            if request.done:            # it ended at the step before (an end token, a stop string,
+                self.dropped += record.makes[b]     # an abort): the token of this one is never its
                 continue
             if request._aborted:
                 finished.append((b, request, "abort"))
@@ -349,7 +440,8 @@ class ContinuousBatcher:
                 finished.append((b, request, "abort"))
         with self.lock:
             for b, request, _ in finished:
-                self.rows[b] = None
+                if self.rows[b] is request:
+                    self.rows[b] = None
         for _, request, reason in finished:
             self._finish(request, reason)
         self.steps += 1
@@ -361,17 +453,16 @@ class ContinuousBatcher:
             self.error = str(error)
             requests = [r for r in self.rows if r is not None] + list(self.waiting)
             self.rows, self.waiting = [None] * self.B, collections.deque()
+        self._inflight.clear()
         for request in requests:
             request.error = self.error
             self._finish(request, "error")
 
     def step(self):
-        """One step: launch and land. False when there was nothing to do."""
+        """One step: launch the next, land the one before (it may stay pending while the next one
+        computes: ``run_until_idle`` lands all). False when there was nothing to do."""
         pending = self.launch()
-        if pending is None:
-            return False
-        self.land(pending)
-        return True
+        return self._land_before(pending) > 0 or pending is not None
 
     def run_until_idle(self):
         while self.step():
@@ -392,7 +483,8 @@ class ContinuousBatcher:
     # ---- the step ----------------------------------------------------------------------------
 
     def _inputs(self, rows, step):
-        """The step's inputs: on the model's first mesh each row's token (B, 1) and position
+        """The step's inputs: on the model's first mesh each row's token (B, 1) (-1 for a row fed
+        the token the pending step makes it: the step takes it from that one's output) and position
         (B, 1), what it may see (the 4-D mask (B, 1, 1, M) of its slots, or with attention by
         positions the rows (B, 1) starting a request, whose slots' positions are cleared), the slot
         written (1,); on the logits' mesh the rows' sampling tables (serving.sampling)."""
@@ -406,9 +498,10 @@ class ContinuousBatcher:
                 mask[b, 0, 0, slot] = True                 # an idle row sees only its own slot
                 table.append(None)
                 continue
-            n = request.fed                                # tokens before this one
+            n = request.fed + request.queued               # tokens before this one
             prompt = request.prompt
-            ids[b, 0] = prompt[n] if n < len(prompt) else request.tokens[-1]
+            # a token the pending step makes is taken on the devices (-1: the step's last tokens)
+            ids[b, 0] = prompt[n] if n < len(prompt) else -1 if request.queued_made else request.tokens[-1]
             pos[b, 0] = n
             seen = np.arange(n + 1) if self.window is None else np.arange(max(0, n + 1 - self.window), n + 1)
             mask[b, 0, 0, (request.start + seen) % self.M] = True
@@ -416,11 +509,11 @@ class ContinuousBatcher:
             # the request's first step clears what the row's last request left (its prompt may have
             # been computed apart before it)
             table.append((request.params, request._key, ids[b, 0], not request.stepped, n >= len(prompt),
-                          len(request.tokens), target))
+                          len(request.tokens) + request.queued_made, target))
             request.stepped = True
         fl, it = row_tables(table, self.vocab)
         if self.by_positions:
-            mask = np.array([[r is None or r.fed == 0] for r in rows])
+            mask = np.array([[r is None or r.fed + r.queued == 0] for r in rows])
         put = lambda a, mesh: distribute_tensor(a, mesh, [Replicate()] * mesh.ndim)
         return (put(ids, self.mesh), put(pos, self.mesh), put(mask, self.mesh), put(np.array([slot], np.int64), self.mesh),
                 put(fl, self.out_mesh), put(it, self.out_mesh))
@@ -500,10 +593,20 @@ class ContinuousBatcher:
             out = self.model(ids, attention_mask=view, position_ids=pos, past_key_values=cache, cache_position=slot)
         return out.logits[:, -1, :]                                             # (k, V)
 
-    def _run(self, ids, pos, view, slot, fl, it, seen, counts, penalize, sample, sort, logprobs):
+    def _run(self, ids, pos, view, slot, fl, it, last, seen, counts, penalize, sample, sort, logprobs):
         """The step of the first k = ids.shape[0] rows; what the rows have seen and made is kept for
-        all B (the idle rows past k start afresh when they are next used)."""
+        all B (the idle rows past k start afresh when they are next used). ``last`` (k,): the
+        tokens of the step before, fed to the rows whose id (and fed token in ``it``) is -1."""
         k = ids.shape[0]
+        if last is not None:
+            last = last.unsqueeze(1)
+            ids = _ops.where(ids < 0, last, ids)
+            fed = it.narrow(1, I_FED, 1)
+            pieces = [it.narrow(1, 0, I_FED)] if I_FED else []
+            pieces.append(_ops.where(fed < 0, last, fed))
+            if I_FED + 1 < I_COLUMNS:
+                pieces.append(it.narrow(1, I_FED + 1, I_COLUMNS - I_FED - 1))
+            it = cat(pieces, 1)
         logits = self._logits(ids, pos, view, slot)
         first = (seen, counts) if k == self.B else (seen.narrow(0, 0, k), counts.narrow(0, 0, k))
         token, extra, seen_k, counts_k = self.sampler.choose(logits, fl, it, *first, penalize, sample, sort, logprobs)
@@ -512,6 +615,16 @@ class ContinuousBatcher:
         if k < self.B:
             seen_k, counts_k = cat([seen_k, seen.narrow(0, k, self.B - k)]), cat([counts_k, counts.narrow(0, k, self.B - k)])
         return token, extra, seen_k, counts_k
+
+
+class _Launched:
+    """A step issued and not landed: the request each of its ``k`` rows fed (None: idle), whether
+    it makes a token for it, its tokens (a DTensor (k,), for the step after) and their futures."""
+
+    def __init__(self, rows, k):
+        self.rows, self.k = rows, k
+        self.makes = [False] * len(rows)
+        self.token, self.pending = None, []
 
 
 class _FirstRows:

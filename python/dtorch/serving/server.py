@@ -82,7 +82,9 @@ class ServedModel:
 
 class Driver(threading.Thread):
     """Steps every healthy model with work, their steps in flight together; sleeps when none has
-    any. A model whose step fails (a device died) is failed: its requests end with an error."""
+    any. Each model's next step is issued before its step before lands (ContinuousBatcher.launch):
+    the host takes in one step's tokens while the devices compute the next. A model whose step
+    fails (a device died) is failed: its requests end with an error."""
 
     def __init__(self, models):
         super().__init__(name="dtorch-serve-driver", daemon=True)
@@ -111,14 +113,15 @@ class Driver(threading.Thread):
                 except Exception as e:         # noqa: BLE001  (a device failed: the model's requests end)
                     self._fail(m, e)
                     continue
-                if pending is not None:
-                    launched.append((m, pending))
+                launched.append((m, pending))
+            busy = False
             for m, pending in launched:
                 try:
-                    m.batcher.land(pending)
+                    # the steps before this one (every one left when the model has no next step)
+                    busy |= m.batcher.land_before(pending) > 0 or pending is not None
                 except Exception as e:         # noqa: BLE001
                     self._fail(m, e)
-            if not launched:
+            if not busy:
                 self.wake.wait(0.5)
                 self.wake.clear()
 
