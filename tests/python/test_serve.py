@@ -365,6 +365,32 @@ def test_a_row_ended_by_an_end_token_drops_the_token_of_the_step_after(mode):
     assert after.finish_reason == "length" and batcher.overlapped > 0
 
 
+def test_a_row_whose_request_ends_with_the_pending_step_takes_the_next_one_at_once(mode):
+    """A request whose last token (its max_new_tokens) the pending step makes leaves its row to a
+    waiting request as the next step is issued: that step lands the old request's token, the new
+    one gets only its own; a failure then ends both."""
+    model = _model({"tp": 1}, seed=12)
+    for fail in (False, True):
+        batcher = ContinuousBatcher(model, max_batch=1, max_len=32)
+        first = batcher.submit([7], 3, eos_token_id=[])
+        second = batcher.submit([8, 30], 4, eos_token_id=[])
+        for _ in range(3):          # steps 0, 1, 2 issued (each makes a token of `first`), 0 and 1 landed
+            batcher.step()
+        assert len(first.tokens) == 2 and batcher.rows[0] is first
+        pending = batcher.launch()  # step 3: `second` takes the row while step 2 is pending
+        assert batcher.rows[0] is second and not first.done
+        if fail:
+            batcher.fail("device 0 failed")
+            assert first.finish_reason == second.finish_reason == "error" and first.wait(0) == first.tokens
+            continue
+        batcher.land_before(pending)
+        assert first.tokens == model.generate(np.array([[7]]), max_new_tokens=3, eos_token_id=None)[0, 1:].tolist()
+        assert first.finish_reason == "length" and batcher.rows[0] is second
+        batcher.run_until_idle()
+        assert second.tokens == model.generate(np.array([[8, 30]]), max_new_tokens=4, eos_token_id=None)[0, 2:].tolist()
+        assert batcher.dropped == 0 and batcher.rows == [None]
+
+
 def test_abort_and_failure_end_requests(mode):
     model = _model({"tp": 1})
     batcher = ContinuousBatcher(model, max_batch=1, max_len=32)

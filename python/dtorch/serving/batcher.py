@@ -44,7 +44,8 @@ already returned) in its place, in the sampling table's fed-token column too (th
 its position, slots and token count (the seed's counter) are advanced by the pending step on the
 host. ``land_before`` then fetches the pending step's tokens and runs the requests' bookkeeping
 (callbacks, text, stop strings, streams) while the devices compute. A row whose request surely
-ends with the pending step (its max_new_tokens) is not fed; one that ends there by an end token
+ends with the pending step (its max_new_tokens) is not fed, and a waiting request may take it at
+once (that step still lands the old request's last token); one that ends there by an end token
 or a stop string was fed anyway, and that token is dropped when its step lands (never shown nor
 counted): each launched step keeps its own rows, so a row freed and taken by a waiting request
 meanwhile never gets another's token. The step before is landed first where this cannot apply: a
@@ -290,9 +291,10 @@ class ContinuousBatcher:
             for request in [r for r in self.waiting if r._aborted]:
                 self.waiting.remove(request)
                 self._finish(request, "abort")
-            # beside a pending step only the rows of its bucket: the next one takes its tokens row for row
+            # beside a pending step only the rows of its bucket (the next one takes its tokens row for
+            # row), and a row whose request ends with that step is free already
             for b in range(self.B if prev is None else prev.k):
-                if self.rows[b] is None and self.waiting:
+                if self._free(self.rows[b]) and self.waiting:
                     request = self.waiting.popleft()
                     request.start = self.launched
                     self.rows[b] = request
@@ -316,8 +318,7 @@ class ContinuousBatcher:
                 request.start = self.launched + chunks - (len(request.prompt) - 1)
         prefilling = [(b, r) for b, r in enumerate(rows) if r is not None and r.prefilling]
         # a row whose request ends with the token of the pending step (its max_new_tokens) is not fed
-        rows = [None if r is not None and (r.prefilling or len(r.tokens) + r.queued_made >= r.max_new_tokens) else r
-                for r in rows]
+        rows = [None if r is not None and (r.prefilling or self._free(r)) else r for r in rows]
         if prev is not None and not prefilling and all(r is None for r in rows):
             self._land_before(None)                # nothing to do before the pending step lands
             return self.launch()
@@ -356,7 +357,14 @@ class ContinuousBatcher:
         k = self._inflight[0].k
         with self.lock:
             waiting = sum(not r._aborted for r in self.waiting)
-            return waiting <= sum(r is None for r in self.rows[:k]) or all(r is not None for r in self.rows)
+            return waiting <= sum(self._free(r) for r in self.rows[:k]) or not any(map(self._free, self.rows))
+
+    @staticmethod
+    def _free(request):
+        """Whether a row holding ``request`` may take another: it holds none, or the step pending
+        makes its last token (its max_new_tokens; that step lands it, whoever holds the row)."""
+        return request is None or 0 < request.queued_made and len(request.tokens) + request.queued_made >= \
+            request.max_new_tokens
 
     def _prefilled_apart(self, request):
         params = request.params
@@ -453,6 +461,9 @@ class ContinuousBatcher:
             self.error = str(error)
             requests = [r for r in self.rows if r is not None] + list(self.waiting)
             self.rows, self.waiting = [None] * self.B, collections.deque()
+        # and those whose row another took while their last step was pending
+        for step in self._inflight:
+            requests += [r for r in step.rows if r is not None and not r.done and r not in requests]
         self._inflight.clear()
         for request in requests:
             request.error = self.error
