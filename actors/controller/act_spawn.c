@@ -194,6 +194,10 @@ int act_spawn_process(act_device *dev, const char *endpoint, const char *device_
     bool have_actions = rc == 0 && (rc = posix_spawn_file_actions_init(&actions)) == 0;
     if (have_actions)
         rc = posix_spawn_file_actions_adddup2(&actions, rd, ACT_RUN_FD);
+    /* nothing else of this process goes with it: a descriptor the worker inherited (a test
+     * runner's pipe, another worker's socket) would stay open as long as the worker lives */
+    if (have_actions && rc == 0)
+        rc = posix_spawn_file_actions_addclosefrom_np(&actions, ACT_RUN_FD + 1);
     char device[32], fd[16];
     snprintf(device, sizeof device, "%lld", (long long)dev->id);
     snprintf(fd, sizeof fd, "%d", ACT_RUN_FD);
