@@ -165,13 +165,45 @@ static s_result s_run(dt_mesh *mesh, int64_t n, int repeats)
         (out) = bench_median(t_, (repeats));                                                                    \
     } while (0)
 
+/* A quantized weight of N x K for the kernels' timing (its values are any valid bytes) and its
+ * dims for M rows: row bytes padded to int32 words, scales per row (int8) or per 32 features. */
+typedef struct {
+    op_quant_dims d;
+    uint8_t *q;
+    float *scale;
+} s_qweight;
+
+static s_qweight s_qweight_new(int bits, int64_t M, int64_t N, int64_t K)
+{
+    int64_t groups = bits == 8 ? 1 : (K + OP_QUANT_GROUP - 1) / OP_QUANT_GROUP;
+    int64_t row_bytes = bits == 8 ? (K + 3) / 4 * 4 : (K + 7) / 8 * 4;
+    s_qweight w = {.d = {.bits = bits, .M = M, .N = N, .K_x = K, .K = K, .row_bytes = row_bytes, .groups = groups},
+                   .q = malloc((size_t)(N * row_bytes)),
+                   .scale = malloc((size_t)(N * groups) * sizeof(float))};
+    if (!w.q || !w.scale)
+        s_die("malloc");
+    for (int64_t i = 0; i < N * row_bytes; i++)
+        w.q[i] = (uint8_t)(i * 37 + 11);
+    for (int64_t i = 0; i < N * groups; i++)
+        w.scale[i] = 0.01f;
+    return w;
+}
+
+static double s_qweight_bytes(const s_qweight *w)
+{
+    return (double)(w->d.N * w->d.row_bytes) + (double)(w->d.N * w->d.groups) * sizeof(float);
+}
+
+static void s_qweight_free(s_qweight *w) { free(w->q), free(w->scale); }
+
 static void s_decode_shapes(double scale)
 {
     static const int64_t shapes[][2] = {{768, 768}, {2048, 768}, {768, 2048}, {32000, 288}, {32000, 768}};
     int repeats = (int)lround(15 * scale);
     repeats = repeats < 3 ? 3 : repeats > 64 ? 64 : repeats;
     printf("\n  decode shapes: (M x K) @ W^T with W (N x K); GB/s of weight bytes read, medians of %d\n", repeats);
-    printf("  %6s %6s %3s %9s %9s %9s %9s %9s\n", "N", "K", "M", "memcpy", "sgemm", "M*sgemv", "skinny", "bf16");
+    printf("  %6s %6s %3s %9s %9s %9s %9s %9s %9s %9s\n", "N", "K", "M", "memcpy", "sgemm", "M*sgemv", "skinny", "bf16",
+           "int8", "int4");
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int64_t N = shapes[s][0], K = shapes[s][1];
         float *w = malloc((size_t)(N * K) * sizeof *w), *copy = malloc((size_t)(N * K) * sizeof *w);
@@ -189,7 +221,8 @@ static void s_decode_shapes(double scale)
         double bytes = (double)(N * K) * sizeof(float), t_copy;
         S_TIME(t_copy, repeats, memcpy(copy, w, (size_t)bytes));
         for (int M = 1; M <= 16; M = M < 8 ? 2 * M : M + 4) {
-            double t_gemm, t_gemv, t_skinny, t_bf16;
+            double t_gemm, t_gemv, t_skinny, t_bf16, t_q8, t_q4;
+            s_qweight q8 = s_qweight_new(8, M, N, K), q4 = s_qweight_new(4, M, N, K);
             S_TIME(t_gemm, repeats, cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, (int)N, (int)K, 1.0f, x,
                                                 (int)K, w, (int)K, 0.0f, y, (int)N));
             S_TIME(t_gemv, repeats, for (int m = 0; m < M; m++) cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)N, (int)K,
@@ -197,20 +230,25 @@ static void s_decode_shapes(double scale)
                                                                              y + m * N, 1));
             S_TIME(t_skinny, repeats, cpu_matmul_skinny(M, N, K, x, w, DT_FLOAT32, y, false));
             S_TIME(t_bf16, repeats, cpu_matmul_skinny(M, N, K, x, wb, DT_BFLOAT16, y, false));
-            printf("  %6lld %6lld %3d %9.1f %9.1f %9.1f %9.1f %9.1f\n", (long long)N, (long long)K, M, bytes / t_copy / 1e9,
-                   bytes / t_gemm / 1e9, bytes / t_gemv / 1e9, bytes / t_skinny / 1e9, bytes / 2 / t_bf16 / 1e9);
+            S_TIME(t_q8, repeats, cpu_quant_linear(&q8.d, x, q8.q, q8.scale, NULL, y));
+            S_TIME(t_q4, repeats, cpu_quant_linear(&q4.d, x, q4.q, q4.scale, NULL, y));
+            printf("  %6lld %6lld %3d %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f\n", (long long)N, (long long)K, M,
+                   bytes / t_copy / 1e9, bytes / t_gemm / 1e9, bytes / t_gemv / 1e9, bytes / t_skinny / 1e9,
+                   bytes / 2 / t_bf16 / 1e9, s_qweight_bytes(&q8) / t_q8 / 1e9, s_qweight_bytes(&q4) / t_q4 / 1e9);
+            s_qweight_free(&q8), s_qweight_free(&q4);
         }
         fflush(stdout);
         free(w), free(copy), free(wb), free(x), free(y);
     }
-    printf("  memcpy: the weight's bytes into a written buffer; bf16: the same kernel on a bfloat16 weight (its own "
-           "bytes)\n");
+    printf("  memcpy: the weight's bytes into a written buffer; bf16: the same kernel on a bfloat16 weight, int8 and "
+           "int4: cpu_quant_linear on quantized weights (each its own bytes, scales included)\n");
 }
 
 /* One decode step's weight traffic at batch 1: every projection of every layer and the output
  * layer of llama2.c's 15M and 110M shapes, one after another (the layers' weights do not stay in
  * cache across steps once the output layer has streamed through it), through sgemv and through
- * the skinny kernel, on this thread. */
+ * the skinny kernel, on this thread; then the same step with every weight quantized (the output
+ * layer too) through cpu_quant_linear. */
 static void s_decode_model(double scale)
 {
     static const struct { const char *name; int64_t dim, hidden, layers; } models[] = {{"15M", 288, 768, 6},
@@ -219,14 +257,16 @@ static void s_decode_model(double scale)
     repeats = repeats < 3 ? 3 : repeats > 64 ? 64 : repeats;
     printf("\n  one decode step's products at batch 1 (every layer's 7 projections, then the 32000-row output "
            "layer), medians of %d\n", repeats);
-    printf("  %6s %9s %12s %12s %12s %12s\n", "model", "MB", "sgemv ms", "skinny ms", "sgemv GB/s", "skinny GB/s");
+    printf("  %6s %9s %12s %12s %12s %12s %9s %9s %9s %9s\n", "model", "MB", "sgemv ms", "skinny ms", "sgemv GB/s",
+           "skinny GB/s", "int8 ms", "int8 GB/s", "int4 ms", "int4 GB/s");
     for (size_t s = 0; s < sizeof models / sizeof models[0]; s++) {
         int64_t D = models[s].dim, F = models[s].hidden, n = 7 * models[s].layers + 1;
         int64_t (*shape)[2] = malloc((size_t)n * sizeof *shape);
         float **w = calloc((size_t)n, sizeof *w), *x = malloc((size_t)F * sizeof *x), *y = malloc(32000 * sizeof *y);
-        if (!shape || !w || !x || !y)
+        s_qweight *q8 = calloc((size_t)n, sizeof *q8), *q4 = calloc((size_t)n, sizeof *q4);
+        if (!shape || !w || !x || !y || !q8 || !q4)
             s_die("malloc");
-        double bytes = 0;
+        double bytes = 0, bytes8 = 0, bytes4 = 0;
         for (int64_t i = 0; i < n; i++) {
             int p = (int)(i % 7);
             shape[i][0] = i == n - 1 ? 32000 : p < 4 ? D : p < 6 ? F : D;
@@ -237,6 +277,10 @@ static void s_decode_model(double scale)
             for (int64_t e = 0; e < count; e++)
                 w[i][e] = (float)(e % 13) / 13.0f - 0.5f;
             bytes += (double)count * sizeof(float);
+            q8[i] = s_qweight_new(8, 1, shape[i][0], shape[i][1]);
+            q4[i] = s_qweight_new(4, 1, shape[i][0], shape[i][1]);
+            bytes8 += s_qweight_bytes(&q8[i]);
+            bytes4 += s_qweight_bytes(&q4[i]);
         }
         for (int64_t i = 0; i < F; i++)
             x[i] = (float)(i % 7) / 7.0f;
@@ -247,12 +291,18 @@ static void s_decode_model(double scale)
         S_TIME(t_skinny, repeats,
                for (int64_t i = 0; i < n; i++) cpu_matmul_skinny(1, shape[i][0], shape[i][1], x, w[i], DT_FLOAT32, y,
                                                                  false));
-        printf("  %6s %9.1f %12.2f %12.2f %12.1f %12.1f\n", models[s].name, bytes / 1e6, t_gemv * 1e3, t_skinny * 1e3,
-               bytes / t_gemv / 1e9, bytes / t_skinny / 1e9);
+        double t_q8, t_q4;
+        S_TIME(t_q8, repeats, for (int64_t i = 0; i < n; i++) cpu_quant_linear(&q8[i].d, x, q8[i].q, q8[i].scale, NULL, y));
+        S_TIME(t_q4, repeats, for (int64_t i = 0; i < n; i++) cpu_quant_linear(&q4[i].d, x, q4[i].q, q4[i].scale, NULL, y));
+        printf("  %6s %9.1f %12.2f %12.2f %12.1f %12.1f %9.2f %9.1f %9.2f %9.1f\n", models[s].name, bytes / 1e6,
+               t_gemv * 1e3, t_skinny * 1e3, bytes / t_gemv / 1e9, bytes / t_skinny / 1e9, t_q8 * 1e3,
+               bytes8 / t_q8 / 1e9, t_q4 * 1e3, bytes4 / t_q4 / 1e9);
         fflush(stdout);
-        for (int64_t i = 0; i < n; i++)
+        for (int64_t i = 0; i < n; i++) {
             free(w[i]);
-        free(w), free(shape), free(x), free(y);
+            s_qweight_free(&q8[i]), s_qweight_free(&q4[i]);
+        }
+        free(w), free(shape), free(x), free(y), free(q8), free(q4);
     }
 }
 

@@ -1,13 +1,14 @@
 """Decode tokens/s of quantized Llamas beside the float32 model, measured in one run.
 
     .venv/bin/python bench/bench_quant.py [--shapes 15M,110M] [--tp 1,2] [--formats fp32,int8,int4]
-                                          [--batch 1] [--tokens 32] [--repeats 3]
+                                          [--batch 1] [--tokens 32] [--repeats 3] [--quantize-lm-head]
 
 It imports the installed ``dtorch`` and bench_llama.py's random-weight checkpoints (llama2.c's 15M
 and 110M shapes, written once into ``bench/.cache/``). For every shape and tp size (a ``(tp,)`` cpu
 mesh, thread workers) it loads the model in each format (``quantization=None``, ``"int8"``,
-``"int4"``) and prints, side by side: greedy decode tokens/s (``model.stream`` from a 16-token
-prompt, the first new token to the last, median of ``--repeats``, the spread beside it) and the
+``"int4"``; with ``--quantize-lm-head`` the quantized formats take lm_head too) and prints, side
+by side: greedy decode tokens/s (``model.stream`` from a 16-token prompt, the first new token to
+the last, median of ``--repeats``, the spread beside it) and the
 bytes device 0 holds after loading (``dtorch.memory_stats``); a tp size that would cut an int4 group
 of 32 input features (a ValueError from from_pretrained) says so in its cell. It never asserts on
 the figures.
@@ -34,6 +35,8 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--quantize-lm-head", action="store_true",
+                    help="int8 / int4 quantize lm_head too (quantize_lm_head=True)")
     args = ap.parse_args()
     formats = args.formats.split(",")
     dtorch.init(workers="thread")
@@ -51,7 +54,8 @@ def main():
                 before = dtorch.memory_stats(mesh)[0]["bytes_in_use"]
                 try:
                     model = LlamaForCausalLM.from_pretrained(directory, device_mesh=mesh,
-                                                             quantization=FORMATS[name], progress=False)
+                                                             quantization=FORMATS[name], progress=False,
+                                                             quantize_lm_head=args.quantize_lm_head and FORMATS[name] is not None)
                 except ValueError:   # tp would cut an int4 group (15M's 288 features are 9 groups)
                     cells.append(f"{'cuts a group':>22} {'':>9}")
                     continue

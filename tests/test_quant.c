@@ -52,14 +52,15 @@ static double s_weight(int bits, const uint8_t *row, int64_t k, const float *sca
     return (double)(nibble >= 8 ? nibble - 16 : nibble) * scale[k / 32];
 }
 
-/* Random weights and inputs for M rows of 1, 3, 8 (the streaming path) and 17, 70 (blocks through
- * sgemm, 70 rows of weight: a block of 64 and one of 6), K not a multiple of 8, 16 or 32, and a
+/* Random weights and inputs for M rows of 1 to 8 (the streaming path: each count has its own
+ * blocking of weight rows, and 71 rows leave a tail after blocks of 4 and of 2) and 17 (blocks
+ * through sgemm, 71 rows of weight: a block of 64 and one of 7), K not a multiple of 8, 16 or 32, and a
  * weight whose features start k0 = 4 (8) into the input (its last K): every output within 1e-4 relative
  * of the double product. */
 Test(quant, products_against_double)
 {
     srand(7);
-    int64_t Ms[] = {1, 3, 8, 17}, Ks[] = {5, 37, 67, 96}, N = 70;
+    int64_t Ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 17}, Ks[] = {5, 37, 67, 96}, N = 71;
     for (int bits = 8; bits >= 4; bits -= 4) {
         int op = bits == 8 ? OP_ID_linear_int8 : OP_ID_linear_int4;
         for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)

@@ -14,6 +14,7 @@
 
 #include "cpu_pointwise.h"
 #include "dtorch.h"
+#include "op_quant.h"
 
 /* Applies the OpenBLAS thread setting once (thread-safe); returns the thread count in use. */
 int cpu_blas_threads(void);
@@ -44,6 +45,12 @@ const char *cpu_matmul_run(const cpu_mm_desc *d, cpu_ctype t, const void *a, con
 #define CPU_SKINNY_MAX_M 16
 void cpu_matmul_skinny(int64_t M, int64_t N, int64_t K, const float *a, const void *b, dt_dtype b_dtype, float *c,
                        bool accumulate);
+
+/* A product with a quantized weight (op_quant.h's layout, d its dims): out (M, N) = x (M, K; row
+ * stride K_x) @ dequantized(q)^T + bias (NULL: none). Up to 8 rows at a time stream the weight's
+ * bytes once (cpu_quant.c), more dequantize blocks of weight rows for sgemm. NULL, or why not. */
+const char *cpu_quant_linear(const op_quant_dims *d, const float *x, const uint8_t *q, const float *scale,
+                             const float *bias, float *out);
 
 /* One attention head in float32: out (L, Ev) = softmax(scale * q k^T + mask) v with q (L, E),
  * k (S, E), v (S, Ev) C-contiguous. mask: NULL or additive float values, element (i, j) at

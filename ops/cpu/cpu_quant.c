@@ -48,6 +48,8 @@ static void s_row_plain(const op_quant_dims *d, const float *x, int64_t lda, con
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define S_AVX2 __attribute__((target("avx2,fma")))
+/* the loops over a row's accumulators unroll whole, so they stay in registers */
+#define S_UNROLL _Pragma("GCC unroll 8")
 
 S_AVX2 static inline float s_hsum(__m256 v)
 {
@@ -56,69 +58,119 @@ S_AVX2 static inline float s_hsum(__m256 v)
     return _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps(x, x, 1)));
 }
 
-/* 8 signed bytes widened to float32 */
-S_AVX2 static inline __m256 s_widen8(__m128i bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)); }
-
-/* One weight row against M rows of x; M is a constant where it is inlined, so the accumulators
- * stay in registers. The tail past the last whole vector (group, for int4) is added one by one. */
-S_AVX2 static inline __attribute__((always_inline)) void s_row_avx2(int M, const op_quant_dims *d, const float *x,
-                                                                    int64_t lda, const uint8_t *q,
-                                                                    const float *scale, float *sums)
+/* 8 int8 weights widened to float32 */
+S_AVX2 static inline __m256 s_widen8(const uint8_t *q)
 {
-    __m256 acc[S_FEW_ROWS];
-    for (int m = 0; m < M; m++)
-        acc[m] = _mm256_setzero_ps();
-    int64_t k = 0;
-    float tail[S_FEW_ROWS] = {0};
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
+}
+
+/* One weight row against M rows of x (M a constant where this is inlined). The weight is read
+ * one row after another, a single sequential stream: two rows read side by side (even adjacent
+ * ones of 768 bytes) halve what the hardware prefetcher delivers here, so x's loads are not shared
+ * across weight rows; instead int8 keeps U steps of 8 features in flight per x row (M * U >= 4
+ * independent multiply-add chains), and the loop runs at about the bytes memory delivers.
+ *
+ * int4: xp holds x regrouped so the nibbles need no reordering: per 32-feature group, the even
+ * features of its first 16, their odd ones, then the same for its last 16 (a byte's low nibble is
+ * the even feature, its high one the odd); and xc per group the vector -8 * (sum of its four xp
+ * vectors). A nibble holds w in two's complement, so u = nibble ^ 8 (one xor flips a byte's two)
+ * is w + 8 in [0, 15], and the -8 costs nothing per weight: x . w = x . u + xc. */
+S_AVX2 static inline __attribute__((always_inline)) void s_row_avx2(int M, const op_quant_dims *d, const float *x,
+                                                                    const float *xp, const float *xc,
+                                                                    const uint8_t *q, const float *scale, float *sums)
+{
+    const int64_t lda = d->K_x;
     if (d->bits == 8) {
-        for (; k + 16 <= d->K; k += 16) {
-            __m128i b = _mm_loadu_si128((const __m128i *)(q + k));
-            __m256 w0 = s_widen8(b), w1 = s_widen8(_mm_srli_si128(b, 8));
-            for (int m = 0; m < M; m++) {
-                acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * lda + k), w0, acc[m]);
-                acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * lda + k + 8), w1, acc[m]);
+        const int U = M == 1 ? 4 : M == 2 ? 2 : 1;
+        __m256 acc[S_FEW_ROWS * 4];
+        S_UNROLL for (int i = 0; i < M * U; i++)
+            acc[i] = _mm256_setzero_ps();
+        int64_t k = 0;
+        for (; k + 8 * U <= d->K; k += 8 * U)
+            S_UNROLL for (int u = 0; u < U; u++) {
+                __m256 w = s_widen8(q + k + 8 * u);
+                S_UNROLL for (int m = 0; m < M; m++)
+                    acc[m * U + u] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * lda + k + 8 * u), w, acc[m * U + u]);
             }
+        for (; k + 8 <= d->K; k += 8) {
+            __m256 w = s_widen8(q + k);
+            S_UNROLL for (int m = 0; m < M; m++)
+                acc[m * U] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * lda + k), w, acc[m * U]);
         }
-        for (int m = 0; m < M; m++) {
-            float s = s_hsum(acc[m]);
+        S_UNROLL for (int m = 0; m < M; m++) {
+            S_UNROLL for (int u = 1; u < U; u++)
+                acc[m * U] = _mm256_add_ps(acc[m * U], acc[m * U + u]);
+            float s = s_hsum(acc[m * U]);
             for (int64_t t = k; t < d->K; t++)
                 s += x[m * lda + t] * (float)op_quant_int8(q, t);
             sums[m] = s * scale[0];
         }
         return;
     }
-    const __m128i low = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
-    for (; k + OP_QUANT_GROUP <= d->K; k += OP_QUANT_GROUP) {
-        __m128i b = _mm_loadu_si128((const __m128i *)(q + k / 2));
-        __m128i lo = _mm_and_si128(b, low), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low);
-        /* features k..k+15 and k+16..k+31 in order, each nibble sign-extended: (v ^ 8) - 8 */
-        __m128i v0 = _mm_sub_epi8(_mm_xor_si128(_mm_unpacklo_epi8(lo, hi), eight), eight);
-        __m128i v1 = _mm_sub_epi8(_mm_xor_si128(_mm_unpackhi_epi8(lo, hi), eight), eight);
-        __m256 w[4] = {s_widen8(v0), s_widen8(_mm_srli_si128(v0, 8)), s_widen8(v1), s_widen8(_mm_srli_si128(v1, 8))};
-        __m256 sc = _mm256_set1_ps(scale[k / OP_QUANT_GROUP]);
-        for (int m = 0; m < M; m++) {
-            const float *xm = x + m * lda + k;
-            __m256 g = _mm256_mul_ps(_mm256_loadu_ps(xm), w[0]);
-            g = _mm256_fmadd_ps(_mm256_loadu_ps(xm + 8), w[1], g);
-            g = _mm256_fmadd_ps(_mm256_loadu_ps(xm + 16), w[2], g);
-            g = _mm256_fmadd_ps(_mm256_loadu_ps(xm + 24), w[3], g);
-            acc[m] = _mm256_fmadd_ps(g, sc, acc[m]);
+    __m256 acc[S_FEW_ROWS];
+    S_UNROLL for (int m = 0; m < M; m++)
+        acc[m] = _mm256_setzero_ps();
+    const __m256i low = _mm256_set1_epi32(0x0f);
+    const __m128i flip = _mm_set1_epi8((char)0x88);
+    const int64_t whole = d->K / OP_QUANT_GROUP;
+    for (int64_t g = 0; g < whole; g++) {
+        const uint8_t *qg = q + g * (OP_QUANT_GROUP / 2);
+        __m256i b0 = _mm256_cvtepu8_epi32(_mm_xor_si128(_mm_loadl_epi64((const __m128i *)qg), flip));
+        __m256i b1 = _mm256_cvtepu8_epi32(_mm_xor_si128(_mm_loadl_epi64((const __m128i *)(qg + 8)), flip));
+        __m256 u0 = _mm256_cvtepi32_ps(_mm256_and_si256(b0, low)), u1 = _mm256_cvtepi32_ps(_mm256_srli_epi32(b0, 4));
+        __m256 u2 = _mm256_cvtepi32_ps(_mm256_and_si256(b1, low)), u3 = _mm256_cvtepi32_ps(_mm256_srli_epi32(b1, 4));
+        __m256 sc = _mm256_broadcast_ss(scale + g);
+        S_UNROLL for (int m = 0; m < M; m++) {
+            const float *xg = xp + (m * whole + g) * OP_QUANT_GROUP;
+            /* two short chains, not one of four */
+            __m256 t0 = _mm256_fmadd_ps(_mm256_loadu_ps(xg), u0, _mm256_loadu_ps(xc + (m * whole + g) * 8));
+            __m256 t1 = _mm256_mul_ps(_mm256_loadu_ps(xg + 8), u1);
+            t0 = _mm256_fmadd_ps(_mm256_loadu_ps(xg + 16), u2, t0);
+            t1 = _mm256_fmadd_ps(_mm256_loadu_ps(xg + 24), u3, t1);
+            acc[m] = _mm256_fmadd_ps(_mm256_add_ps(t0, t1), sc, acc[m]);
         }
     }
-    for (int m = 0; m < M; m++) {
+    const int64_t k = whole * OP_QUANT_GROUP;
+    S_UNROLL for (int m = 0; m < M; m++) {
+        float tail = 0.0f;
         for (int64_t t = k; t < d->K; t++)
-            tail[m] += x[m * lda + t] * (float)op_quant_int4(q, t);
-        sums[m] = s_hsum(acc[m]) + (k < d->K ? tail[m] * scale[k / OP_QUANT_GROUP] : 0.0f);
+            tail += x[m * lda + t] * (float)op_quant_int4(q, t);
+        sums[m] = s_hsum(acc[m]) + (k < d->K ? tail * scale[whole] : 0.0f);
     }
+}
+
+/* int4's x regrouped (see s_row_avx2) into xp (M * whole groups * 32) and xc (M * whole * 8). */
+S_AVX2 static void s_regroup_x(const op_quant_dims *d, const float *x, float *xp, float *xc)
+{
+    int64_t whole = d->K / OP_QUANT_GROUP;
+    for (int64_t m = 0; m < d->M; m++)
+        for (int64_t g = 0; g < whole; g++) {
+            const float *xg = x + m * d->K_x + g * OP_QUANT_GROUP;
+            float *pg = xp + (m * whole + g) * OP_QUANT_GROUP;
+            for (int half = 0; half < 2; half++)
+                for (int j = 0; j < 8; j++) {
+                    pg[half * 16 + j] = xg[half * 16 + 2 * j];
+                    pg[half * 16 + 8 + j] = xg[half * 16 + 2 * j + 1];
+                }
+            __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(pg), _mm256_loadu_ps(pg + 8)),
+                                     _mm256_add_ps(_mm256_loadu_ps(pg + 16), _mm256_loadu_ps(pg + 24)));
+            _mm256_storeu_ps(xc + (m * whole + g) * 8, _mm256_mul_ps(s, _mm256_set1_ps(-8.0f)));
+        }
 }
 
 #define S_CASE(M)                                                                                                 \
     case M:                                                                                                       \
-        s_row_avx2(M, d, x, lda, q, scale, sums);                                                                 \
+        for (int64_t n = 0; n < d->N; n++) {                                                                      \
+            s_row_avx2(M, d, x, xp, xc, q + n * d->row_bytes, scale + n * d->groups, sums);                       \
+            for (int m = 0; m < M; m++)                                                                           \
+                out[m * d->N + n] = sums[m] + (bias ? bias[n] : 0.0f);                                            \
+        }                                                                                                         \
         break;
-S_AVX2 static void s_row_avx2_any(const op_quant_dims *d, const float *x, int64_t lda, const uint8_t *q,
-                                  const float *scale, float *sums)
+/* The weight streamed once for d->M <= S_FEW_ROWS rows of x. */
+S_AVX2 static void s_few_rows_avx2(const op_quant_dims *d, const float *x, const float *xp, const float *xc,
+                                   const uint8_t *q, const float *scale, const float *bias, float *out)
 {
+    float sums[S_FEW_ROWS];
     switch (d->M) { S_CASE(1) S_CASE(2) S_CASE(3) S_CASE(4) S_CASE(5) S_CASE(6) S_CASE(7) S_CASE(8) }
 }
 #undef S_CASE
@@ -128,20 +180,32 @@ static bool s_has_avx2(void) { return __builtin_cpu_supports("avx2") && __builti
 
 /* ---- few rows: the weight streamed once ------------------------------------------------------ */
 
-static void s_few_rows(const op_quant_dims *d, const float *x, const uint8_t *q, const float *scale,
-                       const float *bias, float *out)
+static const char *s_few_rows(const op_quant_dims *d, const float *x, const uint8_t *q, const float *scale,
+                              const float *bias, float *out)
 {
-    void (*row)(const op_quant_dims *, const float *, int64_t, const uint8_t *, const float *, float *) = s_row_plain;
 #if defined(__x86_64__)
-    if (s_has_avx2())
-        row = s_row_avx2_any;
+    if (s_has_avx2()) {
+        int64_t whole = d->bits == 4 ? d->K / OP_QUANT_GROUP : 0;
+        float *xp = NULL, *xc = NULL;
+        if (whole) {
+            /* a few rows of x, regrouped: small next to the weight every call streams */
+            if (!(xp = malloc((size_t)(d->M * whole) * (OP_QUANT_GROUP + 8) * sizeof *xp)))
+                return "out of memory on the device";
+            xc = xp + d->M * whole * OP_QUANT_GROUP;
+            s_regroup_x(d, x, xp, xc);
+        }
+        s_few_rows_avx2(d, x, xp, xc, q, scale, bias, out);
+        free(xp);
+        return NULL;
+    }
 #endif
     float sums[S_FEW_ROWS];
     for (int64_t n = 0; n < d->N; n++) {
-        row(d, x, d->K_x, q + n * d->row_bytes, scale + n * d->groups, sums);
+        s_row_plain(d, x, d->K_x, q + n * d->row_bytes, scale + n * d->groups, sums);
         for (int64_t m = 0; m < d->M; m++)
             out[m * d->N + n] = sums[m] + (bias ? bias[n] : 0.0f);
     }
+    return NULL;
 }
 
 /* ---- more rows: blocks of dequantized rows through sgemm ------------------------------------- */
@@ -182,33 +246,38 @@ static const char *s_blocks(const op_quant_dims *d, const float *x, const uint8_
     return NULL;
 }
 
+const char *cpu_quant_linear(const op_quant_dims *d, const float *x, const uint8_t *q, const float *scale,
+                             const float *bias, float *out)
+{
+    if (d->M == 0 || d->N == 0)
+        return NULL;
+    if (d->K == 0) {
+        for (int64_t i = 0; i < d->M * d->N; i++)
+            out[i] = bias ? bias[i % d->N] : 0.0f;
+        return NULL;
+    }
+    /* sgemm takes int sizes: larger pieces go row by row through the streaming path */
+    if (d->M <= S_FEW_ROWS || d->K > INT32_MAX || d->K_x > INT32_MAX || d->N > INT32_MAX || d->M > INT32_MAX) {
+        for (int64_t m0 = 0; m0 < d->M; m0 += S_FEW_ROWS) {
+            op_quant_dims part = *d;
+            part.M = d->M - m0 < S_FEW_ROWS ? d->M - m0 : S_FEW_ROWS;
+            const char *why = s_few_rows(&part, x + m0 * d->K_x, q, scale, bias, out + m0 * d->N);
+            if (why)
+                return why;
+        }
+        return NULL;
+    }
+    return s_blocks(d, x, q, scale, bias, out);
+}
+
 static const char *s_linear(op_kernel *k)
 {
     op_quant_dims d;
     const char *why = op_quant_layout(k, &d);
     if (why)
         return why;
-    const float *x = (const float *)k->in[0].data + d.k0, *scale = k->in[2].data;
-    const float *bias = d.bias ? k->in[3].data : NULL;
-    const uint8_t *q = k->in[1].data;
-    float *out = k->out[0].data;
-    if (d.M == 0 || d.N == 0)
-        return NULL;
-    if (d.K == 0) {
-        for (int64_t i = 0; i < d.M * d.N; i++)
-            out[i] = bias ? bias[i % d.N] : 0.0f;
-        return NULL;
-    }
-    /* sgemm takes int sizes: larger pieces go row by row through the streaming path */
-    if (d.M <= S_FEW_ROWS || d.K > INT32_MAX || d.K_x > INT32_MAX || d.N > INT32_MAX || d.M > INT32_MAX) {
-        for (int64_t m0 = 0; m0 < d.M; m0 += S_FEW_ROWS) {
-            op_quant_dims part = d;
-            part.M = d.M - m0 < S_FEW_ROWS ? d.M - m0 : S_FEW_ROWS;
-            s_few_rows(&part, x + m0 * d.K_x, q, scale, bias, out + m0 * d.N);
-        }
-        return NULL;
-    }
-    return s_blocks(&d, x, q, scale, bias, out);
+    return cpu_quant_linear(&d, (const float *)k->in[0].data + d.k0, k->in[1].data, k->in[2].data,
+                            d.bias ? k->in[3].data : NULL, k->out[0].data);
 }
 
 const char *cpu_k_linear_int8(op_kernel *k) { return s_linear(k); }
