@@ -44,6 +44,33 @@ Test(quant, one_row_by_hand)
     cr_expect_eq(out, 0.25f, "int4: %g", out);
 }
 
+/* int4 quantizes up to 8 input rows per whole group of 32 features, by hand: x = [2.54, 0.333,
+ * then 30 ones] has scale 2.54 / 127 = 0.02 and bytes [127, rint(16.65) = 17, 50 x 30]; every weight
+ * 1 (bytes 0x11) at scale 0.5: (127 + 17 + 1500) * 0.02 * 0.5 = 16.44, where float inputs would
+ * give (2.54 + 0.333 + 30) * 0.5 = 16.4365. Past the last whole group features stay float: with
+ * K = 34 and x[32..33] = 0.333, the tail adds 2 * 0.333 * 0.5 = 0.333 exactly as given. */
+Test(quant, int4_inputs_quantized_by_hand)
+{
+    float x[34], scale[2] = {0.5f, 0.5f}, out = 0;
+    for (int i = 0; i < 34; i++)
+        x[i] = i == 0 ? 2.54f : i == 1 || i >= 32 ? 0.333f : 1.0f;
+    uint8_t q[20];
+    memset(q, 0x11, sizeof q);
+    op_kernel k = s_record(OP_ID_linear_int4, 1, 32, 1, 4, 1, x, q, scale, NULL, &out, 0);
+    cr_assert_null(cpu_kernel_for(OP_ID_linear_int4)(&k));
+    cr_expect(fabsf(out - 16.44f) < 1e-4f, "one group: %.6f", out);
+    k = s_record(OP_ID_linear_int4, 1, 34, 1, 5, 2, x, q, scale, NULL, &out, 0);
+    cr_assert_null(cpu_kernel_for(OP_ID_linear_int4)(&k));
+    cr_expect(fabsf(out - (16.44f + 0.333f)) < 1e-4f, "a group and a tail: %.6f", out);
+    /* a group holding a NaN or an infinity has no scale: the product is NaN, not some number */
+    for (int bad = 0; bad < 2; bad++) {
+        x[5] = bad ? INFINITY : NAN;
+        k = s_record(OP_ID_linear_int4, 1, 32, 1, 4, 1, x, q, scale, NULL, &out, 0);
+        cr_assert_null(cpu_kernel_for(OP_ID_linear_int4)(&k));
+        cr_expect(isnan(out), "x[5] = %g: %g", x[5], out);
+    }
+}
+
 static double s_weight(int bits, const uint8_t *row, int64_t k, const float *scale)
 {
     if (bits == 8)
@@ -52,11 +79,29 @@ static double s_weight(int bits, const uint8_t *row, int64_t k, const float *sca
     return (double)(nibble >= 8 ? nibble - 16 : nibble) * scale[k / 32];
 }
 
-/* Random weights and inputs for M rows of 1 to 8 (the streaming path: each count has its own
- * blocking of weight rows, and 71 rows leave a tail after blocks of 4 and of 2) and 17 (blocks
- * through sgemm, 71 rows of weight: a block of 64 and one of 7), K not a multiple of 8, 16 or 32, and a
- * weight whose features start k0 = 4 (8) into the input (its last K): every output within 1e-4 relative
- * of the double product. */
+/* The input feature j of a row as the product uses it: int4 quantizes whole groups of 32 (scale
+ * max|x_group| / 127, values rint(x * 127 / max|x_group|), in float32 as the rule says), everything
+ * else is used as given. */
+static void s_inputs(int bits, const float *x, int64_t K, double *used)
+{
+    for (int64_t j = 0; j < K; j++)
+        used[j] = x[j];
+    if (bits != 4)
+        return;
+    for (int64_t g = 0; g + 32 <= K; g += 32) {
+        float amax = 0;
+        for (int64_t j = g; j < g + 32; j++)
+            amax = fmaxf(amax, fabsf(x[j]));
+        for (int64_t j = g; j < g + 32; j++)
+            used[j] = amax > 0 ? (double)rintf(x[j] * (127.0f / amax)) * (double)(amax / 127.0f) : 0.0;
+    }
+}
+
+/* Random weights and inputs for M rows of 1 to 8 (the streaming path, one code path per count)
+ * and 17 (blocks through sgemm, 71 rows of weight: a block of 64
+ * and one of 7), K not a multiple of 8, 16 or 32, and a weight whose features start k0 = 4 (8) into
+ * the input (its last K): every output within 1e-5 of the sum of its terms' magnitudes of the
+ * double product over the inputs as s_inputs uses them. */
 Test(quant, products_against_double)
 {
     srand(7);
@@ -82,11 +127,13 @@ Test(quant, products_against_double)
                     op_kernel k = s_record(op, M, Kx, N, words, groups, x, q, scale, bias, out, k0);
                     const char *why = cpu_kernel_for(op)(&k);
                     cr_assert_null(why, "bits %d M %lld K %lld: %s", bits, (long long)M, (long long)K, why);
+                    double *used = malloc(sizeof(double) * (size_t)K);
                     for (int64_t m = 0; m < M; m++)
                         for (int64_t n = 0; n < N; n++) {
                             double want = bias[n], mag = fabs(bias[n]);
+                            s_inputs(bits, x + m * Kx + k0, K, used);
                             for (int64_t j = 0; j < K; j++) {
-                                double t = x[m * Kx + k0 + j] * s_weight(bits, q + n * rb, j, scale + n * groups);
+                                double t = used[j] * s_weight(bits, q + n * rb, j, scale + n * groups);
                                 want += t;
                                 mag += fabs(t);
                             }
@@ -94,6 +141,7 @@ Test(quant, products_against_double)
                                       "bits %d M %lld K %lld k0 %lld (%lld, %lld): %g, want %g", bits, (long long)M,
                                       (long long)K, (long long)k0, (long long)m, (long long)n, out[m * N + n], want);
                         }
+                    free(used);
                     free(x);
                     free(out);
                     free(scale);

@@ -1,12 +1,19 @@
 /* cpu_quant — the CPU kernels of the products with quantized weights (linear_int8, linear_int4;
  * ops/op_quant.c reads their pieces).
  *
- * Decode's few rows (up to S_FEW_ROWS) stream the weight's bytes once, row after row, and
- * widen them to float32 in registers: the cost is the quantized bytes, a quarter (int8) or an
- * eighth (int4) of float32's. More rows dequantize a block of weight rows into float32 at a time
- * and hand it to sgemm, so no float copy of the whole weight is ever made. AVX2 and FMA are taken
- * where the CPU has them (asked at run time); a portable loop does the same work elsewhere. */
+ * Decode's few rows (up to S_FEW_ROWS) stream the weight's bytes once, row after row: the cost is
+ * the quantized bytes, a quarter (int8) or an eighth (int4) of float32's. int8 widens its bytes to
+ * float32 in registers. int4 quantizes its input too, per group of 32 features (symmetric int8:
+ * xs = max|x_group| / 127, xq = rint(x / xs); features past the last whole group stay float32),
+ * and multiplies nibbles by bytes in integers, one 32-bit sum per group scaled by xs and the
+ * weight's scale: widening nibbles to float took three times the instructions and bound the loop
+ * well below what memory delivers. More rows dequantize a block of weight rows into float32 at a
+ * time and hand it to sgemm, so no float copy of the whole weight is ever made; int4's inputs are
+ * quantized there alike (and used as xq * xs), so a row's result never depends on how many rows
+ * came with it. AVX2 and FMA are taken where the CPU has them (asked at run time); a portable loop
+ * computes the same sums elsewhere. */
 #include <cblas.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,12 +24,71 @@
 #define S_FEW_ROWS 8     /* rows of A that stream the quantized weight (their accumulators fit the registers) */
 #define S_BLOCK_ROWS 64 /* weight rows dequantized per sgemm */
 
+/* ---- int4's input, quantized ------------------------------------------------------------------ */
+
+/* Two groups of one input row (features 64p .. 64p + 63), laid out as the kernel reads them beside
+ * 32 weight bytes: lo holds the first group's even features then the second's, hi their odd ones
+ * (a byte's low nibble is an even feature, its high one the odd), c per 4 bytes 8 * their lo + hi
+ * values (so that the unsigned nibble u = w + 8 gives w's sum: u . xq - c), xs each group's scale
+ * four times over. A last odd group uses the first halves. */
+typedef struct {
+    int8_t lo[32], hi[32];
+    int32_t c[8];
+    float xs[8];
+} s_xpair;
+
+static int64_t s_pairs(const op_quant_dims *d) { return (d->K / OP_QUANT_GROUP + 1) / 2; }
+
+/* One group's largest magnitude and its values as the nearest integers to x * 127 / amax (0 where
+ * amax is 0 or not finite); the AVX2 version below does the same in registers. */
+typedef void s_round_fn(const float *xg, float *amax, int32_t *v);
+
+static void s_round_plain(const float *xg, float *amax, int32_t *v)
+{
+    float top = 0.0f;
+    for (int i = 0; i < OP_QUANT_GROUP; i++)
+        top = isnan(xg[i]) || isnan(top) ? NAN : fmaxf(top, fabsf(xg[i]));
+    float inv = top > 0.0f && isfinite(top) ? 127.0f / top : 0.0f;
+    for (int i = 0; i < OP_QUANT_GROUP; i++)
+        v[i] = inv > 0.0f ? (int32_t)lrintf(xg[i] * inv) : 0;
+    *amax = top;
+}
+
+/* The whole groups of d->M rows of x into xa (M * s_pairs). A group whose largest magnitude is not
+ * finite gets scale NaN, so its products come out NaN rather than some number. */
+static void s_quantize_x(const op_quant_dims *d, const float *x, s_xpair *xa, s_round_fn *round_group)
+{
+    int64_t whole = d->K / OP_QUANT_GROUP, pairs = s_pairs(d);
+    memset(xa, 0, (size_t)(d->M * pairs) * sizeof *xa);
+    for (int64_t m = 0; m < d->M; m++)
+        for (int64_t g = 0; g < whole; g++) {
+            s_xpair *pr = xa + m * pairs + g / 2;
+            int half = (int)(g % 2);
+            float amax;
+            int32_t v[OP_QUANT_GROUP];
+            round_group(x + m * d->K_x + g * OP_QUANT_GROUP, &amax, v);
+            for (int j = 0; j < OP_QUANT_GROUP / 2; j++) {
+                pr->lo[half * 16 + j] = (int8_t)v[2 * j];
+                pr->hi[half * 16 + j] = (int8_t)v[2 * j + 1];
+            }
+            for (int l = 0; l < 4; l++) {
+                int32_t sum = 0;
+                for (int b = 0; b < 4; b++)
+                    sum += pr->lo[half * 16 + 4 * l + b] + pr->hi[half * 16 + 4 * l + b];
+                pr->c[half * 4 + l] = 8 * sum;
+                pr->xs[half * 4 + l] = isfinite(amax) ? amax / 127.0f : NAN;
+            }
+        }
+}
+
 /* ---- the portable path ----------------------------------------------------------------------- */
 
-/* One weight row (its bytes q, its scales) against M input rows (stride lda): their products. */
-static void s_row_plain(const op_quant_dims *d, const float *x, int64_t lda, const uint8_t *q, const float *scale,
-                        float *sums)
+/* One weight row (its bytes q, its scales) against M input rows (stride lda): their products.
+ * int4: xa is the rows' whole groups quantized (s_quantize_x). */
+static void s_row_plain(const op_quant_dims *d, const float *x, int64_t lda, const s_xpair *xa, const uint8_t *q,
+                        const float *scale, float *sums)
 {
+    int64_t whole = d->K / OP_QUANT_GROUP, pairs = s_pairs(d);
     for (int64_t m = 0; m < d->M; m++) {
         const float *xm = x + m * lda;
         float total = 0.0f;
@@ -31,13 +97,20 @@ static void s_row_plain(const op_quant_dims *d, const float *x, int64_t lda, con
                 total += xm[k] * (float)op_quant_int8(q, k);
             total *= scale[0];
         } else {
-            for (int64_t g = 0; g < d->groups; g++) {
-                int64_t end = (g + 1) * OP_QUANT_GROUP < d->K ? (g + 1) * OP_QUANT_GROUP : d->K;
-                float part = 0.0f;
-                for (int64_t k = g * OP_QUANT_GROUP; k < end; k++)
-                    part += xm[k] * (float)op_quant_int4(q, k);
-                total += part * scale[g];
+            for (int64_t g = 0; g < whole; g++) {
+                const s_xpair *pr = xa + m * pairs + g / 2;
+                int half = (int)(g % 2);
+                int32_t dot = 0;
+                for (int j = 0; j < OP_QUANT_GROUP / 2; j++)
+                    dot += op_quant_int4(q, g * OP_QUANT_GROUP + 2 * j) * pr->lo[half * 16 + j] +
+                           op_quant_int4(q, g * OP_QUANT_GROUP + 2 * j + 1) * pr->hi[half * 16 + j];
+                total += (float)dot * (scale[g] * pr->xs[half * 4]);
             }
+            float tail = 0.0f;
+            for (int64_t k = whole * OP_QUANT_GROUP; k < d->K; k++)
+                tail += xm[k] * (float)op_quant_int4(q, k);
+            if (whole < d->groups)
+                total += tail * scale[whole];
         }
         sums[m] = total;
     }
@@ -51,11 +124,35 @@ static void s_row_plain(const op_quant_dims *d, const float *x, int64_t lda, con
 /* the loops over a row's accumulators unroll whole, so they stay in registers */
 #define S_UNROLL _Pragma("GCC unroll 8")
 
-S_AVX2 static inline float s_hsum(__m256 v)
+S_AVX2 static inline float s_hsum128(__m128 x)
 {
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     x = _mm_add_ps(x, _mm_movehl_ps(x, x));
     return _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps(x, x, 1)));
+}
+
+S_AVX2 static inline float s_hsum(__m256 v)
+{
+    return s_hsum128(_mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)));
+}
+
+S_AVX2 static void s_round_avx2(const float *xg, float *amax, int32_t *v)
+{
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 x[4], top = _mm256_setzero_ps();
+    int nan = 0;
+    for (int i = 0; i < 4; i++) {
+        x[i] = _mm256_loadu_ps(xg + 8 * i);
+        top = _mm256_max_ps(top, _mm256_and_ps(x[i], magnitude));
+        nan |= _mm256_movemask_ps(_mm256_cmp_ps(x[i], x[i], _CMP_UNORD_Q)); /* max_ps passes NaNs over */
+    }
+    __m128 t = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+    t = _mm_max_ps(t, _mm_movehl_ps(t, t));
+    float m = nan ? NAN : _mm_cvtss_f32(_mm_max_ss(t, _mm_shuffle_ps(t, t, 1)));
+    float inv = m > 0.0f && isfinite(m) ? 127.0f / m : 0.0f;
+    for (int i = 0; i < 4; i++) /* rounds to nearest even, as lrintf in the default mode */
+        _mm256_storeu_si256((__m256i *)(v + 8 * i), inv > 0.0f ? _mm256_cvtps_epi32(_mm256_mul_ps(x[i], _mm256_set1_ps(inv)))
+                                                              : _mm256_setzero_si256());
+    *amax = m;
 }
 
 /* 8 int8 weights widened to float32 */
@@ -64,111 +161,109 @@ S_AVX2 static inline __m256 s_widen8(const uint8_t *q)
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
 }
 
-/* One weight row against M rows of x (M a constant where this is inlined). The weight is read
+/* One int8 weight row against M rows of x (M a constant where this is inlined). The weight is read
  * one row after another, a single sequential stream: two rows read side by side (even adjacent
  * ones of 768 bytes) halve what the hardware prefetcher delivers here, so x's loads are not shared
- * across weight rows; instead int8 keeps U steps of 8 features in flight per x row (M * U >= 4
- * independent multiply-add chains), and the loop runs at about the bytes memory delivers.
- *
- * int4: xp holds x regrouped so the nibbles need no reordering: per 32-feature group, the even
- * features of its first 16, their odd ones, then the same for its last 16 (a byte's low nibble is
- * the even feature, its high one the odd); and xc per group the vector -8 * (sum of its four xp
- * vectors). A nibble holds w in two's complement, so u = nibble ^ 8 (one xor flips a byte's two)
- * is w + 8 in [0, 15], and the -8 costs nothing per weight: x . w = x . u + xc. */
-S_AVX2 static inline __attribute__((always_inline)) void s_row_avx2(int M, const op_quant_dims *d, const float *x,
-                                                                    const float *xp, const float *xc,
-                                                                    const uint8_t *q, const float *scale, float *sums)
+ * across weight rows; instead U steps of 8 features are in flight per x row (M * U >= 4
+ * independent multiply-add chains), and the loop runs at about the bytes memory delivers. */
+S_AVX2 static inline __attribute__((always_inline)) void s_row_int8(int M, const op_quant_dims *d, const float *x,
+                                                                    const uint8_t *q, const float *scale,
+                                                                    float *sums)
 {
     const int64_t lda = d->K_x;
-    if (d->bits == 8) {
-        const int U = M == 1 ? 4 : M == 2 ? 2 : 1;
-        __m256 acc[S_FEW_ROWS * 4];
-        S_UNROLL for (int i = 0; i < M * U; i++)
-            acc[i] = _mm256_setzero_ps();
-        int64_t k = 0;
-        for (; k + 8 * U <= d->K; k += 8 * U)
-            S_UNROLL for (int u = 0; u < U; u++) {
-                __m256 w = s_widen8(q + k + 8 * u);
-                S_UNROLL for (int m = 0; m < M; m++)
-                    acc[m * U + u] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * lda + k + 8 * u), w, acc[m * U + u]);
-            }
-        for (; k + 8 <= d->K; k += 8) {
-            __m256 w = s_widen8(q + k);
+    const int U = M == 1 ? 4 : M == 2 ? 2 : 1;
+    __m256 acc[S_FEW_ROWS * 4];
+    S_UNROLL for (int i = 0; i < M * U; i++)
+        acc[i] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 * U <= d->K; k += 8 * U)
+        S_UNROLL for (int u = 0; u < U; u++) {
+            __m256 w = s_widen8(q + k + 8 * u);
             S_UNROLL for (int m = 0; m < M; m++)
-                acc[m * U] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * lda + k), w, acc[m * U]);
+                acc[m * U + u] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * lda + k + 8 * u), w, acc[m * U + u]);
         }
-        S_UNROLL for (int m = 0; m < M; m++) {
-            S_UNROLL for (int u = 1; u < U; u++)
-                acc[m * U] = _mm256_add_ps(acc[m * U], acc[m * U + u]);
-            float s = s_hsum(acc[m * U]);
-            for (int64_t t = k; t < d->K; t++)
-                s += x[m * lda + t] * (float)op_quant_int8(q, t);
-            sums[m] = s * scale[0];
-        }
-        return;
+    for (; k + 8 <= d->K; k += 8) {
+        __m256 w = s_widen8(q + k);
+        S_UNROLL for (int m = 0; m < M; m++)
+            acc[m * U] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * lda + k), w, acc[m * U]);
     }
+    S_UNROLL for (int m = 0; m < M; m++) {
+        S_UNROLL for (int u = 1; u < U; u++)
+            acc[m * U] = _mm256_add_ps(acc[m * U], acc[m * U + u]);
+        float s = s_hsum(acc[m * U]);
+        for (int64_t t = k; t < d->K; t++)
+            s += x[m * lda + t] * (float)op_quant_int8(q, t);
+        sums[m] = s * scale[0];
+    }
+}
+
+/* One int4 weight row against M rows of x quantized into xa: two groups (32 bytes) at a time, the
+ * nibbles XOR 8 (u = w + 8, unsigned, as maddubs wants them) split into the even and odd features'
+ * bytes, each multiplied by the input's bytes and summed in pairs (15 * 127 * 2 * 2 fits 16 bits),
+ * then in fours into 32 bits (lanes 0-3 the first group, 4-7 the second), less c, converted and
+ * scaled by the input's and the weight's group scales. */
+S_AVX2 static inline __attribute__((always_inline)) void s_row_int4(int M, const op_quant_dims *d, const float *x,
+                                                                    const s_xpair *xa, const uint8_t *q,
+                                                                    const float *scale, float *sums)
+{
+    const int64_t whole = d->K / OP_QUANT_GROUP, pairs = s_pairs(d), full = whole / 2;
+    const __m256i low = _mm256_set1_epi8(0x0f), flip = _mm256_set1_epi8((char)0x88), ones = _mm256_set1_epi16(1);
+    const __m256i twice = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
     __m256 acc[S_FEW_ROWS];
     S_UNROLL for (int m = 0; m < M; m++)
         acc[m] = _mm256_setzero_ps();
-    const __m256i low = _mm256_set1_epi32(0x0f);
-    const __m128i flip = _mm_set1_epi8((char)0x88);
-    const int64_t whole = d->K / OP_QUANT_GROUP;
-    for (int64_t g = 0; g < whole; g++) {
-        const uint8_t *qg = q + g * (OP_QUANT_GROUP / 2);
-        __m256i b0 = _mm256_cvtepu8_epi32(_mm_xor_si128(_mm_loadl_epi64((const __m128i *)qg), flip));
-        __m256i b1 = _mm256_cvtepu8_epi32(_mm_xor_si128(_mm_loadl_epi64((const __m128i *)(qg + 8)), flip));
-        __m256 u0 = _mm256_cvtepi32_ps(_mm256_and_si256(b0, low)), u1 = _mm256_cvtepi32_ps(_mm256_srli_epi32(b0, 4));
-        __m256 u2 = _mm256_cvtepi32_ps(_mm256_and_si256(b1, low)), u3 = _mm256_cvtepi32_ps(_mm256_srli_epi32(b1, 4));
-        __m256 sc = _mm256_broadcast_ss(scale + g);
+    for (int64_t p = 0; p < full; p++) {
+        __m256i v = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(q + 32 * p)), flip);
+        __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        __m128 two = _mm_castpd_ps(_mm_load_sd((const double *)(scale + 2 * p)));
+        __m256 ws = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(two), twice);
         S_UNROLL for (int m = 0; m < M; m++) {
-            const float *xg = xp + (m * whole + g) * OP_QUANT_GROUP;
-            /* two short chains, not one of four */
-            __m256 t0 = _mm256_fmadd_ps(_mm256_loadu_ps(xg), u0, _mm256_loadu_ps(xc + (m * whole + g) * 8));
-            __m256 t1 = _mm256_mul_ps(_mm256_loadu_ps(xg + 8), u1);
-            t0 = _mm256_fmadd_ps(_mm256_loadu_ps(xg + 16), u2, t0);
-            t1 = _mm256_fmadd_ps(_mm256_loadu_ps(xg + 24), u3, t1);
-            acc[m] = _mm256_fmadd_ps(_mm256_add_ps(t0, t1), sc, acc[m]);
+            const s_xpair *pr = xa + m * pairs + p;
+            __m256i dot = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)pr->lo)),
+                                           _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)pr->hi)));
+            __m256i sum = _mm256_sub_epi32(_mm256_madd_epi16(dot, ones), _mm256_loadu_si256((const __m256i *)pr->c));
+            acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(ws, _mm256_loadu_ps(pr->xs)), acc[m]);
+        }
+    }
+    float odd[S_FEW_ROWS] = {0};
+    if (whole % 2) { /* the last whole group alone: the same in 128 bits */
+        __m128i v = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(q + 32 * full)), _mm256_castsi256_si128(flip));
+        __m128i lo = _mm_and_si128(v, _mm256_castsi256_si128(low));
+        __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), _mm256_castsi256_si128(low));
+        __m128 ws = _mm_broadcast_ss(scale + 2 * full);
+        S_UNROLL for (int m = 0; m < M; m++) {
+            const s_xpair *pr = xa + m * pairs + full;
+            __m128i dot = _mm_add_epi16(_mm_maddubs_epi16(lo, _mm_loadu_si128((const __m128i *)pr->lo)),
+                                        _mm_maddubs_epi16(hi, _mm_loadu_si128((const __m128i *)pr->hi)));
+            __m128i sum = _mm_sub_epi32(_mm_madd_epi16(dot, _mm256_castsi256_si128(ones)),
+                                        _mm_loadu_si128((const __m128i *)pr->c));
+            odd[m] = s_hsum128(_mm_mul_ps(_mm_cvtepi32_ps(sum), _mm_mul_ps(ws, _mm_loadu_ps(pr->xs))));
         }
     }
     const int64_t k = whole * OP_QUANT_GROUP;
     S_UNROLL for (int m = 0; m < M; m++) {
         float tail = 0.0f;
         for (int64_t t = k; t < d->K; t++)
-            tail += x[m * lda + t] * (float)op_quant_int4(q, t);
-        sums[m] = s_hsum(acc[m]) + (k < d->K ? tail * scale[whole] : 0.0f);
+            tail += x[m * d->K_x + t] * (float)op_quant_int4(q, t);
+        sums[m] = s_hsum(acc[m]) + odd[m] + (k < d->K ? tail * scale[whole] : 0.0f);
     }
-}
-
-/* int4's x regrouped (see s_row_avx2) into xp (M * whole groups * 32) and xc (M * whole * 8). */
-S_AVX2 static void s_regroup_x(const op_quant_dims *d, const float *x, float *xp, float *xc)
-{
-    int64_t whole = d->K / OP_QUANT_GROUP;
-    for (int64_t m = 0; m < d->M; m++)
-        for (int64_t g = 0; g < whole; g++) {
-            const float *xg = x + m * d->K_x + g * OP_QUANT_GROUP;
-            float *pg = xp + (m * whole + g) * OP_QUANT_GROUP;
-            for (int half = 0; half < 2; half++)
-                for (int j = 0; j < 8; j++) {
-                    pg[half * 16 + j] = xg[half * 16 + 2 * j];
-                    pg[half * 16 + 8 + j] = xg[half * 16 + 2 * j + 1];
-                }
-            __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(pg), _mm256_loadu_ps(pg + 8)),
-                                     _mm256_add_ps(_mm256_loadu_ps(pg + 16), _mm256_loadu_ps(pg + 24)));
-            _mm256_storeu_ps(xc + (m * whole + g) * 8, _mm256_mul_ps(s, _mm256_set1_ps(-8.0f)));
-        }
 }
 
 #define S_CASE(M)                                                                                                 \
     case M:                                                                                                       \
         for (int64_t n = 0; n < d->N; n++) {                                                                      \
-            s_row_avx2(M, d, x, xp, xc, q + n * d->row_bytes, scale + n * d->groups, sums);                       \
+            const uint8_t *qn = q + n * d->row_bytes;                                                             \
+            if (d->bits == 8)                                                                                     \
+                s_row_int8(M, d, x, qn, scale + n, sums);                                                         \
+            else                                                                                                  \
+                s_row_int4(M, d, x, xa, qn, scale + n * d->groups, sums);                                         \
             for (int m = 0; m < M; m++)                                                                           \
                 out[m * d->N + n] = sums[m] + (bias ? bias[n] : 0.0f);                                            \
         }                                                                                                         \
         break;
 /* The weight streamed once for d->M <= S_FEW_ROWS rows of x. */
-S_AVX2 static void s_few_rows_avx2(const op_quant_dims *d, const float *x, const float *xp, const float *xc,
-                                   const uint8_t *q, const float *scale, const float *bias, float *out)
+S_AVX2 static void s_few_rows_avx2(const op_quant_dims *d, const float *x, const s_xpair *xa, const uint8_t *q,
+                                   const float *scale, const float *bias, float *out)
 {
     float sums[S_FEW_ROWS];
     switch (d->M) { S_CASE(1) S_CASE(2) S_CASE(3) S_CASE(4) S_CASE(5) S_CASE(6) S_CASE(7) S_CASE(8) }
@@ -178,33 +273,41 @@ S_AVX2 static void s_few_rows_avx2(const op_quant_dims *d, const float *x, const
 static bool s_has_avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 #endif
 
+static s_round_fn *s_round_best(void)
+{
+#if defined(__x86_64__)
+    if (s_has_avx2())
+        return s_round_avx2;
+#endif
+    return s_round_plain;
+}
+
 /* ---- few rows: the weight streamed once ------------------------------------------------------ */
 
 static const char *s_few_rows(const op_quant_dims *d, const float *x, const uint8_t *q, const float *scale,
                               const float *bias, float *out)
 {
+    s_xpair *xa = NULL;
+    if (d->bits == 4 && d->K >= OP_QUANT_GROUP) {
+        /* a few rows of x, quantized: small next to the weight every call streams */
+        if (!(xa = malloc((size_t)(d->M * s_pairs(d)) * sizeof *xa)))
+            return "out of memory on the device";
+        s_quantize_x(d, x, xa, s_round_best());
+    }
 #if defined(__x86_64__)
     if (s_has_avx2()) {
-        int64_t whole = d->bits == 4 ? d->K / OP_QUANT_GROUP : 0;
-        float *xp = NULL, *xc = NULL;
-        if (whole) {
-            /* a few rows of x, regrouped: small next to the weight every call streams */
-            if (!(xp = malloc((size_t)(d->M * whole) * (OP_QUANT_GROUP + 8) * sizeof *xp)))
-                return "out of memory on the device";
-            xc = xp + d->M * whole * OP_QUANT_GROUP;
-            s_regroup_x(d, x, xp, xc);
-        }
-        s_few_rows_avx2(d, x, xp, xc, q, scale, bias, out);
-        free(xp);
+        s_few_rows_avx2(d, x, xa, q, scale, bias, out);
+        free(xa);
         return NULL;
     }
 #endif
     float sums[S_FEW_ROWS];
     for (int64_t n = 0; n < d->N; n++) {
-        s_row_plain(d, x, d->K_x, q + n * d->row_bytes, scale + n * d->groups, sums);
+        s_row_plain(d, x, d->K_x, xa, q + n * d->row_bytes, scale + n * d->groups, sums);
         for (int64_t m = 0; m < d->M; m++)
             out[m * d->N + n] = sums[m] + (bias ? bias[n] : 0.0f);
     }
+    free(xa);
     return NULL;
 }
 
@@ -267,7 +370,34 @@ const char *cpu_quant_linear(const op_quant_dims *d, const float *x, const uint8
         }
         return NULL;
     }
-    return s_blocks(d, x, q, scale, bias, out);
+    if (d->bits == 8)
+        return s_blocks(d, x, q, scale, bias, out);
+    /* int4's inputs quantized as the few rows' are, then back in float32 for sgemm: a row's result
+     * does not depend on how many rows came with it */
+    float *used = malloc((size_t)(d->M * d->K) * sizeof *used);
+    if (!used)
+        return "out of memory on the device";
+    s_round_fn *round_group = s_round_best();
+    int64_t whole = d->K / OP_QUANT_GROUP;
+    for (int64_t m = 0; m < d->M; m++) {
+        const float *xm = x + m * d->K_x;
+        float *um = used + m * d->K;
+        for (int64_t g = 0; g < whole; g++) {
+            float amax;
+            int32_t v[OP_QUANT_GROUP];
+            round_group(xm + g * OP_QUANT_GROUP, &amax, v);
+            float xs = isfinite(amax) ? amax / 127.0f : NAN;
+            for (int i = 0; i < OP_QUANT_GROUP; i++)
+                um[g * OP_QUANT_GROUP + i] = (float)v[i] * xs;
+        }
+        memcpy(um + whole * OP_QUANT_GROUP, xm + whole * OP_QUANT_GROUP,
+               (size_t)(d->K - whole * OP_QUANT_GROUP) * sizeof *um);
+    }
+    op_quant_dims dense = *d;
+    dense.K_x = d->K;
+    const char *why = s_blocks(&dense, used, q, scale, bias, out);
+    free(used);
+    return why;
 }
 
 static const char *s_linear(op_kernel *k)

@@ -54,16 +54,19 @@ def _silu(x):
     return x / (1 + np.exp(-x))
 
 
-def logits(weights, cfg, ids, attention_mask=None, position_ids=None):
+def logits(weights, cfg, ids, attention_mask=None, position_ids=None, inputs=None):
     """Logits (B, L, V) in float64. ``weights``: the HF state dict as numpy arrays; ``cfg``: a dict
-    of config.json fields. Query rows whose every key is padding give zeros (they are padding)."""
-    x = hidden_states(weights, cfg, ids, attention_mask, position_ids)
+    of config.json fields. Query rows whose every key is padding give zeros (they are padding).
+    ``inputs(name, h)``, when given, is what the linear layer ``name`` (e.g. "model.layers.0.mlp.
+    up_proj", "lm_head") multiplies instead of its input h: a product that quantizes its input."""
+    x = hidden_states(weights, cfg, ids, attention_mask, position_ids, inputs)
     head = weights["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else weights["lm_head.weight"]
-    return x @ np.asarray(head, np.float64).T
+    return (inputs("lm_head", x) if inputs else x) @ np.asarray(head, np.float64).T
 
 
-def hidden_states(weights, cfg, ids, attention_mask=None, position_ids=None):
-    """The last hidden states (B, L, E) after the final norm, in float64 (what lm_head reads)."""
+def hidden_states(weights, cfg, ids, attention_mask=None, position_ids=None, inputs=None):
+    """The last hidden states (B, L, E) after the final norm, in float64 (what lm_head reads);
+    ``inputs`` as in logits."""
     w = {k: np.asarray(v, np.float64) for k, v in weights.items()}
     ids = np.asarray(ids)
     B, L = ids.shape
@@ -87,7 +90,7 @@ def hidden_states(weights, cfg, ids, attention_mask=None, position_ids=None):
         p = f"model.layers.{i}."
 
         def proj(name, h):
-            y = h @ w[p + name + ".weight"].T
+            y = (inputs(p + name, h) if inputs else h) @ w[p + name + ".weight"].T
             return y + w[p + name + ".bias"] if p + name + ".bias" in w else y
 
         h = _rms(x, w[p + "input_layernorm.weight"], eps)
@@ -110,6 +113,28 @@ def hidden_states(weights, cfg, ids, attention_mask=None, position_ids=None):
         h = _rms(x, w[p + "post_attention_layernorm.weight"], eps)
         x = x + proj("mlp.down_proj", _silu(proj("mlp.gate_proj", h)) * proj("mlp.up_proj", h))
     return _rms(x, w["model.norm.weight"], eps)
+
+
+# ---- int4 products' inputs -------------------------------------------------------------------------
+
+def int4_inputs_from_contract(x):
+    """The input as the int4 product uses it on the CPU (activations quantized, as the contract
+    allows): per group of 32 features, scale = max|x_group| / 127 and values rint(x * 127 /
+    max|x_group|), in float32 arithmetic; features past the last whole group as given."""
+    x = np.asarray(x, np.float32)
+    used = x.astype(np.float64)
+    for g in range(0, x.shape[-1] - x.shape[-1] % 32, 32):
+        part = x[..., g:g + 32]
+        amax = np.abs(part).max(axis=-1, keepdims=True)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+        used[..., g:g + 32] = np.rint(part * inv) * (amax / np.float32(127)).astype(np.float32)
+    return used
+
+
+def int4_inputs(lm_head=False):
+    """logits' ``inputs`` for a model whose decoder projections (and lm_head, when quantized) are int4."""
+    return lambda name, h: int4_inputs_from_contract(h) if lm_head or name != "lm_head" else h
 
 
 def layer_windows(cfg):

@@ -204,7 +204,7 @@ def test_gptq_llama_logits(llama_dir, mode, mesh_name):
     assert model.model.layers[1].mlp.down_proj.bits == 4
     assert model.quantization_config == {"quant_method": "dtorch", "bits": 4, "group_size": 32}
     got = model(IDS).logits.numpy()
-    want = ref.logits(dense, gptq_config(), IDS)
+    want = ref.logits(dense, gptq_config(), IDS, inputs=ref.int4_inputs())
     assert rel(got, want) < 0.02                       # the contract
     assert rel(got, want) < 1e-4                       # in fact float32's rounding: no requantization
 
@@ -217,7 +217,7 @@ def test_v2_side_file_base_name_and_the_auto_class(tmp_path, thread_runtime):
                        weights_name="gptq_model-4bit-128g")
     model = AutoModelForCausalLM.from_pretrained(tmp_path, dtype="float32", quantization="int4",
                                                  device_mesh=dtorch.init_device_mesh("cpu", (2,), mesh_dim_names=("tp",)))
-    assert rel(model(IDS).logits.numpy(), ref.logits(dense, cfg, IDS)) < 1e-4
+    assert rel(model(IDS).logits.numpy(), ref.logits(dense, cfg, IDS, inputs=ref.int4_inputs())) < 1e-4
 
 
 @pytest.mark.parametrize("kind", ["mistral", "qwen2"])
@@ -230,7 +230,7 @@ def test_mistral_and_qwen2(tmp_path, thread_runtime, kind):
     model = AutoModelForCausalLM.from_pretrained(tmp_path, dtype="float32",
                                                  device_mesh=dtorch.init_device_mesh("cpu", (2,), mesh_dim_names=("tp",)))
     assert type(model).__name__ == {"mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}[kind]
-    assert rel(model(IDS).logits.numpy(), ref.logits(dense, cfg, IDS)) < 1e-4
+    assert rel(model(IDS).logits.numpy(), ref.logits(dense, cfg, IDS, inputs=ref.int4_inputs())) < 1e-4
 
 
 def test_float16_checkpoint_keeps_its_dtype_and_saves_as_dtorch_int4(tmp_path, thread_runtime):

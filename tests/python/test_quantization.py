@@ -84,11 +84,20 @@ def test_int4_formula_packing_and_a_group_by_hand():
                                   want_q * np.repeat(want_scale, 32, axis=1)[:, :70])
 
 
+def test_int4_inputs_by_hand():
+    # one group: max |x| 2.54, scale 0.02: 2.54 -> 127, 0.333 -> rint(16.65) = 17 -> 0.34, 1 -> 50
+    # -> 1.0; a 33rd feature is no whole group and stays 0.333
+    x = np.array([[2.54, 0.333] + [1.0] * 30 + [0.333]], np.float32)
+    used = ref.int4_inputs_from_contract(x)
+    np.testing.assert_allclose(used[0, :3], [2.54, 0.34, 1.0], rtol=1e-6)
+    assert used[0, 32] == np.float32(0.333)
+
+
 # ---- the ops --------------------------------------------------------------------------------------
 
 def op_product(bits, x, w, bias, mesh, x_pl, q_pl, s_pl):
     """linear_int<bits>(x, quantized w, bias) on mesh with those placements, and the float64
-    reference of the dequantized weight."""
+    reference of the dequantized weight (int4: over its input as the product uses it)."""
     stored, scale = Q.quantize(w, bits)
     deq = Q.dequantize(stored, scale, bits, w.shape[1])
     tensors = [dtorch.distribute_tensor(x, mesh, x_pl),
@@ -97,7 +106,8 @@ def op_product(bits, x, w, bias, mesh, x_pl, q_pl, s_pl):
     if bias is not None:
         tensors.append(dtorch.distribute_tensor(bias, mesh, s_pl if s_pl[0] == Shard(0) else [Replicate()]))
     got = _op(OP_IDS[f"linear_int{bits}"], tuple(tensors), None, None, None).numpy()
-    want = np.asarray(x, np.float64) @ deq.T + (0 if bias is None else bias)
+    used = ref.int4_inputs_from_contract(x) if bits == 4 else np.asarray(x, np.float64)
+    want = used @ deq.T + (0 if bias is None else bias)
     return got, want
 
 
@@ -211,7 +221,8 @@ def test_llama_logits_within_the_contract(tmp_path, thread_runtime, case, mesh_n
     assert isinstance(model.model.layers[0].mlp.down_proj, Q.QuantizedLinear)
     assert not isinstance(model.lm_head, Q.QuantizedLinear)
     got = model(IDS).logits.numpy()
-    want = ref.logits(dequantized(sd, bits), cfg, IDS)
+    inputs = ref.int4_inputs() if bits == 4 else None
+    want = ref.logits(dequantized(sd, bits), cfg, IDS, inputs=inputs)
     assert rel(got, want) < 0.02
     assert rel(got, want) < 1e-4                       # in fact float32's rounding, no more
     # and it is the quantized model that was measured: the float model is farther away than that
@@ -219,7 +230,8 @@ def test_llama_logits_within_the_contract(tmp_path, thread_runtime, case, mesh_n
     out = model.generate(IDS, max_new_tokens=3)
     seq = IDS
     for _ in range(3):
-        seq = np.concatenate([seq, ref.logits(dequantized(sd, bits), cfg, seq)[:, -1].argmax(-1)[:, None]], axis=1)
+        step = ref.logits(dequantized(sd, bits), cfg, seq, inputs=inputs)
+        seq = np.concatenate([seq, step[:, -1].argmax(-1)[:, None]], axis=1)
     np.testing.assert_array_equal(out, seq)
 
 
@@ -232,7 +244,8 @@ def test_quantized_lm_head_and_the_auto_class(tmp_path, thread_runtime):
     assert isinstance(model.lm_head, Q.QuantizedLinear)
     # the reference's untied head: the embedding quantized, while the lookup keeps it in float
     untied = dict(sd, **{"lm_head.weight": sd["model.embed_tokens.weight"]})
-    want = ref.logits(dequantized(untied, 4, lm_head=True), dict(cfg, tie_word_embeddings=False), IDS)
+    want = ref.logits(dequantized(untied, 4, lm_head=True), dict(cfg, tie_word_embeddings=False), IDS,
+                      inputs=ref.int4_inputs(lm_head=True))
     assert rel(model(IDS).logits.numpy(), want) < 1e-4
 
 
