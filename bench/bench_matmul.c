@@ -16,8 +16,10 @@
  *
  * Then, for decode's shapes (a few rows x a linear layer's weight, the 110M Llama's projections and
  * classifier), the kernels themselves on this thread, GB/s of weight read: sgemm, M sgemv calls,
- * and cpu_matmul_skinny with float32 and bfloat16 weights; memcpy of the weight's bytes into a
- * written buffer is the reference for what memory allows.
+ * cpu_matmul_skinny with float32 and bfloat16 weights, and cpu_quant_linear with int8 and int4
+ * weights (each its own bytes, scales included); memcpy of the weight's bytes into a written buffer
+ * is the reference for what memory allows. Last, one whole decode step's products at batch 1 of
+ * the 15M and 110M shapes in each format.
  *
  * Usage: bench_matmul [repeat_scale [n ...]]
  *   repeat_scale multiplies every repeat count (e.g. 0.2 for a quick look).
