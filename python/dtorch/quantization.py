@@ -47,12 +47,25 @@ def _scaled(w, amax, levels, lo, hi):
     return np.where(scale > 0, q, 0).astype(np.int8), scale
 
 
+def _row_blocks(N, K):
+    """Row ranges of about a million weights: the float64 arithmetic's temporaries stay a few MB
+    (reused by the allocator) instead of the whole weight's size, which made loading spend most of
+    its time having the kernel zero fresh pages."""
+    step = max(1, (1 << 20) // max(K, 1))
+    return ((r, min(r + step, N)) for r in range(0, N, step))
+
+
 def quantize_int8(weight):
     """(q int8 (N, K), scale float32 (N,)) of a float weight (N, K)."""
-    w = np.asarray(weight, dtype=np.float64)
-    q, scale = _scaled(w, np.abs(w).max(axis=1, keepdims=True) if w.shape[1] else np.zeros((w.shape[0], 1)),
-                       127, -127, 127)
-    return q, scale[:, 0]
+    w = np.asarray(weight)
+    N, K = w.shape
+    q, scale = np.empty((N, K), np.int8), np.empty(N, np.float32)
+    for r0, r1 in _row_blocks(N, K):
+        part = np.asarray(w[r0:r1], np.float64)
+        amax = np.abs(part).max(axis=1, keepdims=True) if K else np.zeros((r1 - r0, 1))
+        q[r0:r1], block_scale = _scaled(part, amax, 127, -127, 127)
+        scale[r0:r1] = block_scale[:, 0]
+    return q, scale
 
 
 def dequantize_int8(q, scale):
@@ -62,14 +75,18 @@ def dequantize_int8(q, scale):
 
 def quantize_int4(weight):
     """(packed uint8 (N, ceil(K / 2)), scale float32 (N, ceil(K / 32))) of a float weight (N, K)."""
-    w = np.asarray(weight, dtype=np.float64)
+    w = np.asarray(weight)
     N, K = w.shape
     G = -(-K // GROUP)
-    padded = np.zeros((N, G * GROUP))
-    padded[:, :K] = w
-    groups = padded.reshape(N, G, GROUP)
-    q, scale = _scaled(groups, np.abs(groups).max(axis=2, keepdims=True), 7, -8, 7)
-    return pack_int4(q.reshape(N, G * GROUP)[:, :K]), scale[:, :, 0]
+    packed, scale = np.empty((N, -(-K // 2)), np.uint8), np.empty((N, G), np.float32)
+    for r0, r1 in _row_blocks(N, G * GROUP):
+        padded = np.zeros((r1 - r0, G * GROUP))
+        padded[:, :K] = w[r0:r1]
+        groups = padded.reshape(r1 - r0, G, GROUP)
+        q, block_scale = _scaled(groups, np.abs(groups).max(axis=2, keepdims=True), 7, -8, 7)
+        packed[r0:r1] = pack_int4(q.reshape(r1 - r0, G * GROUP)[:, :K])
+        scale[r0:r1] = block_scale[:, :, 0]
+    return packed, scale
 
 
 def pack_int4(q):
