@@ -31,12 +31,17 @@ static void s_block_rows(int64_t L, int64_t S, int64_t D, int64_t Dv, const floa
         memset(scores, 0, (size_t)(L * S) * sizeof *scores);
     for (int64_t i = 0; i < L; i++) {
         float *row = scores + i * S, top = -INFINITY;
+        bool nan = false;
         for (int64_t j = 0; j < S; j++) {
             if (!s_visible(k_pos[j], q_pos[i], causal))
                 row[j] = -INFINITY; /* its weight comes out exactly 0 */
             else if (row[j] > top)
                 top = row[j];
+            else if (row[j] != row[j])
+                nan = true;
         }
+        if (nan)
+            top = NAN; /* the row comes out NaN, as torch's softmax gives it */
         if (top == -INFINITY) {
             memset(row, 0, (size_t)S * sizeof *row);
             lse[i] = -INFINITY;

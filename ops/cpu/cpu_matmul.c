@@ -393,6 +393,31 @@ S_AVX2 static float s_dot_avx2(const float *x, const float *y, int64_t n)
     return sum;
 }
 
+/* The largest of n floats, -inf for none, NaN where one is NaN (as torch's softmax, the row then
+ * comes out NaN rather than some number). */
+S_AVX2 static float s_max_avx2(const float *x, int64_t n)
+{
+    __m256 top8 = _mm256_set1_ps(-INFINITY), nan8 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        top8 = _mm256_max_ps(v, top8);
+        nan8 = _mm256_or_ps(nan8, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    if (_mm256_movemask_ps(nan8))
+        return NAN;
+    float lanes[8], top = -INFINITY;
+    _mm256_storeu_ps(lanes, top8);
+    for (int l = 0; l < 8; l++)
+        top = lanes[l] > top ? lanes[l] : top;
+    for (; i < n; i++) {
+        if (x[i] != x[i])
+            return NAN;
+        top = x[i] > top ? x[i] : top;
+    }
+    return top;
+}
+
 S_AVX2 static void s_axpy_avx2(float a, const float *x, float *y, int64_t n)
 {
     __m256 va = _mm256_set1_ps(a);
@@ -411,6 +436,21 @@ static bool s_has_avx2(void)
 #else
     return false;
 #endif
+}
+
+static float s_row_max(const float *x, int64_t n)
+{
+#if defined(__x86_64__)
+    if (s_has_avx2())
+        return s_max_avx2(x, n);
+#endif
+    float top = -INFINITY;
+    for (int64_t i = 0; i < n; i++) {
+        if (x[i] != x[i])
+            return NAN;
+        top = x[i] > top ? x[i] : top;
+    }
+    return top;
 }
 
 /* The keys row i may see before any mask: those before the causal diagonal, or all. */
@@ -451,6 +491,7 @@ static void s_attention_few_rows(int64_t L, int64_t used, int64_t E, int64_t Ev,
         float *oi = out + i * Ev;
         int64_t visible = s_visible(used, causal, row0, i);
         float top = -INFINITY;
+        bool nan = false;
         for (int64_t j = 0; j < visible; j++) {
             float bias = m ? m[j * mask_ss] : 0.0f;
             if (bias == -INFINITY) {
@@ -465,8 +506,15 @@ static void s_attention_few_rows(int64_t L, int64_t used, int64_t E, int64_t Ev,
             row[j] = dot * scale + bias;
             if (row[j] > top)
                 top = row[j];
+            else if (row[j] != row[j])
+                nan = true;
         }
         memset(oi, 0, (size_t)Ev * sizeof *oi);
+        if (nan) { /* a NaN score makes the row NaN, as torch's softmax does */
+            for (int64_t c = 0; c < Ev; c++)
+                oi[c] = NAN;
+            continue;
+        }
         if (top == -INFINITY)
             continue; /* nothing to attend to: zeros, as torch's safe softmax gives (no NaN) */
         float sum = 0.0f;
@@ -548,10 +596,7 @@ static void s_attention_block(int64_t L, int64_t S, int64_t E, int64_t Ev, const
             for (int64_t j = 0; j < visible; j++)
                 row[j] += m[j * mask_ss];
         }
-        float top = -INFINITY;
-        for (int64_t j = 0; j < visible; j++)
-            if (row[j] > top)
-                top = row[j];
+        float top = s_row_max(row, visible);
         if (top == -INFINITY) {
             /* nothing to attend to: zeros, as torch's safe softmax gives (no NaN) */
             memset(row, 0, (size_t)used * sizeof *row);

@@ -37,7 +37,7 @@ const char *cpu_softmax_run(bool log, float *out, const float *in, int64_t outer
 
 /* An attention row's weights before normalising: x[j] = exp(x[j] - top) in place over n floats
  * (-inf, a hidden key, gives exactly 0; NaN stays NaN), by softmax's vectorised exponential;
- * returns their sum. top is the row's largest visible value (finite). */
+ * returns their sum. top is the row's largest visible value (finite; NaN makes every weight NaN). */
 float cpu_exp_shifted_sum(float *x, int64_t n, float top);
 
 /* out = running sum of in along n. */

@@ -655,6 +655,28 @@ def test_sdpa_every_placement(rt, mesh_name, case):
         check(y, ref, dtorch.float32, what)
 
 
+@pytest.mark.parametrize("L", [40, 3])
+def test_sdpa_long_rows_and_nan_as_torch(rt, L):
+    """Blocks of many query rows (40) or a few scored key by key (3, as decode) over 37 keys (whole
+    vectors of 8 and a tail) against numpy; a NaN in a query row makes that row NaN, a NaN in a key
+    every row of its head, as torch gives them (once a NaN query row came out zeros), and every
+    other row keeps its value."""
+    mesh = mesh_1d(1)
+    q, k, v = rng.standard_normal((2, L, 16)), rng.standard_normal((2, 37, 16)), rng.standard_normal((2, 37, 8))
+    q[0, 1, 3] = np.nan
+    k[1, 30, 0] = np.nan
+    y = dtorch.nn.functional.scaled_dot_product_attention(*(dtorch.distribute_tensor(t.astype(np.float32), mesh, [R])
+                                                            for t in (q, k, v))).numpy()
+    scores = q @ k.transpose(0, 2, 1) / np.sqrt(16)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(scores - scores.max(-1, keepdims=True))
+        want = (e / e.sum(-1, keepdims=True)) @ v
+    assert np.isnan(want[0, 1]).all() and np.isnan(want[1]).all()
+    assert np.isnan(y[0, 1]).all() and np.isnan(y[1]).all()
+    rows = np.arange(L) != 1
+    np.testing.assert_allclose(y[0, rows], want[0, rows], rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", [dtorch.float16, dtorch.bfloat16])
 def test_sdpa_16bit(rt, dtype):
     mesh = mesh_2x2()

@@ -74,6 +74,22 @@ def test_prefill_on_rings(mode, n, causal):
     check(out.numpy(), reference(q, k, v, pos, pos, causal))
 
 
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_nan_query_row_comes_out_nan(mode, n):
+    """As torch's softmax gives it: a NaN in query row 5 makes that row NaN on every device's block
+    (once it came out zeros, as a row that sees no key); every other row keeps its value."""
+    q, k, v = arrays((1, 2, 12, 8), (1, 2, 12, 8), seed=7)
+    q[0, 1, 5, 2] = np.nan
+    pos = np.arange(12, dtype=np.int64)[None]
+    got = run(ring_mesh(n), q, k, v, pos, pos, [Shard(2)], [Shard(2)], [Shard(1)], [Shard(1)], causal=False).numpy()
+    assert np.isnan(got[0, 1, 5]).all()
+    rest = np.ones(got.shape[:3], bool)
+    rest[0, 1, 5] = False
+    clean = q.copy()
+    clean[0, 1, 5] = 0
+    check(got[rest], reference(clean, k, v, pos, pos, False)[rest])
+
+
 @pytest.mark.parametrize("seq, n", [(13, 2), (13, 4), (3, 4)])
 @pytest.mark.parametrize("causal", [True, False])
 def test_uneven_and_empty_blocks(mode, seq, n, causal):
