@@ -746,7 +746,7 @@ Test(attention, head_in_blocks_of_rows)
 {
     enum { L = 40, S = 4100, E = 3, EV = 2, ROW0 = 4070 };
     cr_assert_eq(cpu_attention_block_rows(L, S), 16);
-    static float q[L * E], k[S * E], v[S * EV], mask[L * S], scores[16 * S], out[L * EV];
+    static float q[L * E], k[S * E], v[S * EV], mask[L * S], scores[16 * (S + 1)], out[L * EV];
     for (int i = 0; i < L * E; i++)
         q[i] = (float)((i * 7) % 13) / 6.0f - 1.0f;
     for (int i = 0; i < S * E; i++)

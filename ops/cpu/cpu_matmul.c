@@ -547,27 +547,29 @@ int64_t cpu_attention_block_rows(int64_t L, int64_t S)
 
 static void s_attention_block(int64_t L, int64_t S, int64_t E, int64_t Ev, const float *q, const float *k,
                               const float *v, const float *mask, int64_t mask_sl, int64_t mask_ss, bool causal,
-                              int64_t row0, float scale, float *scores, float *out);
+                              int64_t row0, float scale, float *scores, float *inv, float *out);
 
 void cpu_attention_head(int64_t L, int64_t S, int64_t E, int64_t Ev, const float *q, const float *k, const float *v,
                         const float *mask, int64_t mask_sl, int64_t mask_ss, bool causal, int64_t row0, float scale,
                         float *scores, float *out)
 {
-    /* Blocks of query rows, each scored against the keys it can see, normalised and multiplied
-     * by the values before the next: the scores never exceed one block's (no L x S matrix for a
+    /* Blocks of query rows, each scored against the keys it can see, its weights multiplied by the
+     * values before the next block: the scores never exceed one block's (no L x S matrix for a
      * long sequence), stay in cache between the two products, and a causal block stops at the
      * last key its last row sees. */
     int64_t block = cpu_attention_block_rows(L, S);
     for (int64_t i0 = 0; i0 < L; i0 += block) {
         int64_t rows = L - i0 < block ? L - i0 : block;
         s_attention_block(rows, S, E, Ev, q + i0 * E, k, v, mask ? mask + i0 * mask_sl : NULL, mask_sl, mask_ss,
-                          causal, row0 + i0, scale, scores, out + i0 * Ev);
+                          causal, row0 + i0, scale, scores, scores + block * S, out + i0 * Ev);
     }
 }
 
+/* inv: a float per row, 1 / the sum of its weights: the weights go into the product with the
+ * values as exponentials, and each output row is divided once (Ev values) instead of each score. */
 static void s_attention_block(int64_t L, int64_t S, int64_t E, int64_t Ev, const float *q, const float *k,
                               const float *v, const float *mask, int64_t mask_sl, int64_t mask_ss, bool causal,
-                              int64_t row0, float scale, float *scores, float *out)
+                              int64_t row0, float scale, float *scores, float *inv, float *out)
 {
     if (L == 0 || Ev == 0)
         return;
@@ -600,16 +602,18 @@ static void s_attention_block(int64_t L, int64_t S, int64_t E, int64_t Ev, const
         if (top == -INFINITY) {
             /* nothing to attend to: zeros, as torch's safe softmax gives (no NaN) */
             memset(row, 0, (size_t)used * sizeof *row);
+            inv[i] = 0.0f;
             continue;
         }
-        float inv = 1.0f / cpu_exp_shifted_sum(row, visible, top);
-        for (int64_t j = 0; j < visible; j++)
-            row[j] *= inv;
+        inv[i] = 1.0f / cpu_exp_shifted_sum(row, visible, top);
         for (int64_t j = visible; j < used; j++)
             row[j] = 0.0f;
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)L, (int)Ev, (int)used, 1.0f, scores, (int)S, v,
                 (int)Ev, 0.0f, out, (int)Ev);
+    for (int64_t i = 0; i < L; i++)
+        for (int64_t c = 0; c < Ev; c++)
+            out[i * Ev + c] *= inv[i];
 }
 
 /* ---- embedding ------------------------------------------------------------------------------- */
@@ -717,7 +721,7 @@ const char *cpu_k_sdpa(op_kernel *k)
     int64_t nout = dt_layout_numel(o->ndim, o->shape), nmask = mask ? dt_layout_numel(mask->ndim, mask->shape) : 0;
     if (nout == 0)
         return NULL;
-    if (__builtin_mul_overflow(cpu_attention_block_rows(L, S), S, &nscores)) /* pieces without elements (E = 0) */
+    if (__builtin_mul_overflow(cpu_attention_block_rows(L, S), S + 1, &nscores)) /* pieces without elements (E = 0) */
         return "out of memory on the device";
     /* the mask as additive float32 */
     float *mvals = NULL;

@@ -56,7 +56,8 @@ const char *cpu_quant_linear(const op_quant_dims *d, const float *x, const uint8
  * k (S, E), v (S, Ev) C-contiguous. mask: NULL or additive float values, element (i, j) at
  * mask[i * mask_sl + j * mask_ss] (strides 0 broadcast); causal hides key j > row0 + i (row0:
  * the global index of this piece's first query row). A row that sees no key gives zeros.
- * scores: scratch of cpu_attention_block_rows(L, S) * S floats: the rows go in blocks of that many.
+ * scores: scratch of cpu_attention_block_rows(L, S) * (S + 1) floats: the rows go in blocks of that
+ * many (a block's scores, then a float per row).
  * Up to CPU_ATTENTION_FEW_ROWS query rows (decode) are scored key by key, skipping the keys the
  * mask hides; more go through two BLAS products per block. */
 #define CPU_ATTENTION_FEW_ROWS 4
