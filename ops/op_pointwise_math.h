@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "op_reduce_math.h"
+
 #ifdef __CUDACC__
 #define OP_EW_FN static __device__ __forceinline__
 #else
@@ -33,9 +35,8 @@ OP_EW_FN float op_ew_pick(int c, float a, float b)
 
 /* exp(x) for every float, in a form compilers vectorise (libm's expf is a call per element, which
  * left the activations' loops scalar): x is clamped to [-104, 89] (NaN kept), outside which expf
- * rounds to 0 or overflows alike; x = n ln2 + r with |r| <= ln2/2 (ln2 in two parts, the first
- * product exact), exp(r) by its Taylor series to r^8, times 2^n as two scales built in the exponent
- * bits (n runs from -150 to 128, beyond one scale's normal range), so results below 2^-126 come out
+ * rounds to 0 or overflows alike; exp(r) from op_exp_reduced (op_reduce_math.h, softmax's core),
+ * times 2^n as two scales built in the exponent bits (n runs from -150 to 128, beyond one scale's normal range), so results below 2^-126 come out
  * subnormal and those above FLT_MAX infinite where expf's do. Over a sweep of every 7th float the
  * error is at most 1.16 ulp of exp in double precision (9.7e-8 relative where the result is a normal
  * float); expf(-inf) = 0, expf(inf) = inf and NaN as expf gives them (tests/test_kernels.c). */
@@ -43,21 +44,9 @@ OP_EW_FN float op_ew_exp(float x)
 {
     x = op_ew_pick(-104.0f > x, -104.0f, x);
     x = op_ew_pick(89.0f < x, 89.0f, x);
-    float t = x * 1.44269504f + 12582912.0f; /* 1.5 * 2^23: rounds to an integer held in the low bits */
-    float n = t - 12582912.0f;
-    int32_t bits;
-    memcpy(&bits, &t, sizeof bits);
-    float r = (x - n * 0.693145752f) - n * 1.42860677e-6f;
-    float p = 1.0f / 40320;
-    p = p * r + 1.0f / 5040;
-    p = p * r + 1.0f / 720;
-    p = p * r + 1.0f / 120;
-    p = p * r + 1.0f / 24;
-    p = p * r + 1.0f / 6;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    int32_t k = bits - 0x4B400000, h = k >> 1;
+    int32_t k;
+    float p = op_exp_reduced(x, &k);
+    int32_t h = k >> 1;
     uint32_t hi_bits = (uint32_t)(h + 127) << 23, lo_bits = (uint32_t)(k - h + 127) << 23;
     float hi, lo;
     memcpy(&hi, &hi_bits, sizeof hi);

@@ -13,18 +13,17 @@
 #define OP_RED_FN static inline
 #endif
 
-/* exp(x) for x in [-88, 0] (softmax's shifted values, clamped by op_softmax_clamp; NaN stays
- * NaN), in a form compilers vectorise (libm's expf is a call per element): x = n ln2 + r with
- * |r| <= ln2/2 (ln2 in two parts), exp(r) by its Taylor series to r^8 (relative error ~1e-7),
- * times 2^n built in the exponent bits. At -88, n = -127 gives a scale of 0: exp there is below
- * 2^-126, which no softmax sum (at least 1) can notice. */
-OP_RED_FN float op_softmax_exp(float x)
+/* The core of both vectorisable exponentials (this softmax's and op_pointwise_math.h's op_ew_exp):
+ * x = n ln2 + r with |r| <= ln2/2 (ln2 in two parts, the first product exact); returns exp(r) by
+ * its Taylor series to r^8 (relative error ~1e-7) and sets *n. The callers build 2^n in exponent
+ * bits, each for its own range of n. */
+OP_RED_FN float op_exp_reduced(float x, int32_t *n)
 {
     float t = x * 1.44269504f + 12582912.0f; /* 1.5 * 2^23: rounds to an integer held in the low bits */
-    float n = t - 12582912.0f;
+    float whole = t - 12582912.0f;
     int32_t bits;
     memcpy(&bits, &t, sizeof bits);
-    float r = (x - n * 0.693145752f) - n * 1.42860677e-6f;
+    float r = (x - whole * 0.693145752f) - whole * 1.42860677e-6f;
     float p = 1.0f / 40320;
     p = p * r + 1.0f / 5040;
     p = p * r + 1.0f / 720;
@@ -34,7 +33,19 @@ OP_RED_FN float op_softmax_exp(float x)
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    uint32_t scale_bits = (uint32_t)(bits - 0x4B400000 + 127) << 23;
+    *n = bits - 0x4B400000;
+    return p;
+}
+
+/* exp(x) for x in [-88, 0] (softmax's shifted values, clamped by op_softmax_clamp; NaN stays
+ * NaN), in a form compilers vectorise (libm's expf is a call per element): op_exp_reduced times
+ * 2^n built in the exponent bits. At -88, n = -127 gives a scale of 0: exp there is below 2^-126,
+ * which no softmax sum (at least 1) can notice. */
+OP_RED_FN float op_softmax_exp(float x)
+{
+    int32_t n;
+    float p = op_exp_reduced(x, &n);
+    uint32_t scale_bits = (uint32_t)(n + 127) << 23;
     float scale;
     memcpy(&scale, &scale_bits, sizeof scale);
     return p * scale;
