@@ -757,7 +757,7 @@ Test(attention, head_in_blocks_of_rows)
         for (int j = 0; j < S; j++)
             mask[i * S + j] = i == 21 || j % 3 == 0 ? -INFINITY : (float)((i + j) % 5) / 10.0f;
     const float scale = 0.5f;
-    cpu_attention_head(L, S, E, EV, q, k, v, mask, S, 1, true, ROW0, scale, scores, out);
+    cpu_attention_head(L, S, E, EV, q, k, v, DT_FLOAT32, mask, S, 1, true, ROW0, scale, scores, out);
     static double w[S];
     for (int i = 0; i < L; i++) {
         double top = -INFINITY, sum = 0.0;
@@ -776,6 +776,55 @@ Test(attention, head_in_blocks_of_rows)
             for (int j = 0; j < visible && sum > 0; j++)
                 want += w[j] / sum * v[j * EV + c];
             cr_assert(fabs(out[i * EV + c] - want) < 1e-5, "row %d col %d: %f, want %f", i, c, out[i * EV + c], want);
+        }
+    }
+}
+
+/* Decode's few query rows read a bfloat16 or float16 cache as it is (no float32 copy of it): 3 rows
+ * over S = 37 keys of E = 21 and Ev = 19 (vector tails everywhere), causal from row0 = 34 with a
+ * mask hiding every fifth key. The keys and values are multiples of 1/8 in [-1, 1], exact in both
+ * 16-bit formats, so softmax in double over those values is the answer. */
+Test(attention, few_rows_read_a_16bit_cache)
+{
+    enum { L = 3, S = 37, E = 21, EV = 19, ROW0 = 34 };
+    static float q[L * E], k[S * E], v[S * EV], mask[L * S], scores[L * (S + 1)], out[L * EV];
+    static uint16_t k16[S * E], v16[S * EV];
+    for (int i = 0; i < L * E; i++)
+        q[i] = (float)((i * 7) % 13) / 6.0f - 1.0f;
+    for (int i = 0; i < S * E; i++)
+        k[i] = (float)((i * 11) % 17) / 8.0f - 1.0f;
+    for (int i = 0; i < S * EV; i++)
+        v[i] = (float)((i * 5) % 17) / 8.0f - 1.0f;
+    for (int i = 0; i < L; i++)
+        for (int j = 0; j < S; j++)
+            mask[i * S + j] = j % 5 == 1 ? -INFINITY : (float)((i + j) % 4) / 8.0f;
+    const float scale = 0.25f;
+    const dt_dtype dtypes[] = {DT_BFLOAT16, DT_FLOAT16};
+    for (int t = 0; t < 2; t++) {
+        for (int i = 0; i < S * E; i++)
+            k16[i] = dtypes[t] == DT_BFLOAT16 ? dt_f32_to_bf16(k[i]) : dt_f32_to_f16(k[i]);
+        for (int i = 0; i < S * EV; i++)
+            v16[i] = dtypes[t] == DT_BFLOAT16 ? dt_f32_to_bf16(v[i]) : dt_f32_to_f16(v[i]);
+        cpu_attention_head(L, S, E, EV, q, k16, v16, dtypes[t], mask, S, 1, true, ROW0, scale, scores, out);
+        for (int i = 0; i < L; i++) {
+            double w[S], top = -INFINITY, sum = 0.0;
+            int visible = ROW0 + i + 1 < S ? ROW0 + i + 1 : S;
+            for (int j = 0; j < visible; j++) {
+                double x = mask[i * S + j];
+                for (int e = 0; e < E; e++)
+                    x += scale * (double)q[i * E + e] * k[j * E + e];
+                w[j] = x;
+                top = x > top ? x : top;
+            }
+            for (int j = 0; j < visible; j++)
+                sum += w[j] = exp(w[j] - top);
+            for (int c = 0; c < EV; c++) {
+                double want = 0.0;
+                for (int j = 0; j < visible; j++)
+                    want += w[j] / sum * v[j * EV + c];
+                cr_assert(fabs(out[i * EV + c] - want) < 1e-5, "%s row %d col %d: %f, want %f",
+                          dt_dtype_name(dtypes[t]), i, c, out[i * EV + c], want);
+            }
         }
     }
 }

@@ -53,18 +53,20 @@ const char *cpu_quant_linear(const op_quant_dims *d, const float *x, const uint8
                              const float *bias, float *out);
 
 /* One attention head in float32: out (L, Ev) = softmax(scale * q k^T + mask) v with q (L, E),
- * k (S, E), v (S, Ev) C-contiguous. mask: NULL or additive float values, element (i, j) at
- * mask[i * mask_sl + j * mask_ss] (strides 0 broadcast); causal hides key j > row0 + i (row0:
- * the global index of this piece's first query row). A row that sees no key gives zeros.
+ * k (S, E), v (S, Ev) C-contiguous, k and v of kv_dtype: float32, or bfloat16 / float16 where
+ * L <= CPU_ATTENTION_FEW_ROWS (decode reads a 16-bit cache as it is, widening each element).
+ * mask: NULL or additive float values, element (i, j) at mask[i * mask_sl + j * mask_ss] (strides 0
+ * broadcast); causal hides key j > row0 + i (row0: the global index of this piece's first query
+ * row). A row that sees no key gives zeros.
  * scores: scratch of cpu_attention_block_rows(L, S) * (S + 1) floats: the rows go in blocks of that
  * many (a block's scores, then a float per row).
  * Up to CPU_ATTENTION_FEW_ROWS query rows (decode) are scored key by key, skipping the keys the
  * mask hides; more go through two BLAS products per block. */
 #define CPU_ATTENTION_FEW_ROWS 4
 int64_t cpu_attention_block_rows(int64_t L, int64_t S);
-void cpu_attention_head(int64_t L, int64_t S, int64_t E, int64_t Ev, const float *q, const float *k, const float *v,
-                        const float *mask, int64_t mask_sl, int64_t mask_ss, bool causal, int64_t row0, float scale,
-                        float *scores, float *out);
+void cpu_attention_head(int64_t L, int64_t S, int64_t E, int64_t Ev, const float *q, const void *k, const void *v,
+                        dt_dtype kv_dtype, const float *mask, int64_t mask_sl, int64_t mask_ss, bool causal,
+                        int64_t row0, float scale, float *scores, float *out);
 
 /* out[i] = row idx[i] - row_offset of weight (rows x row_bytes) for n indices of idx_dtype
  * (int32 or int64), zeros where that row is not in this piece. NULL, or "index out of range in
