@@ -1,6 +1,7 @@
 /* CPU kernels against hand-computed values; random numbers against the Philox known answers. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cpu_kernels.h"
@@ -738,15 +739,17 @@ Test(attention, exp_shifted_sum)
     cr_assert(fabs(sum - want_sum) <= 1e-6 * want_sum, "sum %g, want %g", sum, want_sum);
 }
 
-/* One attention head over more query rows than a block holds (S = 4100 keys: blocks of 16 rows,
- * so 40 rows go as 16, 16 and 8), causal from row0 = 4070 (the rows see 4071 to 4110 keys, the last
- * ones all) with a mask that hides every third key and one whole row: against softmax written in
- * double precision, row by row. */
-Test(attention, head_in_blocks_of_rows)
+/* One attention head of L query rows over S keys, causal from row0, with a mask that hides every
+ * third key and one whole row (row 21 where there is one): against softmax written in double
+ * precision, row by row. */
+static void s_check_head(int L, int S, int E, int EV, int row0)
 {
-    enum { L = 40, S = 4100, E = 3, EV = 2, ROW0 = 4070 };
-    cr_assert_eq(cpu_attention_block_rows(L, S), 16);
-    static float q[L * E], k[S * E], v[S * EV], mask[L * S], scores[16 * (S + 1)], out[L * EV];
+    float *q = malloc(sizeof(float) * (size_t)(L * E)), *k = malloc(sizeof(float) * (size_t)(S * E));
+    float *v = malloc(sizeof(float) * (size_t)(S * EV)), *mask = malloc(sizeof(float) * (size_t)(L * S));
+    float *scores = malloc(sizeof(float) * (size_t)(cpu_attention_block_rows(L, S) * (S + 1)));
+    float *out = malloc(sizeof(float) * (size_t)(L * EV));
+    double *w = malloc(sizeof(double) * (size_t)S);
+    cr_assert(q && k && v && mask && scores && out && w);
     for (int i = 0; i < L * E; i++)
         q[i] = (float)((i * 7) % 13) / 6.0f - 1.0f;
     for (int i = 0; i < S * E; i++)
@@ -757,11 +760,10 @@ Test(attention, head_in_blocks_of_rows)
         for (int j = 0; j < S; j++)
             mask[i * S + j] = i == 21 || j % 3 == 0 ? -INFINITY : (float)((i + j) % 5) / 10.0f;
     const float scale = 0.5f;
-    cpu_attention_head(L, S, E, EV, q, k, v, DT_FLOAT32, mask, S, 1, true, ROW0, scale, scores, out);
-    static double w[S];
+    cpu_attention_head(L, S, E, EV, q, k, v, DT_FLOAT32, mask, S, 1, true, row0, scale, scores, out);
     for (int i = 0; i < L; i++) {
         double top = -INFINITY, sum = 0.0;
-        int visible = ROW0 + i + 1 < S ? ROW0 + i + 1 : S;
+        int visible = row0 + i + 1 < S ? row0 + i + 1 : S;
         for (int j = 0; j < visible; j++) {
             double x = mask[i * S + j];
             for (int e = 0; e < E; e++)
@@ -775,9 +777,27 @@ Test(attention, head_in_blocks_of_rows)
             double want = 0.0;
             for (int j = 0; j < visible && sum > 0; j++)
                 want += w[j] / sum * v[j * EV + c];
-            cr_assert(fabs(out[i * EV + c] - want) < 1e-5, "row %d col %d: %f, want %f", i, c, out[i * EV + c], want);
+            cr_assert(fabs(out[i * EV + c] - want) < 1e-5, "L %d S %d E %d Ev %d, row %d col %d: %f, want %f", L, S,
+                      E, EV, i, c, out[i * EV + c], want);
         }
     }
+    free(q), free(k), free(v), free(mask), free(scores), free(out), free(w);
+}
+
+/* More query rows than a block holds (S = 4100 keys: blocks of 16 rows, so 40 rows go as 16, 16
+ * and 8), causal from row0 = 4070 (the rows see 4071 to 4110 keys, the last ones all). Value rows
+ * of 2 features go through sgemm; 40 and 16 through the register tiles where the CPU has AVX2 (5
+ * vectors: a tile of 4 and one of 1; rows in tiles of 6 and 3 with every remainder, keys in pairs
+ * of panels with a last one holding 1 to 5 keys). */
+Test(attention, head_in_blocks_of_rows)
+{
+    cr_assert_eq(cpu_attention_block_rows(40, 4100), 16);
+    s_check_head(40, 4100, 3, 2, 4070);
+    s_check_head(40, 4100, 12, 40, 4070);
+    s_check_head(23, 37, 32, 16, 30);
+    s_check_head(29, 61, 5, 24, 100);
+    s_check_head(5, 9, 8, 8, 0);
+    s_check_head(7, 33, 8, 8, 40);
 }
 
 /* Decode's few query rows read a bfloat16 or float16 cache as it is (no float32 copy of it): 3 rows

@@ -509,8 +509,8 @@ static int64_t s_keys_used(int64_t L, int64_t S, const float *mask, int64_t mask
  * added in, skipping the keys the mask hides (a batch's ring of slots hides most), where the
  * product route would score every slot through two BLAS calls per head. */
 static void s_attention_few_rows(int64_t L, int64_t used, int64_t E, int64_t Ev, const float *q, const void *k,
-                                 const void *v, dt_dtype kv_dtype, const float *mask, int64_t mask_sl, int64_t mask_ss, bool causal,
-                                 int64_t row0, float scale, float *row, float *out)
+                                 const void *v, dt_dtype kv_dtype, const float *mask, int64_t mask_sl,
+                                 int64_t mask_ss, bool causal, int64_t row0, float scale, float *row, float *out)
 {
     bool avx2 = s_has_avx2();
     for (int64_t i = 0; i < L; i++) {
@@ -573,30 +573,43 @@ int64_t cpu_attention_block_rows(int64_t L, int64_t S)
 }
 
 static void s_attention_block(int64_t L, int64_t S, int64_t E, int64_t Ev, const float *q, const void *k,
-                              const void *v, dt_dtype kv_dtype, const float *mask, int64_t mask_sl, int64_t mask_ss,
-                              bool causal, int64_t row0, float scale, float *scores, float *inv, float *out);
+                              const void *v, dt_dtype kv_dtype, const float *kt, const float *mask, int64_t mask_sl,
+                              int64_t mask_ss, bool causal, int64_t row0, float scale, float *scores, float *inv,
+                              float *out);
 
 void cpu_attention_head(int64_t L, int64_t S, int64_t E, int64_t Ev, const float *q, const void *k, const void *v,
-                        dt_dtype kv_dtype, const float *mask, int64_t mask_sl, int64_t mask_ss, bool causal, int64_t row0, float scale,
-                        float *scores, float *out)
+                        dt_dtype kv_dtype, const float *mask, int64_t mask_sl, int64_t mask_ss, bool causal,
+                        int64_t row0, float scale, float *scores, float *out)
 {
     /* Blocks of query rows, each scored against the keys it can see, its weights multiplied by the
      * values before the next block: the scores never exceed one block's (no L x S matrix for a
      * long sequence), stay in cache between the two products, and a causal block stops at the
      * last key its last row sees. */
     int64_t block = cpu_attention_block_rows(L, S);
+    /* Many rows in float32 take the products in register tiles where the CPU has them: the keys
+     * they see, laid out by feature once for every block (a failed allocation keeps sgemm). */
+    float *kt = NULL;
+#if defined(__x86_64__)
+    if (L > CPU_ATTENTION_FEW_ROWS && kv_dtype == DT_FLOAT32 && E > 0 && cpu_attention_tiles_fit(Ev)) {
+        int64_t used = s_keys_used(L, S, mask, mask_sl, mask_ss, causal, row0);
+        if (used > 0 && (kt = malloc((size_t)cpu_attention_panel_floats(used, E) * sizeof *kt)))
+            cpu_attention_pack_keys(used, E, k, kt);
+    }
+#endif
     for (int64_t i0 = 0; i0 < L; i0 += block) {
         int64_t rows = L - i0 < block ? L - i0 : block;
-        s_attention_block(rows, S, E, Ev, q + i0 * E, k, v, kv_dtype, mask ? mask + i0 * mask_sl : NULL, mask_sl,
+        s_attention_block(rows, S, E, Ev, q + i0 * E, k, v, kv_dtype, kt, mask ? mask + i0 * mask_sl : NULL, mask_sl,
                           mask_ss, causal, row0 + i0, scale, scores, scores + block * S, out + i0 * Ev);
     }
+    free(kt);
 }
 
 /* inv: a float per row, 1 / the sum of its weights: the weights go into the product with the
  * values as exponentials, and each output row is divided once (Ev values) instead of each score. */
 static void s_attention_block(int64_t L, int64_t S, int64_t E, int64_t Ev, const float *q, const void *k,
-                              const void *v, dt_dtype kv_dtype, const float *mask, int64_t mask_sl, int64_t mask_ss,
-                              bool causal, int64_t row0, float scale, float *scores, float *inv, float *out)
+                              const void *v, dt_dtype kv_dtype, const float *kt, const float *mask, int64_t mask_sl,
+                              int64_t mask_ss, bool causal, int64_t row0, float scale, float *scores, float *inv,
+                              float *out)
 {
     if (L == 0 || Ev == 0)
         return;
@@ -616,6 +629,10 @@ static void s_attention_block(int64_t L, int64_t S, int64_t E, int64_t Ev, const
     if (E == 0)
         for (int64_t i = 0; i < L; i++)
             memset(scores + i * S, 0, (size_t)used * sizeof *scores);
+#if defined(__x86_64__)
+    else if (kt)
+        cpu_attention_scores(L, used, E, q, kt, scale, scores, S);
+#endif
     else
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)L, (int)used, (int)E, scale, q, (int)E, kf, (int)E,
                     0.0f, scores, (int)S);
@@ -634,12 +651,21 @@ static void s_attention_block(int64_t L, int64_t S, int64_t E, int64_t Ev, const
             inv[i] = 0.0f;
             continue;
         }
+#if defined(__x86_64__)
+        inv[i] = 1.0f / (kt ? cpu_attention_exp_sum(row, visible, top) : cpu_exp_shifted_sum(row, visible, top));
+#else
         inv[i] = 1.0f / cpu_exp_shifted_sum(row, visible, top);
+#endif
         for (int64_t j = visible; j < used; j++)
             row[j] = 0.0f;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)L, (int)Ev, (int)used, 1.0f, scores, (int)S, vf,
-                (int)Ev, 0.0f, out, (int)Ev);
+#if defined(__x86_64__)
+    if (kt)
+        cpu_attention_values(L, used, Ev, scores, S, vf, out);
+    else
+#endif
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)L, (int)Ev, (int)used, 1.0f, scores, (int)S, vf,
+                    (int)Ev, 0.0f, out, (int)Ev);
     for (int64_t i = 0; i < L; i++)
         for (int64_t c = 0; c < Ev; c++)
             out[i * Ev + c] *= inv[i];

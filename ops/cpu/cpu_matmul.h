@@ -64,6 +64,23 @@ const char *cpu_quant_linear(const op_quant_dims *d, const float *x, const uint8
  * mask hides; more go through two BLAS products per block. */
 #define CPU_ATTENTION_FEW_ROWS 4
 int64_t cpu_attention_block_rows(int64_t L, int64_t S);
+#if defined(__x86_64__)
+/* cpu_attention_tiles.c: a block's two products in AVX2 register tiles, for float32 value rows of
+ * Ev % 8 == 0 features on a CPU with AVX2 and FMA (cpu_attention_tiles_fit). The keys (S, E) go
+ * into panels of 8 keys by feature first (cpu_attention_panel_floats floats, zeros past S); then
+ * scores (L rows of stride ld) = scale * q (L, E) k^T for the first `used` keys, and out (L, Ev) =
+ * w (L x used, row stride ld) @ v (used, Ev). */
+bool cpu_attention_tiles_fit(int64_t Ev);
+int64_t cpu_attention_panel_floats(int64_t S, int64_t E);
+void cpu_attention_pack_keys(int64_t S, int64_t E, const float *k, float *kt);
+void cpu_attention_scores(int64_t L, int64_t used, int64_t E, const float *q, const float *kt, float scale,
+                          float *scores, int64_t ld);
+void cpu_attention_values(int64_t L, int64_t used, int64_t Ev, const float *w, int64_t ld, const float *v,
+                          float *out);
+/* cpu_exp_shifted_sum's result in AVX2, in one pass: x[j] = exp(x[j] - top) (the difference clamped to
+ * [-88, 0], NaN kept) for j < n, returning their sum. */
+float cpu_attention_exp_sum(float *x, int64_t n, float top);
+#endif
 void cpu_attention_head(int64_t L, int64_t S, int64_t E, int64_t Ev, const float *q, const void *k, const void *v,
                         dt_dtype kv_dtype, const float *mask, int64_t mask_sl, int64_t mask_ss, bool causal,
                         int64_t row0, float scale, float *scores, float *out);

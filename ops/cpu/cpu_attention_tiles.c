@@ -1,0 +1,199 @@
+/* cpu_attention_tiles — attention's two products for a block of many query rows, in AVX2 register
+ * tiles (cpu_matmul.c's cpu_attention_head takes them where the CPU has AVX2 and FMA).
+ *
+ * At attention's head sizes (32-128 features) the two BLAS products of a block are thin: sgemm
+ * packs both operands, zeroes the scores before adding into them (beta = 0) and packs the weights
+ * again for the second product, work of the order of the multiply-adds themselves when K = 32
+ * (a 768-token head spent a fifth of its time there). Here the keys are laid out once per head in
+ * panels of 8 keys by feature, the scores come from 6 query rows x 16 keys at a time in
+ * registers (the query's features broadcast from where they lie), and the weighted sum reads the
+ * weights and the value rows where they lie, 3 query rows x 32 value features at a time. Between
+ * the two, the exponentials and their sum are one pass in registers (the portable loop makes three). */
+#include "cpu_matmul.h"
+#include "op_reduce_math.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define S_AVX2 __attribute__((target("avx2,fma")))
+#define S_TILE static inline __attribute__((always_inline, target("avx2,fma")))
+#define S_UNROLL _Pragma("GCC unroll 8")
+#define S_SCORE_ROWS 6  /* query rows per score tile (x 2 panels: 12 accumulators) */
+#define S_VALUE_ROWS 3  /* query rows per weighted-sum tile (x 4 vectors: 12 accumulators) */
+
+bool cpu_attention_tiles_fit(int64_t Ev)
+{
+    return Ev % 8 == 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+int64_t cpu_attention_panel_floats(int64_t S, int64_t E) { return (S + 7) / 8 * 8 * E; }
+
+void cpu_attention_pack_keys(int64_t S, int64_t E, const float *k, float *kt)
+{
+    for (int64_t p = 0; p < (S + 7) / 8; p++)
+        for (int64_t e = 0; e < E; e++)
+            for (int64_t l = 0; l < 8; l++)
+                kt[(p * E + e) * 8 + l] = 8 * p + l < S ? k[(8 * p + l) * E + e] : 0.0f;
+}
+
+/* Lanes below n (0-8) of a store mask. */
+S_TILE __m256i s_lanes(int64_t n)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* R query rows against P panels (8P keys from key j0): out[r][j] = scale * q_r . k_j, stored for the
+ * keys below used only. */
+S_TILE void s_score_tile(int R, int P, int64_t E, const float *q, const float *kt, float scale, float *out,
+                         int64_t ld, int64_t j0, int64_t used)
+{
+    __m256 acc[S_SCORE_ROWS][2];
+    S_UNROLL for (int r = 0; r < R; r++)
+        S_UNROLL for (int p = 0; p < P; p++)
+            acc[r][p] = _mm256_setzero_ps();
+    const float *k1 = kt + E * 8;
+    for (int64_t e = 0; e < E; e++) {
+        __m256 key0 = _mm256_loadu_ps(kt + e * 8), key1 = P > 1 ? _mm256_loadu_ps(k1 + e * 8) : key0;
+        S_UNROLL for (int r = 0; r < R; r++) {
+            __m256 x = _mm256_broadcast_ss(q + r * E + e);
+            acc[r][0] = _mm256_fmadd_ps(x, key0, acc[r][0]);
+            if (P > 1)
+                acc[r][1] = _mm256_fmadd_ps(x, key1, acc[r][1]);
+        }
+    }
+    const __m256 s = _mm256_set1_ps(scale);
+    S_UNROLL for (int p = 0; p < P; p++) {
+        int64_t n = used - (j0 + 8 * p);
+        S_UNROLL for (int r = 0; r < R; r++) {
+            float *dst = out + r * ld + j0 + 8 * p;
+            __m256 y = _mm256_mul_ps(acc[r][p], s);
+            if (n >= 8)
+                _mm256_storeu_ps(dst, y);
+            else if (n > 0)
+                _mm256_maskstore_ps(dst, s_lanes(n), y);
+        }
+    }
+}
+
+S_TILE void s_score_rows(int R, int64_t E, const float *q, const float *kt, float scale, float *out, int64_t ld,
+                         int64_t j0, int64_t used, int P)
+{
+    if (P == 2)
+        s_score_tile(R, 2, E, q, kt, scale, out, ld, j0, used);
+    else
+        s_score_tile(R, 1, E, q, kt, scale, out, ld, j0, used);
+}
+
+S_AVX2 void cpu_attention_scores(int64_t L, int64_t used, int64_t E, const float *q, const float *kt, float scale,
+                                 float *scores, int64_t ld)
+{
+    /* a pair of key panels (16 keys x E features, 4 KiB at E = 64) stays in L1 while every row of
+     * the block passes over it */
+    for (int64_t j0 = 0; j0 < used; j0 += 16) {
+        int P = used - j0 > 8 ? 2 : 1;
+        const float *panel = kt + j0 * E;
+        int64_t i = 0;
+        for (; i + S_SCORE_ROWS <= L; i += S_SCORE_ROWS)
+            s_score_rows(S_SCORE_ROWS, E, q + i * E, panel, scale, scores + i * ld, ld, j0, used, P);
+        switch (L - i) {
+        case 5: s_score_rows(5, E, q + i * E, panel, scale, scores + i * ld, ld, j0, used, P); break;
+        case 4: s_score_rows(4, E, q + i * E, panel, scale, scores + i * ld, ld, j0, used, P); break;
+        case 3: s_score_rows(3, E, q + i * E, panel, scale, scores + i * ld, ld, j0, used, P); break;
+        case 2: s_score_rows(2, E, q + i * E, panel, scale, scores + i * ld, ld, j0, used, P); break;
+        case 1: s_score_rows(1, E, q + i * E, panel, scale, scores + i * ld, ld, j0, used, P); break;
+        default: break;
+        }
+    }
+}
+
+/* R rows of out, C vectors of 8 features from feature c0: out[r][c] = sum over j < used of
+ * w[r][j] v[j][c]. */
+S_TILE void s_value_tile(int R, int C, int64_t used, int64_t Ev, const float *w, int64_t ld, const float *v,
+                         float *out, int64_t c0)
+{
+    __m256 acc[S_VALUE_ROWS][4];
+    S_UNROLL for (int r = 0; r < R; r++)
+        S_UNROLL for (int c = 0; c < C; c++)
+            acc[r][c] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < used; j++) {
+        __m256 x[S_VALUE_ROWS];
+        S_UNROLL for (int r = 0; r < R; r++)
+            x[r] = _mm256_broadcast_ss(w + r * ld + j);
+        S_UNROLL for (int c = 0; c < C; c++) {
+            __m256 y = _mm256_loadu_ps(v + j * Ev + c0 + 8 * c);
+            S_UNROLL for (int r = 0; r < R; r++)
+                acc[r][c] = _mm256_fmadd_ps(x[r], y, acc[r][c]);
+        }
+    }
+    S_UNROLL for (int r = 0; r < R; r++)
+        S_UNROLL for (int c = 0; c < C; c++)
+            _mm256_storeu_ps(out + r * Ev + c0 + 8 * c, acc[r][c]);
+}
+
+S_TILE void s_value_rows(int R, int64_t used, int64_t Ev, const float *w, int64_t ld, const float *v, float *out)
+{
+    int64_t c0 = 0;
+    for (; c0 + 32 <= Ev; c0 += 32)
+        s_value_tile(R, 4, used, Ev, w, ld, v, out, c0);
+    switch ((Ev - c0) / 8) {
+    case 3: s_value_tile(R, 3, used, Ev, w, ld, v, out, c0); break;
+    case 2: s_value_tile(R, 2, used, Ev, w, ld, v, out, c0); break;
+    case 1: s_value_tile(R, 1, used, Ev, w, ld, v, out, c0); break;
+    default: break;
+    }
+}
+
+/* op_softmax_exp(op_softmax_clamp(x - top)) for 8 lanes: the same arithmetic (the products and sums
+ * contracted to multiply-adds, as the compiler does), so the weights match the scalar path's. */
+S_TILE __m256 s_exp8(__m256 x, __m256 top)
+{
+    const __m256 shift = _mm256_set1_ps(12582912.0f); /* 1.5 * 2^23 */
+    __m256 d = _mm256_min_ps(_mm256_setzero_ps(), _mm256_max_ps(_mm256_set1_ps(-88.0f), _mm256_sub_ps(x, top)));
+    __m256 t = _mm256_fmadd_ps(d, _mm256_set1_ps(1.44269504f), shift), whole = _mm256_sub_ps(t, shift);
+    __m256 r = _mm256_fnmadd_ps(whole, _mm256_set1_ps(0.693145752f), d);
+    r = _mm256_fnmadd_ps(whole, _mm256_set1_ps(1.42860677e-6f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 40320);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 5040));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i n = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(0x4B400000 - 127));
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(n, 23)));
+}
+
+S_AVX2 float cpu_attention_exp_sum(float *x, int64_t n, float top)
+{
+    __m256 sum0 = _mm256_setzero_ps(), sum1 = _mm256_setzero_ps(), top8 = _mm256_set1_ps(top);
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m256 e0 = s_exp8(_mm256_loadu_ps(x + j), top8), e1 = s_exp8(_mm256_loadu_ps(x + j + 8), top8);
+        _mm256_storeu_ps(x + j, e0);
+        _mm256_storeu_ps(x + j + 8, e1);
+        sum0 = _mm256_add_ps(sum0, e0);
+        sum1 = _mm256_add_ps(sum1, e1);
+    }
+    float lanes[8], total = 0.0f;
+    _mm256_storeu_ps(lanes, _mm256_add_ps(sum0, sum1));
+    for (int l = 0; l < 8; l++)
+        total += lanes[l];
+    for (; j < n; j++)
+        total += x[j] = op_softmax_exp(op_softmax_clamp(x[j] - top));
+    return total;
+}
+
+S_AVX2 void cpu_attention_values(int64_t L, int64_t used, int64_t Ev, const float *w, int64_t ld, const float *v,
+                                 float *out)
+{
+    int64_t i = 0;
+    for (; i + S_VALUE_ROWS <= L; i += S_VALUE_ROWS)
+        s_value_rows(S_VALUE_ROWS, used, Ev, w + i * ld, ld, v, out + i * Ev);
+    if (L - i == 2)
+        s_value_rows(2, used, Ev, w + i * ld, ld, v, out + i * Ev);
+    else if (L - i == 1)
+        s_value_rows(1, used, Ev, w + i * ld, ld, v, out + i * Ev);
+}
+#endif
