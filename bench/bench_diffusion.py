@@ -20,9 +20,10 @@ With ``--prompts`` it times instead, on two small random-weight diffusers pipeli
 (SD3-shaped: CLIP-L, CLIP-G and T5 text encoders; FLUX-shaped: CLIP-L and T5; see _BUILD), first
 the text encoders alone (batch 2, padded to 77 and to the pipeline's T5 length) on one device and
 on dp2, then a whole run from prompt to numpy image (text encoders, ``--steps`` denoising steps,
-VAE decode) on one device and on two (SD3: dp2, the guidance pair split; FLUX: ulysses2), beside
-transformers' and diffusers' pipelines with torch on ``--threads`` threads, loading the same
-files, in the same run through ``--ref-python`` (a Python with torch, transformers and diffusers,
+VAE decode) on one device and on two (SD3: dp2, the guidance pair split; FLUX: ulysses2), and the
+SD3 directory's VAE decoding one latent alone (one device; two split by rows, ``height``), beside
+transformers' and diffusers' pipelines and AutoencoderKL with torch on ``--threads`` threads,
+loading the same files, in the same run through ``--ref-python`` (a Python with torch, transformers and diffusers,
 a venv of its own, run as a subprocess as bench_serve.py's --hf-python). The directories are
 written once into bench/.cache by that Python with diffusers' own save_pretrained. Steps per second
 come from the difference between a run of ``--steps`` steps and one of 1 step: (steps - 1) / (its
@@ -203,6 +204,11 @@ for threads in args["threads"]:
                 kw["negative_prompt"] = spec["negative_prompt"]
             fn = lambda: pipe(**kw, generator=torch.Generator().manual_seed(0)).images
             print(json.dumps(["image", name, steps, threads, timed(fn, args["repeats"])]), flush=True)
+        if name == "sd3":  # the VAE decode alone, of the latent vae_latent() draws
+            z = torch.from_numpy(np.random.default_rng(0).standard_normal(
+                (1, pipe.vae.config.latent_channels, args["size"] // 8, args["size"] // 8)).astype(np.float32))
+            fn = lambda: pipe.vae.decode(z).sample
+            print(json.dumps(["vae", name, args["size"], threads, timed(fn, args["repeats"])]), flush=True)
 """
 
 
@@ -287,8 +293,31 @@ def _bench_prompts(args, threads, ref):
             whole, first = statistics.median(by[args.steps]), statistics.median(by[1])
             rate = (args.steps - 1) / (whole - first) if args.steps > 1 and whole > first else float("nan")
             print(_line(label, by[args.steps], 1, "s per image", 2) + f"  {rate:6.2f} steps/s")
+        if name == "sd3":
+            _bench_vae_decode(path, args, threads, ref)
     print("\nload average after: %.2f %.2f %.2f (figures are for the record only where it stayed under 1.5)"
           % os.getloadavg())
+
+
+def _bench_vae_decode(path, args, threads, ref):
+    """The SD3 directory's VAE decoding one latent (standard normal, seed 0) to an args.size image, on
+    one device and split by rows on two (``height``), beside diffusers' decode of the same latent."""
+    from dtorch.models import AutoencoderKL
+    print(f"\n== sd3: the VAE decode alone, one {args.size}x{args.size} image")
+    for label, mesh in (("one device", dtorch.DeviceMesh("cpu", [0])),
+                        ("height2", dtorch.DeviceMesh("cpu", [0, 1], mesh_dim_names=("height",)))):
+        vae = AutoencoderKL.from_pretrained(path, subfolder="vae", device_mesh=mesh)
+        z = dtorch.distribute_tensor(vae_latent(vae.config.latent_channels, args.size), mesh)
+        print(_line(f"DTorch, {label}", _timed(lambda: vae.decode(z).sample.numpy(), args.repeats)))
+        del vae
+    for t in threads:
+        if ("vae", "sd3", args.size, t) in ref:
+            print(_line(f"diffusers, torch {t} thread{'s' if t > 1 else ''}", ref[("vae", "sd3", args.size, t)]))
+
+
+def vae_latent(channels, size):
+    """The latent both sides decode (the reference draws it alike in _REF)."""
+    return np.random.default_rng(0).standard_normal((1, channels, size // 8, size // 8)).astype(np.float32)
 
 
 def _median(values):
