@@ -239,6 +239,27 @@ Test(copy, strided_inner_and_negative)
         cr_expect_eq(dst[i], 2 + i);
 }
 
+/* A stack along the last dim: each element of a source lands every other element of the
+ * destination, for elements of 1, 2, 4 and 8 bytes (moves of a constant size) and chunks of 12
+ * (three 4-byte elements contiguous in both, strided past them: memcpy of the chunk). */
+Test(copy, interleaved_elements_of_every_size)
+{
+    uint8_t src[96], dst[192];
+    for (int i = 0; i < 96; i++)
+        src[i] = (uint8_t)(i + 1);
+    const int64_t sizes[] = {1, 2, 4, 8, 12};
+    for (int t = 0; t < 5; t++) {
+        int64_t es = sizes[t], n = 96 / es;
+        memset(dst, 0, sizeof dst);
+        cpu_copy_block(dst, (int64_t[]){2 * es}, src, (int64_t[]){es}, 1, (int64_t[]){n}, (size_t)es);
+        for (int64_t i = 0; i < 2 * 96; i++) {
+            int64_t element = i / es, byte = i % es;
+            int want = element % 2 ? 0 : src[(element / 2) * es + byte];
+            cr_assert_eq(dst[i], want, "%ld-byte elements, byte %ld", (long)es, (long)i);
+        }
+    }
+}
+
 Test(copy, contiguous_scalar_and_empty)
 {
     double src[6] = {1, 2, 3, 4, 5, 6}, dst[6] = {0};
