@@ -20,7 +20,8 @@ With ``--prompts`` it times instead, on two small random-weight diffusers pipeli
 (SD3-shaped: CLIP-L, CLIP-G and T5 text encoders; FLUX-shaped: CLIP-L and T5; see _BUILD), first
 the text encoders alone (batch 2, padded to 77 and to the pipeline's T5 length) on one device and
 on dp2, then a whole run from prompt to numpy image (text encoders, ``--steps`` denoising steps,
-VAE decode) on one device and on two (SD3: dp2, the guidance pair split; FLUX: ulysses2), and the
+VAE decode) on one device and on two (SD3: dp2, the guidance pair split; FLUX: ulysses2), one
+denoising step alone (the transformer's forward on the inputs its pipeline gives it), and the
 SD3 directory's VAE decoding one latent alone (one device; two split by rows, ``height``), beside
 transformers' and diffusers' pipelines and AutoencoderKL with torch on ``--threads`` threads,
 loading the same files, in the same run through ``--ref-python`` (a Python with torch, transformers and diffusers,
@@ -204,6 +205,10 @@ for threads in args["threads"]:
                 kw["negative_prompt"] = spec["negative_prompt"]
             fn = lambda: pipe(**kw, generator=torch.Generator().manual_seed(0)).images
             print(json.dumps(["image", name, steps, threads, timed(fn, args["repeats"])]), flush=True)
+        # one denoising step alone: the transformer's forward on the inputs step_inputs() wrote
+        inputs = {k: torch.from_numpy(v) for k, v in np.load(spec["step_inputs"]).items()}
+        fn = lambda: pipe.transformer(**inputs).sample
+        print(json.dumps(["step", name, args["size"], threads, timed(fn, args["repeats"])]), flush=True)
         if name == "sd3":  # the VAE decode alone, of the latent vae_latent() draws
             z = torch.from_numpy(np.random.default_rng(0).standard_normal(
                 (1, pipe.vae.config.latent_channels, args["size"] // 8, args["size"] // 8)).astype(np.float32))
@@ -227,7 +232,8 @@ def _reference(python, repeats, steps, size, threads):
     """{(what, pipeline, name or steps, threads): seconds of each repeat} from transformers and
     diffusers on ``python``."""
     spec = {name: dict(path=os.path.join(CACHE, name), encoders=p["encoders"], guidance_scale=p["guidance_scale"],
-                       negative_prompt=p["negative_prompt"]) for name, p in PIPELINES.items()}
+                       negative_prompt=p["negative_prompt"], step_inputs=step_inputs(name, size))
+            for name, p in PIPELINES.items()}
     args = json.dumps(dict(pipelines=spec, repeats=repeats, steps=steps, size=size, threads=threads, prompt=PROMPT))
     out = subprocess.run([python, "-c", _REF, args], check=True, capture_output=True, text=True).stdout
     return {tuple(row[:4]): row[4] for row in (json.loads(line) for line in out.splitlines() if line.startswith("["))}
@@ -293,10 +299,59 @@ def _bench_prompts(args, threads, ref):
             whole, first = statistics.median(by[args.steps]), statistics.median(by[1])
             rate = (args.steps - 1) / (whole - first) if args.steps > 1 and whole > first else float("nan")
             print(_line(label, by[args.steps], 1, "s per image", 2) + f"  {rate:6.2f} steps/s")
+        _bench_step(name, path, split, args, threads, ref)
         if name == "sd3":
             _bench_vae_decode(path, args, threads, ref)
     print("\nload average after: %.2f %.2f %.2f (figures are for the record only where it stayed under 1.5)"
           % os.getloadavg())
+
+
+def step_inputs(name, size):
+    """The inputs of one denoising step of the pipeline ``name`` at a size x size image, as its
+    pipeline calls its transformer (SD3: the guidance pair, 333 text tokens; FLUX: one image, 512
+    text tokens, with positions and guidance), standard normal (seed 0); written once as an .npz in
+    bench/.cache for the reference Python to read the same arrays. Returns the file's path."""
+    file = os.path.join(CACHE, f"step-{name}-{size}.npz")
+    if os.path.exists(file):
+        return file
+    with open(os.path.join(CACHE, name, "transformer", "config.json")) as f:
+        config = json.load(f)
+    rng = np.random.default_rng(0)
+    normal = lambda *shape: rng.standard_normal(shape).astype(np.float32)
+    side, text = size // 8, config["joint_attention_dim"]
+    if name == "sd3":
+        arrays = dict(hidden_states=normal(2, config["in_channels"], side, side),
+                      encoder_hidden_states=normal(2, 77 + 256, text),
+                      pooled_projections=normal(2, config["pooled_projection_dim"]),
+                      timestep=np.full(2, 500.0, np.float32))
+    else:
+        grid = np.stack(np.meshgrid(np.arange(side // 2), np.arange(side // 2), indexing="ij"), -1).reshape(-1, 2)
+        arrays = dict(hidden_states=normal(1, (side // 2) ** 2, config["in_channels"]),
+                      encoder_hidden_states=normal(1, 512, text),
+                      pooled_projections=normal(1, config["pooled_projection_dim"]),
+                      timestep=np.full(1, 0.5, np.float32), guidance=np.full(1, 3.5, np.float32),
+                      img_ids=np.concatenate([np.zeros((len(grid), 1)), grid], 1).astype(np.float32),
+                      txt_ids=np.zeros((512, 3), np.float32))
+    np.savez(file, **arrays)
+    return file
+
+
+def _bench_step(name, path, split, args, threads, ref):
+    """One denoising step alone (the transformer's forward on step_inputs()), on one device and on
+    two laid out as the pipeline row's, beside diffusers' transformer on the same inputs."""
+    from dtorch.models import FluxTransformer2DModel
+    cls = SD3Transformer2DModel if name == "sd3" else FluxTransformer2DModel
+    inputs = dict(np.load(step_inputs(name, args.size)))
+    print(f"\n== {name}: one denoising step alone, {args.size}x{args.size} "
+          f"({(args.size // 16) ** 2} image tokens), batch {len(inputs['hidden_states'])}")
+    for label, mesh in (("one device", dtorch.DeviceMesh("cpu", [0])),
+                        (split[0] + "2", dtorch.DeviceMesh("cpu", [0, 1], mesh_dim_names=split))):
+        model = cls.from_pretrained(path, subfolder="transformer", device_mesh=mesh)
+        print(_line(f"DTorch, {label}", _timed(lambda: model(**inputs).sample.numpy(), args.repeats)))
+        del model
+    for t in threads:
+        if ("step", name, args.size, t) in ref:
+            print(_line(f"diffusers, torch {t} thread{'s' if t > 1 else ''}", ref[("step", name, args.size, t)]))
 
 
 def _bench_vae_decode(path, args, threads, ref):
