@@ -760,28 +760,13 @@ Test(attention, exp_shifted_sum)
     cr_assert(fabs(sum - want_sum) <= 1e-6 * want_sum, "sum %g, want %g", sum, want_sum);
 }
 
-/* One attention head of L query rows over S keys, causal from row0, with a mask that hides every
- * third key and one whole row (row 21 where there is one): against softmax written in double
- * precision, row by row. */
-static void s_check_head(int L, int S, int E, int EV, int row0)
+/* softmax(scale * q k^T + mask) v for one head in double, causal from row0 (row i sees keys up to
+ * row0 + i): want (L, EV); a row that sees no key gives zeros. */
+static void s_attention_reference(int L, int S, int E, int EV, int row0, const float *q, const float *k,
+                                  const float *v, const float *mask, double scale, double *want)
 {
-    float *q = malloc(sizeof(float) * (size_t)(L * E)), *k = malloc(sizeof(float) * (size_t)(S * E));
-    float *v = malloc(sizeof(float) * (size_t)(S * EV)), *mask = malloc(sizeof(float) * (size_t)(L * S));
-    float *scores = malloc(sizeof(float) * (size_t)(cpu_attention_block_rows(L, S) * (S + 1)));
-    float *out = malloc(sizeof(float) * (size_t)(L * EV));
     double *w = malloc(sizeof(double) * (size_t)S);
-    cr_assert(q && k && v && mask && scores && out && w);
-    for (int i = 0; i < L * E; i++)
-        q[i] = (float)((i * 7) % 13) / 6.0f - 1.0f;
-    for (int i = 0; i < S * E; i++)
-        k[i] = (float)((i * 11) % 17) / 8.0f - 1.0f;
-    for (int i = 0; i < S * EV; i++)
-        v[i] = (float)((i * 5) % 19) / 9.0f - 1.0f;
-    for (int i = 0; i < L; i++)
-        for (int j = 0; j < S; j++)
-            mask[i * S + j] = i == 21 || j % 3 == 0 ? -INFINITY : (float)((i + j) % 5) / 10.0f;
-    const float scale = 0.5f;
-    cpu_attention_head(L, S, E, EV, q, k, v, DT_FLOAT32, mask, S, 1, true, row0, scale, scores, out);
+    cr_assert(w);
     for (int i = 0; i < L; i++) {
         double top = -INFINITY, sum = 0.0;
         int visible = row0 + i + 1 < S ? row0 + i + 1 : S;
@@ -795,14 +780,41 @@ static void s_check_head(int L, int S, int E, int EV, int row0)
         for (int j = 0; j < visible; j++)
             sum += w[j] = top == -INFINITY ? 0.0 : exp(w[j] - top);
         for (int c = 0; c < EV; c++) {
-            double want = 0.0;
+            want[i * EV + c] = 0.0;
             for (int j = 0; j < visible && sum > 0; j++)
-                want += w[j] / sum * v[j * EV + c];
-            cr_assert(fabs(out[i * EV + c] - want) < 1e-5, "L %d S %d E %d Ev %d, row %d col %d: %f, want %f", L, S,
-                      E, EV, i, c, out[i * EV + c], want);
+                want[i * EV + c] += w[j] / sum * v[j * EV + c];
         }
     }
-    free(q), free(k), free(v), free(mask), free(scores), free(out), free(w);
+    free(w);
+}
+
+/* One attention head of L query rows over S keys, causal from row0, with a mask that hides every
+ * third key and one whole row (row 21 where there is one): against softmax written in double
+ * precision, row by row. */
+static void s_check_head(int L, int S, int E, int EV, int row0)
+{
+    float *q = malloc(sizeof(float) * (size_t)(L * E)), *k = malloc(sizeof(float) * (size_t)(S * E));
+    float *v = malloc(sizeof(float) * (size_t)(S * EV)), *mask = malloc(sizeof(float) * (size_t)(L * S));
+    float *scores = malloc(sizeof(float) * (size_t)(cpu_attention_block_rows(L, S) * (S + 1)));
+    float *out = malloc(sizeof(float) * (size_t)(L * EV));
+    double *want = malloc(sizeof(double) * (size_t)(L * EV));
+    cr_assert(q && k && v && mask && scores && out && want);
+    for (int i = 0; i < L * E; i++)
+        q[i] = (float)((i * 7) % 13) / 6.0f - 1.0f;
+    for (int i = 0; i < S * E; i++)
+        k[i] = (float)((i * 11) % 17) / 8.0f - 1.0f;
+    for (int i = 0; i < S * EV; i++)
+        v[i] = (float)((i * 5) % 19) / 9.0f - 1.0f;
+    for (int i = 0; i < L; i++)
+        for (int j = 0; j < S; j++)
+            mask[i * S + j] = i == 21 || j % 3 == 0 ? -INFINITY : (float)((i + j) % 5) / 10.0f;
+    const float scale = 0.5f;
+    cpu_attention_head(L, S, E, EV, q, k, v, DT_FLOAT32, mask, S, 1, true, row0, scale, scores, out);
+    s_attention_reference(L, S, E, EV, row0, q, k, v, mask, scale, want);
+    for (int i = 0; i < L * EV; i++)
+        cr_assert(fabs(out[i] - want[i]) < 1e-5, "L %d S %d E %d Ev %d, row %d col %d: %f, want %f", L, S, E, EV,
+                  i / EV, i % EV, out[i], want[i]);
+    free(q), free(k), free(v), free(mask), free(scores), free(out), free(want);
 }
 
 /* More query rows than a block holds (S = 4100 keys: blocks of 16 rows, so 40 rows go as 16, 16
@@ -840,6 +852,8 @@ Test(attention, few_rows_read_a_16bit_cache)
         for (int j = 0; j < S; j++)
             mask[i * S + j] = j % 5 == 1 ? -INFINITY : (float)((i + j) % 4) / 8.0f;
     const float scale = 0.25f;
+    static double want[L * EV];
+    s_attention_reference(L, S, E, EV, ROW0, q, k, v, mask, scale, want);
     const dt_dtype dtypes[] = {DT_BFLOAT16, DT_FLOAT16};
     for (int t = 0; t < 2; t++) {
         for (int i = 0; i < S * E; i++)
@@ -847,25 +861,8 @@ Test(attention, few_rows_read_a_16bit_cache)
         for (int i = 0; i < S * EV; i++)
             v16[i] = dtypes[t] == DT_BFLOAT16 ? dt_f32_to_bf16(v[i]) : dt_f32_to_f16(v[i]);
         cpu_attention_head(L, S, E, EV, q, k16, v16, dtypes[t], mask, S, 1, true, ROW0, scale, scores, out);
-        for (int i = 0; i < L; i++) {
-            double w[S], top = -INFINITY, sum = 0.0;
-            int visible = ROW0 + i + 1 < S ? ROW0 + i + 1 : S;
-            for (int j = 0; j < visible; j++) {
-                double x = mask[i * S + j];
-                for (int e = 0; e < E; e++)
-                    x += scale * (double)q[i * E + e] * k[j * E + e];
-                w[j] = x;
-                top = x > top ? x : top;
-            }
-            for (int j = 0; j < visible; j++)
-                sum += w[j] = exp(w[j] - top);
-            for (int c = 0; c < EV; c++) {
-                double want = 0.0;
-                for (int j = 0; j < visible; j++)
-                    want += w[j] / sum * v[j * EV + c];
-                cr_assert(fabs(out[i * EV + c] - want) < 1e-5, "%s row %d col %d: %f, want %f",
-                          dt_dtype_name(dtypes[t]), i, c, out[i * EV + c], want);
-            }
-        }
+        for (int i = 0; i < L * EV; i++)
+            cr_assert(fabs(out[i] - want[i]) < 1e-5, "%s row %d col %d: %f, want %f", dt_dtype_name(dtypes[t]),
+                      i / EV, i % EV, out[i], want[i]);
     }
 }
