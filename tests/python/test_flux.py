@@ -106,11 +106,20 @@ def test_rotary_tables_made_once_per_ids():
     cos = first[0][0]
     assert tuple(cos.shape) == (1, 1, 7, 16)
     assert cos.placements == (dtorch.Shard(2), dtorch.Shard(2))
-    text_cos = first[1][0]
-    assert text_cos.placements == (dtorch.Replicate(), dtorch.Replicate())
+    text_cos = first[1][0]   # the text tokens split over ulysses too, whole along the ring
+    assert text_cos.placements == (dtorch.Shard(2), dtorch.Replicate())
 
 
 # ---- blocks ----------------------------------------------------------------------------------------------
+
+def text_placements(names):
+    """How parallelize_flux lays out the text tokens: the batch Shard(0) on dp, the sequence
+    Shard(1) on ulysses (split with the image's), whole on ring (a joint block every device sees)
+    and tp."""
+    if not names:
+        return [dtorch.Replicate()]
+    return [{"dp": dtorch.Shard(0), "ulysses": dtorch.Shard(1)}.get(n, dtorch.Replicate()) for n in names]
+
 
 def block_inputs(model, batch, n_image, n_text=5, seed=1):
     """Image and text tokens, temb and the rotary tables laid out on the model's mesh, and as numpy."""
@@ -121,7 +130,7 @@ def block_inputs(model, batch, n_image, n_text=5, seed=1):
     x = inputs(batch, n_image, n_text)
     mesh, names = model.device_mesh, model.device_mesh.mesh_dim_names
     image, batch = image_placements(names), batch_placements(names)
-    placed = (dtorch.distribute_tensor(h, mesh, image), dtorch.distribute_tensor(c, mesh, batch),
+    placed = (dtorch.distribute_tensor(h, mesh, image), dtorch.distribute_tensor(c, mesh, text_placements(names)),
               dtorch.distribute_tensor(temb, mesh, batch),
               model._rotary_emb(x["img_ids"], x["txt_ids"], n_image, n_text))
     cos, sin = ref.rope(CONFIG["axes_dims_rope"], np.concatenate([x["txt_ids"], x["img_ids"]]))
@@ -164,6 +173,17 @@ def test_model(name, guidance):
         assert isinstance(sample, dtorch.DTensor) and tuple(sample.shape) == (batch, n_image, 8)
         assert sample.placements == tuple(batch_placements(model.device_mesh.mesh_dim_names))
         check(sample.numpy(), reference_output(sd, model, x))
+
+
+@pytest.mark.parametrize("name", ["ulysses2", "dp2xulysses2xring2"])
+def test_text_tokens_split_over_ulysses_with_an_empty_piece(name):
+    """The text tokens split over ulysses with the image's: one text token leaves the second
+    device of each ulysses pair with none (an empty piece through the all-to-all and back), and
+    three split 2 and 1; the sample is the reference's either way."""
+    model, sd = model_on(name, True)
+    for n_text in (1, 3):
+        x = inputs(2, 7, n_text=n_text, seed=n_text)
+        check(model(**x).sample.numpy(), reference_output(sd, model, x))
 
 
 def test_empty_dp_shard_and_tuple_output():

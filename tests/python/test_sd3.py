@@ -98,8 +98,8 @@ def test_forward_matches_numpy(single, shape, names):
     mesh = _mesh(shape, names)
     on_mesh = SD3Transformer2DModel.from_config(CONFIG, device_mesh=mesh, **_variant(model))
     on_mesh.load_state_dict({k: dtorch.distribute_tensor(v, mesh) for k, v in sd.items()})
-    for B in (2, 1):  # batch 1 on dp: an empty piece
-        inputs = _inputs(B)
+    for B, T in ((2, 5), (1, 5), (2, 1)):  # batch 1 on dp, one text token on ulysses: an empty piece
+        inputs = _inputs(B, T=T)
         out = on_mesh(**inputs).sample
         assert tuple(out.shape) == (B, 4, 6, 10)
         want = _reference(sd, on_mesh, inputs)

@@ -16,22 +16,25 @@ files are single-device code and know nothing of this file but its name in ``par
   outputs are gathered whole there and ``proj_out`` is ColwiseParallel over its output channels,
   gathered after (its weight still split, at two all-gathers instead of one all-reduce). The
   adaptive norms' modulation linears, the embedders and the final projection stay replicated.
-- ``ulysses``: the image tokens split on the sequence; around attention an all-to-all turns the
-  sequence split into a split of the heads (whole sequence, some heads per device) and back
-  (UlyssesJointAttention in every attention slot).
+- ``ulysses``: the image tokens and the text tokens split on the sequence; around attention an
+  all-to-all turns each stream's sequence split into a split of the heads (whole sequences, some
+  heads per device) and back (UlyssesJointAttention in every attention slot).
 - ``ring``: the image tokens split on the sequence; attention runs as a true ring, the key/value
   blocks passed device to device (RingJointAttention in every attention slot).
 
 They compose (``dp2 x ulysses2 x ring2`` on 8 devices, ``dp2 x tp2``, ``tp2 x ring2``, ``tp2 x
 ulysses2``): tp splits the heads first, and Ulysses and the ring work within each tp slice of
-heads (Ulysses splits that slice further). The text tokens (SD3's and FLUX's context
-stream) are few: they stay whole on the context-parallel dims and take part in attention as a
-joint block that every query sees. Between attentions everything is per token, so the image stream
-is split once, where it enters (SD3: the patch embedding's patch tokens and position-table rows,
-before its projection, so that each device embeds only its own tokens; FLUX: ``x_embedder``'s
-input, the packed tokens, before its projection likewise),
-and gathered once, at ``proj_out``'s output. FLUX's rotary tables (``pos_embed``'s outputs) are laid
-out like the queries they rotate: the image's split on the sequence, the text's whole. An absent
+heads (Ulysses splits that slice further). The text tokens (SD3's and FLUX's context stream)
+split with the image's over ulysses, at ``context_embedder``'s input: FLUX's 512 T5 tokens are
+half a 512x512 image's, and kept whole they would cost every device their whole products. Along
+the ring they stay whole and take part in attention as a joint block that every query sees.
+Between attentions everything is per token, so the image stream is split once, where it enters
+(SD3: the patch embedding's patch tokens and position-table rows, before its projection, so that
+each device embeds only its own tokens; FLUX: ``x_embedder``'s input, the packed tokens, before
+its projection likewise), and gathered once, at ``proj_out``'s output; the text stream is never
+gathered (the output is the image's). FLUX's rotary tables (``pos_embed``'s outputs) are laid out
+like the queries they rotate: the image's split on the sequence, the text's split over ulysses and
+whole along the ring. An absent
 name means size 1; an unknown name, a tp size that does not divide the heads, or a ulysses size
 that does not divide each tp device's heads, is a ValueError naming it.
 
@@ -83,9 +86,11 @@ def parallelize_sd3(model, device_mesh):
     _split_batch(model, mesh, ["pos_embed", "context_embedder", "time_text_embed.timestep_embedder",
                                "time_text_embed.text_embedder"])
     tokens = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1))
+    text = PrepareModuleInput(input_layouts=Replicate(), desired_input_layouts=Shard(1))
     # the patch tokens and their position-table rows split before the projection: each device
-    # projects and positions its own tokens only
-    _split_image_tokens(model, mesh, {"pos_embed.patches": tokens, "pos_embed.positions": tokens}, "proj_out")
+    # projects and positions its own tokens only; over ulysses the text tokens split as well
+    image = {"pos_embed.patches": tokens, "pos_embed.positions": tokens}
+    _split_image_tokens(model, mesh, image, "proj_out", ulysses={**image, "context_embedder": text})
     attentions = [f"transformer_blocks.{i}.attn" for i in range(len(model.transformer_blocks))]
     attentions += [f"transformer_blocks.{i}.attn2" for i, block in enumerate(model.transformer_blocks)
                    if block.attn2 is not None]
@@ -110,8 +115,11 @@ def parallelize_flux(model, device_mesh):
     tokens = PrepareModuleInput(input_layouts=Replicate(), desired_input_layouts=Shard(1))
     # pos_embed gives (cos, sin) of the image tokens, then of the text tokens, as (1, 1, L, D)
     rotary = (Shard(2), Shard(2), None, None)
+    both = (Shard(2),) * 4   # over ulysses the text tokens split too (see the module's docstring)
     _split_image_tokens(model, mesh, {"x_embedder": tokens, "pos_embed": PrepareModuleOutput(
-        output_layouts=rotary, desired_output_layouts=rotary)}, "proj_out")
+        output_layouts=rotary, desired_output_layouts=rotary)}, "proj_out",
+        ulysses={"x_embedder": tokens, "context_embedder": tokens, "pos_embed": PrepareModuleOutput(
+            output_layouts=both, desired_output_layouts=both)})
     if sizes.get("tp", 1) > 1:
         plan = {}
         for i, block in enumerate(model.transformer_blocks):
@@ -238,13 +246,14 @@ def _split_batch(model, mesh, paths):
         parallelize_module(model, mesh["dp"], {path: batch for path in paths})
 
 
-def _split_image_tokens(model, mesh, enter, leave):
+def _split_image_tokens(model, mesh, enter, leave, ulysses=None):
     """The image tokens split on the sequence over ulysses and ring by the styles ``enter`` ({path:
-    style}) and gathered at the output of the module at ``leave``: split in the mesh's dim order and
-    gathered in the reverse, so that each step is a local slice or an all-gather along one dim."""
+    style}; on ulysses ``ulysses`` where given) and gathered at the output of the module at
+    ``leave``: split in the mesh's dim order and gathered in the reverse, so that each step is a
+    local slice or an all-gather along one dim."""
     dims = [name for name in mesh.mesh_dim_names or () if name in CONTEXT_PARALLEL]
     for name in dims:
-        parallelize_module(model, mesh[name], enter)
+        parallelize_module(model, mesh[name], ulysses if name == "ulysses" and ulysses else enter)
     gather = PrepareModuleOutput(output_layouts=Shard(1), desired_output_layouts=Replicate())
     for name in reversed(dims):
         parallelize_module(model, mesh[name], {leave: gather})

@@ -1,6 +1,6 @@
 """Sequence parallelism for joint attention: a sequence split over devices (a diffusion
-transformer's image tokens) attending together with a short block of context tokens that every
-device holds whole (its text tokens), as one softmax over both.
+transformer's image tokens) attending together with a block of context tokens (its text tokens,
+split alike under Ulysses, whole along a ring), as one softmax over both.
 
 A module with a joint attention slot holds in ``module.attention`` a callable
 
@@ -15,8 +15,9 @@ styles here put a parallel one in the slot, each on one mesh dim:
 
 - ``UlyssesJointAttention``: around whatever attention the slot holds, an all-to-all turns the
   sequence split of query, key and value into a split of the heads (every device sees the whole
-  sequence for H / n heads); the context, whole, is cut to the same heads (a local slice). After
-  attention both go back: the sequence to its split, the context output gathered whole.
+  sequence for H / n heads); the context goes to the same heads alike (an all-to-all where it
+  comes split on its sequence, a local slice where it comes whole). After attention both go back
+  to the layouts they came in.
 - ``RingJointAttention``: the slot's attention becomes a ring (dtorch.nn.functional.ring_attention,
   non-causal): the sequence's queries stay where they are while its key/value blocks travel device
   to device; the context keys/values are a joint block every device attends to once. The context
