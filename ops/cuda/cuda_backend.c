@@ -32,7 +32,7 @@
 
 static _Thread_local cuda_ctx s_ctx;
 static _Thread_local bool s_attached;
-static _Thread_local char s_unusable[256]; /* why attach could not bind a device */
+static _Thread_local char s_unusable[320]; /* why attach could not bind a device: s_msg and a prefix */
 static _Thread_local char s_msg[256];
 
 static const char *const s_oom = "out of memory on the device";
