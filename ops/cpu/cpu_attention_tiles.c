@@ -7,10 +7,8 @@
  * (a 768-token head spent a fifth of its time there). Here the keys are laid out once per head in
  * panels of 8 keys by feature, the scores come from 6 query rows x 16 keys at a time in
  * registers (the query's features broadcast from where they lie), and the weighted sum reads the
- * weights and the value rows where they lie, 3 query rows x 32 value features at a time. Between
- * the two, the exponentials and their sum are one pass in registers (the portable loop makes three). */
+ * weights and the value rows where they lie, 3 query rows x 32 value features at a time. */
 #include "cpu_matmul.h"
-#include "op_reduce_math.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -141,48 +139,6 @@ S_TILE void s_value_rows(int R, int64_t used, int64_t Ev, const float *w, int64_
     case 1: s_value_tile(R, 1, used, Ev, w, ld, v, out, c0); break;
     default: break;
     }
-}
-
-/* op_softmax_exp(op_softmax_clamp(x - top)) for 8 lanes: the same arithmetic (the products and sums
- * contracted to multiply-adds, as the compiler does), so the weights match the scalar path's. */
-S_TILE __m256 s_exp8(__m256 x, __m256 top)
-{
-    const __m256 shift = _mm256_set1_ps(12582912.0f); /* 1.5 * 2^23 */
-    __m256 d = _mm256_min_ps(_mm256_setzero_ps(), _mm256_max_ps(_mm256_set1_ps(-88.0f), _mm256_sub_ps(x, top)));
-    __m256 t = _mm256_fmadd_ps(d, _mm256_set1_ps(1.44269504f), shift), whole = _mm256_sub_ps(t, shift);
-    __m256 r = _mm256_fnmadd_ps(whole, _mm256_set1_ps(0.693145752f), d);
-    r = _mm256_fnmadd_ps(whole, _mm256_set1_ps(1.42860677e-6f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 40320);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 5040));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i n = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(0x4B400000 - 127));
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(n, 23)));
-}
-
-S_AVX2 float cpu_attention_exp_sum(float *x, int64_t n, float top)
-{
-    __m256 sum0 = _mm256_setzero_ps(), sum1 = _mm256_setzero_ps(), top8 = _mm256_set1_ps(top);
-    int64_t j = 0;
-    for (; j + 16 <= n; j += 16) {
-        __m256 e0 = s_exp8(_mm256_loadu_ps(x + j), top8), e1 = s_exp8(_mm256_loadu_ps(x + j + 8), top8);
-        _mm256_storeu_ps(x + j, e0);
-        _mm256_storeu_ps(x + j + 8, e1);
-        sum0 = _mm256_add_ps(sum0, e0);
-        sum1 = _mm256_add_ps(sum1, e1);
-    }
-    float lanes[8], total = 0.0f;
-    _mm256_storeu_ps(lanes, _mm256_add_ps(sum0, sum1));
-    for (int l = 0; l < 8; l++)
-        total += lanes[l];
-    for (; j < n; j++)
-        total += x[j] = op_softmax_exp(op_softmax_clamp(x[j] - top));
-    return total;
 }
 
 S_AVX2 void cpu_attention_values(int64_t L, int64_t used, int64_t Ev, const float *w, int64_t ld, const float *v,

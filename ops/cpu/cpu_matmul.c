@@ -651,11 +651,7 @@ static void s_attention_block(int64_t L, int64_t S, int64_t E, int64_t Ev, const
             inv[i] = 0.0f;
             continue;
         }
-#if defined(__x86_64__)
-        inv[i] = 1.0f / (kt ? cpu_attention_exp_sum(row, visible, top) : cpu_exp_shifted_sum(row, visible, top));
-#else
         inv[i] = 1.0f / cpu_exp_shifted_sum(row, visible, top);
-#endif
         for (int64_t j = visible; j < used; j++)
             row[j] = 0.0f;
     }

@@ -61,7 +61,7 @@ const char *cpu_quant_linear(const op_quant_dims *d, const float *x, const uint8
  * scores: scratch of cpu_attention_block_rows(L, S) * (S + 1) floats: the rows go in blocks of that
  * many (a block's scores, then a float per row).
  * Up to CPU_ATTENTION_FEW_ROWS query rows (decode) are scored key by key, skipping the keys the
- * mask hides; more go through two BLAS products per block. */
+ * mask hides; more go through two products per block, in register tiles (below) or by sgemm. */
 #define CPU_ATTENTION_FEW_ROWS 4
 int64_t cpu_attention_block_rows(int64_t L, int64_t S);
 #if defined(__x86_64__)
@@ -77,9 +77,6 @@ void cpu_attention_scores(int64_t L, int64_t used, int64_t E, const float *q, co
                           float *scores, int64_t ld);
 void cpu_attention_values(int64_t L, int64_t used, int64_t Ev, const float *w, int64_t ld, const float *v,
                           float *out);
-/* cpu_exp_shifted_sum's result in AVX2, in one pass: x[j] = exp(x[j] - top) (the difference clamped to
- * [-88, 0], NaN kept) for j < n, returning their sum. */
-float cpu_attention_exp_sum(float *x, int64_t n, float top);
 #endif
 void cpu_attention_head(int64_t L, int64_t S, int64_t E, int64_t Ev, const float *q, const void *k, const void *v,
                         dt_dtype kv_dtype, const float *mask, int64_t mask_sl, int64_t mask_ss, bool causal,
