@@ -36,10 +36,11 @@ OP_EW_FN float op_ew_pick(int c, float a, float b)
 /* exp(x) for every float, in a form compilers vectorise (libm's expf is a call per element, which
  * left the activations' loops scalar): x is clamped to [-104, 89] (NaN kept), outside which expf
  * rounds to 0 or overflows alike; exp(r) from op_exp_reduced (op_reduce_math.h, softmax's core),
- * times 2^n as two scales built in the exponent bits (n runs from -150 to 128, beyond one scale's normal range), so results below 2^-126 come out
- * subnormal and those above FLT_MAX infinite where expf's do. Over a sweep of every 7th float the
- * error is at most 1.16 ulp of exp in double precision (9.7e-8 relative where the result is a normal
- * float); expf(-inf) = 0, expf(inf) = inf and NaN as expf gives them (tests/test_kernels.c). */
+ * times 2^n as two scales built in the exponent bits (n runs from -150 to 128, beyond one scale's
+ * normal range), so results below 2^-126 come out subnormal and those above FLT_MAX infinite where
+ * expf's do. Over a sweep of every 7th float the error is at most 1.16 ulp of exp in double
+ * precision (9.7e-8 relative where the result is a normal float); expf(-inf) = 0, expf(inf) = inf
+ * and NaN as expf gives them (tests/test_kernels.c). */
 OP_EW_FN float op_ew_exp(float x)
 {
     x = op_ew_pick(-104.0f > x, -104.0f, x);

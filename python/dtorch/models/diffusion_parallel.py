@@ -34,9 +34,9 @@ each device embeds only its own tokens; FLUX: ``x_embedder``'s input, the packed
 its projection likewise), and gathered once, at ``proj_out``'s output; the text stream is never
 gathered (the output is the image's). FLUX's rotary tables (``pos_embed``'s outputs) are laid out
 like the queries they rotate: the image's split on the sequence, the text's split over ulysses and
-whole along the ring. An absent
-name means size 1; an unknown name, a tp size that does not divide the heads, or a ulysses size
-that does not divide each tp device's heads, is a ValueError naming it.
+whole along the ring. An absent name means size 1; an unknown name, a tp size that does not divide
+the heads, or a ulysses size that does not divide each tp device's heads, is a ValueError naming
+it.
 
 The VAE splits the batch (Shard(0)) over every mesh dim of size > 1, each of dp, tp, ulysses and
 ring alike, or every dim of an unnamed mesh. A VAE's mesh may also have a dim named ``height``: the
