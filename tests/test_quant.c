@@ -98,15 +98,17 @@ static void s_inputs(int bits, const float *x, int64_t K, double *used)
 }
 
 /* Random weights and inputs for M rows of 1 to 8 (the streaming path, one code path per count)
- * and 17 (blocks through sgemm, 71 rows of weight: a block of 64
- * and one of 7), K not a multiple of 8, 16 or 32, and a weight whose features start k0 = 4 (8) into
- * the input (its last K): every output within 1e-5 of the sum of its terms' magnitudes of the
- * double product over the inputs as s_inputs uses them. */
+ * and 9, 17 and 41 (int8: blocks through sgemm, 263 rows of weight: a block of 256 and one of 7;
+ * int4: 71 rows, blocks of 16 weight rows and a last of 7, passed by groups of 8 rows and a rest),
+ * K not a multiple of 8, 16 or 32, and a weight whose features start k0 = 4 (8) into the input (its
+ * last K): every output within 1e-5 of the sum of its terms' magnitudes of the double product over
+ * the inputs as s_inputs uses them. */
 Test(quant, products_against_double)
 {
     srand(7);
-    int64_t Ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 17}, Ks[] = {5, 37, 67, 96}, N = 71;
+    int64_t Ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 41}, Ks[] = {5, 37, 67, 96};
     for (int bits = 8; bits >= 4; bits -= 4) {
+        int64_t N = bits == 8 ? 263 : 71;
         int op = bits == 8 ? OP_ID_linear_int8 : OP_ID_linear_int4;
         for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
             for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)
@@ -148,6 +150,33 @@ Test(quant, products_against_double)
                     free(bias);
                     free(q);
                 }
+    }
+}
+
+/* int4 computes every input row with the same per-row code whatever the rows beside it: a prompt's
+ * 41 rows (blocks of weight rows, groups of 8 input rows and a rest) give each row the very bits
+ * that row alone gives (decode's path), over 3 whole groups and a float tail. */
+Test(quant, int4_row_alone_equals_row_in_a_prompt)
+{
+    srand(11);
+    enum { M = 41, K = 100, N = 37, WORDS = (K + 7) / 8, G = (K + 31) / 32 };
+    static float x[M * K], scale[N * G], all[M * N];
+    static uint8_t q[N * WORDS * 4];
+    for (int i = 0; i < M * K; i++)
+        x[i] = (float)rand() / RAND_MAX * 4 - 2;
+    for (size_t i = 0; i < sizeof q; i++)
+        q[i] = (uint8_t)rand();
+    for (int i = 0; i < N * G; i++)
+        scale[i] = (float)rand() / RAND_MAX * 0.1f;
+    op_kernel k = s_record(OP_ID_linear_int4, M, K, N, WORDS, G, x, q, scale, NULL, all, 0);
+    cr_assert_null(cpu_kernel_for(OP_ID_linear_int4)(&k));
+    for (int m = 0; m < M; m++) {
+        float one[N];
+        k = s_record(OP_ID_linear_int4, 1, K, N, WORDS, G, x + m * K, q, scale, NULL, one, 0);
+        cr_assert_null(cpu_kernel_for(OP_ID_linear_int4)(&k));
+        for (int n = 0; n < N; n++)
+            cr_expect_eq(all[m * N + n], one[n], "row %d output %d: %.9g among 41 rows, %.9g alone", m, n,
+                         all[m * N + n], one[n]);
     }
 }
 

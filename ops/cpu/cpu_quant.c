@@ -7,11 +7,16 @@
  * xs = max|x_group| / 127, xq = rint(x / xs); features past the last whole group stay float32),
  * and multiplies nibbles by bytes in integers, one 32-bit sum per group scaled by xs and the
  * weight's scale: widening nibbles to float took three times the instructions and bound the loop
- * well below what memory delivers. More rows dequantize a block of weight rows into float32 at a
- * time and hand it to sgemm, so no float copy of the whole weight is ever made; int4's inputs are
- * quantized there alike (and used as xq * xs), so a row's result never depends on how many rows
- * came with it. AVX2 and FMA are taken where the CPU has them (asked at run time); a portable loop
- * computes the same sums elsewhere. */
+ * well below what memory delivers.
+ *
+ * More rows: int8 dequantizes a block of weight rows into float32 at a time and hands it to sgemm,
+ * so no float copy of the whole weight is ever made. int4 keeps its integer products for any
+ * number of rows: a block of S_INT4_BLOCK weight rows stays in L1 while the input's rows pass over
+ * it S_FEW_ROWS at a time, each through the same per-row code as decode. One maddubs multiplies 32
+ * nibble-byte pairs where an FMA does 8 products, so a prompt's products take fewer instructions
+ * than sgemm's over a dequantized copy (and no copy is written), and a row's result is the same to
+ * the bit whatever rows came with it. AVX2 and FMA are taken where the CPU has them (asked at run
+ * time); a portable loop computes the same sums elsewhere. */
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
@@ -22,7 +27,8 @@
 #include "op_quant.h"
 
 #define S_FEW_ROWS 8     /* rows of A that stream the quantized weight (their accumulators fit the registers) */
-#define S_BLOCK_ROWS 64 /* weight rows dequantized per sgemm */
+#define S_BLOCK_ROWS 256 /* int8: weight rows dequantized per sgemm (each call packs x again: 64 ran at 0.85x) */
+#define S_INT4_BLOCK 16  /* int4, more rows: weight rows that stay in L1 while the input's rows pass */
 
 /* ---- int4's input, quantized ------------------------------------------------------------------ */
 
@@ -251,7 +257,7 @@ S_AVX2 static inline __attribute__((always_inline)) void s_row_int4(int M, const
 
 #define S_CASE(M)                                                                                                 \
     case M:                                                                                                       \
-        for (int64_t n = 0; n < d->N; n++) {                                                                      \
+        for (int64_t n = n0; n < n1; n++) {                                                                       \
             const uint8_t *qn = q + n * d->row_bytes;                                                             \
             if (d->bits == 8)                                                                                     \
                 s_row_int8(M, d, x, qn, scale + n, sums);                                                         \
@@ -261,9 +267,9 @@ S_AVX2 static inline __attribute__((always_inline)) void s_row_int4(int M, const
                 out[m * d->N + n] = sums[m] + (bias ? bias[n] : 0.0f);                                            \
         }                                                                                                         \
         break;
-/* The weight streamed once for d->M <= S_FEW_ROWS rows of x. */
+/* Weight rows [n0, n1) against d->M <= S_FEW_ROWS rows of x (out's rows of stride d->N). */
 S_AVX2 static void s_few_rows_avx2(const op_quant_dims *d, const float *x, const s_xpair *xa, const uint8_t *q,
-                                   const float *scale, const float *bias, float *out)
+                                   const float *scale, const float *bias, float *out, int64_t n0, int64_t n1)
 {
     float sums[S_FEW_ROWS];
     switch (d->M) { S_CASE(1) S_CASE(2) S_CASE(3) S_CASE(4) S_CASE(5) S_CASE(6) S_CASE(7) S_CASE(8) }
@@ -284,48 +290,70 @@ static s_round_fn *s_round_best(void)
 
 /* ---- few rows: the weight streamed once ------------------------------------------------------ */
 
-static const char *s_few_rows(const op_quant_dims *d, const float *x, const uint8_t *q, const float *scale,
-                              const float *bias, float *out)
+/* Weight rows [n0, n1) against d->M <= S_FEW_ROWS rows of x; xa: those rows quantized (int4). */
+static void s_rows(const op_quant_dims *d, const float *x, const s_xpair *xa, const uint8_t *q, const float *scale,
+                   const float *bias, float *out, int64_t n0, int64_t n1)
 {
-    s_xpair *xa = NULL;
-    if (d->bits == 4 && d->K >= OP_QUANT_GROUP) {
-        /* a few rows of x, quantized: small next to the weight every call streams */
-        if (!(xa = malloc((size_t)(d->M * s_pairs(d)) * sizeof *xa)))
-            return "out of memory on the device";
-        s_quantize_x(d, x, xa, s_round_best());
-    }
 #if defined(__x86_64__)
     if (s_has_avx2()) {
-        s_few_rows_avx2(d, x, xa, q, scale, bias, out);
-        free(xa);
-        return NULL;
+        s_few_rows_avx2(d, x, xa, q, scale, bias, out, n0, n1);
+        return;
     }
 #endif
     float sums[S_FEW_ROWS];
-    for (int64_t n = 0; n < d->N; n++) {
+    for (int64_t n = n0; n < n1; n++) {
         s_row_plain(d, x, d->K_x, xa, q + n * d->row_bytes, scale + n * d->groups, sums);
         for (int64_t m = 0; m < d->M; m++)
             out[m * d->N + n] = sums[m] + (bias ? bias[n] : 0.0f);
     }
-    free(xa);
-    return NULL;
 }
 
-/* ---- more rows: blocks of dequantized rows through sgemm ------------------------------------- */
+/* Every row of x, S_FEW_ROWS at a time: with nb the whole of N, the weight is streamed once per
+ * S_FEW_ROWS rows (decode); with a block of nb weight rows, the block is read from memory once and
+ * from L1 by each group of rows (a prompt). xa: x's rows quantized (int4), or NULL. */
+static void s_row_groups(const op_quant_dims *d, const float *x, const s_xpair *xa, const uint8_t *q,
+                         const float *scale, const float *bias, float *out, int64_t nb)
+{
+    for (int64_t n0 = 0; n0 < d->N; n0 += nb) {
+        int64_t n1 = d->N - n0 < nb ? d->N : n0 + nb;
+        for (int64_t m0 = 0; m0 < d->M; m0 += S_FEW_ROWS) {
+            op_quant_dims part = *d;
+            part.M = d->M - m0 < S_FEW_ROWS ? d->M - m0 : S_FEW_ROWS;
+            s_rows(&part, x + m0 * d->K_x, xa ? xa + m0 * s_pairs(d) : NULL, q, scale, bias, out + m0 * d->N, n0,
+                   n1);
+        }
+    }
+}
 
+/* ---- int8, more rows: blocks of dequantized rows through sgemm ------------------------------- */
+
+static void s_dequantize_plain(const uint8_t *q, float scale, int64_t K, float *w)
+{
+    for (int64_t k = 0; k < K; k++)
+        w[k] = (float)op_quant_int8(q, k) * scale;
+}
+
+#if defined(__x86_64__)
+S_AVX2 static void s_dequantize_avx2(const uint8_t *q, float scale, int64_t K, float *w)
+{
+    __m256 s = _mm256_set1_ps(scale);
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8)
+        _mm256_storeu_ps(w + k, _mm256_mul_ps(s_widen8(q + k), s));
+    s_dequantize_plain(q + k, scale, K - k, w + k);
+}
+#endif
+
+/* rows int8 weight rows into float32 (rows x K) */
 static void s_dequantize_rows(const op_quant_dims *d, const uint8_t *q, const float *scale, int64_t rows, float *w)
 {
-    for (int64_t r = 0; r < rows; r++) {
-        const uint8_t *row = q + r * d->row_bytes;
-        const float *sc = scale + r * d->groups;
-        float *wr = w + r * d->K;
-        if (d->bits == 8)
-            for (int64_t k = 0; k < d->K; k++)
-                wr[k] = (float)op_quant_int8(row, k) * sc[0];
-        else
-            for (int64_t k = 0; k < d->K; k++)
-                wr[k] = (float)op_quant_int4(row, k) * sc[k / OP_QUANT_GROUP];
-    }
+    void (*row_fn)(const uint8_t *, float, int64_t, float *) = s_dequantize_plain;
+#if defined(__x86_64__)
+    if (s_has_avx2())
+        row_fn = s_dequantize_avx2;
+#endif
+    for (int64_t r = 0; r < rows; r++)
+        row_fn(q + r * d->row_bytes, scale[r], d->K, w + r * d->K);
 }
 
 static const char *s_blocks(const op_quant_dims *d, const float *x, const uint8_t *q, const float *scale,
@@ -359,45 +387,24 @@ const char *cpu_quant_linear(const op_quant_dims *d, const float *x, const uint8
             out[i] = bias ? bias[i % d->N] : 0.0f;
         return NULL;
     }
-    /* sgemm takes int sizes: larger pieces go row by row through the streaming path */
-    if (d->M <= S_FEW_ROWS || d->K > INT32_MAX || d->K_x > INT32_MAX || d->N > INT32_MAX || d->M > INT32_MAX) {
-        for (int64_t m0 = 0; m0 < d->M; m0 += S_FEW_ROWS) {
-            op_quant_dims part = *d;
-            part.M = d->M - m0 < S_FEW_ROWS ? d->M - m0 : S_FEW_ROWS;
-            const char *why = s_few_rows(&part, x + m0 * d->K_x, q, scale, bias, out + m0 * d->N);
-            if (why)
-                return why;
+    if (d->bits == 4) {
+        s_xpair *xa = NULL;
+        if (d->K >= OP_QUANT_GROUP) { /* x's rows quantized once: half x's bytes, beside a weight read once */
+            size_t bytes = (size_t)d->M * (size_t)s_pairs(d) * sizeof *xa;
+            if (bytes / sizeof *xa / (size_t)s_pairs(d) != (size_t)d->M || !(xa = malloc(bytes)))
+                return "out of memory on the device";
+            s_quantize_x(d, x, xa, s_round_best());
         }
+        s_row_groups(d, x, xa, q, scale, bias, out, d->M <= S_FEW_ROWS ? d->N : S_INT4_BLOCK);
+        free(xa);
         return NULL;
     }
-    if (d->bits == 8)
-        return s_blocks(d, x, q, scale, bias, out);
-    /* int4's inputs quantized as the few rows' are, then back in float32 for sgemm: a row's result
-     * does not depend on how many rows came with it */
-    float *used = malloc((size_t)(d->M * d->K) * sizeof *used);
-    if (!used)
-        return "out of memory on the device";
-    s_round_fn *round_group = s_round_best();
-    int64_t whole = d->K / OP_QUANT_GROUP;
-    for (int64_t m = 0; m < d->M; m++) {
-        const float *xm = x + m * d->K_x;
-        float *um = used + m * d->K;
-        for (int64_t g = 0; g < whole; g++) {
-            float amax;
-            int32_t v[OP_QUANT_GROUP];
-            round_group(xm + g * OP_QUANT_GROUP, &amax, v);
-            float xs = isfinite(amax) ? amax / 127.0f : NAN;
-            for (int i = 0; i < OP_QUANT_GROUP; i++)
-                um[g * OP_QUANT_GROUP + i] = (float)v[i] * xs;
-        }
-        memcpy(um + whole * OP_QUANT_GROUP, xm + whole * OP_QUANT_GROUP,
-               (size_t)(d->K - whole * OP_QUANT_GROUP) * sizeof *um);
+    /* sgemm takes int sizes: larger pieces go through the streaming path */
+    if (d->M <= S_FEW_ROWS || d->K > INT32_MAX || d->K_x > INT32_MAX || d->N > INT32_MAX || d->M > INT32_MAX) {
+        s_row_groups(d, x, NULL, q, scale, bias, out, d->N);
+        return NULL;
     }
-    op_quant_dims dense = *d;
-    dense.K_x = d->K;
-    const char *why = s_blocks(&dense, used, q, scale, bias, out);
-    free(used);
-    return why;
+    return s_blocks(d, x, q, scale, bias, out);
 }
 
 static const char *s_linear(op_kernel *k)
