@@ -28,7 +28,11 @@ loading the same files, in the same run through ``--ref-python`` (a Python with 
 a venv of its own, run as a subprocess as bench_serve.py's --hf-python). The directories are
 written once into bench/.cache by that Python with diffusers' own save_pretrained. Steps per second
 come from the difference between a run of ``--steps`` steps and one of 1 step: (steps - 1) / (its
-seconds - the 1-step run's), the text encoders and the decode cancelling out.
+seconds - the 1-step run's), the text encoders and the decode cancelling out. The encoders and the
+whole runs of the reference are timed before DTorch's; the step and the VAE decode alone alternate
+with it, ``--rounds`` rounds of ``--repeats`` each (DTorch one device, DTorch two, torch's thread
+counts, again), in a reference process kept for them, and print the two-device row against
+torch's most threads round by round.
 """
 import argparse
 import os
@@ -205,16 +209,63 @@ for threads in args["threads"]:
                 kw["negative_prompt"] = spec["negative_prompt"]
             fn = lambda: pipe(**kw, generator=torch.Generator().manual_seed(0)).images
             print(json.dumps(["image", name, steps, threads, timed(fn, args["repeats"])]), flush=True)
-        # one denoising step alone: the transformer's forward on the inputs step_inputs() wrote
-        inputs = {k: torch.from_numpy(v) for k, v in np.load(spec["step_inputs"]).items()}
-        fn = lambda: pipe.transformer(**inputs).sample
-        print(json.dumps(["step", name, args["size"], threads, timed(fn, args["repeats"])]), flush=True)
-        if name == "sd3":  # the VAE decode alone, of the latent vae_latent() draws
-            z = torch.from_numpy(np.random.default_rng(0).standard_normal(
-                (1, pipe.vae.config.latent_channels, args["size"] // 8, args["size"] // 8)).astype(np.float32))
-            fn = lambda: pipe.vae.decode(z).sample
-            print(json.dumps(["vae", name, args["size"], threads, timed(fn, args["repeats"])]), flush=True)
 """
+
+# Run by --ref-python beside DTorch for the step and VAE rows (_RefParts): one request per line on stdin,
+# [what ("step" or "vae"), the pipeline's directory, the step inputs' .npz or the VAE's image size,
+# threads, repeats], answered by one line of the repeats' seconds (after one untimed call). The
+# models are loaded at their first request and kept.
+_REF_PARTS = """
+import json, sys, time
+import numpy as np
+import torch, diffusers
+torch.set_grad_enabled(False)
+models = {}
+def model(cls, path, subfolder):
+    if (path, subfolder) not in models:
+        models[path, subfolder] = getattr(diffusers, cls).from_pretrained(path, subfolder=subfolder,
+                                                                          low_cpu_mem_usage=False).eval()
+    return models[path, subfolder]
+for line in sys.stdin:
+    what, path, arg, threads, repeats = json.loads(line)
+    torch.set_num_threads(threads)
+    if what == "step":   # the transformer's forward on the inputs step_inputs() wrote
+        config = json.load(open(path + "/transformer/config.json"))
+        net = model(config["_class_name"], path, "transformer")
+        inputs = {k: torch.from_numpy(v) for k, v in np.load(arg).items()}
+        fn = lambda: net(**inputs).sample
+    else:                # the VAE decoding the latent vae_latent() draws
+        vae = model("AutoencoderKL", path, "vae")
+        z = torch.from_numpy(np.random.default_rng(0).standard_normal(
+            (1, vae.config.latent_channels, arg // 8, arg // 8)).astype(np.float32))
+        fn = lambda: vae.decode(z).sample
+    fn()
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter(); fn(); out.append(time.perf_counter() - t0)
+    print(json.dumps(out), flush=True)
+"""
+
+
+class _RefParts:
+    """diffusers' transformer step and VAE decode in a process of its own (_REF_PARTS), asked for one
+    figure at a time so that its timings alternate with DTorch's."""
+
+    def __init__(self, python):
+        self.proc = subprocess.Popen([python, "-c", _REF_PARTS], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True)
+
+    def __call__(self, what, path, arg, threads, repeats):
+        self.proc.stdin.write(json.dumps([what, path, arg, threads, repeats]) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            sys.exit(f"bench_diffusion: the reference process ended (status {self.proc.wait()})")
+        return json.loads(line)
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait()
 
 
 def _build_directories(python):
@@ -232,7 +283,7 @@ def _reference(python, repeats, steps, size, threads):
     """{(what, pipeline, name or steps, threads): seconds of each repeat} from transformers and
     diffusers on ``python``."""
     spec = {name: dict(path=os.path.join(CACHE, name), encoders=p["encoders"], guidance_scale=p["guidance_scale"],
-                       negative_prompt=p["negative_prompt"], step_inputs=step_inputs(name, size))
+                       negative_prompt=p["negative_prompt"])
             for name, p in PIPELINES.items()}
     args = json.dumps(dict(pipelines=spec, repeats=repeats, steps=steps, size=size, threads=threads, prompt=PROMPT))
     out = subprocess.run([python, "-c", _REF, args], check=True, capture_output=True, text=True).stdout
@@ -254,9 +305,10 @@ def _line(label, times, unit=1e3, suffix="ms", digits=1):
     return f"  {label:42s} {mid:9.{digits}f} {suffix} ({low:.{digits}f}-{high:.{digits}f})"
 
 
-def _bench_prompts(args, threads, ref):
+def _bench_prompts(args, threads, ref, parts):
     """The text encoders alone, then prompt to image, DTorch's layouts beside torch's threads (``ref``:
-    _reference's figures, measured before DTorch's workers started)."""
+    _reference's figures, measured before DTorch's workers started); then the step and the VAE decode
+    alone, alternated with ``parts`` (a _RefParts, or None without a reference)."""
     from dtorch.models import CLIPTextModel, CLIPTextModelWithProjection, T5EncoderModel
     from dtorch.pipelines import FluxPipeline, StableDiffusion3Pipeline
     classes = {"sd3": (StableDiffusion3Pipeline, (CLIPTextModelWithProjection, CLIPTextModelWithProjection,
@@ -299,9 +351,9 @@ def _bench_prompts(args, threads, ref):
             whole, first = statistics.median(by[args.steps]), statistics.median(by[1])
             rate = (args.steps - 1) / (whole - first) if args.steps > 1 and whole > first else float("nan")
             print(_line(label, by[args.steps], 1, "s per image", 2) + f"  {rate:6.2f} steps/s")
-        _bench_step(name, path, split, args, threads, ref)
+        _bench_step(name, path, split, args, threads, parts)
         if name == "sd3":
-            _bench_vae_decode(path, args, threads, ref)
+            _bench_vae_decode(path, args, threads, parts)
     print("\nload average after: %.2f %.2f %.2f (figures are for the record only where it stayed under 1.5)"
           % os.getloadavg())
 
@@ -336,38 +388,67 @@ def step_inputs(name, size):
     return file
 
 
+def _alternated(rows, args, ratio):
+    """Times every row's fn (label -> fn returning seconds of args.repeats calls) in turn, args.rounds
+    times, so that DTorch's and the reference's figures share the machine's phases; prints each row
+    over all rounds, then ``ratio`` (a row divided by another) round by round."""
+    times = {label: [] for label in rows}
+    per_round = []
+    for _ in range(args.rounds):
+        medians = {}
+        for label, fn in rows.items():
+            got = fn()
+            times[label] += got
+            medians[label] = statistics.median(got)
+        per_round.append(medians)
+    for label in rows:
+        print(_line(label, times[label]))
+    if ratio and all(label in rows for label in ratio):
+        mine, theirs = ratio
+        print(f"  {theirs} / {mine}, round by round: "
+              + ", ".join(f"{r[theirs] / r[mine]:.2f}x" for r in per_round))
+
+
 def _bench_step(name, path, split, args, threads, ref):
     """One denoising step alone (the transformer's forward on step_inputs()), on one device and on
-    two laid out as the pipeline row's, beside diffusers' transformer on the same inputs."""
+    two laid out as the pipeline row's, beside diffusers' transformer on the same inputs, alternated."""
     from dtorch.models import FluxTransformer2DModel
     cls = SD3Transformer2DModel if name == "sd3" else FluxTransformer2DModel
-    inputs = dict(np.load(step_inputs(name, args.size)))
+    file = step_inputs(name, args.size)
+    inputs = dict(np.load(file))
     print(f"\n== {name}: one denoising step alone, {args.size}x{args.size} "
-          f"({(args.size // 16) ** 2} image tokens), batch {len(inputs['hidden_states'])}")
+          f"({(args.size // 16) ** 2} image tokens), batch {len(inputs['hidden_states'])}, "
+          f"{args.rounds} rounds of {args.repeats} alternated")
+    rows, models = {}, []
     for label, mesh in (("one device", dtorch.DeviceMesh("cpu", [0])),
                         (split[0] + "2", dtorch.DeviceMesh("cpu", [0, 1], mesh_dim_names=split))):
         model = cls.from_pretrained(path, subfolder="transformer", device_mesh=mesh)
-        print(_line(f"DTorch, {label}", _timed(lambda: model(**inputs).sample.numpy(), args.repeats)))
-        del model
-    for t in threads:
-        if ("step", name, args.size, t) in ref:
-            print(_line(f"diffusers, torch {t} thread{'s' if t > 1 else ''}", ref[("step", name, args.size, t)]))
+        models.append(model)
+        rows[f"DTorch, {label}"] = lambda model=model: _timed(lambda: model(**inputs).sample.numpy(), args.repeats)
+    for t in threads if ref else ():
+        rows[f"diffusers, torch {t} thread{'s' if t > 1 else ''}"] = lambda t=t: ref("step", path, file, t,
+                                                                                     args.repeats)
+    _alternated(rows, args, (f"DTorch, {split[0]}2", f"diffusers, torch {max(threads)} threads"))
 
 
 def _bench_vae_decode(path, args, threads, ref):
     """The SD3 directory's VAE decoding one latent (standard normal, seed 0) to an args.size image, on
-    one device and split by rows on two (``height``), beside diffusers' decode of the same latent."""
+    one device and split by rows on two (``height``), beside diffusers' decode of the same latent,
+    alternated."""
     from dtorch.models import AutoencoderKL
-    print(f"\n== sd3: the VAE decode alone, one {args.size}x{args.size} image")
+    print(f"\n== sd3: the VAE decode alone, one {args.size}x{args.size} image, "
+          f"{args.rounds} rounds of {args.repeats} alternated")
+    rows, models = {}, []
     for label, mesh in (("one device", dtorch.DeviceMesh("cpu", [0])),
                         ("height2", dtorch.DeviceMesh("cpu", [0, 1], mesh_dim_names=("height",)))):
         vae = AutoencoderKL.from_pretrained(path, subfolder="vae", device_mesh=mesh)
         z = dtorch.distribute_tensor(vae_latent(vae.config.latent_channels, args.size), mesh)
-        print(_line(f"DTorch, {label}", _timed(lambda: vae.decode(z).sample.numpy(), args.repeats)))
-        del vae
-    for t in threads:
-        if ("vae", "sd3", args.size, t) in ref:
-            print(_line(f"diffusers, torch {t} thread{'s' if t > 1 else ''}", ref[("vae", "sd3", args.size, t)]))
+        models.append(vae)
+        rows[f"DTorch, {label}"] = lambda vae=vae, z=z: _timed(lambda: vae.decode(z).sample.numpy(), args.repeats)
+    for t in threads if ref else ():
+        rows[f"diffusers, torch {t} thread{'s' if t > 1 else ''}"] = lambda t=t: ref("vae", path, args.size, t,
+                                                                                     args.repeats)
+    _alternated(rows, args, ("DTorch, height2", f"diffusers, torch {max(threads)} threads"))
 
 
 def vae_latent(channels, size):
@@ -389,6 +470,8 @@ def main():
     parser.add_argument("--threads", default="1,2", help="torch's thread counts for the reference")
     parser.add_argument("--steps", type=int, default=4, help="denoising steps of a prompt-to-image run")
     parser.add_argument("--size", type=int, default=256, help="the image's height and width (--prompts)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="--prompts: rounds of the step and VAE rows, DTorch's and the reference's alternated")
     args = parser.parse_args()
     if args.prompts:
         _build_directories(args.ref_python)
@@ -397,7 +480,10 @@ def main():
         ref = _reference(args.ref_python, args.repeats, args.steps, args.size, threads) if args.ref_python else {}
     dtorch.init(workers="thread")
     if args.prompts:
-        _bench_prompts(args, threads, ref)
+        parts = _RefParts(args.ref_python) if args.ref_python else None
+        _bench_prompts(args, threads, ref, parts)
+        if parts:
+            parts.close()
         dtorch.shutdown()
         return
     if args.vae:
