@@ -41,6 +41,8 @@ typedef struct {
     int64_t stride;  /* flat mesh index distance between neighbours along mesh_dim */
     uint64_t ids[3]; /* the inputs' piece ids */
     dt_tensor *out;
+    int op;          /* OP_ID_conv2d or OP_ID_interpolate */
+    int64_t scale;   /* interpolate: the split dim's upsampling */
 } s_halo;
 
 /* ---- the windows (pure arithmetic, tested on its own) ------------------------------------------ */
@@ -327,6 +329,12 @@ static int64_t s_upsample_scale(const s_halo *g)
     return s;
 }
 
+static int s_plan(void *arg)
+{
+    const s_halo *g = arg;
+    return g->op == OP_ID_conv2d ? s_conv2d(g) : s_interpolate(g, g->scale);
+}
+
 /* The op run over the split: the output tensor, or NULL with the error. */
 static dt_tensor *s_run(int op, int nin, dt_tensor *const *in, const op_attrs *attrs, int mesh_dim)
 {
@@ -350,28 +358,10 @@ static dt_tensor *s_run(int op, int nin, dt_tensor *const *in, const op_attrs *a
     memcpy(out->shape, o->shape, sizeof out->shape);
     memcpy(out->placements, in[0]->placements, sizeof out->placements);
     g->out = out;
-    if (act_runtime_begin(op_by_id(op)->name, &g->mesh, 1) != 0) {
-        dt_tensor_release(&out);
-        free(g);
-        return NULL;
-    }
-    out->id = act_runtime_new_tensor_id();
-    out->epoch = act_runtime_epoch();
-    /* views made on the controller: pieces of their own to send and read, freed after */
-    uint64_t pieces[3] = {0};
-    for (int i = 0; i < nin; i++)
-        if (in[i]->base)
-            g->ids[i] = pieces[i] = dtn_op_view_piece(in[i]);
-    int rc = op == OP_ID_conv2d ? s_conv2d(g) : s_interpolate(g, scale);
-    for (int i = 0; i < nin; i++)
-        if (pieces[i])
-            act_runtime_free_now(g->mesh, pieces[i]);
-    act_runtime_end();
+    g->op = op;
+    g->scale = scale;
+    out = dtn_op_run_plan(op_by_id(op)->name, g->mesh, out, in, nin, g->ids, s_plan, g);
     free(g);
-    if (rc != 0) {
-        out->id = 0; /* nothing was sent: no device has it */
-        dt_tensor_release(&out);
-    }
     return out;
 }
 

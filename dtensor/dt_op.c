@@ -366,6 +366,37 @@ static uint64_t s_alias_pieces(const dt_tensor *t, uint64_t read)
 
 uint64_t dtn_op_view_piece(const dt_tensor *t) { return s_alias_pieces(t, t->base_id); }
 
+dt_tensor *dtn_op_run_plan(const char *name, dt_mesh *mesh, dt_tensor *out, dt_tensor *const *in, int n,
+                           uint64_t *ids, int (*run)(void *arg), void *arg)
+{
+    if (n > DTN_PLAN_MAX_INPUTS) {
+        dt_err(DT_EINVAL, "%s: %d inputs, more than a plan takes (%d)", name, n, DTN_PLAN_MAX_INPUTS);
+        dt_tensor_release(&out);
+        return NULL;
+    }
+    if (act_runtime_begin(name, &mesh, 1) != 0) {
+        dt_tensor_release(&out);
+        return NULL;
+    }
+    out->id = act_runtime_new_tensor_id();
+    out->epoch = act_runtime_epoch();
+    /* views made on the controller: pieces of their own for the plan to read, freed after */
+    uint64_t pieces[DTN_PLAN_MAX_INPUTS] = {0};
+    for (int i = 0; i < n; i++)
+        if (in[i] && in[i]->base)
+            ids[i] = pieces[i] = dtn_op_view_piece(in[i]);
+    int rc = run(arg);
+    for (int i = 0; i < n; i++)
+        if (pieces[i])
+            act_runtime_free_now(mesh, pieces[i]);
+    act_runtime_end();
+    if (rc != 0) {
+        out->id = 0; /* nothing was sent: no device has it */
+        dt_tensor_release(&out);
+    }
+    return out;
+}
+
 int dtn_op_settle(dt_tensor *t, const char *op)
 {
     if (!t->base)

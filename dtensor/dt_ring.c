@@ -407,6 +407,14 @@ static int s_check(s_ring *g, dt_tensor *const *in, int mesh_dim, bool is_causal
     return s_check_joint(g, in, mesh_dim);
 }
 
+static int s_plan(void *arg)
+{
+    const s_ring *g = arg;
+    return g->decode ? s_decode(g) : s_prefill(g);
+}
+
+_Static_assert(S_NALL <= DTN_PLAN_MAX_INPUTS, "ring_attention's inputs fit a plan");
+
 dt_tensor *dt_ring_attention(dt_tensor *q, dt_tensor *k, dt_tensor *v, dt_tensor *q_index, dt_tensor *k_index,
                              int mesh_dim, bool is_causal, bool has_scale, double scale)
 {
@@ -437,27 +445,7 @@ dt_tensor *dt_ring_attention_joint(dt_tensor *q, dt_tensor *k, dt_tensor *v, dt_
     memcpy(out->shape, o->shape, sizeof out->shape);
     memcpy(out->placements, q->placements, sizeof out->placements);
     g->out = out;
-    if (act_runtime_begin("ring_attention", &g->mesh, 1) != 0) {
-        dt_tensor_release(&out);
-        free(g);
-        return NULL;
-    }
-    out->id = act_runtime_new_tensor_id();
-    out->epoch = act_runtime_epoch();
-    /* views made on the controller: pieces of their own for the ring to read, freed after */
-    uint64_t pieces[S_NALL] = {0};
-    for (int i = 0; i < S_NALL; i++)
-        if (in[i] && in[i]->base)
-            g->ins[i] = pieces[i] = dtn_op_view_piece(in[i]);
-    int rc = g->decode ? s_decode(g) : s_prefill(g);
-    for (int i = 0; i < S_NALL; i++)
-        if (pieces[i])
-            act_runtime_free_now(g->mesh, pieces[i]);
-    act_runtime_end();
+    out = dtn_op_run_plan("ring_attention", g->mesh, out, in, S_NALL, g->ins, s_plan, g);
     free(g);
-    if (rc != 0) {
-        out->id = 0; /* nothing was sent: no device has it */
-        dt_tensor_release(&out);
-    }
     return out;
 }

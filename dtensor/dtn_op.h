@@ -36,6 +36,15 @@ void dtn_op_compute(int64_t device, int op, int nin, const uint64_t *ins, const 
  * the error naming op (t is then unchanged). */
 uint64_t dtn_op_view_piece(const dt_tensor *t);
 int dtn_op_settle(dt_tensor *t, const char *op);
+/* Runs a plan that emits its records itself (dt_halo's and dt_ring's ops) for out, a new tensor on
+ * mesh: begins the runtime's session named name, gives out its id and epoch, gives each view among
+ * in[0..n) (NULL entries skipped) pieces of its own whose id replaces ids[i], calls run(arg), frees
+ * those pieces and ends the session. out, or NULL with the error (out released, no device holding
+ * it) when the session could not begin or run returned non-zero. n is at most
+ * DTN_PLAN_MAX_INPUTS. */
+#define DTN_PLAN_MAX_INPUTS 8
+dt_tensor *dtn_op_run_plan(const char *name, dt_mesh *mesh, dt_tensor *out, dt_tensor *const *in, int n,
+                           uint64_t *ids, int (*run)(void *arg), void *arg);
 /* t (pieces of its own) is about to be written in place outside any session: it is marked written,
  * and when live views made of it on the controller read its pieces, it moves to new pieces that
  * share those bytes (the worker copies them before the write), the old ones left to the views.

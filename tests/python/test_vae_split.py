@@ -129,6 +129,26 @@ def test_conv2d_split_bad_input(mode):
     assert rel(got.numpy(), ref.conv2d(np.ones((1, 2, 4, 4)), np.ones((3, 2, 3, 3)), None, 1, 1)) < 1e-6
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_conv2d_and_upsample_of_views(mode, n):
+    """Inputs that are views made on the controller (channels 1-3 of an image of 5, and the weight's
+    output channels 2-5 of 6): the split ops read pieces made for them, the values copies give."""
+    rng = np.random.default_rng(20 + n)
+    mesh = dtorch.DeviceMesh("cpu", list(range(n)))
+    x = rng.standard_normal((2, 5, 7, 4)).astype(np.float32)
+    w = rng.standard_normal((6, 3, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    xs, ws = split(x, mesh, [Shard(2)]), whole(w, mesh)
+    got = F.conv2d(xs[:, 1:4], ws[2:], whole(b[2:], mesh), padding=1)
+    want = ref.conv2d(x[:, 1:4], w[2:], b[2:], 1, 1)
+    assert got.placements == (Shard(2),)
+    assert rel(check_pieces(got, want), want) < 1e-5
+    up = F.interpolate(xs[:, 1:4], scale_factor=2.0)
+    assert np.array_equal(check_pieces(up, np.repeat(np.repeat(x[:, 1:4], 2, 2), 2, 3), tol=0),
+                          np.repeat(np.repeat(x[:, 1:4], 2, 2), 2, 3))
+    assert np.array_equal(xs.numpy(), x)   # the tensor the views were made of is unchanged
+
+
 # ---- interpolate and group_norm -------------------------------------------------------------------
 
 @pytest.mark.parametrize("n", [2, 3, 4])
