@@ -8,6 +8,7 @@
  * panels of 8 keys by feature, the scores come from 6 query rows x 16 keys at a time in
  * registers (the query's features broadcast from where they lie), and the weighted sum reads the
  * weights and the value rows where they lie, 3 query rows x 32 value features at a time. */
+#include "cpu_kernels.h"
 #include "cpu_matmul.h"
 
 #if defined(__x86_64__)
@@ -21,7 +22,7 @@
 
 bool cpu_attention_tiles_fit(int64_t Ev)
 {
-    return Ev % 8 == 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return Ev % 8 == 0 && cpu_has_avx2_fma();
 }
 
 int64_t cpu_attention_panel_floats(int64_t S, int64_t E) { return (S + 7) / 8 * 8 * E; }

@@ -7,10 +7,21 @@
 #ifndef CPU_KERNELS_H
 #define CPU_KERNELS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "dt_layout.h"
 #include "dtorch.h"
+
+/* Whether this CPU runs the kernels' AVX2 + FMA paths (asked at run time; false off x86-64). */
+static inline bool cpu_has_avx2_fma(void)
+{
+#if defined(__x86_64__)
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    return false;
+#endif
+}
 
 /* double -> 16-bit float, rounded once to nearest even (not twice through float). */
 uint16_t cpu_f64_to_f16(double v);

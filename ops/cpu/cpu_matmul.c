@@ -352,7 +352,7 @@ void cpu_matmul_skinny(int64_t M, int64_t N, int64_t K, const float *a, const vo
                        bool accumulate)
 {
 #if defined(__x86_64__)
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && S_HAS_F16C()) {
+    if (cpu_has_avx2_fma() && S_HAS_F16C()) {
         if (b_dtype == DT_FLOAT32)
             s_skinny_f32_avx2(M, N, K, a, b, c, accumulate);
         else if (b_dtype == DT_BFLOAT16)
@@ -456,19 +456,10 @@ S_AVX2 static void s_axpy_avx2(float a, const void *x, int64_t at, dt_dtype dtyp
 }
 #endif
 
-static bool s_has_avx2(void)
-{
-#if defined(__x86_64__)
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-    return false;
-#endif
-}
-
 static float s_row_max(const float *x, int64_t n)
 {
 #if defined(__x86_64__)
-    if (s_has_avx2())
+    if (cpu_has_avx2_fma())
         return s_max_avx2(x, n);
 #endif
     float top = -INFINITY;
@@ -512,7 +503,7 @@ static void s_attention_few_rows(int64_t L, int64_t used, int64_t E, int64_t Ev,
                                  const void *v, dt_dtype kv_dtype, const float *mask, int64_t mask_sl,
                                  int64_t mask_ss, bool causal, int64_t row0, float scale, float *row, float *out)
 {
-    bool avx2 = s_has_avx2();
+    bool avx2 = cpu_has_avx2_fma();
     for (int64_t i = 0; i < L; i++) {
         const float *qi = q + i * E, *m = mask ? mask + i * mask_sl : NULL;
         float *oi = out + i * Ev;

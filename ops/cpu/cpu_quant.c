@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_kernels.h"
 #include "cpu_matmul.h"
 #include "cpu_ops.h"
 #include "op_quant.h"
@@ -276,13 +277,12 @@ S_AVX2 static void s_few_rows_avx2(const op_quant_dims *d, const float *x, const
 }
 #undef S_CASE
 
-static bool s_has_avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 #endif
 
 static s_round_fn *s_round_best(void)
 {
 #if defined(__x86_64__)
-    if (s_has_avx2())
+    if (cpu_has_avx2_fma())
         return s_round_avx2;
 #endif
     return s_round_plain;
@@ -295,7 +295,7 @@ static void s_rows(const op_quant_dims *d, const float *x, const s_xpair *xa, co
                    const float *bias, float *out, int64_t n0, int64_t n1)
 {
 #if defined(__x86_64__)
-    if (s_has_avx2()) {
+    if (cpu_has_avx2_fma()) {
         s_few_rows_avx2(d, x, xa, q, scale, bias, out, n0, n1);
         return;
     }
@@ -349,7 +349,7 @@ static void s_dequantize_rows(const op_quant_dims *d, const uint8_t *q, const fl
 {
     void (*row_fn)(const uint8_t *, float, int64_t, float *) = s_dequantize_plain;
 #if defined(__x86_64__)
-    if (s_has_avx2())
+    if (cpu_has_avx2_fma())
         row_fn = s_dequantize_avx2;
 #endif
     for (int64_t r = 0; r < rows; r++)

@@ -2,6 +2,7 @@
  * reductions, arg-extremes, softmax, cumulative sums, top-k and normalisation (cpu_reduce_loops.h).
  * The kernels of the ops, which convert pieces into them, are in cpu_reduce.c. */
 #include "cpu_reduce_loops.h"
+#include "cpu_kernels.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -334,7 +335,7 @@ __attribute__((target("avx2,fma"))) static float s_exp_shifted_sum_avx2(float *x
 float cpu_exp_shifted_sum(float *x, int64_t n, float top)
 {
 #if defined(__x86_64__)
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    if (cpu_has_avx2_fma())
         return s_exp_shifted_sum_avx2(x, n, top);
 #endif
     return s_exp_shifted_sum(x, n, top);
