@@ -419,11 +419,10 @@ def _bench_step(name, path, split, args, threads, ref):
     print(f"\n== {name}: one denoising step alone, {args.size}x{args.size} "
           f"({(args.size // 16) ** 2} image tokens), batch {len(inputs['hidden_states'])}, "
           f"{args.rounds} rounds of {args.repeats} alternated")
-    rows, models = {}, []
+    rows = {}   # each row's function holds its model
     for label, mesh in (("one device", dtorch.DeviceMesh("cpu", [0])),
                         (split[0] + "2", dtorch.DeviceMesh("cpu", [0, 1], mesh_dim_names=split))):
         model = cls.from_pretrained(path, subfolder="transformer", device_mesh=mesh)
-        models.append(model)
         rows[f"DTorch, {label}"] = lambda model=model: _timed(lambda: model(**inputs).sample.numpy(), args.repeats)
     for t in threads if ref else ():
         rows[f"diffusers, torch {t} thread{'s' if t > 1 else ''}"] = lambda t=t: ref("step", path, file, t,
@@ -438,12 +437,11 @@ def _bench_vae_decode(path, args, threads, ref):
     from dtorch.models import AutoencoderKL
     print(f"\n== sd3: the VAE decode alone, one {args.size}x{args.size} image, "
           f"{args.rounds} rounds of {args.repeats} alternated")
-    rows, models = {}, []
+    rows = {}   # each row's function holds its VAE
     for label, mesh in (("one device", dtorch.DeviceMesh("cpu", [0])),
                         ("height2", dtorch.DeviceMesh("cpu", [0, 1], mesh_dim_names=("height",)))):
         vae = AutoencoderKL.from_pretrained(path, subfolder="vae", device_mesh=mesh)
         z = dtorch.distribute_tensor(vae_latent(vae.config.latent_channels, args.size), mesh)
-        models.append(vae)
         rows[f"DTorch, {label}"] = lambda vae=vae, z=z: _timed(lambda: vae.decode(z).sample.numpy(), args.repeats)
     for t in threads if ref else ():
         rows[f"diffusers, torch {t} thread{'s' if t > 1 else ''}"] = lambda t=t: ref("vae", path, args.size, t,
