@@ -19,7 +19,8 @@
  * cpu_matmul_skinny with float32 and bfloat16 weights, and cpu_quant_linear with int8 and int4
  * weights (each its own bytes, scales included); memcpy of the weight's bytes into a written buffer
  * is the reference for what memory allows. Last, one whole decode step's products at batch 1 of
- * the 15M and 110M shapes in each format.
+ * the 15M and 110M shapes in each format, and decode's attention over caches of 64 to 4096 keys
+ * beside two sgemv calls a head.
  *
  * Usage: bench_matmul [repeat_scale [n ...]]
  *   repeat_scale multiplies every repeat count (e.g. 0.2 for a quick look).
@@ -308,6 +309,71 @@ static void s_decode_model(double scale)
     }
 }
 
+/* One query row against a head's cache by two sgemv calls and a softmax between them: the BLAS
+ * route for decode's attention, the reference for cpu_attention_head's few-rows path. */
+static void s_head_by_sgemv(int64_t S, int64_t E, const float *q, const float *k, const float *v, float scale,
+                            float *scores, float *out)
+{
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)S, (int)E, scale, k, (int)E, q, 1, 0.0f, scores, 1);
+    float top = -INFINITY, sum = 0.0f;
+    for (int64_t j = 0; j < S; j++)
+        top = scores[j] > top ? scores[j] : top;
+    for (int64_t j = 0; j < S; j++)
+        sum += scores[j] = expf(scores[j] - top);
+    cblas_sgemv(CblasRowMajor, CblasTrans, (int)S, (int)E, 1.0f / sum, v, (int)E, scores, 1, 0.0f, out, 1);
+}
+
+/* Decode's attention at batch 1: one query row for each of 6 heads of 64 features (the 110M's
+ * heads on one device at tp=2) over S cached keys and values in float32, layer after layer of 12
+ * (so the cache comes from wherever a decode step finds it: L2 for short ones, memory for long),
+ * through cpu_attention_head and through sgemv; GB/s of the cache's bytes read. */
+static void s_decode_attention(double scale)
+{
+    enum { H = 6, E = 64, LAYERS = 12 };
+    static const int64_t lengths[] = {64, 256, 1024, 4096};
+    int repeats = (int)lround(15 * scale);
+    repeats = repeats < 3 ? 3 : repeats > 64 ? 64 : repeats;
+    printf("\n  decode attention: 1 query row x %d heads of %d over S keys, %d layers one after another, medians of "
+           "%d\n", H, E, LAYERS, repeats);
+    printf("  %6s %9s %12s %12s %12s %12s %9s %10s\n", "S", "cache MB", "DTorch us", "sgemv us", "DTorch GB/s",
+           "sgemv GB/s", "ratio", "rel err");
+    for (size_t l = 0; l < sizeof lengths / sizeof lengths[0]; l++) {
+        int64_t S = lengths[l], per = (int64_t)H * S * E;
+        float *k = malloc((size_t)(LAYERS * per) * sizeof *k), *v = malloc((size_t)(LAYERS * per) * sizeof *v);
+        float *q = malloc(H * E * sizeof *q), *o1 = malloc(H * E * sizeof *o1), *o2 = malloc(H * E * sizeof *o2);
+        float *scores = malloc((size_t)(cpu_attention_block_rows(1, S) * (S + 1)) * sizeof *scores);
+        if (!k || !v || !q || !o1 || !o2 || !scores)
+            s_die("malloc");
+        for (int64_t i = 0; i < LAYERS * per; i++) {
+            k[i] = (float)(i % 29) / 29.0f - 0.5f;
+            v[i] = (float)(i % 31) / 31.0f - 0.5f;
+        }
+        for (int i = 0; i < H * E; i++)
+            q[i] = (float)(i % 11) / 11.0f - 0.5f;
+        const float sc = 0.125f;
+        double t_dt, t_blas;
+        S_TIME(t_dt, repeats, for (int y = 0; y < LAYERS; y++) for (int h = 0; h < H; h++)
+               cpu_attention_head(1, S, E, E, q + h * E, k + y * per + h * S * E, v + y * per + h * S * E, DT_FLOAT32,
+                                  NULL, 0, 0, false, 0, sc, scores, o1 + h * E));
+        S_TIME(t_blas, repeats, for (int y = 0; y < LAYERS; y++) for (int h = 0; h < H; h++)
+               s_head_by_sgemv(S, E, q + h * E, k + y * per + h * S * E, v + y * per + h * S * E, sc, scores,
+                               o2 + h * E));
+        double err = 0, norm = 0;
+        for (int i = 0; i < H * E; i++) {
+            err += (double)(o1[i] - o2[i]) * (o1[i] - o2[i]);
+            norm += (double)o2[i] * o2[i];
+        }
+        double bytes = 2.0 * LAYERS * per * sizeof(float);
+        printf("  %6lld %9.1f %12.1f %12.1f %12.1f %12.1f %8.2fx %10.2e\n", (long long)S, bytes / 1e6,
+               t_dt / LAYERS * 1e6, t_blas / LAYERS * 1e6, bytes / t_dt / 1e9, bytes / t_blas / 1e9, t_blas / t_dt,
+               sqrt(err / (norm > 0 ? norm : 1)));
+        fflush(stdout);
+        free(k), free(v), free(q), free(o1), free(o2), free(scores);
+    }
+    printf("  us: one layer's %d heads; ratio: sgemv's time over DTorch's; rel err: ||DTorch - sgemv|| / ||sgemv||\n",
+           H);
+}
+
 int main(int argc, char **argv)
 {
     double scale = argc > 1 ? atof(argv[1]) : 1.0;
@@ -360,6 +426,7 @@ int main(int argc, char **argv)
            S_PIPELINE);
     s_decode_shapes(scale);
     s_decode_model(scale);
+    s_decode_attention(scale);
     dt_mesh_release(&mesh);
     if (dt_shutdown() != 0)
         s_die("dt_shutdown");

@@ -7,15 +7,24 @@
  * (a 768-token head spent a fifth of its time there). Here the keys are laid out once per head in
  * panels of 8 keys by feature, the scores come from 6 query rows x 16 keys at a time in
  * registers (the query's features broadcast from where they lie), and the weighted sum reads the
- * weights and the value rows where they lie, 3 query rows x 32 value features at a time. */
+ * weights and the value rows where they lie, 3 query rows x 32 value features at a time.
+ *
+ * Decode's few query rows go one at a time, against the cache as it lies (float32 or 16-bit): the
+ * scores 8 keys at a time (8 accumulators, one load of the query per 8 features for all 8 keys),
+ * the weighted sum over the keys with the output row in up to 8 registers. Key by key through a
+ * dot product and an axpy into memory, a 144-key head of 64 features cost about twice as long. */
 #include "cpu_kernels.h"
 #include "cpu_matmul.h"
+
+#include <math.h>
+
+#include "dt_dtype.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
 
-#define S_AVX2 __attribute__((target("avx2,fma")))
-#define S_TILE static inline __attribute__((always_inline, target("avx2,fma")))
+#define S_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define S_TILE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
 #define S_UNROLL _Pragma("GCC unroll 8")
 #define S_SCORE_ROWS 6  /* query rows per score tile (x 2 panels: 12 accumulators) */
 #define S_VALUE_ROWS 3  /* query rows per weighted-sum tile (x 4 vectors: 12 accumulators) */
@@ -152,5 +161,144 @@ S_AVX2 void cpu_attention_values(int64_t L, int64_t used, int64_t Ev, const floa
         s_value_rows(2, used, Ev, w + i * ld, ld, v, out + i * Ev);
     else if (L - i == 1)
         s_value_rows(1, used, Ev, w + i * ld, ld, v, out + i * Ev);
+}
+
+/* ---- one query row (decode) -------------------------------------------------------------------- */
+
+/* 8 elements of a cache row from element i, widened to float32 (dtype a constant where inlined). */
+S_TILE __m256 s_kv8(const void *b, dt_dtype dtype, int64_t i)
+{
+    if (dtype == DT_FLOAT32)
+        return _mm256_loadu_ps((const float *)b + i);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)b + i));
+    if (dtype == DT_BFLOAT16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return _mm256_cvtph_ps(h);
+}
+
+static inline float s_kv(const void *b, dt_dtype dtype, int64_t i)
+{
+    if (dtype == DT_FLOAT32)
+        return ((const float *)b)[i];
+    uint16_t h = ((const uint16_t *)b)[i];
+    return dtype == DT_BFLOAT16 ? dt_bf16_to_f32(h) : dt_f16_to_f32(h);
+}
+
+/* The 8 lanes' sums of a[0..7], in lane order. */
+S_TILE __m256 s_sum8(const __m256 *a)
+{
+    __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
+}
+
+/* q . k_j for the n <= 8 keys from key j0 (E features each). */
+S_TILE void s_key_dots(dt_dtype dtype, int n, int64_t E, const float *q, const void *k, int64_t j0, float *dots)
+{
+    __m256 acc[8];
+    S_UNROLL for (int j = 0; j < 8; j++)
+        acc[j] = _mm256_setzero_ps();
+    int64_t e = 0;
+    if (n == 8) {
+        for (; e + 8 <= E; e += 8) {
+            __m256 x = _mm256_loadu_ps(q + e);
+            S_UNROLL for (int j = 0; j < 8; j++)
+                acc[j] = _mm256_fmadd_ps(x, s_kv8(k, dtype, (j0 + j) * E + e), acc[j]);
+        }
+        _mm256_storeu_ps(dots, s_sum8(acc));
+    } else {
+        for (; e + 8 <= E; e += 8) {
+            __m256 x = _mm256_loadu_ps(q + e);
+            for (int j = 0; j < n; j++)
+                acc[j] = _mm256_fmadd_ps(x, s_kv8(k, dtype, (j0 + j) * E + e), acc[j]);
+        }
+        float all[8];
+        _mm256_storeu_ps(all, s_sum8(acc));
+        for (int j = 0; j < n; j++)
+            dots[j] = all[j];
+    }
+    for (int j = 0; j < n; j++)
+        for (int64_t t = e; t < E; t++)
+            dots[j] += q[t] * s_kv(k, dtype, (j0 + j) * E + t);
+}
+
+S_TILE void s_row_scores(dt_dtype dtype, int64_t used, int64_t E, const float *q, const void *k, float scale,
+                         const float *mask, int64_t ss, float *scores)
+{
+    for (int64_t j0 = 0; j0 < used; j0 += 8) {
+        int n = used - j0 < 8 ? (int)(used - j0) : 8, hidden = 0;
+        if (mask)
+            for (int j = 0; j < n; j++)
+                hidden += mask[(j0 + j) * ss] == -INFINITY;
+        if (hidden < n)
+            s_key_dots(dtype, n, E, q, k, j0, scores + j0);
+        for (int j = 0; j < n; j++) {
+            float bias = mask ? mask[(j0 + j) * ss] : 0.0f;
+            scores[j0 + j] = bias == -INFINITY ? -INFINITY : scores[j0 + j] * scale + bias;
+        }
+    }
+}
+
+S_AVX2 void cpu_attention_row_scores(int64_t used, int64_t E, const float *q, const void *k, dt_dtype kv_dtype,
+                                     float scale, const float *mask, int64_t ss, float *scores)
+{
+    switch (kv_dtype) {
+    case DT_BFLOAT16: s_row_scores(DT_BFLOAT16, used, E, q, k, scale, mask, ss, scores); break;
+    case DT_FLOAT16: s_row_scores(DT_FLOAT16, used, E, q, k, scale, mask, ss, scores); break;
+    default: s_row_scores(DT_FLOAT32, used, E, q, k, scale, mask, ss, scores); break;
+    }
+}
+
+/* out[c0 .. c0 + 8C) = sum over the keys not hidden of w[j] v[j][c]. */
+S_TILE void s_row_value_tile(dt_dtype dtype, int C, int64_t used, int64_t Ev, const float *w, const void *v,
+                             const float *mask, int64_t ss, float *out, int64_t c0)
+{
+    __m256 acc[8];
+    S_UNROLL for (int c = 0; c < C; c++)
+        acc[c] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < used; j++) {
+        if (mask && mask[j * ss] == -INFINITY)
+            continue;
+        __m256 x = _mm256_broadcast_ss(w + j);
+        S_UNROLL for (int c = 0; c < C; c++)
+            acc[c] = _mm256_fmadd_ps(x, s_kv8(v, dtype, j * Ev + c0 + 8 * c), acc[c]);
+    }
+    S_UNROLL for (int c = 0; c < C; c++)
+        _mm256_storeu_ps(out + c0 + 8 * c, acc[c]);
+}
+
+S_TILE void s_row_values(dt_dtype dtype, int64_t used, int64_t Ev, const float *w, const void *v, const float *mask,
+                         int64_t ss, float *out)
+{
+    int64_t c0 = 0;
+    for (; c0 + 64 <= Ev; c0 += 64)
+        s_row_value_tile(dtype, 8, used, Ev, w, v, mask, ss, out, c0);
+    switch ((Ev - c0) / 8) {
+    case 7: s_row_value_tile(dtype, 7, used, Ev, w, v, mask, ss, out, c0); break;
+    case 6: s_row_value_tile(dtype, 6, used, Ev, w, v, mask, ss, out, c0); break;
+    case 5: s_row_value_tile(dtype, 5, used, Ev, w, v, mask, ss, out, c0); break;
+    case 4: s_row_value_tile(dtype, 4, used, Ev, w, v, mask, ss, out, c0); break;
+    case 3: s_row_value_tile(dtype, 3, used, Ev, w, v, mask, ss, out, c0); break;
+    case 2: s_row_value_tile(dtype, 2, used, Ev, w, v, mask, ss, out, c0); break;
+    case 1: s_row_value_tile(dtype, 1, used, Ev, w, v, mask, ss, out, c0); break;
+    default: break;
+    }
+    for (int64_t c = c0 + (Ev - c0) / 8 * 8; c < Ev; c++) {
+        float sum = 0.0f;
+        for (int64_t j = 0; j < used; j++)
+            if (!mask || mask[j * ss] != -INFINITY)
+                sum += w[j] * s_kv(v, dtype, j * Ev + c);
+        out[c] = sum;
+    }
+}
+
+S_AVX2 void cpu_attention_row_values(int64_t used, int64_t Ev, const float *w, const void *v, dt_dtype kv_dtype,
+                                     const float *mask, int64_t ss, float *out)
+{
+    switch (kv_dtype) {
+    case DT_BFLOAT16: s_row_values(DT_BFLOAT16, used, Ev, w, v, mask, ss, out); break;
+    case DT_FLOAT16: s_row_values(DT_FLOAT16, used, Ev, w, v, mask, ss, out); break;
+    default: s_row_values(DT_FLOAT32, used, Ev, w, v, mask, ss, out); break;
+    }
 }
 #endif

@@ -368,7 +368,8 @@ void cpu_matmul_skinny(int64_t M, int64_t N, int64_t K, const float *a, const vo
 /* ---- attention ------------------------------------------------------------------------------- */
 
 /* x . y[at ..] and out += a x[at ..] over n elements, y and x float32, bfloat16 or float16 (a cache
- * in its own dtype): decode's attention, a query row against one key at a time. */
+ * in its own dtype): decode's attention, a query row against one key at a time, where the CPU has
+ * no AVX2 (cpu_attention_row_scores and _values where it has). */
 static float s_dot_plain(const float *x, const void *y, int64_t at, dt_dtype dtype, int64_t n)
 {
     float sum = 0.0f;
@@ -384,32 +385,6 @@ static void s_axpy_plain(float a, const void *x, int64_t at, dt_dtype dtype, flo
 }
 
 #if defined(__x86_64__)
-S_AVX2 static inline __attribute__((always_inline)) float s_dot_t(const float *x, const void *y, int64_t at,
-                                                                   dt_dtype dtype, int64_t n)
-{
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), s_load8(y, dtype, at + i), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), s_load8(y, dtype, at + i + 8), acc1);
-    }
-    for (; i + 8 <= n; i += 8)
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), s_load8(y, dtype, at + i), acc0);
-    float sum = s_hsum(_mm256_add_ps(acc0, acc1));
-    for (; i < n; i++)
-        sum += x[i] * s_weight(y, dtype, at + i);
-    return sum;
-}
-
-S_AVX2 static float s_dot_avx2(const float *x, const void *y, int64_t at, dt_dtype dtype, int64_t n)
-{
-    switch (dtype) {
-    case DT_BFLOAT16: return s_dot_t(x, y, at, DT_BFLOAT16, n);
-    case DT_FLOAT16: return s_dot_t(x, y, at, DT_FLOAT16, n);
-    default: return s_dot_t(x, y, at, DT_FLOAT32, n);
-    }
-}
-
 /* The largest of n floats, -inf for none, NaN where one is NaN (as torch's softmax, the row then
  * comes out NaN rather than some number). */
 S_AVX2 static float s_max_avx2(const float *x, int64_t n)
@@ -433,26 +408,6 @@ S_AVX2 static float s_max_avx2(const float *x, int64_t n)
         top = x[i] > top ? x[i] : top;
     }
     return top;
-}
-
-S_AVX2 static inline __attribute__((always_inline)) void s_axpy_t(float a, const void *x, int64_t at,
-                                                                   dt_dtype dtype, float *out, int64_t n)
-{
-    __m256 va = _mm256_set1_ps(a);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(out + i, _mm256_fmadd_ps(va, s_load8(x, dtype, at + i), _mm256_loadu_ps(out + i)));
-    for (; i < n; i++)
-        out[i] += a * s_weight(x, dtype, at + i);
-}
-
-S_AVX2 static void s_axpy_avx2(float a, const void *x, int64_t at, dt_dtype dtype, float *out, int64_t n)
-{
-    switch (dtype) {
-    case DT_BFLOAT16: s_axpy_t(a, x, at, DT_BFLOAT16, out, n); break;
-    case DT_FLOAT16: s_axpy_t(a, x, at, DT_FLOAT16, out, n); break;
-    default: s_axpy_t(a, x, at, DT_FLOAT32, out, n); break;
-    }
 }
 #endif
 
@@ -496,18 +451,35 @@ static int64_t s_keys_used(int64_t L, int64_t S, const float *mask, int64_t mask
     return used;
 }
 
-/* A few query rows (decode, a short chunk): each visible key's score by a dot product and its value
- * added in, skipping the keys the mask hides (a batch's ring of slots hides most), where the
- * product route would score every slot through two BLAS calls per head. */
+/* A few query rows (decode, a short chunk), one after another: the scores of the keys it sees, their
+ * softmax, the weighted values, skipping the keys the mask hides (a batch's ring of slots hides
+ * most), where the product route would score every slot through two BLAS calls per head. */
 static void s_attention_few_rows(int64_t L, int64_t used, int64_t E, int64_t Ev, const float *q, const void *k,
                                  const void *v, dt_dtype kv_dtype, const float *mask, int64_t mask_sl,
                                  int64_t mask_ss, bool causal, int64_t row0, float scale, float *row, float *out)
 {
-    bool avx2 = cpu_has_avx2_fma();
     for (int64_t i = 0; i < L; i++) {
         const float *qi = q + i * E, *m = mask ? mask + i * mask_sl : NULL;
         float *oi = out + i * Ev;
         int64_t visible = s_visible(used, causal, row0, i);
+#if defined(__x86_64__)
+        if (cpu_has_avx2_fma()) {
+            cpu_attention_row_scores(visible, E, qi, k, kv_dtype, scale, m, mask_ss, row);
+            float top = s_row_max(row, visible);
+            if (top != top || top == -INFINITY) {
+                /* a NaN score makes the row NaN, as torch's softmax does; nothing to attend to:
+                 * zeros, as torch's safe softmax gives */
+                for (int64_t c = 0; c < Ev; c++)
+                    oi[c] = top != top ? NAN : 0.0f;
+                continue;
+            }
+            float inv = 1.0f / cpu_exp_shifted_sum(row, visible, top);
+            cpu_attention_row_values(visible, Ev, row, v, kv_dtype, m, mask_ss, oi);
+            for (int64_t c = 0; c < Ev; c++)
+                oi[c] *= inv;
+            continue;
+        }
+#endif
         float top = -INFINITY;
         bool nan = false;
         for (int64_t j = 0; j < visible; j++) {
@@ -516,11 +488,7 @@ static void s_attention_few_rows(int64_t L, int64_t used, int64_t E, int64_t Ev,
                 row[j] = -INFINITY;
                 continue;
             }
-#if defined(__x86_64__)
-            float dot = avx2 ? s_dot_avx2(qi, k, j * E, kv_dtype, E) : s_dot_plain(qi, k, j * E, kv_dtype, E);
-#else
             float dot = s_dot_plain(qi, k, j * E, kv_dtype, E);
-#endif
             row[j] = dot * scale + bias;
             if (row[j] > top)
                 top = row[j];
@@ -541,12 +509,7 @@ static void s_attention_few_rows(int64_t L, int64_t used, int64_t E, int64_t Ev,
                 continue;
             float e = expf(row[j] - top);
             sum += e;
-#if defined(__x86_64__)
-            if (avx2)
-                s_axpy_avx2(e, v, j * Ev, kv_dtype, oi, Ev);
-            else
-#endif
-                s_axpy_plain(e, v, j * Ev, kv_dtype, oi, Ev);
+            s_axpy_plain(e, v, j * Ev, kv_dtype, oi, Ev);
         }
         float inv = 1.0f / sum;
         for (int64_t c = 0; c < Ev; c++)

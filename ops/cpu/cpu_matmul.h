@@ -77,6 +77,14 @@ void cpu_attention_scores(int64_t L, int64_t used, int64_t E, const float *q, co
                           float *scores, int64_t ld);
 void cpu_attention_values(int64_t L, int64_t used, int64_t Ev, const float *w, int64_t ld, const float *v,
                           float *out);
+/* One query row (decode), on a CPU with AVX2, FMA and F16C, k (used, E) and v (used, Ev) of
+ * kv_dtype (float32, bfloat16 or float16) as they lie; mask: NULL or key j's additive value at
+ * mask[j * ss]. scores[j] = scale * q . k_j + mask, -inf where the mask is -inf (those keys are not
+ * read); out = sum over the keys the mask does not hide of w[j] v_j. */
+void cpu_attention_row_scores(int64_t used, int64_t E, const float *q, const void *k, dt_dtype kv_dtype,
+                              float scale, const float *mask, int64_t ss, float *scores);
+void cpu_attention_row_values(int64_t used, int64_t Ev, const float *w, const void *v, dt_dtype kv_dtype,
+                              const float *mask, int64_t ss, float *out);
 #endif
 void cpu_attention_head(int64_t L, int64_t S, int64_t E, int64_t Ev, const float *q, const void *k, const void *v,
                         dt_dtype kv_dtype, const float *mask, int64_t mask_sl, int64_t mask_ss, bool causal,

@@ -704,6 +704,30 @@ def test_sdpa_16bit(rt, dtype):
         check(y, ref_sdpa(qv, kv, vvv, gqa=True), dtype)
 
 
+@pytest.mark.parametrize("dtype", [dtorch.float32, dtorch.bfloat16])
+def test_sdpa_decode_wide_heads(rt, dtype):
+    """Decode's few query rows against head sizes past 64 features (keys 72; values 70 and 100:
+    whole registers of 64, then 32, then a tail of 6 or 4), 45 keys (blocks of 8 and a tail of 5),
+    a mask hiding scattered keys and one whole block of 8, on 1 device and with the heads split
+    over 2 and 3 (the second and third pieces' heads uneven), against numpy in float64."""
+    k = rng.standard_normal((1, 3, 45, 72))
+    for ev in (70, 100):
+        v = rng.standard_normal((1, 3, 45, ev))
+        for L in (1, 2):
+            q = rng.standard_normal((1, 3, L, 72))
+            hide = rng.random((L, 45)) < 0.3
+            hide[:, 16:24] = True
+            mask = np.where(hide, -np.inf, rng.standard_normal((L, 45))).astype(np.float32)
+            for n in (1, 2, 3):
+                mesh = mesh_1d(n)
+                x, qv = make(q, mesh, [Shard(1)], dtype)
+                kk, kv = make(k, mesh, [Shard(1)], dtype)
+                vv, vvv = make(v, mesh, [Shard(1)], dtype)
+                m = dtorch.distribute_tensor(mask, mesh, [R])
+                y = dtorch.nn.functional.scaled_dot_product_attention(x, kk, vv, attn_mask=m)
+                check(y, ref_sdpa(qv, kv, vvv, mask.astype(np.float64)), dtype, f"Ev {ev} L {L} on {n}")
+
+
 def test_sdpa_sequence_and_gqa_rules(rt):
     mesh = mesh_1d(4)
     q, k, v = rng.standard_normal((1, 4, 9, 4)), rng.standard_normal((1, 2, 9, 4)), rng.standard_normal((1, 2, 9, 4))
