@@ -382,6 +382,8 @@ typedef struct {
                                      * pages (MADV_HUGEPAGE) where the kernel took the advice */
     int64_t onednn_convs;           /* conv2d kernels that ran through oneDNN (a CPU device of a build with it; else
                                      * 0: im2col and sgemm ran them) */
+    int64_t peer_handoffs;          /* of peer_messages_sent: handed to a peer thread of this process as they are,
+                                     * no message made (worker threads that read each other's memory) */
 } dt_device_stat;
 /* Waits for every device of mesh to run what was sent to it before, then fills up to max entries,
  * one per device in mesh order. Returns the mesh's size, or a negative error code. */

@@ -782,6 +782,8 @@ S_BOTH(stats, counts_pieces_and_peer_traffic)
         cr_expect_eq(after[d].peer_bytes_sent - before[d].peer_bytes_sent, 32);
         cr_expect_eq(after[d].peer_messages_received - before[d].peer_messages_received, 1);
         cr_expect_eq(after[d].peer_bytes_received - before[d].peer_bytes_received, 32);
+        /* worker threads hand each other the region itself; processes send a message */
+        cr_expect_eq(after[d].peer_handoffs - before[d].peer_handoffs, mode == DT_WORKERS_THREAD ? 1 : 0);
     }
     dt_tensor_release(&y);
     cr_assert_eq(dt_device_stats_reset_peak(mesh, 2, after), 2, "%s", dt_last_error());

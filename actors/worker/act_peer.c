@@ -15,11 +15,13 @@
  * A wait never blocks forever on a dead peer: the controller broadcasts an ABORT naming a dead
  * device, and an ASSEMBLE that still needs a region from it fails (its output is poisoned). */
 #include <inttypes.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "act_inbox.h"
 #include "act_worker.h"
 #include "dt_dtype.h"
 #include "dt_error.h"
@@ -27,6 +29,7 @@
 #include "mb_schema.h"
 
 #define S_WAIT_POLL_MS 500 /* how often a waiting ASSEMBLE looks up from its sockets */
+#define S_INBOX_LOOKS 32   /* a spinning worker thread looks at its inbox this often per look at its sockets */
 
 /* Local workers: the peer socket of a device is named after the controller's endpoint (in the
  * run's private directory, or inproc). */
@@ -92,6 +95,8 @@ int act_peer_open(act_worker *w)
             return dt_last_error_code();
         int one = 1;
         zmq_setsockopt(zsock_resolve(w->out), ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+        if (!(w->inbox = act_inbox_get(w->endpoint, w->device)))
+            return dt_last_error_code();
     }
     return 0;
 }
@@ -131,6 +136,15 @@ void act_peer_close(act_worker *w)
         s_recv_free(value);
     dt_idmap_destroy(&w->received);
     w->recv_bytes = 0;
+    if (w->inbox) {
+        act_inbox_close(w->inbox);
+        act_inbox_put(w->inbox);
+        w->inbox = NULL;
+    }
+    cursor = 0;
+    while (dt_idmap_next(&w->boxes, &cursor, &id, &value))
+        act_inbox_put(value);
+    dt_idmap_destroy(&w->boxes);
     act_shm_close(w);
     cursor = 0;
     while (dt_idmap_next(&w->peers, &cursor, &id, &value)) {
@@ -233,9 +247,75 @@ static const char *s_region_frame(act_worker *w, const act_wtensor *t, const cha
     return NULL;
 }
 
+/* A SEND whose receiver cannot be reached: said here; the receiver waits until the controller
+ * declares a device dead. */
+static bool s_unreachable(const act_worker *w, int64_t to)
+{
+    fprintf(stderr, "dtorch worker %" PRId64 ": cannot reach device %" PRId64 ": %s\n", w->device, to,
+            dt_last_error());
+    return true;
+}
+
+/* The inbox of device `to` (worker threads), found on first use and kept; NULL + dt_last_error. */
+static act_inbox *s_inbox_of(act_worker *w, int64_t to)
+{
+    act_inbox *box = dt_idmap_get(&w->boxes, (uint64_t)to + 1);
+    if (box)
+        return box;
+    if (!(box = act_inbox_get(w->endpoint, to)))
+        return NULL;
+    if (dt_idmap_put(&w->boxes, (uint64_t)to + 1, box) != 0) {
+        act_inbox_put(box);
+        dt_err(DT_ENOMEM, "out of memory");
+        return NULL;
+    }
+    return box;
+}
+
+/* SEND between worker threads that read each other's memory (or of a region that could not be
+ * made: t NULL, why says why): the region the receiver would decode from a REGION message, made
+ * here and pushed onto its inbox (act_inbox.h). The region holds a reference to t's storage. */
+static bool s_hand_over(act_worker *w, const mb_send_rec *r, act_wtensor *t, const char *start,
+                        const int64_t *strides, size_t bytes, const char *why)
+{
+    act_inbox *box = s_inbox_of(w, r->to);
+    act_recv *got = box ? calloc(1, sizeof *got) : NULL;
+    if (!got)
+        return s_unreachable(w, r->to);
+    got->transfer = r->transfer;
+    got->from = w->device;
+    got->ndim = (int)r->shape.n;
+    memcpy(got->shape, r->shape.v, (size_t)r->shape.n * sizeof *r->shape.v);
+    got->in_place = true;
+    if (!t) {
+        got->dtype = DT_FLOAT32;
+        got->status = DT_EKERNEL;
+        got->error = strdup(why ? why : "a peer could not send its region");
+    } else {
+        got->dtype = t->dtype;
+        atomic_fetch_add(&t->storage->refs, 1);
+        got->storage = t->storage;
+        got->data = start;
+        memcpy(got->strides, strides, (size_t)r->shape.n * sizeof *strides);
+        got->peer = true;
+        got->bytes = bytes;
+    }
+    if (!act_inbox_push(box, got)) {
+        /* the receiver left: later regions for it are dropped at once, as a gone socket's are */
+        s_recv_free(got);
+        dt_idmap_put(&w->dead, (uint64_t)r->to + 1, w);
+        return true;
+    }
+    w->stats[MB_STAT_peer_messages_sent]++;
+    w->stats[MB_STAT_peer_handoffs]++;
+    if (t)
+        w->stats[MB_STAT_peer_bytes_sent] += (int64_t)bytes;
+    return true;
+}
+
 /* SEND: the region to its peer as one REGION message. Thread workers that read each other's
- * memory pass the sender's storage (kept alive for the receiver) and the region's address; a
- * worker process lends a large region of a piece in shared memory by handle (held until the
+ * memory hand the receiver the region itself instead (s_hand_over): the sender's storage, kept
+ * alive for the receiver, and the region's address; a worker process lends a large region of a piece in shared memory by handle (held until the
  * receiver's RELEASE); others send the region's bytes as the message's frame. A failure is sent
  * too, so that the receiver's ASSEMBLE fails with it instead of waiting. */
 bool act_peer_send(act_worker *w, mb_cursor *rec)
@@ -252,13 +332,9 @@ bool act_peer_send(act_worker *w, mb_cursor *rec)
     if (dt_idmap_get(&w->dead, (uint64_t)r.to + 1))
         return true; /* the receiver is gone: nobody waits for the region */
     char rid[32] = "";
-    zsock_t *sock = w->same_process ? s_peer_router(w, r.to, rid, sizeof rid) : act_peer_socket(w, r.to);
-    if (!sock) {
-        /* said here; the receiver waits until the controller declares a device dead */
-        fprintf(stderr, "dtorch worker %" PRId64 ": cannot reach device %" PRId64 ": %s\n", w->device, r.to,
-                dt_last_error());
-        return true;
-    }
+    zsock_t *sock = w->same_process ? NULL : act_peer_socket(w, r.to);
+    if (!w->same_process && !sock)
+        return s_unreachable(w, r.to);
     const char *why = NULL;
     act_wtensor *t = act_wtensor_lookup(w, r.id, &why);
     if (t && !(t->ndim == r.shape.n && dt_layout_region_inside(r.shape.n, t->shape, r.offset.v, r.shape.v))) {
@@ -288,6 +364,13 @@ bool act_peer_send(act_worker *w, mb_cursor *rec)
         start = t->data + at;
         if (!by_address && lent.segment < 0 && (why = s_region_frame(w, t, start, strides, &r.shape, &frame)))
             t = NULL;
+    }
+    if (w->same_process && (!t || by_address))
+        return s_hand_over(w, &r, t, start, strides, bytes, why);
+    if (w->same_process && !(sock = s_peer_router(w, r.to, rid, sizeof rid))) {
+        if (frame.free_fn)
+            frame.free_fn(frame.data, frame.hint);
+        return s_unreachable(w, r.to);
     }
     if (!t) {
         mb_encode_region(&body, r.transfer, DT_EKERNEL, DT_FLOAT32, r.shape.n, r.shape.v, why, 0, 0, 0, NULL, -1, 0,
@@ -466,6 +549,35 @@ static void s_stash(act_worker *w, mb_message *m)
     s_keep(w, region.transfer, got, bytes);
 }
 
+/* Stashes the regions peer threads handed over (s_hand_over), as s_stash does a message's; how
+ * many there were. */
+static int s_take_inbox(act_worker *w)
+{
+    act_recv *got = w->inbox ? act_inbox_take(w->inbox) : NULL;
+    int n = 0;
+    for (; got; n++) {
+        act_recv *next = got->next;
+        got->next = NULL;
+        if (got->peer) {
+            got->copy = w->backend->copy_from_peer;
+            if (!w->read_peers) { /* never made so: the sender reads peers as this worker does */
+                act_storage_release(got->storage);
+                got->storage = NULL;
+                got->peer = false;
+                got->status = DT_EPROTO;
+                got->error = strdup("a peer sent a region by address to a worker that cannot read it");
+            }
+        }
+        uint64_t bytes = got->status == 0 ? got->bytes : 0;
+        w->stats[MB_STAT_peer_messages_received]++;
+        w->stats[MB_STAT_peer_bytes_received] += (int64_t)bytes;
+        s_recv_done(w, s_recv_take(w, got->transfer));
+        s_keep(w, got->transfer, got, bytes);
+        got = next;
+    }
+    return n;
+}
+
 /* The device a peer message comes from: the one its header names, when the routing id of the link
  * it came on ("w<device>", with the run's token for worker processes) names that device too; else
  * -2, a message from a process that is no worker of this run or one that names another device. */
@@ -495,11 +607,37 @@ void act_peer_receive(act_worker *w)
         act_peer_take(w, &m);
 }
 
+/* One round of a worker thread's wait: while spinning, the inbox S_INBOX_LOOKS times (a handed
+ * region is seen within a look) and then the sockets once; after, asleep on the sockets and the
+ * inbox's doorbell. The number of sockets with an event, or < 0. */
+static int s_inbox_poll(act_worker *w, zmq_pollitem_t *items, double *spin_until)
+{
+    if (act_now() < *spin_until) {
+        for (int i = 0; i < S_INBOX_LOOKS; i++) {
+            if (s_take_inbox(w) > 0)
+                return 0; /* the caller looks for its region among them */
+            sched_yield();
+        }
+        int rc = zmq_poll(items, 2, 0);
+        if (rc > 0)
+            *spin_until = act_now() + act_spin_s();
+        return rc;
+    }
+    if (!act_inbox_sleep(w->inbox))
+        return 0;
+    int rc = zmq_poll(items, 3, S_WAIT_POLL_MS);
+    act_inbox_awake(w->inbox);
+    if (rc > 0)
+        *spin_until = act_now() + act_spin_s();
+    return rc - (rc > 0 && items[2].revents);
+}
+
 void act_peer_wait(act_worker *w, double *spin_until)
 {
     act_worker_beat(w); /* waiting for a peer is not being stuck */
-    zmq_pollitem_t items[2] = {{zsock_resolve(w->peer), 0, ZMQ_POLLIN, 0}, {zsock_resolve(w->sock), 0, ZMQ_POLLIN, 0}};
-    if (act_poll(items, 2, S_WAIT_POLL_MS, spin_until) < 0)
+    zmq_pollitem_t items[3] = {{zsock_resolve(w->peer), 0, ZMQ_POLLIN, 0}, {zsock_resolve(w->sock), 0, ZMQ_POLLIN, 0},
+                               {NULL, w->inbox ? act_inbox_fd(w->inbox) : -1, ZMQ_POLLIN, 0}};
+    if ((w->inbox ? s_inbox_poll(w, items, spin_until) : act_poll(items, 2, S_WAIT_POLL_MS, spin_until)) < 0)
         return;
     if (items[0].revents & ZMQ_POLLIN)
         act_peer_receive(w);
@@ -517,6 +655,7 @@ static act_recv *s_await(act_worker *w, uint64_t transfer, int64_t from, char *w
      * spin a while before sleeping, as the worker's own loop does */
     double spin_until = act_now() + act_spin_s();
     for (;;) {
+        s_take_inbox(w);
         act_recv *got = s_recv_take(w, transfer);
         if (got)
             return got;

@@ -344,6 +344,7 @@ void act_worker_init(act_worker *w, int64_t device, const op_backend *backend, c
     dt_idmap_init(&w->tensors);
     dt_idmap_init(&w->peers);
     dt_idmap_init(&w->linked);
+    dt_idmap_init(&w->boxes);
     dt_idmap_init(&w->received);
     dt_idmap_init(&w->dead);
     dt_idmap_init(&w->graphs);

@@ -2,8 +2,9 @@
  * loop: the link to the controller, its messages and batches), act_worker_records.c (running each
  * record, answering the controller), act_worker_ops.c (the records that run kernels),
  * act_worker_storage.c (the memory of pieces and the tensor table), act_peer.c (exchanging regions
- * with other workers for redistribute), act_shm.c (a worker process's pieces in shared memory,
- * lent by handle to its peers and the controller) and act_replay.c (captured sequences). */
+ * with other workers for redistribute; act_inbox.c hands them between worker threads), act_shm.c
+ * (a worker process's pieces in shared memory, lent by handle to its peers and the controller) and
+ * act_replay.c (captured sequences). */
 #ifndef ACT_WORKER_H
 #define ACT_WORKER_H
 
@@ -72,7 +73,7 @@ typedef struct {
 } act_handle;
 
 /* A region received from a peer, waiting for the ASSEMBLE that needs it. */
-typedef struct {
+typedef struct act_recv {
     int status;                 /* 0, or the code of the sender's failure */
     char *error;
     dt_dtype dtype;
@@ -90,6 +91,8 @@ typedef struct {
     uint64_t bytes;             /* what it counts in its worker's recv_bytes */
     bool lent;                  /* it came by handle (worker processes): in the sender's segment */
     act_handle handle;
+    uint64_t transfer;          /* handed over in an inbox (act_inbox.h): the transfer it is for ... */
+    struct act_recv *next;      /* ... and the next region in that inbox */
 } act_recv;
 
 typedef struct act_graph act_graph;   /* a kept captured sequence (act_replay.c) */
@@ -143,6 +146,8 @@ typedef struct act_worker {
     dt_idmap peers;             /* worker processes: device + 1 -> DEALER to that device's peer socket */
     zsock_t *out;               /* worker threads: one ROUTER connected to every peer sent to (made lazily) */
     dt_idmap linked;            /* worker threads: device + 1 -> non-NULL once `out` is connected to it */
+    struct act_inbox *inbox;    /* worker threads: where peers hand this worker their regions (act_inbox.h) */
+    dt_idmap boxes;             /* worker threads: device + 1 -> that device's inbox (a reference held) */
     dt_idmap tensors;           /* id -> act_wtensor */
     act_wtensor *spare[ACT_SPARE_TENSORS]; /* freed entries kept for the next pieces: a pipeline of
                                  * small ops makes and frees thousands in flight, past what malloc's
