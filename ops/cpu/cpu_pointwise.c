@@ -542,15 +542,31 @@ OP_EW_COMPARE(S_GEN_COMPARE)
     }
 OP_EW_LOGICAL(S_GEN_LOGICAL)
 
-/* where(cond, a, b) per element size: out[i] = cond[i] ? a[i] : b[i] (each broadcast). */
+/* where(cond, a, b) per element size: out[i] = cond[i] ? a[i] : b[i] (each broadcast). A row whose
+ * condition runs along and whose values each run along or repeat one (a number, as the greedy
+ * argmax's where(x == max, positions, V) has) takes a loop of its own that the compiler vectorizes
+ * into blends; through the general strides, 16000 int64 elements took 37 us. */
+#define S_SELECT_RUN(o, m, a, b, n, A, B)                                                                              \
+    for (int64_t i = 0; i < (n); i++) {                                                                                \
+        __typeof__(*(o)) x_ = (a)[A], y_ = (b)[B];                                                                     \
+        (o)[i] = (m)[i] ? x_ : y_;                                                                                     \
+    }
 #define S_SELECT(fn, TYPE)                                                                                             \
-    static void fn(void *out, const void *const *in, const int64_t *step, int64_t n, const double *p)                \
+    S_CLONES static void fn(void *out, const void *const *in, const int64_t *step, int64_t n, const double *p)       \
     {                                                                                                                  \
         TYPE *o = out;                                                                                                 \
         const uint8_t *m = in[0];                                                                                      \
         const TYPE *a = in[1], *b = in[2];                                                                             \
-        for (int64_t i = 0; i < n; i++)                                                                                \
-            o[i] = m[i * step[0]] ? a[i * step[1]] : b[i * step[2]];                                                   \
+        if (step[0] == 1 && step[1] == 1 && step[2] == 1) {                                                            \
+            S_SELECT_RUN(o, m, a, b, n, i, i)                                                                          \
+        } else if (step[0] == 1 && step[1] == 1 && step[2] == 0) {                                                     \
+            S_SELECT_RUN(o, m, a, b, n, i, 0)                                                                          \
+        } else if (step[0] == 1 && step[1] == 0 && step[2] == 1) {                                                     \
+            S_SELECT_RUN(o, m, a, b, n, 0, i)                                                                          \
+        } else {                                                                                                       \
+            for (int64_t i = 0; i < n; i++)                                                                            \
+                o[i] = m[i * step[0]] ? a[i * step[1]] : b[i * step[2]];                                               \
+        }                                                                                                              \
     }
 S_SELECT(s_select_f32, float)
 S_SELECT(s_select_i32, int32_t)
