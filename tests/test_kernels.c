@@ -598,6 +598,32 @@ Test(matmul, skinny_rows_against_a_weight)
     }
 }
 
+/* bfloat16 rows long enough that the rearranged rows of A (per 16 features the even ones, then the
+ * odd ones) no longer fit the kernel's stack buffer and are allocated: one and two rows of A, K a
+ * multiple of 16 plus a tail, against a double-precision loop. */
+Test(matmul, skinny_bf16_long_rows)
+{
+    enum { N = 3, K = 4100 };
+    static float a[2 * K];
+    static uint16_t w[N * K];
+    for (int i = 0; i < 2 * K; i++)
+        a[i] = (float)((i * 37) % 11) / 4.0f - 1.25f;
+    for (int i = 0; i < N * K; i++)
+        w[i] = dt_f32_to_bf16((float)((i * 13) % 17) / 8.0f - 1.0f);
+    for (int M = 1; M <= 2; M++) {
+        float c[2 * N];
+        cpu_matmul_skinny(M, N, K, a, w, DT_BFLOAT16, c, false);
+        for (int m = 0; m < M; m++)
+            for (int j = 0; j < N; j++) {
+                double want = 0.0;
+                for (int k = 0; k < K; k++)
+                    want += (double)a[m * K + k] * dt_bf16_to_f32(w[j * K + k]);
+                cr_assert(fabs(c[m * N + j] - want) < 1e-4 * (1 + fabs(want)), "M %d (%d,%d): %f, want %f", M, m, j,
+                          c[m * N + j], want);
+            }
+    }
+}
+
 /* A product's kernel is handed whatever shapes a record names: pieces that do not make the op
  * (a 0-D operand, mm of a 3-D tensor, a 3-D weight, K or the output that disagree, a bias that
  * does not broadcast) are refused with a reason, never read out of bounds; pieces that fit still

@@ -306,6 +306,83 @@ S_AVX2 static inline __attribute__((always_inline)) void s_skinny_avx2_m(int M, 
         s_rows_nb(1, false, dtype, j, M, N, K, a, b, c, accumulate);
 }
 
+/* bfloat16 weights at one or two rows of A, widened without a conversion: a 32-bit lane holding
+ * two bfloat16 weights is the odd one as a float once its low half is masked off, and the even one
+ * once shifted up by 16 bits. So 16 weights become two float vectors in two single-cycle
+ * instructions (widening 8 at a time took a zero-extension and a shift per 8), against x's
+ * features rearranged once per call to match: per block of 16, the 8 even then the 8 odd ones. */
+#define S_BF16_STACK 4096 /* floats of rearranged x kept on the stack; more are allocated */
+
+static void s_split_even_odd(int M, int64_t K, const float *a, float *xs)
+{
+    const int64_t K16 = K / 16 * 16;
+    for (int m = 0; m < M; m++)
+        for (int64_t k0 = 0; k0 < K16; k0 += 16)
+            for (int i = 0; i < 8; i++) {
+                xs[m * K16 + k0 + i] = a[m * K + k0 + 2 * i];
+                xs[m * K16 + k0 + 8 + i] = a[m * K + k0 + 2 * i + 1];
+            }
+}
+
+S_AVX2 static inline __attribute__((always_inline)) void s_row_bf16(int M, int64_t j, int64_t N, int64_t K,
+                                                                    const float *a, const float *xs,
+                                                                    const uint16_t *b, float *c, bool accumulate)
+{
+    const int64_t K16 = K / 16 * 16, row = j * K;
+    const __m256i odd = _mm256_set1_epi32((int)0xffff0000u);
+    __m256 acc[2][4];
+    S_UNROLL for (int m = 0; m < M; m++)
+        S_UNROLL for (int u = 0; u < 4; u++)
+            acc[m][u] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 32 <= K16; k += 32) {
+        _mm_prefetch((const char *)(b + row + k) + 1024, _MM_HINT_T0); /* as s_row's 16-bit weights */
+        __m256i v0 = _mm256_loadu_si256((const __m256i *)(b + row + k));
+        __m256i v1 = _mm256_loadu_si256((const __m256i *)(b + row + k + 16));
+        __m256 w[4] = {_mm256_castsi256_ps(_mm256_slli_epi32(v0, 16)), _mm256_castsi256_ps(_mm256_and_si256(v0, odd)),
+                       _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16)), _mm256_castsi256_ps(_mm256_and_si256(v1, odd))};
+        S_UNROLL for (int m = 0; m < M; m++)
+            S_UNROLL for (int u = 0; u < 4; u++)
+                acc[m][u] = _mm256_fmadd_ps(_mm256_loadu_ps(xs + m * K16 + k + 8 * u), w[u], acc[m][u]);
+    }
+    if (k < K16) {
+        __m256i v0 = _mm256_loadu_si256((const __m256i *)(b + row + k));
+        S_UNROLL for (int m = 0; m < M; m++) {
+            acc[m][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xs + m * K16 + k),
+                                        _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16)), acc[m][0]);
+            acc[m][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xs + m * K16 + k + 8),
+                                        _mm256_castsi256_ps(_mm256_and_si256(v0, odd)), acc[m][1]);
+        }
+    }
+    S_UNROLL for (int m = 0; m < M; m++) {
+        float sum = s_hsum(_mm256_add_ps(_mm256_add_ps(acc[m][0], acc[m][1]), _mm256_add_ps(acc[m][2], acc[m][3])));
+        for (int64_t t = K16; t < K; t++)
+            sum += a[m * K + t] * dt_bf16_to_f32(b[row + t]);
+        float *out = c + m * N + j;
+        *out = accumulate ? *out + sum : sum;
+    }
+}
+
+/* One or two rows of A against a bfloat16 weight, row after row (as s_skinny_avx2_m). False when
+ * the rearranged x could not be allocated (the caller takes the general path). */
+S_AVX2 static bool s_skinny_bf16_pairs(int64_t M, int64_t N, int64_t K, const float *a, const uint16_t *b,
+                                       float *c, bool accumulate)
+{
+    float stack[S_BF16_STACK], *xs = M * K <= S_BF16_STACK ? stack : malloc((size_t)(M * K) * sizeof *xs);
+    if (!xs)
+        return false;
+    s_split_even_odd((int)M, K, a, xs);
+    if (M == 1)
+        for (int64_t j = 0; j < N; j++)
+            s_row_bf16(1, j, N, K, a, xs, b, c, accumulate);
+    else
+        for (int64_t j = 0; j < N; j++)
+            s_row_bf16(2, j, N, K, a, xs, b, c, accumulate);
+    if (xs != stack)
+        free(xs);
+    return true;
+}
+
 #define S_CASE(M, D)                                                                                              \
     case M:                                                                                                     \
         s_skinny_avx2_m(M, D, N, K, a, b, c, accumulate);                                                       \
@@ -355,8 +432,10 @@ void cpu_matmul_skinny(int64_t M, int64_t N, int64_t K, const float *a, const vo
     if (cpu_has_avx2_fma() && S_HAS_F16C()) {
         if (b_dtype == DT_FLOAT32)
             s_skinny_f32_avx2(M, N, K, a, b, c, accumulate);
-        else if (b_dtype == DT_BFLOAT16)
-            s_skinny_bf16_avx2(M, N, K, a, b, c, accumulate);
+        else if (b_dtype == DT_BFLOAT16) {
+            if (!(M <= 2 && s_skinny_bf16_pairs(M, N, K, a, b, c, accumulate)))
+                s_skinny_bf16_avx2(M, N, K, a, b, c, accumulate);
+        }
         else
             s_skinny_f16_avx2(M, N, K, a, b, c, accumulate);
         return;
