@@ -590,13 +590,19 @@ void cpu_norm_run(bool rms, float *out, const float *in, int64_t rows, int64_t d
         float mean = rms ? 0.0f : s_moment(x, d, 0.0f, 1) / (float)d;
         float var = s_moment(x, d, mean, 2) / (float)d;
         float rstd = 1.0f / sqrtf(var + eps);
-        for (int64_t j = 0; j < d; j++) {
-            float v = (x[j] - mean) * rstd;
-            if (weight)
-                v *= weight[j];
-            if (bias)
-                v += bias[j];
-            y[j] = v;
-        }
+        /* one loop per case, each of the same arithmetic per element: with the weight and bias
+         * tests inside, the loop stayed scalar (a 512 x 768 rms_norm took 0.4 ms) */
+        if (weight && bias)
+            for (int64_t j = 0; j < d; j++)
+                y[j] = (x[j] - mean) * rstd * weight[j] + bias[j];
+        else if (weight)
+            for (int64_t j = 0; j < d; j++)
+                y[j] = (x[j] - mean) * rstd * weight[j];
+        else if (bias)
+            for (int64_t j = 0; j < d; j++)
+                y[j] = (x[j] - mean) * rstd + bias[j];
+        else
+            for (int64_t j = 0; j < d; j++)
+                y[j] = (x[j] - mean) * rstd;
     }
 }
