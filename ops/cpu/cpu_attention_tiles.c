@@ -18,8 +18,6 @@
 
 #include <math.h>
 
-#include "dt_dtype.h"
-
 #if defined(__x86_64__)
 #include <immintrin.h>
 
@@ -165,25 +163,6 @@ S_AVX2 void cpu_attention_values(int64_t L, int64_t used, int64_t Ev, const floa
 
 /* ---- one query row (decode) -------------------------------------------------------------------- */
 
-/* 8 elements of a cache row from element i, widened to float32 (dtype a constant where inlined). */
-S_TILE __m256 s_kv8(const void *b, dt_dtype dtype, int64_t i)
-{
-    if (dtype == DT_FLOAT32)
-        return _mm256_loadu_ps((const float *)b + i);
-    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)b + i));
-    if (dtype == DT_BFLOAT16)
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    return _mm256_cvtph_ps(h);
-}
-
-static inline float s_kv(const void *b, dt_dtype dtype, int64_t i)
-{
-    if (dtype == DT_FLOAT32)
-        return ((const float *)b)[i];
-    uint16_t h = ((const uint16_t *)b)[i];
-    return dtype == DT_BFLOAT16 ? dt_bf16_to_f32(h) : dt_f16_to_f32(h);
-}
-
 /* The 8 lanes' sums of a[0..7], in lane order. */
 S_TILE __m256 s_sum8(const __m256 *a)
 {
@@ -203,14 +182,14 @@ S_TILE void s_key_dots(dt_dtype dtype, int n, int64_t E, const float *q, const v
         for (; e + 8 <= E; e += 8) {
             __m256 x = _mm256_loadu_ps(q + e);
             S_UNROLL for (int j = 0; j < 8; j++)
-                acc[j] = _mm256_fmadd_ps(x, s_kv8(k, dtype, (j0 + j) * E + e), acc[j]);
+                acc[j] = _mm256_fmadd_ps(x, cpu_widen8(k, dtype, (j0 + j) * E + e), acc[j]);
         }
         _mm256_storeu_ps(dots, s_sum8(acc));
     } else {
         for (; e + 8 <= E; e += 8) {
             __m256 x = _mm256_loadu_ps(q + e);
             for (int j = 0; j < n; j++)
-                acc[j] = _mm256_fmadd_ps(x, s_kv8(k, dtype, (j0 + j) * E + e), acc[j]);
+                acc[j] = _mm256_fmadd_ps(x, cpu_widen8(k, dtype, (j0 + j) * E + e), acc[j]);
         }
         float all[8];
         _mm256_storeu_ps(all, s_sum8(acc));
@@ -219,7 +198,7 @@ S_TILE void s_key_dots(dt_dtype dtype, int n, int64_t E, const float *q, const v
     }
     for (int j = 0; j < n; j++)
         for (int64_t t = e; t < E; t++)
-            dots[j] += q[t] * s_kv(k, dtype, (j0 + j) * E + t);
+            dots[j] += q[t] * cpu_widen(k, dtype, (j0 + j) * E + t);
 }
 
 S_TILE void s_row_scores(dt_dtype dtype, int64_t used, int64_t E, const float *q, const void *k, float scale,
@@ -261,7 +240,7 @@ S_TILE void s_row_value_tile(dt_dtype dtype, int C, int64_t used, int64_t Ev, co
             continue;
         __m256 x = _mm256_broadcast_ss(w + j);
         S_UNROLL for (int c = 0; c < C; c++)
-            acc[c] = _mm256_fmadd_ps(x, s_kv8(v, dtype, j * Ev + c0 + 8 * c), acc[c]);
+            acc[c] = _mm256_fmadd_ps(x, cpu_widen8(v, dtype, j * Ev + c0 + 8 * c), acc[c]);
     }
     S_UNROLL for (int c = 0; c < C; c++)
         _mm256_storeu_ps(out + c0 + 8 * c, acc[c]);
@@ -287,7 +266,7 @@ S_TILE void s_row_values(dt_dtype dtype, int64_t used, int64_t Ev, const float *
         float sum = 0.0f;
         for (int64_t j = 0; j < used; j++)
             if (!mask || mask[j * ss] != -INFINITY)
-                sum += w[j] * s_kv(v, dtype, j * Ev + c);
+                sum += w[j] * cpu_widen(v, dtype, j * Ev + c);
         out[c] = sum;
     }
 }

@@ -10,8 +10,13 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "dt_dtype.h"
 #include "dt_layout.h"
 #include "dtorch.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 /* Whether this CPU runs the kernels' AVX2 + FMA paths (asked at run time; false off x86-64). */
 static inline bool cpu_has_avx2_fma(void)
@@ -22,6 +27,29 @@ static inline bool cpu_has_avx2_fma(void)
     return false;
 #endif
 }
+
+/* Element i of b, float32, bfloat16 or float16, as float32: a weight or a cache read in its own
+ * dtype (dtype a constant where inlined). */
+static inline float cpu_widen(const void *b, dt_dtype dtype, int64_t i)
+{
+    if (dtype == DT_FLOAT32)
+        return ((const float *)b)[i];
+    uint16_t h = ((const uint16_t *)b)[i];
+    return dtype == DT_BFLOAT16 ? dt_bf16_to_f32(h) : dt_f16_to_f32(h);
+}
+
+#if defined(__x86_64__)
+/* Elements i .. i + 7 of b widened so (AVX2, F16C). */
+__attribute__((target("avx2,fma,f16c"))) static inline __m256 cpu_widen8(const void *b, dt_dtype dtype, int64_t i)
+{
+    if (dtype == DT_FLOAT32)
+        return _mm256_loadu_ps((const float *)b + i);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)b + i));
+    if (dtype == DT_BFLOAT16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return _mm256_cvtph_ps(h);
+}
+#endif
 
 /* double -> 16-bit float, rounded once to nearest even (not twice through float). */
 uint16_t cpu_f64_to_f16(double v);

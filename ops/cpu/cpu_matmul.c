@@ -149,31 +149,12 @@ const char *cpu_matmul_run(const cpu_mm_desc *d, cpu_ctype t, const void *a, con
 
 /* ---- few rows against a weight ---------------------------------------------------------------- */
 
-static inline float s_weight(const void *b, dt_dtype dtype, int64_t i)
-{
-    if (dtype == DT_FLOAT32)
-        return ((const float *)b)[i];
-    uint16_t h = ((const uint16_t *)b)[i];
-    return dtype == DT_BFLOAT16 ? dt_bf16_to_f32(h) : dt_f16_to_f32(h);
-}
-
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define S_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define S_CACHED_WEIGHT (16 << 20) /* bytes of weight beyond which the block kernel prefetches it */
 /* the loops over a block's registers unroll whole, so its accumulators stay in registers */
 #define S_UNROLL _Pragma("GCC unroll 16")
-
-/* 8 weights from element i of b, widened to float32. */
-S_AVX2 static inline __m256 s_load8(const void *b, dt_dtype dtype, int64_t i)
-{
-    if (dtype == DT_FLOAT32)
-        return _mm256_loadu_ps((const float *)b + i);
-    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)b + i));
-    if (dtype == DT_BFLOAT16)
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    return _mm256_cvtph_ps(h);
-}
 
 S_AVX2 static inline float s_hsum(__m256 v)
 {
@@ -201,13 +182,13 @@ S_AVX2 static inline __attribute__((always_inline)) void s_row(int M, int U, dt_
         if (dtype != DT_FLOAT32)
             _mm_prefetch((const char *)b + (row + k) * 2 + 1024, _MM_HINT_T0);
         for (int u = 0; u < U; u++) {
-            __m256 w = s_load8(b, dtype, row + k + 8 * u);
+            __m256 w = cpu_widen8(b, dtype, row + k + 8 * u);
             for (int m = 0; m < M; m++)
                 acc[m * U + u] = _mm256_fmadd_ps(_mm256_loadu_ps(a + m * K + k + 8 * u), w, acc[m * U + u]);
         }
     }
     for (; k + 8 <= K; k += 8) {
-        __m256 w = s_load8(b, dtype, row + k);
+        __m256 w = cpu_widen8(b, dtype, row + k);
         for (int m = 0; m < M; m++)
             acc[m * U] = _mm256_fmadd_ps(_mm256_loadu_ps(a + m * K + k), w, acc[m * U]);
     }
@@ -216,7 +197,7 @@ S_AVX2 static inline __attribute__((always_inline)) void s_row(int M, int U, dt_
             acc[m * U] = _mm256_add_ps(acc[m * U], acc[m * U + u]);
         float sum = s_hsum(acc[m * U]);
         for (int64_t t = k; t < K; t++)
-            sum += a[m * K + t] * s_weight(b, dtype, row + t);
+            sum += a[m * K + t] * cpu_widen(b, dtype, row + t);
         float *out = c + m * N + j;
         *out = accumulate ? *out + sum : sum;
     }
@@ -238,7 +219,7 @@ S_AVX2 static inline __attribute__((always_inline)) void s_block(int NB, int MB,
         __m256 w[3];
         S_UNROLL
         for (int n = 0; n < NB; n++)
-            w[n] = s_load8(b, dtype, (j + n) * K + k);
+            w[n] = cpu_widen8(b, dtype, (j + n) * K + k);
         S_UNROLL
         for (int m = 0; m < MB; m++) {
             __m256 x = _mm256_loadu_ps(a + (m0 + m) * K + k);
@@ -251,7 +232,7 @@ S_AVX2 static inline __attribute__((always_inline)) void s_block(int NB, int MB,
         for (int m = 0; m < MB; m++) {
             float sum = s_hsum(acc[n * MB + m]);
             for (int64_t t = k; t < K; t++)
-                sum += a[(m0 + m) * K + t] * s_weight(b, dtype, (j + n) * K + t);
+                sum += a[(m0 + m) * K + t] * cpu_widen(b, dtype, (j + n) * K + t);
             float *out = c + (m0 + m) * N + j + n;
             *out = accumulate ? *out + sum : sum;
         }
@@ -410,7 +391,7 @@ static void s_skinny_plain(int64_t M, int64_t N, int64_t K, const float *a, cons
     for (int64_t j = 0; j < N; j++) {
         float acc[CPU_SKINNY_MAX_M] = {0};
         for (int64_t k = 0; k < K; k++) {
-            float w = s_weight(b, b_dtype, j * K + k);
+            float w = cpu_widen(b, b_dtype, j * K + k);
             for (int64_t m = 0; m < M; m++)
                 acc[m] += a[m * K + k] * w;
         }
@@ -453,14 +434,14 @@ static float s_dot_plain(const float *x, const void *y, int64_t at, dt_dtype dty
 {
     float sum = 0.0f;
     for (int64_t i = 0; i < n; i++)
-        sum += x[i] * s_weight(y, dtype, at + i);
+        sum += x[i] * cpu_widen(y, dtype, at + i);
     return sum;
 }
 
 static void s_axpy_plain(float a, const void *x, int64_t at, dt_dtype dtype, float *out, int64_t n)
 {
     for (int64_t i = 0; i < n; i++)
-        out[i] += a * s_weight(x, dtype, at + i);
+        out[i] += a * cpu_widen(x, dtype, at + i);
 }
 
 #if defined(__x86_64__)

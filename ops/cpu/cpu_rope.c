@@ -5,17 +5,10 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "cpu_kernels.h"
 #include "cpu_ops.h"
 #include "dt_dtype.h"
 #include "dt_layout.h"
-
-static inline float s_get(const void *x, dt_dtype dtype, int64_t i)
-{
-    if (dtype == DT_FLOAT32)
-        return ((const float *)x)[i];
-    uint16_t h = ((const uint16_t *)x)[i];
-    return dtype == DT_BFLOAT16 ? dt_bf16_to_f32(h) : dt_f16_to_f32(h);
-}
 
 static inline void s_set(void *x, dt_dtype dtype, int64_t i, float v)
 {
@@ -55,7 +48,7 @@ const char *cpu_rope(void *out, const void *x, dt_dtype dtype, int64_t B, int64_
                     continue;
                 }
                 for (int64_t i = 0; i < half; i++) {
-                    float x1 = s_get(x, dtype, row + i), x2 = s_get(x, dtype, row + i + half);
+                    float x1 = cpu_widen(x, dtype, row + i), x2 = cpu_widen(x, dtype, row + i + half);
                     s_set(out, dtype, row + i, x1 * cs[i] - x2 * sn[i]);
                     s_set(out, dtype, row + i + half, x2 * cs[i] + x1 * sn[i]);
                 }
