@@ -600,6 +600,8 @@ void act_peer_take(act_worker *w, mb_message *m)
     mb_message_close(m);
 }
 
+void act_peer_take_handed(act_worker *w) { s_take_inbox(w); }
+
 void act_peer_receive(act_worker *w)
 {
     mb_message m;

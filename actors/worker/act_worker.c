@@ -159,6 +159,7 @@ void act_worker_defer(act_worker *w, mb_message *m)
 static int s_next_message(act_worker *w, mb_message *m, bool (*should_stop)(void *arg), void *arg)
 {
     act_worker_beat(w);
+    act_peer_take_handed(w);
     if (w->pending_head) {
         act_pending *p = w->pending_head;
         w->pending_head = p->next;
