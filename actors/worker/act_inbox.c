@@ -31,9 +31,7 @@ static void s_free_list(act_recv *r)
 {
     while (r && r != S_CLOSED) {
         act_recv *next = r->next;
-        act_storage_release(r->storage);
-        free(r->error);
-        free(r);
+        act_recv_free(r);
         r = next;
     }
 }

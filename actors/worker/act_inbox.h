@@ -6,10 +6,10 @@
  * read, and the message decoded: about 3 us of the sender's time and 7 of the receiver's on the
  * path of every all-reduce in a decode step. Here the sender makes the act_recv the receiver would
  * have decoded and pushes it onto the receiver's inbox (a lock-free stack); the receiver takes the
- * whole stack at once where it looks for regions and on every round of its loop. A receiver that sleeps in its wait says so first
- * and polls the inbox's doorbell (an eventfd) beside its sockets; a sender that finds it asleep
- * after its push rings it (both sides' marks are sequentially consistent, so a push is never left
- * unseen by a sleeper).
+ * whole stack at once where it looks for regions and on every round of its loop. A receiver that
+ * sleeps in its wait says so first and polls the inbox's doorbell (an eventfd) beside its sockets;
+ * a sender that finds it asleep after its push rings it (both sides' marks are sequentially
+ * consistent, so a push is never left unseen by a sleeper).
  *
  * An inbox is found by (the run's controller endpoint, device) and made by whichever side comes
  * first: a sender may send before its receiver started. It lives until its last reference goes;

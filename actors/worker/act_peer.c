@@ -101,7 +101,7 @@ int act_peer_open(act_worker *w)
     return 0;
 }
 
-static void s_recv_free(act_recv *r)
+void act_recv_free(act_recv *r)
 {
     if (!r)
         return;
@@ -115,7 +115,7 @@ static void s_recv_done(act_worker *w, act_recv *r)
 {
     if (r && r->lent)
         act_shm_give_back(w, r);
-    s_recv_free(r);
+    act_recv_free(r);
 }
 
 /* The region of transfer, out of the stash (NULL: none there). */
@@ -133,7 +133,7 @@ void act_peer_close(act_worker *w)
     uint64_t id;
     void *value;
     while (dt_idmap_next(&w->received, &cursor, &id, &value))
-        s_recv_free(value);
+        act_recv_free(value);
     dt_idmap_destroy(&w->received);
     w->recv_bytes = 0;
     if (w->inbox) {
@@ -302,7 +302,7 @@ static bool s_hand_over(act_worker *w, const mb_send_rec *r, act_wtensor *t, con
     }
     if (!act_inbox_push(box, got)) {
         /* the receiver left: later regions for it are dropped at once, as a gone socket's are */
-        s_recv_free(got);
+        act_recv_free(got);
         dt_idmap_put(&w->dead, (uint64_t)r->to + 1, w);
         return true;
     }
@@ -315,9 +315,10 @@ static bool s_hand_over(act_worker *w, const mb_send_rec *r, act_wtensor *t, con
 
 /* SEND: the region to its peer as one REGION message. Thread workers that read each other's
  * memory hand the receiver the region itself instead (s_hand_over): the sender's storage, kept
- * alive for the receiver, and the region's address; a worker process lends a large region of a piece in shared memory by handle (held until the
- * receiver's RELEASE); others send the region's bytes as the message's frame. A failure is sent
- * too, so that the receiver's ASSEMBLE fails with it instead of waiting. */
+ * alive for the receiver, and the region's address; a worker process lends a large region of a
+ * piece in shared memory by handle (held until the receiver's RELEASE); others send the region's
+ * bytes as the message's frame. A failure is sent too, so that the receiver's ASSEMBLE fails with
+ * it instead of waiting. */
 bool act_peer_send(act_worker *w, mb_cursor *rec)
 {
     mb_send_rec r;
@@ -551,7 +552,7 @@ static void s_stash(act_worker *w, mb_message *m)
 
 /* Stashes the regions peer threads handed over (s_hand_over), as s_stash does a message's; how
  * many there were. */
-static int s_take_inbox(act_worker *w)
+int act_peer_take_handed(act_worker *w)
 {
     act_recv *got = w->inbox ? act_inbox_take(w->inbox) : NULL;
     int n = 0;
@@ -600,8 +601,6 @@ void act_peer_take(act_worker *w, mb_message *m)
     mb_message_close(m);
 }
 
-void act_peer_take_handed(act_worker *w) { s_take_inbox(w); }
-
 void act_peer_receive(act_worker *w)
 {
     mb_message m;
@@ -616,7 +615,7 @@ static int s_inbox_poll(act_worker *w, zmq_pollitem_t *items, double *spin_until
 {
     if (act_now() < *spin_until) {
         for (int i = 0; i < S_INBOX_LOOKS; i++) {
-            if (s_take_inbox(w) > 0)
+            if (act_peer_take_handed(w) > 0)
                 return 0; /* the caller looks for its region among them */
             sched_yield();
         }
@@ -657,7 +656,7 @@ static act_recv *s_await(act_worker *w, uint64_t transfer, int64_t from, char *w
      * spin a while before sleeping, as the worker's own loop does */
     double spin_until = act_now() + act_spin_s();
     for (;;) {
-        s_take_inbox(w);
+        act_peer_take_handed(w);
         act_recv *got = s_recv_take(w, transfer);
         if (got)
             return got;

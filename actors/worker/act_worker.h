@@ -286,9 +286,11 @@ bool act_peer_assemble(act_worker *w, mb_cursor *rec);
 /* Handles every message waiting on the peer socket (stashes regions, takes releases). */
 void act_peer_receive(act_worker *w);
 /* Stashes the regions peer threads handed to this worker's inbox (act_inbox.h), as
- * act_peer_receive does the socket's: the worker's loop calls it every round, so what waits there
- * is held to the stash's bounds. */
-void act_peer_take_handed(act_worker *w);
+ * act_peer_receive does the socket's, and says how many: the worker's loop calls it every round, so
+ * what waits there is held to the stash's bounds. */
+int act_peer_take_handed(act_worker *w);
+/* Frees a region (its storage reference and error too); NULL is ignored. */
+void act_recv_free(act_recv *r);
 /* Handles one message from the peer socket as mb_recv gave it (routing id included), and closes
  * it: what act_peer_receive does with each (the fuzz target of the peer socket calls it). */
 void act_peer_take(act_worker *w, mb_message *m);
