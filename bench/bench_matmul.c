@@ -12,7 +12,9 @@
  * last product is fetched and compared with the direct one (they must agree to float rounding).
  *
  * The thread count is 1 unless DTORCH_BLAS_THREADS says otherwise; OPENBLAS_CORETYPE is reported
- * when set (it picks OpenBLAS's kernels; this program does not change it).
+ * when set (it picks OpenBLAS's kernels; this program does not change it), and so is the library
+ * DTorch's products go through (cpu_gemm.h: OpenBLAS, or oneDNN where OpenBLAS's kernel is not the
+ * CPU's best), so (b) / (a) is oneDNN against OpenBLAS where the two differ.
  *
  * Then, for decode's shapes (a few rows x a linear layer's weight, the 110M Llama's projections and
  * classifier), the kernels themselves on this thread, GB/s of weight read: sgemm, M sgemv calls,
@@ -395,6 +397,8 @@ int main(int argc, char **argv)
            openblas_get_config());
     printf("  OpenBLAS threads: %d (DTORCH_BLAS_THREADS=%s); OPENBLAS_CORETYPE=%s\n", threads,
            getenv("DTORCH_BLAS_THREADS") ? getenv("DTORCH_BLAS_THREADS") : "(unset)", coretype ? coretype : "(unset)");
+    printf("  DTorch's products: %s (ops/cpu/cpu_gemm.h; DTORCH_GEMM=%s)\n", cpu_gemm_library(),
+           getenv("DTORCH_GEMM") ? getenv("DTORCH_GEMM") : "(unset)");
     printf("  float32 (n x n) @ (n x n) on a 1-device mesh, thread workers; medians; GFLOP/s = 2 n^3 / time\n");
     fflush(stdout);
 

@@ -19,7 +19,7 @@ static PyObject *s_device_stats(PyObject *mod, PyObject *args)
     for (int i = 0; list && i < got; i++) {
         const dt_device_stat *d = &stats[i];
         PyObject *entry = Py_BuildValue(
-            "{s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L}", "device", (long long)d->device, "bytes_in_use",
+            "{s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L}", "device", (long long)d->device, "bytes_in_use",
             (long long)d->bytes_in_use, "peak_bytes", (long long)d->peak_bytes, "peer_messages_sent",
             (long long)d->peer_messages_sent, "peer_bytes_sent", (long long)d->peer_bytes_sent,
             "peer_messages_received", (long long)d->peer_messages_received, "peer_bytes_received",
@@ -28,7 +28,8 @@ static PyObject *s_device_stats(PyObject *mod, PyObject *args)
             (long long)d->pooled_bytes, "loads", (long long)d->loads, "loaded_bytes", (long long)d->loaded_bytes,
             "peer_messages_refused", (long long)d->peer_messages_refused, "peer_regions_dropped",
             (long long)d->peer_regions_dropped, "huge_page_bytes", (long long)d->huge_page_bytes, "onednn_convs",
-            (long long)d->onednn_convs, "peer_handoffs", (long long)d->peer_handoffs);
+            (long long)d->onednn_convs, "peer_handoffs", (long long)d->peer_handoffs, "onednn_matmuls",
+            (long long)d->onednn_matmuls);
         if (!entry)
             Py_CLEAR(list);
         else

@@ -176,7 +176,8 @@ typedef struct { uint32_t n; mb_cursor items; } mb_list;   /* inside the record:
     X(peer_regions_dropped)   /* regions past what may wait for their ASSEMBLE (act_worker.h, ACT_RECV_MAX) */ \
     X(huge_page_bytes)        /* of bytes_in_use: in the pool's memory advised for huge pages (dt_pool_advised) */ \
     X(onednn_convs)           /* conv2d kernels that ran through oneDNN (ops/cpu/cpu_dnnl.h; 0 in a build without) */ \
-    X(peer_handoffs)          /* of peer_messages_sent: handed to a worker thread's inbox, no message made (act_inbox.h) */
+    X(peer_handoffs)          /* of peer_messages_sent: handed to a worker thread's inbox, no message made (act_inbox.h) */ \
+    X(onednn_matmuls)         /* bfloat16 products on the CPU's bfloat16 units through oneDNN (ops/cpu/cpu_gemm.h) */
 
 #define MB_GEN_STAT(name) MB_STAT_##name,
 typedef enum { MB_STATS(MB_GEN_STAT) MB_NSTATS } mb_stat;

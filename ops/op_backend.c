@@ -37,6 +37,7 @@ const op_backend *op_backend_find(const char *device_type)
 const op_backend *op_backend_host(void) { return &cpu_backend; }
 
 int64_t op_backend_onednn_convs(void) { return cpu_dnnl_convs(); }
+int64_t op_backend_onednn_matmuls(void) { return cpu_dnnl_matmuls(); }
 
 void op_backend_names(char *buf, size_t size)
 {

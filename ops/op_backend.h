@@ -127,5 +127,7 @@ void op_backend_names(char *buf, size_t size);
 /* The conv2d kernels the calling thread (a device's) ran through oneDNN (ops/cpu/cpu_dnnl.h): 0 in a
  * build without it. */
 int64_t op_backend_onednn_convs(void);
+/* How many bfloat16 products this thread ran through oneDNN's matmul (cpu_gemm.h; 0 without it). */
+int64_t op_backend_onednn_matmuls(void);
 
 #endif

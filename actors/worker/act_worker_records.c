@@ -83,6 +83,7 @@ static void s_reply_stats(act_worker *w, uint64_t fid, int64_t piece)
 {
     w->stats[MB_STAT_pooled_bytes] = (int64_t)(dt_pool_kept() + dt_shm_kept());
     w->stats[MB_STAT_onednn_convs] = op_backend_onednn_convs(); /* this thread ran the device's kernels */
+    w->stats[MB_STAT_onednn_matmuls] = op_backend_onednn_matmuls();
     int64_t *counters = malloc(sizeof w->stats);
     if (counters)
         memcpy(counters, w->stats, sizeof w->stats);

@@ -123,9 +123,11 @@ def device_stats(mesh, reset_peak=False):
     more that the controller sent whole, as checkpoint loading does, in both worker modes, and a
     worker thread's computed ones; whether the kernel then backs them with huge pages is up to its
     state) and ``onednn_convs`` (conv2d kernels the device ran through oneDNN: a CPU device of a
-    build that found it; 0 where im2col and sgemm ran them all) and ``peer_handoffs`` (of
+    build that found it; 0 where im2col and sgemm ran them all), ``peer_handoffs`` (of
     ``peer_messages_sent``: regions handed to a worker thread of the same process as they lie, without
-    a message). ``reset_peak=True`` starts each peak again from what the device holds, after reading
+    a message) and ``onednn_matmuls`` (bfloat16 products of a prompt's rows, past 16, that ran on the
+    CPU's bfloat16 units, AMX or AVX512_BF16, through oneDNN; 0 on CPUs without them, where the
+    weight is widened to float32). ``reset_peak=True`` starts each peak again from what the device holds, after reading
     it."""
     return _C._device_stats(mesh, bool(reset_peak))
 

@@ -4,12 +4,12 @@
  * converted to float32 scratch first; the outputs are float32. */
 #include "cpu_attention.h"
 
-#include <cblas.h>
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_gemm.h"
 #include "cpu_matmul.h"
 #include "cpu_ops.h"
 #include "cpu_reduce_loops.h"
@@ -23,10 +23,8 @@ static void s_block_rows(int64_t L, int64_t S, int64_t D, int64_t Dv, const floa
 {
     if (L == 0)
         return;
-    cpu_blas_threads();
     if (S > 0 && D > 0)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)L, (int)S, (int)D, scale, q, (int)D, k, (int)D, 0.0f,
-                    scores, (int)S);
+        cpu_sgemm(true, L, S, D, scale, q, D, k, D, 0.0f, scores, S);
     else if (S > 0)
         memset(scores, 0, (size_t)(L * S) * sizeof *scores);
     for (int64_t i = 0; i < L; i++) {
@@ -71,8 +69,7 @@ static void s_block_rows(int64_t L, int64_t S, int64_t D, int64_t Dv, const floa
         int64_t end = j;
         while (end < S && s_visible(k_pos[end], last, causal))
             end++;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)L, (int)Dv, (int)(end - j), 1.0f, scores + j,
-                    (int)S, v + j * Dv, (int)Dv, beta, o, (int)Dv);
+        cpu_sgemm(false, L, Dv, end - j, 1.0f, scores + j, S, v + j * Dv, Dv, beta, o, Dv);
         beta = 1.0f;
         j = end;
     }

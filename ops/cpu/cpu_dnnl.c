@@ -1,4 +1,5 @@
-/* cpu_dnnl — conv2d through oneDNN's convolution primitive (cpu_dnnl.h).
+/* cpu_dnnl — conv2d through oneDNN's convolution primitive, and cpu_gemm's products through its
+ * sgemm and its matmul primitive (cpu_dnnl.h).
  *
  * The primitive picks its own layouts (format_tag any: on AVX2 the channels in blocks of 8), so
  * each call reorders the NCHW input and the OIHW weight into them and the output back: the
@@ -6,7 +7,7 @@
  * C * 9 times, and a fresh reorder of the weight needs no cache keyed by its address (a freed
  * weight's address comes back for another). Creating a primitive costs milliseconds (code is
  * generated for the shape), so each thread keeps the latest S_CACHE it built, keyed by every
- * size of the convolution, with their reorders. */
+ * size of the convolution, with their reorders, or by a product's sizes and dtypes. */
 #include "cpu_dnnl.h"
 
 #include <oneapi/dnnl/dnnl.h>
@@ -25,13 +26,15 @@ void omp_set_num_threads(int n);
 
 /* The primitives a thread keeps: a VAE's decoder has about a dozen distinct convolutions. */
 #define S_CACHE 24
-/* The key: N, C, H, W, O, kH, kW, OH, OW, the strides, dilations, four pads, groups, bias. */
+/* The key: N, C, H, W, O, kH, kW, OH, OW, the strides, dilations, four pads, groups, bias; a
+ * product's: S_MATMUL, M, N, K, its bias (0 none, 1 float32, 2 bfloat16), C bfloat16, then zeros. */
 #define S_KEY 19
+#define S_MATMUL (-1) /* key[0] of a product (a convolution's N is positive) */
 
 typedef struct {
     int64_t key[S_KEY];
     uint64_t used;                       /* the thread's tick of its last call (0: empty) */
-    dnnl_primitive_t conv;               /* NULL: oneDNN has none for the key */
+    dnnl_primitive_t prim;               /* the convolution or product; NULL: oneDNN has none for the key */
     dnnl_primitive_t src_in, wei_in, dst_out; /* reorders to and from its layouts (NULL: plain already) */
     dnnl_memory_desc_t src_md, wei_md, dst_md, usrc_md, uwei_md, udst_md, bias_md;
 } s_entry;
@@ -45,12 +48,12 @@ typedef struct {
 
 static pthread_key_t s_key;
 static pthread_once_t s_key_once = PTHREAD_ONCE_INIT;
-static _Thread_local int64_t s_convs;
+static _Thread_local int64_t s_convs, s_matmuls;
 static _Thread_local bool s_broken; /* the engine or stream could not be made: decline every call */
 
 static void s_entry_clear(s_entry *e)
 {
-    dnnl_primitive_destroy(e->conv);
+    dnnl_primitive_destroy(e->prim);
     dnnl_primitive_destroy(e->src_in);
     dnnl_primitive_destroy(e->wei_in);
     dnnl_primitive_destroy(e->dst_out);
@@ -110,9 +113,38 @@ static dnnl_primitive_t s_reorder(dnnl_engine_t eng, const dnnl_memory_desc_t *f
     return p;
 }
 
+/* A product's primitive (key S_MATMUL, M, N, K, bias, C bfloat16): src (M, K) bfloat16, weights
+ * B^T as B (N, K) is stored (dims (K, N), strides (1, K)), dst (M, N), bias (1, N). Declined where
+ * oneDNN has only its reference code for it (no bfloat16 units). */
+static bool s_matmul_build(s_state *st, s_entry *e, const int64_t *k)
+{
+    int64_t M = k[1], N = k[2], K = k[3];
+    dnnl_dims_t src = {M, K}, wei = {K, N}, wei_strides = {1, K}, dst = {M, N}, bias = {1, N};
+    dnnl_matmul_desc_t md;
+    dnnl_primitive_desc_t pd = NULL;
+    const char *impl = NULL;
+    bool ok = dnnl_memory_desc_init_by_tag(&e->src_md, 2, src, dnnl_bf16, dnnl_ab) == dnnl_success &&
+              dnnl_memory_desc_init_by_strides(&e->wei_md, 2, wei, dnnl_bf16, wei_strides) == dnnl_success &&
+              dnnl_memory_desc_init_by_tag(&e->dst_md, 2, dst, k[5] ? dnnl_bf16 : dnnl_f32, dnnl_ab) == dnnl_success &&
+              (!k[4] || dnnl_memory_desc_init_by_tag(&e->bias_md, 2, bias, k[4] == 2 ? dnnl_bf16 : dnnl_f32,
+                                                     dnnl_ab) == dnnl_success) &&
+              dnnl_matmul_desc_init(&md, &e->src_md, &e->wei_md, k[4] ? &e->bias_md : NULL, &e->dst_md) ==
+                  dnnl_success &&
+              dnnl_primitive_desc_create(&pd, &md, NULL, st->engine, NULL) == dnnl_success &&
+              dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl &&
+              strncmp(impl, "ref", 3) != 0 && dnnl_primitive_create(&e->prim, pd) == dnnl_success;
+    dnnl_primitive_desc_destroy(pd);
+    if (!ok)
+        s_entry_clear(e);
+    memcpy(e->key, k, sizeof e->key);
+    return ok;
+}
+
 /* Builds e's primitive for key k (the layout of S_KEY); false when oneDNN has none. */
 static bool s_entry_build(s_state *st, s_entry *e, const int64_t *k)
 {
+    if (k[0] == S_MATMUL)
+        return s_matmul_build(st, e, k);
     int64_t N = k[0], C = k[1], H = k[2], W = k[3], O = k[4], kH = k[5], kW = k[6], OH = k[7], OW = k[8];
     int64_t G = k[17];
     dnnl_dims_t src = {N, C, H, W}, dst = {N, O, OH, OW}, bias = {O};
@@ -136,7 +168,7 @@ static bool s_entry_build(s_state *st, s_entry *e, const int64_t *k)
                                                          &any_wei, k[18] ? &e->bias_md : NULL, &any_dst, strides, dil,
                                                          pad_l, pad_r) == dnnl_success &&
               dnnl_primitive_desc_create(&pd, &cd, NULL, st->engine, NULL) == dnnl_success &&
-              dnnl_primitive_create(&e->conv, pd) == dnnl_success;
+              dnnl_primitive_create(&e->prim, pd) == dnnl_success;
     if (ok) {
         e->src_md = *dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0);
         e->wei_md = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
@@ -161,7 +193,7 @@ static s_entry *s_entry_get(s_state *st, const int64_t *k)
         s_entry *e = &st->cache[i];
         if (e->used && memcmp(e->key, k, sizeof e->key) == 0) {
             e->used = ++st->tick;
-            return e->conv ? e : NULL;
+            return e->prim ? e : NULL;
         }
         if (e->used < lru->used)
             lru = e;
@@ -239,7 +271,7 @@ bool cpu_dnnl_conv2d(const op_conv2d_dims *d, int64_t N, int64_t pad_bottom, int
     if (ok) {
         dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst},
                                    {DNNL_ARG_BIAS, mb}};
-        ok = s_exec(st, e->conv, bias ? 4 : 3, args) &&
+        ok = s_exec(st, e->prim, bias ? 4 : 3, args) &&
              (!e->dst_out || s_exec(st, e->dst_out, 2, (dnnl_exec_arg_t[]){{DNNL_ARG_FROM, dst}, {DNNL_ARG_TO, udst}})) &&
              dnnl_stream_wait(st->stream) == dnnl_success;
     }
@@ -260,3 +292,42 @@ bool cpu_dnnl_conv2d(const op_conv2d_dims *d, int64_t N, int64_t pad_bottom, int
 }
 
 int64_t cpu_dnnl_convs(void) { return s_convs; }
+
+bool cpu_dnnl_sgemm(bool b_trans, int64_t M, int64_t N, int64_t K, float alpha, const float *a, int64_t lda,
+                    const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    if (!s_state_get()) /* sets the thread's team size first */
+        return false;
+    return dnnl_sgemm('N', b_trans ? 'T' : 'N', M, N, K, alpha, a, lda, b, ldb, beta, c, ldc) == dnnl_success;
+}
+
+bool cpu_dnnl_matmul_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *a, const uint16_t *b, const void *bias,
+                          bool bias_bf16, void *c, bool c_bf16)
+{
+    int64_t lim = INT64_C(1) << 31;
+    if (M <= 0 || N <= 0 || K <= 0 || M * K >= lim || N * K >= lim || M * N >= lim)
+        return false;
+    s_state *st = s_state_get();
+    if (!st)
+        return false;
+    int64_t k[S_KEY] = {S_MATMUL, M, N, K, bias ? 1 + bias_bf16 : 0, c_bf16};
+    s_entry *e = s_entry_get(st, k);
+    if (!e)
+        return false;
+    dnnl_memory_t src = s_mem(st, &e->src_md, a), wei = s_mem(st, &e->wei_md, b), dst = s_mem(st, &e->dst_md, c);
+    dnnl_memory_t mb = bias ? s_mem(st, &e->bias_md, bias) : NULL;
+    bool ok = src && wei && dst && (!bias || mb);
+    if (ok) {
+        dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst},
+                                   {DNNL_ARG_BIAS, mb}};
+        ok = s_exec(st, e->prim, bias ? 4 : 3, args) && dnnl_stream_wait(st->stream) == dnnl_success;
+    }
+    dnnl_memory_destroy(src);
+    dnnl_memory_destroy(wei);
+    dnnl_memory_destroy(dst);
+    dnnl_memory_destroy(mb);
+    s_matmuls += ok;
+    return ok;
+}
+
+int64_t cpu_dnnl_matmuls(void) { return s_matmuls; }

@@ -4,13 +4,13 @@
  * 16-bit pieces are converted an image (or a piece) at a time. */
 #include "cpu_image.h"
 
-#include <cblas.h>
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cpu_dnnl.h"
+#include "cpu_gemm.h"
 #include "cpu_matmul.h"
 #include "cpu_ops.h"
 #include "dt_dtype.h"
@@ -94,7 +94,6 @@ const char *cpu_conv2d(const op_conv2d_dims *d, const float *x, const float *w, 
     } else {
         if (plane > INT_MAX || K > INT_MAX || Og > INT_MAX || d->H * d->W > INT_MAX)
             return "conv2d: a size exceeds the BLAS integer range";
-        cpu_blas_threads();
         bool direct = op_conv2d_direct(d);
         int64_t step = direct ? d->OH : s_chunk_rows(d);
         for (int64_t g = 0; g < G; g++) {
@@ -107,8 +106,7 @@ const char *cpu_conv2d(const op_conv2d_dims *d, const float *x, const float *w, 
                     s_im2col(d, x, g * Cg, Cg, oh0, rows, col);
                     b = col;
                 }
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)Og, (int)n, (int)K, 1.0f, wg, (int)K, b,
-                            (int)n, 0.0f, og + oh0 * d->OW, (int)plane);
+                cpu_sgemm(false, Og, n, K, 1.0f, wg, K, b, n, 0.0f, og + oh0 * d->OW, plane);
             }
         }
     }

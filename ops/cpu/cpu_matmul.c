@@ -1,45 +1,20 @@
-/* cpu_matmul — the CPU kernels of the products: batched float32 products through OpenBLAS and
+/* cpu_matmul — the CPU kernels of the products: batched float32 products through cpu_gemm and
  * int64 ones by loops, a weight-streaming kernel for decode's few rows, one attention head, the embedding row gather, and the kernels of the
  * matmul family's ops (OP_MATMUL) that convert pieces into them. */
 #include "cpu_matmul.h"
 
-#include <cblas.h>
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_gemm.h"
 #include "cpu_kernels.h"
 #include "cpu_ops.h"
 #include "cpu_reduce_loops.h"
 #include "dt_dtype.h"
 #include "dt_layout.h"
-
-/* ---- OpenBLAS threads ------------------------------------------------------------------------ */
-
-static pthread_once_t s_blas_once = PTHREAD_ONCE_INIT;
-static int s_blas_nthreads = 1;
-
-static void s_blas_setup(void)
-{
-    const char *env = getenv("DTORCH_BLAS_THREADS");
-    int n = 1;
-    if (env && *env) {
-        char *end;
-        long v = strtol(env, &end, 10);
-        if (*end == '\0' && v >= 1 && v <= 1024)
-            n = (int)v;
-    }
-    openblas_set_num_threads(n);
-    s_blas_nthreads = n;
-}
-
-int cpu_blas_threads(void)
-{
-    pthread_once(&s_blas_once, s_blas_setup);
-    return s_blas_nthreads;
-}
 
 /* ---- products -------------------------------------------------------------------------------- */
 
@@ -53,12 +28,7 @@ static void s_gemm_f32(int64_t M, int64_t N, int64_t K, const float *a, const fl
         cpu_matmul_skinny(M, N, K, a, b, DT_FLOAT32, c, accumulate);
         return;
     }
-    if (M == 1) {
-        cblas_sgemv(CblasRowMajor, CblasTrans, (int)K, (int)N, 1.0f, b, (int)N, a, 1, accumulate ? 1.0f : 0.0f, c, 1);
-        return;
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, b_trans ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K, 1.0f, a,
-                (int)K, b, b_trans ? (int)K : (int)N, accumulate ? 1.0f : 0.0f, c, (int)N);
+    cpu_sgemm(b_trans, M, N, K, 1.0f, a, K, b, b_trans ? K : N, accumulate ? 1.0f : 0.0f, c, N);
 }
 
 /* Integer products wrap on overflow, as torch's do: the arithmetic is done unsigned. */
@@ -111,11 +81,8 @@ const char *cpu_matmul_run(const cpu_mm_desc *d, cpu_ctype t, const void *a, con
             memset(c, 0, (size_t)(nb * d->M * d->N) * elem);
         return NULL;
     }
-    if (t == CPU_F32) {
-        cpu_blas_threads();
-        if (d->M > INT_MAX || d->N > INT_MAX || d->K > INT_MAX)
-            return "a matrix dimension exceeds the BLAS integer range";
-    }
+    if (t == CPU_F32 && (d->M > INT_MAX || d->N > INT_MAX || d->K > INT_MAX))
+        return "a matrix dimension exceeds the BLAS integer range";
     /* a B shared by the whole batch and an A laid out contiguously over it: one product of
      * (batch * M) rows */
     bool fold = true;
@@ -639,7 +606,6 @@ static void s_attention_block(int64_t L, int64_t S, int64_t E, int64_t Ev, const
         return;
     }
     const float *kf = k, *vf = v; /* more rows: float32 by the contract */
-    cpu_blas_threads();
     if (E == 0)
         for (int64_t i = 0; i < L; i++)
             memset(scores + i * S, 0, (size_t)used * sizeof *scores);
@@ -648,8 +614,7 @@ static void s_attention_block(int64_t L, int64_t S, int64_t E, int64_t Ev, const
         cpu_attention_scores(L, used, E, q, kt, scale, scores, S);
 #endif
     else
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)L, (int)used, (int)E, scale, q, (int)E, kf, (int)E,
-                    0.0f, scores, (int)S);
+        cpu_sgemm(true, L, used, E, scale, q, E, kf, E, 0.0f, scores, S);
     for (int64_t i = 0; i < L; i++) {
         float *row = scores + i * S;
         int64_t visible = s_visible(used, causal, row0, i);
@@ -674,8 +639,7 @@ static void s_attention_block(int64_t L, int64_t S, int64_t E, int64_t Ev, const
         cpu_attention_values(L, used, Ev, scores, S, vf, out);
     else
 #endif
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)L, (int)Ev, (int)used, 1.0f, scores, (int)S, vf,
-                    (int)Ev, 0.0f, out, (int)Ev);
+        cpu_sgemm(false, L, Ev, used, 1.0f, scores, S, vf, Ev, 0.0f, out, Ev);
     for (int64_t i = 0; i < L; i++)
         for (int64_t c = 0; c < Ev; c++)
             out[i * Ev + c] *= inv[i];
@@ -705,6 +669,23 @@ const char *cpu_embedding(void *out, const void *weight, int64_t rows, size_t ro
 static cpu_ctype s_ctype(dt_dtype d) { return dt_dtype_is_float(d) ? CPU_F32 : CPU_I64; }
 
 
+/* A bfloat16 linear past decode's rows (a prompt) on the CPU's bfloat16 units: x and the weight as
+ * they are, the bias (N,) added in float32, the output rounded once (cpu_gemm_bf16). false when
+ * this is not such a product or the CPU has no such units. */
+static bool s_linear_bf16(op_kernel *k, int64_t N, int64_t K)
+{
+    const op_local *a = &k->in[0], *b = &k->in[1], *bias = k->nin == 3 && k->nctx > 0 && k->ctx[0] ? &k->in[2] : NULL;
+    op_local *o = &k->out[0];
+    int64_t rows = K > 0 ? dt_layout_numel(a->ndim, a->shape) / K : 0;
+    if (a->dtype != DT_BFLOAT16 || b->dtype != DT_BFLOAT16 || rows <= CPU_SKINNY_MAX_M ||
+        (o->dtype != DT_BFLOAT16 && o->dtype != DT_FLOAT32) ||
+        (bias && (bias->ndim != 1 || bias->shape[0] != N ||
+                  (bias->dtype != DT_BFLOAT16 && bias->dtype != DT_FLOAT32))))
+        return false;
+    return cpu_gemm_bf16(rows, N, K, a->data, b->data, bias ? bias->data : NULL, bias && bias->dtype == DT_BFLOAT16,
+                         o->data, o->dtype == DT_BFLOAT16);
+}
+
 const char *cpu_k_mm(op_kernel *k)
 {
     const op_local *a = &k->in[0], *b = &k->in[1];
@@ -715,6 +696,8 @@ const char *cpu_k_mm(op_kernel *k)
     const char *misfit = op_mm_local(k, &d, &desc.M, &desc.K, &desc.N);
     if (misfit)
         return misfit;
+    if (linear && s_linear_bf16(k, desc.N, desc.K))
+        return NULL;
     desc.nbatch = d.nbatch;
     int64_t a_st[DT_MAX_DIMS], b_st[DT_MAX_DIMS];
     cpu_contiguous_strides(a->ndim, a->shape, 1, a_st);

@@ -1,23 +1,18 @@
 /* cpu_matmul — the numeric cores of the matmul family on contiguous pieces: (batched,
- * broadcast) matrix products in float32 through OpenBLAS and in int64 with plain loops, one
- * attention head (scores, masked numerically stable softmax, weighted values), and the
- * embedding row gather.
- *
- * Threads: OpenBLAS runs single-threaded by default (one device, one core); DTORCH_BLAS_THREADS
- * (a positive integer) overrides that. The setting is made once per process, before the first
- * product, whichever worker gets there first. */
+ * broadcast) matrix products in float32 through cpu_gemm (OpenBLAS or oneDNN) and in int64 with
+ * plain loops, one attention head (scores, masked numerically stable softmax, weighted values),
+ * and the embedding row gather. */
 #ifndef CPU_MATMUL_H
 #define CPU_MATMUL_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "cpu_gemm.h"
 #include "cpu_pointwise.h"
 #include "dtorch.h"
 #include "op_quant.h"
 
-/* Applies the OpenBLAS thread setting once (thread-safe); returns the thread count in use. */
-int cpu_blas_threads(void);
 
 /* A batch of products C[b] (M,N) = A[b] (M,K) @ op(B[b]), with B[b] stored (K,N) or, when
  * b_trans, (N,K) (a linear layer's weight). C is C-contiguous over (batch..., M, N); the

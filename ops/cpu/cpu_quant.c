@@ -17,11 +17,11 @@
  * than sgemm's over a dequantized copy (and no copy is written), and a row's result is the same to
  * the bit whatever rows came with it. AVX2 and FMA are taken where the CPU has them (asked at run
  * time); a portable loop computes the same sums elsewhere. */
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_gemm.h"
 #include "cpu_kernels.h"
 #include "cpu_matmul.h"
 #include "cpu_ops.h"
@@ -359,15 +359,13 @@ static void s_dequantize_rows(const op_quant_dims *d, const uint8_t *q, const fl
 static const char *s_blocks(const op_quant_dims *d, const float *x, const uint8_t *q, const float *scale,
                             const float *bias, float *out)
 {
-    cpu_blas_threads();
     float *w = malloc((size_t)S_BLOCK_ROWS * (size_t)d->K * sizeof *w);
     if (!w)
         return "out of memory on the device";
     for (int64_t n0 = 0; n0 < d->N; n0 += S_BLOCK_ROWS) {
         int64_t rows = d->N - n0 < S_BLOCK_ROWS ? d->N - n0 : S_BLOCK_ROWS;
         s_dequantize_rows(d, q + n0 * d->row_bytes, scale + n0 * d->groups, rows, w);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)d->M, (int)rows, (int)d->K, 1.0f, x, (int)d->K_x, w,
-                    (int)d->K, 0.0f, out + n0, (int)d->N);
+        cpu_sgemm(true, d->M, rows, d->K, 1.0f, x, d->K_x, w, d->K, 0.0f, out + n0, d->N);
     }
     free(w);
     if (bias)

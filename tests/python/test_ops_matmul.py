@@ -449,6 +449,65 @@ def test_linear_dtypes(rt, dtype):
         check(y, ref, dtype, f"linear {dtype} {pxs} {pws} {pbs}")
 
 
+def _bf16_units():
+    """Whether prompts' bfloat16 products should run on the CPU's bfloat16 units (device_stats'
+    onednn_matmuls): a build with oneDNN, a CPU whose flags (read here, not from DTorch) name
+    AVX512_BF16, and no DTORCH_GEMM=openblas."""
+    import os
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read().split()
+    except OSError:
+        flags = []
+    return bool(dtorch._C._HAVE_ONEDNN) and "avx512_bf16" in flags and os.environ.get("DTORCH_GEMM") != "openblas"
+
+
+def _bf16_prompt_cases():
+    """bfloat16 linears with more rows than decode's (16): each case's mesh, x's shape and
+    placements, the weight's rows and placements, a bias or not, and how many of these products
+    each device runs on the bfloat16 units (an empty weight shard runs none; nor do 16 rows)."""
+    R1 = [R]
+    return [
+        ("1", (37, 72), R1, 45, R1, True, [1]),
+        ("2", (2, 20, 72), R1, 45, [Shard(0)], False, [1, 1]),
+        ("2", (37, 72), [Shard(0)], 45, R1, True, [1, 1]),          # 19 and 18 rows
+        ("3", (37, 72), R1, 45, [Shard(0)], True, [1, 1, 1]),       # 15 weight rows each
+        ("4", (33, 40), R1, 3, [Shard(0)], True, [1, 1, 1, 0]),     # the last weight shard is empty
+        ("4", (16, 72), R1, 45, [Shard(0)], True, [0, 0, 0, 0]),    # decode's rows: the streaming kernel
+        ("2x2", (2, 24, 72), [Shard(0), R], 45, [R, Shard(0)], True, [1, 1, 1, 1]),
+    ]
+
+
+def _check_bf16_prompt(mesh_name, xs, px, n, pw, bias, per_device):
+    mesh = MESHES[mesh_name]()
+    units = _bf16_units()
+    x, xv = make(rng.standard_normal(xs), mesh, px, dtorch.bfloat16)
+    w, wv = make(rng.standard_normal((n, xs[-1])), mesh, pw, dtorch.bfloat16)
+    bt, bv = make(rng.standard_normal(n), mesh, [R] * mesh.ndim, dtorch.bfloat16) if bias else (None, 0.0)
+    before = [s["onednn_matmuls"] for s in dtorch.device_stats(mesh)]
+    y = dtorch.nn.functional.linear(x, w, bt)
+    assert y.dtype == dtorch.bfloat16
+    got = y.numpy().astype(np.float64)
+    ref = xv @ wv.T + bv
+    # each product exact, sums in float32, then one rounding to bfloat16 (8 significant bits)
+    bound = 2.0 ** -8 * np.abs(ref) + 1e-5 * (np.abs(xv) @ np.abs(wv).T + np.abs(bv))
+    assert got.shape == ref.shape
+    worst = float(np.max(np.abs(got - ref) - bound))
+    assert worst <= 0, f"{mesh_name} {xs} {px} {pw}: past the bound by {worst:.3g}"
+    after = [s["onednn_matmuls"] for s in dtorch.device_stats(mesh)]
+    expect = [c if units else 0 for c in per_device]
+    assert [a - b for a, b in zip(after, before)] == expect, (mesh_name, xs, px, pw)
+
+
+@pytest.mark.parametrize("case", range(len(_bf16_prompt_cases())))
+def test_linear_bf16_prompt_rows(rt, case):
+    """A prompt's bfloat16 linear (more rows than decode's) against float64 from the values the
+    inputs hold, element by element within one bfloat16 rounding and float32 sums, on 1-4 devices,
+    2x2, uneven and empty weight shards; on a CPU with bfloat16 units each device's product runs
+    there (device_stats' onednn_matmuls counts it), elsewhere through float32 (the count stays)."""
+    _check_bf16_prompt(*_bf16_prompt_cases()[case])
+
+
 # ---- embedding --------------------------------------------------------------------------------
 
 
@@ -866,6 +925,8 @@ def test_process_mode_subset():
         with pytest.raises(Exception, match="index out of range in embedding"):
             dtorch.nn.functional.embedding(bad, w).numpy()
         check(x @ dtorch.distribute_tensor(np.eye(4, dtype=np.float32), mesh, [R, R]), qv, dtorch.float32)
+        for case in _bf16_prompt_cases()[2:5]:
+            _check_bf16_prompt(*case)
     finally:
         dtorch.shutdown()
         dtorch.init(workers="thread")
