@@ -343,6 +343,41 @@ def test_type_promotion(thread):
         b - b
 
 
+@pytest.mark.parametrize("mesh_name,placement", [("1", Replicate()), ("3", Shard(1)), ("2x2", Shard(0))])
+def test_converted_operands_in_blocks(thread, mesh_name, placement):
+    """Operands of the output's shape in dtypes other than the one the op computes in (16-bit
+    floats and int32 computed in float32, a 16-bit result) go through in blocks of 1024 elements:
+    4500 elements per tensor (uneven blocks and shards), each result exactly the float32 arithmetic
+    on the stored values, rounded once to the output's dtype (numpy's own float32 and float16 and a
+    bfloat16 rounding written here)."""
+    mesh = MESHES[mesh_name]()
+    pl = [placement] * mesh.ndim if placement == Replicate() else [placement] + [Replicate()] * (mesh.ndim - 1)
+    a32 = (rng.standard_normal((3, 1500)) * 4).astype(np.float32)
+    b32 = (rng.standard_normal((3, 1500)) * 4).astype(np.float32)
+    n32 = rng.integers(-50, 50, (3, 1500)).astype(np.int32)
+    a = dtorch.distribute_tensor(a32, mesh, pl)
+    b = dtorch.distribute_tensor(b32, mesh, pl)
+    n = dtorch.distribute_tensor(n32, mesh, pl)
+    ab, bb, bh = a.to(dtorch.bfloat16), b.to(dtorch.bfloat16), b.to(dtorch.float16)
+    av, bv, hv = (t.numpy().astype(np.float32) for t in (ab, bb, bh))
+    cases = [
+        ("bf16 + bf16", ab + bb, dtorch.bfloat16, bf16(av + bv)),
+        ("bf16 * bf16", ab * bb, dtorch.bfloat16, bf16(av * bv)),
+        ("bf16 - 2.5", ab - 2.5, dtorch.bfloat16, bf16(av - np.float32(2.5))),
+        ("3 / bf16", 3 / ab, dtorch.bfloat16, bf16(np.float32(3) / av)),
+        ("int32 + bf16", n + bb, dtorch.bfloat16, bf16(n32.astype(np.float32) + bv)),
+        ("f16 * bf16", bh * bb, dtorch.float32, hv * bv),
+        ("f16 + f16", bh + bh, dtorch.float16, (hv + hv).astype(np.float16)),
+        ("bf16 > bf16", ab > bb, dtorch.bool, av > bv),
+        ("int32 <= f16", n <= bh, dtorch.bool, n32.astype(np.float32) <= hv),
+    ]
+    for what, got, dtype, ref in cases:
+        assert got.dtype == dtype, what
+        g = got.numpy()
+        assert g.shape == ref.shape, what
+        assert np.array_equal(g.astype(np.float64), np.asarray(ref).astype(np.float64)), what
+
+
 def test_integer_arithmetic_exact(thread):
     mesh = mesh_1d(4)
     a = np.array([-7, -3, 0, 2, 5, 9, 2 ** 40], np.int64)
