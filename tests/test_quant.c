@@ -106,7 +106,7 @@ static void s_inputs(int bits, const float *x, int64_t K, double *used)
 Test(quant, products_against_double)
 {
     srand(7);
-    int64_t Ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 41}, Ks[] = {5, 37, 67, 96};
+    int64_t Ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 41}, Ks[] = {5, 37, 67, 96, 197};
     for (int bits = 8; bits >= 4; bits -= 4) {
         int64_t N = bits == 8 ? 263 : 71;
         int op = bits == 8 ? OP_ID_linear_int8 : OP_ID_linear_int4;

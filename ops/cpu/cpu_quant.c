@@ -15,8 +15,10 @@
  * it S_FEW_ROWS at a time, each through the same per-row code as decode. One maddubs multiplies 32
  * nibble-byte pairs where an FMA does 8 products, so a prompt's products take fewer instructions
  * than sgemm's over a dequantized copy (and no copy is written), and a row's result is the same to
- * the bit whatever rows came with it. AVX2 and FMA are taken where the CPU has them (asked at run
- * time); a portable loop computes the same sums elsewhere. */
+ * the bit whatever rows came with it. AVX-512 with VNNI is taken where the CPU has it (one vpdpbusd
+ * multiplies 64 nibble-byte pairs and sums them in fours: 128 weights of four groups a step), else
+ * AVX2 and FMA (asked at run time; DTORCH_QUANT_AVX512=0 keeps AVX2 for comparison); a portable
+ * loop computes the same sums elsewhere. int8's AVX-512 path widens 16 weights a step. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,18 +35,28 @@
 
 /* ---- int4's input, quantized ------------------------------------------------------------------ */
 
-/* Two groups of one input row (features 64p .. 64p + 63), laid out as the kernel reads them beside
- * 32 weight bytes: lo holds the first group's even features then the second's, hi their odd ones
- * (a byte's low nibble is an even feature, its high one the odd), c per 4 bytes 8 * their lo + hi
+/* W groups of one input row (features 32 W b .. 32 W (b + 1) - 1), laid out as the kernel reads them
+ * beside 16 W weight bytes: lo holds each group's even features in turn, hi their odd ones (a
+ * byte's low nibble is an even feature, its high one the odd), c per 4 bytes 8 * their lo + hi
  * values (so that the unsigned nibble u = w + 8 gives w's sum: u . xq - c), xs each group's scale
- * four times over. A last odd group uses the first halves. */
+ * four times over. A last block of fewer groups is zeros past them. W is 2 for the AVX2 kernel
+ * (s_xpair, 32 weight bytes a step) and 4 for the AVX-512 one (s_xquad, 64). */
 typedef struct {
     int8_t lo[32], hi[32];
     int32_t c[8];
     float xs[8];
 } s_xpair;
 
-static int64_t s_pairs(const op_quant_dims *d) { return (d->K / OP_QUANT_GROUP + 1) / 2; }
+typedef struct {
+    int8_t lo[64], hi[64];
+    int32_t c[16];
+    float xs[16];
+} s_xquad;
+
+#define S_XBLOCK(W) ((size_t)(W) * 64) /* bytes of a block of W groups: sizeof(s_xpair), sizeof(s_xquad) */
+
+/* blocks of W groups per row of x */
+static int64_t s_xblocks(const op_quant_dims *d, int W) { return (d->K / OP_QUANT_GROUP + W - 1) / W; }
 
 /* One group's largest magnitude and its values as the nearest integers to x * 127 / amax (0 where
  * amax is 0 or not finite); the AVX2 version below does the same in registers. */
@@ -61,29 +73,32 @@ static void s_round_plain(const float *xg, float *amax, int32_t *v)
     *amax = top;
 }
 
-/* The whole groups of d->M rows of x into xa (M * s_pairs). A group whose largest magnitude is not
- * finite gets scale NaN, so its products come out NaN rather than some number. */
-static void s_quantize_x(const op_quant_dims *d, const float *x, s_xpair *xa, s_round_fn *round_group)
+/* The whole groups of d->M rows of x into xa (M * s_xblocks blocks of W groups). A group whose
+ * largest magnitude is not finite gets scale NaN, so its products come out NaN rather than some
+ * number. */
+static void s_quantize_x(const op_quant_dims *d, const float *x, void *xa, int W, s_round_fn *round_group)
 {
-    int64_t whole = d->K / OP_QUANT_GROUP, pairs = s_pairs(d);
-    memset(xa, 0, (size_t)(d->M * pairs) * sizeof *xa);
+    int64_t whole = d->K / OP_QUANT_GROUP, blocks = s_xblocks(d, W);
+    memset(xa, 0, (size_t)(d->M * blocks) * S_XBLOCK(W));
     for (int64_t m = 0; m < d->M; m++)
         for (int64_t g = 0; g < whole; g++) {
-            s_xpair *pr = xa + m * pairs + g / 2;
-            int half = (int)(g % 2);
+            char *block = (char *)xa + (size_t)(m * blocks + g / W) * S_XBLOCK(W);
+            int8_t *lo = (int8_t *)block + 16 * (g % W), *hi = lo + 16 * W;
+            int32_t *c = (int32_t *)(block + 32 * W) + 4 * (g % W);
+            float *xs = (float *)(block + 48 * W) + 4 * (g % W);
             float amax;
             int32_t v[OP_QUANT_GROUP];
             round_group(x + m * d->K_x + g * OP_QUANT_GROUP, &amax, v);
             for (int j = 0; j < OP_QUANT_GROUP / 2; j++) {
-                pr->lo[half * 16 + j] = (int8_t)v[2 * j];
-                pr->hi[half * 16 + j] = (int8_t)v[2 * j + 1];
+                lo[j] = (int8_t)v[2 * j];
+                hi[j] = (int8_t)v[2 * j + 1];
             }
             for (int l = 0; l < 4; l++) {
                 int32_t sum = 0;
                 for (int b = 0; b < 4; b++)
-                    sum += pr->lo[half * 16 + 4 * l + b] + pr->hi[half * 16 + 4 * l + b];
-                pr->c[half * 4 + l] = 8 * sum;
-                pr->xs[half * 4 + l] = isfinite(amax) ? amax / 127.0f : NAN;
+                    sum += lo[4 * l + b] + hi[4 * l + b];
+                c[l] = 8 * sum;
+                xs[l] = isfinite(amax) ? amax / 127.0f : NAN;
             }
         }
 }
@@ -95,7 +110,7 @@ static void s_quantize_x(const op_quant_dims *d, const float *x, s_xpair *xa, s_
 static void s_row_plain(const op_quant_dims *d, const float *x, int64_t lda, const s_xpair *xa, const uint8_t *q,
                         const float *scale, float *sums)
 {
-    int64_t whole = d->K / OP_QUANT_GROUP, pairs = s_pairs(d);
+    int64_t whole = d->K / OP_QUANT_GROUP, pairs = s_xblocks(d, 2);
     for (int64_t m = 0; m < d->M; m++) {
         const float *xm = x + m * lda;
         float total = 0.0f;
@@ -213,7 +228,7 @@ S_AVX2 static inline __attribute__((always_inline)) void s_row_int4(int M, const
                                                                     const s_xpair *xa, const uint8_t *q,
                                                                     const float *scale, float *sums)
 {
-    const int64_t whole = d->K / OP_QUANT_GROUP, pairs = s_pairs(d), full = whole / 2;
+    const int64_t whole = d->K / OP_QUANT_GROUP, pairs = s_xblocks(d, 2), full = whole / 2;
     const __m256i low = _mm256_set1_epi8(0x0f), flip = _mm256_set1_epi8((char)0x88), ones = _mm256_set1_epi16(1);
     const __m256i twice = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
     __m256 acc[S_FEW_ROWS];
@@ -277,7 +292,125 @@ S_AVX2 static void s_few_rows_avx2(const op_quant_dims *d, const float *x, const
 }
 #undef S_CASE
 
+/* ---- AVX-512 (with VNNI) ------------------------------------------------------------------- */
+
+#define S_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")))
+
+/* One int8 weight row against M rows of x, as s_row_int8 with 16 weights a step. */
+S_AVX512 static inline __attribute__((always_inline)) void s_row_int8_512(int M, const op_quant_dims *d,
+                                                                          const float *x, const uint8_t *q,
+                                                                          const float *scale, float *sums)
+{
+    const int64_t lda = d->K_x;
+    const int U = M == 1 ? 4 : M == 2 ? 2 : 1;
+    __m512 acc[S_FEW_ROWS * 4];
+    S_UNROLL for (int i = 0; i < M * U; i++)
+        acc[i] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 * U <= d->K; k += 16 * U)
+        S_UNROLL for (int u = 0; u < U; u++) {
+            __m512 w = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + k + 16 * u))));
+            S_UNROLL for (int m = 0; m < M; m++)
+                acc[m * U + u] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * lda + k + 16 * u), w, acc[m * U + u]);
+        }
+    for (; k + 16 <= d->K; k += 16) {
+        __m512 w = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + k))));
+        S_UNROLL for (int m = 0; m < M; m++)
+            acc[m * U] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * lda + k), w, acc[m * U]);
+    }
+    S_UNROLL for (int m = 0; m < M; m++) {
+        S_UNROLL for (int u = 1; u < U; u++)
+            acc[m * U] = _mm512_add_ps(acc[m * U], acc[m * U + u]);
+        float s = _mm512_reduce_add_ps(acc[m * U]);
+        for (int64_t t = k; t < d->K; t++)
+            s += x[m * lda + t] * (float)op_quant_int8(q, t);
+        sums[m] = s * scale[0];
+    }
+}
+
+/* One int4 weight row against M rows of x quantized into xa (blocks of 4 groups, s_xquad): four
+ * groups (64 bytes) a step, the nibbles XOR 8 split into the even and odd features' bytes as in
+ * s_row_int4, and each multiplied by the input's bytes and summed in fours into 32 bits by one
+ * VNNI instruction (lanes 0-3 the first group, ..., 12-15 the fourth), less c, converted and scaled
+ * by the input's and the weight's group scales. A last block of fewer groups reads only their bytes
+ * and scales (masked); its x block is zeros past them. */
+S_AVX512 static inline __attribute__((always_inline)) void s_row_int4_512(int M, const op_quant_dims *d,
+                                                                          const float *x, const s_xquad *xa,
+                                                                          const uint8_t *q, const float *scale,
+                                                                          float *sums)
+{
+    const int64_t whole = d->K / OP_QUANT_GROUP, blocks = s_xblocks(d, 4);
+    const __m512i low = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8((char)0x88);
+    const __m512i quarter = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    __m512 acc[S_FEW_ROWS];
+    S_UNROLL for (int m = 0; m < M; m++)
+        acc[m] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < blocks; b++) {
+        int64_t left = whole - 4 * b;
+        __mmask64 bytes = left >= 4 ? ~(__mmask64)0 : (((__mmask64)1 << (16 * left)) - 1);
+        __mmask16 groups = left >= 4 ? 0xf : (__mmask16)((1u << left) - 1);
+        __m512i v = _mm512_xor_si512(_mm512_maskz_loadu_epi8(bytes, q + 64 * b), flip);
+        __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        __m512 ws = _mm512_permutexvar_ps(quarter, _mm512_castps128_ps512(_mm_maskz_loadu_ps(groups, scale + 4 * b)));
+        S_UNROLL for (int m = 0; m < M; m++) {
+            const s_xquad *xb = xa + m * blocks + b;
+            __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xb->lo));
+            dot = _mm512_dpbusd_epi32(dot, hi, _mm512_loadu_si512(xb->hi));
+            __m512i sum = _mm512_sub_epi32(dot, _mm512_loadu_si512(xb->c));
+            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(ws, _mm512_loadu_ps(xb->xs)), acc[m]);
+        }
+    }
+    const int64_t k = whole * OP_QUANT_GROUP;
+    S_UNROLL for (int m = 0; m < M; m++) {
+        float tail = 0.0f;
+        for (int64_t t = k; t < d->K; t++)
+            tail += x[m * d->K_x + t] * (float)op_quant_int4(q, t);
+        sums[m] = _mm512_reduce_add_ps(acc[m]) + (k < d->K ? tail * scale[whole] : 0.0f);
+    }
+}
+
+#define S_CASE(M)                                                                                                 \
+    case M:                                                                                                       \
+        for (int64_t n = n0; n < n1; n++) {                                                                       \
+            const uint8_t *qn = q + n * d->row_bytes;                                                             \
+            if (d->bits == 8)                                                                                     \
+                s_row_int8_512(M, d, x, qn, scale + n, sums);                                                     \
+            else                                                                                                  \
+                s_row_int4_512(M, d, x, xa, qn, scale + n * d->groups, sums);                                     \
+            for (int m = 0; m < M; m++)                                                                           \
+                out[m * d->N + n] = sums[m] + (bias ? bias[n] : 0.0f);                                            \
+        }                                                                                                         \
+        break;
+/* Weight rows [n0, n1) against d->M <= S_FEW_ROWS rows of x (out's rows of stride d->N). */
+S_AVX512 static void s_few_rows_avx512(const op_quant_dims *d, const float *x, const s_xquad *xa, const uint8_t *q,
+                                       const float *scale, const float *bias, float *out, int64_t n0, int64_t n1)
+{
+    float sums[S_FEW_ROWS];
+    switch (d->M) { S_CASE(1) S_CASE(2) S_CASE(3) S_CASE(4) S_CASE(5) S_CASE(6) S_CASE(7) S_CASE(8) }
+}
+#undef S_CASE
+
 #endif
+
+/* Whether the AVX-512 VNNI kernels run here (asked at run time; DTORCH_QUANT_AVX512=0 keeps AVX2's). */
+static bool s_avx512(void)
+{
+#if defined(__x86_64__)
+    static int have = -1;
+    if (have < 0) {
+        const char *env = getenv("DTORCH_QUANT_AVX512");
+        have = !(env && strcmp(env, "0") == 0) && __builtin_cpu_supports("avx512f") &&
+               __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+               __builtin_cpu_supports("avx512vnni");
+    }
+    return have;
+#else
+    return false;
+#endif
+}
+
+/* groups per block of quantized x: what the kernel that runs here reads */
+static int s_width(void) { return s_avx512() ? 4 : 2; }
 
 static s_round_fn *s_round_best(void)
 {
@@ -290,11 +423,16 @@ static s_round_fn *s_round_best(void)
 
 /* ---- few rows: the weight streamed once ------------------------------------------------------ */
 
-/* Weight rows [n0, n1) against d->M <= S_FEW_ROWS rows of x; xa: those rows quantized (int4). */
-static void s_rows(const op_quant_dims *d, const float *x, const s_xpair *xa, const uint8_t *q, const float *scale,
+/* Weight rows [n0, n1) against d->M <= S_FEW_ROWS rows of x; xa: those rows quantized (int4), in
+ * blocks of s_width() groups. */
+static void s_rows(const op_quant_dims *d, const float *x, const void *xa, const uint8_t *q, const float *scale,
                    const float *bias, float *out, int64_t n0, int64_t n1)
 {
 #if defined(__x86_64__)
+    if (s_avx512()) {
+        s_few_rows_avx512(d, x, xa, q, scale, bias, out, n0, n1);
+        return;
+    }
     if (cpu_has_avx2_fma()) {
         s_few_rows_avx2(d, x, xa, q, scale, bias, out, n0, n1);
         return;
@@ -311,16 +449,17 @@ static void s_rows(const op_quant_dims *d, const float *x, const s_xpair *xa, co
 /* Every row of x, S_FEW_ROWS at a time: with nb the whole of N, the weight is streamed once per
  * S_FEW_ROWS rows (decode); with a block of nb weight rows, the block is read from memory once and
  * from L1 by each group of rows (a prompt). xa: x's rows quantized (int4), or NULL. */
-static void s_row_groups(const op_quant_dims *d, const float *x, const s_xpair *xa, const uint8_t *q,
+static void s_row_groups(const op_quant_dims *d, const float *x, const void *xa, const uint8_t *q,
                          const float *scale, const float *bias, float *out, int64_t nb)
 {
+    const int W = s_width();
     for (int64_t n0 = 0; n0 < d->N; n0 += nb) {
         int64_t n1 = d->N - n0 < nb ? d->N : n0 + nb;
         for (int64_t m0 = 0; m0 < d->M; m0 += S_FEW_ROWS) {
             op_quant_dims part = *d;
             part.M = d->M - m0 < S_FEW_ROWS ? d->M - m0 : S_FEW_ROWS;
-            s_rows(&part, x + m0 * d->K_x, xa ? xa + m0 * s_pairs(d) : NULL, q, scale, bias, out + m0 * d->N, n0,
-                   n1);
+            const void *xm = xa ? (const char *)xa + (size_t)(m0 * s_xblocks(d, W)) * S_XBLOCK(W) : NULL;
+            s_rows(&part, x + m0 * d->K_x, xm, q, scale, bias, out + m0 * d->N, n0, n1);
         }
     }
 }
@@ -386,12 +525,13 @@ const char *cpu_quant_linear(const op_quant_dims *d, const float *x, const uint8
         return NULL;
     }
     if (d->bits == 4) {
-        s_xpair *xa = NULL;
+        void *xa = NULL;
+        const int W = s_width();
         if (d->K >= OP_QUANT_GROUP) { /* x's rows quantized once: half x's bytes, beside a weight read once */
-            size_t bytes = (size_t)d->M * (size_t)s_pairs(d) * sizeof *xa;
-            if (bytes / sizeof *xa / (size_t)s_pairs(d) != (size_t)d->M || !(xa = malloc(bytes)))
+            size_t per_row = (size_t)s_xblocks(d, W) * S_XBLOCK(W), bytes = (size_t)d->M * per_row;
+            if (bytes / per_row != (size_t)d->M || !(xa = malloc(bytes)))
                 return "out of memory on the device";
-            s_quantize_x(d, x, xa, s_round_best());
+            s_quantize_x(d, x, xa, W, s_round_best());
         }
         s_row_groups(d, x, xa, q, scale, bias, out, d->M <= S_FEW_ROWS ? d->N : S_INT4_BLOCK);
         free(xa);
