@@ -295,6 +295,10 @@ S_AVX2 static void s_few_rows_avx2(const op_quant_dims *d, const float *x, const
 /* ---- AVX-512 (with VNNI) ------------------------------------------------------------------- */
 
 #define S_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")))
+/* Bytes of weight asked for ahead of the loads: these kernels consume a row's bytes faster than the
+ * hardware prefetcher brings them from memory (bench_matmul's 110M decode step on one core, int8:
+ * 14.5-15.5 ms without, 9.0-9.2 with 2 KiB; int4: 7.4-7.7 ms, 5.0-6.2; 512 B to 8 KiB measured) */
+#define S_AHEAD 2048
 
 /* One int8 weight row against M rows of x, as s_row_int8 with 16 weights a step. */
 S_AVX512 static inline __attribute__((always_inline)) void s_row_int8_512(int M, const op_quant_dims *d,
@@ -307,12 +311,14 @@ S_AVX512 static inline __attribute__((always_inline)) void s_row_int8_512(int M,
     S_UNROLL for (int i = 0; i < M * U; i++)
         acc[i] = _mm512_setzero_ps();
     int64_t k = 0;
-    for (; k + 16 * U <= d->K; k += 16 * U)
+    for (; k + 16 * U <= d->K; k += 16 * U) {
+        _mm_prefetch((const char *)q + k + S_AHEAD, _MM_HINT_T0);
         S_UNROLL for (int u = 0; u < U; u++) {
             __m512 w = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + k + 16 * u))));
             S_UNROLL for (int m = 0; m < M; m++)
                 acc[m * U + u] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * lda + k + 16 * u), w, acc[m * U + u]);
         }
+    }
     for (; k + 16 <= d->K; k += 16) {
         __m512 w = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + k))));
         S_UNROLL for (int m = 0; m < M; m++)
@@ -346,6 +352,7 @@ S_AVX512 static inline __attribute__((always_inline)) void s_row_int4_512(int M,
     S_UNROLL for (int m = 0; m < M; m++)
         acc[m] = _mm512_setzero_ps();
     for (int64_t b = 0; b < blocks; b++) {
+        _mm_prefetch((const char *)q + 64 * b + S_AHEAD, _MM_HINT_T0);
         int64_t left = whole - 4 * b;
         __mmask64 bytes = left >= 4 ? ~(__mmask64)0 : (((__mmask64)1 << (16 * left)) - 1);
         __mmask16 groups = left >= 4 ? 0xf : (__mmask16)((1u << left) - 1);
