@@ -384,8 +384,9 @@ typedef struct {
                                      * 0: im2col and sgemm ran them) */
     int64_t peer_handoffs;          /* of peer_messages_sent: handed to a peer thread of this process as they are,
                                      * no message made (worker threads that read each other's memory) */
-    int64_t onednn_matmuls;         /* bfloat16 products of a prompt's rows that ran on the CPU's bfloat16 units
-                                     * (AMX, AVX512_BF16) through oneDNN; 0 elsewhere (widened to float32) */
+    int64_t onednn_matmuls;         /* bfloat16 products of a prompt's rows (linear, attention) that ran on the
+                                     * CPU's bfloat16 units (AMX, AVX512_BF16) through oneDNN; 0 elsewhere
+                                     * (widened to float32) */
 } dt_device_stat;
 /* Waits for every device of mesh to run what was sent to it before, then fills up to max entries,
  * one per device in mesh order. Returns the mesh's size, or a negative error code. */

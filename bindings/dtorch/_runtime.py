@@ -125,9 +125,10 @@ def device_stats(mesh, reset_peak=False):
     state) and ``onednn_convs`` (conv2d kernels the device ran through oneDNN: a CPU device of a
     build that found it; 0 where im2col and sgemm ran them all), ``peer_handoffs`` (of
     ``peer_messages_sent``: regions handed to a worker thread of the same process as they lie, without
-    a message) and ``onednn_matmuls`` (bfloat16 products of a prompt's rows, past 16, that ran on the
-    CPU's bfloat16 units, AMX or AVX512_BF16, through oneDNN; 0 on CPUs without them, where the
-    weight is widened to float32). ``reset_peak=True`` starts each peak again from what the device holds, after reading
+    a message) and ``onednn_matmuls`` (bfloat16 products that ran on the CPU's bfloat16 units, AMX or
+    AVX512_BF16, through oneDNN: a linear of more than 16 rows, and attention's two products per head
+    and block of a prompt's rows; 0 on CPUs without them, where the operands are widened to
+    float32). ``reset_peak=True`` starts each peak again from what the device holds, after reading
     it."""
     return _C._device_stats(mesh, bool(reset_peak))
 

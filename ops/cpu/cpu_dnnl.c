@@ -27,7 +27,8 @@ void omp_set_num_threads(int n);
 /* The primitives a thread keeps: a VAE's decoder has about a dozen distinct convolutions. */
 #define S_CACHE 24
 /* The key: N, C, H, W, O, kH, kW, OH, OW, the strides, dilations, four pads, groups, bias; a
- * product's: S_MATMUL, M, N, K, its bias (0 none, 1 float32, 2 bfloat16), C bfloat16, then zeros. */
+ * product's: S_MATMUL, M, N, K, its bias (0 none, 1 float32, 2 bfloat16), C bfloat16, B stored
+ * (N, K), then zeros. */
 #define S_KEY 19
 #define S_MATMUL (-1) /* key[0] of a product (a convolution's N is positive) */
 
@@ -113,13 +114,15 @@ static dnnl_primitive_t s_reorder(dnnl_engine_t eng, const dnnl_memory_desc_t *f
     return p;
 }
 
-/* A product's primitive (key S_MATMUL, M, N, K, bias, C bfloat16): src (M, K) bfloat16, weights
- * B^T as B (N, K) is stored (dims (K, N), strides (1, K)), dst (M, N), bias (1, N). Declined where
+/* A product's primitive (key S_MATMUL, M, N, K, bias, C bfloat16, B stored (N, K)): src (M, K)
+ * bfloat16, weights (K, N): B^T as B (N, K) is stored (strides (1, K)) or B as it lies (strides
+ * (N, 1)), dst (M, N), bias (1, N). Declined where
  * oneDNN has only its reference code for it (no bfloat16 units). */
 static bool s_matmul_build(s_state *st, s_entry *e, const int64_t *k)
 {
     int64_t M = k[1], N = k[2], K = k[3];
-    dnnl_dims_t src = {M, K}, wei = {K, N}, wei_strides = {1, K}, dst = {M, N}, bias = {1, N};
+    dnnl_dims_t src = {M, K}, wei = {K, N}, dst = {M, N}, bias = {1, N};
+    dnnl_dims_t wei_strides = {k[6] ? 1 : N, k[6] ? K : 1};
     dnnl_matmul_desc_t md;
     dnnl_primitive_desc_t pd = NULL;
     const char *impl = NULL;
@@ -301,8 +304,8 @@ bool cpu_dnnl_sgemm(bool b_trans, int64_t M, int64_t N, int64_t K, float alpha, 
     return dnnl_sgemm('N', b_trans ? 'T' : 'N', M, N, K, alpha, a, lda, b, ldb, beta, c, ldc) == dnnl_success;
 }
 
-bool cpu_dnnl_matmul_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *a, const uint16_t *b, const void *bias,
-                          bool bias_bf16, void *c, bool c_bf16)
+bool cpu_dnnl_matmul_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *a, const uint16_t *b, bool b_trans,
+                          const void *bias, bool bias_bf16, void *c, bool c_bf16)
 {
     int64_t lim = INT64_C(1) << 31;
     if (M <= 0 || N <= 0 || K <= 0 || M * K >= lim || N * K >= lim || M * N >= lim)
@@ -310,7 +313,7 @@ bool cpu_dnnl_matmul_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *a, co
     s_state *st = s_state_get();
     if (!st)
         return false;
-    int64_t k[S_KEY] = {S_MATMUL, M, N, K, bias ? 1 + bias_bf16 : 0, c_bf16};
+    int64_t k[S_KEY] = {S_MATMUL, M, N, K, bias ? 1 + bias_bf16 : 0, c_bf16, b_trans};
     s_entry *e = s_entry_get(st, k);
     if (!e)
         return false;

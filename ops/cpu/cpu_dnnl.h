@@ -27,8 +27,8 @@ bool cpu_dnnl_sgemm(bool b_trans, int64_t M, int64_t N, int64_t K, float alpha, 
                     const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 /* cpu_gemm_bf16's product (cpu_gemm.h) by oneDNN's matmul primitive; false where oneDNN has no
  * kernel of its own for it or failed (nothing written). */
-bool cpu_dnnl_matmul_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *a, const uint16_t *b, const void *bias,
-                          bool bias_bf16, void *c, bool c_bf16);
+bool cpu_dnnl_matmul_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *a, const uint16_t *b, bool b_trans,
+                          const void *bias, bool bias_bf16, void *c, bool c_bf16);
 /* How many cpu_dnnl_matmul_bf16 calls of this thread ran. */
 int64_t cpu_dnnl_matmuls(void);
 #else
@@ -44,7 +44,7 @@ static inline bool cpu_dnnl_sgemm(bool b_trans, int64_t M, int64_t N, int64_t K,
     return false;
 }
 static inline bool cpu_dnnl_matmul_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *a, const uint16_t *b,
-                                        const void *bias, bool bias_bf16, void *c, bool c_bf16)
+                                        bool b_trans, const void *bias, bool bias_bf16, void *c, bool c_bf16)
 {
     return false;
 }

@@ -102,16 +102,21 @@ void cpu_sgemm(bool b_trans, int64_t M, int64_t N, int64_t K, float alpha, const
                 (int)lda, b, (int)ldb, beta, c, (int)ldc);
 }
 
-bool cpu_gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *a, const uint16_t *b, const void *bias,
-                   bool bias_bf16, void *c, bool c_bf16)
+bool cpu_gemm_bf16_ready(void)
 {
 #if defined(__x86_64__)
     /* oneDNN runs bfloat16 elsewhere too, but converting in its kernels: not faster than widening */
-    if (!s_use_onednn() || !__builtin_cpu_supports("avx512bf16"))
-        return false;
-    cpu_blas_threads();
-    return cpu_dnnl_matmul_bf16(M, N, K, a, b, bias, bias_bf16, c, c_bf16);
+    return s_use_onednn() && __builtin_cpu_supports("avx512bf16");
 #else
     return false;
 #endif
+}
+
+bool cpu_gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *a, const uint16_t *b, bool b_trans,
+                   const void *bias, bool bias_bf16, void *c, bool c_bf16)
+{
+    if (!cpu_gemm_bf16_ready())
+        return false;
+    cpu_blas_threads();
+    return cpu_dnnl_matmul_bf16(M, N, K, a, b, b_trans, bias, bias_bf16, c, c_bf16);
 }

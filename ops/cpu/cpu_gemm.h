@@ -28,12 +28,17 @@ const char *cpu_gemm_library(void);
 void cpu_sgemm(bool b_trans, int64_t M, int64_t N, int64_t K, float alpha, const float *a, int64_t lda,
                const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 
-/* C (M, N) = A (M, K) @ B^T (B stored (N, K), a linear layer's weight) + bias, A and B bfloat16
- * (raw bits), C float32 or bfloat16 (c_bf16) and bias (N,) float32, bfloat16 (bias_bf16) or NULL;
- * products exact, sums in float32, C rounded once. Runs on the CPU's bfloat16 units (AMX or
- * AVX512_BF16) through oneDNN; false when this CPU or build has none (nothing written: the caller
- * widens and calls cpu_sgemm). */
-bool cpu_gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *a, const uint16_t *b, const void *bias,
-                   bool bias_bf16, void *c, bool c_bf16);
+/* Whether cpu_gemm_bf16 runs here: a build with oneDNN, a CPU with bfloat16 units (AMX or
+ * AVX512_BF16) and oneDNN chosen (DTORCH_GEMM). */
+bool cpu_gemm_bf16_ready(void);
+
+/* C (M, N) = A (M, K) @ op(B) + bias, A and B bfloat16 (raw bits), B stored (N, K) when b_trans (a
+ * linear layer's weight, keys) else (K, N) (values), C float32 or bfloat16 (c_bf16), C-contiguous,
+ * and bias (N,) float32, bfloat16 (bias_bf16) or NULL; products exact, sums in float32, C rounded
+ * once. Runs on the CPU's bfloat16 units through oneDNN; false when they are not there
+ * (cpu_gemm_bf16_ready) or the product failed (nothing written: the caller widens and calls
+ * cpu_sgemm). */
+bool cpu_gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *a, const uint16_t *b, bool b_trans,
+                   const void *bias, bool bias_bf16, void *c, bool c_bf16);
 
 #endif

@@ -586,8 +586,65 @@ void cpu_attention_head(int64_t L, int64_t S, int64_t E, int64_t Ev, const float
     free(kt);
 }
 
-/* inv: a float per row, 1 / the sum of its weights: the weights go into the product with the
- * values as exponentials, and each output row is divided once (Ev values) instead of each score. */
+/* A block's scores (L rows of `used` keys, row stride ld) into its weights: times pre, plus the
+ * mask, the keys a row does not see zeroed, the rest exponentials of the shifted scores, and
+ * inv[i] = 1 / row i's sum (0 for a row that sees nothing: zeros, as torch's safe softmax gives,
+ * no NaN). The weights go into the product with the values as exponentials, and each output row
+ * is divided once (Ev values) instead of each score. */
+static void s_block_weights(int64_t L, int64_t used, int64_t ld, const float *mask, int64_t mask_sl,
+                            int64_t mask_ss, bool causal, int64_t row0, float pre, float *scores, float *inv)
+{
+    for (int64_t i = 0; i < L; i++) {
+        float *row = scores + i * ld;
+        int64_t visible = s_visible(used, causal, row0, i);
+        if (pre != 1.0f)
+            for (int64_t j = 0; j < visible; j++)
+                row[j] *= pre;
+        if (mask) {
+            const float *m = mask + i * mask_sl;
+            for (int64_t j = 0; j < visible; j++)
+                row[j] += m[j * mask_ss];
+        }
+        float top = s_row_max(row, visible);
+        if (top == -INFINITY) {
+            memset(row, 0, (size_t)used * sizeof *row);
+            inv[i] = 0.0f;
+            continue;
+        }
+        inv[i] = 1.0f / cpu_exp_shifted_sum(row, visible, top);
+        for (int64_t j = visible; j < used; j++)
+            row[j] = 0.0f;
+    }
+}
+
+bool cpu_attention_head_bf16(int64_t L, int64_t S, int64_t E, int64_t Ev, const uint16_t *q, const uint16_t *k,
+                             const uint16_t *v, const float *mask, int64_t mask_sl, int64_t mask_ss, bool causal,
+                             int64_t row0, float scale, float *scores, uint16_t *weights, float *out)
+{
+    int64_t block = cpu_attention_block_rows(L, S);
+    float *inv = scores + block * S;
+    for (int64_t i0 = 0; i0 < L; i0 += block) {
+        int64_t rows = L - i0 < block ? L - i0 : block, r0 = row0 + i0;
+        const float *bm = mask ? mask + i0 * mask_sl : NULL;
+        float *bo = out + i0 * Ev;
+        int64_t used = s_keys_used(rows, S, bm, mask_sl, mask_ss, causal, r0);
+        if (used == 0) { /* no row sees a key: zeros */
+            memset(bo, 0, (size_t)(rows * Ev) * sizeof *bo);
+            continue;
+        }
+        if (!cpu_gemm_bf16(rows, used, E, q + i0 * E, k, true, NULL, false, scores, false))
+            return false;
+        s_block_weights(rows, used, used, bm, mask_sl, mask_ss, causal, r0, scale, scores, inv);
+        cpu_from_ctype(weights, DT_BFLOAT16, scores, CPU_F32, rows * used);
+        if (!cpu_gemm_bf16(rows, Ev, used, weights, v, false, NULL, false, bo, false))
+            return false;
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t c = 0; c < Ev; c++)
+                bo[i * Ev + c] *= inv[i];
+    }
+    return true;
+}
+
 static void s_attention_block(int64_t L, int64_t S, int64_t E, int64_t Ev, const float *q, const void *k,
                               const void *v, dt_dtype kv_dtype, const float *kt, const float *mask, int64_t mask_sl,
                               int64_t mask_ss, bool causal, int64_t row0, float scale, float *scores, float *inv,
@@ -616,25 +673,7 @@ static void s_attention_block(int64_t L, int64_t S, int64_t E, int64_t Ev, const
 #endif
     else
         cpu_sgemm(true, L, used, E, scale, q, E, kf, E, 0.0f, scores, S);
-    for (int64_t i = 0; i < L; i++) {
-        float *row = scores + i * S;
-        int64_t visible = s_visible(used, causal, row0, i);
-        if (mask) {
-            const float *m = mask + i * mask_sl;
-            for (int64_t j = 0; j < visible; j++)
-                row[j] += m[j * mask_ss];
-        }
-        float top = s_row_max(row, visible);
-        if (top == -INFINITY) {
-            /* nothing to attend to: zeros, as torch's safe softmax gives (no NaN) */
-            memset(row, 0, (size_t)used * sizeof *row);
-            inv[i] = 0.0f;
-            continue;
-        }
-        inv[i] = 1.0f / cpu_exp_shifted_sum(row, visible, top);
-        for (int64_t j = visible; j < used; j++)
-            row[j] = 0.0f;
-    }
+    s_block_weights(L, used, S, mask, mask_sl, mask_ss, causal, row0, 1.0f, scores, inv);
 #if defined(__x86_64__)
     if (kt)
         cpu_attention_values(L, used, Ev, scores, S, vf, out);
@@ -683,8 +722,8 @@ static bool s_linear_bf16(op_kernel *k, int64_t N, int64_t K)
         (bias && (bias->ndim != 1 || bias->shape[0] != N ||
                   (bias->dtype != DT_BFLOAT16 && bias->dtype != DT_FLOAT32))))
         return false;
-    return cpu_gemm_bf16(rows, N, K, a->data, b->data, bias ? bias->data : NULL, bias && bias->dtype == DT_BFLOAT16,
-                         o->data, o->dtype == DT_BFLOAT16);
+    return cpu_gemm_bf16(rows, N, K, a->data, b->data, true, bias ? bias->data : NULL,
+                         bias && bias->dtype == DT_BFLOAT16, o->data, o->dtype == DT_BFLOAT16);
 }
 
 const char *cpu_k_mm(op_kernel *k)
@@ -774,16 +813,22 @@ const char *cpu_k_sdpa(op_kernel *k)
         return "out of memory on the device";
     /* the mask as additive float32 */
     float *mvals = NULL;
-    void *sq, *sk = NULL, *sv = NULL, *so = NULL;
+    void *sq = NULL, *sk = NULL, *sv = NULL, *so = NULL;
     /* A few query rows (decode) read a 16-bit cache as it is: widening it first would read it, write
      * it twice as large and read that again, every step, for every slot up to the cache's size. */
     bool direct = L <= CPU_ATTENTION_FEW_ROWS && kk->dtype == v->dtype &&
                   (kk->dtype == DT_BFLOAT16 || kk->dtype == DT_FLOAT16);
     dt_dtype kv_dtype = direct ? kk->dtype : DT_FLOAT32;
-    const float *pq = cpu_piece_as(q, CPU_F32, &sq);
-    const void *pk = direct ? kk->data : cpu_piece_as(kk, CPU_F32, &sk),
-               *pv = direct ? v->data : cpu_piece_as(v, CPU_F32, &sv);
-    int64_t kv_size = (int64_t)dt_dtype_size(kv_dtype);
+    /* A bfloat16 prompt on the CPU's bfloat16 units: q, k and v as they lie, widened only for a head
+     * whose products could not run there. */
+    uint16_t *weights = NULL;
+    if (L > CPU_ATTENTION_FEW_ROWS && E > 0 && Ev > 0 && q->dtype == DT_BFLOAT16 && kk->dtype == DT_BFLOAT16 &&
+        v->dtype == DT_BFLOAT16 && cpu_gemm_bf16_ready())
+        weights = malloc((size_t)(cpu_attention_block_rows(L, S) * S) * sizeof *weights);
+    const float *pq = weights ? NULL : cpu_piece_as(q, CPU_F32, &sq);
+    const void *pk = direct || weights ? kk->data : cpu_piece_as(kk, CPU_F32, &sk),
+               *pv = direct || weights ? v->data : cpu_piece_as(v, CPU_F32, &sv);
+    int64_t kv_size = (int64_t)dt_dtype_size(weights ? DT_BFLOAT16 : kv_dtype);
     float *po = o->dtype == DT_FLOAT32 ? o->data : (so = malloc((size_t)nout * sizeof(float)));
     float *scores = malloc((size_t)(nscores > 0 ? nscores : 1) * sizeof(float));
     if (mask && (mvals = malloc((size_t)(nmask ? nmask : 1) * sizeof(float)))) {
@@ -795,16 +840,35 @@ const char *cpu_k_sdpa(op_kernel *k)
             cpu_to_ctype(mvals, CPU_F32, mask->data, mask->dtype, nmask);
         }
     }
-    why = pq && pk && pv && po && scores && (!mask || mvals) ? NULL : "out of memory on the device";
+    why = (pq || weights) && pk && pv && po && scores && (!mask || mvals) ? NULL : "out of memory on the device";
     int64_t idx[DT_MAX_DIMS] = {0};
     for (int64_t b = 0; b < d.nbatch && !why; b++) {
         int64_t kv = (b / d.Hq) * d.H + (b % d.Hq) / d.group, moff = 0;
         for (int i = 0; i < nd - 2; i++)
             moff += idx[i] * d.mask_stride[i];
+        if (weights && cpu_attention_head_bf16(L, S, E, Ev, (const uint16_t *)q->data + b * L * E,
+                                               (const uint16_t *)pk + kv * S * E, (const uint16_t *)pv + kv * S * Ev,
+                                               mvals ? mvals + moff : NULL, d.mask_stride[nd - 2],
+                                               d.mask_stride[nd - 1], d.causal, d.row0, d.scale, scores, weights,
+                                               po + b * L * Ev))
+            goto next;
+        if (weights) { /* this head in float32 after all, and every one after it */
+            free(weights);
+            weights = NULL;
+            pq = cpu_piece_as(q, CPU_F32, &sq);
+            pk = cpu_piece_as(kk, CPU_F32, &sk);
+            pv = cpu_piece_as(v, CPU_F32, &sv);
+            kv_size = (int64_t)sizeof(float);
+            if (!pq || !pk || !pv) {
+                why = "out of memory on the device";
+                break;
+            }
+        }
         cpu_attention_head(L, S, E, Ev, pq + b * L * E, (const char *)pk + kv * S * E * kv_size,
                            (const char *)pv + kv * S * Ev * kv_size, kv_dtype, mvals ? mvals + moff : NULL,
                            d.mask_stride[nd - 2], d.mask_stride[nd - 1], d.causal, d.row0, d.scale, scores,
                            po + b * L * Ev);
+    next:
         for (int i = nd - 3; i >= 0; i--) {
             if (++idx[i] < q->shape[i])
                 break;
@@ -819,5 +883,6 @@ const char *cpu_k_sdpa(op_kernel *k)
     free(so);
     free(scores);
     free(mvals);
+    free(weights);
     return why;
 }

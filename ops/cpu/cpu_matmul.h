@@ -84,6 +84,14 @@ void cpu_attention_row_values(int64_t used, int64_t Ev, const float *w, const vo
 void cpu_attention_head(int64_t L, int64_t S, int64_t E, int64_t Ev, const float *q, const void *k, const void *v,
                         dt_dtype kv_dtype, const float *mask, int64_t mask_sl, int64_t mask_ss, bool causal,
                         int64_t row0, float scale, float *scores, float *out);
+/* The same head with q, k and v bfloat16 (raw bits), more than CPU_ATTENTION_FEW_ROWS rows, E and
+ * Ev above 0: both products on the CPU's bfloat16 units (cpu_gemm_bf16), the weights rounded to
+ * bfloat16 between them (as torch's bfloat16 attention rounds them), softmax and out in float32.
+ * scores as cpu_attention_head's; weights: cpu_attention_block_rows(L, S) * S bfloat16. false when
+ * a product could not run there (out partly written: the caller computes the head in float32). */
+bool cpu_attention_head_bf16(int64_t L, int64_t S, int64_t E, int64_t Ev, const uint16_t *q, const uint16_t *k,
+                             const uint16_t *v, const float *mask, int64_t mask_sl, int64_t mask_ss, bool causal,
+                             int64_t row0, float scale, float *scores, uint16_t *weights, float *out);
 
 /* out[i] = row idx[i] - row_offset of weight (rows x row_bytes) for n indices of idx_dtype
  * (int32 or int64), zeros where that row is not in this piece. NULL, or "index out of range in

@@ -763,6 +763,52 @@ def test_sdpa_16bit(rt, dtype):
         check(y, ref_sdpa(qv, kv, vvv, gqa=True), dtype)
 
 
+@pytest.mark.parametrize("mesh_name", ["1", "2", "3"])
+def test_sdpa_bf16_prompt_on_units(rt, mesh_name):
+    """A bfloat16 prompt's attention (more query rows than decode's): against float64 from the
+    values q, k and v hold, element by element, within the weights' rounding to bfloat16 between
+    the two products and the output's rounding; causal, a boolean mask with a row that sees
+    nothing (zeros), a float mask, grouped heads, keys past the queries, heads split unevenly over
+    the devices (5 over 3). On a CPU with bfloat16 units both products of every head run there
+    (device_stats' onednn_matmuls: 2 per head on each device), elsewhere through float32."""
+    mesh = MESHES[mesh_name]()
+    units = _bf16_units()
+    n = mesh.shape[0]
+    heads = [b - a for (_, (a, b), _, _) in (local_slices((1, 5, 1, 1), mesh.shape, [Shard(1)], (i,))
+                                             for i in range(n))]
+    bmask = rng.random((20, 53)) > 0.3
+    bmask[3] = False
+    fmask = rng.standard_normal((37, 37)).astype(np.float32)
+    cases = [(37, 37, dict(is_causal=True), None),
+             (20, 53, dict(attn_mask=bmask), bmask),
+             (37, 37, dict(attn_mask=fmask), fmask)]
+    for L, S, kw, mref in cases:
+        x, qv = make(rng.standard_normal((1, 5, L, 24)), mesh, [Shard(1)], dtorch.bfloat16)
+        kk, kv = make(rng.standard_normal((1, 5, S, 24)), mesh, [Shard(1)], dtorch.bfloat16)
+        vv, vvv = make(rng.standard_normal((1, 5, S, 40)), mesh, [Shard(1)], dtorch.bfloat16)
+        if "attn_mask" in kw:
+            m = kw["attn_mask"]
+            kw = dict(attn_mask=dtorch.distribute_tensor(m, mesh, [R]).to(dtorch.bfloat16)
+                      if m.dtype != bool else dtorch.distribute_tensor(m, mesh, [R]))
+            if m.dtype != bool:
+                mref = kw["attn_mask"].numpy().astype(np.float64)
+        before = [st["onednn_matmuls"] for st in dtorch.device_stats(mesh)]
+        y = dtorch.nn.functional.scaled_dot_product_attention(x, kk, vv, **kw)
+        assert y.dtype == dtorch.bfloat16
+        got = y.numpy().astype(np.float64)
+        ref = ref_sdpa(qv, kv, vvv, mref, causal=kw.get("is_causal", False))
+        # the weights (at most 1) rounded to bfloat16, then the output once
+        mag = ref_sdpa(qv, kv, np.abs(vvv), mref, causal=kw.get("is_causal", False))
+        bound = 2.0 ** -8 * mag + 2.0 ** -8 * np.abs(ref) + 1e-6
+        assert got.shape == ref.shape
+        worst = float(np.max(np.abs(got - ref) - bound))
+        assert worst <= 0, f"{mesh_name} L {L} S {S}: past the bound by {worst:.3g}"
+        if mref is not None and mref.dtype == bool:
+            assert np.all(got[:, :, 3] == 0)
+        after = [st["onednn_matmuls"] for st in dtorch.device_stats(mesh)]
+        assert [a - b for a, b in zip(after, before)] == [2 * h if units else 0 for h in heads], (mesh_name, L, S)
+
+
 @pytest.mark.parametrize("dtype", [dtorch.float32, dtorch.bfloat16])
 def test_sdpa_decode_wide_heads(rt, dtype):
     """Decode's few query rows against head sizes past 64 features (keys 72; values 70 and 100:
