@@ -20,6 +20,7 @@
  * AVX2 and FMA (asked at run time; DTORCH_QUANT_AVX512=0 keeps AVX2 for comparison); a portable
  * loop computes the same sums elsewhere. int8's AVX-512 path widens 16 weights a step. */
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -399,21 +400,25 @@ S_AVX512 static void s_few_rows_avx512(const op_quant_dims *d, const float *x, c
 
 #endif
 
-/* Whether the AVX-512 VNNI kernels run here (asked at run time; DTORCH_QUANT_AVX512=0 keeps AVX2's). */
-static bool s_avx512(void)
+/* Whether the AVX-512 VNNI kernels run here (asked once at run time; DTORCH_QUANT_AVX512=0 keeps
+ * AVX2's). */
+static pthread_once_t s_avx512_once = PTHREAD_ONCE_INIT;
+static bool s_avx512_have;
+
+static void s_avx512_ask(void)
 {
 #if defined(__x86_64__)
-    static int have = -1;
-    if (have < 0) {
-        const char *env = getenv("DTORCH_QUANT_AVX512");
-        have = !(env && strcmp(env, "0") == 0) && __builtin_cpu_supports("avx512f") &&
-               __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-               __builtin_cpu_supports("avx512vnni");
-    }
-    return have;
-#else
-    return false;
+    const char *env = getenv("DTORCH_QUANT_AVX512");
+    s_avx512_have = !(env && strcmp(env, "0") == 0) && __builtin_cpu_supports("avx512f") &&
+                    __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                    __builtin_cpu_supports("avx512vnni");
 #endif
+}
+
+static bool s_avx512(void)
+{
+    pthread_once(&s_avx512_once, s_avx512_ask);
+    return s_avx512_have;
 }
 
 /* groups per block of quantized x: what the kernel that runs here reads */
