@@ -715,6 +715,50 @@ Test(rope, rotate_half_pairs_by_position)
             }
 }
 
+/* Whether out is x rotated by the formula (float32, (1, H, S, D) with D = 4), within 1e-5. */
+static bool s_rope_is(const float *out, const float *x, int H, int S, const int64_t *positions,
+                      const float *inv_freq, float scaling)
+{
+    for (int h = 0; h < H; h++)
+        for (int s = 0; s < S; s++) {
+            const float *r = x + (h * S + s) * 4, *o = out + (h * S + s) * 4;
+            for (int i = 0; i < 2; i++) {
+                double c = scaling * cos((double)positions[s] * inv_freq[i]);
+                double sn = scaling * sin((double)positions[s] * inv_freq[i]);
+                if (fabs(o[i] - (r[i] * c - r[i + 2] * sn)) > 1e-5 || fabs(o[i + 2] - (r[i + 2] * c + r[i] * sn)) > 1e-5)
+                    return false;
+            }
+        }
+    return true;
+}
+
+/* A thread keeps its last cos/sin table and takes it again only for the same values: the same
+ * positions array with other values in it, other frequencies, another scaling, more positions,
+ * each give the formula's rotation, and so does the first call's input once more. */
+Test(rope, a_kept_table_serves_only_the_same_values)
+{
+    enum { H = 2, S = 3 };
+    float x[H * S * 4], out[H * S * 4];
+    for (int i = 0; i < H * S * 4; i++)
+        x[i] = (float)(i % 7) - 3.0f;
+    int64_t positions[2 * S] = {1, 2, 3, 4, 5, 6};
+    float f1[2] = {1.0f, 0.1f}, f2[2] = {0.5f, 0.1f};
+    cr_assert_null(cpu_rope(out, x, DT_FLOAT32, 1, H, S, 4, positions, 1, f1, 1.0f));
+    cr_expect(s_rope_is(out, x, H, S, positions, f1, 1.0f), "first call");
+    cr_assert_null(cpu_rope(out, x, DT_FLOAT32, 1, H, S, 4, positions, 1, f2, 1.0f));
+    cr_expect(s_rope_is(out, x, H, S, positions, f2, 1.0f), "other frequencies");
+    positions[1] = 9;
+    cr_assert_null(cpu_rope(out, x, DT_FLOAT32, 1, H, S, 4, positions, 1, f2, 1.0f));
+    cr_expect(s_rope_is(out, x, H, S, positions, f2, 1.0f), "the same array, another position in it");
+    cr_assert_null(cpu_rope(out, x, DT_FLOAT32, 1, H, S, 4, positions, 1, f2, 0.5f));
+    cr_expect(s_rope_is(out, x, H, S, positions, f2, 0.5f), "another scaling");
+    cr_assert_null(cpu_rope(out, x, DT_FLOAT32, 1, H / 2, 2 * S, 4, positions, 1, f2, 0.5f));
+    cr_expect(s_rope_is(out, x, H / 2, 2 * S, positions, f2, 0.5f), "more positions");
+    positions[1] = 2;
+    cr_assert_null(cpu_rope(out, x, DT_FLOAT32, 1, H, S, 4, positions, 1, f1, 1.0f));
+    cr_expect(s_rope_is(out, x, H, S, positions, f1, 1.0f), "the first call's values again");
+}
+
 /* ---- the activations' exponential ---------------------------------------------------------- */
 
 /* The spacing of float32 at v (a finite double): 2^-149 below the normal range. */

@@ -14,7 +14,14 @@
 
 size_t cpu_ctype_size(cpu_ctype t) { return t == CPU_F32 ? 4 : t == CPU_I64 ? 8 : 1; }
 
-/* One loop per (source, destination) pair, so the compiler vectorises each. */
+/* One loop per (source, destination) pair, so the compiler vectorises each, in an AVX-512 and an
+ * AVX2 clone too where the compiler makes them (a 16-bit op converts a block of its operands and
+ * its result: bfloat16's rounding is integer arithmetic, 16 lanes at a time). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define S_CONVERT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define S_CONVERT_CLONES
+#endif
 #define S_CONVERT(DST_T, dst, SRC_T, src, n, EXPR)                                                                     \
     do {                                                                                                               \
         DST_T *d_ = (DST_T *)(dst);                                                                                    \
@@ -25,7 +32,7 @@ size_t cpu_ctype_size(cpu_ctype t) { return t == CPU_F32 ? 4 : t == CPU_I64 ? 8 
         }                                                                                                              \
     } while (0)
 
-void cpu_to_ctype(void *dst, cpu_ctype t, const void *src, dt_dtype dtype, int64_t n)
+S_CONVERT_CLONES static void s_to_ctype(void *dst, cpu_ctype t, const void *src, dt_dtype dtype, int64_t n)
 {
     switch (t) {
     case CPU_F32:
@@ -60,6 +67,12 @@ void cpu_to_ctype(void *dst, cpu_ctype t, const void *src, dt_dtype dtype, int64
     }
 }
 
+/* the clones stay static: a cloned function's symbol would be exported from the library */
+void cpu_to_ctype(void *dst, cpu_ctype t, const void *src, dt_dtype dtype, int64_t n)
+{
+    s_to_ctype(dst, t, src, dtype, n);
+}
+
 const void *cpu_piece_as(const op_local *in, cpu_ctype t, void **scratch)
 {
     *scratch = NULL;
@@ -73,7 +86,7 @@ const void *cpu_piece_as(const op_local *in, cpu_ctype t, void **scratch)
     return buf;
 }
 
-void cpu_from_ctype(void *dst, dt_dtype dtype, const void *src, cpu_ctype t, int64_t n)
+S_CONVERT_CLONES static void s_from_ctype(void *dst, dt_dtype dtype, const void *src, cpu_ctype t, int64_t n)
 {
     switch (t) {
     case CPU_F32:
@@ -106,6 +119,11 @@ void cpu_from_ctype(void *dst, dt_dtype dtype, const void *src, cpu_ctype t, int
         default: S_CONVERT(uint8_t, dst, uint8_t, src, n, x != 0); break;
         }
     }
+}
+
+void cpu_from_ctype(void *dst, dt_dtype dtype, const void *src, cpu_ctype t, int64_t n)
+{
+    s_from_ctype(dst, dtype, src, t, n);
 }
 
 void cpu_broadcast(void *dst, int out_ndim, const int64_t *out_shape, const void *src, int in_ndim,
@@ -489,12 +507,13 @@ static const char *s_compare(op_kernel *k, const s_loops *loops)
 
 static const char *s_logical(op_kernel *k, const s_loops *loops) { return s_binary(k, loops, DT_BOOL, DT_BOOL); }
 
-/* The float functions' loops have an AVX2 clone (8 lanes) beside the baseline one, chosen when the
- * library loads: the activations' exponential (op_ew_exp) vectorises, and the VAE's silu and a
- * diffusion model's gelu_tanh spend real time here. Neither clone contracts a multiply and an add
- * into an FMA (ISO C mode), so both give the same bits, and CUDA's (-fmad=false) the same arithmetic. */
+/* The float functions' loops have AVX-512 (16 lanes) and AVX2 (8 lanes) clones beside the baseline
+ * one, chosen when the library loads: the activations' exponential (op_ew_exp) vectorises, and the
+ * VAE's silu and a diffusion model's gelu_tanh spend real time here. No clone contracts a multiply
+ * and an add into an FMA (ISO C mode), so all give the same bits, and CUDA's (-fmad=false) the same
+ * arithmetic. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define S_CLONES __attribute__((target_clones("avx2", "default")))
+#define S_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define S_CLONES
 #endif

@@ -1,40 +1,109 @@
-/* cpu_rope — the rotary embedding kernel (ops/op_rope.c's op): one cos/sin table per (batch,
- * position), applied to every head there. */
+/* cpu_rope — the rotary embedding kernel (ops/op_rope.c's op): a cos/sin table per (batch row,
+ * position), applied to every head there.
+ *
+ * The table depends on the positions, the frequencies and the scaling alone, and a model rotates
+ * q and k at the same positions in every layer (24 calls of a 12-layer prompt): each thread keeps
+ * the last table it computed, with the values it came from, and reuses it when a call brings the
+ * same values (compared, not trusted by address). Computing it took most of the op's time (a cosf
+ * and a sinf per frequency and position). */
 #include "cpu_rope.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cpu_kernels.h"
 #include "cpu_ops.h"
 #include "dt_dtype.h"
 #include "dt_layout.h"
 
-static inline void s_set(void *x, dt_dtype dtype, int64_t i, float v)
+/* A thread's last table: rows of half cosines then half sines, one row per (batch row, position). */
+typedef struct {
+    int64_t rows, half;
+    float scaling;
+    int64_t *positions; /* rows */
+    float *inv_freq;    /* half */
+    float *table;       /* rows * 2 * half */
+} s_table;
+
+static pthread_key_t s_key;
+static pthread_once_t s_key_once = PTHREAD_ONCE_INIT;
+
+static void s_table_free(void *p)
 {
-    if (dtype == DT_FLOAT32)
-        ((float *)x)[i] = v;
-    else
-        ((uint16_t *)x)[i] = dtype == DT_BFLOAT16 ? dt_f32_to_bf16(v) : dt_f32_to_f16(v);
+    s_table *t = p;
+    if (t) {
+        free(t->positions);
+        free(t->inv_freq);
+        free(t->table);
+        free(t);
+    }
+}
+
+static void s_key_make(void) { pthread_key_create(&s_key, s_table_free); }
+
+/* The table for rows positions, half frequencies and scaling: the thread's kept one when it was
+ * made from the same values, else computed into it. NULL when memory ran out. */
+static const float *s_table_for(const int64_t *positions, int64_t rows, const float *inv_freq, int64_t half,
+                                float scaling)
+{
+    pthread_once(&s_key_once, s_key_make);
+    s_table *t = pthread_getspecific(s_key);
+    if (!t) {
+        if (!(t = calloc(1, sizeof *t)) || pthread_setspecific(s_key, t) != 0) {
+            free(t);
+            return NULL;
+        }
+    }
+    if (t->table && t->rows == rows && t->half == half && memcmp(&t->scaling, &scaling, sizeof scaling) == 0 &&
+        memcmp(t->positions, positions, (size_t)rows * sizeof *positions) == 0 &&
+        memcmp(t->inv_freq, inv_freq, (size_t)half * sizeof *inv_freq) == 0)
+        return t->table;
+    size_t cells;
+    if (__builtin_mul_overflow((size_t)rows, (size_t)(2 * half), &cells) || cells > SIZE_MAX / sizeof(float))
+        return NULL;
+    free(t->positions);
+    free(t->inv_freq);
+    free(t->table);
+    t->positions = malloc((size_t)(rows ? rows : 1) * sizeof *positions);
+    t->inv_freq = malloc((size_t)(half ? half : 1) * sizeof *inv_freq);
+    t->table = malloc((cells ? cells : 1) * sizeof(float));
+    if (!t->positions || !t->inv_freq || !t->table) {
+        free(t->positions);
+        free(t->inv_freq);
+        free(t->table);
+        t->positions = NULL;
+        t->inv_freq = NULL;
+        t->table = NULL;
+        return NULL;
+    }
+    memcpy(t->positions, positions, (size_t)rows * sizeof *positions);
+    memcpy(t->inv_freq, inv_freq, (size_t)half * sizeof *inv_freq);
+    t->rows = rows;
+    t->half = half;
+    t->scaling = scaling;
+    for (int64_t r = 0; r < rows; r++) {
+        float p = (float)positions[r], *cs = t->table + r * 2 * half, *sn = cs + half;
+        for (int64_t i = 0; i < half; i++) {
+            float angle = inv_freq[i] * p;
+            cs[i] = cosf(angle) * scaling;
+            sn[i] = sinf(angle) * scaling;
+        }
+    }
+    return t->table;
 }
 
 const char *cpu_rope(void *out, const void *x, dt_dtype dtype, int64_t B, int64_t H, int64_t S, int64_t D,
               const int64_t *positions, int64_t pos_batch, const float *inv_freq, float scaling)
 {
     int64_t half = D / 2;
-    float stack[2 * 256];
-    float *table = half <= 256 ? stack : malloc((size_t)(2 * half) * sizeof *table);
+    const float *table = s_table_for(positions, pos_batch * S, inv_freq, half, scaling);
     if (!table)
         return "out of memory on the device";
-    float *cs = table, *sn = table + half;
     for (int64_t b = 0; b < B; b++) {
         for (int64_t s = 0; s < S; s++) {
-            float p = (float)positions[(pos_batch == 1 ? 0 : b) * S + s];
-            for (int64_t i = 0; i < half; i++) {
-                float angle = inv_freq[i] * p;
-                cs[i] = cosf(angle) * scaling;
-                sn[i] = sinf(angle) * scaling;
-            }
+            const float *cs = table + ((pos_batch == 1 ? 0 : b) * S + s) * 2 * half, *sn = cs + half;
             for (int64_t h = 0; h < H; h++) {
                 int64_t row = ((b * H + h) * S + s) * D;
                 if (dtype == DT_FLOAT32) {
@@ -45,18 +114,26 @@ const char *cpu_rope(void *out, const void *x, dt_dtype dtype, int64_t B, int64_
                         o[i] = x1 * cs[i] - x2 * sn[i];
                         o[i + half] = x2 * cs[i] + x1 * sn[i];
                     }
-                    continue;
-                }
-                for (int64_t i = 0; i < half; i++) {
-                    float x1 = cpu_widen(x, dtype, row + i), x2 = cpu_widen(x, dtype, row + i + half);
-                    s_set(out, dtype, row + i, x1 * cs[i] - x2 * sn[i]);
-                    s_set(out, dtype, row + i + half, x2 * cs[i] + x1 * sn[i]);
+                } else if (dtype == DT_BFLOAT16) {
+                    const uint16_t *xr = (const uint16_t *)x + row;
+                    uint16_t *o = (uint16_t *)out + row;
+                    for (int64_t i = 0; i < half; i++) {
+                        float x1 = dt_bf16_to_f32(xr[i]), x2 = dt_bf16_to_f32(xr[i + half]);
+                        o[i] = dt_f32_to_bf16(x1 * cs[i] - x2 * sn[i]);
+                        o[i + half] = dt_f32_to_bf16(x2 * cs[i] + x1 * sn[i]);
+                    }
+                } else {
+                    const uint16_t *xr = (const uint16_t *)x + row;
+                    uint16_t *o = (uint16_t *)out + row;
+                    for (int64_t i = 0; i < half; i++) {
+                        float x1 = dt_f16_to_f32(xr[i]), x2 = dt_f16_to_f32(xr[i + half]);
+                        o[i] = dt_f32_to_f16(x1 * cs[i] - x2 * sn[i]);
+                        o[i + half] = dt_f32_to_f16(x2 * cs[i] + x1 * sn[i]);
+                    }
                 }
             }
         }
     }
-    if (table != stack)
-        free(table);
     return NULL;
 }
 
