@@ -272,26 +272,34 @@ S_AVX2 static inline __attribute__((always_inline)) void s_row_int4(int M, const
     }
 }
 
-#define S_CASE(M)                                                                                                 \
+/* Weight rows [n0, n1) against M (a constant) rows of x through the kernels ROW8 and ROW4; xa:
+ * those rows quantized (int4). */
+#define S_FEW_ROWS_CASE(M, ROW8, ROW4)                                                                            \
     case M:                                                                                                       \
         for (int64_t n = n0; n < n1; n++) {                                                                       \
             const uint8_t *qn = q + n * d->row_bytes;                                                             \
             if (d->bits == 8)                                                                                     \
-                s_row_int8(M, d, x, qn, scale + n, sums);                                                         \
+                ROW8(M, d, x, qn, scale + n, sums);                                                               \
             else                                                                                                  \
-                s_row_int4(M, d, x, xa, qn, scale + n * d->groups, sums);                                         \
+                ROW4(M, d, x, xa, qn, scale + n * d->groups, sums);                                               \
             for (int m = 0; m < M; m++)                                                                           \
                 out[m * d->N + n] = sums[m] + (bias ? bias[n] : 0.0f);                                            \
         }                                                                                                         \
         break;
+#define S_FEW_ROWS_SWITCH(ROW8, ROW4)                                                                             \
+    switch (d->M) {                                                                                               \
+        S_FEW_ROWS_CASE(1, ROW8, ROW4) S_FEW_ROWS_CASE(2, ROW8, ROW4) S_FEW_ROWS_CASE(3, ROW8, ROW4)              \
+        S_FEW_ROWS_CASE(4, ROW8, ROW4) S_FEW_ROWS_CASE(5, ROW8, ROW4) S_FEW_ROWS_CASE(6, ROW8, ROW4)              \
+        S_FEW_ROWS_CASE(7, ROW8, ROW4) S_FEW_ROWS_CASE(8, ROW8, ROW4)                                             \
+    }
+
 /* Weight rows [n0, n1) against d->M <= S_FEW_ROWS rows of x (out's rows of stride d->N). */
 S_AVX2 static void s_few_rows_avx2(const op_quant_dims *d, const float *x, const s_xpair *xa, const uint8_t *q,
                                    const float *scale, const float *bias, float *out, int64_t n0, int64_t n1)
 {
     float sums[S_FEW_ROWS];
-    switch (d->M) { S_CASE(1) S_CASE(2) S_CASE(3) S_CASE(4) S_CASE(5) S_CASE(6) S_CASE(7) S_CASE(8) }
+    S_FEW_ROWS_SWITCH(s_row_int8, s_row_int4)
 }
-#undef S_CASE
 
 /* ---- AVX-512 (with VNNI) ------------------------------------------------------------------- */
 
@@ -377,26 +385,13 @@ S_AVX512 static inline __attribute__((always_inline)) void s_row_int4_512(int M,
     }
 }
 
-#define S_CASE(M)                                                                                                 \
-    case M:                                                                                                       \
-        for (int64_t n = n0; n < n1; n++) {                                                                       \
-            const uint8_t *qn = q + n * d->row_bytes;                                                             \
-            if (d->bits == 8)                                                                                     \
-                s_row_int8_512(M, d, x, qn, scale + n, sums);                                                     \
-            else                                                                                                  \
-                s_row_int4_512(M, d, x, xa, qn, scale + n * d->groups, sums);                                     \
-            for (int m = 0; m < M; m++)                                                                           \
-                out[m * d->N + n] = sums[m] + (bias ? bias[n] : 0.0f);                                            \
-        }                                                                                                         \
-        break;
 /* Weight rows [n0, n1) against d->M <= S_FEW_ROWS rows of x (out's rows of stride d->N). */
 S_AVX512 static void s_few_rows_avx512(const op_quant_dims *d, const float *x, const s_xquad *xa, const uint8_t *q,
                                        const float *scale, const float *bias, float *out, int64_t n0, int64_t n1)
 {
     float sums[S_FEW_ROWS];
-    switch (d->M) { S_CASE(1) S_CASE(2) S_CASE(3) S_CASE(4) S_CASE(5) S_CASE(6) S_CASE(7) S_CASE(8) }
+    S_FEW_ROWS_SWITCH(s_row_int8_512, s_row_int4_512)
 }
-#undef S_CASE
 
 #endif
 

@@ -94,6 +94,18 @@ static const float *s_table_for(const int64_t *positions, int64_t rows, const fl
     return t->table;
 }
 
+/* One row of 16-bit x rotated into out (row, half, cs, sn in scope), through float32. */
+#define S_ROTATE_16(widen, round)                                                                                      \
+    do {                                                                                                               \
+        const uint16_t *xr = (const uint16_t *)x + row;                                                                \
+        uint16_t *o = (uint16_t *)out + row;                                                                           \
+        for (int64_t i = 0; i < half; i++) {                                                                           \
+            float x1 = widen(xr[i]), x2 = widen(xr[i + half]);                                                         \
+            o[i] = round(x1 * cs[i] - x2 * sn[i]);                                                                     \
+            o[i + half] = round(x2 * cs[i] + x1 * sn[i]);                                                              \
+        }                                                                                                              \
+    } while (0)
+
 const char *cpu_rope(void *out, const void *x, dt_dtype dtype, int64_t B, int64_t H, int64_t S, int64_t D,
               const int64_t *positions, int64_t pos_batch, const float *inv_freq, float scaling)
 {
@@ -115,21 +127,9 @@ const char *cpu_rope(void *out, const void *x, dt_dtype dtype, int64_t B, int64_
                         o[i + half] = x2 * cs[i] + x1 * sn[i];
                     }
                 } else if (dtype == DT_BFLOAT16) {
-                    const uint16_t *xr = (const uint16_t *)x + row;
-                    uint16_t *o = (uint16_t *)out + row;
-                    for (int64_t i = 0; i < half; i++) {
-                        float x1 = dt_bf16_to_f32(xr[i]), x2 = dt_bf16_to_f32(xr[i + half]);
-                        o[i] = dt_f32_to_bf16(x1 * cs[i] - x2 * sn[i]);
-                        o[i + half] = dt_f32_to_bf16(x2 * cs[i] + x1 * sn[i]);
-                    }
+                    S_ROTATE_16(dt_bf16_to_f32, dt_f32_to_bf16);
                 } else {
-                    const uint16_t *xr = (const uint16_t *)x + row;
-                    uint16_t *o = (uint16_t *)out + row;
-                    for (int64_t i = 0; i < half; i++) {
-                        float x1 = dt_f16_to_f32(xr[i]), x2 = dt_f16_to_f32(xr[i + half]);
-                        o[i] = dt_f32_to_f16(x1 * cs[i] - x2 * sn[i]);
-                        o[i + half] = dt_f32_to_f16(x2 * cs[i] + x1 * sn[i]);
-                    }
+                    S_ROTATE_16(dt_f16_to_f32, dt_f32_to_f16);
                 }
             }
         }
