@@ -115,8 +115,6 @@ bool cpu_gemm_bf16_ready(void)
 bool cpu_gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *a, const uint16_t *b, bool b_trans,
                    const void *bias, bool bias_bf16, void *c, bool c_bf16)
 {
-    if (!cpu_gemm_bf16_ready())
-        return false;
-    cpu_blas_threads();
-    return cpu_dnnl_matmul_bf16(M, N, K, a, b, b_trans, bias, bias_bf16, c, c_bf16);
+    /* cpu_dnnl applies the thread setting to each thread's oneDNN */
+    return cpu_gemm_bf16_ready() && cpu_dnnl_matmul_bf16(M, N, K, a, b, b_trans, bias, bias_bf16, c, c_bf16);
 }

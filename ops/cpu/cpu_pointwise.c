@@ -166,7 +166,7 @@ void cpu_convert(void *dst, dt_dtype to, const void *src, dt_dtype from, int64_t
  * operands where they lie and write the output in place when their dtypes are the compute type
  * (float32, int32, int64 or bool: the output's, 16-bit floats computed in float32); other dtypes
  * are converted a block at a time where every operand has the output's shape (s_blocked), and
- * through converted copies where some broadcasts. Operands broadcast by strides: a size-1 dim or a Python
+ * through converted copies where one broadcasts. Operands broadcast by strides: a size-1 dim or a Python
  * number is read again, never expanded into a copy. */
 
 static const char *const s_oom = "out of memory on the device";
@@ -375,44 +375,13 @@ static const char *s_run(s_call *c, op_local *out, dt_dtype rd, s_loop loop, con
 
 /* ---- the drivers ------------------------------------------------------------------------------ */
 
-/* The commonest call (c = a + b, x * 0.5, exp(x)): pieces of the output's own dtype cd and shape,
- * and the op's number at operand `number` (-1: none), run as one row with nothing converted and no
- * strides worked out. False, having done nothing, when an operand needs the general path. */
-static bool s_direct(op_kernel *k, s_loop loop, dt_dtype cd, int number, const double *p)
-{
-    const op_local *out = &k->out[0];
-    int nop = k->nin + (number >= 0);
-    if (!loop || out->dtype != cd || nop > S_MAX_IN)
-        return false;
-    const void *in[S_MAX_IN];
-    int64_t step[S_MAX_IN], value;
-    for (int i = 0, piece = 0; i < nop; i++) {
-        step[i] = i != number;
-        if (i == number) {
-            in[i] = &value;
-            continue;
-        }
-        const op_local *x = &k->in[piece++];
-        if (x->dtype != cd || x->ndim != out->ndim)
-            return false;
-        for (int d = 0; d < x->ndim; d++)
-            if (x->shape[d] != out->shape[d])
-                return false;
-        in[i] = x->data;
-    }
-    if (number >= 0)
-        cpu_fill(&value, cd, 1, k->attrs->scalar);
-    int64_t n = dt_layout_numel(out->ndim, out->shape);
-    if (n > 0)
-        loop(out->data, in, step, n, p);
-    return true;
-}
-
-/* Operands of the output's own shape (or a number) where some operand is not in cd or the output
- * not in rd: a block of S_BLOCK elements at a time, each such operand converted into a buffer that
- * stays in L1, the loop run, the result converted out. A bfloat16 residual add or silu reads and
- * writes its 16-bit elements once, where whole converted copies were allocated, written and read
- * again (3-4x the time of the same op in float32). false when the operands are not so. */
+/* The commonest call (c = a + b, x * 0.5, exp(x)): operands of the output's own shape, and the
+ * op's number at operand `number` (-1: none), with no strides worked out. Where every operand is in
+ * cd and the output in rd, one row over the whole; else a block of S_BLOCK elements at a time,
+ * each operand not in cd converted into a buffer that stays in L1, the loop run, the result
+ * converted out if the output is not in rd (a bfloat16 residual add or silu reads and writes its
+ * 16-bit elements once, where whole converted copies were allocated, written and read again: 3-4x
+ * the time of the same op in float32). False, having done nothing, when an operand broadcasts. */
 #define S_BLOCK 1024
 static bool s_blocked(op_kernel *k, s_loop loop, dt_dtype cd, dt_dtype rd, int number, const double *p)
 {
@@ -425,13 +394,16 @@ static bool s_blocked(op_kernel *k, s_loop loop, dt_dtype cd, dt_dtype rd, int n
         if (x->ndim != out->ndim || (out->ndim && memcmp(x->shape, out->shape, (size_t)out->ndim * sizeof *x->shape)))
             return false;
     }
-    int64_t value = 0, n = dt_layout_numel(out->ndim, out->shape);
+    bool convert = out->dtype != rd;
+    for (int i = 0; i < k->nin; i++)
+        convert = convert || k->in[i].dtype != cd;
+    int64_t value = 0, n = dt_layout_numel(out->ndim, out->shape), block = convert ? S_BLOCK : n;
     if (number >= 0)
         cpu_fill(&value, cd, 1, k->attrs->scalar);
     _Alignas(64) unsigned char buf[S_MAX_IN][S_BLOCK * sizeof(int64_t)], obuf[S_BLOCK * sizeof(int64_t)];
     int64_t oe = (int64_t)dt_dtype_size(out->dtype);
-    for (int64_t i = 0; i < n; i += S_BLOCK) {
-        int64_t m = n - i < S_BLOCK ? n - i : S_BLOCK;
+    for (int64_t i = 0; i < n; i += block) {
+        int64_t m = n - i < block ? n - i : block;
         const void *in[S_MAX_IN];
         int64_t step[S_MAX_IN];
         for (int j = 0, piece = 0; j < nop; j++) {
@@ -462,8 +434,7 @@ static const char *s_unary(op_kernel *k, const s_loops *loops)
     dt_dtype cd = s_compute(k->out[0].dtype);
     if (k->nin != 1)
         return "expected one operand (internal error)";
-    if (s_direct(k, s_pick(loops, cd), cd, -1, k->attrs->floats) ||
-        s_blocked(k, s_pick(loops, cd), cd, cd, -1, k->attrs->floats))
+    if (s_blocked(k, s_pick(loops, cd), cd, cd, -1, k->attrs->floats))
         return NULL;
     s_call c = {0};
     s_piece(&c, &k->in[0], cd);
@@ -476,9 +447,7 @@ static const char *s_binary(op_kernel *k, const s_loops *loops, dt_dtype cd, dt_
     bool left = k->attrs->nints > 0 && k->attrs->ints[0];
     if (k->nin + k->attrs->has_scalar != 2)
         return "expected two operands (internal error)";
-    int number = k->nin == 2 ? -1 : left ? 0 : 1;
-    if ((cd == rd && s_direct(k, s_pick(loops, cd), cd, number, NULL)) ||
-        s_blocked(k, s_pick(loops, cd), cd, rd, number, NULL))
+    if (s_blocked(k, s_pick(loops, cd), cd, rd, k->nin == 2 ? -1 : left ? 0 : 1, NULL))
         return NULL;
     s_call c = {0};
     if (k->nin == 1 && left)
