@@ -817,7 +817,7 @@ Test(attention, exp_shifted_sum)
         x[i] = i == 5 ? -INFINITY : (float)i * -2.5f + 3.0f; /* 3 down to -87 */
     float top = 3.0f, copy[N];
     memcpy(copy, x, sizeof x);
-    float sum = cpu_exp_shifted_sum(x, N, top);
+    float sum = cpu_exp_shifted_sum(x, NULL, N, top);
     double want_sum = 0.0;
     for (int i = 0; i < N; i++) {
         double want = i == 5 ? 0.0 : exp((double)copy[i] - top);
@@ -828,6 +828,57 @@ Test(attention, exp_shifted_sum)
         want_sum += x[i];
     }
     cr_assert(fabs(sum - want_sum) <= 1e-6 * want_sum, "sum %g, want %g", sum, want_sum);
+}
+
+/* The same weights written as bfloat16 for an AMX product: for every length up to 37 (whole
+ * vectors, a masked tail, both), each the float weight rounded once to nearest even (the scalar
+ * conversion), nothing written past n, and the same sum as the float route's. */
+Test(attention, exp_shifted_sum_into_bfloat16)
+{
+    enum { N = 37 };
+    for (int n = 0; n <= N; n++) {
+        float x[N], floats[N];
+        uint16_t w[N + 1];
+        for (int i = 0; i < N; i++)
+            x[i] = floats[i] = i == 5 ? -INFINITY : (float)i * -2.37f + 1.0f;
+        for (int i = 0; i <= N; i++)
+            w[i] = 0xabcd;
+        float sum = cpu_exp_shifted_sum(x, w, n, 1.0f), want_sum = cpu_exp_shifted_sum(floats, NULL, n, 1.0f);
+        for (int i = 0; i < n; i++)
+            cr_assert(w[i] == dt_f32_to_bf16(floats[i]), "n %d, weight %d: %#x, want %#x", n, i, w[i],
+                      dt_f32_to_bf16(floats[i]));
+        cr_assert(w[n] == 0xabcd, "n %d: written past the row", n);
+        cr_assert(fabsf(sum - want_sum) <= 1e-6f * want_sum, "n %d: sum %g, want %g", n, sum, want_sum);
+    }
+}
+
+/* A row's scaling and largest value, against a hand loop: every length up to 40, a NaN anywhere
+ * gives NaN (the row still scaled whole), none gives -inf, pre 1 writes nothing. */
+Test(attention, scaled_max)
+{
+    enum { N = 40 };
+    cr_assert(cpu_scaled_max(NULL, 0, 0.5f) == -INFINITY);
+    for (int n = 1; n <= N; n++)
+        for (int nan_at = -1; nan_at < n; nan_at += n > 8 ? 7 : 1) {
+            float x[N], want_top = -INFINITY;
+            for (int i = 0; i < n; i++) {
+                x[i] = i == nan_at ? NAN : (float)((i * 7919) % 23) - 11.5f;
+                want_top = x[i] * 0.125f > want_top ? x[i] * 0.125f : want_top;
+            }
+            float orig[N];
+            memcpy(orig, x, sizeof(float) * (size_t)n);
+            float top = cpu_scaled_max(x, n, 0.125f);
+            if (nan_at >= 0)
+                cr_assert(isnan(top), "n %d, NaN at %d: %g", n, nan_at, top);
+            else
+                cr_assert(top == want_top, "n %d: %g, want %g", n, top, want_top);
+            for (int i = 0; i < n; i++)
+                cr_assert(i == nan_at ? isnan(x[i]) : x[i] == orig[i] * 0.125f, "n %d: x[%d] = %g", n, i, x[i]);
+            memcpy(x, orig, sizeof(float) * (size_t)n);
+            top = cpu_scaled_max(x, n, 1.0f);
+            cr_assert(nan_at >= 0 ? isnan(top) : top == want_top * 8.0f, "n %d, pre 1: %g", n, top);
+            cr_assert(memcmp(x, orig, sizeof(float) * (size_t)n) == 0, "n %d: pre 1 changed the row", n);
+        }
 }
 
 /* softmax(scale * q k^T + mask) v for one head in double, causal from row0 (row i sees keys up to

@@ -45,7 +45,7 @@ static void s_block_rows(int64_t L, int64_t S, int64_t D, int64_t Dv, const floa
             lse[i] = -INFINITY;
             continue;
         }
-        float sum = cpu_exp_shifted_sum(row, S, top);
+        float sum = cpu_exp_shifted_sum(row, NULL, S, top);
         lse[i] = top + logf(sum);
         float inv = 1.0f / sum;
         for (int64_t j = 0; j < S; j++)

@@ -49,6 +49,27 @@ __attribute__((target("avx2,fma,f16c"))) static inline __m256 cpu_widen8(const v
         return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
     return _mm256_cvtph_ps(h);
 }
+
+/* Whether this CPU runs the kernels' AVX-512 paths (F, BW and VL: every AVX-512 x86 since the
+ * first has all three). */
+static inline bool cpu_has_avx512(void)
+{
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
+}
+
+/* 16 floats rounded to bfloat16 as dt_f32_to_bf16 rounds one, bit for bit: ties to even, NaN made
+ * quiet, subnormals kept (the AVX512_BF16 instruction flushes them to zero). */
+__attribute__((target("avx512f"))) static inline __m256i cpu_bf16_round16(__m512 x)
+{
+    __m512i u = _mm512_castps_si512(x), high = _mm512_srli_epi32(u, 16);
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                            _mm512_set1_epi32(0x7f800000));
+    __m512i even = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
+                                    _mm512_and_si512(high, _mm512_set1_epi32(1)));
+    __m512i r = _mm512_mask_mov_epi32(_mm512_srli_epi32(even, 16), nan, _mm512_or_si512(high, _mm512_set1_epi32(0x40)));
+    return _mm512_cvtepi32_epi16(r);
+}
 #endif
 
 /* double -> 16-bit float, rounded once to nearest even (not twice through float). */

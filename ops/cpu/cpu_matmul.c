@@ -412,48 +412,6 @@ static void s_axpy_plain(float a, const void *x, int64_t at, dt_dtype dtype, flo
         out[i] += a * cpu_widen(x, dtype, at + i);
 }
 
-#if defined(__x86_64__)
-/* The largest of n floats, -inf for none, NaN where one is NaN (as torch's softmax, the row then
- * comes out NaN rather than some number). */
-S_AVX2 static float s_max_avx2(const float *x, int64_t n)
-{
-    __m256 top8 = _mm256_set1_ps(-INFINITY), nan8 = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 v = _mm256_loadu_ps(x + i);
-        top8 = _mm256_max_ps(v, top8);
-        nan8 = _mm256_or_ps(nan8, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-    }
-    if (_mm256_movemask_ps(nan8))
-        return NAN;
-    float lanes[8], top = -INFINITY;
-    _mm256_storeu_ps(lanes, top8);
-    for (int l = 0; l < 8; l++)
-        top = lanes[l] > top ? lanes[l] : top;
-    for (; i < n; i++) {
-        if (x[i] != x[i])
-            return NAN;
-        top = x[i] > top ? x[i] : top;
-    }
-    return top;
-}
-#endif
-
-static float s_row_max(const float *x, int64_t n)
-{
-#if defined(__x86_64__)
-    if (cpu_has_avx2_fma())
-        return s_max_avx2(x, n);
-#endif
-    float top = -INFINITY;
-    for (int64_t i = 0; i < n; i++) {
-        if (x[i] != x[i])
-            return NAN;
-        top = x[i] > top ? x[i] : top;
-    }
-    return top;
-}
-
 /* The keys row i may see before any mask: those before the causal diagonal, or all. */
 static int64_t s_visible(int64_t S, bool causal, int64_t row0, int64_t i)
 {
@@ -493,7 +451,7 @@ static void s_attention_few_rows(int64_t L, int64_t used, int64_t E, int64_t Ev,
 #if defined(__x86_64__)
         if (cpu_has_avx2_fma()) {
             cpu_attention_row_scores(visible, E, qi, k, kv_dtype, scale, m, mask_ss, row);
-            float top = s_row_max(row, visible);
+            float top = cpu_scaled_max(row, visible, 1.0f);
             if (top != top || top == -INFINITY) {
                 /* a NaN score makes the row NaN, as torch's softmax does; nothing to attend to:
                  * zeros, as torch's safe softmax gives */
@@ -501,7 +459,7 @@ static void s_attention_few_rows(int64_t L, int64_t used, int64_t E, int64_t Ev,
                     oi[c] = top != top ? NAN : 0.0f;
                 continue;
             }
-            float inv = 1.0f / cpu_exp_shifted_sum(row, visible, top);
+            float inv = 1.0f / cpu_exp_shifted_sum(row, NULL, visible, top);
             cpu_attention_row_values(visible, Ev, row, v, kv_dtype, m, mask_ss, oi);
             for (int64_t c = 0; c < Ev; c++)
                 oi[c] *= inv;
@@ -590,30 +548,38 @@ void cpu_attention_head(int64_t L, int64_t S, int64_t E, int64_t Ev, const float
  * mask, the keys a row does not see zeroed, the rest exponentials of the shifted scores, and
  * inv[i] = 1 / row i's sum (0 for a row that sees nothing: zeros, as torch's safe softmax gives,
  * no NaN). The weights go into the product with the values as exponentials, and each output row
- * is divided once (Ev values) instead of each score. */
+ * is divided once (Ev values) instead of each score. They are left in scores, or written to
+ * weights (L rows of `used`) as bfloat16 where given. */
 static void s_block_weights(int64_t L, int64_t used, int64_t ld, const float *mask, int64_t mask_sl,
-                            int64_t mask_ss, bool causal, int64_t row0, float pre, float *scores, float *inv)
+                            int64_t mask_ss, bool causal, int64_t row0, float pre, float *scores, uint16_t *weights,
+                            float *inv)
 {
     for (int64_t i = 0; i < L; i++) {
         float *row = scores + i * ld;
+        uint16_t *wrow = weights ? weights + i * used : NULL;
         int64_t visible = s_visible(used, causal, row0, i);
-        if (pre != 1.0f)
-            for (int64_t j = 0; j < visible; j++)
-                row[j] *= pre;
+        float top;
         if (mask) {
             const float *m = mask + i * mask_sl;
             for (int64_t j = 0; j < visible; j++)
-                row[j] += m[j * mask_ss];
+                row[j] = row[j] * pre + m[j * mask_ss];
+            top = cpu_scaled_max(row, visible, 1.0f);
+        } else {
+            top = cpu_scaled_max(row, visible, pre);
         }
-        float top = s_row_max(row, visible);
         if (top == -INFINITY) {
-            memset(row, 0, (size_t)used * sizeof *row);
+            if (wrow)
+                memset(wrow, 0, (size_t)used * sizeof *wrow);
+            else
+                memset(row, 0, (size_t)used * sizeof *row);
             inv[i] = 0.0f;
             continue;
         }
-        inv[i] = 1.0f / cpu_exp_shifted_sum(row, visible, top);
-        for (int64_t j = visible; j < used; j++)
-            row[j] = 0.0f;
+        inv[i] = 1.0f / cpu_exp_shifted_sum(row, wrow, visible, top);
+        if (wrow)
+            memset(wrow + visible, 0, (size_t)(used - visible) * sizeof *wrow);
+        else
+            memset(row + visible, 0, (size_t)(used - visible) * sizeof *row);
     }
 }
 
@@ -634,8 +600,7 @@ bool cpu_attention_head_bf16(int64_t L, int64_t S, int64_t E, int64_t Ev, const 
         }
         if (!cpu_gemm_bf16(rows, used, E, q + i0 * E, k, true, NULL, false, scores, false))
             return false;
-        s_block_weights(rows, used, used, bm, mask_sl, mask_ss, causal, r0, scale, scores, inv);
-        cpu_from_ctype(weights, DT_BFLOAT16, scores, CPU_F32, rows * used);
+        s_block_weights(rows, used, used, bm, mask_sl, mask_ss, causal, r0, scale, scores, weights, inv);
         if (!cpu_gemm_bf16(rows, Ev, used, weights, v, false, NULL, false, bo, false))
             return false;
         for (int64_t i = 0; i < rows; i++)
@@ -673,7 +638,7 @@ static void s_attention_block(int64_t L, int64_t S, int64_t E, int64_t Ev, const
 #endif
     else
         cpu_sgemm(true, L, used, E, scale, q, E, kf, E, 0.0f, scores, S);
-    s_block_weights(L, used, S, mask, mask_sl, mask_ss, causal, row0, 1.0f, scores, inv);
+    s_block_weights(L, used, S, mask, mask_sl, mask_ss, causal, row0, 1.0f, scores, NULL, inv);
 #if defined(__x86_64__)
     if (kt)
         cpu_attention_values(L, used, Ev, scores, S, vf, out);

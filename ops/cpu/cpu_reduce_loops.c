@@ -332,13 +332,137 @@ __attribute__((target("avx2,fma"))) static float s_exp_shifted_sum_avx2(float *x
 }
 #endif
 
-float cpu_exp_shifted_sum(float *x, int64_t n, float top)
-{
 #if defined(__x86_64__)
-    if (cpu_has_avx2_fma())
-        return s_exp_shifted_sum_avx2(x, n, top);
+/* s_exp8 on 16 lanes: the same operations, the same bits per element */
+static inline __attribute__((always_inline, target("avx512f"))) __m512 s_exp16(__m512 x, __m512 top)
+{
+    const __m512 shift = _mm512_set1_ps(12582912.0f); /* 1.5 * 2^23 */
+    __m512 d = _mm512_min_ps(_mm512_setzero_ps(), _mm512_max_ps(_mm512_set1_ps(-88.0f), _mm512_sub_ps(x, top)));
+    __m512 t = _mm512_fmadd_ps(d, _mm512_set1_ps(1.44269504f), shift), whole = _mm512_sub_ps(t, shift);
+    __m512 r = _mm512_fnmadd_ps(whole, _mm512_set1_ps(0.693145752f), d);
+    r = _mm512_fnmadd_ps(whole, _mm512_set1_ps(1.42860677e-6f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 40320);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 5040));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    __m512i n = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(0x4B400000 - 127));
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(n, 23)));
+}
+
+/* The lanes of 16 from j that lie before n. */
+static inline __mmask16 s_lanes(int64_t j, int64_t n) { return n - j >= 16 ? 0xffff : (__mmask16)((1u << (n - j)) - 1); }
+
+/* The exponentials into x, or into w as bfloat16 (the weights an AMX product reads: rounded here
+ * in registers rather than in a pass of their own over the float row). */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static float s_exp_shifted_sum_avx512(float *x, uint16_t *w,
+                                                                                           int64_t n, float top)
+{
+    __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps(), top16 = _mm512_set1_ps(top);
+    int64_t j = 0;
+    for (; j + 32 <= n; j += 32) {
+        __m512 e0 = s_exp16(_mm512_loadu_ps(x + j), top16), e1 = s_exp16(_mm512_loadu_ps(x + j + 16), top16);
+        if (w) {
+            _mm256_storeu_si256((__m256i *)(w + j), cpu_bf16_round16(e0));
+            _mm256_storeu_si256((__m256i *)(w + j + 16), cpu_bf16_round16(e1));
+        } else {
+            _mm512_storeu_ps(x + j, e0);
+            _mm512_storeu_ps(x + j + 16, e1);
+        }
+        sum0 = _mm512_add_ps(sum0, e0);
+        sum1 = _mm512_add_ps(sum1, e1);
+    }
+    for (; j < n; j += 16) {
+        __mmask16 lanes = s_lanes(j, n);
+        __m512 e = s_exp16(_mm512_maskz_loadu_ps(lanes, x + j), top16);
+        if (w)
+            _mm256_mask_storeu_epi16(w + j, lanes, cpu_bf16_round16(e));
+        else
+            _mm512_mask_storeu_ps(x + j, lanes, e);
+        sum0 = _mm512_mask_add_ps(sum0, lanes, sum0, e);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
+}
+
+/* cpu_scaled_max's loop on 16 lanes */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static float s_scaled_max_avx512(float *x, int64_t n, float pre)
+{
+    __m512 top = _mm512_set1_ps(-INFINITY), by = _mm512_set1_ps(pre);
+    __mmask16 nan = 0;
+    for (int64_t j = 0; j < n; j += 16) {
+        __mmask16 lanes = s_lanes(j, n);
+        __m512 v = _mm512_maskz_loadu_ps(lanes, x + j);
+        if (pre != 1.0f) {
+            v = _mm512_mul_ps(v, by);
+            _mm512_mask_storeu_ps(x + j, lanes, v);
+        }
+        nan |= _mm512_mask_cmp_ps_mask(lanes, v, v, _CMP_UNORD_Q);
+        top = _mm512_mask_max_ps(top, lanes, v, top);
+    }
+    return nan ? NAN : _mm512_reduce_max_ps(top);
+}
+
+/* cpu_scaled_max's loop on 8 lanes; the last few elements are the portable loop's */
+__attribute__((target("avx2,fma"))) static float s_scaled_max_avx2(float *x, int64_t n, float pre, int64_t *done)
+{
+    __m256 top8 = _mm256_set1_ps(-INFINITY), nan8 = _mm256_setzero_ps(), by = _mm256_set1_ps(pre);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        if (pre != 1.0f) {
+            v = _mm256_mul_ps(v, by);
+            _mm256_storeu_ps(x + i, v);
+        }
+        top8 = _mm256_max_ps(v, top8);
+        nan8 = _mm256_or_ps(nan8, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    *done = i;
+    if (_mm256_movemask_ps(nan8))
+        return NAN;
+    float lanes[8], top = -INFINITY;
+    _mm256_storeu_ps(lanes, top8);
+    for (int l = 0; l < 8; l++)
+        top = lanes[l] > top ? lanes[l] : top;
+    return top;
+}
 #endif
-    return s_exp_shifted_sum(x, n, top);
+
+float cpu_scaled_max(float *x, int64_t n, float pre)
+{
+    float top = -INFINITY;
+    int64_t i = 0;
+#if defined(__x86_64__)
+    if (cpu_has_avx512())
+        return s_scaled_max_avx512(x, n, pre);
+    if (cpu_has_avx2_fma())
+        top = s_scaled_max_avx2(x, n, pre, &i);
+#endif
+    for (; i < n; i++) {
+        if (pre != 1.0f)
+            x[i] *= pre;
+        top = top != top || x[i] != x[i] ? NAN : x[i] > top ? x[i] : top;
+    }
+    return top;
+}
+
+float cpu_exp_shifted_sum(float *x, uint16_t *w, int64_t n, float top)
+{
+    float total;
+#if defined(__x86_64__)
+    if (cpu_has_avx512())
+        return s_exp_shifted_sum_avx512(x, w, n, top);
+    if (cpu_has_avx2_fma())
+        total = s_exp_shifted_sum_avx2(x, n, top);
+    else
+#endif
+        total = s_exp_shifted_sum(x, n, top);
+    if (w)
+        cpu_from_ctype(w, DT_BFLOAT16, x, CPU_F32, n);
+    return total;
 }
 
 /* A NaN in a row needs no care: it turns the row's sum, hence every output of the row, to NaN. */

@@ -35,10 +35,16 @@ void cpu_arg_run(bool largest, cpu_ctype t, int64_t *index, void *values, const 
 /* out = softmax (or log_softmax) of in along n, float32, max-shifted. NULL, or why not. */
 const char *cpu_softmax_run(bool log, float *out, const float *in, int64_t outer, int64_t n, int64_t inner);
 
-/* An attention row's weights before normalising: x[j] = exp(x[j] - top) in place over n floats
- * (-inf, a hidden key, gives exactly 0; NaN stays NaN), by softmax's vectorised exponential;
- * returns their sum. top is the row's largest visible value (finite; NaN makes every weight NaN). */
-float cpu_exp_shifted_sum(float *x, int64_t n, float top);
+/* An attention row's weights before normalising: exp(x[j] - top) over n floats (-inf, a hidden
+ * key, gives exactly 0; NaN stays NaN), by softmax's vectorised exponential, in place into x, or
+ * into w rounded to bfloat16 where w is given (x then holds anything); returns their sum (of the
+ * float weights). top is the row's largest visible value (finite; NaN makes every weight NaN). */
+float cpu_exp_shifted_sum(float *x, uint16_t *w, int64_t n, float top);
+
+/* x[j] *= pre over n floats (nothing written for pre 1), returning the largest of them: -inf for
+ * none, NaN where one is NaN (as torch's softmax, the row then comes out NaN rather than some
+ * number). */
+float cpu_scaled_max(float *x, int64_t n, float pre);
 
 /* out = running sum of in along n. */
 void cpu_cumsum_run(cpu_ctype t, void *out, const void *in, int64_t outer, int64_t n, int64_t inner);
