@@ -339,6 +339,21 @@ Test(reduce, bfloat16)
     cr_expect_eq(acc[0], 0x3f80);
     cr_expect_eq(acc[1], 0x3f82);
 
+    /* tp's all-reduce on whole vectors and a tail, each pair from a hand table: the ties above, a
+     * NaN stays NaN, infinities, subnormals kept (not flushed), -0 + -0 = -0, overflow to inf */
+    static const uint16_t table[][3] = {{0x3f80, 0x3b80, 0x3f80}, {0x3f81, 0x3b80, 0x3f82}, {0x7fc1, 0x3f80, 0x7fc1},
+                                        {0x7f80, 0x3f80, 0x7f80}, {0x0001, 0x0001, 0x0002}, {0x8000, 0x8000, 0x8000},
+                                        {0x7f7f, 0x7f7f, 0x7f80}, {0xc0a0, 0x4020, 0xc020}, {0x0000, 0x8001, 0x8001}};
+    enum { N = 37, T = sizeof table / sizeof table[0] };
+    uint16_t sa[N], sb[N], sum[N];
+    for (int i = 0; i < N; i++) {
+        sa[i] = table[i % T][0];
+        sb[i] = table[i % T][1];
+    }
+    cpu_combine_pieces(sum, sa, sb, DT_BFLOAT16, N, DT_REDUCE_SUM);
+    for (int i = 0; i < N; i++)
+        cr_expect_eq(sum[i], table[i % T][2], "%#x + %#x = %#x, want %#x", sa[i], sb[i], sum[i], table[i % T][2]);
+
     uint16_t mn[3] = {0x3f80, 0xbf80, 0x3f80};
     cpu_combine_pieces(mn, mn, (uint16_t[]){0x4000, 0x3f80, 0x7fc0}, DT_BFLOAT16, 3, DT_REDUCE_MIN);
     cr_expect(mn[0] == 0x3f80 && mn[1] == 0xbf80 && isnan(dt_bf16_to_f32(mn[2])));

@@ -198,11 +198,36 @@ static void s_combine_f32(float *dst, const float *a, const float *b, int64_t n,
     }
 }
 
+/* tp's all-reduce in bfloat16: 16 lanes where the CPU has AVX-512 (the compiler's vectorisation of
+ * the rounding runs 4 lanes at the baseline), then a loop that vectorizes. */
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) static int64_t s_sum_bf16_avx512(uint16_t *dst, const uint16_t *a,
+                                                                    const uint16_t *b, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 sum = _mm512_add_ps(cpu_bf16_widen16(a + i), cpu_bf16_widen16(b + i));
+        _mm256_storeu_si256((__m256i *)(dst + i), cpu_bf16_round16(sum));
+    }
+    return i;
+}
+#endif
+
+static void s_sum_bf16(uint16_t *dst, const uint16_t *a, const uint16_t *b, int64_t n)
+{
+    int64_t i = 0;
+#if defined(__x86_64__)
+    if (cpu_has_avx512())
+        i = s_sum_bf16_avx512(dst, a, b, n);
+#endif
+    for (; i < n; i++)
+        dst[i] = dt_f32_to_bf16(dt_bf16_to_f32(a[i]) + dt_bf16_to_f32(b[i]));
+}
+
 static void s_combine_16(uint16_t *dst, const uint16_t *a, const uint16_t *b, int64_t n, dt_reduce_op op, bool bf16)
 {
-    if (bf16 && (op == DT_REDUCE_SUM || op == DT_REDUCE_AVG)) { /* tp's all-reduce: a loop that vectorizes */
-        for (int64_t i = 0; i < n; i++)
-            dst[i] = dt_f32_to_bf16(dt_bf16_to_f32(a[i]) + dt_bf16_to_f32(b[i]));
+    if (bf16 && (op == DT_REDUCE_SUM || op == DT_REDUCE_AVG)) {
+        s_sum_bf16(dst, a, b, n);
         return;
     }
     for (int64_t i = 0; i < n; i++) {

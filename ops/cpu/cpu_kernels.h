@@ -58,6 +58,13 @@ static inline bool cpu_has_avx512(void)
            __builtin_cpu_supports("avx512vl");
 }
 
+/* 16 bfloat16s from p widened to float32 (exact). */
+__attribute__((target("avx512f"))) static inline __m512 cpu_bf16_widen16(const uint16_t *p)
+{
+    __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
+}
+
 /* 16 floats rounded to bfloat16 as dt_f32_to_bf16 rounds one, bit for bit: ties to even, NaN made
  * quiet, subnormals kept (the AVX512_BF16 instruction flushes them to zero). */
 __attribute__((target("avx512f"))) static inline __m256i cpu_bf16_round16(__m512 x)

@@ -77,10 +77,8 @@ S_CONVERT_CLONES static void s_to_ctype(void *dst, cpu_ctype t, const void *src,
 __attribute__((target("avx512f"))) static int64_t s_bf16_widen(float *dst, const uint16_t *src, int64_t n)
 {
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + i)));
-        _mm512_storeu_si512(dst + i, _mm512_slli_epi32(h, 16));
-    }
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(dst + i, cpu_bf16_widen16(src + i));
     return i;
 }
 
