@@ -730,6 +730,40 @@ Test(rope, rotate_half_pairs_by_position)
             }
 }
 
+/* A head size of 64 in bfloat16 (whole 16-lane vectors where the CPU has them): within one
+ * bfloat16 rounding of the formula in double, and bit for bit the float32 route's result on the
+ * same (exactly widened) values rounded once, every element of (2, 3, 5, 64). */
+Test(rope, bfloat16_heads_of_64)
+{
+    enum { B = 2, H = 3, S = 5, D = 64, N = B * H * S * D };
+    static uint16_t xb[N], ob[N];
+    static float xf[N], of[N];
+    for (int i = 0; i < N; i++) {
+        xb[i] = dt_f32_to_bf16((float)((i * 37) % 101) / 25.0f - 2.0f);
+        xf[i] = dt_bf16_to_f32(xb[i]);
+    }
+    const int64_t positions[B * S] = {0, 1, 2, 3, 4, 9, 40, 300, 2047, 5};
+    float inv_freq[D / 2];
+    for (int i = 0; i < D / 2; i++)
+        inv_freq[i] = powf(10000.0f, -2.0f * (float)i / D);
+    cr_assert_null(cpu_rope(ob, xb, DT_BFLOAT16, B, H, S, D, positions, B, inv_freq, 1.0f));
+    cr_assert_null(cpu_rope(of, xf, DT_FLOAT32, B, H, S, D, positions, B, inv_freq, 1.0f));
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int s = 0; s < S; s++)
+                for (int i = 0; i < D; i++) {
+                    int64_t at = ((b * H + h) * S + s) * D + i, pair = i < D / 2 ? at + D / 2 : at - D / 2;
+                    double angle = (double)positions[b * S + s] * inv_freq[i % (D / 2)];
+                    double want = i < D / 2 ? xf[at] * cos(angle) - xf[pair] * sin(angle)
+                                            : xf[at] * cos(angle) + xf[pair] * sin(angle);
+                    double got = dt_bf16_to_f32(ob[at]);
+                    cr_assert(fabs(got - want) <= fabs(want) / 256 + 1e-3, "(%d,%d,%d,%d): %g, want %g", b, h, s, i,
+                              got, want);
+                    cr_assert(ob[at] == dt_f32_to_bf16(of[at]), "(%d,%d,%d,%d): %#x, the float route's %#x", b, h, s,
+                              i, ob[at], dt_f32_to_bf16(of[at]));
+                }
+}
+
 /* Whether out is x rotated by the formula (float32, (1, H, S, D) with D = 4), within 1e-5. */
 static bool s_rope_is(const float *out, const float *x, int H, int S, const int64_t *positions,
                       const float *inv_freq, float scaling)

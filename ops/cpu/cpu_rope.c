@@ -106,6 +106,23 @@ static const float *s_table_for(const int64_t *positions, int64_t rows, const fl
         }                                                                                                              \
     } while (0)
 
+/* A bfloat16 row on 16 lanes (half a multiple of 16): the portable loop's arithmetic (no multiply-
+ * add contracted), the same bits. */
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) static void s_rotate_bf16_avx512(uint16_t *o, const uint16_t *xr, int64_t half,
+                                                                    const float *cs, const float *sn)
+{
+    for (int64_t i = 0; i < half; i += 16) {
+        __m512 x1 = cpu_bf16_widen16(xr + i), x2 = cpu_bf16_widen16(xr + i + half);
+        __m512 c = _mm512_loadu_ps(cs + i), s = _mm512_loadu_ps(sn + i);
+        __m512 lo = _mm512_sub_ps(_mm512_mul_ps(x1, c), _mm512_mul_ps(x2, s));
+        __m512 hi = _mm512_add_ps(_mm512_mul_ps(x2, c), _mm512_mul_ps(x1, s));
+        _mm256_storeu_si256((__m256i *)(o + i), cpu_bf16_round16(lo));
+        _mm256_storeu_si256((__m256i *)(o + i + half), cpu_bf16_round16(hi));
+    }
+}
+#endif
+
 const char *cpu_rope(void *out, const void *x, dt_dtype dtype, int64_t B, int64_t H, int64_t S, int64_t D,
               const int64_t *positions, int64_t pos_batch, const float *inv_freq, float scaling)
 {
@@ -113,11 +130,21 @@ const char *cpu_rope(void *out, const void *x, dt_dtype dtype, int64_t B, int64_
     const float *table = s_table_for(positions, pos_batch * S, inv_freq, half, scaling);
     if (!table)
         return "out of memory on the device";
+#if defined(__x86_64__)
+    bool wide = dtype == DT_BFLOAT16 && half % 16 == 0 && cpu_has_avx512();
+#endif
+    /* rows in the order they lie: (batch, head, position) */
     for (int64_t b = 0; b < B; b++) {
-        for (int64_t s = 0; s < S; s++) {
-            const float *cs = table + ((pos_batch == 1 ? 0 : b) * S + s) * 2 * half, *sn = cs + half;
-            for (int64_t h = 0; h < H; h++) {
+        for (int64_t h = 0; h < H; h++) {
+            for (int64_t s = 0; s < S; s++) {
+                const float *cs = table + ((pos_batch == 1 ? 0 : b) * S + s) * 2 * half, *sn = cs + half;
                 int64_t row = ((b * H + h) * S + s) * D;
+#if defined(__x86_64__)
+                if (wide) {
+                    s_rotate_bf16_avx512((uint16_t *)out + row, (const uint16_t *)x + row, half, cs, sn);
+                    continue;
+                }
+#endif
                 if (dtype == DT_FLOAT32) {
                     const float *xr = (const float *)x + row;
                     float *o = (float *)out + row;
