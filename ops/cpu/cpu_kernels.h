@@ -28,6 +28,16 @@ static inline bool cpu_has_avx2_fma(void)
 #endif
 }
 
+/* A loop function in an AVX-512 (16 lanes) and an AVX2 (8 lanes) clone beside the baseline one,
+ * chosen when the library loads. Only on static functions: a clone's symbol would be exported
+ * from the library (an exported wrapper calls the static one). No clone contracts a multiply and
+ * an add into an FMA (ISO C mode), so all give the same bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define CPU_CLONES
+#endif
+
 /* Element i of b, float32, bfloat16 or float16, as float32: a weight or a cache read in its own
  * dtype (dtype a constant where inlined). */
 static inline float cpu_widen(const void *b, dt_dtype dtype, int64_t i)

@@ -15,13 +15,7 @@
 size_t cpu_ctype_size(cpu_ctype t) { return t == CPU_F32 ? 4 : t == CPU_I64 ? 8 : 1; }
 
 /* One loop per (source, destination) pair, so the compiler vectorises each, in an AVX-512 and an
- * AVX2 clone too where the compiler makes them (a 16-bit op converts a block of its operands and
- * its result: bfloat16's rounding is integer arithmetic, 16 lanes at a time). */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define S_CONVERT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define S_CONVERT_CLONES
-#endif
+ * AVX2 clone too (CPU_CLONES). */
 #define S_CONVERT(DST_T, dst, SRC_T, src, n, EXPR)                                                                     \
     do {                                                                                                               \
         DST_T *d_ = (DST_T *)(dst);                                                                                    \
@@ -32,7 +26,7 @@ size_t cpu_ctype_size(cpu_ctype t) { return t == CPU_F32 ? 4 : t == CPU_I64 ? 8 
         }                                                                                                              \
     } while (0)
 
-S_CONVERT_CLONES static void s_to_ctype(void *dst, cpu_ctype t, const void *src, dt_dtype dtype, int64_t n)
+CPU_CLONES static void s_to_ctype(void *dst, cpu_ctype t, const void *src, dt_dtype dtype, int64_t n)
 {
     switch (t) {
     case CPU_F32:
@@ -121,7 +115,7 @@ const void *cpu_piece_as(const op_local *in, cpu_ctype t, void **scratch)
     return buf;
 }
 
-S_CONVERT_CLONES static void s_from_ctype(void *dst, dt_dtype dtype, const void *src, cpu_ctype t, int64_t n)
+CPU_CLONES static void s_from_ctype(void *dst, dt_dtype dtype, const void *src, cpu_ctype t, int64_t n)
 {
     switch (t) {
     case CPU_F32:
@@ -518,17 +512,11 @@ static const char *s_compare(op_kernel *k, const s_loops *loops)
 
 static const char *s_logical(op_kernel *k, const s_loops *loops) { return s_binary(k, loops, DT_BOOL, DT_BOOL); }
 
-/* The float functions' loops have AVX-512 (16 lanes) and AVX2 (8 lanes) clones beside the baseline
- * one, chosen when the library loads: the activations' exponential (op_ew_exp) vectorises, and the
- * VAE's silu and a diffusion model's gelu_tanh spend real time here; the float32 arithmetic too (a
- * 16-bit op's blocks, converted into L1, ran SSE's 4 lanes). No clone contracts a multiply
- * and an add into an FMA (ISO C mode), so all give the same bits, and CUDA's (-fmad=false) the same
- * arithmetic. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define S_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define S_CLONES
-#endif
+/* The float functions' loops have AVX-512 and AVX2 clones (CPU_CLONES): the activations'
+ * exponential (op_ew_exp) vectorises, and the VAE's silu and a diffusion model's gelu_tanh spend
+ * real time here; the float32 arithmetic too (a 16-bit op's blocks, converted into L1, ran SSE's 4
+ * lanes). All give the same bits, and CUDA's (-fmad=false) the same arithmetic. */
+#define S_CLONES CPU_CLONES
 
 #define S_GEN_UNARY_FLOAT(name, f)                                                                                     \
     S_LOOP1_ATTR(S_CLONES, s_##name##_f32, float, float, f)                                                            \
