@@ -1001,6 +1001,12 @@ Test(attention, head_in_blocks_of_rows)
     s_check_head(29, 61, 5, 24, 100);
     s_check_head(5, 9, 8, 8, 0);
     s_check_head(7, 33, 8, 8, 40);
+    /* AVX-512's tiles where the CPU has them: rows in 8s and 6s with remainders, keys in pairs of
+     * 16-key panels with a part-filled last one, values of 64 (two vectors twice), 48 (a pair and
+     * one) and 32 features */
+    s_check_head(45, 70, 64, 64, 10);
+    s_check_head(17, 50, 32, 32, 0);
+    s_check_head(19, 120, 48, 48, 100);
 }
 
 /* Decode's few query rows read a bfloat16 or float16 cache as it is (no float32 copy of it): 3 rows

@@ -1,5 +1,5 @@
-/* cpu_attention_tiles — attention's two products for a block of many query rows, in AVX2 register
- * tiles (cpu_matmul.c's cpu_attention_head takes them where the CPU has AVX2 and FMA).
+/* cpu_attention_tiles — attention's two products for a block of many query rows, in AVX-512 or AVX2
+ * register tiles (cpu_matmul.c's cpu_attention_head takes them where the CPU has AVX2 and FMA).
  *
  * At attention's head sizes (32-128 features) the two BLAS products of a block are thin: sgemm
  * packs both operands, zeroes the scores before adding into them (beta = 0) and packs the weights
@@ -32,15 +32,140 @@ bool cpu_attention_tiles_fit(int64_t Ev)
     return Ev % 8 == 0 && cpu_has_avx2_fma();
 }
 
-int64_t cpu_attention_panel_floats(int64_t S, int64_t E) { return (S + 7) / 8 * 8 * E; }
+/* Keys per panel: a vector's lanes, 16 where the CPU has AVX-512 (its tiles below), else 8. */
+static int64_t s_panel(void) { return cpu_has_avx512() ? 16 : 8; }
+
+int64_t cpu_attention_panel_floats(int64_t S, int64_t E)
+{
+    int64_t w = s_panel();
+    return (S + w - 1) / w * w * E;
+}
 
 void cpu_attention_pack_keys(int64_t S, int64_t E, const float *k, float *kt)
 {
-    for (int64_t p = 0; p < (S + 7) / 8; p++)
+    int64_t w = s_panel();
+    for (int64_t p = 0; p < (S + w - 1) / w; p++)
         for (int64_t e = 0; e < E; e++)
-            for (int64_t l = 0; l < 8; l++)
-                kt[(p * E + e) * 8 + l] = 8 * p + l < S ? k[(8 * p + l) * E + e] : 0.0f;
+            for (int64_t l = 0; l < w; l++)
+                kt[(p * E + e) * w + l] = w * p + l < S ? k[(w * p + l) * E + e] : 0.0f;
 }
+
+/* ---- many query rows on AVX-512: the tiles below on 16 lanes ---------------------------------
+ * Every score and output element sums its products in the same order as the AVX2 tiles' (over the
+ * features, then over the keys, one multiply-add each), so both give the same bits; 32 registers
+ * hold 8 query rows x 2 panels of scores, 6 rows x 2 vectors of values. */
+#define S_TILE512 static inline __attribute__((always_inline, target("avx512f")))
+#define S_AVX512 __attribute__((target("avx512f")))
+#define S_SCORE_ROWS16 8
+#define S_VALUE_ROWS16 6
+
+S_TILE512 void s_score_tile16(int R, int P, int64_t E, const float *q, const float *kt, float scale, float *out,
+                              int64_t ld, int64_t j0, int64_t used)
+{
+    __m512 acc[S_SCORE_ROWS16][2];
+    S_UNROLL for (int r = 0; r < R; r++)
+        S_UNROLL for (int p = 0; p < P; p++)
+            acc[r][p] = _mm512_setzero_ps();
+    const float *k1 = kt + E * 16;
+    for (int64_t e = 0; e < E; e++) {
+        __m512 key0 = _mm512_loadu_ps(kt + e * 16), key1 = P > 1 ? _mm512_loadu_ps(k1 + e * 16) : key0;
+        S_UNROLL for (int r = 0; r < R; r++) {
+            __m512 x = _mm512_set1_ps(q[r * E + e]);
+            acc[r][0] = _mm512_fmadd_ps(x, key0, acc[r][0]);
+            if (P > 1)
+                acc[r][1] = _mm512_fmadd_ps(x, key1, acc[r][1]);
+        }
+    }
+    const __m512 s = _mm512_set1_ps(scale);
+    S_UNROLL for (int p = 0; p < P; p++) {
+        int64_t n = used - (j0 + 16 * p);
+        __mmask16 lanes = n >= 16 ? 0xffff : n > 0 ? (__mmask16)((1u << n) - 1) : 0;
+        S_UNROLL for (int r = 0; r < R; r++)
+            _mm512_mask_storeu_ps(out + r * ld + j0 + 16 * p, lanes, _mm512_mul_ps(acc[r][p], s));
+    }
+}
+
+S_TILE512 void s_score_rows16(int R, int64_t E, const float *q, const float *kt, float scale, float *out,
+                              int64_t ld, int64_t j0, int64_t used, int P)
+{
+    if (P == 2)
+        s_score_tile16(R, 2, E, q, kt, scale, out, ld, j0, used);
+    else
+        s_score_tile16(R, 1, E, q, kt, scale, out, ld, j0, used);
+}
+
+S_AVX512 static void s_scores16(int64_t L, int64_t used, int64_t E, const float *q, const float *kt, float scale,
+                                float *scores, int64_t ld)
+{
+    for (int64_t j0 = 0; j0 < used; j0 += 32) {
+        int P = used - j0 > 16 ? 2 : 1;
+        const float *panel = kt + j0 * E;
+        int64_t i = 0;
+        for (; i + S_SCORE_ROWS16 <= L; i += S_SCORE_ROWS16)
+            s_score_rows16(S_SCORE_ROWS16, E, q + i * E, panel, scale, scores + i * ld, ld, j0, used, P);
+        switch (L - i) {
+        case 7: s_score_rows16(7, E, q + i * E, panel, scale, scores + i * ld, ld, j0, used, P); break;
+        case 6: s_score_rows16(6, E, q + i * E, panel, scale, scores + i * ld, ld, j0, used, P); break;
+        case 5: s_score_rows16(5, E, q + i * E, panel, scale, scores + i * ld, ld, j0, used, P); break;
+        case 4: s_score_rows16(4, E, q + i * E, panel, scale, scores + i * ld, ld, j0, used, P); break;
+        case 3: s_score_rows16(3, E, q + i * E, panel, scale, scores + i * ld, ld, j0, used, P); break;
+        case 2: s_score_rows16(2, E, q + i * E, panel, scale, scores + i * ld, ld, j0, used, P); break;
+        case 1: s_score_rows16(1, E, q + i * E, panel, scale, scores + i * ld, ld, j0, used, P); break;
+        default: break;
+        }
+    }
+}
+
+/* R rows of out, C vectors of 16 features from feature c0 */
+S_TILE512 void s_value_tile16(int R, int C, int64_t used, int64_t Ev, const float *w, int64_t ld, const float *v,
+                              float *out, int64_t c0)
+{
+    __m512 acc[S_VALUE_ROWS16][2];
+    S_UNROLL for (int r = 0; r < R; r++)
+        S_UNROLL for (int c = 0; c < C; c++)
+            acc[r][c] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < used; j++) {
+        __m512 y0 = _mm512_loadu_ps(v + j * Ev + c0), y1 = C > 1 ? _mm512_loadu_ps(v + j * Ev + c0 + 16) : y0;
+        S_UNROLL for (int r = 0; r < R; r++) {
+            __m512 x = _mm512_set1_ps(w[r * ld + j]);
+            acc[r][0] = _mm512_fmadd_ps(x, y0, acc[r][0]);
+            if (C > 1)
+                acc[r][1] = _mm512_fmadd_ps(x, y1, acc[r][1]);
+        }
+    }
+    S_UNROLL for (int r = 0; r < R; r++)
+        S_UNROLL for (int c = 0; c < C; c++)
+            _mm512_storeu_ps(out + r * Ev + c0 + 16 * c, acc[r][c]);
+}
+
+S_TILE512 void s_value_rows16(int R, int64_t used, int64_t Ev, const float *w, int64_t ld, const float *v,
+                              float *out)
+{
+    int64_t c0 = 0;
+    for (; c0 + 32 <= Ev; c0 += 32)
+        s_value_tile16(R, 2, used, Ev, w, ld, v, out, c0);
+    if (c0 < Ev)
+        s_value_tile16(R, 1, used, Ev, w, ld, v, out, c0);
+}
+
+/* Ev a multiple of 16 */
+S_AVX512 static void s_values16(int64_t L, int64_t used, int64_t Ev, const float *w, int64_t ld, const float *v,
+                                float *out)
+{
+    int64_t i = 0;
+    for (; i + S_VALUE_ROWS16 <= L; i += S_VALUE_ROWS16)
+        s_value_rows16(S_VALUE_ROWS16, used, Ev, w + i * ld, ld, v, out + i * Ev);
+    switch (L - i) {
+    case 5: s_value_rows16(5, used, Ev, w + i * ld, ld, v, out + i * Ev); break;
+    case 4: s_value_rows16(4, used, Ev, w + i * ld, ld, v, out + i * Ev); break;
+    case 3: s_value_rows16(3, used, Ev, w + i * ld, ld, v, out + i * Ev); break;
+    case 2: s_value_rows16(2, used, Ev, w + i * ld, ld, v, out + i * Ev); break;
+    case 1: s_value_rows16(1, used, Ev, w + i * ld, ld, v, out + i * Ev); break;
+    default: break;
+    }
+}
+
+/* ---- many query rows on AVX2 --------------------------------------------------------------- */
 
 /* Lanes below n (0-8) of a store mask. */
 S_TILE __m256i s_lanes(int64_t n)
@@ -93,6 +218,10 @@ S_TILE void s_score_rows(int R, int64_t E, const float *q, const float *kt, floa
 S_AVX2 void cpu_attention_scores(int64_t L, int64_t used, int64_t E, const float *q, const float *kt, float scale,
                                  float *scores, int64_t ld)
 {
+    if (s_panel() == 16) {
+        s_scores16(L, used, E, q, kt, scale, scores, ld);
+        return;
+    }
     /* a pair of key panels (16 keys x E features, 4 KiB at E = 64) stays in L1 while every row of
      * the block passes over it */
     for (int64_t j0 = 0; j0 < used; j0 += 16) {
@@ -152,6 +281,10 @@ S_TILE void s_value_rows(int R, int64_t used, int64_t Ev, const float *w, int64_
 S_AVX2 void cpu_attention_values(int64_t L, int64_t used, int64_t Ev, const float *w, int64_t ld, const float *v,
                                  float *out)
 {
+    if (Ev % 16 == 0 && cpu_has_avx512()) {
+        s_values16(L, used, Ev, w, ld, v, out);
+        return;
+    }
     int64_t i = 0;
     for (; i + S_VALUE_ROWS <= L; i += S_VALUE_ROWS)
         s_value_rows(S_VALUE_ROWS, used, Ev, w + i * ld, ld, v, out + i * Ev);
