@@ -730,12 +730,21 @@ Test(rope, rotate_half_pairs_by_position)
             }
 }
 
-/* A head size of 64 in bfloat16 (whole 16-lane vectors where the CPU has them): within one
- * bfloat16 rounding of the formula in double, and bit for bit the float32 route's result on the
- * same (exactly widened) values rounded once, every element of (2, 3, 5, 64). */
-Test(rope, bfloat16_heads_of_64)
+/* Head sizes of 64 and 48 in bfloat16 (whole 16-lane vectors, and a masked last one, where the CPU
+ * has them): within one bfloat16 rounding of the formula in double, and bit for bit the float32
+ * route's result on the same (exactly widened) values rounded once, every element of (2, 3, 5, D). */
+static void s_check_rope_bf16(int D);
+
+Test(rope, bfloat16_heads_of_64_and_48)
 {
-    enum { B = 2, H = 3, S = 5, D = 64, N = B * H * S * D };
+    s_check_rope_bf16(64);
+    s_check_rope_bf16(48);
+    s_check_rope_bf16(6);
+}
+
+static void s_check_rope_bf16(int D)
+{
+    enum { B = 2, H = 3, S = 5, N = B * H * S * 64 };
     static uint16_t xb[N], ob[N];
     static float xf[N], of[N];
     for (int i = 0; i < N; i++) {
@@ -743,9 +752,9 @@ Test(rope, bfloat16_heads_of_64)
         xf[i] = dt_bf16_to_f32(xb[i]);
     }
     const int64_t positions[B * S] = {0, 1, 2, 3, 4, 9, 40, 300, 2047, 5};
-    float inv_freq[D / 2];
+    float inv_freq[32];
     for (int i = 0; i < D / 2; i++)
-        inv_freq[i] = powf(10000.0f, -2.0f * (float)i / D);
+        inv_freq[i] = powf(10000.0f, -2.0f * (float)i / (float)D);
     cr_assert_null(cpu_rope(ob, xb, DT_BFLOAT16, B, H, S, D, positions, B, inv_freq, 1.0f));
     cr_assert_null(cpu_rope(of, xf, DT_FLOAT32, B, H, S, D, positions, B, inv_freq, 1.0f));
     for (int b = 0; b < B; b++)

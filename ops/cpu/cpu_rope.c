@@ -106,19 +106,24 @@ static const float *s_table_for(const int64_t *positions, int64_t rows, const fl
         }                                                                                                              \
     } while (0)
 
-/* A bfloat16 row on 16 lanes (half a multiple of 16): the portable loop's arithmetic (no multiply-
- * add contracted), the same bits. */
+/* A bfloat16 row on 16 lanes, the last few masked: the portable loop's arithmetic (no multiply-add
+ * contracted), the same bits. */
 #if defined(__x86_64__)
-__attribute__((target("avx512f"))) static void s_rotate_bf16_avx512(uint16_t *o, const uint16_t *xr, int64_t half,
-                                                                    const float *cs, const float *sn)
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void s_rotate_bf16_avx512(uint16_t *o, const uint16_t *xr,
+                                                                                      int64_t half, const float *cs,
+                                                                                      const float *sn)
 {
     for (int64_t i = 0; i < half; i += 16) {
-        __m512 x1 = cpu_bf16_widen16(xr + i), x2 = cpu_bf16_widen16(xr + i + half);
-        __m512 c = _mm512_loadu_ps(cs + i), s = _mm512_loadu_ps(sn + i);
+        __mmask16 lanes = half - i >= 16 ? 0xffff : (__mmask16)((1u << (half - i)) - 1);
+        __m512 x1 = _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(lanes, xr + i)), 16));
+        __m512 x2 = _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(lanes, xr + i + half)), 16));
+        __m512 c = _mm512_maskz_loadu_ps(lanes, cs + i), s = _mm512_maskz_loadu_ps(lanes, sn + i);
         __m512 lo = _mm512_sub_ps(_mm512_mul_ps(x1, c), _mm512_mul_ps(x2, s));
         __m512 hi = _mm512_add_ps(_mm512_mul_ps(x2, c), _mm512_mul_ps(x1, s));
-        _mm256_storeu_si256((__m256i *)(o + i), cpu_bf16_round16(lo));
-        _mm256_storeu_si256((__m256i *)(o + i + half), cpu_bf16_round16(hi));
+        _mm256_mask_storeu_epi16(o + i, lanes, cpu_bf16_round16(lo));
+        _mm256_mask_storeu_epi16(o + i + half, lanes, cpu_bf16_round16(hi));
     }
 }
 #endif
@@ -131,7 +136,7 @@ const char *cpu_rope(void *out, const void *x, dt_dtype dtype, int64_t B, int64_
     if (!table)
         return "out of memory on the device";
 #if defined(__x86_64__)
-    bool wide = dtype == DT_BFLOAT16 && half % 16 == 0 && cpu_has_avx512();
+    bool wide = dtype == DT_BFLOAT16 && cpu_has_avx512();
 #endif
     /* rows in the order they lie: (batch, head, position) */
     for (int64_t b = 0; b < B; b++) {
