@@ -769,7 +769,7 @@ def test_sdpa_bf16_prompt_on_units(rt, mesh_name):
     values q, k and v hold, element by element, within the weights' rounding to bfloat16 between
     the two products and the output's rounding; causal, a boolean mask with a row that sees
     nothing (zeros), a float mask, grouped heads, keys past the queries, heads split unevenly over
-    the devices (5 over 3). On a CPU with bfloat16 units both products of every head run there
+    the devices (5 over 3), head sizes on and off AMX's step of 32. On a CPU with bfloat16 units both products of every head run there
     (device_stats' onednn_matmuls: 2 per head on each device), elsewhere through float32."""
     mesh = MESHES[mesh_name]()
     units = _bf16_units()
@@ -779,12 +779,13 @@ def test_sdpa_bf16_prompt_on_units(rt, mesh_name):
     bmask = rng.random((20, 53)) > 0.3
     bmask[3] = False
     fmask = rng.standard_normal((37, 37)).astype(np.float32)
-    cases = [(37, 37, dict(is_causal=True), None),
-             (20, 53, dict(attn_mask=bmask), bmask),
-             (37, 37, dict(attn_mask=fmask), fmask)]
-    for L, S, kw, mref in cases:
-        x, qv = make(rng.standard_normal((1, 5, L, 24)), mesh, [Shard(1)], dtorch.bfloat16)
-        kk, kv = make(rng.standard_normal((1, 5, S, 24)), mesh, [Shard(1)], dtorch.bfloat16)
+    # query/key features 24 and 48 (zero-padded to AMX's steps of 32 for the scores) and 64 (not)
+    cases = [(37, 37, dict(is_causal=True), None, 24),
+             (20, 53, dict(attn_mask=bmask), bmask, 64),
+             (37, 37, dict(attn_mask=fmask), fmask, 48)]
+    for L, S, kw, mref, E in cases:
+        x, qv = make(rng.standard_normal((1, 5, L, E)), mesh, [Shard(1)], dtorch.bfloat16)
+        kk, kv = make(rng.standard_normal((1, 5, S, E)), mesh, [Shard(1)], dtorch.bfloat16)
         vv, vvv = make(rng.standard_normal((1, 5, S, 40)), mesh, [Shard(1)], dtorch.bfloat16)
         if "attn_mask" in kw:
             m = kw["attn_mask"]
