@@ -289,27 +289,33 @@ static float s_exp_shifted_sum(float *x, int64_t n, float top)
 }
 
 #if defined(__x86_64__)
-/* op_softmax_exp(op_softmax_clamp(x - top)) for 8 lanes: the same arithmetic (the products and sums
- * contracted to multiply-adds, as the compiler does), so the weights match the scalar path's. */
-static inline __attribute__((always_inline, target("avx2,fma"))) __m256 s_exp8(__m256 x, __m256 top)
-{
-    const __m256 shift = _mm256_set1_ps(12582912.0f); /* 1.5 * 2^23 */
-    __m256 d = _mm256_min_ps(_mm256_setzero_ps(), _mm256_max_ps(_mm256_set1_ps(-88.0f), _mm256_sub_ps(x, top)));
-    __m256 t = _mm256_fmadd_ps(d, _mm256_set1_ps(1.44269504f), shift), whole = _mm256_sub_ps(t, shift);
-    __m256 r = _mm256_fnmadd_ps(whole, _mm256_set1_ps(0.693145752f), d);
-    r = _mm256_fnmadd_ps(whole, _mm256_set1_ps(1.42860677e-6f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 40320);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 5040));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i n = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(0x4B400000 - 127));
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(n, 23)));
-}
+/* op_softmax_exp(op_softmax_clamp(x - top)) on a vector of W bits (256: 8 lanes, 512: 16): the same
+ * arithmetic (the products and sums contracted to multiply-adds, as the compiler does), so the
+ * weights match the scalar path's at either width. */
+#define S_EXP_LANES(name, W, VEC, TARGET)                                                                              \
+    static inline __attribute__((always_inline, target(TARGET))) VEC name(VEC x, VEC top)                              \
+    {                                                                                                                  \
+        const VEC shift = _mm##W##_set1_ps(12582912.0f); /* 1.5 * 2^23 */                                              \
+        VEC d = _mm##W##_sub_ps(x, top);                                                                               \
+        d = _mm##W##_min_ps(_mm##W##_setzero_ps(), _mm##W##_max_ps(_mm##W##_set1_ps(-88.0f), d));                      \
+        VEC t = _mm##W##_fmadd_ps(d, _mm##W##_set1_ps(1.44269504f), shift), whole = _mm##W##_sub_ps(t, shift);         \
+        VEC r = _mm##W##_fnmadd_ps(whole, _mm##W##_set1_ps(0.693145752f), d);                                          \
+        r = _mm##W##_fnmadd_ps(whole, _mm##W##_set1_ps(1.42860677e-6f), r);                                            \
+        VEC p = _mm##W##_set1_ps(1.0f / 40320);                                                                        \
+        p = _mm##W##_fmadd_ps(p, r, _mm##W##_set1_ps(1.0f / 5040));                                                    \
+        p = _mm##W##_fmadd_ps(p, r, _mm##W##_set1_ps(1.0f / 720));                                                     \
+        p = _mm##W##_fmadd_ps(p, r, _mm##W##_set1_ps(1.0f / 120));                                                     \
+        p = _mm##W##_fmadd_ps(p, r, _mm##W##_set1_ps(1.0f / 24));                                                      \
+        p = _mm##W##_fmadd_ps(p, r, _mm##W##_set1_ps(1.0f / 6));                                                       \
+        p = _mm##W##_fmadd_ps(p, r, _mm##W##_set1_ps(0.5f));                                                           \
+        p = _mm##W##_fmadd_ps(p, r, _mm##W##_set1_ps(1.0f));                                                           \
+        p = _mm##W##_fmadd_ps(p, r, _mm##W##_set1_ps(1.0f));                                                           \
+        __typeof__(_mm##W##_castps_si##W(x)) n =                                                                       \
+            _mm##W##_sub_epi32(_mm##W##_castps_si##W(t), _mm##W##_set1_epi32(0x4B400000 - 127));                       \
+        return _mm##W##_mul_ps(p, _mm##W##_castsi##W##_ps(_mm##W##_slli_epi32(n, 23)));                                \
+    }
+S_EXP_LANES(s_exp8, 256, __m256, "avx2,fma")
+S_EXP_LANES(s_exp16, 512, __m512, "avx512f")
 
 __attribute__((target("avx2,fma"))) static float s_exp_shifted_sum_avx2(float *x, int64_t n, float top)
 {
@@ -330,32 +336,12 @@ __attribute__((target("avx2,fma"))) static float s_exp_shifted_sum_avx2(float *x
         total += x[j] = op_softmax_exp(op_softmax_clamp(x[j] - top));
     return total;
 }
-#endif
-
-#if defined(__x86_64__)
-/* s_exp8 on 16 lanes: the same operations, the same bits per element */
-static inline __attribute__((always_inline, target("avx512f"))) __m512 s_exp16(__m512 x, __m512 top)
-{
-    const __m512 shift = _mm512_set1_ps(12582912.0f); /* 1.5 * 2^23 */
-    __m512 d = _mm512_min_ps(_mm512_setzero_ps(), _mm512_max_ps(_mm512_set1_ps(-88.0f), _mm512_sub_ps(x, top)));
-    __m512 t = _mm512_fmadd_ps(d, _mm512_set1_ps(1.44269504f), shift), whole = _mm512_sub_ps(t, shift);
-    __m512 r = _mm512_fnmadd_ps(whole, _mm512_set1_ps(0.693145752f), d);
-    r = _mm512_fnmadd_ps(whole, _mm512_set1_ps(1.42860677e-6f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 40320);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 5040));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    __m512i n = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(0x4B400000 - 127));
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(n, 23)));
-}
 
 /* The lanes of 16 from j that lie before n. */
-static inline __mmask16 s_lanes(int64_t j, int64_t n) { return n - j >= 16 ? 0xffff : (__mmask16)((1u << (n - j)) - 1); }
+static inline __mmask16 s_lanes(int64_t j, int64_t n)
+{
+    return n - j >= 16 ? 0xffff : (__mmask16)((1u << (n - j)) - 1);
+}
 
 /* The exponentials into x, or into w as bfloat16 (the weights an AMX product reads: rounded here
  * in registers rather than in a pass of their own over the float row). */
