@@ -30,9 +30,12 @@
 #define S_MAX(a, b) ((b) > (a) ? (b) : (a))
 #define S_MIN(a, b) ((b) < (a) ? (b) : (a))
 
-/* out (outer, inner) = COMBINE over n of in (outer, n, inner), starting from INIT. */
+/* out (outer, inner) = COMBINE over n of in (outer, n, inner), starting from INIT. Cloned: each of
+ * the S_LANES accumulators combines its own elements in order at any vector width, so every clone
+ * gives the same result (AVX-512 has the 64-bit min and max that AVX2 lacks: a 16000-entry int64
+ * amin, the greedy argmax's, ran scalar). */
 #define S_DEFINE_REDUCE(NAME, T, COMBINE, INIT)                                                                        \
-    static void NAME(T *out, const T *in, int64_t outer, int64_t n, int64_t inner)                                     \
+    CPU_CLONES static void NAME(T *out, const T *in, int64_t outer, int64_t n, int64_t inner)                          \
     {                                                                                                                  \
         if (inner == 1) {                                                                                              \
             for (int64_t o = 0; o < outer; o++) {                                                                      \
@@ -72,7 +75,7 @@ S_DEFINE_REDUCE(s_min_i64, int64_t, S_MIN, INT64_MAX)
 
 /* float max/min: as above, and a NaN anywhere makes the result NaN (torch's rule) */
 #define S_DEFINE_EXTREME_F32(NAME, COMBINE, INIT)                                                                      \
-    static void NAME(float *out, const float *in, int64_t outer, int64_t n, int64_t inner)                             \
+    CPU_CLONES static void NAME(float *out, const float *in, int64_t outer, int64_t n, int64_t inner)                  \
     {                                                                                                                  \
         if (inner == 1) {                                                                                              \
             for (int64_t o = 0; o < outer; o++) {                                                                      \
