@@ -159,7 +159,7 @@ static PyMethodDef s_methods[] = {
     {"init", s_init, METH_VARARGS,
      "Start the runtime: init(workers, worker_path[, listen, key, worker_key, insecure])."},
     {"listen_info", s_listen_info, METH_NOARGS, "(endpoint, public key) of a listening runtime."},
-    {"_started_devices", s_started_devices, METH_NOARGS, "Ids of the devices whose workers serve now."},
+    {"_started_devices", s_started_devices, METH_NOARGS, "Ids of the devices a mesh has started (serving or still starting)."},
     {"_device_type", s_device_type, METH_O, "_device_type(id) -> the device type a mesh gave it, or None."},
     {"wait_workers", s_wait_workers, METH_VARARGS, "wait_workers(ids, timeout): until their workers connected."},
     {"worker_info", s_worker_info, METH_VARARGS, "worker_info(id) -> (state, remote, host, pid, peer, reason)."},

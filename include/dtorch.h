@@ -407,7 +407,8 @@ int dt_trace_events(dt_mesh *mesh, const int64_t *counts, int64_t *events);
 /* The name of an op record's code ("compute", "send", ...; "?" for none): what a trace event ran. */
 const char *dt_record_name(int64_t code);
 int64_t dt_trace_host(int64_t *rows, int64_t max);
-/* The ids of the devices whose workers serve now (up to max, in order); returns how many there are. */
+/* The ids of the devices a mesh has started whose workers serve now or are still starting (records
+ * for those wait for them in order), up to max, in order; returns how many there are. */
 int dt_started_devices(int64_t *ids, int max);
 /* The device type ("cpu", "cuda") a mesh gave device id, copied into out (size bytes); DT_EINVAL
  * when no mesh has named the device yet. */

@@ -257,7 +257,7 @@ int dt_started_devices(int64_t *ids, int max)
     pthread_mutex_lock(&rt->lock);
     int n = 0;
     for (int64_t i = 0; rt->running && rt->devices && i < rt->ndevices; i++)
-        if (rt->devices[i] && rt->devices[i]->state == ACT_DEV_READY) {
+        if (rt->devices[i] && rt->devices[i]->state != ACT_DEV_DEAD) {
             if (n < max)
                 ids[n] = i;
             n++;

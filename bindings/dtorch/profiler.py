@@ -26,8 +26,8 @@ _KINDS = {"send": "transfer", "assemble": "transfer", "load": "transfer", "fetch
 
 
 class profile:
-    """Records the timelines of ``devices`` (device ids or DeviceMeshes; default: every device
-    whose worker serves when the block starts). After the block: ``events()``, and
+    """Records the timelines of ``devices`` (device ids or DeviceMeshes; default: every device a
+    mesh has started by the time the block starts, its worker serving or still starting). After the block: ``events()``, and
     ``export_chrome_trace(path)``."""
 
     def __init__(self, *devices):

@@ -82,6 +82,17 @@ def test_profiling_nothing_is_an_error(mode):
             pass
 
 
+def test_the_default_takes_devices_still_starting(mode):
+    """Without devices named, the block traces every device a mesh has started, the ones whose
+    workers are still starting too (a process worker takes a while): ops issued before the block and
+    inside it, nothing fetched before it, show on both devices."""
+    mesh = dtorch.DeviceMesh("cpu", [7, 8])
+    x = dtorch.ones((6,), device_mesh=mesh, placements=[Shard(0)])
+    with dtorch.profiler.profile() as prof:
+        np.testing.assert_allclose((x * 5).numpy(), np.full(6, 5.0))
+    assert sorted({e["device"] for e in prof.events() if e["name"] == "mul"}) == [7, 8]
+
+
 def test_each_device_is_traced_on_a_mesh_of_its_own_type(mode):
     """The trace reaches a device on a mesh of the type a mesh gave it; a device no mesh has named
     is traced as cpu."""
