@@ -79,7 +79,7 @@ S_TILE512 void s_score_tile16(int R, int P, int64_t E, const float *q, const flo
     const __m512 s = _mm512_set1_ps(scale);
     S_UNROLL for (int p = 0; p < P; p++) {
         int64_t n = used - (j0 + 16 * p);
-        __mmask16 lanes = n >= 16 ? 0xffff : n > 0 ? (__mmask16)((1u << n) - 1) : 0;
+        __mmask16 lanes = cpu_lanes16(n);
         S_UNROLL for (int r = 0; r < R; r++)
             _mm512_mask_storeu_ps(out + r * ld + j0 + 16 * p, lanes, _mm512_mul_ps(acc[r][p], s));
     }

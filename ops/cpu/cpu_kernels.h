@@ -28,6 +28,18 @@ static inline bool cpu_has_avx2_fma(void)
 #endif
 }
 
+/* Whether this CPU runs the kernels' AVX-512 paths (F, BW and VL: every AVX-512 x86 since the
+ * first has all three; false off x86-64). */
+static inline bool cpu_has_avx512(void)
+{
+#if defined(__x86_64__)
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
+#else
+    return false;
+#endif
+}
+
 /* A loop function in an AVX-512 (16 lanes) and an AVX2 (8 lanes) clone beside the baseline one,
  * chosen when the library loads. Only on static functions: a clone's symbol would be exported
  * from the library (an exported wrapper calls the static one). No clone contracts a multiply and
@@ -60,18 +72,24 @@ __attribute__((target("avx2,fma,f16c"))) static inline __m256 cpu_widen8(const v
     return _mm256_cvtph_ps(h);
 }
 
-/* Whether this CPU runs the kernels' AVX-512 paths (F, BW and VL: every AVX-512 x86 since the
- * first has all three). */
-static inline bool cpu_has_avx512(void)
+/* The lanes of 16 below n: none for n <= 0, all for n >= 16 (a masked last vector's). */
+static inline __mmask16 cpu_lanes16(int64_t n)
 {
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl");
+    return n >= 16 ? 0xffff : n > 0 ? (__mmask16)((1u << n) - 1) : 0;
 }
 
 /* 16 bfloat16s from p widened to float32 (exact). */
 __attribute__((target("avx512f"))) static inline __m512 cpu_bf16_widen16(const uint16_t *p)
 {
     __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
+}
+
+/* cpu_bf16_widen16 of the lanes given, zeros in the others (nothing read there). */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static inline __m512 cpu_bf16_load16(const uint16_t *p,
+                                                                                          __mmask16 lanes)
+{
+    __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(lanes, p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
 }
 

@@ -83,22 +83,19 @@ __attribute__((target("avx512f"))) static int64_t s_bf16_round(uint16_t *dst, co
         _mm256_storeu_si256((__m256i *)(dst + i), cpu_bf16_round16(_mm512_loadu_ps(src + i)));
     return i;
 }
-#define S_AVX512() cpu_has_avx512()
-#else
-#define S_AVX512() false
-#define s_bf16_widen(dst, src, n) 0
-#define s_bf16_round(dst, src, n) 0
 #endif
 
 /* the clones stay static: a cloned function's symbol would be exported from the library */
 void cpu_to_ctype(void *dst, cpu_ctype t, const void *src, dt_dtype dtype, int64_t n)
 {
-    if (t == CPU_F32 && dtype == DT_BFLOAT16 && S_AVX512()) {
+#if defined(__x86_64__)
+    if (t == CPU_F32 && dtype == DT_BFLOAT16 && cpu_has_avx512()) {
         int64_t done = s_bf16_widen(dst, src, n);
         dst = (float *)dst + done;
         src = (const uint16_t *)src + done;
         n -= done;
     }
+#endif
     s_to_ctype(dst, t, src, dtype, n);
 }
 
@@ -152,12 +149,14 @@ CPU_CLONES static void s_from_ctype(void *dst, dt_dtype dtype, const void *src, 
 
 void cpu_from_ctype(void *dst, dt_dtype dtype, const void *src, cpu_ctype t, int64_t n)
 {
-    if (t == CPU_F32 && dtype == DT_BFLOAT16 && S_AVX512()) {
+#if defined(__x86_64__)
+    if (t == CPU_F32 && dtype == DT_BFLOAT16 && cpu_has_avx512()) {
         int64_t done = s_bf16_round(dst, src, n);
         dst = (uint16_t *)dst + done;
         src = (const float *)src + done;
         n -= done;
     }
+#endif
     s_from_ctype(dst, dtype, src, t, n);
 }
 

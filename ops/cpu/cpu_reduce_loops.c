@@ -340,12 +340,6 @@ __attribute__((target("avx2,fma"))) static float s_exp_shifted_sum_avx2(float *x
     return total;
 }
 
-/* The lanes of 16 from j that lie before n. */
-static inline __mmask16 s_lanes(int64_t j, int64_t n)
-{
-    return n - j >= 16 ? 0xffff : (__mmask16)((1u << (n - j)) - 1);
-}
-
 /* The exponentials into x, or into w as bfloat16 (the weights an AMX product reads: rounded here
  * in registers rather than in a pass of their own over the float row). */
 __attribute__((target("avx512f,avx512bw,avx512vl"))) static float s_exp_shifted_sum_avx512(float *x, uint16_t *w,
@@ -366,7 +360,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static float s_exp_shifted_
         sum1 = _mm512_add_ps(sum1, e1);
     }
     for (; j < n; j += 16) {
-        __mmask16 lanes = s_lanes(j, n);
+        __mmask16 lanes = cpu_lanes16(n - j);
         __m512 e = s_exp16(_mm512_maskz_loadu_ps(lanes, x + j), top16);
         if (w)
             _mm256_mask_storeu_epi16(w + j, lanes, cpu_bf16_round16(e));
@@ -383,7 +377,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static float s_scaled_max_a
     __m512 top = _mm512_set1_ps(-INFINITY), by = _mm512_set1_ps(pre);
     __mmask16 nan = 0;
     for (int64_t j = 0; j < n; j += 16) {
-        __mmask16 lanes = s_lanes(j, n);
+        __mmask16 lanes = cpu_lanes16(n - j);
         __m512 v = _mm512_maskz_loadu_ps(lanes, x + j);
         if (pre != 1.0f) {
             v = _mm512_mul_ps(v, by);

@@ -114,11 +114,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void s_rotate_bf16_a
                                                                                       const float *sn)
 {
     for (int64_t i = 0; i < half; i += 16) {
-        __mmask16 lanes = half - i >= 16 ? 0xffff : (__mmask16)((1u << (half - i)) - 1);
-        __m512 x1 = _mm512_castsi512_ps(
-            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(lanes, xr + i)), 16));
-        __m512 x2 = _mm512_castsi512_ps(
-            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(lanes, xr + i + half)), 16));
+        __mmask16 lanes = cpu_lanes16(half - i);
+        __m512 x1 = cpu_bf16_load16(xr + i, lanes), x2 = cpu_bf16_load16(xr + i + half, lanes);
         __m512 c = _mm512_maskz_loadu_ps(lanes, cs + i), s = _mm512_maskz_loadu_ps(lanes, sn + i);
         __m512 lo = _mm512_sub_ps(_mm512_mul_ps(x1, c), _mm512_mul_ps(x2, s));
         __m512 hi = _mm512_add_ps(_mm512_mul_ps(x2, c), _mm512_mul_ps(x1, s));
